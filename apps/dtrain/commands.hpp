@@ -1,0 +1,29 @@
+#pragma once
+// One file per subcommand: an options struct, a setup function that declares the options on the
+// CLI11 app, and a run function that calls the library.
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+namespace dtrain::cli {
+
+struct RunOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string results = "results";
+  std::string tag;
+  bool quiet = false;
+};
+void setup_run(CLI::App& app, RunOptions& opt);
+int run_run(const RunOptions& opt);
+
+struct ValidateOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool skip_data = false;
+  bool print = false;
+};
+void setup_validate(CLI::App& app, ValidateOptions& opt);
+int run_validate(const ValidateOptions& opt);
+
+}  // namespace dtrain::cli

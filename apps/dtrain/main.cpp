@@ -1,0 +1,67 @@
+// dtrain: data-parallel scaling experiments from YAML files.
+#include <csignal>
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "dtrain/error.hpp"
+#include "dtrain/log.hpp"
+#include "dtrain/trainer.hpp"
+
+namespace {
+void on_interrupt(int) {
+  dtrain::request_stop();
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+  std::signal(SIGTERM, SIG_DFL);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "dtrain: run data-parallel training experiments from YAML and compare 1 replica against N.\n"
+      "Examples:\n"
+      "  dtrain run configs/quickstart.yaml\n"
+      "  dtrain run configs/quickstart.yaml gpus=1,2,4 optimizer.lr_scaling=sqrt\n"
+      "  dtrain validate configs/pitfall-sum-reduction.yaml",
+      "dtrain"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("dtrain ") + DTRAIN_VERSION_STRING);
+
+  dtrain::cli::RunOptions run_opt;
+  dtrain::cli::ValidateOptions validate_opt;
+  auto* run_cmd = app.add_subcommand("run", "Train one run, or one per value of comma-list "
+                                            "overrides, and print the comparison table");
+  dtrain::cli::setup_run(*run_cmd, run_opt);
+  auto* validate_cmd =
+      app.add_subcommand("validate", "Check a config (and its data) without training");
+  dtrain::cli::setup_validate(*validate_cmd, validate_opt);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  try {
+    if (*run_cmd) return dtrain::cli::run_run(run_opt);
+    if (*validate_cmd) return dtrain::cli::run_validate(validate_opt);
+  } catch (const dtrain::UserError& e) {
+    dtrain::clear_progress();
+    std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    dtrain::clear_progress();
+    std::fprintf(stderr, "dtrain: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

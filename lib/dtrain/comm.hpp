@@ -1,0 +1,42 @@
+#pragma once
+// Gradient exchange between replicas. Implementations are picked at run time; this one header
+// says what every implementation promises: in-place all-reduce, the same result on every rank,
+// and, for the in-process one, a fixed reduction order (rank 0 + rank 1 + ...) so results do not
+// depend on thread timing.
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace dtrain {
+
+enum class ReduceOp { sum, mean };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string kind() const = 0;
+  virtual void allreduce(float* data, size_t n, ReduceOp op) = 0;
+  virtual void allreduce(double* data, size_t n, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  // Releases every rank blocked in a collective (they throw Aborted); used when one rank fails.
+  virtual void abort(const std::string& why) = 0;
+};
+
+// A group of `size` in-process ranks (threads sharing memory). Create once, then hand
+// communicator(r) to the thread of rank r.
+class InProcessGroup {
+ public:
+  explicit InProcessGroup(int size);
+  ~InProcessGroup();
+  std::unique_ptr<Communicator> communicator(int rank);
+  void abort(const std::string& why);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace dtrain

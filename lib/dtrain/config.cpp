@@ -1,0 +1,505 @@
+#include "dtrain/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fmt/format.h>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "dtrain/error.hpp"
+
+namespace dtrain {
+
+namespace {
+
+template <class E>
+using EnumTable = std::vector<std::pair<const char*, E>>;
+
+const EnumTable<Backend> kBackends = {{"auto", Backend::auto_}, {"cpu", Backend::cpu},
+                                      {"cuda", Backend::cuda}};
+const EnumTable<DatasetKind> kDatasets = {{"fashion-mnist", DatasetKind::fashion_mnist},
+                                      {"mnist", DatasetKind::mnist},
+                                      {"idx", DatasetKind::idx},
+                                      {"synthetic", DatasetKind::synthetic}};
+const EnumTable<Shuffle> kShuffles = {
+    {"sample", Shuffle::sample}, {"batch", Shuffle::batch}, {"none", Shuffle::none}};
+const EnumTable<Sharding> kShardings = {{"interleaved", Sharding::interleaved},
+                                        {"contiguous", Sharding::contiguous}};
+const EnumTable<Activation> kActivations = {{"relu", Activation::relu},
+                                            {"tanh", Activation::tanh},
+                                            {"sigmoid", Activation::sigmoid},
+                                            {"gelu", Activation::gelu}};
+const EnumTable<Reduction> kReductions = {{"mean", Reduction::mean}, {"sum", Reduction::sum}};
+const EnumTable<OptimizerType> kOptimizers = {
+    {"sgd", OptimizerType::sgd}, {"adam", OptimizerType::adam}, {"adamw", OptimizerType::adamw}};
+const EnumTable<LrScaling> kScalings = {
+    {"none", LrScaling::none}, {"linear", LrScaling::linear}, {"sqrt", LrScaling::sqrt}};
+const EnumTable<Schedule> kSchedules = {
+    {"constant", Schedule::constant}, {"step", Schedule::step}, {"cosine", Schedule::cosine}};
+
+template <class E>
+const char* enum_name(const EnumTable<E>& table, E v) {
+  for (const auto& [name, value] : table)
+    if (value == v) return name;
+  return "?";
+}
+
+template <class E>
+std::string enum_choices(const EnumTable<E>& table) {
+  std::string s;
+  for (const auto& [name, value] : table) s += (s.empty() ? "" : " | ") + std::string(name);
+  return s;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// Where a value came from, for error messages: file:line, or the command-line override.
+struct Source {
+  std::string file;
+  std::map<std::string, std::string> overrides;  // full key -> "key=value"
+};
+
+// Reads one YAML mapping, remembers which keys were consumed, and rejects the rest.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string prefix, const Source& src)
+      : node_(node), prefix_(std::move(prefix)), src_(src) {}
+
+  std::string full(const std::string& key) const {
+    return prefix_.empty() ? key : prefix_ + "." + key;
+  }
+
+  std::string where(const std::string& key, const YAML::Node& n) const {
+    auto it = src_.overrides.find(full(key));
+    if (it != src_.overrides.end()) return fmt::format("override '{}'", it->second);
+    if (n && !n.Mark().is_null()) return fmt::format("{}:{}", src_.file, n.Mark().line + 1);
+    return src_.file;
+  }
+
+  [[noreturn]] void fail(const std::string& key, const YAML::Node& n,
+                         const std::string& msg) const {
+    throw UserError(fmt::format("{}: {}: {}", where(key, n), full(key), msg));
+  }
+
+  static std::string show(const YAML::Node& n) {
+    if (n.IsScalar()) return "'" + n.Scalar() + "'";
+    if (n.IsSequence()) return "a list";
+    if (n.IsMap()) return "a mapping";
+    return "nothing";
+  }
+
+  // Returns the node for `key` (marking it used), or an undefined node.
+  YAML::Node take(const std::string& key) {
+    seen_.insert(key);
+    return node(key);
+  }
+
+  // Read-only lookup: a const operator[] never inserts into the mapping.
+  YAML::Node node(const std::string& key) const {
+    if (!node_ || !node_.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& cn = node_;
+    return cn[key];
+  }
+
+  template <class T>
+  void scalar(const std::string& key, T& out, const char* type_name) {
+    YAML::Node n = take(key);
+    if (!n) return;
+    if (!n.IsScalar()) fail(key, n, fmt::format("expected {}, got {}", type_name, show(n)));
+    try {
+      out = n.as<T>();
+    } catch (const YAML::Exception&) {
+      fail(key, n, fmt::format("expected {}, got {}", type_name, show(n)));
+    }
+  }
+
+  void integer(const std::string& key, int64_t& out, int64_t lo, int64_t hi = INT64_MAX) {
+    scalar(key, out, "an integer");
+    check_range(key, out, lo, hi);
+  }
+  void integer(const std::string& key, int& out, int64_t lo, int64_t hi = INT32_MAX) {
+    int64_t v = out;
+    integer(key, v, lo, hi);
+    out = static_cast<int>(v);
+  }
+  void optional_integer(const std::string& key, std::optional<int64_t>& out, int64_t lo) {
+    YAML::Node n = node(key);
+    if (!n || n.IsNull()) {
+      seen_.insert(key);
+      return;
+    }
+    int64_t v = 0;
+    integer(key, v, lo);
+    out = v;
+  }
+  void number(const std::string& key, double& out, double lo, double hi) {
+    scalar(key, out, "a number");
+    if (!(out >= lo && out <= hi)) {
+      fail(key, node(key), fmt::format("must be in [{}, {}], got {}", lo, hi, out));
+    }
+  }
+  void boolean(const std::string& key, bool& out) { scalar(key, out, "true or false"); }
+  void string(const std::string& key, std::string& out) { scalar(key, out, "a string"); }
+
+  template <class E>
+  void choice(const std::string& key, E& out, const EnumTable<E>& table) {
+    YAML::Node n = take(key);
+    if (!n) return;
+    if (n.IsScalar()) {
+      for (const auto& [name, value] : table) {
+        if (n.Scalar() == name) {
+          out = value;
+          return;
+        }
+      }
+    }
+    fail(key, n, fmt::format("expected one of {}, got {}", enum_choices(table), show(n)));
+  }
+
+  void int_list(const std::string& key, std::vector<int64_t>& out, int64_t lo) {
+    YAML::Node n = take(key);
+    if (!n) return;
+    if (!n.IsSequence()) fail(key, n, fmt::format("expected a list of integers, got {}", show(n)));
+    std::vector<int64_t> v;
+    for (const auto& e : n) {
+      int64_t x = 0;
+      try {
+        x = e.as<int64_t>();
+      } catch (const YAML::Exception&) {
+        fail(key, n, fmt::format("expected a list of integers, found {}", show(e)));
+      }
+      if (x < lo) fail(key, n, fmt::format("every entry must be >= {}, found {}", lo, x));
+      v.push_back(x);
+    }
+    out = std::move(v);
+  }
+
+  MapReader section(const std::string& key) {
+    YAML::Node n = take(key);
+    if (n && !n.IsNull() && !n.IsMap())
+      fail(key, n, fmt::format("expected a mapping of keys, got {}", show(n)));
+    return MapReader(n && n.IsMap() ? n : YAML::Node(), full(key), src_);
+  }
+
+  // Every key present must have been taken.
+  void finish() const {
+    if (!node_ || !node_.IsMap()) return;
+    std::vector<std::string> valid(seen_.begin(), seen_.end());
+    for (const auto& kv : node_) {
+      const auto key = kv.first.as<std::string>();
+      if (seen_.count(key)) continue;
+      const auto guess = closest_match(key, valid);
+      std::string valid_list;
+      for (const auto& v : valid) valid_list += (valid_list.empty() ? "" : ", ") + v;
+      const std::string hint = guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess);
+      auto it = src_.overrides.find(full(key));
+      const std::string loc = it != src_.overrides.end()
+                                  ? fmt::format("override '{}'", it->second)
+                                  : fmt::format("{}:{}", src_.file, kv.first.Mark().line + 1);
+      throw UserError(fmt::format("{}: unknown key '{}'{}; valid keys{}: {}", loc, full(key), hint,
+                                  prefix_.empty() ? "" : " in '" + prefix_ + "'", valid_list));
+    }
+  }
+
+  void check_range(const std::string& key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) {
+      if (hi == INT64_MAX || hi == INT32_MAX)
+        fail(key, node(key), fmt::format("must be >= {}, got {}", lo, v));
+      fail(key, node(key), fmt::format("must be in [{}, {}], got {}", lo, hi, v));
+    }
+  }
+
+ private:
+  YAML::Node node_;
+  std::string prefix_;
+  const Source& src_;
+  std::set<std::string> seen_;
+};
+
+void apply_override(YAML::Node& root, const Override& ov) {
+  YAML::Node value;
+  try {
+    value = YAML::Load(ov.value);
+  } catch (const YAML::Exception& e) {
+    throw UserError(fmt::format("override '{}': value is not valid YAML: {}", ov.text(), e.msg));
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(ov.key);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  YAML::Node cur = root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = cur[parts[i]];
+    if (!next || next.IsNull()) {
+      cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next = cur[parts[i]];
+    } else if (!next.IsMap()) {
+      throw UserError(fmt::format("override '{}': '{}' is not a section", ov.text(), parts[i]));
+    }
+    cur.reset(next);  // rebind, not assign: assignment would overwrite the parent's value
+  }
+  cur[parts.back()] = value;
+}
+
+Config decode(const YAML::Node& root, const Source& src) {
+  Config c;
+  if (root && !root.IsNull() && !root.IsMap())
+    throw UserError(fmt::format("{}: expected a mapping of keys at the top level", src.file));
+  MapReader top(root, "", src);
+  top.string("name", c.name);
+  if (c.name.empty() || c.name.find('/') != std::string::npos || c.name == "." || c.name == "..")
+    top.fail("name", top.node("name"), "must be a non-empty folder name without '/'");
+  top.choice("backend", c.backend, kBackends);
+  top.integer("gpus", c.gpus, 1, 4096);
+  top.integer("threads", c.threads, 0, 4096);
+
+  {
+    auto d = top.section("data");
+    d.choice("dataset", c.data.dataset, kDatasets);
+    d.string("path", c.data.path);
+    d.choice("shuffle", c.data.shuffle, kShuffles);
+    d.choice("sharding", c.data.sharding, kShardings);
+    d.boolean("drop_remainder", c.data.drop_remainder);
+    d.boolean("sort_by_label", c.data.sort_by_label);
+    d.boolean("normalize", c.data.normalize);
+    d.integer("train_limit", c.data.train_limit, 0);
+    d.integer("test_limit", c.data.test_limit, 0);
+    auto s = d.section("synthetic");
+    s.integer("train_size", c.data.synthetic.train_size, 1);
+    s.integer("test_size", c.data.synthetic.test_size, 1);
+    s.int_list("shape", c.data.synthetic.shape, 1);
+    s.integer("classes", c.data.synthetic.classes, 2, 100000);
+    s.number("noise", c.data.synthetic.noise, 0.0, 1e6);
+    s.finish();
+    d.finish();
+  }
+  {
+    auto m = top.section("model");
+    m.string("type", c.model.type);
+    if (c.model.type != "mlp")
+      m.fail("type", m.node("type"), fmt::format("expected one of mlp, got '{}'", c.model.type));
+    m.int_list("hidden", c.model.hidden, 1);
+    m.choice("activation", c.model.activation, kActivations);
+    m.finish();
+  }
+  {
+    auto t = top.section("train");
+    t.integer("epochs", c.train.epochs, 1, 100000);
+    t.optional_integer("per_replica_batch", c.train.per_replica_batch, 1);
+    t.optional_integer("global_batch", c.train.global_batch, 1);
+    t.choice("reduction", c.train.reduction, kReductions);
+    t.integer("accumulation_steps", c.train.accumulation_steps, 1, 1 << 20);
+    int64_t seed = static_cast<int64_t>(c.train.seed);
+    t.integer("seed", seed, 0);
+    c.train.seed = static_cast<uint64_t>(seed);
+    t.number("target_accuracy", c.train.target_accuracy, 0.0, 1.0);
+    t.integer("eval_batch", c.train.eval_batch, 1);
+    t.finish();
+    if (c.train.per_replica_batch && c.train.global_batch)
+      throw UserError(fmt::format(
+          "{}: train: give exactly one of per_replica_batch and global_batch, not both", src.file));
+  }
+  {
+    auto o = top.section("optimizer");
+    o.choice("type", c.optimizer.type, kOptimizers);
+    o.number("lr", c.optimizer.lr, 0.0, 1e6);
+    o.integer("base_batch", c.optimizer.base_batch, 1);
+    o.number("momentum", c.optimizer.momentum, 0.0, 0.999999);
+    o.boolean("nesterov", c.optimizer.nesterov);
+    o.number("weight_decay", c.optimizer.weight_decay, 0.0, 10.0);
+    o.number("beta1", c.optimizer.beta1, 0.0, 0.999999);
+    o.number("beta2", c.optimizer.beta2, 0.0, 0.99999999);
+    o.number("eps", c.optimizer.eps, 0.0, 1.0);
+    o.choice("lr_scaling", c.optimizer.lr_scaling, kScalings);
+    o.number("warmup_epochs", c.optimizer.warmup_epochs, 0.0, 1e6);
+    o.choice("schedule", c.optimizer.schedule, kSchedules);
+    o.number("step_size", c.optimizer.step_size, 1e-9, 1e6);
+    o.number("gamma", c.optimizer.gamma, 0.0, 1.0);
+    o.number("min_lr", c.optimizer.min_lr, 0.0, 1e6);
+    o.finish();
+  }
+  top.finish();
+
+  // Cross-field rules.
+  const int64_t split = static_cast<int64_t>(c.gpus) * c.train.accumulation_steps;
+  if (c.train.global_batch && *c.train.global_batch % split != 0) {
+    const int64_t g = *c.train.global_batch;
+    const int64_t lo = std::max<int64_t>(split, g / split * split);
+    throw UserError(fmt::format(
+        "{}: train.global_batch={} cannot be split evenly across gpus={} x accumulation_steps={}; "
+        "use a multiple of {} (e.g. {} or {}), or give train.per_replica_batch instead",
+        src.file, g, c.gpus, c.train.accumulation_steps, split, lo, lo + split));
+  }
+  if (c.optimizer.warmup_epochs > c.train.epochs)
+    throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
+                                c.optimizer.warmup_epochs, c.train.epochs));
+  return c;
+}
+
+}  // namespace
+
+int64_t Config::micro_batch() const {
+  if (train.global_batch) return *train.global_batch / (gpus * train.accumulation_steps);
+  return train.per_replica_batch.value_or(64);
+}
+
+int64_t Config::global_batch() const {
+  return micro_batch() * gpus * train.accumulation_steps;
+}
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  // Close enough to be a typo: at most a third of the word, and at least one edit allowed.
+  if (best_d <= std::max<size_t>(2, word.size() / 3)) return best;
+  return "";
+}
+
+Override parse_override(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UserError(fmt::format("override '{}': expected key=value, e.g. gpus=4 or optimizer.lr=0.1",
+                                text));
+  Override o{text.substr(0, eq), text.substr(eq + 1)};
+  for (char ch : o.key) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.'))
+      throw UserError(fmt::format("override '{}': key '{}' may contain only letters, digits, '_' "
+                                  "and '.'",
+                                  text, o.key));
+  }
+  if (o.key.front() == '.' || o.key.back() == '.' || o.key.find("..") != std::string::npos)
+    throw UserError(fmt::format("override '{}': malformed key '{}'", text, o.key));
+  return o;
+}
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<Override>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw UserError(fmt::format("{}:{}: malformed YAML: {}", source_name, e.mark.line + 1, e.msg));
+  } catch (const YAML::Exception& e) {
+    throw UserError(fmt::format("{}: malformed YAML: {}", source_name, e.msg));
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  Source src{source_name, {}};
+  for (const auto& ov : overrides) {
+    if (!root.IsMap())
+      throw UserError(fmt::format("{}: expected a mapping of keys at the top level", source_name));
+    apply_override(root, ov);
+    src.overrides[ov.key] = ov.text();
+  }
+  return decode(root, src);
+}
+
+Config load_config(const std::string& path, const std::vector<Override>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw UserError(fmt::format("{}: cannot open config file", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+std::string to_yaml(const Config& c) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << c.name;
+  e << YAML::Key << "backend" << YAML::Value << to_string(c.backend);
+  e << YAML::Key << "gpus" << YAML::Value << c.gpus;
+  e << YAML::Key << "threads" << YAML::Value << c.threads;
+
+  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "dataset" << YAML::Value << to_string(c.data.dataset);
+  e << YAML::Key << "path" << YAML::Value << c.data.path;
+  e << YAML::Key << "shuffle" << YAML::Value << to_string(c.data.shuffle);
+  e << YAML::Key << "sharding" << YAML::Value << to_string(c.data.sharding);
+  e << YAML::Key << "drop_remainder" << YAML::Value << c.data.drop_remainder;
+  e << YAML::Key << "sort_by_label" << YAML::Value << c.data.sort_by_label;
+  e << YAML::Key << "normalize" << YAML::Value << c.data.normalize;
+  e << YAML::Key << "train_limit" << YAML::Value << c.data.train_limit;
+  e << YAML::Key << "test_limit" << YAML::Value << c.data.test_limit;
+  e << YAML::Key << "synthetic" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "train_size" << YAML::Value << c.data.synthetic.train_size;
+  e << YAML::Key << "test_size" << YAML::Value << c.data.synthetic.test_size;
+  e << YAML::Key << "shape" << YAML::Value << YAML::Flow << c.data.synthetic.shape;
+  e << YAML::Key << "classes" << YAML::Value << c.data.synthetic.classes;
+  e << YAML::Key << "noise" << YAML::Value << c.data.synthetic.noise;
+  e << YAML::EndMap << YAML::EndMap;
+
+  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "type" << YAML::Value << c.model.type;
+  e << YAML::Key << "hidden" << YAML::Value << YAML::Flow << c.model.hidden;
+  e << YAML::Key << "activation" << YAML::Value << to_string(c.model.activation);
+  e << YAML::EndMap;
+
+  e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "epochs" << YAML::Value << c.train.epochs;
+  // Both batch sizes are resolved; only the one that defines the run is written as a key.
+  if (c.train.global_batch)
+    e << YAML::Key << "global_batch" << YAML::Value << *c.train.global_batch;
+  else
+    e << YAML::Key << "per_replica_batch" << YAML::Value << c.micro_batch();
+  e << YAML::Comment(fmt::format("per-replica micro-batch {}, global batch {}", c.micro_batch(),
+                                 c.global_batch()));
+  e << YAML::Key << "reduction" << YAML::Value << to_string(c.train.reduction);
+  e << YAML::Key << "accumulation_steps" << YAML::Value << c.train.accumulation_steps;
+  e << YAML::Key << "seed" << YAML::Value << c.train.seed;
+  e << YAML::Key << "target_accuracy" << YAML::Value << c.train.target_accuracy;
+  e << YAML::Key << "eval_batch" << YAML::Value << c.train.eval_batch;
+  e << YAML::EndMap;
+
+  e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "type" << YAML::Value << to_string(c.optimizer.type);
+  e << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
+  e << YAML::Key << "base_batch" << YAML::Value << c.optimizer.base_batch;
+  e << YAML::Key << "momentum" << YAML::Value << c.optimizer.momentum;
+  e << YAML::Key << "nesterov" << YAML::Value << c.optimizer.nesterov;
+  e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
+  e << YAML::Key << "beta1" << YAML::Value << c.optimizer.beta1;
+  e << YAML::Key << "beta2" << YAML::Value << c.optimizer.beta2;
+  e << YAML::Key << "eps" << YAML::Value << c.optimizer.eps;
+  e << YAML::Key << "lr_scaling" << YAML::Value << to_string(c.optimizer.lr_scaling);
+  e << YAML::Key << "warmup_epochs" << YAML::Value << c.optimizer.warmup_epochs;
+  e << YAML::Key << "schedule" << YAML::Value << to_string(c.optimizer.schedule);
+  e << YAML::Key << "step_size" << YAML::Value << c.optimizer.step_size;
+  e << YAML::Key << "gamma" << YAML::Value << c.optimizer.gamma;
+  e << YAML::Key << "min_lr" << YAML::Value << c.optimizer.min_lr;
+  e << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+const char* to_string(Backend v) { return enum_name(kBackends, v); }
+const char* to_string(DatasetKind v) { return enum_name(kDatasets, v); }
+const char* to_string(Shuffle v) { return enum_name(kShuffles, v); }
+const char* to_string(Sharding v) { return enum_name(kShardings, v); }
+const char* to_string(Activation v) { return enum_name(kActivations, v); }
+const char* to_string(Reduction v) { return enum_name(kReductions, v); }
+const char* to_string(OptimizerType v) { return enum_name(kOptimizers, v); }
+const char* to_string(LrScaling v) { return enum_name(kScalings, v); }
+const char* to_string(Schedule v) { return enum_name(kSchedules, v); }
+
+}  // namespace dtrain

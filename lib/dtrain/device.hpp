@@ -1,0 +1,105 @@
+#pragma once
+// A compute device: memory and the kernels the training core needs, on device pointers.
+// The CPU implementation is the reference ("CPU twin") every other backend is tested against.
+// All matrices are row-major.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dtrain/config.hpp"
+
+namespace dtrain {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+
+  virtual void* alloc_bytes(size_t bytes) = 0;
+  virtual void free_bytes(void* p) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill(float* x, size_t n, float v) = 0;
+
+  // C = alpha * op(A) * op(B) + beta * C, op(A) is m x k, op(B) is k x n.
+  virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) = 0;
+  virtual void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) = 0;
+  // db (+)= column sums of dy.
+  virtual void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
+                         bool accumulate) = 0;
+  virtual void activation_forward(Activation a, const float* x, float* y, size_t n) = 0;
+  // dx = dy * f'(x); x is the activation's input, y its output.
+  virtual void activation_backward(Activation a, const float* x, const float* y, const float* dy,
+                                   float* dx, size_t n) = 0;
+  // Softmax cross-entropy over rows of logits. Writes dlogits = grad_scale * (softmax - onehot)
+  // (if dlogits is non-null) and adds the summed loss and the number of correct argmax
+  // predictions to stats[0] and stats[1].
+  virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
+                            int64_t classes, float grad_scale, float* dlogits, double* stats) = 0;
+  // dst rows i = src rows idx[i] (idx on the host); labels likewise.
+  virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
+                      const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
+
+  virtual void scale(float* x, size_t n, float a) = 0;  // x *= a
+  virtual void sgd_update(float* p, const float* g, float* momentum_buf, size_t n, float lr,
+                          float momentum, float weight_decay, bool nesterov) = 0;
+  virtual void adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr,
+                           float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                           int64_t step) = 0;
+};
+
+// The CPU backend. `blas_threads` is the OpenBLAS thread count (process-wide).
+std::unique_ptr<Device> make_cpu_device();
+void set_blas_threads(int n);
+
+// Owning device buffer of T.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device& d, size_t n) { resize(d, n); }
+  ~Buffer() { release(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      dev_ = o.dev_;
+      p_ = o.p_;
+      n_ = o.n_;
+      o.p_ = nullptr;
+      o.n_ = 0;
+    }
+    return *this;
+  }
+  // Grows to at least n elements (contents are not kept).
+  void resize(Device& d, size_t n) {
+    if (n <= n_ && dev_ == &d) return;
+    release();
+    dev_ = &d;
+    p_ = static_cast<T*>(d.alloc_bytes(n * sizeof(T)));
+    n_ = n;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void release() {
+    if (p_ && dev_) dev_->free_bytes(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  Device* dev_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,36 @@
+#pragma once
+// Two kinds of failure: a user's mistake (bad config, missing file) and a system failure.
+// User mistakes become one clear line and exit code 2 in the CLI; everything else is a bug or
+// an environment problem and carries where it happened.
+#include <stdexcept>
+#include <string>
+
+namespace dtrain {
+
+class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class SystemError : public std::runtime_error {
+ public:
+  SystemError(const std::string& what, const char* file, int line, int rank = -1);
+  const char* file() const { return file_; }
+  int line() const { return line_; }
+  int rank() const { return rank_; }
+
+ private:
+  const char* file_;
+  int line_;
+  int rank_;
+};
+
+// Thrown in a worker when another worker failed and the collective was abandoned.
+class Aborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace dtrain
+
+#define DTRAIN_THROW_SYSTEM(msg) throw ::dtrain::SystemError((msg), __FILE__, __LINE__)

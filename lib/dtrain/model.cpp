@@ -1,0 +1,149 @@
+#include "dtrain/model.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "dtrain/error.hpp"
+
+namespace dtrain {
+
+const float* Layer::forward(Device& d, const float* x, int64_t rows) {
+  if (rows < 0) DTRAIN_THROW_SYSTEM("negative batch");
+  y_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * out_));
+  x_ = x;
+  rows_ = rows;
+  if (rows > 0) forward_impl(d, x, y_.data(), rows);
+  return y_.data();
+}
+
+const float* Layer::backward(Device& d, const float* dy, int64_t rows, bool need_dx) {
+  if (rows != rows_)
+    DTRAIN_THROW_SYSTEM(fmt::format("{}: backward for {} rows after forward of {}", describe(),
+                                    rows, rows_));
+  float* dx = nullptr;
+  if (need_dx) {
+    dx_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * in_));
+    dx = dx_.data();
+  }
+  if (rows > 0) backward_impl(d, x_, y_.data(), dy, dx, rows);
+  return dx;
+}
+
+std::string Dense::describe() const {
+  return fmt::format("dense({}->{})", in_features(), out_features());
+}
+
+void Dense::bind(float* params, float* grads) {
+  w_ = params;
+  b_ = params + in_features() * out_features();
+  dw_ = grads;
+  db_ = grads + in_features() * out_features();
+}
+
+void Dense::init(Rng& rng, float* params) const {
+  // U(-1/sqrt(in), 1/sqrt(in)) for weights and bias: the default of PyTorch's nn.Linear,
+  // so recipes tuned there carry over.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features()));
+  for (int64_t i = 0; i < param_count(); ++i)
+    params[i] = static_cast<float>(rng.uniform(-bound, bound));
+}
+
+void Dense::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  const int64_t in = in_features(), out = out_features();
+  d.gemm(false, false, rows, out, in, 1.f, x, in, w_, out, 0.f, y, out);
+  d.add_bias(y, b_, rows, out);
+}
+
+void Dense::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
+                          int64_t rows) {
+  const int64_t in = in_features(), out = out_features();
+  // Gradients accumulate (beta = 1) so accumulation steps need no extra buffer.
+  d.gemm(true, false, in, out, rows, 1.f, x, in, dy, out, 1.f, dw_, out);
+  d.bias_grad(dy, db_, rows, out, true);
+  if (dx) d.gemm(false, true, rows, in, out, 1.f, dy, out, w_, out, 0.f, dx, in);
+}
+
+std::string ActivationLayer::describe() const { return to_string(act_); }
+
+void ActivationLayer::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  d.activation_forward(act_, x, y, static_cast<size_t>(rows * in_features()));
+}
+
+void ActivationLayer::backward_impl(Device& d, const float* x, const float* y, const float* dy,
+                                    float* dx, int64_t rows) {
+  d.activation_backward(act_, x, y, dy, dx, static_cast<size_t>(rows * in_features()));
+}
+
+Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes)
+    : dev_(d), layers_(std::move(layers)), classes_(classes) {
+  if (layers_.empty()) DTRAIN_THROW_SYSTEM("model has no layers");
+  if (layers_.back()->out_features() != classes)
+    DTRAIN_THROW_SYSTEM("last layer does not produce one logit per class");
+  for (const auto& l : layers_) n_params_ += l->param_count();
+  params_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
+  grads_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
+  int64_t off = 0;
+  for (auto& l : layers_) {
+    l->bind(params_.data() + off, grads_.data() + off);
+    off += l->param_count();
+  }
+}
+
+std::string Model::describe() const {
+  std::string s;
+  for (const auto& l : layers_) s += (s.empty() ? "" : " -> ") + l->describe();
+  return fmt::format("{} ({} parameters)", s, n_params_);
+}
+
+void Model::init(uint64_t seed) {
+  Rng rng(stream_key(seed, 0x1417));
+  std::vector<float> host(static_cast<size_t>(n_params_));
+  int64_t off = 0;
+  for (const auto& l : layers_) {
+    l->init(rng, host.data() + off);
+    off += l->param_count();
+  }
+  dev_.upload(params_.data(), host.data(), host.size() * sizeof(float));
+  zero_grads();
+}
+
+void Model::zero_grads() { dev_.fill(grads_.data(), static_cast<size_t>(n_params_), 0.f); }
+
+const float* Model::forward(const float* x, int64_t rows) {
+  const float* h = x;
+  for (auto& l : layers_) h = l->forward(dev_, h, rows);
+  logits_ = h;
+  rows_ = rows;
+  return h;
+}
+
+void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats) {
+  if (rows != rows_) DTRAIN_THROW_SYSTEM("loss_backward: batch differs from the last forward");
+  if (rows == 0) return;
+  dlogits_.resize(dev_, static_cast<size_t>(rows * classes_));
+  dev_.softmax_xent(logits_, labels, rows, classes_, grad_scale, dlogits_.data(), stats);
+  const float* g = dlogits_.data();
+  for (size_t i = layers_.size(); i-- > 0;) g = layers_[i]->backward(dev_, g, rows, i > 0);
+}
+
+void Model::loss_only(const int32_t* labels, int64_t rows, double* stats) {
+  if (rows == 0) return;
+  dev_.softmax_xent(logits_, labels, rows, classes_, 0.f, nullptr, stats);
+}
+
+std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg, int64_t in_features,
+                                   int classes) {
+  if (cfg.type != "mlp") throw UserError(fmt::format("model.type: unknown model '{}'", cfg.type));
+  std::vector<std::unique_ptr<Layer>> layers;
+  int64_t width = in_features;
+  for (int64_t h : cfg.hidden) {
+    layers.push_back(std::make_unique<Dense>(width, h));
+    layers.push_back(std::make_unique<ActivationLayer>(h, cfg.activation));
+    width = h;
+  }
+  layers.push_back(std::make_unique<Dense>(width, classes));
+  return std::make_unique<Model>(d, std::move(layers), classes);
+}
+
+}  // namespace dtrain

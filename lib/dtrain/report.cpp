@@ -1,0 +1,191 @@
+#include "dtrain/report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "dtrain/error.hpp"
+
+namespace dtrain {
+
+namespace {
+
+std::optional<double> opt_number(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  if (!j[key].is_number()) return std::nullopt;
+  return j[key].get<double>();
+}
+
+std::string fmt_opt(const std::optional<double>& v, const char* spec) {
+  return v ? fmt::format(fmt::runtime(spec), *v) : std::string("-");
+}
+
+std::string pct(const std::optional<double>& v) {
+  return v ? fmt::format("{:.2f}%", 100 * *v) : std::string("-");
+}
+
+struct Column {
+  const char* title;
+  std::string (*cell)(const ComparisonRow&);
+};
+
+const std::vector<Column>& columns() {
+  static const std::vector<Column> cols = {
+      {"run", [](const ComparisonRow& r) { return r.run.run_id; }},
+      {"gpus", [](const ComparisonRow& r) { return std::to_string(r.run.gpus); }},
+      {"per-replica batch",
+       [](const ComparisonRow& r) { return std::to_string(r.run.per_replica_batch); }},
+      {"global batch", [](const ComparisonRow& r) { return std::to_string(r.run.global_batch); }},
+      {"lr rule", [](const ComparisonRow& r) { return r.run.lr_scaling; }},
+      {"peak lr", [](const ComparisonRow& r) { return fmt::format("{:.4g}", r.run.peak_lr); }},
+      {"reduction", [](const ComparisonRow& r) { return r.run.reduction; }},
+      {"shuffle", [](const ComparisonRow& r) { return r.run.shuffle; }},
+      {"sharding", [](const ComparisonRow& r) { return r.run.sharding; }},
+      {"final test acc", [](const ComparisonRow& r) { return pct(r.run.final_test_acc); }},
+      {"best test acc", [](const ComparisonRow& r) { return pct(r.run.best_test_acc); }},
+      {"acc delta (pts)",
+       [](const ComparisonRow& r) { return fmt_opt(r.acc_delta_points, "{:+.2f}"); }},
+      {"final train loss",
+       [](const ComparisonRow& r) { return fmt_opt(r.run.final_train_loss, "{:.4f}"); }},
+      {"median epoch s",
+       [](const ComparisonRow& r) { return fmt_opt(r.run.median_epoch_time_s, "{:.3f}"); }},
+      {"samples/s", [](const ComparisonRow& r) { return fmt_opt(r.run.samples_per_s, "{:.0f}"); }},
+      {"speedup", [](const ComparisonRow& r) { return fmt_opt(r.speedup, "{:.2f}x"); }},
+      {"efficiency", [](const ComparisonRow& r) {
+         return r.efficiency ? fmt::format("{:.0f}%", 100 * *r.efficiency) : std::string("-");
+       }},
+      {"time to target", [](const ComparisonRow& r) {
+         if (r.run.target_accuracy <= 0) return std::string("-");
+         return r.run.time_to_target_s ? fmt::format("{:.1f}s", *r.run.time_to_target_s)
+                                       : std::string("not reached");
+       }},
+      {"status", [](const ComparisonRow& r) { return r.run.status; }},
+  };
+  return cols;
+}
+
+std::string csv_escape(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char ch : s) out += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return out + "\"";
+}
+
+}  // namespace
+
+RunRecord load_run(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "summary.json").string();
+  std::ifstream in(path);
+  if (!in) throw UserError(fmt::format("{}: missing (the run may still be running or was killed)",
+                                       path));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: corrupt JSON: {}", path, e.what()));
+  }
+  RunRecord r;
+  r.dir = dir;
+  try {
+    r.run_id = j.value("run_id", std::filesystem::path(dir).filename().string());
+    r.experiment = j.value("experiment", std::string());
+    r.status = j.value("status", std::string("unknown"));
+    r.error = j.value("error", std::string());
+    r.gpus = j.at("gpus").get<int>();
+    r.per_replica_batch = j.value("per_replica_batch", 0LL);
+    r.global_batch = j.value("global_batch", 0LL);
+    r.accumulation_steps = j.value("accumulation_steps", 1);
+    r.lr_scaling = j.value("lr_scaling", std::string());
+    r.reduction = j.value("reduction", std::string());
+    r.shuffle = j.value("shuffle", std::string());
+    r.sharding = j.value("sharding", std::string());
+    r.peak_lr = j.value("peak_lr", 0.0);
+    r.target_accuracy = j.value("target_accuracy", 0.0);
+    r.epochs_completed = j.value("epochs_completed", 0);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: unexpected content: {}", path, e.what()));
+  }
+  r.final_test_acc = opt_number(j, "final_test_accuracy");
+  r.best_test_acc = opt_number(j, "best_test_accuracy");
+  r.final_train_loss = opt_number(j, "final_train_loss");
+  r.median_epoch_time_s = opt_number(j, "median_epoch_time_s");
+  r.samples_per_s = opt_number(j, "samples_per_s");
+  r.time_to_target_s = opt_number(j, "time_to_target_s");
+  return r;
+}
+
+Comparison compare(const std::vector<RunRecord>& runs) {
+  Comparison c;
+  if (!runs.empty()) c.experiment = runs.front().experiment;
+  const RunRecord* base = nullptr;
+  for (const auto& r : runs) {
+    if (r.status != "done") continue;
+    if (!base || r.gpus < base->gpus) base = &r;
+  }
+  if (base) c.baseline = base->run_id;
+  for (const auto& r : runs) {
+    ComparisonRow row{r, {}, {}, {}};
+    if (base && r.status == "done") {
+      if (base->samples_per_s && r.samples_per_s && *base->samples_per_s > 0) {
+        row.speedup = *r.samples_per_s / *base->samples_per_s;
+        row.efficiency = *row.speedup / (static_cast<double>(r.gpus) / base->gpus);
+      }
+      if (base->final_test_acc && r.final_test_acc)
+        row.acc_delta_points = 100 * (*r.final_test_acc - *base->final_test_acc);
+    }
+    c.rows.push_back(std::move(row));
+  }
+  return c;
+}
+
+std::string to_markdown(const Comparison& c) {
+  const auto& cols = columns();
+  std::vector<std::vector<std::string>> cells;
+  std::vector<size_t> width;
+  for (const auto& col : cols) width.push_back(std::string(col.title).size());
+  for (const auto& row : c.rows) {
+    std::vector<std::string> line;
+    for (size_t i = 0; i < cols.size(); ++i) {
+      line.push_back(cols[i].cell(row));
+      width[i] = std::max(width[i], line.back().size());
+    }
+    cells.push_back(std::move(line));
+  }
+  std::ostringstream out;
+  auto emit = [&](const std::vector<std::string>& line) {
+    out << "|";
+    for (size_t i = 0; i < line.size(); ++i) out << " " << fmt::format("{:<{}}", line[i], width[i]) << " |";
+    out << "\n";
+  };
+  std::vector<std::string> head;
+  for (const auto& col : cols) head.push_back(col.title);
+  emit(head);
+  out << "|";
+  for (size_t w : width) out << std::string(w + 2, '-') << "|";
+  out << "\n";
+  for (const auto& line : cells) emit(line);
+  if (!c.baseline.empty())
+    out << "\nBaseline for speedup, efficiency and accuracy delta: " << c.baseline
+        << ". Speedup is the ratio of training samples per second.\n";
+  else
+    out << "\nNo finished run to serve as baseline.\n";
+  return out.str();
+}
+
+std::string to_csv(const Comparison& c) {
+  const auto& cols = columns();
+  std::string out;
+  for (size_t i = 0; i < cols.size(); ++i) out += (i ? "," : "") + csv_escape(cols[i].title);
+  out += "\n";
+  for (const auto& row : c.rows) {
+    for (size_t i = 0; i < cols.size(); ++i) out += (i ? "," : "") + csv_escape(cols[i].cell(row));
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace dtrain

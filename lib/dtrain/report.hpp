@@ -1,0 +1,43 @@
+#pragma once
+// Comparison tables of runs, always built from run folders (summary.json), never from memory.
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct RunRecord {
+  std::string dir, run_id, experiment, status, error;
+  int gpus = 0;
+  long long per_replica_batch = 0, global_batch = 0;
+  int accumulation_steps = 1;
+  std::string lr_scaling, reduction, shuffle, sharding;
+  double peak_lr = 0;
+  std::optional<double> final_test_acc, best_test_acc, final_train_loss, median_epoch_time_s,
+      samples_per_s, time_to_target_s;
+  double target_accuracy = 0;
+  int epochs_completed = 0;
+};
+
+// Reads DIR/summary.json; throws UserError naming the file when it is missing or corrupt.
+RunRecord load_run(const std::string& dir);
+
+struct ComparisonRow {
+  RunRecord run;
+  std::optional<double> speedup, efficiency, acc_delta_points;
+};
+
+struct Comparison {
+  std::string experiment;
+  std::string baseline;  // run id of the baseline, "" if none
+  std::vector<ComparisonRow> rows;
+};
+
+// Baseline: the 1-replica run that finished, else the finished run with the fewest replicas.
+// Speedup is the ratio of samples/s, efficiency = speedup / (gpus / baseline gpus).
+Comparison compare(const std::vector<RunRecord>& runs);
+
+std::string to_markdown(const Comparison& c);
+std::string to_csv(const Comparison& c);
+
+}  // namespace dtrain

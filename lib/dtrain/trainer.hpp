@@ -1,0 +1,67 @@
+#pragma once
+// The training loop and the in-process launcher: N replica workers (threads), each with its own
+// device, model copy, optimizer and sampler shard, exchanging gradients through a Communicator.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/config.hpp"
+#include "dtrain/data.hpp"
+
+namespace dtrain {
+
+struct EpochMetrics {
+  int epoch = 0;      // 1-based
+  double lr = 0;      // LR at the epoch's first step
+  double lr_end = 0;  // LR at its last step
+  double train_loss = 0, train_acc = 0;
+  double test_loss = 0, test_acc = 0;
+  double epoch_time_s = 0;  // wall time of the training steps (evaluation excluded)
+  double samples_per_s = 0;
+  int64_t samples = 0;
+  // Rank 0's split of epoch_time_s (the rest is loop overhead and the epoch-end stats exchange).
+  double data_s = 0, compute_s = 0, exchange_s = 0, optimizer_s = 0;
+  double eval_s = 0;
+};
+
+struct RunInfo {
+  std::string model;
+  std::string data;
+  std::string devices;  // e.g. "cpu: 4 replicas as threads, 1 BLAS thread each"
+  int64_t steps_per_epoch = 0;
+  int64_t global_batch = 0;
+  int64_t micro_batch = 0;
+  double peak_lr = 0;
+  int64_t param_count = 0;
+};
+
+enum class RunStatus { done, diverged };
+
+struct TrainResult {
+  RunInfo info;
+  std::vector<EpochMetrics> epochs;
+  std::vector<double> step_losses;  // global mean loss of every optimizer step, in order
+  RunStatus status = RunStatus::done;
+};
+
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_start(const RunInfo&) {}
+  // Called by rank 0 after every optimizer step.
+  virtual void on_step(int /*epoch*/, int64_t /*step*/, int64_t /*steps*/) {}
+  virtual void on_epoch(const EpochMetrics&) {}
+};
+
+// Runs the whole training. Throws UserError for impossible configurations (checked before any
+// worker starts) and rethrows the first worker failure after every worker has stopped.
+TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer = nullptr);
+
+// Cooperative stop (Ctrl-C): every rank stops at its next step and the run is marked failed.
+void request_stop();
+bool stop_requested();
+
+// Checks that `cfg` can run on this data (batch versus dataset size, ...). Throws UserError.
+void check_plan(const Config& cfg, const DataSplit& data);
+
+}  // namespace dtrain
