@@ -1,1 +1,160 @@
 #include <catch2/catch.hpp>
+
+#include "dtrain/config.hpp"
+#include "dtrain/error.hpp"
+#include "dtrain/plan.hpp"
+
+using namespace dtrain;
+
+namespace {
+std::string error_of(const std::string& yaml, const std::vector<Override>& ov = {}) {
+  try {
+    parse_config(yaml, "exp.yaml", ov);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("defaults fill every key that is not given", "[config]") {
+  const Config c = parse_config("name: x\n", "exp.yaml");
+  CHECK(c.name == "x");
+  CHECK(c.gpus == 1);
+  CHECK(c.micro_batch() == 64);
+  CHECK(c.global_batch() == 64);
+  CHECK(c.data.dataset == DatasetKind::fashion_mnist);
+  CHECK(c.data.path == "/usr/share/datasets/fashion-mnist");
+  CHECK(c.model.hidden == std::vector<int64_t>{256, 128});
+  CHECK(c.optimizer.type == OptimizerType::sgd);
+  CHECK(c.train.reduction == Reduction::mean);
+}
+
+TEST_CASE("the issue's example config parses to the values it states", "[config]") {
+  const Config c = parse_config(R"(
+name: fmnist-mlp
+backend: auto
+gpus: 4
+data:
+  dataset: fashion-mnist
+  path: /usr/share/datasets/fashion-mnist
+  shuffle: sample
+  sharding: interleaved
+  drop_remainder: true
+model:
+  type: mlp
+  hidden: [256, 128]
+  activation: relu
+train:
+  epochs: 10
+  per_replica_batch: 64
+  reduction: mean
+  accumulation_steps: 1
+  seed: 1
+  target_accuracy: 0.85
+optimizer:
+  type: sgd
+  lr: 0.05
+  base_batch: 64
+  momentum: 0.9
+  weight_decay: 0.0005
+  lr_scaling: linear
+  warmup_epochs: 2
+  schedule: cosine
+)",
+                                "exp.yaml");
+  CHECK(c.gpus == 4);
+  CHECK(c.global_batch() == 256);
+  CHECK(c.optimizer.weight_decay == Approx(0.0005));
+  CHECK(c.optimizer.schedule == Schedule::cosine);
+  CHECK(c.optimizer.warmup_epochs == 2);
+}
+
+TEST_CASE("global_batch defines the per-replica batch", "[config]") {
+  const Config c = parse_config("gpus: 4\ntrain: {global_batch: 256, accumulation_steps: 2}\n",
+                                "exp.yaml");
+  CHECK(c.micro_batch() == 32);
+  CHECK(c.global_batch() == 256);
+}
+
+TEST_CASE("overrides replace YAML values - dotted keys reach sections", "[config]") {
+  const Config c = parse_config("gpus: 2\noptimizer: {lr: 0.1}\n", "exp.yaml",
+                                {{"gpus", "8"}, {"optimizer.lr", "0.4"}, {"model.hidden", "[64]"}});
+  CHECK(c.gpus == 8);
+  CHECK(c.optimizer.lr == Approx(0.4));
+  CHECK(c.model.hidden == std::vector<int64_t>{64});
+}
+
+TEST_CASE("resolved YAML reads back to the same config", "[config]") {
+  const Config a = parse_config("gpus: 3\ntrain: {global_batch: 96}\noptimizer: {type: adamw}\n"
+                                "data: {dataset: synthetic, synthetic: {shape: [2, 3]}}\n",
+                                "exp.yaml");
+  const Config b = parse_config(to_yaml(a), "resolved.yaml");
+  CHECK(to_yaml(a) == to_yaml(b));
+  CHECK(b.global_batch() == 96);
+  CHECK(b.optimizer.type == OptimizerType::adamw);
+  CHECK(b.data.synthetic.shape == std::vector<int64_t>{2, 3});
+}
+
+TEST_CASE("malformed YAML names the file and line", "[config][errors]") {
+  const auto e = error_of("name: x\ngpus: 4\ntrain:\n  epochs: [1, 2\n");
+  CHECK_THAT(e, Catch::Contains("exp.yaml:") && Catch::Contains("malformed YAML"));
+  const auto e2 = error_of("name: x\n  bad indentation: 1\n");
+  CHECK_THAT(e2, Catch::StartsWith("exp.yaml:2: malformed YAML"));
+}
+
+TEST_CASE("an unknown key is an error that suggests the closest valid key", "[config][errors]") {
+  CHECK_THAT(error_of("name: x\noptimiser:\n  lr: 0.1\n"),
+             Catch::Contains("exp.yaml:2: unknown key 'optimiser' (did you mean 'optimizer'?)"));
+  CHECK_THAT(error_of("train:\n  epoch: 3\n"),
+             Catch::Contains("exp.yaml:2: unknown key 'train.epoch' (did you mean 'epochs'?)"));
+  CHECK_THAT(error_of("", {{"train.per_replica_bach", "3"}}),
+             Catch::Contains("override 'train.per_replica_bach=3': unknown key") &&
+                 Catch::Contains("did you mean 'per_replica_batch'"));
+  // Nothing close: the valid keys are listed instead of a guess.
+  const auto e = error_of("zzzzzzzz: 1\n");
+  CHECK_THAT(e, Catch::Contains("unknown key 'zzzzzzzz'") && Catch::Contains("valid keys"));
+  CHECK_THAT(e, !Catch::Contains("did you mean"));
+}
+
+TEST_CASE("a wrong type names the key - what was expected and what was found", "[config][errors]") {
+  CHECK(error_of("gpus: four\n") == "exp.yaml:1: gpus: expected an integer, got 'four'");
+  CHECK(error_of("train:\n  epochs: 2.5\n") ==
+        "exp.yaml:2: train.epochs: expected an integer, got '2.5'");
+  CHECK_THAT(error_of("data:\n  shuffle: random\n"),
+             Catch::Contains("data.shuffle: expected one of sample | batch | none, got 'random'"));
+  CHECK_THAT(error_of("model:\n  hidden: 256\n"),
+             Catch::Contains("model.hidden: expected a list of integers"));
+  CHECK_THAT(error_of("data: 3\n"), Catch::Contains("data: expected a mapping"));
+}
+
+TEST_CASE("gpus must be positive", "[config][errors]") {
+  CHECK(error_of("gpus: 0\n") == "exp.yaml:1: gpus: must be in [1, 4096], got 0");
+  CHECK(error_of("gpus: -2\n") == "exp.yaml:1: gpus: must be in [1, 4096], got -2");
+  CHECK_THAT(error_of("", {{"gpus", "0"}}), Catch::StartsWith("override 'gpus=0': gpus: must be"));
+}
+
+TEST_CASE("a batch that cannot be split across replicas is rejected", "[config][errors]") {
+  const auto e = error_of("gpus: 3\ntrain: {global_batch: 100}\n");
+  CHECK_THAT(e, Catch::Contains("train.global_batch=100 cannot be split evenly across gpus=3"));
+  CHECK_THAT(e, Catch::Contains("multiple of 3 (e.g. 99 or 102)"));
+  CHECK_THAT(error_of("train: {global_batch: 64, per_replica_batch: 16}\n"),
+             Catch::Contains("exactly one of per_replica_batch and global_batch"));
+}
+
+TEST_CASE("override syntax errors are clear", "[config][errors]") {
+  CHECK_THROWS_WITH(parse_override("gpus"), Catch::Contains("expected key=value"));
+  CHECK_THROWS_WITH(parse_override("a..b=1"), Catch::Contains("malformed key"));
+  CHECK_THROWS_AS(parse_override("=3"), UserError);
+}
+
+TEST_CASE("comma lists split outside brackets", "[config][plan]") {
+  CHECK(split_values("1,2,4") == std::vector<std::string>{"1", "2", "4"});
+  CHECK(split_values("[512,256],[64]") == std::vector<std::string>{"[512,256]", "[64]"});
+  CHECK(split_values("0.1") == std::vector<std::string>{"0.1"});
+}
+
+TEST_CASE("closest_match finds typos and ignores unrelated words", "[config]") {
+  CHECK(closest_match("lr_scalling", {"lr", "lr_scaling", "schedule"}) == "lr_scaling");
+  CHECK(closest_match("qqqqqqqqqq", {"lr", "schedule"}).empty());
+}

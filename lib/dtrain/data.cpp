@@ -191,10 +191,13 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
     if (!fs::is_directory(cfg.path))
       throw UserError(fmt::format("data.path: '{}' is not a folder (it must hold the IDX files)",
                                   cfg.path));
-    s.train = load_idx_pair(find_idx(cfg.path, "train-images-idx3-ubyte"),
-                            find_idx(cfg.path, "train-labels-idx1-ubyte"));
-    s.test = load_idx_pair(find_idx(cfg.path, "t10k-images-idx3-ubyte"),
-                           find_idx(cfg.path, "t10k-labels-idx1-ubyte"));
+    // Looked up in a fixed order so the first missing file is the one named.
+    const auto train_images = find_idx(cfg.path, "train-images-idx3-ubyte");
+    const auto train_labels = find_idx(cfg.path, "train-labels-idx1-ubyte");
+    const auto test_images = find_idx(cfg.path, "t10k-images-idx3-ubyte");
+    const auto test_labels = find_idx(cfg.path, "t10k-labels-idx1-ubyte");
+    s.train = load_idx_pair(train_images, train_labels);
+    s.test = load_idx_pair(test_images, test_labels);
     if (s.train.shape != s.test.shape)
       throw UserError(fmt::format("{}: training and test images differ in size", cfg.path));
     s.test.classes = s.train.classes = std::max(s.train.classes, s.test.classes);

@@ -1,0 +1,216 @@
+#include <zlib.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+
+#include "dtrain/data.hpp"
+#include "dtrain/error.hpp"
+
+using namespace dtrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<uint8_t> be32(uint32_t v) {
+  return {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
+}
+
+std::vector<uint8_t> idx_images(uint32_t count, uint32_t rows, uint32_t cols, uint32_t magic = 0x803) {
+  std::vector<uint8_t> b = be32(magic);
+  for (uint32_t v : {count, rows, cols}) {
+    auto w = be32(v);
+    b.insert(b.end(), w.begin(), w.end());
+  }
+  for (uint32_t i = 0; i < count * rows * cols; ++i) b.push_back(uint8_t(i * 7 % 256));
+  return b;
+}
+
+std::vector<uint8_t> idx_labels(uint32_t count, uint32_t magic = 0x801) {
+  std::vector<uint8_t> b = be32(magic);
+  auto w = be32(count);
+  b.insert(b.end(), w.begin(), w.end());
+  for (uint32_t i = 0; i < count; ++i) b.push_back(uint8_t(i % 10));
+  return b;
+}
+
+void write_raw(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                           static_cast<std::streamsize>(bytes.size()));
+}
+
+void write_gz(const fs::path& p, const std::vector<uint8_t>& bytes) {
+  gzFile f = gzopen(p.c_str(), "wb");
+  gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(f);
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("dtrain-test-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(counter()++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+};
+
+void write_dataset(const fs::path& dir, uint32_t n_train, uint32_t n_test, bool gz) {
+  auto w = gz ? write_gz : write_raw;
+  const std::string ext = gz ? ".gz" : "";
+  w(dir / ("train-images-idx3-ubyte" + ext), idx_images(n_train, 4, 3));
+  w(dir / ("train-labels-idx1-ubyte" + ext), idx_labels(n_train));
+  w(dir / ("t10k-images-idx3-ubyte" + ext), idx_images(n_test, 4, 3));
+  w(dir / ("t10k-labels-idx1-ubyte" + ext), idx_labels(n_test));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("IDX files read the same raw and gzip-compressed", "[data]") {
+  TempDir raw, gz;
+  write_dataset(raw.path, 30, 10, false);
+  write_dataset(gz.path, 30, 10, true);
+  DataConfig cfg;
+  cfg.dataset = DatasetKind::idx;
+  cfg.normalize = false;
+  cfg.path = raw.path.string();
+  const auto a = load_data(cfg, 1);
+  cfg.path = gz.path.string();
+  const auto b = load_data(cfg, 1);
+  CHECK(a.train.size() == 30);
+  CHECK(a.test.size() == 10);
+  CHECK(a.train.shape == std::vector<int64_t>{1, 4, 3});
+  CHECK(a.train.classes == 10);
+  CHECK(a.train.x == b.train.x);
+  CHECK(a.train.y == b.train.y);
+  // Pixel i of the file is (i*7 % 256) / 255.
+  CHECK(a.train.x[5] == Approx(35.0 / 255.0));
+  CHECK(a.train.y[13] == 3);
+}
+
+TEST_CASE("normalisation standardises with training statistics", "[data]") {
+  TempDir d;
+  write_dataset(d.path, 50, 10, false);
+  DataConfig cfg;
+  cfg.dataset = DatasetKind::idx;
+  cfg.path = d.path.string();
+  const auto s = load_data(cfg, 1);
+  double sum = 0, sq = 0;
+  for (float v : s.train.x) {
+    sum += v;
+    sq += double(v) * v;
+  }
+  const double n = static_cast<double>(s.train.x.size());
+  CHECK(sum / n == Approx(0.0).margin(1e-5));
+  CHECK(sq / n == Approx(1.0).epsilon(1e-4));
+}
+
+TEST_CASE("a missing IDX file is named", "[data][errors]") {
+  TempDir d;
+  write_dataset(d.path, 20, 10, false);
+  fs::remove(d.path / "t10k-labels-idx1-ubyte");
+  DataConfig cfg;
+  cfg.dataset = DatasetKind::idx;
+  cfg.path = d.path.string();
+  CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
+             Catch::Contains("missing t10k-labels-idx1-ubyte (or t10k-labels-idx1-ubyte.gz)"));
+  cfg.path = (d.path / "nope").string();
+  CHECK_THAT(error_of([&] { load_data(cfg, 1); }), Catch::Contains("is not a folder"));
+}
+
+TEST_CASE("a truncated IDX file is reported with how much is missing", "[data][errors]") {
+  TempDir d;
+  auto bytes = idx_images(10, 4, 3);
+  bytes.resize(bytes.size() - 5);
+  write_raw(d.path / "imgs", bytes);
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "imgs").string()); }),
+             Catch::Contains("truncated: expected 120 bytes of 10 images"));
+  write_gz(d.path / "imgs.gz", bytes);
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "imgs.gz").string()); }),
+             Catch::Contains("truncated"));
+  write_raw(d.path / "short", {0, 0, 8});
+  CHECK_THAT(error_of([&] { read_idx_labels((d.path / "short").string()); }),
+             Catch::Contains("truncated"));
+}
+
+TEST_CASE("a wrong magic number is reported", "[data][errors]") {
+  TempDir d;
+  write_raw(d.path / "labels-as-images", idx_labels(10));
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "labels-as-images").string()); }),
+             Catch::Contains("not an IDX image file (magic 0x00000801, expected 0x00000803"));
+  write_raw(d.path / "imgs", idx_images(2, 2, 2));
+  CHECK_THAT(error_of([&] { read_idx_labels((d.path / "imgs").string()); }),
+             Catch::Contains("not an IDX label file"));
+}
+
+TEST_CASE("image and label counts must match", "[data][errors]") {
+  TempDir d;
+  write_dataset(d.path, 20, 10, false);
+  write_raw(d.path / "train-labels-idx1-ubyte", idx_labels(19));
+  DataConfig cfg;
+  cfg.dataset = DatasetKind::idx;
+  cfg.path = d.path.string();
+  CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
+             Catch::Contains("has 20 images but") && Catch::Contains("has 19 labels"));
+}
+
+TEST_CASE("synthetic data is reproducible - sized as asked and learnable in shape", "[data]") {
+  SyntheticConfig s;
+  s.shape = {2, 3};
+  s.classes = 5;
+  const auto a = make_synthetic(s, 100, 7, 1);
+  const auto b = make_synthetic(s, 100, 7, 1);
+  const auto c = make_synthetic(s, 100, 8, 1);
+  CHECK(a.x == b.x);
+  CHECK(a.y == b.y);
+  CHECK(a.x != c.x);
+  CHECK(a.features() == 6);
+  CHECK(a.x.size() == 600);
+  std::set<int32_t> labels(a.y.begin(), a.y.end());
+  CHECK(labels.size() == 5);
+}
+
+TEST_CASE("sort_by_label orders samples by class and keeps pairs together", "[data]") {
+  SyntheticConfig s;
+  s.shape = {3};
+  auto d = make_synthetic(s, 200, 3, 1);
+  const auto orig = d;
+  sort_by_label(d);
+  CHECK(std::is_sorted(d.y.begin(), d.y.end()));
+  // Every (features, label) pair of the original is still present.
+  std::multiset<std::pair<float, int32_t>> before, after;
+  for (int64_t i = 0; i < orig.size(); ++i) {
+    before.insert({orig.x[static_cast<size_t>(i * 3)], orig.y[static_cast<size_t>(i)]});
+    after.insert({d.x[static_cast<size_t>(i * 3)], d.y[static_cast<size_t>(i)]});
+  }
+  CHECK(before == after);
+}
+
+TEST_CASE("the packaged Fashion-MNIST loads when installed", "[data][fmnist]") {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    WARN("SKIPPED: dataset-fashion-mnist is not installed");
+    return;
+  }
+  DataConfig cfg;
+  const auto s = load_data(cfg, 1);
+  CHECK(s.train.size() == 60000);
+  CHECK(s.test.size() == 10000);
+  CHECK(s.train.shape == std::vector<int64_t>{1, 28, 28});
+  CHECK(s.train.classes == 10);
+}

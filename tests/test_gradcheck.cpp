@@ -1,0 +1,184 @@
+// Finite-difference checks: every layer's backward against central differences of its forward.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "dtrain/device.hpp"
+#include "dtrain/model.hpp"
+#include "dtrain/rng.hpp"
+
+using namespace dtrain;
+
+namespace {
+
+constexpr double kH = 1e-2;
+
+bool close(double analytic, double numeric) {
+  return std::abs(analytic - numeric) <= 2e-3 + 2e-2 * std::abs(numeric);
+}
+
+// L = sum(y * u) for a fixed random u, so dL/dy = u.
+double probe_loss(Device& d, Layer& l, const std::vector<float>& x, int64_t rows,
+                  const std::vector<float>& u) {
+  const float* y = l.forward(d, x.data(), rows);
+  double s = 0;
+  for (size_t i = 0; i < u.size(); ++i) s += double(y[i]) * u[i];
+  return s;
+}
+
+// Keeps inputs away from the ReLU kink so differences are well defined.
+float away_from_zero(Rng& rng) {
+  const double v = rng.uniform(0.2, 1.5);
+  return static_cast<float>(rng.uniform() < 0.5 ? -v : v);
+}
+
+void check_layer(Device& d, Layer& layer, uint64_t seed) {
+  Device* dev = &d;
+  Rng rng(seed);
+  const int64_t rows = 3;
+  const int64_t in = layer.in_features(), out = layer.out_features();
+  std::vector<float> params(static_cast<size_t>(layer.param_count())),
+      grads(params.size(), 0.f);
+  layer.init(rng, params.data());
+  layer.bind(params.data(), grads.data());
+  std::vector<float> x(static_cast<size_t>(rows * in)), u(static_cast<size_t>(rows * out));
+  for (auto& v : x) v = away_from_zero(rng);
+  for (auto& v : u) v = static_cast<float>(rng.uniform(-1, 1));
+
+  layer.forward(*dev, x.data(), rows);
+  const float* dx_ptr = layer.backward(*dev, u.data(), rows, true);
+  const std::vector<float> dx(dx_ptr, dx_ptr + x.size());
+
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float keep = x[i];
+    x[i] = keep + static_cast<float>(kH);
+    const double lp = probe_loss(*dev, layer, x, rows, u);
+    x[i] = keep - static_cast<float>(kH);
+    const double lm = probe_loss(*dev, layer, x, rows, u);
+    x[i] = keep;
+    const double numeric = (lp - lm) / (2 * kH);
+    INFO(layer.describe() << " dx[" << i << "] analytic " << dx[i] << " numeric " << numeric);
+    CHECK(close(dx[i], numeric));
+  }
+  for (size_t j = 0; j < params.size(); ++j) {
+    const float keep = params[j];
+    params[j] = keep + static_cast<float>(kH);
+    const double lp = probe_loss(*dev, layer, x, rows, u);
+    params[j] = keep - static_cast<float>(kH);
+    const double lm = probe_loss(*dev, layer, x, rows, u);
+    params[j] = keep;
+    const double numeric = (lp - lm) / (2 * kH);
+    INFO(layer.describe() << " dparam[" << j << "] analytic " << grads[j] << " numeric "
+                          << numeric);
+    CHECK(close(grads[j], numeric));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dense layer gradients match finite differences", "[grad]") {
+  auto dev = make_cpu_device();  // outlives the layer's buffers
+  Dense layer(5, 4);
+  check_layer(*dev, layer, 11);
+}
+
+TEST_CASE("activation gradients match finite differences", "[grad]") {
+  auto dev = make_cpu_device();
+  for (auto a : {Activation::relu, Activation::tanh, Activation::sigmoid, Activation::gelu}) {
+    ActivationLayer layer(6, a);
+    check_layer(*dev, layer, 12);
+  }
+}
+
+TEST_CASE("softmax cross-entropy gradient matches finite differences", "[grad]") {
+  auto dev = make_cpu_device();
+  Rng rng(3);
+  const int64_t rows = 4, classes = 5;
+  std::vector<float> z(static_cast<size_t>(rows * classes)), dz(z.size());
+  for (auto& v : z) v = static_cast<float>(rng.uniform(-3, 3));
+  const std::vector<int32_t> labels = {0, 4, 2, 2};
+  double stats[2] = {0, 0};
+  dev->softmax_xent(z.data(), labels.data(), rows, classes, 1.f, dz.data(), stats);
+  for (size_t i = 0; i < z.size(); ++i) {
+    const float keep = z[i];
+    double lp[2] = {0, 0}, lm[2] = {0, 0};
+    z[i] = keep + static_cast<float>(kH);
+    dev->softmax_xent(z.data(), labels.data(), rows, classes, 0.f, nullptr, lp);
+    z[i] = keep - static_cast<float>(kH);
+    dev->softmax_xent(z.data(), labels.data(), rows, classes, 0.f, nullptr, lm);
+    z[i] = keep;
+    const double numeric = (lp[0] - lm[0]) / (2 * kH);
+    INFO("dlogit[" << i << "] analytic " << dz[i] << " numeric " << numeric);
+    CHECK(close(dz[i], numeric));
+  }
+}
+
+TEST_CASE("softmax cross-entropy value and accuracy on known logits", "[grad]") {
+  auto dev = make_cpu_device();
+  // Uniform logits: loss log(C) per row; argmax ties resolve to class 0.
+  std::vector<float> z = {0, 0, 0, 0, 5, 1, 0, 0};
+  std::vector<int32_t> y = {0, 1};
+  double stats[2] = {0, 0};
+  dev->softmax_xent(z.data(), y.data(), 2, 4, 0.f, nullptr, stats);
+  const double row2 = std::log(std::exp(5.0) + std::exp(1.0) + 2.0) - 1.0;
+  CHECK(stats[0] == Approx(std::log(4.0) + row2));
+  CHECK(stats[1] == 1.0);
+}
+
+TEST_CASE("a whole model's gradient matches finite differences of its loss", "[grad]") {
+  auto dev = make_cpu_device();
+  ModelConfig mc;
+  mc.hidden = {6, 5};
+  mc.activation = Activation::tanh;
+  auto model = build_model(*dev, mc, 4, 3);
+  model->init(5);
+  Rng rng(6);
+  const int64_t rows = 5;
+  std::vector<float> x(static_cast<size_t>(rows * 4));
+  for (auto& v : x) v = static_cast<float>(rng.uniform(-1, 1));
+  const std::vector<int32_t> y = {0, 1, 2, 1, 0};
+  auto loss = [&] {
+    double st[2] = {0, 0};
+    model->forward(x.data(), rows);
+    model->loss_only(y.data(), rows, st);
+    return st[0];
+  };
+  model->zero_grads();
+  double st[2] = {0, 0};
+  model->forward(x.data(), rows);
+  model->loss_backward(y.data(), rows, 1.f, st);
+  const std::vector<float> g(model->grads(), model->grads() + model->param_count());
+  for (int64_t j = 0; j < model->param_count(); ++j) {
+    float& p = model->params()[j];
+    const float keep = p;
+    p = keep + static_cast<float>(kH);
+    const double lp = loss();
+    p = keep - static_cast<float>(kH);
+    const double lm = loss();
+    p = keep;
+    const double numeric = (lp - lm) / (2 * kH);
+    INFO("param " << j << " analytic " << g[static_cast<size_t>(j)] << " numeric " << numeric);
+    CHECK(close(g[static_cast<size_t>(j)], numeric));
+  }
+}
+
+TEST_CASE("optimizers follow their update rules on one parameter", "[optim]") {
+  auto dev = make_cpu_device();
+  float p = 1.f, g = 0.5f, m = 0.f, v = 0.f;
+  // SGD, momentum 0.9, coupled weight decay 0.1: two steps by hand.
+  dev->sgd_update(&p, &g, &m, 1, 0.1f, 0.9f, 0.1f, false);
+  CHECK(m == Approx(0.6));
+  CHECK(p == Approx(0.94));
+  dev->sgd_update(&p, &g, &m, 1, 0.1f, 0.9f, 0.1f, false);
+  CHECK(m == Approx(0.9 * 0.6 + 0.5 + 0.094));
+  CHECK(p == Approx(0.94 - 0.1 * (0.9 * 0.6 + 0.5 + 0.094)));
+  // Adam's first step moves every parameter by lr (bias correction).
+  p = 1.f;
+  m = v = 0.f;
+  dev->adam_update(&p, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.f, false, 1);
+  CHECK(p == Approx(0.99).epsilon(1e-5));
+  // AdamW decays the weight directly.
+  p = 1.f;
+  m = v = 0.f;
+  dev->adam_update(&p, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.5f, true, 1);
+  CHECK(p == Approx(1.0 * (1 - 0.005) - 0.01).epsilon(1e-5));
+}

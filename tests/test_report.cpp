@@ -1,0 +1,65 @@
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/error.hpp"
+#include "dtrain/recorder.hpp"
+#include "dtrain/report.hpp"
+
+using namespace dtrain;
+namespace fs = std::filesystem;
+
+namespace {
+RunRecord rec(const std::string& id, int gpus, double rate, double acc,
+              const std::string& status = "done") {
+  RunRecord r;
+  r.run_id = id;
+  r.experiment = "e";
+  r.gpus = gpus;
+  r.status = status;
+  r.samples_per_s = rate;
+  r.final_test_acc = acc;
+  r.target_accuracy = 0.5;
+  return r;
+}
+}  // namespace
+
+TEST_CASE("speedup - efficiency and accuracy delta are taken against the 1-replica run",
+          "[report]") {
+  const auto c = compare({rec("a", 4, 300, 0.88), rec("b", 1, 100, 0.90), rec("c", 2, 180, 0.895)});
+  CHECK(c.baseline == "b");
+  CHECK(*c.rows[0].speedup == Approx(3.0));
+  CHECK(*c.rows[0].efficiency == Approx(0.75));
+  CHECK(*c.rows[0].acc_delta_points == Approx(-2.0));
+  CHECK(*c.rows[2].efficiency == Approx(0.9));
+  const auto md = to_markdown(c);
+  CHECK_THAT(md, Catch::Contains("| 3.00x") && Catch::Contains("75%") && Catch::Contains("-2.00"));
+  const auto csv = to_csv(c);
+  CHECK_THAT(csv, Catch::StartsWith("run,gpus,per-replica batch,global batch"));
+}
+
+TEST_CASE("failed runs are listed but never serve as baseline", "[report]") {
+  const auto c = compare({rec("x", 1, 0, 0, "failed"), rec("y", 2, 100, 0.8)});
+  CHECK(c.baseline == "y");
+  CHECK_FALSE(c.rows[0].speedup);
+  CHECK_THAT(to_markdown(c), Catch::Contains("failed"));
+}
+
+TEST_CASE("a missing or corrupt summary.json is named", "[report][errors]") {
+  const auto dir = fs::temp_directory_path() / ("dtrain-report-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  CHECK_THROWS_WITH(load_run(dir.string()), Catch::Contains("summary.json: missing"));
+  std::ofstream(dir / "summary.json") << "{\"gpus\": 2,";
+  CHECK_THROWS_WITH(load_run(dir.string()), Catch::Contains("summary.json: corrupt JSON"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("atomic writes replace whole files", "[report]") {
+  const auto p = fs::temp_directory_path() / ("dtrain-atomic-" + std::to_string(::getpid()));
+  write_file_atomic(p.string(), "one\n");
+  write_file_atomic(p.string(), "two\n");
+  std::ifstream in(p);
+  std::string s((std::istreambuf_iterator<char>(in)), {});
+  CHECK(s == "two\n");
+  fs::remove(p);
+}
