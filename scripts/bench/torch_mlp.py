@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""PyTorch peer for dtrain's CPU benchmark: the same Fashion-MNIST MLP recipe, the same data
+preprocessing, the same LR rule, data preloaded in memory as tensors.
+
+  python3 torch_mlp.py --batch 64 --epochs 10 --threads 2               # plain PyTorch
+  python3 torch_mlp.py --batch 64 --epochs 10 --threads 2 --ddp 4       # DDP, gloo, 4 processes
+
+Prints one JSON line per epoch and a final JSON summary line (prefixed "SUMMARY ").
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+        data = f.read()
+    magic = struct.unpack(">I", data[:4])[0]
+    ndim = magic & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def load(path):
+    def f(name):
+        p = os.path.join(path, name)
+        return p if os.path.exists(p) else p + ".gz"
+    xtr = read_idx(f("train-images-idx3-ubyte")).reshape(-1, 784).astype(np.float32) / 255.0
+    ytr = read_idx(f("train-labels-idx1-ubyte")).astype(np.int64)
+    xte = read_idx(f("t10k-images-idx3-ubyte")).reshape(-1, 784).astype(np.float32) / 255.0
+    yte = read_idx(f("t10k-labels-idx1-ubyte")).astype(np.int64)
+    # The same standardisation as dtrain: one mean and std over the training set.
+    mean = xtr.astype(np.float64).mean()
+    std = xtr.astype(np.float64).std()
+    xtr = ((xtr - mean) / std).astype(np.float32)
+    xte = ((xte - mean) / std).astype(np.float32)
+    return (torch.from_numpy(xtr), torch.from_numpy(ytr), torch.from_numpy(xte),
+            torch.from_numpy(yte))
+
+
+def lr_at(args, global_batch, epoch_pos):
+    peak = args.lr * global_batch / args.base_batch  # linear scaling
+    if epoch_pos < args.warmup:
+        return args.lr + (peak - args.lr) * epoch_pos / args.warmup
+    t = (epoch_pos - args.warmup) / max(1e-12, args.epochs - args.warmup)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def run(rank, world, args):
+    torch.set_num_threads(max(1, args.threads // world))
+    if world > 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(args.port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(args.seed)
+    xtr, ytr, xte, yte = load(args.data)
+    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                          nn.Linear(128, 10))
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    loss_fn = nn.CrossEntropyLoss()
+    global_batch = args.batch * world
+    steps = xtr.shape[0] // global_batch
+    gen = torch.Generator().manual_seed(args.seed)
+    times = []
+    for epoch in range(args.epochs):
+        perm = torch.randperm(xtr.shape[0], generator=gen)  # same on every rank
+        model.train()
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros(())
+        for s in range(steps):
+            for g in opt.param_groups:
+                g["lr"] = lr_at(args, global_batch, epoch + s / steps)
+            # Interleaved sharding of the global batch, as dtrain does by default.
+            idx = perm[s * global_batch + rank:(s + 1) * global_batch:world]
+            xb, yb = xtr[idx], ytr[idx]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach()
+        if world > 1:
+            dist.barrier()
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        model.eval()
+        with torch.no_grad():
+            acc = (model(xte).argmax(1) == yte).float().mean().item()
+        if rank == 0:
+            print(json.dumps({"epoch": epoch + 1, "epoch_time_s": dt, "test_acc": acc,
+                              "train_loss": (loss_sum / steps).item()}), flush=True)
+    if rank == 0:
+        times_sorted = sorted(times)
+        med = times_sorted[len(times) // 2] if len(times) % 2 else 0.5 * (
+            times_sorted[len(times) // 2 - 1] + times_sorted[len(times) // 2])
+        print("SUMMARY " + json.dumps({"framework": "pytorch-ddp-gloo" if world > 1 else "pytorch",
+                                       "torch": torch.__version__, "replicas": world,
+                                       "batch": args.batch, "threads": args.threads,
+                                       "median_epoch_time_s": med, "final_test_acc": acc}),
+              flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--batch", type=int, default=64, help="per-replica batch")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--threads", type=int, default=2, help="CPU threads in total")
+    p.add_argument("--ddp", type=int, default=1, help="processes (DDP with gloo when > 1)")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--base-batch", type=int, default=64)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--port", type=int, default=29533)
+    args = p.parse_args()
+    if args.ddp > 1:
+        mp.spawn(run, args=(args.ddp, args), nprocs=args.ddp, join=True)
+    else:
+        run(0, 1, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+// The shipped quickstart recipe on real Fashion-MNIST: accuracy at 1 replica, and at 4 replicas
+// with mean reduction, linear scaling and warmup. About 10 s on two cores.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "dtrain/config.hpp"
+#include "dtrain/data.hpp"
+#include "dtrain/trainer.hpp"
+#include "helpers.hpp"
+
+using namespace dtrain;
+
+TEST_CASE("the quickstart MLP reaches 89% on Fashion-MNIST and 4 replicas stay within 0.5 points",
+          "[fmnist][slow]") {
+  const std::string cfg_path = test::source_dir() + "/configs/quickstart.yaml";
+  const Config one = load_config(cfg_path, {{"gpus", "1"}});
+  if (!std::filesystem::is_directory(one.data.path)) {
+    WARN("SKIPPED: Fashion-MNIST not found at " << one.data.path
+                                                << " (install dataset-fashion-mnist)");
+    return;
+  }
+  const Config four = load_config(cfg_path, {{"gpus", "4"}});
+  REQUIRE(one.train.epochs == 10);
+  REQUIRE(four.train.reduction == Reduction::mean);
+  REQUIRE(four.optimizer.lr_scaling == LrScaling::linear);
+  REQUIRE(four.optimizer.warmup_epochs > 0);
+  const auto data = load_data(one.data, one.train.seed);
+  const auto a = train(one, data);
+  const auto b = train(four, data);
+  const double acc1 = a.epochs.back().test_acc, acc4 = b.epochs.back().test_acc;
+  INFO("1 replica " << acc1 << ", 4 replicas " << acc4);
+  CHECK(acc1 >= 0.89);
+  CHECK(std::abs(acc4 - acc1) <= 0.005);
+}
