@@ -14,7 +14,7 @@ RunRecord rec(const std::string& id, int gpus, double rate, double acc,
               const std::string& status = "done") {
   RunRecord r;
   r.run_id = id;
-  r.experiment = "e";
+  r.experiment.assign("exp");
   r.gpus = gpus;
   r.status = status;
   r.samples_per_s = rate;
@@ -27,7 +27,7 @@ RunRecord rec(const std::string& id, int gpus, double rate, double acc,
 TEST_CASE("speedup - efficiency and accuracy delta are taken against the 1-replica run",
           "[report]") {
   const auto c = compare({rec("a", 4, 300, 0.88), rec("b", 1, 100, 0.90), rec("c", 2, 180, 0.895)});
-  CHECK(c.baseline == "b");
+  CHECK(c.rows[0].baseline == "b");
   CHECK(*c.rows[0].speedup == Approx(3.0));
   CHECK(*c.rows[0].efficiency == Approx(0.75));
   CHECK(*c.rows[0].acc_delta_points == Approx(-2.0));
@@ -40,9 +40,24 @@ TEST_CASE("speedup - efficiency and accuracy delta are taken against the 1-repli
 
 TEST_CASE("failed runs are listed but never serve as baseline", "[report]") {
   const auto c = compare({rec("x", 1, 0, 0, "failed"), rec("y", 2, 100, 0.8)});
-  CHECK(c.baseline == "y");
+  CHECK(c.rows[0].baseline == "y");
   CHECK_FALSE(c.rows[0].speedup);
   CHECK_THAT(to_markdown(c), Catch::Contains("failed"));
+}
+
+TEST_CASE("each group of a sweep is compared with its own 1-replica run", "[report]") {
+  auto a1 = rec("a1", 1, 100, 0.90), a8 = rec("a8", 8, 400, 0.85);
+  auto b1 = rec("b1", 1, 120, 0.10), b8 = rec("b8", 8, 480, 0.80);
+  a1.group = a8.group = "lr_scalingnone";
+  b1.group = b8.group = "lr_scalinglinear";
+  const auto c = compare({a1, b1, a8, b8});
+  CHECK(c.rows[2].baseline == "a1");
+  CHECK(c.rows[3].baseline == "b1");
+  CHECK(*c.rows[2].acc_delta_points == Approx(-5.0));
+  CHECK(*c.rows[3].acc_delta_points == Approx(70.0));
+  CHECK(*c.rows[3].speedup == Approx(4.0));
+  CHECK_THAT(to_markdown(c), Catch::Contains("Baseline a1 for: a1, a8.") &&
+                                 Catch::Contains("Baseline b1 for: b1, b8."));
 }
 
 TEST_CASE("a missing or corrupt summary.json is named", "[report][errors]") {

@@ -81,7 +81,7 @@ int run_run(const RunOptions& opt) {
     const auto& r = runs[i];
     if (stop_requested()) break;
     if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
-    RunRecorder rec(dirs[i], run_id(tag, r), r.config, r.overrides);
+    RunRecorder rec(dirs[i], run_id(tag, r), r.label, r.config, r.overrides);
     try {
       const auto result = train(r.config, *data_cache[data_key(r.config)], &rec);
       rec.finish(result);

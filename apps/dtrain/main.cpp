@@ -9,6 +9,7 @@
 #include "dtrain/trainer.hpp"
 
 namespace {
+
 void on_interrupt(int) {
   dtrain::request_stop();
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once

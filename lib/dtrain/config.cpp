@@ -51,7 +51,10 @@ const char* enum_name(const EnumTable<E>& table, E v) {
 template <class E>
 std::string enum_choices(const EnumTable<E>& table) {
   std::string s;
-  for (const auto& [name, value] : table) s += (s.empty() ? "" : " | ") + std::string(name);
+  for (const auto& [name, value] : table) {
+    if (!s.empty()) s += " | ";
+    s += name;
+  }
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numbers>
+#include <string>
 
 #include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
@@ -184,5 +185,10 @@ class CpuDevice final : public Device {
 std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
 
 void set_blas_threads(int n) { openblas_set_num_threads(std::max(1, n)); }
+
+std::string blas_description() {
+  return std::string(openblas_get_config()) + " (core " + openblas_get_corename() + ")";
+}
+
 
 }  // namespace dtrain

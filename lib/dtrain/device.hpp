@@ -54,6 +54,9 @@ class Device {
 // The CPU backend. `blas_threads` is the OpenBLAS thread count (process-wide).
 std::unique_ptr<Device> make_cpu_device();
 void set_blas_threads(int n);
+// OpenBLAS build and the kernel family it picked, e.g. "OpenBLAS 0.3.21 ... (core SkylakeX)".
+std::string blas_description();
+
 
 // Owning device buffer of T.
 template <class T>

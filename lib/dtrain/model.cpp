@@ -92,7 +92,10 @@ Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes)
 
 std::string Model::describe() const {
   std::string s;
-  for (const auto& l : layers_) s += (s.empty() ? "" : " -> ") + l->describe();
+  for (const auto& l : layers_) {
+    if (!s.empty()) s += " -> ";
+    s += l->describe();
+  }
   return fmt::format("{} ({} parameters)", s, n_params_);
 }
 

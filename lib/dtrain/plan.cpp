@@ -71,7 +71,8 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
         if (axis.values.size() > 1 && axis.key != "gpus") {
           const auto dot = axis.key.rfind('.');
           const std::string leaf = dot == std::string::npos ? axis.key : axis.key.substr(dot + 1);
-          n.label += (n.label.empty() ? "" : "-") + slug(leaf + v);
+          if (!n.label.empty()) n.label += "-";
+          n.label += slug(leaf + v);
         }
         next.push_back(std::move(n));
       }

@@ -12,6 +12,7 @@
 #include <system_error>
 #include <unistd.h>
 
+#include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
 #include "dtrain/log.hpp"
 #include "dtrain/metrics.hpp"
@@ -66,9 +67,9 @@ std::string metrics_csv_row(const EpochMetrics& m) {
                      m.exchange_s, m.optimizer_s, m.eval_s);
 }
 
-RunRecorder::RunRecorder(std::string dir, std::string run_id, const Config& cfg,
-                         const std::vector<Override>& overrides)
-    : dir_(std::move(dir)), run_id_(std::move(run_id)), cfg_(cfg) {
+RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group,
+                         const Config& cfg, const std::vector<Override>& overrides)
+    : dir_(std::move(dir)), run_id_(std::move(run_id)), group_(std::move(group)), cfg_(cfg) {
   std::error_code ec;
   fs::create_directories(fs::path(dir_).parent_path(), ec);
   if (ec)
@@ -141,6 +142,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   nlohmann::json j;
   j["run_id"] = run_id_;
   j["experiment"] = cfg_.name;
+  j["group"] = group_;
   j["status"] = status;
   if (!error.empty()) j["error"] = error;
   j["final_test_accuracy"] = number_or_null(st.final_test_acc);
@@ -173,6 +175,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["seed"] = cfg_.train.seed;
   j["backend"] = "cpu";
   j["devices"] = info_.devices;
+  j["blas"] = blas_description();
   j["model"] = info_.model;
   j["data"] = info_.data;
   j["steps_per_epoch"] = info_.steps_per_epoch;

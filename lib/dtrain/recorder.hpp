@@ -23,7 +23,8 @@ class RunLogFile;
 class RunRecorder : public TrainObserver {
  public:
   // Creates `dir`; throws UserError if it exists already.
-  RunRecorder(std::string dir, std::string run_id, const Config& cfg,
+  // `group` names the settings this run shares with its baseline (see report.hpp).
+  RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
               const std::vector<Override>& overrides);
   ~RunRecorder() override;
   const std::string& dir() const { return dir_; }
@@ -38,7 +39,7 @@ class RunRecorder : public TrainObserver {
  private:
   void write_summary(const std::string& status, const std::string& error);
 
-  std::string dir_, run_id_;
+  std::string dir_, run_id_, group_;
   Config cfg_;
   RunInfo info_;
   std::vector<EpochMetrics> epochs_;

@@ -95,6 +95,7 @@ RunRecord load_run(const std::string& dir) {
     r.experiment = j.value("experiment", std::string());
     r.status = j.value("status", std::string("unknown"));
     r.error = j.value("error", std::string());
+    r.group = j.value("group", std::string());
     r.gpus = j.at("gpus").get<int>();
     r.per_replica_batch = j.value("per_replica_batch", 0LL);
     r.global_batch = j.value("global_batch", 0LL);
@@ -121,14 +122,13 @@ RunRecord load_run(const std::string& dir) {
 Comparison compare(const std::vector<RunRecord>& runs) {
   Comparison c;
   if (!runs.empty()) c.experiment = runs.front().experiment;
-  const RunRecord* base = nullptr;
   for (const auto& r : runs) {
-    if (r.status != "done") continue;
-    if (!base || r.gpus < base->gpus) base = &r;
-  }
-  if (base) c.baseline = base->run_id;
-  for (const auto& r : runs) {
-    ComparisonRow row{r, {}, {}, {}};
+    const RunRecord* base = nullptr;
+    for (const auto& b : runs) {
+      if (b.status != "done" || b.group != r.group || b.experiment != r.experiment) continue;
+      if (!base || b.gpus < base->gpus) base = &b;
+    }
+    ComparisonRow row{r, base ? base->run_id : "", {}, {}, {}};
     if (base && r.status == "done") {
       if (base->samples_per_s && r.samples_per_s && *base->samples_per_s > 0) {
         row.speedup = *r.samples_per_s / *base->samples_per_s;
@@ -168,21 +168,42 @@ std::string to_markdown(const Comparison& c) {
   for (size_t w : width) out << std::string(w + 2, '-') << "|";
   out << "\n";
   for (const auto& line : cells) emit(line);
-  if (!c.baseline.empty())
-    out << "\nBaseline for speedup, efficiency and accuracy delta: " << c.baseline
-        << ". Speedup is the ratio of training samples per second.\n";
-  else
-    out << "\nNo finished run to serve as baseline.\n";
+  // One line per distinct baseline, naming the runs it serves.
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
+  for (const auto& row : c.rows) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == row.baseline; });
+    if (it == groups.end()) {
+      groups.push_back({row.baseline, {}});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(row.run.run_id);
+  }
+  out << "\nSpeedup is the ratio of training samples per second; efficiency is speedup divided "
+         "by the ratio of replica counts.\n";
+  for (const auto& [base, ids] : groups) {
+    if (base.empty())
+      out << "No finished run to compare with for: " << fmt::format("{}", fmt::join(ids, ", "))
+          << ".\n";
+    else
+      out << "Baseline " << base << " for: " << fmt::format("{}", fmt::join(ids, ", ")) << ".\n";
+  }
   return out.str();
 }
 
 std::string to_csv(const Comparison& c) {
   const auto& cols = columns();
   std::string out;
-  for (size_t i = 0; i < cols.size(); ++i) out += (i ? "," : "") + csv_escape(cols[i].title);
+  for (size_t i = 0; i < cols.size(); ++i) {
+    if (i) out += ",";
+    out += csv_escape(cols[i].title);
+  }
   out += "\n";
   for (const auto& row : c.rows) {
-    for (size_t i = 0; i < cols.size(); ++i) out += (i ? "," : "") + csv_escape(cols[i].cell(row));
+    for (size_t i = 0; i < cols.size(); ++i) {
+      if (i) out += ",";
+      out += csv_escape(cols[i].cell(row));
+    }
     out += "\n";
   }
   return out;

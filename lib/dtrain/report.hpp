@@ -8,6 +8,9 @@ namespace dtrain {
 
 struct RunRecord {
   std::string dir, run_id, experiment, status, error;
+  // Runs of one experiment that differ only in replica count share a group (the swept
+  // settings other than gpus, e.g. "lr_scalingsqrt"); each group has its own baseline.
+  std::string group;
   int gpus = 0;
   long long per_replica_batch = 0, global_batch = 0;
   int accumulation_steps = 1;
@@ -24,17 +27,18 @@ RunRecord load_run(const std::string& dir);
 
 struct ComparisonRow {
   RunRecord run;
+  std::string baseline;  // run id of this row's baseline, "" if its group has none
   std::optional<double> speedup, efficiency, acc_delta_points;
 };
 
 struct Comparison {
   std::string experiment;
-  std::string baseline;  // run id of the baseline, "" if none
   std::vector<ComparisonRow> rows;
 };
 
-// Baseline: the 1-replica run that finished, else the finished run with the fewest replicas.
-// Speedup is the ratio of samples/s, efficiency = speedup / (gpus / baseline gpus).
+// Baseline of a run: the finished run of its group with the fewest replicas (the 1-replica run
+// when there is one). Speedup is the ratio of samples/s, efficiency = speedup / (gpus /
+// baseline gpus), accuracy delta = final test accuracy minus the baseline's, in points.
 Comparison compare(const std::vector<RunRecord>& runs);
 
 std::string to_markdown(const Comparison& c);

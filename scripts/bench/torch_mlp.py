@@ -50,7 +50,8 @@ def load(path):
 
 
 def lr_at(args, global_batch, epoch_pos):
-    peak = args.lr * global_batch / args.base_batch  # linear scaling
+    ratio = global_batch / args.base_batch
+    peak = args.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[args.scaling]
     if epoch_pos < args.warmup:
         return args.lr + (peak - args.lr) * epoch_pos / args.warmup
     t = (epoch_pos - args.warmup) / max(1e-12, args.epochs - args.warmup)
@@ -125,6 +126,7 @@ def main():
     p.add_argument("--ddp", type=int, default=1, help="processes (DDP with gloo when > 1)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--base-batch", type=int, default=64)
+    p.add_argument("--scaling", choices=["none", "linear", "sqrt"], default="linear")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--port", type=int, default=29533)
