@@ -9,7 +9,7 @@ out=results/pitfalls
 tag=${1:-study}
 studies=(
   "pitfall-sum-reduction|gpus=1,8 train.reduction=mean,sum"
-  "pitfall-unscaled-lr|gpus=1,8 optimizer.lr_scaling=none,linear,sqrt"
+  "pitfall-unscaled-lr|gpus=1,8 optimizer.lr_scaling=none,linear,sqrt optimizer.warmup_epochs=0,2"
   "pitfall-sorted-contiguous|gpus=1,4 data.shuffle=none,batch,sample"
 )
 for s in "${studies[@]}"; do

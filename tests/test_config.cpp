@@ -108,6 +108,9 @@ TEST_CASE("an unknown key is an error that suggests the closest valid key", "[co
              Catch::Contains("exp.yaml:2: unknown key 'optimiser' (did you mean 'optimizer'?)"));
   CHECK_THAT(error_of("train:\n  epoch: 3\n"),
              Catch::Contains("exp.yaml:2: unknown key 'train.epoch' (did you mean 'epochs'?)"));
+  CHECK_THAT(error_of("name: x\n", {{"optimiser.lr", "0.1"}}),
+             Catch::StartsWith("override 'optimiser.lr=0.1': unknown key 'optimiser' (did you "
+                               "mean 'optimizer'?)"));
   CHECK_THAT(error_of("", {{"train.per_replica_bach", "3"}}),
              Catch::Contains("override 'train.per_replica_bach=3': unknown key") &&
                  Catch::Contains("did you mean 'per_replica_batch'"));

@@ -88,9 +88,16 @@ class MapReader {
     return prefix_.empty() ? key : prefix_ + "." + key;
   }
 
+  // The override that set `key` or a key below it, if any.
+  const std::string* override_for(const std::string& key) const {
+    const std::string f = full(key);
+    for (const auto& [k, text] : src_.overrides)
+      if (k == f || k.rfind(f + ".", 0) == 0) return &text;
+    return nullptr;
+  }
+
   std::string where(const std::string& key, const YAML::Node& n) const {
-    auto it = src_.overrides.find(full(key));
-    if (it != src_.overrides.end()) return fmt::format("override '{}'", it->second);
+    if (const auto* ov = override_for(key)) return fmt::format("override '{}'", *ov);
     if (n && !n.Mark().is_null()) return fmt::format("{}:{}", src_.file, n.Mark().line + 1);
     return src_.file;
   }
@@ -211,10 +218,11 @@ class MapReader {
       std::string valid_list;
       for (const auto& v : valid) valid_list += (valid_list.empty() ? "" : ", ") + v;
       const std::string hint = guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess);
-      auto it = src_.overrides.find(full(key));
-      const std::string loc = it != src_.overrides.end()
-                                  ? fmt::format("override '{}'", it->second)
-                                  : fmt::format("{}:{}", src_.file, kv.first.Mark().line + 1);
+      const auto* ov = override_for(key);
+      const std::string loc =
+          ov ? fmt::format("override '{}'", *ov)
+             : kv.first.Mark().is_null() ? src_.file
+                                         : fmt::format("{}:{}", src_.file, kv.first.Mark().line + 1);
       throw UserError(fmt::format("{}: unknown key '{}'{}; valid keys{}: {}", loc, full(key), hint,
                                   prefix_.empty() ? "" : " in '" + prefix_ + "'", valid_list));
     }
