@@ -37,7 +37,11 @@ inline double rel_diff(double a, double b) {
 }
 
 // Path of the built dtrain binary and the source tree (set by CMake).
-inline std::string dtrain_binary() { return DTRAIN_BINARY; }
-inline std::string source_dir() { return DTRAIN_SOURCE_DIR; }
+inline std::string dtrain_binary() {
+  return DTRAIN_BINARY;
+}
+inline std::string source_dir() {
+  return DTRAIN_SOURCE_DIR;
+}
 
 }  // namespace dtrain::test

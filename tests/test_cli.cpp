@@ -63,7 +63,9 @@ train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0.5}
 optimizer: {lr: 0.05, base_batch: 16}
 )";
 
-int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+int count_lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
 
 }  // namespace
 
@@ -78,16 +80,16 @@ TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli
     const fs::path run = fs::path(res) / "tiny" / ("t-g" + std::to_string(g));
     CHECK(slurp(run / "status") == "done\n");
     CHECK(slurp(run / "overrides.txt") == "gpus=" + std::to_string(g) + "\n");
-    CHECK_THAT(slurp(run / "config.resolved.yaml"),
-               Catch::Contains("gpus: " + std::to_string(g)) && Catch::Contains("lr_scaling: linear"));
+    CHECK_THAT(slurp(run / "config.resolved.yaml"), Catch::Contains("gpus: " + std::to_string(g)) &&
+                                                        Catch::Contains("lr_scaling: linear"));
     const auto csv = slurp(run / "metrics.csv");
     CHECK_THAT(csv, Catch::StartsWith("epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,"
                                       "epoch_time_s,samples_per_s"));
     CHECK(count_lines(csv) == 3);
     const auto j = nlohmann::json::parse(slurp(run / "summary.json"));
-    for (const char* key : {"final_test_accuracy", "best_test_accuracy", "final_train_loss",
-                            "median_epoch_time_s", "samples_per_s", "time_to_target_s", "gpus",
-                            "global_batch", "backend", "status"})
+    for (const char* key :
+         {"final_test_accuracy", "best_test_accuracy", "final_train_loss", "median_epoch_time_s",
+          "samples_per_s", "time_to_target_s", "gpus", "global_batch", "backend", "status"})
       CHECK(j.contains(key));
     CHECK(j["gpus"] == g);
     CHECK(j["global_batch"] == 16 * g);

@@ -71,8 +71,8 @@ optimizer:
 }
 
 TEST_CASE("global_batch defines the per-replica batch", "[config]") {
-  const Config c = parse_config("gpus: 4\ntrain: {global_batch: 256, accumulation_steps: 2}\n",
-                                "exp.yaml");
+  const Config c =
+      parse_config("gpus: 4\ntrain: {global_batch: 256, accumulation_steps: 2}\n", "exp.yaml");
   CHECK(c.micro_batch() == 32);
   CHECK(c.global_batch() == 256);
 }
@@ -86,9 +86,10 @@ TEST_CASE("overrides replace YAML values - dotted keys reach sections", "[config
 }
 
 TEST_CASE("resolved YAML reads back to the same config", "[config]") {
-  const Config a = parse_config("gpus: 3\ntrain: {global_batch: 96}\noptimizer: {type: adamw}\n"
-                                "data: {dataset: synthetic, synthetic: {shape: [2, 3]}}\n",
-                                "exp.yaml");
+  const Config a = parse_config(
+      "gpus: 3\ntrain: {global_batch: 96}\noptimizer: {type: adamw}\n"
+      "data: {dataset: synthetic, synthetic: {shape: [2, 3]}}\n",
+      "exp.yaml");
   const Config b = parse_config(to_yaml(a), "resolved.yaml");
   CHECK(to_yaml(a) == to_yaml(b));
   CHECK(b.global_batch() == 96);

@@ -19,7 +19,8 @@ std::vector<uint8_t> be32(uint32_t v) {
   return {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
 }
 
-std::vector<uint8_t> idx_images(uint32_t count, uint32_t rows, uint32_t cols, uint32_t magic = 0x803) {
+std::vector<uint8_t> idx_images(uint32_t count, uint32_t rows, uint32_t cols,
+                                uint32_t magic = 0x803) {
   std::vector<uint8_t> b = be32(magic);
   for (uint32_t v : {count, rows, cols}) {
     auto w = be32(v);
@@ -38,8 +39,9 @@ std::vector<uint8_t> idx_labels(uint32_t count, uint32_t magic = 0x801) {
 }
 
 void write_raw(const fs::path& p, const std::vector<uint8_t>& bytes) {
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                           static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 
 void write_gz(const fs::path& p, const std::vector<uint8_t>& bytes) {
@@ -51,8 +53,8 @@ void write_gz(const fs::path& p, const std::vector<uint8_t>& bytes) {
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / ("dtrain-test-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(counter()++));
+    path = fs::temp_directory_path() /
+           ("dtrain-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
     fs::create_directories(path);
   }
   ~TempDir() { fs::remove_all(path); }

@@ -36,8 +36,7 @@ void check_layer(Device& d, Layer& layer, uint64_t seed) {
   Rng rng(seed);
   const int64_t rows = 3;
   const int64_t in = layer.in_features(), out = layer.out_features();
-  std::vector<float> params(static_cast<size_t>(layer.param_count())),
-      grads(params.size(), 0.f);
+  std::vector<float> params(static_cast<size_t>(layer.param_count())), grads(params.size(), 0.f);
   layer.init(rng, params.data());
   layer.bind(params.data(), grads.data());
   std::vector<float> x(static_cast<size_t>(rows * in)), u(static_cast<size_t>(rows * out));

@@ -74,10 +74,10 @@ TEST_CASE("batch shuffle keeps batch composition and permutes batches", "[sample
   std::set<std::set<int64_t>> batches_e0, batches_e1;
   const auto p0 = s.plan(0), p1 = s.plan(1);
   for (int64_t b = 0; b < p0.steps(); ++b) {
-    batches_e0.insert(std::set<int64_t>(p0.order.begin() + p0.offsets[b],
-                                        p0.order.begin() + p0.offsets[b + 1]));
-    batches_e1.insert(std::set<int64_t>(p1.order.begin() + p1.offsets[b],
-                                        p1.order.begin() + p1.offsets[b + 1]));
+    batches_e0.insert(
+        std::set<int64_t>(p0.order.begin() + p0.offsets[b], p0.order.begin() + p0.offsets[b + 1]));
+    batches_e1.insert(
+        std::set<int64_t>(p1.order.begin() + p1.offsets[b], p1.order.begin() + p1.offsets[b + 1]));
   }
   CHECK(batches_e0 == batches_e1);  // same batches
   CHECK(p0.order != p1.order);      // visited in another order

@@ -30,15 +30,17 @@ std::string default_tag() {
 // Data depends on the data section and, for synthetic data, the seed.
 std::string data_key(const Config& c) {
   return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", to_string(c.data.dataset), c.data.path,
-                     c.data.normalize, c.data.sort_by_label, c.data.train_limit,
-                     c.data.test_limit, c.data.synthetic.train_size, c.data.synthetic.test_size,
+                     c.data.normalize, c.data.sort_by_label, c.data.train_limit, c.data.test_limit,
+                     c.data.synthetic.train_size, c.data.synthetic.test_size,
                      fmt::join(c.data.synthetic.shape, "x"), c.data.synthetic.noise,
                      c.data.dataset == DatasetKind::synthetic ? c.train.seed : 0);
 }
 }  // namespace
 
 void setup_run(CLI::App& app, RunOptions& opt) {
-  app.add_option("config", opt.config, "Experiment YAML file")->required()->check(CLI::ExistingFile);
+  app.add_option("config", opt.config, "Experiment YAML file")
+      ->required()
+      ->check(CLI::ExistingFile);
   app.add_option("overrides", opt.overrides,
                  "key=value overrides of the YAML (dotted keys, e.g. gpus=4 optimizer.lr=0.1); "
                  "a comma list (gpus=1,2,4) runs each value");
@@ -59,9 +61,10 @@ int run_run(const RunOptions& opt) {
   for (const auto& r : runs) {
     const auto dir = (fs::path(opt.results) / r.config.name / run_id(tag, r)).string();
     if (fs::exists(dir))
-      throw UserError(fmt::format("{}: run folder already exists; runs are never overwritten "
-                                  "(pick another --tag or --results folder, or remove it)",
-                                  dir));
+      throw UserError(
+          fmt::format("{}: run folder already exists; runs are never overwritten "
+                      "(pick another --tag or --results folder, or remove it)",
+                      dir));
     for (const auto& d : dirs)
       if (d == dir) throw UserError(fmt::format("two runs of this command map to {}", dir));
     dirs.push_back(dir);

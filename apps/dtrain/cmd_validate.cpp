@@ -8,7 +8,9 @@
 namespace dtrain::cli {
 
 void setup_validate(CLI::App& app, ValidateOptions& opt) {
-  app.add_option("config", opt.config, "Experiment YAML file")->required()->check(CLI::ExistingFile);
+  app.add_option("config", opt.config, "Experiment YAML file")
+      ->required()
+      ->check(CLI::ExistingFile);
   app.add_option("overrides", opt.overrides, "key=value overrides, as for `dtrain run`");
   app.add_flag("--no-data", opt.skip_data, "Check the config only, not the data files");
   app.add_flag("--print", opt.print, "Print each run's resolved config");

@@ -30,8 +30,9 @@ int main(int argc, char** argv) {
 
   dtrain::cli::RunOptions run_opt;
   dtrain::cli::ValidateOptions validate_opt;
-  auto* run_cmd = app.add_subcommand("run", "Train one run, or one per value of comma-list "
-                                            "overrides, and print the comparison table");
+  auto* run_cmd = app.add_subcommand("run",
+                                     "Train one run, or one per value of comma-list "
+                                     "overrides, and print the comparison table");
   dtrain::cli::setup_run(*run_cmd, run_opt);
   auto* validate_cmd =
       app.add_subcommand("validate", "Check a config (and its data) without training");

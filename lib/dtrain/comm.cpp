@@ -18,7 +18,7 @@ struct InProcessGroup::State {
   uint64_t generation = 0;
   bool aborted = false;
   std::string why;
-  std::vector<void*> slots;    // each rank's buffer for the collective in flight
+  std::vector<void*> slots;  // each rank's buffer for the collective in flight
 
   void wait() {
     std::unique_lock lk(mu);
@@ -53,12 +53,8 @@ class InProcessComm final : public Communicator {
   int size() const override { return s_->size; }
   std::string kind() const override { return "in-process"; }
 
-  void allreduce(float* data, size_t n, ReduceOp op) override {
-    reduce(data, n, op);
-  }
-  void allreduce(double* data, size_t n, ReduceOp op) override {
-    reduce(data, n, op);
-  }
+  void allreduce(float* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
+  void allreduce(double* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
   void barrier() override { s_->wait(); }
   void abort(const std::string& why) override { s_->abort(why); }
 
@@ -76,7 +72,8 @@ class InProcessComm final : public Communicator {
     const size_t hi = n * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(p);
     const T inv = T(1) / static_cast<T>(p);
     std::vector<T*> bufs(static_cast<size_t>(p));
-    for (int q = 0; q < p; ++q) bufs[static_cast<size_t>(q)] = static_cast<T*>(s_->slots[static_cast<size_t>(q)]);
+    for (int q = 0; q < p; ++q)
+      bufs[static_cast<size_t>(q)] = static_cast<T*>(s_->slots[static_cast<size_t>(q)]);
     for (size_t i = lo; i < hi; ++i) {
       T acc = bufs[0][i];
       for (int q = 1; q < p; ++q) acc += bufs[static_cast<size_t>(q)][i];
@@ -99,6 +96,8 @@ std::unique_ptr<Communicator> InProcessGroup::communicator(int rank) {
   return std::make_unique<InProcessComm>(state_, rank);
 }
 
-void InProcessGroup::abort(const std::string& why) { state_->abort(why); }
+void InProcessGroup::abort(const std::string& why) {
+  state_->abort(why);
+}
 
 }  // namespace dtrain

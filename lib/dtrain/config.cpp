@@ -1,9 +1,9 @@
 #include "dtrain/config.hpp"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <fmt/format.h>
 #include <fstream>
 #include <map>
 #include <set>
@@ -19,12 +19,12 @@ namespace {
 template <class E>
 using EnumTable = std::vector<std::pair<const char*, E>>;
 
-const EnumTable<Backend> kBackends = {{"auto", Backend::auto_}, {"cpu", Backend::cpu},
-                                      {"cuda", Backend::cuda}};
+const EnumTable<Backend> kBackends = {
+    {"auto", Backend::auto_}, {"cpu", Backend::cpu}, {"cuda", Backend::cuda}};
 const EnumTable<DatasetKind> kDatasets = {{"fashion-mnist", DatasetKind::fashion_mnist},
-                                      {"mnist", DatasetKind::mnist},
-                                      {"idx", DatasetKind::idx},
-                                      {"synthetic", DatasetKind::synthetic}};
+                                          {"mnist", DatasetKind::mnist},
+                                          {"idx", DatasetKind::idx},
+                                          {"synthetic", DatasetKind::synthetic}};
 const EnumTable<Shuffle> kShuffles = {
     {"sample", Shuffle::sample}, {"batch", Shuffle::batch}, {"none", Shuffle::none}};
 const EnumTable<Sharding> kShardings = {{"interleaved", Sharding::interleaved},
@@ -219,10 +219,10 @@ class MapReader {
       for (const auto& v : valid) valid_list += (valid_list.empty() ? "" : ", ") + v;
       const std::string hint = guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess);
       const auto* ov = override_for(key);
-      const std::string loc =
-          ov ? fmt::format("override '{}'", *ov)
-             : kv.first.Mark().is_null() ? src_.file
-                                         : fmt::format("{}:{}", src_.file, kv.first.Mark().line + 1);
+      const std::string loc = ov ? fmt::format("override '{}'", *ov)
+                              : kv.first.Mark().is_null()
+                                  ? src_.file
+                                  : fmt::format("{}:{}", src_.file, kv.first.Mark().line + 1);
       throw UserError(fmt::format("{}: unknown key '{}'{}; valid keys{}: {}", loc, full(key), hint,
                                   prefix_.empty() ? "" : " in '" + prefix_ + "'", valid_list));
     }
@@ -391,14 +391,15 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 Override parse_override(const std::string& text) {
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw UserError(fmt::format("override '{}': expected key=value, e.g. gpus=4 or optimizer.lr=0.1",
-                                text));
+    throw UserError(
+        fmt::format("override '{}': expected key=value, e.g. gpus=4 or optimizer.lr=0.1", text));
   Override o{text.substr(0, eq), text.substr(eq + 1)};
   for (char ch : o.key) {
     if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.'))
-      throw UserError(fmt::format("override '{}': key '{}' may contain only letters, digits, '_' "
-                                  "and '.'",
-                                  text, o.key));
+      throw UserError(
+          fmt::format("override '{}': key '{}' may contain only letters, digits, '_' "
+                      "and '.'",
+                      text, o.key));
   }
   if (o.key.front() == '.' || o.key.back() == '.' || o.key.find("..") != std::string::npos)
     throw UserError(fmt::format("override '{}': malformed key '{}'", text, o.key));
@@ -503,14 +504,32 @@ std::string to_yaml(const Config& c) {
   return std::string(e.c_str()) + "\n";
 }
 
-const char* to_string(Backend v) { return enum_name(kBackends, v); }
-const char* to_string(DatasetKind v) { return enum_name(kDatasets, v); }
-const char* to_string(Shuffle v) { return enum_name(kShuffles, v); }
-const char* to_string(Sharding v) { return enum_name(kShardings, v); }
-const char* to_string(Activation v) { return enum_name(kActivations, v); }
-const char* to_string(Reduction v) { return enum_name(kReductions, v); }
-const char* to_string(OptimizerType v) { return enum_name(kOptimizers, v); }
-const char* to_string(LrScaling v) { return enum_name(kScalings, v); }
-const char* to_string(Schedule v) { return enum_name(kSchedules, v); }
+const char* to_string(Backend v) {
+  return enum_name(kBackends, v);
+}
+const char* to_string(DatasetKind v) {
+  return enum_name(kDatasets, v);
+}
+const char* to_string(Shuffle v) {
+  return enum_name(kShuffles, v);
+}
+const char* to_string(Sharding v) {
+  return enum_name(kShardings, v);
+}
+const char* to_string(Activation v) {
+  return enum_name(kActivations, v);
+}
+const char* to_string(Reduction v) {
+  return enum_name(kReductions, v);
+}
+const char* to_string(OptimizerType v) {
+  return enum_name(kOptimizers, v);
+}
+const char* to_string(LrScaling v) {
+  return enum_name(kScalings, v);
+}
+const char* to_string(Schedule v) {
+  return enum_name(kSchedules, v);
+}
 
 }  // namespace dtrain

@@ -40,9 +40,7 @@ class CpuDevice final : public Device {
   }
   void free_bytes(void* p) override { std::free(p); }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-  }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void fill(float* x, size_t n, float v) override { std::fill_n(x, n, v); }
 
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -61,8 +59,7 @@ class CpuDevice final : public Device {
     }
   }
 
-  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
-                 bool accumulate) override {
+  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate) override {
     if (!accumulate) std::fill_n(db, cols, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = dy + r * cols;
@@ -87,8 +84,8 @@ class CpuDevice final : public Device {
     }
   }
 
-  void activation_backward(Activation a, const float* x, const float* y, const float* dy,
-                           float* dx, size_t n) override {
+  void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
+                           size_t n) override {
     switch (a) {
       case Activation::relu:
         for (size_t i = 0; i < n; ++i) dx[i] = x[i] > 0.f ? dy[i] : 0.f;
@@ -182,13 +179,16 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
+std::unique_ptr<Device> make_cpu_device() {
+  return std::make_unique<CpuDevice>();
+}
 
-void set_blas_threads(int n) { openblas_set_num_threads(std::max(1, n)); }
+void set_blas_threads(int n) {
+  openblas_set_num_threads(std::max(1, n));
+}
 
 std::string blas_description() {
   return std::string(openblas_get_config()) + " (core " + openblas_get_corename() + ")";
 }
-
 
 }  // namespace dtrain

@@ -80,10 +80,11 @@ std::string find_idx(const std::string& dir, const std::string& name) {
     const auto p = fs::path(dir) / cand;
     if (fs::exists(p)) return p.string();
   }
-  throw UserError(fmt::format("{}: missing {} (or {}.gz); data.path must hold the four IDX files "
-                              "train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-                              "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
-                              dir, name, name));
+  throw UserError(
+      fmt::format("{}: missing {} (or {}.gz); data.path must hold the four IDX files "
+                  "train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                  "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
+                  dir, name, name));
 }
 
 Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path) {
@@ -159,8 +160,7 @@ Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uin
     d.y[static_cast<size_t>(i)] = label;
     const float* p = protos.data() + label * f;
     float* x = d.x.data() + i * f;
-    for (int64_t j = 0; j < f; ++j)
-      x[j] = p[j] + static_cast<float>(cfg.noise * rng.normal());
+    for (int64_t j = 0; j < f; ++j) x[j] = p[j] + static_cast<float>(cfg.noise * rng.normal());
   }
   return d;
 }
@@ -189,8 +189,8 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
     s.test = make_synthetic(cfg.synthetic, cfg.synthetic.test_size, seed, 2);
   } else {
     if (!fs::is_directory(cfg.path))
-      throw UserError(fmt::format("data.path: '{}' is not a folder (it must hold the IDX files)",
-                                  cfg.path));
+      throw UserError(
+          fmt::format("data.path: '{}' is not a folder (it must hold the IDX files)", cfg.path));
     // Looked up in a fixed order so the first missing file is the one named.
     const auto train_images = find_idx(cfg.path, "train-images-idx3-ubyte");
     const auto train_labels = find_idx(cfg.path, "train-labels-idx1-ubyte");
@@ -219,9 +219,10 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
       for (auto& v : d->x) v = static_cast<float>((v - mean) / sd);
   }
   if (cfg.sort_by_label) sort_by_label(s.train);
-  s.description = fmt::format("{} train={} test={} shape=[{}] classes={}{}", to_string(cfg.dataset),
-                              s.train.size(), s.test.size(), fmt::join(s.train.shape, ","),
-                              s.train.classes, cfg.dataset == DatasetKind::synthetic ? "" : " from " + cfg.path);
+  s.description =
+      fmt::format("{} train={} test={} shape=[{}] classes={}{}", to_string(cfg.dataset),
+                  s.train.size(), s.test.size(), fmt::join(s.train.shape, ","), s.train.classes,
+                  cfg.dataset == DatasetKind::synthetic ? "" : " from " + cfg.path);
   return s;
 }
 

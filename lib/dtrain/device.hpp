@@ -57,7 +57,6 @@ void set_blas_threads(int n);
 // OpenBLAS build and the kernel family it picked, e.g. "OpenBLAS 0.3.21 ... (core SkylakeX)".
 std::string blas_description();
 
-
 // Owning device buffer of T.
 template <class T>
 class Buffer {

@@ -19,8 +19,8 @@ const float* Layer::forward(Device& d, const float* x, int64_t rows) {
 
 const float* Layer::backward(Device& d, const float* dy, int64_t rows, bool need_dx) {
   if (rows != rows_)
-    DTRAIN_THROW_SYSTEM(fmt::format("{}: backward for {} rows after forward of {}", describe(),
-                                    rows, rows_));
+    DTRAIN_THROW_SYSTEM(
+        fmt::format("{}: backward for {} rows after forward of {}", describe(), rows, rows_));
   float* dx = nullptr;
   if (need_dx) {
     dx_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * in_));
@@ -64,7 +64,9 @@ void Dense::backward_impl(Device& d, const float* x, const float*, const float* 
   if (dx) d.gemm(false, true, rows, in, out, 1.f, dy, out, w_, out, 0.f, dx, in);
 }
 
-std::string ActivationLayer::describe() const { return to_string(act_); }
+std::string ActivationLayer::describe() const {
+  return to_string(act_);
+}
 
 void ActivationLayer::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
   d.activation_forward(act_, x, y, static_cast<size_t>(rows * in_features()));
@@ -111,7 +113,9 @@ void Model::init(uint64_t seed) {
   zero_grads();
 }
 
-void Model::zero_grads() { dev_.fill(grads_.data(), static_cast<size_t>(n_params_), 0.f); }
+void Model::zero_grads() {
+  dev_.fill(grads_.data(), static_cast<size_t>(n_params_), 0.f);
+}
 
 const float* Model::forward(const float* x, int64_t rows) {
   const float* h = x;

@@ -21,9 +21,8 @@ void Optimizer::step(float* params, const float* grads, double lr) {
       break;
     case OptimizerType::adam:
     case OptimizerType::adamw:
-      dev_.adam_update(params, grads, m_.data(), v_.data(), n_, f(lr), f(cfg_.beta1),
-                       f(cfg_.beta2), f(cfg_.eps), f(cfg_.weight_decay),
-                       cfg_.type == OptimizerType::adamw, t_);
+      dev_.adam_update(params, grads, m_.data(), v_.data(), n_, f(lr), f(cfg_.beta1), f(cfg_.beta2),
+                       f(cfg_.eps), f(cfg_.weight_decay), cfg_.type == OptimizerType::adamw, t_);
       break;
   }
 }

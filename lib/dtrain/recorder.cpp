@@ -2,6 +2,7 @@
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +11,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <system_error>
-#include <unistd.h>
 
 #include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
@@ -60,15 +60,15 @@ std::string metrics_csv_header() {
 }
 
 std::string metrics_csv_row(const EpochMetrics& m) {
-  return fmt::format("{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
-                     "{:.6f},{:.6f},{:.6f}\n",
-                     m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc,
-                     m.epoch_time_s, m.samples_per_s, m.samples, m.data_s, m.compute_s,
-                     m.exchange_s, m.optimizer_s, m.eval_s);
+  return fmt::format(
+      "{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
+      "{:.6f},{:.6f},{:.6f}\n",
+      m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_time_s,
+      m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s, m.optimizer_s, m.eval_s);
 }
 
-RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group,
-                         const Config& cfg, const std::vector<Override>& overrides)
+RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
+                         const std::vector<Override>& overrides)
     : dir_(std::move(dir)), run_id_(std::move(run_id)), group_(std::move(group)), cfg_(cfg) {
   std::error_code ec;
   fs::create_directories(fs::path(dir_).parent_path(), ec);
@@ -76,11 +76,11 @@ RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group,
     throw UserError(fmt::format("{}: cannot create results folder: {}",
                                 fs::path(dir_).parent_path().string(), ec.message()));
   if (!fs::create_directory(dir_, ec)) {
-    if (ec)
-      throw UserError(fmt::format("{}: cannot create run folder: {}", dir_, ec.message()));
-    throw UserError(fmt::format("{}: run folder already exists; runs are never overwritten "
-                                "(pick another --tag or --results folder, or remove it)",
-                                dir_));
+    if (ec) throw UserError(fmt::format("{}: cannot create run folder: {}", dir_, ec.message()));
+    throw UserError(
+        fmt::format("{}: run folder already exists; runs are never overwritten "
+                    "(pick another --tag or --results folder, or remove it)",
+                    dir_));
   }
   started_at_ = utc_now();
   t_start_ = std::chrono::steady_clock::now();
@@ -129,12 +129,13 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
   epochs_.push_back(m);
   csv_ += metrics_csv_row(m);
   write_file_atomic(dir_ + "/metrics.csv", csv_);
-  log().info("epoch {:>3}/{}  lr {:.5f}  train loss {:.4f} acc {:6.2f}%  test loss {:.4f} acc "
-             "{:6.2f}%  {:.2f}s ({:.0f} samples/s; compute {:.2f} exchange {:.2f} opt {:.2f} "
-             "data {:.2f})",
-             m.epoch, cfg_.train.epochs, m.lr, m.train_loss, 100 * m.train_acc, m.test_loss,
-             100 * m.test_acc, m.epoch_time_s, m.samples_per_s, m.compute_s, m.exchange_s,
-             m.optimizer_s, m.data_s);
+  log().info(
+      "epoch {:>3}/{}  lr {:.5f}  train loss {:.4f} acc {:6.2f}%  test loss {:.4f} acc "
+      "{:6.2f}%  {:.2f}s ({:.0f} samples/s; compute {:.2f} exchange {:.2f} opt {:.2f} "
+      "data {:.2f})",
+      m.epoch, cfg_.train.epochs, m.lr, m.train_loss, 100 * m.train_acc, m.test_loss,
+      100 * m.test_acc, m.epoch_time_s, m.samples_per_s, m.compute_s, m.exchange_s, m.optimizer_s,
+      m.data_s);
 }
 
 void RunRecorder::write_summary(const std::string& status, const std::string& error) {

@@ -55,10 +55,12 @@ const std::vector<Column>& columns() {
        [](const ComparisonRow& r) { return fmt_opt(r.run.median_epoch_time_s, "{:.3f}"); }},
       {"samples/s", [](const ComparisonRow& r) { return fmt_opt(r.run.samples_per_s, "{:.0f}"); }},
       {"speedup", [](const ComparisonRow& r) { return fmt_opt(r.speedup, "{:.2f}x"); }},
-      {"efficiency", [](const ComparisonRow& r) {
+      {"efficiency",
+       [](const ComparisonRow& r) {
          return r.efficiency ? fmt::format("{:.0f}%", 100 * *r.efficiency) : std::string("-");
        }},
-      {"time to target", [](const ComparisonRow& r) {
+      {"time to target",
+       [](const ComparisonRow& r) {
          if (r.run.target_accuracy <= 0) return std::string("-");
          return r.run.time_to_target_s ? fmt::format("{:.1f}s", *r.run.time_to_target_s)
                                        : std::string("not reached");
@@ -80,8 +82,8 @@ std::string csv_escape(const std::string& s) {
 RunRecord load_run(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
   std::ifstream in(path);
-  if (!in) throw UserError(fmt::format("{}: missing (the run may still be running or was killed)",
-                                       path));
+  if (!in)
+    throw UserError(fmt::format("{}: missing (the run may still be running or was killed)", path));
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
@@ -158,7 +160,8 @@ std::string to_markdown(const Comparison& c) {
   std::ostringstream out;
   auto emit = [&](const std::vector<std::string>& line) {
     out << "|";
-    for (size_t i = 0; i < line.size(); ++i) out << " " << fmt::format("{:<{}}", line[i], width[i]) << " |";
+    for (size_t i = 0; i < line.size(); ++i)
+      out << " " << fmt::format("{:<{}}", line[i], width[i]) << " |";
     out << "\n";
   };
   std::vector<std::string> head;

@@ -66,8 +66,7 @@ void worker(Shared& sh, Communicator& comm) {
   std::vector<int64_t> idx;
   idx.reserve(static_cast<size_t>(cap));
 
-  const ReduceOp grad_op =
-      cfg.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
+  const ReduceOp grad_op = cfg.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
 
   if (rank == 0) {
     RunInfo& info = sh.result.info;
@@ -184,8 +183,12 @@ void worker(Shared& sh, Communicator& comm) {
 
 }  // namespace
 
-void request_stop() { g_stop.store(true); }
-bool stop_requested() { return g_stop.load(); }
+void request_stop() {
+  g_stop.store(true);
+}
+bool stop_requested() {
+  return g_stop.load();
+}
 
 void check_plan(const Config& cfg, const DataSplit& data) {
   const int64_t g = cfg.global_batch();
@@ -197,8 +200,7 @@ void check_plan(const Config& cfg, const DataSplit& data) {
         g, cfg.micro_batch(), cfg.gpus, cfg.train.accumulation_steps, data.train.size()));
   if (data.train.size() == 0) throw UserError("data: the training set is empty");
   if (cfg.backend == Backend::cuda)
-    throw UserError(
-        "backend: cuda is not available in this build (valid here: auto, cpu)");
+    throw UserError("backend: cuda is not available in this build (valid here: auto, cpu)");
   const int classes = data.train.classes;
   for (const auto* d : {&data.train, &data.test})
     for (auto y : d->y)
