@@ -48,29 +48,78 @@ void setup_run(CLI::App& app, RunOptions& opt) {
       ->capture_default_str();
   app.add_option("--tag", opt.tag,
                  "Run-id prefix shared by this command's runs (default: UTC date-time)");
+  app.add_flag("--resume", opt.resume,
+               "Continue an earlier command with the same --tag: finished runs (done or "
+               "diverged) are skipped, unfinished ones are moved to .attempts/ and run again");
   app.add_flag("-q,--quiet", opt.quiet, "Only warnings, errors and the final table");
 }
 
+namespace {
+
+// Moves an unfinished run folder aside (never deletes it) so the run can start afresh.
+void move_aside(const std::string& dir, const std::string& why) {
+  const fs::path p(dir);
+  const fs::path attic = p.parent_path() / ".attempts";
+  fs::create_directories(attic);
+  fs::path dest;
+  for (int n = 1;; ++n) {
+    dest = attic / fmt::format("{}.{}", p.filename().string(), n);
+    if (!fs::exists(dest)) break;
+  }
+  fs::rename(p, dest);
+  log().info("resume: {} was {}; moved to {}", dir, why, dest.string());
+}
+
+struct IndexRow {
+  std::string id, status, group, overrides, dir;
+  int gpus = 0;
+};
+
+void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
+  std::string csv = "run_id,status,gpus,group,overrides,dir\n";
+  for (const auto& r : rows)
+    csv += fmt::format("{},{},{},{},\"{}\",{}\n", r.id, r.status, r.gpus, r.group, r.overrides,
+                       r.dir);
+  write_file_atomic(path, csv);
+}
+
+}  // namespace
+
 int run_run(const RunOptions& opt) {
   set_verbosity(opt.quiet);
+  if (opt.resume && opt.tag.empty())
+    throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
   const std::string tag = opt.tag.empty() ? default_tag() : slug(opt.tag);
   const auto runs = plan_runs(opt.config, opt.overrides);
 
   // Everything that can be checked is checked before the first step of the first run.
   std::vector<std::string> dirs;
-  for (const auto& r : runs) {
+  std::vector<bool> skip(runs.size(), false);
+  std::vector<IndexRow> index;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
     const auto dir = (fs::path(opt.results) / r.config.name / run_id(tag, r)).string();
-    if (fs::exists(dir))
-      throw UserError(
-          fmt::format("{}: run folder already exists; runs are never overwritten "
-                      "(pick another --tag or --results folder, or remove it)",
-                      dir));
     for (const auto& d : dirs)
       if (d == dir) throw UserError(fmt::format("two runs of this command map to {}", dir));
+    const std::string status = read_run_status(dir);
+    if (fs::exists(dir)) {
+      if (!opt.resume)
+        throw UserError(
+            fmt::format("{}: run folder already exists; runs are never overwritten "
+                        "(pick another --tag or --results folder, or pass --resume)",
+                        dir));
+      skip[i] = status == "done" || status == "diverged";
+    }
+    std::string ov;
+    for (const auto& o : r.overrides) ov += (ov.empty() ? "" : " ") + o.text();
+    index.push_back({run_id(tag, r), skip[i] ? status : "pending", r.label, ov, dir,
+                     r.config.gpus});
     dirs.push_back(dir);
   }
   std::map<std::string, std::shared_ptr<DataSplit>> data_cache;
-  for (const auto& r : runs) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (skip[i]) continue;
+    const auto& r = runs[i];
     auto& slot = data_cache[data_key(r.config)];
     if (!slot) {
       log().info("loading data ({})", to_string(r.config.data.dataset));
@@ -78,23 +127,49 @@ int run_run(const RunOptions& opt) {
     }
     check_plan(r.config, *slot);
   }
+  // One index per experiment: every run of this command with its current status.
+  auto save_index = [&] {
+    std::map<std::string, std::vector<IndexRow>> per_exp;
+    for (size_t i = 0; i < runs.size(); ++i) per_exp[runs[i].config.name].push_back(index[i]);
+    for (const auto& [name, rows] : per_exp) {
+      fs::create_directories(fs::path(opt.results) / name);
+      write_index((fs::path(opt.results) / name / ("index-" + tag + ".csv")).string(), rows);
+    }
+  };
+  save_index();
 
-  int failed = 0;
+  int failed = 0, skipped = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
     if (stop_requested()) break;
+    if (skip[i]) {
+      log().info("resume: {} is {} already; skipped", run_id(tag, r), index[i].status);
+      ++skipped;
+      continue;
+    }
+    if (fs::exists(dirs[i])) {
+      const auto st = read_run_status(dirs[i]);
+      move_aside(dirs[i], st.empty() ? "incomplete" : st);
+    }
     if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
     RunRecorder rec(dirs[i], run_id(tag, r), r.label, r.config, r.overrides);
+    index[i].status = "running";
+    save_index();
     try {
       const auto result = train(r.config, *data_cache[data_key(r.config)], &rec);
       rec.finish(result);
+      index[i].status = result.status == RunStatus::diverged ? "diverged" : "done";
     } catch (const std::exception& e) {
       rec.fail(e.what());
+      index[i].status = "failed";
       log().error("run {} failed: {}", run_id(tag, r), e.what());
       ++failed;
+      save_index();
       if (dynamic_cast<const UserError*>(&e)) throw;
     }
+    save_index();
   }
+  if (skipped) log().info("resume: {} of {} runs were already finished", skipped, runs.size());
 
   // The table is regenerated from the run folders, grouped by experiment.
   std::map<std::string, std::vector<RunRecord>> by_experiment;

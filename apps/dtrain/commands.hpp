@@ -12,6 +12,7 @@ struct RunOptions {
   std::vector<std::string> overrides;
   std::string results = "results";
   std::string tag;
+  bool resume = false;
   bool quiet = false;
 };
 void setup_run(CLI::App& app, RunOptions& opt);
@@ -25,5 +26,18 @@ struct ValidateOptions {
 };
 void setup_validate(CLI::App& app, ValidateOptions& opt);
 int run_validate(const ValidateOptions& opt);
+
+}  // namespace dtrain::cli
+
+namespace dtrain::cli {
+
+struct ReportOptions {
+  std::vector<std::string> paths;
+  std::string out;
+  std::string baseline;
+  bool plots = false;
+};
+void setup_report(CLI::App& app, ReportOptions& opt);
+int run_report(const ReportOptions& opt);
 
 }  // namespace dtrain::cli

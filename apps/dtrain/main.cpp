@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  dtrain run configs/quickstart.yaml\n"
       "  dtrain run configs/quickstart.yaml gpus=1,2,4 optimizer.lr_scaling=sqrt\n"
-      "  dtrain validate configs/pitfall-sum-reduction.yaml",
+      "  dtrain validate configs/pitfall-sum-reduction.yaml\n"
+      "  dtrain report results/pitfalls --plots",
       "dtrain"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("dtrain ") + DTRAIN_VERSION_STRING);
@@ -37,6 +38,10 @@ int main(int argc, char** argv) {
   auto* validate_cmd =
       app.add_subcommand("validate", "Check a config (and its data) without training");
   dtrain::cli::setup_validate(*validate_cmd, validate_opt);
+  dtrain::cli::ReportOptions report_opt;
+  auto* report_cmd = app.add_subcommand(
+      "report", "Regenerate comparison tables (and figures) from run folders");
+  dtrain::cli::setup_report(*report_cmd, report_opt);
 
   try {
     app.parse(argc, argv);
@@ -56,6 +61,7 @@ int main(int argc, char** argv) {
   try {
     if (*run_cmd) return dtrain::cli::run_run(run_opt);
     if (*validate_cmd) return dtrain::cli::run_validate(validate_opt);
+    if (*report_cmd) return dtrain::cli::run_report(report_opt);
   } catch (const dtrain::UserError& e) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());

@@ -54,6 +54,13 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   if (ec) throw UserError(fmt::format("{}: cannot replace: {}", path, ec.message()));
 }
 
+std::string read_run_status(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "status");
+  std::string line;
+  if (!in || !std::getline(in, line)) return "";
+  return line;
+}
+
 std::string metrics_csv_header() {
   return "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s,"
          "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s\n";

@@ -13,6 +13,8 @@
 namespace dtrain {
 
 void write_file_atomic(const std::string& path, const std::string& content);
+// The first line of DIR/status ("running", "done", "failed", "diverged"), or "" if absent.
+std::string read_run_status(const std::string& dir);
 
 // The metrics.csv header; one row per epoch follows.
 std::string metrics_csv_header();

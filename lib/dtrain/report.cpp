@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "dtrain/error.hpp"
@@ -107,6 +109,7 @@ RunRecord load_run(const std::string& dir) {
     r.shuffle = j.value("shuffle", std::string());
     r.sharding = j.value("sharding", std::string());
     r.peak_lr = j.value("peak_lr", 0.0);
+    r.lr = j.value("lr", 0.0);
     r.target_accuracy = j.value("target_accuracy", 0.0);
     r.epochs_completed = j.value("epochs_completed", 0);
   } catch (const nlohmann::json::exception& e) {
@@ -121,12 +124,21 @@ RunRecord load_run(const std::string& dir) {
   return r;
 }
 
-Comparison compare(const std::vector<RunRecord>& runs) {
+Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseline) {
   Comparison c;
   if (!runs.empty()) c.experiment = runs.front().experiment;
+  const RunRecord* fixed = nullptr;
+  if (!baseline.empty()) {
+    for (const auto& b : runs)
+      if (b.run_id == baseline) fixed = &b;
+    if (!fixed)
+      throw UserError(fmt::format("--baseline {}: no such run among the {} runs of '{}'",
+                                  baseline, runs.size(), c.experiment));
+  }
   for (const auto& r : runs) {
-    const RunRecord* base = nullptr;
+    const RunRecord* base = fixed;
     for (const auto& b : runs) {
+      if (fixed) break;
       if (b.status != "done" || b.group != r.group || b.experiment != r.experiment) continue;
       if (!base || b.gpus < base->gpus) base = &b;
     }
@@ -210,6 +222,125 @@ std::string to_csv(const Comparison& c) {
     out += "\n";
   }
   return out;
+}
+
+std::string to_json(const Comparison& c) {
+  nlohmann::json rows = nlohmann::json::array();
+  auto opt = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  for (const auto& row : c.rows) {
+    const auto& r = row.run;
+    rows.push_back({{"run_id", r.run_id},
+                    {"dir", r.dir},
+                    {"group", r.group},
+                    {"status", r.status},
+                    {"error", r.error},
+                    {"gpus", r.gpus},
+                    {"per_replica_batch", r.per_replica_batch},
+                    {"global_batch", r.global_batch},
+                    {"lr", r.lr},
+                    {"lr_scaling", r.lr_scaling},
+                    {"peak_lr", r.peak_lr},
+                    {"reduction", r.reduction},
+                    {"shuffle", r.shuffle},
+                    {"sharding", r.sharding},
+                    {"final_test_accuracy", opt(r.final_test_acc)},
+                    {"best_test_accuracy", opt(r.best_test_acc)},
+                    {"final_train_loss", opt(r.final_train_loss)},
+                    {"median_epoch_time_s", opt(r.median_epoch_time_s)},
+                    {"samples_per_s", opt(r.samples_per_s)},
+                    {"time_to_target_s", opt(r.time_to_target_s)},
+                    {"target_accuracy", r.target_accuracy},
+                    {"baseline", row.baseline},
+                    {"speedup", opt(row.speedup)},
+                    {"efficiency", opt(row.efficiency)},
+                    {"acc_delta_points", opt(row.acc_delta_points)}});
+  }
+  nlohmann::json j{{"experiment", c.experiment}, {"runs", rows}};
+  return j.dump(2) + "\n";
+}
+
+std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  for (const auto& p : paths) {
+    if (!fs::is_directory(p)) throw UserError(fmt::format("{}: no such folder", p));
+    if (fs::exists(fs::path(p) / "status")) {
+      out.push_back(p);
+      continue;
+    }
+    auto it = fs::recursive_directory_iterator(p);
+    for (; it != fs::recursive_directory_iterator(); ++it) {
+      const auto& e = *it;
+      if (!e.is_directory()) continue;
+      if (e.path().filename().string().rfind('.', 0) == 0) {
+        it.disable_recursion_pending();  // hidden: .attempts/ and the like
+        continue;
+      }
+      if (fs::exists(e.path() / "status")) {
+        out.push_back(e.path().string());
+        it.disable_recursion_pending();
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<EpochRow> load_metrics(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "metrics.csv").string();
+  std::ifstream in(path);
+  if (!in) throw UserError(fmt::format("{}: missing", path));
+  std::string line;
+  if (!std::getline(in, line)) throw UserError(fmt::format("{}: empty", path));
+  std::vector<std::string> head;
+  {
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) head.push_back(cell);
+  }
+  auto col = [&](const char* name) {
+    const auto it = std::find(head.begin(), head.end(), name);
+    if (it == head.end()) throw UserError(fmt::format("{}: no column '{}'", path, name));
+    return static_cast<size_t>(it - head.begin());
+  };
+  const size_t c_epoch = col("epoch"), c_lr = col("lr"), c_tl = col("train_loss"),
+               c_ta = col("train_acc"), c_vl = col("test_loss"), c_va = col("test_acc"),
+               c_t = col("epoch_time_s");
+  std::vector<EpochRow> rows;
+  int line_no = 1;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty()) continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) cells.push_back(cell);
+    if (cells.size() != head.size())
+      throw UserError(fmt::format("{}:{}: {} cells, header has {}", path, line_no, cells.size(),
+                                  head.size()));
+    auto num = [&](size_t i) {
+      try {
+        return std::stod(cells[i]);
+      } catch (const std::exception&) {
+        if (cells[i].find("nan") != std::string::npos || cells[i].find("inf") != std::string::npos)
+          return std::numeric_limits<double>::quiet_NaN();
+        throw UserError(fmt::format("{}:{}: '{}' is not a number", path, line_no, cells[i]));
+      }
+    };
+    EpochRow r;
+    r.epoch = static_cast<int>(num(c_epoch));
+    r.lr = num(c_lr);
+    r.train_loss = num(c_tl);
+    r.train_acc = num(c_ta);
+    r.test_loss = num(c_vl);
+    r.test_acc = num(c_va);
+    r.epoch_time_s = num(c_t);
+    for (double* v : {&r.train_loss, &r.train_acc, &r.test_loss, &r.test_acc})
+      if (!std::isfinite(*v)) *v = std::numeric_limits<double>::quiet_NaN();
+    rows.push_back(r);
+  }
+  return rows;
 }
 
 }  // namespace dtrain

@@ -1,0 +1,106 @@
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <map>
+
+#include "commands.hpp"
+#include "dtrain/error.hpp"
+#include "dtrain/plan.hpp"
+#include "dtrain/plots.hpp"
+#include "dtrain/recorder.hpp"
+#include "dtrain/report.hpp"
+
+namespace dtrain::cli {
+
+namespace fs = std::filesystem;
+
+void setup_report(CLI::App& app, ReportOptions& opt) {
+  app.add_option("paths", opt.paths,
+                 "Run folders, experiment folders or results roots (searched recursively)")
+      ->required();
+  app.add_option("--out", opt.out, "Where to write the report (default: FIRST_PATH/report)");
+  app.add_option("--baseline", opt.baseline,
+                 "Run id to compare every run of its experiment with (default: the run with the "
+                 "fewest replicas among those sharing the swept settings)");
+  app.add_flag("--plots", opt.plots, "Also draw PNG and SVG figures (needs gnuplot)");
+}
+
+int run_report(const ReportOptions& opt) {
+  const auto dirs = find_run_dirs(opt.paths);
+  if (dirs.empty())
+    throw UserError(fmt::format("no run folders (folders with a 'status' file) under {}",
+                                fmt::join(opt.paths, ", ")));
+  const std::string out = opt.out.empty() ? (fs::path(opt.paths.front()) / "report").string()
+                                          : opt.out;
+
+  // Read everything; a broken run is reported, named, and does not stop the others.
+  std::map<std::string, std::vector<RunRecord>> by_experiment;
+  int unreadable = 0;
+  for (const auto& d : dirs) {
+    try {
+      auto r = load_run(d);
+      by_experiment[r.experiment].push_back(std::move(r));
+    } catch (const UserError& e) {
+      ++unreadable;
+      std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
+      RunRecord r;
+      r.dir = d;
+      r.run_id = fs::path(d).filename().string();
+      r.experiment = fs::path(d).parent_path().filename().string();
+      r.status = "unreadable";
+      r.error = e.what();
+      const std::string st = read_run_status(d);
+      if (!st.empty()) r.status = "unreadable (" + st + ")";
+      by_experiment[r.experiment].push_back(std::move(r));
+    }
+  }
+  if (!opt.baseline.empty()) {
+    bool found = false;
+    for (const auto& [name, runs] : by_experiment)
+      for (const auto& r : runs) found = found || r.run_id == opt.baseline;
+    if (!found) throw UserError(fmt::format("--baseline {}: no such run under {}", opt.baseline,
+                                            fmt::join(opt.paths, ", ")));
+  }
+
+  fs::create_directories(out);
+  std::string index = "# dtrain report\n\nRegenerated from " + std::to_string(dirs.size()) +
+                      " run folders under " + fmt::format("{}", fmt::join(opt.paths, ", ")) +
+                      ".\n";
+  for (const auto& [name, runs] : by_experiment) {
+    bool has_baseline = false;
+    for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
+    const auto cmp = compare(runs, has_baseline ? opt.baseline : "");
+    const std::string stem = (fs::path(out) / slug(name)).string();
+    const std::string md = to_markdown(cmp);
+    write_file_atomic(stem + ".md", "# " + name + "\n\n" + md);
+    write_file_atomic(stem + ".csv", to_csv(cmp));
+    write_file_atomic(stem + ".json", to_json(cmp));
+    fmt::print("\n## {}\n\n{}", name, md);
+    index += fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
+                         name, md, slug(name), slug(name), slug(name), slug(name), slug(name),
+                         slug(name));
+    if (opt.plots) {
+      std::map<std::string, std::vector<EpochRow>> metrics;
+      for (const auto& row : cmp.rows) {
+        if (row.run.status.rfind("unreadable", 0) == 0) continue;
+        try {
+          metrics[row.run.dir] = load_metrics(row.run.dir);
+        } catch (const UserError& e) {
+          std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
+        }
+      }
+      for (const auto& s : write_plots(cmp, metrics, out))
+        index += fmt::format("\n![{0}]({0}.png)\n", s);
+    }
+  }
+  write_file_atomic((fs::path(out) / "index.md").string(), index);
+  fmt::print("\n(report written to {}/)\n", out);
+  if (unreadable) {
+    std::fprintf(stderr, "dtrain: %d run folder%s could not be read; see the warnings above\n",
+                 unreadable, unreadable == 1 ? "" : "s");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace dtrain::cli
