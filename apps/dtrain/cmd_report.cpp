@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "commands.hpp"
@@ -62,7 +63,15 @@ int run_report(const ReportOptions& opt) {
                                             fmt::join(opt.paths, ", ")));
   }
 
+  // A previous report in the same place is replaced as a whole: the files it listed go first.
   fs::create_directories(out);
+  const fs::path manifest = fs::path(out) / ".manifest";
+  if (std::ifstream old(manifest); old) {
+    for (std::string f; std::getline(old, f);)
+      if (!f.empty() && f.find('/') == std::string::npos) fs::remove(fs::path(out) / f);
+    fs::remove_all(fs::path(out) / "data");
+  }
+  std::vector<std::string> written = {"index.md"};
   std::string index = "# dtrain report\n\nRegenerated from " + std::to_string(dirs.size()) +
                       " run folders under " + fmt::format("{}", fmt::join(opt.paths, ", ")) +
                       ".\n";
@@ -75,6 +84,7 @@ int run_report(const ReportOptions& opt) {
     write_file_atomic(stem + ".md", "# " + name + "\n\n" + md);
     write_file_atomic(stem + ".csv", to_csv(cmp));
     write_file_atomic(stem + ".json", to_json(cmp));
+    for (const char* ext : {".md", ".csv", ".json"}) written.push_back(slug(name) + ext);
     fmt::print("\n## {}\n\n{}", name, md);
     index += fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
                          name, md, slug(name), slug(name), slug(name), slug(name), slug(name),
@@ -89,11 +99,15 @@ int run_report(const ReportOptions& opt) {
           std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
         }
       }
-      for (const auto& s : write_plots(cmp, metrics, out))
+      for (const auto& s : write_plots(cmp, metrics, out)) {
         index += fmt::format("\n![{0}]({0}.png)\n", s);
+        written.push_back(s + ".png");
+        written.push_back(s + ".svg");
+      }
     }
   }
   write_file_atomic((fs::path(out) / "index.md").string(), index);
+  write_file_atomic(manifest.string(), fmt::format("{}\n", fmt::join(written, "\n")));
   fmt::print("\n(report written to {}/)\n", out);
   if (unreadable) {
     std::fprintf(stderr, "dtrain: %d run folder%s could not be read; see the warnings above\n",

@@ -112,7 +112,7 @@ int run_run(const RunOptions& opt) {
     }
     std::string ov;
     for (const auto& o : r.overrides) ov += (ov.empty() ? "" : " ") + o.text();
-    index.push_back({run_id(tag, r), skip[i] ? status : "pending", r.label, ov, dir,
+    index.push_back({run_id(tag, r), skip[i] ? status : "pending", r.group, ov, dir,
                      r.config.gpus});
     dirs.push_back(dir);
   }
@@ -152,7 +152,7 @@ int run_run(const RunOptions& opt) {
       move_aside(dirs[i], st.empty() ? "incomplete" : st);
     }
     if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
-    RunRecorder rec(dirs[i], run_id(tag, r), r.label, r.config, r.overrides);
+    RunRecorder rec(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
     index[i].status = "running";
     save_index();
     try {

@@ -68,11 +68,16 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
       for (const auto& v : axis.values) {
         PlannedRun n = r;
         n.overrides.push_back({axis.key, v});
-        if (axis.values.size() > 1 && axis.key != "gpus") {
+        if (axis.key != "gpus") {
           const auto dot = axis.key.rfind('.');
           const std::string leaf = dot == std::string::npos ? axis.key : axis.key.substr(dot + 1);
-          if (!n.label.empty()) n.label += "-";
-          n.label += slug(leaf + v);
+          const std::string part = slug(leaf + v);
+          if (!n.group.empty()) n.group += "-";
+          n.group += part;
+          if (axis.values.size() > 1) {
+            if (!n.label.empty()) n.label += "-";
+            n.label += part;
+          }
         }
         next.push_back(std::move(n));
       }

@@ -11,6 +11,9 @@ namespace dtrain {
 struct PlannedRun {
   std::vector<Override> overrides;  // one value per key
   std::string label;                // swept keys and values, e.g. "lr0.1" ("" if none)
+  // Every override but gpus, e.g. "lr0.1-reductionsum": the settings a run shares with the
+  // baseline it is compared with (see report.hpp).
+  std::string group;
   Config config;
 };
 

@@ -152,28 +152,32 @@ std::vector<std::string> write_plots(const Comparison& c,
     }
   }
 
-  // 4. Final test accuracy over LR x replica count, one heatmap per LR rule.
-  std::set<std::string> rules;
-  for (const auto& row : c.rows) rules.insert(row.run.lr_scaling);
-  for (const auto& rule : rules) {
+  // 4. Final test accuracy over LR x replica count, one heatmap per LR rule and reduction
+  //    (runs that differ in anything else would share cells).
+  std::set<std::pair<std::string, std::string>> kinds;
+  for (const auto& row : c.rows) kinds.insert({row.run.lr_scaling, row.run.reduction});
+  for (const auto& [rule, reduction] : kinds) {
+    auto in_kind = [&](const RunRecord& r) {
+      return r.lr_scaling == rule && r.reduction == reduction;
+    };
     std::set<double> lrs;
     std::set<int> gpus;
     for (const auto& row : c.rows)
-      if (row.run.lr_scaling == rule) {
+      if (in_kind(row.run)) {
         lrs.insert(row.run.lr);
         gpus.insert(row.run.gpus);
       }
     if (lrs.size() < 2) continue;
     const std::vector<double> lr_v(lrs.begin(), lrs.end());
     const std::vector<int> g_v(gpus.begin(), gpus.end());
-    const std::string stem = exp + "-lr-heatmap-" + slug(rule);
+    const std::string stem = exp + "-lr-heatmap-" + slug(rule) + "-" + slug(reduction);
     const std::string file = (data / (stem + ".dat")).string();
     std::string text = "# replica_index lr_index final_test_acc_percent\n";
     for (size_t yi = 0; yi < lr_v.size(); ++yi) {
       for (size_t xi = 0; xi < g_v.size(); ++xi) {
         double acc = std::nan("");
         for (const auto& row : c.rows)
-          if (row.run.lr_scaling == rule && row.run.lr == lr_v[yi] && row.run.gpus == g_v[xi] &&
+          if (in_kind(row.run) && row.run.lr == lr_v[yi] && row.run.gpus == g_v[xi] &&
               row.run.final_test_acc)
             acc = 100 * *row.run.final_test_acc;
         text += fmt::format("{} {} {}\n", xi, yi, num(acc));
@@ -182,19 +186,21 @@ std::vector<std::string> write_plots(const Comparison& c,
     }
     write_file_atomic(file, text);
     std::string xtics, ytics;
-    for (size_t i = 0; i < g_v.size(); ++i) xtics += fmt::format("{}'{}' {}", i ? ", " : "", g_v[i], i);
+    for (size_t i = 0; i < g_v.size(); ++i)
+      xtics += fmt::format("{}'{}' {}", i ? ", " : "", g_v[i], i);
     for (size_t i = 0; i < lr_v.size(); ++i)
       ytics += fmt::format("{}'{}' {}", i ? ", " : "", num(lr_v[i]), i);
     render(out_dir, stem,
-           fmt::format("set title '{}: final test accuracy (%), lr_scaling {}'\n"
+           fmt::format("set title '{}: final test accuracy (%), lr_scaling {}, reduction {}'\n"
                        "set xlabel 'replicas'\nset ylabel 'lr at base batch'\n"
                        "set xtics ({})\nset ytics ({})\nset xrange [-0.5:{}]\nset yrange "
                        "[-0.5:{}]\nset cblabel 'test accuracy (%)'\nset palette defined (0 "
                        "'#b2182b', 50 '#fddbc7', 100 '#2166ac')\nset cbrange [*:*]",
-                       c.experiment, rule, xtics, ytics, static_cast<double>(g_v.size()) - 0.5,
+                       c.experiment, rule, reduction, xtics, ytics,
+                       static_cast<double>(g_v.size()) - 0.5,
                        static_cast<double>(lr_v.size()) - 0.5),
-           fmt::format("plot '{0}' using 1:2:3 with image notitle, '{0}' using 1:2:(sprintf('%.1f', "
-                       "$3)) with labels font 'sans,12' notitle",
+           fmt::format("plot '{0}' using 1:2:3 with image notitle, '{0}' using "
+                       "1:2:(sprintf('%.1f', $3)) with labels font 'sans,12' notitle",
                        file));
     stems.push_back(stem);
   }

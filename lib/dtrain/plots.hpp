@@ -12,7 +12,8 @@ bool gnuplot_available();
 
 // Writes the figures of one experiment into out_dir and returns their stems (file names
 // without .png/.svg): accuracy and loss curves per group, speedup and efficiency against
-// replica count, and an LR x replicas heatmap per LR rule when several LRs were run.
+// replica count, and an LR x replicas heatmap per LR rule and reduction when several LRs
+// were run.
 // `metrics` maps run folder -> its per-epoch rows. Data files and gnuplot scripts are kept
 // in out_dir/data/ so a figure can be restyled by hand.
 std::vector<std::string> write_plots(const Comparison& c,

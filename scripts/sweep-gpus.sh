@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Replica-count sweep: CONFIG at 1, 2, 4 and 8 replicas, then the report with figures.
+#   scripts/sweep-gpus.sh CONFIG [key=value ...]
+# Environment: RESULTS (default results/sweeps), TAG (default sweep-gpus), GPUS (default 1,2,4,8).
+# Resumable: rerun the same command and runs whose folder says done (or diverged) are skipped,
+# unfinished ones run again. A failed run is reported and does not stop the sweep. Each
+# experiment keeps an index of the sweep's runs in RESULTS/<name>/index-TAG.csv.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] || { sed -n '2,8p' "$0" >&2; exit 2; }
+config=$1; shift
+RESULTS=${RESULTS:-results/sweeps}
+TAG=${TAG:-sweep-gpus}
+GPUS=${GPUS:-1,2,4,8}
+dtrain=${DTRAIN:-build/apps/dtrain}
+[ -x "$dtrain" ] || scripts/build.sh > /dev/null || exit 1
+"$dtrain" run "$config" "gpus=$GPUS" "$@" --results "$RESULTS" --tag "$TAG" --resume
+rc=$?
+[ "$rc" -eq 2 ] && exit 2  # bad input: nothing ran
+grep -h ",failed," "$RESULTS"/*/"index-$TAG.csv" 2>/dev/null | sed 's/^/sweep: failed run: /' >&2
+"$dtrain" report "$RESULTS" --out "$RESULTS/report" --plots > /dev/null || true
+echo "sweep: report in $RESULTS/report/index.md"
+exit "$rc"
