@@ -135,7 +135,7 @@ std::vector<std::string> write_plots(const Comparison& c,
       const int lo = *all_gpus.begin(), hi = *all_gpus.rbegin();
       const std::string xaxis = fmt::format(
           "set grid\nset logscale x 2\nset xrange [{}:{}]\nset xlabel 'replicas'\n"
-          "set key top left\n",
+          "set key outside right top\n",
           lo / 1.2, hi * 1.2);
       render(out_dir, exp + "-speedup",
              xaxis + fmt::format("set title '{}: speedup (training samples/s against the "
