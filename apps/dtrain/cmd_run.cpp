@@ -1,6 +1,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -9,7 +10,9 @@
 #include "commands.hpp"
 #include "dtrain/data.hpp"
 #include "dtrain/error.hpp"
+#include "dtrain/comm.hpp"
 #include "dtrain/log.hpp"
+#include "dtrain/mpi.hpp"
 #include "dtrain/plan.hpp"
 #include "dtrain/recorder.hpp"
 #include "dtrain/report.hpp"
@@ -86,28 +89,40 @@ void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
 }  // namespace
 
 int run_run(const RunOptions& opt) {
-  set_verbosity(opt.quiet);
+  // Under mpirun/srun every process runs this function; rank 0 alone touches the results folder.
+  const bool multi = mpi::initialized();
+  const bool leader = !multi || mpi::rank() == 0;
+  set_verbosity(opt.quiet || !leader);
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
   const std::string tag = opt.tag.empty() ? default_tag() : slug(opt.tag);
   const auto runs = plan_runs(opt.config, opt.overrides);
 
+  if (multi)
+    for (const auto& r : runs)
+      if (r.config.gpus != mpi::size())
+        throw UserError(fmt::format(
+            "gpus={} but the launcher started {} processes; dtrain runs one replica per "
+            "process, so set gpus={} or start {} processes",
+            r.config.gpus, mpi::size(), mpi::size(), r.config.gpus));
+
   // Everything that can be checked is checked before the first step of the first run.
   std::vector<std::string> dirs;
   std::vector<bool> skip(runs.size(), false);
   std::vector<IndexRow> index;
-  for (size_t i = 0; i < runs.size(); ++i) {
+  std::string fs_error;
+  for (size_t i = 0; i < runs.size() && fs_error.empty(); ++i) {
     const auto& r = runs[i];
     const auto dir = (fs::path(opt.results) / r.config.name / run_id(tag, r)).string();
     for (const auto& d : dirs)
       if (d == dir) throw UserError(fmt::format("two runs of this command map to {}", dir));
     const std::string status = read_run_status(dir);
-    if (fs::exists(dir)) {
+    if (leader && fs::exists(dir)) {
       if (!opt.resume)
-        throw UserError(
-            fmt::format("{}: run folder already exists; runs are never overwritten "
-                        "(pick another --tag or --results folder, or pass --resume)",
-                        dir));
+        fs_error = fmt::format(
+            "{}: run folder already exists; runs are never overwritten (pick another --tag or "
+            "--results folder, or pass --resume)",
+            dir);
       skip[i] = status == "done" || status == "diverged";
     }
     std::string ov;
@@ -116,6 +131,17 @@ int run_run(const RunOptions& opt) {
                      r.config.gpus});
     dirs.push_back(dir);
   }
+  if (multi) {
+    // Rank 0's view of the results folder decides for everyone.
+    std::string decision = fs_error.empty() ? "" : "E" + fs_error;
+    if (decision.empty())
+      for (bool b : skip) decision += b ? '1' : '0';
+    mpi::broadcast(decision);
+    if (!decision.empty() && decision[0] == 'E') fs_error = decision.substr(1);
+    else
+      for (size_t i = 0; i < skip.size(); ++i) skip[i] = decision[i] == '1';
+  }
+  if (!fs_error.empty()) throw UserError(fs_error);
   std::map<std::string, std::shared_ptr<DataSplit>> data_cache;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (skip[i]) continue;
@@ -129,6 +155,7 @@ int run_run(const RunOptions& opt) {
   }
   // One index per experiment: every run of this command with its current status.
   auto save_index = [&] {
+    if (!leader) return;
     std::map<std::string, std::vector<IndexRow>> per_exp;
     for (size_t i = 0; i < runs.size(); ++i) per_exp[runs[i].config.name].push_back(index[i]);
     for (const auto& [name, rows] : per_exp) {
@@ -147,28 +174,47 @@ int run_run(const RunOptions& opt) {
       ++skipped;
       continue;
     }
-    if (fs::exists(dirs[i])) {
+    if (leader && fs::exists(dirs[i])) {
       const auto st = read_run_status(dirs[i]);
       move_aside(dirs[i], st.empty() ? "incomplete" : st);
     }
     if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
-    RunRecorder rec(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
+    std::unique_ptr<RunRecorder> rec;
+    if (leader) rec = std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config,
+                                                    r.overrides);
     index[i].status = "running";
     save_index();
+    const DataSplit& data = *data_cache[data_key(r.config)];
+    std::unique_ptr<Communicator> comm;
     try {
-      const auto result = train(r.config, *data_cache[data_key(r.config)], &rec);
-      rec.finish(result);
+      TrainResult result;
+      if (multi) {
+        comm = mpi::world(r.config.train.collective_timeout_s);
+        result = train_rank(r.config, data, *comm, rec.get());
+      } else {
+        result = train(r.config, data, rec.get());
+      }
+      if (rec) rec->finish(result);
       index[i].status = result.status == RunStatus::diverged ? "diverged" : "done";
     } catch (const std::exception& e) {
-      rec.fail(e.what());
+      const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
+      if (multi && comm && !remote) comm->abort(e.what());  // tell the other ranks first
+      if (rec) rec->fail(e.what());
       index[i].status = "failed";
-      log().error("run {} failed: {}", run_id(tag, r), e.what());
       ++failed;
       save_index();
+      if (multi) {
+        // A rank's failure ends the job: rank 0 has recorded it; every process exits now.
+        std::fprintf(stderr, "dtrain: rank %d: run %s failed: %s\n", mpi::rank(),
+                     run_id(tag, r).c_str(), e.what());
+        mpi::end_job_after_failure(1);
+      }
+      log().error("run {} failed: {}", run_id(tag, r), e.what());
       if (dynamic_cast<const UserError*>(&e)) throw;
     }
     save_index();
   }
+  if (!leader) return 0;
   if (skipped) log().info("resume: {} of {} runs were already finished", skipped, runs.size());
 
   // The table is regenerated from the run folders, grouped by experiment.

@@ -6,7 +6,10 @@
 #include "commands.hpp"
 #include "dtrain/error.hpp"
 #include "dtrain/log.hpp"
+#include "dtrain/mpi.hpp"
 #include "dtrain/trainer.hpp"
+
+int run_main(int argc, char** argv);
 
 namespace {
 
@@ -18,6 +21,21 @@ void on_interrupt(int) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Started by mpirun/srun: one replica per process over MPI.
+  if (dtrain::mpi::detect().active) {
+    try {
+      dtrain::mpi::init(&argc, &argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+      return 2;
+    }
+  }
+  const int code = run_main(argc, argv);
+  dtrain::mpi::finalize();
+  return code;
+}
+
+int run_main(int argc, char** argv) {
   CLI::App app{
       "dtrain: run data-parallel training experiments from YAML and compare 1 replica against N.\n"
       "Examples:\n"
@@ -64,7 +82,8 @@ int main(int argc, char** argv) {
     if (*report_cmd) return dtrain::cli::run_report(report_opt);
   } catch (const dtrain::UserError& e) {
     dtrain::clear_progress();
-    std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    // Every rank sees the same mistake; one line is enough.
+    if (dtrain::mpi::rank() == 0) std::fprintf(stderr, "dtrain: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     dtrain::clear_progress();

@@ -320,6 +320,7 @@ Config decode(const YAML::Node& root, const Source& src) {
     c.train.seed = static_cast<uint64_t>(seed);
     t.number("target_accuracy", c.train.target_accuracy, 0.0, 1.0);
     t.integer("eval_batch", c.train.eval_batch, 1);
+    t.number("collective_timeout_s", c.train.collective_timeout_s, 1.0, 1e7);
     t.finish();
     if (c.train.per_replica_batch && c.train.global_batch)
       throw UserError(fmt::format(
@@ -481,6 +482,7 @@ std::string to_yaml(const Config& c) {
   e << YAML::Key << "seed" << YAML::Value << c.train.seed;
   e << YAML::Key << "target_accuracy" << YAML::Value << c.train.target_accuracy;
   e << YAML::Key << "eval_batch" << YAML::Value << c.train.eval_batch;
+  e << YAML::Key << "collective_timeout_s" << YAML::Value << c.train.collective_timeout_s;
   e << YAML::EndMap;
 
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;

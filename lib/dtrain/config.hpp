@@ -59,6 +59,8 @@ struct TrainConfig {
   uint64_t seed = 1;
   double target_accuracy = 0.85;  // 0 disables time-to-target
   int64_t eval_batch = 1000;
+  // Multi-process runs: give up on a collective that makes no progress for this long.
+  double collective_timeout_s = 300.0;
 };
 
 struct OptimizerConfig {

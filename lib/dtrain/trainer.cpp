@@ -5,6 +5,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -84,6 +87,16 @@ void worker(Shared& sh, Communicator& comm) {
   const int64_t test_lo = test.size() * rank / replicas;
   const int64_t test_hi = test.size() * (rank + 1) / replicas;
 
+  // Fault injection for testing failure handling: DTRAIN_FAULT=RANK:STEP makes that rank throw
+  // at that (global, 1-based) step.
+  int64_t fault_step = -1;
+  if (const char* f = std::getenv("DTRAIN_FAULT")) {
+    int fr = -1;
+    long long fs = -1;
+    if (std::sscanf(f, "%d:%lld", &fr, &fs) == 2 && fr == rank) fault_step = fs;
+  }
+  int64_t global_step = 0;
+
   std::vector<double> step_stats;  // per step: loss sum, correct, samples
   for (int epoch = 0; epoch < cfg.train.epochs; ++epoch) {
     const EpochPlan plan = sampler.plan(epoch);
@@ -94,6 +107,9 @@ void worker(Shared& sh, Communicator& comm) {
 
     for (int64_t s = 0; s < steps; ++s) {
       if (g_stop.load(std::memory_order_relaxed)) throw Aborted("interrupted by the user");
+      if (++global_step == fault_step)
+        DTRAIN_THROW_SYSTEM(fmt::format("injected fault (DTRAIN_FAULT) on rank {} at step {}",
+                                        rank, global_step));
       lr = lr_at(cfg.optimizer, cfg.train.epochs, gbatch,
                  epoch + static_cast<double>(s) / static_cast<double>(steps));
       if (s == 0) lr_first = lr;
@@ -148,6 +164,9 @@ void worker(Shared& sh, Communicator& comm) {
     }
     comm.allreduce(test_stats, 2, ReduceOp::sum);
     const double eval_time = seconds_since(t_eval);
+    std::vector<double> busy(static_cast<size_t>(replicas), 0.0);
+    busy[static_cast<size_t>(rank)] = t_data + t_compute + t_opt;
+    comm.allreduce(busy.data(), busy.size(), ReduceOp::sum);
 
     EpochMetrics m;
     m.epoch = epoch + 1;
@@ -165,6 +184,10 @@ void worker(Shared& sh, Communicator& comm) {
     m.exchange_s = t_exchange;
     m.optimizer_s = t_opt;
     m.eval_s = eval_time;
+    const auto [lo_it, hi_it] = std::minmax_element(busy.begin(), busy.end());
+    m.rank_busy_min_s = *lo_it;
+    m.rank_busy_max_s = *hi_it;
+    m.slowest_rank = static_cast<int>(hi_it - busy.begin());
     const bool diverged = !std::isfinite(m.train_loss) || !std::isfinite(m.test_loss);
 
     if (rank == 0) {
@@ -206,6 +229,29 @@ void check_plan(const Config& cfg, const DataSplit& data) {
     for (auto y : d->y)
       if (y < 0 || y >= classes)
         throw UserError(fmt::format("data: label {} outside [0, {})", y, classes));
+}
+
+TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& comm,
+                       TrainObserver* observer) {
+  check_plan(cfg, data);
+  if (comm.size() != cfg.gpus)
+    throw UserError(fmt::format("gpus={} but {} processes were started; dtrain runs one replica "
+                                "per process, so the two must be equal",
+                                cfg.gpus, comm.size()));
+  int threads = cfg.threads;
+  if (threads <= 0) {
+    // Share the machine's cores among the processes on it.
+    int local = 1;
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
+      if (const char* s = std::getenv(v)) local = std::max(1, std::atoi(s));
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
+  }
+  set_blas_threads(threads);
+  Shared sh{cfg, data, comm.rank() == 0 ? observer : nullptr, {}};
+  sh.result.info.devices = fmt::format("cpu: {} replicas as processes ({}), {} BLAS thread{} each",
+                                       comm.size(), comm.kind(), threads, threads == 1 ? "" : "s");
+  worker(sh, comm);
+  return std::move(sh.result);
 }
 
 TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer) {

@@ -22,6 +22,9 @@ struct EpochMetrics {
   // Rank 0's split of epoch_time_s (the rest is loop overhead and the epoch-end stats exchange).
   double data_s = 0, compute_s = 0, exchange_s = 0, optimizer_s = 0;
   double eval_s = 0;
+  // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
+  double rank_busy_min_s = 0, rank_busy_max_s = 0;
+  int slowest_rank = 0;
 };
 
 struct RunInfo {
@@ -56,6 +59,13 @@ class TrainObserver {
 // Runs the whole training. Throws UserError for impossible configurations (checked before any
 // worker starts) and rethrows the first worker failure after every worker has stopped.
 TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer = nullptr);
+
+class Communicator;
+
+// Runs this process's replica with an external communicator (one process per replica, e.g.
+// MPI). The observer is used on rank 0 only.
+TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& comm,
+                       TrainObserver* observer = nullptr);
 
 // Cooperative stop (Ctrl-C): every rank stops at its next step and the run is marked failed.
 void request_stop();
