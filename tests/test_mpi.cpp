@@ -100,7 +100,8 @@ TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process run bit for bit", "[m
   const auto res = (d.path / "res").string();
   for (int np : {2, 4}) {
     const std::string g = "gpus=" + std::to_string(np);
-    const auto a = sh(mpirun(np) + bin + " run " + cfg + " " + g + " --quiet --tag mpi --results " + res);
+    const auto a =
+        sh(mpirun(np) + bin + " run " + cfg + " " + g + " --quiet --tag mpi --results " + res);
     INFO(a.out);
     REQUIRE(a.code == 0);
     const auto b = sh(bin + " run " + cfg + " " + g + " --quiet --tag threads --results " + res);
@@ -113,7 +114,8 @@ TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process run bit for bit", "[m
     CHECK(m == numeric_columns(th / "metrics.csv"));
     CHECK_THAT(slurp(mp / "summary.json"), Catch::Contains("as processes (mpi)"));
     // Straggler columns: busy times of every rank, min <= max.
-    CHECK_THAT(slurp(mp / "metrics.csv"), Catch::Contains("rank_busy_min_s,rank_busy_max_s,slowest_rank"));
+    CHECK_THAT(slurp(mp / "metrics.csv"),
+               Catch::Contains("rank_busy_min_s,rank_busy_max_s,slowest_rank"));
     // Only rank 0 wrote: exactly one run folder per run.
     CHECK(!fs::exists(fs::path(res) / "mp" / ("mpi-g" + std::to_string(np) + ".1")));
   }
@@ -141,17 +143,17 @@ TEST_CASE("a rank that throws ends every rank quickly and the run says failed", 
   Dir d("throw");
   const auto cfg = write_config(d.path, 50);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto r = sh("DTRAIN_FAULT=1:30 " + mpirun(4) + "-x DTRAIN_FAULT " +
-                    dtrain::test::dtrain_binary() + " run " + cfg + " gpus=4 --tag t --results " +
-                    (d.path / "res").string());
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto r =
+      sh("DTRAIN_FAULT=1:30 " + mpirun(4) + "-x DTRAIN_FAULT " + dtrain::test::dtrain_binary() +
+         " run " + cfg + " gpus=4 --tag t --results " + (d.path / "res").string());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.out);
   CHECK(r.code != 0);
   CHECK(secs < 30);
   // Every surviving rank names the failed one.
   for (int rank : {0, 2, 3})
-    CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(rank) + ": run t-g4 failed: rank 1 failed"));
+    CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(rank) +
+                                      ": run t-g4 failed: rank 1 failed"));
   const fs::path run = d.path / "res" / "mp" / "t-g4";
   CHECK(slurp(run / "status") == "failed\n");
   CHECK_THAT(slurp(run / "summary.json"), Catch::Contains("rank 1 failed: injected fault"));
@@ -197,8 +199,7 @@ TEST_CASE("a killed rank makes the others exit within 30 seconds", "[mpi]") {
   while ((done = waitpid(pid, &wstatus, WNOHANG)) == 0 &&
          std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (done == 0) {
     kill(pid, SIGKILL);
     waitpid(pid, &wstatus, 0);

@@ -87,7 +87,8 @@ void fixture_run(const fs::path& root, const std::string& id, int gpus, const st
   put(d / "metrics.csv",
       "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s\n"
       "1,0.1,0.1,0.9,0.6,0.8,0.62,1.0,1000\n"
-      "2,0.1,0.1," + nan + ",0.8," + nan + "," + std::to_string(acc) + ",1.0,1000\n");
+      "2,0.1,0.1," +
+          nan + ",0.8," + nan + "," + std::to_string(acc) + ",1.0,1000\n");
 }
 
 }  // namespace
@@ -100,8 +101,8 @@ TEST_CASE("report regenerates tables from fixture folders and names the broken o
   fixture_run(root, "g4", 4, "diverged", 300, 0.10);
   fixture_run(root, "g8", 8, "failed", 0, 0.0);
   fixture_run(root, "g16", 16, "done", 1000, 0.5);
-  put(root / "fx" / "g16" / "summary.json", "{\"gpus\": 16,");  // corrupt
-  put(root / "fx" / "g32" / "status", "running\n");             // killed: no summary
+  put(root / "fx" / "g16" / "summary.json", "{\"gpus\": 16,");     // corrupt
+  put(root / "fx" / "g32" / "status", "running\n");                // killed: no summary
   put(root / "fx" / ".attempts" / "g2.1" / "status", "failed\n");  // hidden: ignored
   const auto out = root / "report";
 
@@ -131,10 +132,12 @@ TEST_CASE("report regenerates tables from fixture folders and names the broken o
   CHECK(std::count(csv.begin(), csv.end(), '\n') == 7);
 
   // An explicit baseline.
-  const auto b = sh("report " + (root / "fx" / "g1").string() + " " + (root / "fx" / "g2").string() +
-                    " --baseline g2 --out " + (root / "r2").string());
+  const auto b =
+      sh("report " + (root / "fx" / "g1").string() + " " + (root / "fx" / "g2").string() +
+         " --baseline g2 --out " + (root / "r2").string());
   CHECK(b.code == 0);
-  CHECK_THAT(slurp(root / "r2" / "fx.md"), Catch::Contains("0.56x") && Catch::Contains("Baseline g2"));
+  CHECK_THAT(slurp(root / "r2" / "fx.md"),
+             Catch::Contains("0.56x") && Catch::Contains("Baseline g2"));
   CHECK(sh("report " + root.string() + " --baseline nope --out " + (root / "r3").string()).code ==
         2);
   CHECK(sh("report " + (root / "missing").string()).code == 2);

@@ -31,8 +31,8 @@ int run_report(const ReportOptions& opt) {
   if (dirs.empty())
     throw UserError(fmt::format("no run folders (folders with a 'status' file) under {}",
                                 fmt::join(opt.paths, ", ")));
-  const std::string out = opt.out.empty() ? (fs::path(opt.paths.front()) / "report").string()
-                                          : opt.out;
+  const std::string out =
+      opt.out.empty() ? (fs::path(opt.paths.front()) / "report").string() : opt.out;
 
   // Read everything; a broken run is reported, named, and does not stop the others.
   std::map<std::string, std::vector<RunRecord>> by_experiment;
@@ -59,8 +59,9 @@ int run_report(const ReportOptions& opt) {
     bool found = false;
     for (const auto& [name, runs] : by_experiment)
       for (const auto& r : runs) found = found || r.run_id == opt.baseline;
-    if (!found) throw UserError(fmt::format("--baseline {}: no such run under {}", opt.baseline,
-                                            fmt::join(opt.paths, ", ")));
+    if (!found)
+      throw UserError(fmt::format("--baseline {}: no such run under {}", opt.baseline,
+                                  fmt::join(opt.paths, ", ")));
   }
 
   // A previous report in the same place is replaced as a whole: the files it listed go first.
@@ -73,8 +74,7 @@ int run_report(const ReportOptions& opt) {
   }
   std::vector<std::string> written = {"index.md"};
   std::string index = "# dtrain report\n\nRegenerated from " + std::to_string(dirs.size()) +
-                      " run folders under " + fmt::format("{}", fmt::join(opt.paths, ", ")) +
-                      ".\n";
+                      " run folders under " + fmt::format("{}", fmt::join(opt.paths, ", ")) + ".\n";
   for (const auto& [name, runs] : by_experiment) {
     bool has_baseline = false;
     for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
@@ -86,9 +86,9 @@ int run_report(const ReportOptions& opt) {
     write_file_atomic(stem + ".json", to_json(cmp));
     for (const char* ext : {".md", ".csv", ".json"}) written.push_back(slug(name) + ext);
     fmt::print("\n## {}\n\n{}", name, md);
-    index += fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
-                         name, md, slug(name), slug(name), slug(name), slug(name), slug(name),
-                         slug(name));
+    index += fmt::format(
+        "\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n", name, md,
+        slug(name), slug(name), slug(name), slug(name), slug(name), slug(name));
     if (opt.plots) {
       std::map<std::string, std::vector<EpochRow>> metrics;
       for (const auto& row : cmp.rows) {

@@ -8,9 +8,9 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "dtrain/comm.hpp"
 #include "dtrain/data.hpp"
 #include "dtrain/error.hpp"
-#include "dtrain/comm.hpp"
 #include "dtrain/log.hpp"
 #include "dtrain/mpi.hpp"
 #include "dtrain/plan.hpp"
@@ -81,8 +81,8 @@ struct IndexRow {
 void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
   std::string csv = "run_id,status,gpus,group,overrides,dir\n";
   for (const auto& r : rows)
-    csv += fmt::format("{},{},{},{},\"{}\",{}\n", r.id, r.status, r.gpus, r.group, r.overrides,
-                       r.dir);
+    csv +=
+        fmt::format("{},{},{},{},\"{}\",{}\n", r.id, r.status, r.gpus, r.group, r.overrides, r.dir);
   write_file_atomic(path, csv);
 }
 
@@ -127,8 +127,8 @@ int run_run(const RunOptions& opt) {
     }
     std::string ov;
     for (const auto& o : r.overrides) ov += (ov.empty() ? "" : " ") + o.text();
-    index.push_back({run_id(tag, r), skip[i] ? status : "pending", r.group, ov, dir,
-                     r.config.gpus});
+    index.push_back(
+        {run_id(tag, r), skip[i] ? status : "pending", r.group, ov, dir, r.config.gpus});
     dirs.push_back(dir);
   }
   if (multi) {
@@ -137,7 +137,8 @@ int run_run(const RunOptions& opt) {
     if (decision.empty())
       for (bool b : skip) decision += b ? '1' : '0';
     mpi::broadcast(decision);
-    if (!decision.empty() && decision[0] == 'E') fs_error = decision.substr(1);
+    if (!decision.empty() && decision[0] == 'E')
+      fs_error = decision.substr(1);
     else
       for (size_t i = 0; i < skip.size(); ++i) skip[i] = decision[i] == '1';
   }
@@ -180,8 +181,8 @@ int run_run(const RunOptions& opt) {
     }
     if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
     std::unique_ptr<RunRecorder> rec;
-    if (leader) rec = std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config,
-                                                    r.overrides);
+    if (leader)
+      rec = std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
     index[i].status = "running";
     save_index();
     const DataSplit& data = *data_cache[data_key(r.config)];

@@ -57,8 +57,8 @@ int run_main(int argc, char** argv) {
       app.add_subcommand("validate", "Check a config (and its data) without training");
   dtrain::cli::setup_validate(*validate_cmd, validate_opt);
   dtrain::cli::ReportOptions report_opt;
-  auto* report_cmd = app.add_subcommand(
-      "report", "Regenerate comparison tables (and figures) from run folders");
+  auto* report_cmd =
+      app.add_subcommand("report", "Regenerate comparison tables (and figures) from run folders");
   dtrain::cli::setup_report(*report_cmd, report_opt);
 
   try {

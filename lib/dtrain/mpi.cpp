@@ -54,16 +54,16 @@ Launch detect() {
 
 #ifdef DTRAIN_HAVE_MPI
 
-#define MPI_CHECK(call)                                                                       \
-  do {                                                                                        \
-    const int mpi_rc_ = (call);                                                               \
-    if (mpi_rc_ != MPI_SUCCESS) {                                                             \
-      char mpi_msg_[MPI_MAX_ERROR_STRING];                                                    \
-      int mpi_len_ = 0;                                                                       \
-      MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                         \
-      throw ::dtrain::SystemError(fmt::format("{} failed: {}", #call, mpi_msg_), __FILE__,    \
-                                  __LINE__, ::dtrain::mpi::rank());                           \
-    }                                                                                         \
+#define MPI_CHECK(call)                                                                    \
+  do {                                                                                     \
+    const int mpi_rc_ = (call);                                                            \
+    if (mpi_rc_ != MPI_SUCCESS) {                                                          \
+      char mpi_msg_[MPI_MAX_ERROR_STRING];                                                 \
+      int mpi_len_ = 0;                                                                    \
+      MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                      \
+      throw ::dtrain::SystemError(fmt::format("{} failed: {}", #call, mpi_msg_), __FILE__, \
+                                  __LINE__, ::dtrain::mpi::rank());                        \
+    }                                                                                      \
   } while (0)
 
 namespace {
@@ -141,8 +141,7 @@ class MpiComm final : public Communicator {
     for (int r = 0; r < p; ++r) rdispls[static_cast<size_t>(r)] = r * mine;
     MPI_Request req;
     MPI_CHECK(MPI_Ialltoallv(data, counts.data(), displs.data(), mpi_type<T>(), recv.data(),
-                             rcounts.data(), rdispls.data(), mpi_type<T>(), MPI_COMM_WORLD,
-                             &req));
+                             rcounts.data(), rdispls.data(), mpi_type<T>(), MPI_COMM_WORLD, &req));
     wait(req, "gradient all-reduce (all-to-all)");
     T* out = data + displs[static_cast<size_t>(g_rank)];
     const T inv = T(1) / static_cast<T>(p);
@@ -152,8 +151,8 @@ class MpiComm final : public Communicator {
       if (op == ReduceOp::mean) acc *= inv;
       out[i] = acc;
     }
-    MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, mpi_type<T>(), data, counts.data(),
-                              displs.data(), mpi_type<T>(), MPI_COMM_WORLD, &req));
+    MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, mpi_type<T>(), data, counts.data(), displs.data(),
+                              mpi_type<T>(), MPI_COMM_WORLD, &req));
     wait(req, "gradient all-reduce (all-gather)");
   }
 
@@ -186,15 +185,17 @@ class MpiComm final : public Communicator {
         throw Aborted(text);
       }
       if (stop_requested())
-        throw Aborted(fmt::format("rank {}: stopped while waiting in the {} (interrupted, or the "
-                                  "launcher is ending the job because another rank died)",
-                                  g_rank, what));
+        throw Aborted(
+            fmt::format("rank {}: stopped while waiting in the {} (interrupted, or the "
+                        "launcher is ending the job because another rank died)",
+                        g_rank, what));
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_s_)
-        throw Aborted(fmt::format("rank {}: no progress in the {} for {:.0f} s (another rank is "
-                                  "hung or gone; train.collective_timeout_s)",
-                                  g_rank, what, waited));
+        throw Aborted(
+            fmt::format("rank {}: no progress in the {} for {:.0f} s (another rank is "
+                        "hung or gone; train.collective_timeout_s)",
+                        g_rank, what, waited));
       // Spin briefly for latency, then yield the core: ranks may share few cores.
       if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -207,7 +208,9 @@ class MpiComm final : public Communicator {
 
 }  // namespace
 
-bool available() { return true; }
+bool available() {
+  return true;
+}
 
 void init(int* argc, char*** argv) {
   int provided = 0;
@@ -224,9 +227,15 @@ void finalize() {
   g_initialized = false;
 }
 
-bool initialized() { return g_initialized; }
-int rank() { return g_rank; }
-int size() { return g_size; }
+bool initialized() {
+  return g_initialized;
+}
+int rank() {
+  return g_rank;
+}
+int size() {
+  return g_size;
+}
 
 std::unique_ptr<Communicator> world(double timeout_s) {
   return std::make_unique<MpiComm>(timeout_s);
@@ -250,8 +259,7 @@ void end_job_after_failure(int exit_code, double grace_s) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   } else {
-    const auto until =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
     int flag = 0;
     while (!flag && std::chrono::steady_clock::now() < until) {
       MPI_Iprobe(0, kTagAck, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
@@ -266,19 +274,31 @@ void end_job_after_failure(int exit_code, double grace_s) {
 
 #else  // no MPI in this build
 
-bool available() { return false; }
+bool available() {
+  return false;
+}
 void init(int*, char***) {
   throw UserError(
       "this dtrain was built without MPI but was started by a launcher (mpirun/srun); install "
       "libopenmpi-dev and rebuild");
 }
 void finalize() {}
-bool initialized() { return false; }
-int rank() { return 0; }
-int size() { return 1; }
-std::unique_ptr<Communicator> world(double) { DTRAIN_THROW_SYSTEM("MPI is not built in"); }
+bool initialized() {
+  return false;
+}
+int rank() {
+  return 0;
+}
+int size() {
+  return 1;
+}
+std::unique_ptr<Communicator> world(double) {
+  DTRAIN_THROW_SYSTEM("MPI is not built in");
+}
 void broadcast(std::string&) {}
-void end_job_after_failure(int exit_code, double) { std::_Exit(exit_code); }
+void end_job_after_failure(int exit_code, double) {
+  std::_Exit(exit_code);
+}
 
 #endif
 

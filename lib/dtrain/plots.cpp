@@ -18,7 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string num(double v) { return std::isfinite(v) ? fmt::format("{:.9g}", v) : "?"; }
+std::string num(double v) {
+  return std::isfinite(v) ? fmt::format("{:.9g}", v) : "?";
+}
 
 // Renders the same plot commands to PNG and SVG.
 void render(const std::string& out_dir, const std::string& stem, const std::string& setup,
@@ -48,14 +50,17 @@ std::string series_title(const RunRecord& r) {
 
 }  // namespace
 
-bool gnuplot_available() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
+bool gnuplot_available() {
+  return std::system("command -v gnuplot > /dev/null 2>&1") == 0;
+}
 
 std::vector<std::string> write_plots(const Comparison& c,
                                      const std::map<std::string, std::vector<EpochRow>>& metrics,
                                      const std::string& out_dir) {
   if (!gnuplot_available())
     throw UserError(
-        "--plots needs gnuplot; install it with: apt-get install gnuplot-nox (scripts/install-deps.sh "
+        "--plots needs gnuplot; install it with: apt-get install gnuplot-nox "
+        "(scripts/install-deps.sh "
         "does)");
   const fs::path data = fs::path(out_dir) / "data";
   fs::create_directories(data);
@@ -74,8 +79,7 @@ std::vector<std::string> write_plots(const Comparison& c,
     for (const auto& row : c.rows)
       if (row.run.group == g && metrics.count(row.run.dir)) rows.push_back(&row);
     if (rows.empty()) continue;
-    std::sort(rows.begin(), rows.end(),
-              [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
+    std::sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
     std::string stem = exp + "-curves";
     if (!g.empty()) stem += '-' + slug(g);
     std::string acc_plot = "plot ", loss_plot = "plot ";
@@ -92,14 +96,12 @@ std::vector<std::string> write_plots(const Comparison& c,
       loss_plot += fmt::format("{}'{}' using 1:3 with linespoints lw 2 title '{}'", sep, file,
                                series_title(r));
     }
-    const std::string title =
-        fmt::format("{}{}", c.experiment, g.empty() ? "" : " (" + g + ")");
+    const std::string title = fmt::format("{}{}", c.experiment, g.empty() ? "" : " (" + g + ")");
     render(out_dir, stem,
            fmt::format("set multiplot layout 1,2 title '{}'\nset grid\nset key bottom right\n"
                        "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'",
                        title),
-           acc_plot +
-               "\nset key top right\nset ylabel 'train loss (log scale)'\nset logscale y\n" +
+           acc_plot + "\nset key top right\nset ylabel 'train loss (log scale)'\nset logscale y\n" +
                loss_plot + "\nunset logscale y\nunset multiplot");
     stems.push_back(stem);
   }
@@ -190,18 +192,18 @@ std::vector<std::string> write_plots(const Comparison& c,
       xtics += fmt::format("{}'{}' {}", i ? ", " : "", g_v[i], i);
     for (size_t i = 0; i < lr_v.size(); ++i)
       ytics += fmt::format("{}'{}' {}", i ? ", " : "", num(lr_v[i]), i);
-    render(out_dir, stem,
-           fmt::format("set title '{}: final test accuracy (%), lr_scaling {}, reduction {}'\n"
-                       "set xlabel 'replicas'\nset ylabel 'lr at base batch'\n"
-                       "set xtics ({})\nset ytics ({})\nset xrange [-0.5:{}]\nset yrange "
-                       "[-0.5:{}]\nset cblabel 'test accuracy (%)'\nset palette defined (0 "
-                       "'#b2182b', 50 '#fddbc7', 100 '#2166ac')\nset cbrange [*:*]",
-                       c.experiment, rule, reduction, xtics, ytics,
-                       static_cast<double>(g_v.size()) - 0.5,
-                       static_cast<double>(lr_v.size()) - 0.5),
-           fmt::format("plot '{0}' using 1:2:3 with image notitle, '{0}' using "
-                       "1:2:(sprintf('%.1f', $3)) with labels font 'sans,12' notitle",
-                       file));
+    render(
+        out_dir, stem,
+        fmt::format("set title '{}: final test accuracy (%), lr_scaling {}, reduction {}'\n"
+                    "set xlabel 'replicas'\nset ylabel 'lr at base batch'\n"
+                    "set xtics ({})\nset ytics ({})\nset xrange [-0.5:{}]\nset yrange "
+                    "[-0.5:{}]\nset cblabel 'test accuracy (%)'\nset palette defined (0 "
+                    "'#b2182b', 50 '#fddbc7', 100 '#2166ac')\nset cbrange [*:*]",
+                    c.experiment, rule, reduction, xtics, ytics,
+                    static_cast<double>(g_v.size()) - 0.5, static_cast<double>(lr_v.size()) - 0.5),
+        fmt::format("plot '{0}' using 1:2:3 with image notitle, '{0}' using "
+                    "1:2:(sprintf('%.1f', $3)) with labels font 'sans,12' notitle",
+                    file));
     stems.push_back(stem);
   }
   return stems;

@@ -3,11 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
-#include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dtrain/error.hpp"
@@ -132,8 +132,8 @@ Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseli
     for (const auto& b : runs)
       if (b.run_id == baseline) fixed = &b;
     if (!fixed)
-      throw UserError(fmt::format("--baseline {}: no such run among the {} runs of '{}'",
-                                  baseline, runs.size(), c.experiment));
+      throw UserError(fmt::format("--baseline {}: no such run among the {} runs of '{}'", baseline,
+                                  runs.size(), c.experiment));
   }
   for (const auto& r : runs) {
     const RunRecord* base = fixed;
@@ -317,8 +317,8 @@ std::vector<EpochRow> load_metrics(const std::string& dir) {
     std::stringstream ss(line);
     for (std::string cell; std::getline(ss, cell, ',');) cells.push_back(cell);
     if (cells.size() != head.size())
-      throw UserError(fmt::format("{}:{}: {} cells, header has {}", path, line_no, cells.size(),
-                                  head.size()));
+      throw UserError(
+          fmt::format("{}:{}: {} cells, header has {}", path, line_no, cells.size(), head.size()));
     auto num = [&](size_t i) {
       try {
         return std::stod(cells[i]);

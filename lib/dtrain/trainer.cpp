@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -108,8 +108,8 @@ void worker(Shared& sh, Communicator& comm) {
     for (int64_t s = 0; s < steps; ++s) {
       if (g_stop.load(std::memory_order_relaxed)) throw Aborted("interrupted by the user");
       if (++global_step == fault_step)
-        DTRAIN_THROW_SYSTEM(fmt::format("injected fault (DTRAIN_FAULT) on rank {} at step {}",
-                                        rank, global_step));
+        DTRAIN_THROW_SYSTEM(
+            fmt::format("injected fault (DTRAIN_FAULT) on rank {} at step {}", rank, global_step));
       lr = lr_at(cfg.optimizer, cfg.train.epochs, gbatch,
                  epoch + static_cast<double>(s) / static_cast<double>(steps));
       if (s == 0) lr_first = lr;
@@ -235,9 +235,10 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                        TrainObserver* observer) {
   check_plan(cfg, data);
   if (comm.size() != cfg.gpus)
-    throw UserError(fmt::format("gpus={} but {} processes were started; dtrain runs one replica "
-                                "per process, so the two must be equal",
-                                cfg.gpus, comm.size()));
+    throw UserError(
+        fmt::format("gpus={} but {} processes were started; dtrain runs one replica "
+                    "per process, so the two must be equal",
+                    cfg.gpus, comm.size()));
   int threads = cfg.threads;
   if (threads <= 0) {
     // Share the machine's cores among the processes on it.
