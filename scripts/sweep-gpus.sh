@@ -8,16 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n '2,8p' "$0" >&2; exit 2; }
-config=$1; shift
-RESULTS=${RESULTS:-results/sweeps}
-TAG=${TAG:-sweep-gpus}
-GPUS=${GPUS:-1,2,4,8}
-dtrain=${DTRAIN:-build/apps/dtrain}
-[ -x "$dtrain" ] || scripts/build.sh > /dev/null || exit 1
-"$dtrain" run "$config" "gpus=$GPUS" "$@" --results "$RESULTS" --tag "$TAG" --resume
-rc=$?
-[ "$rc" -eq 2 ] && exit 2  # bad input: nothing ran
-grep -h ",failed," "$RESULTS"/*/"index-$TAG.csv" 2>/dev/null | sed 's/^/sweep: failed run: /' >&2
-"$dtrain" report "$RESULTS" --out "$RESULTS/report" --plots > /dev/null || true
-echo "sweep: report in $RESULTS/report/index.md"
-exit "$rc"
+source scripts/sweep-common.sh
+config=$1
+shift
+run_sweep "${TAG:-sweep-gpus}" "$config" "gpus=${GPUS:-1,2,4,8}" "$@"

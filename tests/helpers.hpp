@@ -1,4 +1,13 @@
 #pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "dtrain/config.hpp"
@@ -43,5 +52,61 @@ inline std::string dtrain_binary() {
 inline std::string source_dir() {
   return DTRAIN_SOURCE_DIR;
 }
+
+struct ShellResult {
+  int code;         // exit code, -1 if killed by a signal
+  std::string out;  // stdout and stderr together
+};
+
+// Runs `cmd` through /bin/sh and captures its output.
+inline ShellResult shell(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed: " + cmd);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs the dtrain binary with `args`.
+inline ShellResult dtrain_cli(const std::string& args) {
+  return shell(dtrain_binary() + " " + args);
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void put(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+inline int count_lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+// A fresh folder under the system temp folder, removed at the end of the scope.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name = "tmp") {
+    static int counter = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("dtrain-" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string write(const std::string& name, const std::string& text) const {
+    put(path / name, text);
+    return (path / name).string();
+  }
+};
 
 }  // namespace dtrain::test

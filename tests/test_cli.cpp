@@ -12,45 +12,9 @@
 
 namespace fs = std::filesystem;
 
+using namespace dtrain::test;
+
 namespace {
-
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result sh(const std::string& args) {
-  const std::string cmd = dtrain::test::dtrain_binary() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    static int n = 0;
-    dir = fs::temp_directory_path() /
-          ("dtrain-cli-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::create_directories(dir);
-  }
-  ~Scratch() { fs::remove_all(dir); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(dir / name) << text;
-    return (dir / name).string();
-  }
-};
 
 const char* kTiny = R"(name: tiny
 gpus: 1
@@ -63,17 +27,14 @@ train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0.5}
 optimizer: {lr: 0.05, base_batch: 16}
 )";
 
-int count_lines(const std::string& s) {
-  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
-}
 
 }  // namespace
 
 TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli]") {
-  Scratch s;
+  TempDir s("cli");
   const auto cfg = s.write("tiny.yaml", kTiny);
-  const auto res = (s.dir / "res").string();
-  const auto r = sh("run " + cfg + " gpus=1,2,4 --results " + res + " --tag t");
+  const auto res = (s.path / "res").string();
+  const auto r = dtrain_cli("run " + cfg + " gpus=1,2,4 --results " + res + " --tag t");
   INFO(r.out);
   REQUIRE(r.code == 0);
   for (int g : {1, 2, 4}) {
@@ -102,13 +63,13 @@ TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli
   CHECK(count_lines(slurp(fs::path(res) / "tiny" / "comparison-t.csv")) == 4);
 
   // The same command again must not overwrite anything.
-  const auto again = sh("run " + cfg + " gpus=1 --results " + res + " --tag t");
+  const auto again = dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag t");
   CHECK(again.code == 2);
   CHECK_THAT(again.out, Catch::Contains("t-g1: run folder already exists"));
 }
 
 TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
-  Scratch s;
+  TempDir s("cli");
   const auto good = s.write("tiny.yaml", kTiny);
   struct Case {
     std::string args, expect;
@@ -120,28 +81,28 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + good + " gpus=three", "gpus: expected an integer, got 'three'"},
       {"run " + good + " gpus=3 train.global_batch=32 train.per_replica_batch=null",
        "cannot be split evenly across gpus=3"},
-      {"run " + good + " data.dataset=idx data.path=" + s.dir.string(),
+      {"run " + good + " data.dataset=idx data.path=" + s.path.string(),
        "missing train-images-idx3-ubyte"},
       {"run " + good + " train.per_replica_batch=1024", "larger than the 512 training samples"},
       {"validate " + good + " optimizer.lr_scaling=cubic", "expected one of none | linear | sqrt"},
-      {"run " + (s.dir / "nope.yaml").string(), "File does not exist"},
+      {"run " + (s.path / "nope.yaml").string(), "File does not exist"},
   };
   for (const auto& c : cases) {
     const bool is_run = c.args.rfind("run ", 0) == 0;
-    const auto r = sh(c.args + (is_run ? " --results " + (s.dir / "res").string() : ""));
+    const auto r = dtrain_cli(c.args + (is_run ? " --results " + (s.path / "res").string() : ""));
     INFO(c.args << "\n" << r.out);
     CHECK(r.code == 2);
     CHECK_THAT(r.out, Catch::Contains(c.expect));
     CHECK(count_lines(r.out) <= 2);
   }
   // None of them left a run folder behind.
-  CHECK_FALSE(fs::exists(s.dir / "res" / "tiny"));
+  CHECK_FALSE(fs::exists(s.path / "res" / "tiny"));
 }
 
 TEST_CASE("dtrain validate accepts the shipped configs", "[cli]") {
   for (const auto& entry : fs::directory_iterator(dtrain::test::source_dir() + "/configs")) {
     if (entry.path().extension() != ".yaml") continue;
-    const auto r = sh("validate --no-data " + entry.path().string());
+    const auto r = dtrain_cli("validate --no-data " + entry.path().string());
     INFO(entry.path() << "\n" << r.out);
     CHECK(r.code == 0);
     CHECK_THAT(r.out, Catch::Contains("valid"));
@@ -149,10 +110,10 @@ TEST_CASE("dtrain validate accepts the shipped configs", "[cli]") {
 }
 
 TEST_CASE("help lists the subcommands and options", "[cli]") {
-  const auto top = sh("--help");
+  const auto top = dtrain_cli("--help");
   CHECK(top.code == 0);
   CHECK_THAT(top.out, Catch::Contains("run") && Catch::Contains("validate"));
-  const auto run = sh("run --help");
+  const auto run = dtrain_cli("run --help");
   CHECK(run.code == 0);
   CHECK_THAT(run.out, Catch::Contains("--results") && Catch::Contains("--tag") &&
                           Catch::Contains("overrides"));

@@ -9,8 +9,10 @@
 
 #include "dtrain/data.hpp"
 #include "dtrain/error.hpp"
+#include "helpers.hpp"
 
 using namespace dtrain;
+using dtrain::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
@@ -50,19 +52,6 @@ void write_gz(const fs::path& p, const std::vector<uint8_t>& bytes) {
   gzclose(f);
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("dtrain-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
 
 void write_dataset(const fs::path& dir, uint32_t n_train, uint32_t n_test, bool gz) {
   auto w = gz ? write_gz : write_raw;

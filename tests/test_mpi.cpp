@@ -16,6 +16,8 @@
 
 namespace fs = std::filesystem;
 
+using namespace dtrain::test;
+
 namespace {
 
 // One mpirun invocation as CI can run it: as root, more ranks than cores, shared memory only.
@@ -30,28 +32,6 @@ bool have_mpirun() {
          std::system((mpirun(1) + "true > /dev/null 2>&1").c_str()) == 0;
 }
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result sh(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The columns that depend on arithmetic only (not on timing).
 std::string numeric_columns(const fs::path& metrics) {
   std::stringstream in(slurp(metrics)), out;
@@ -63,16 +43,6 @@ std::string numeric_columns(const fs::path& metrics) {
   }
   return out.str();
 }
-
-struct Dir {
-  fs::path path;
-  explicit Dir(const std::string& name) {
-    path = fs::temp_directory_path() / ("dtrain-mpi-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~Dir() { fs::remove_all(path); }
-};
 
 std::string write_config(const fs::path& dir, int epochs) {
   const auto p = dir / "mp.yaml";
@@ -94,17 +64,17 @@ TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process run bit for bit", "[m
     WARN("SKIPPED: mpirun (openmpi-bin) is not available");
     return;
   }
-  Dir d("equiv");
+  TempDir d("mpi-equiv");
   const auto cfg = write_config(d.path, 3);
   const auto bin = dtrain::test::dtrain_binary();
   const auto res = (d.path / "res").string();
   for (int np : {2, 4}) {
     const std::string g = "gpus=" + std::to_string(np);
     const auto a =
-        sh(mpirun(np) + bin + " run " + cfg + " " + g + " --quiet --tag mpi --results " + res);
+        shell(mpirun(np) + bin + " run " + cfg + " " + g + " --quiet --tag mpi --results " + res);
     INFO(a.out);
     REQUIRE(a.code == 0);
-    const auto b = sh(bin + " run " + cfg + " " + g + " --quiet --tag threads --results " + res);
+    const auto b = shell(bin + " run " + cfg + " " + g + " --quiet --tag threads --results " + res);
     REQUIRE(b.code == 0);
     const fs::path mp = fs::path(res) / "mp" / ("mpi-g" + std::to_string(np));
     const fs::path th = fs::path(res) / "mp" / ("threads-g" + std::to_string(np));
@@ -126,9 +96,9 @@ TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
     WARN("SKIPPED: mpirun (openmpi-bin) is not available");
     return;
   }
-  Dir d("count");
+  TempDir d("mpi-count");
   const auto cfg = write_config(d.path, 1);
-  const auto r = sh(mpirun(2) + dtrain::test::dtrain_binary() + " run " + cfg +
+  const auto r = shell(mpirun(2) + dtrain::test::dtrain_binary() + " run " + cfg +
                     " gpus=4 --results " + (d.path / "res").string());
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("gpus=4 but the launcher started 2 processes"));
@@ -140,11 +110,11 @@ TEST_CASE("a rank that throws ends every rank quickly and the run says failed", 
     WARN("SKIPPED: mpirun (openmpi-bin) is not available");
     return;
   }
-  Dir d("throw");
+  TempDir d("mpi-throw");
   const auto cfg = write_config(d.path, 50);
   const auto t0 = std::chrono::steady_clock::now();
   const auto r =
-      sh("DTRAIN_FAULT=1:30 " + mpirun(4) + "-x DTRAIN_FAULT " + dtrain::test::dtrain_binary() +
+      shell("DTRAIN_FAULT=1:30 " + mpirun(4) + "-x DTRAIN_FAULT " + dtrain::test::dtrain_binary() +
          " run " + cfg + " gpus=4 --tag t --results " + (d.path / "res").string());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.out);
@@ -164,7 +134,7 @@ TEST_CASE("a killed rank makes the others exit within 30 seconds", "[mpi]") {
     WARN("SKIPPED: mpirun (openmpi-bin) is not available");
     return;
   }
-  Dir d("kill");
+  TempDir d("mpi-kill");
   const auto cfg = write_config(d.path, 100000);  // would run for hours
   const fs::path log = d.path / "out.log";
   const std::string cmd = mpirun(4) + dtrain::test::dtrain_binary() + " run " + cfg +

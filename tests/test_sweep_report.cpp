@@ -19,42 +19,9 @@
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using namespace dtrain::test;
+
 namespace {
-
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result sh(const std::string& args) {
-  const std::string cmd = dtrain::test::dtrain_binary() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void put(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p) << text;
-}
-
-fs::path scratch(const std::string& name) {
-  const auto d = fs::temp_directory_path() / ("dtrain-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 // A run folder as dtrain writes it, with the fields the report reads.
 void fixture_run(const fs::path& root, const std::string& id, int gpus, const std::string& status,
@@ -95,7 +62,8 @@ void fixture_run(const fs::path& root, const std::string& id, int gpus, const st
 
 TEST_CASE("report regenerates tables from fixture folders and names the broken ones",
           "[report][cli]") {
-  const auto root = scratch("report");
+  TempDir tmp("report");
+  const auto root = tmp.path;
   fixture_run(root, "g1", 1, "done", 100, 0.90);
   fixture_run(root, "g2", 2, "done", 180, 0.89);
   fixture_run(root, "g4", 4, "diverged", 300, 0.10);
@@ -106,7 +74,7 @@ TEST_CASE("report regenerates tables from fixture folders and names the broken o
   put(root / "fx" / ".attempts" / "g2.1" / "status", "failed\n");  // hidden: ignored
   const auto out = root / "report";
 
-  const auto r = sh("report " + root.string() + " --out " + out.string());
+  const auto r = dtrain_cli("report " + root.string() + " --out " + out.string());
   INFO(r.out);
   CHECK(r.code == 1);  // partial: two folders could not be read
   CHECK_THAT(r.out, Catch::Contains("g16/summary.json: corrupt JSON"));
@@ -133,15 +101,14 @@ TEST_CASE("report regenerates tables from fixture folders and names the broken o
 
   // An explicit baseline.
   const auto b =
-      sh("report " + (root / "fx" / "g1").string() + " " + (root / "fx" / "g2").string() +
+      dtrain_cli("report " + (root / "fx" / "g1").string() + " " + (root / "fx" / "g2").string() +
          " --baseline g2 --out " + (root / "r2").string());
   CHECK(b.code == 0);
   CHECK_THAT(slurp(root / "r2" / "fx.md"),
              Catch::Contains("0.56x") && Catch::Contains("Baseline g2"));
-  CHECK(sh("report " + root.string() + " --baseline nope --out " + (root / "r3").string()).code ==
+  CHECK(dtrain_cli("report " + root.string() + " --baseline nope --out " + (root / "r3").string()).code ==
         2);
-  CHECK(sh("report " + (root / "missing").string()).code == 2);
-  fs::remove_all(root);
+  CHECK(dtrain_cli("report " + (root / "missing").string()).code == 2);
 }
 
 TEST_CASE("report --plots draws PNG and SVG figures", "[report][plots]") {
@@ -149,12 +116,13 @@ TEST_CASE("report --plots draws PNG and SVG figures", "[report][plots]") {
     WARN("SKIPPED: gnuplot is not installed (apt-get install gnuplot-nox)");
     return;
   }
-  const auto root = scratch("plots");
+  TempDir tmp("plots");
+  const auto root = tmp.path;
   fixture_run(root, "g1", 1, "done", 100, 0.90);
   fixture_run(root, "g2", 2, "done", 180, 0.89);
   fixture_run(root, "g4", 4, "diverged", 300, 0.10);
   const auto out = root / "report";
-  const auto r = sh("report " + root.string() + " --plots --out " + out.string());
+  const auto r = dtrain_cli("report " + root.string() + " --plots --out " + out.string());
   INFO(r.out);
   CHECK(r.code == 0);
   for (const char* stem : {"fx-curves", "fx-speedup", "fx-efficiency"}) {
@@ -164,11 +132,11 @@ TEST_CASE("report --plots draws PNG and SVG figures", "[report][plots]") {
     CHECK_THAT(slurp(out / (std::string(stem) + ".svg")), Catch::Contains("<svg"));
   }
   CHECK_THAT(slurp(out / "index.md"), Catch::Contains("![fx-speedup](fx-speedup.png)"));
-  fs::remove_all(root);
 }
 
 TEST_CASE("a killed sweep resumes and runs only what is missing", "[sweep][cli]") {
-  const auto root = scratch("sweep");
+  TempDir tmp("sweep");
+  const auto root = tmp.path;
   put(root / "cfg.yaml", R"(name: sw
 threads: 1
 data:
@@ -196,7 +164,7 @@ optimizer: {lr: 0.05, base_batch: 16}
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    const std::string cmd = dtrain::test::dtrain_binary() + " " + args + " > /dev/null 2>&1";
+    const std::string cmd = dtrain_binary() + " " + args + " > /dev/null 2>&1";
     execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -211,7 +179,7 @@ optimizer: {lr: 0.05, base_batch: 16}
   std::map<std::string, std::string> before;
   for (const auto& id : first) before[id] = slurp(exp / id / "summary.json");
 
-  const auto r = sh(args);
+  const auto r = dtrain_cli(args);
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(done_runs().size() == 6);
@@ -227,5 +195,4 @@ optimizer: {lr: 0.05, base_batch: 16}
   CHECK(std::count(index.begin(), index.end(), '\n') == 7);
   CHECK(index.find(",done,") != std::string::npos);
   CHECK(index.find("pending") == std::string::npos);
-  fs::remove_all(root);
 }
