@@ -12,6 +12,18 @@ namespace {
 
 constexpr double kH = 1e-2;
 
+// d f / d v by central differences, leaving v as it was.
+template <class F>
+double central_diff(float& v, F&& f) {
+  const float keep = v;
+  v = keep + static_cast<float>(kH);
+  const double plus = f();
+  v = keep - static_cast<float>(kH);
+  const double minus = f();
+  v = keep;
+  return (plus - minus) / (2 * kH);
+}
+
 bool close(double analytic, double numeric) {
   return std::abs(analytic - numeric) <= 2e-3 + 2e-2 * std::abs(numeric);
 }
@@ -47,25 +59,14 @@ void check_layer(Device& d, Layer& layer, uint64_t seed) {
   const float* dx_ptr = layer.backward(*dev, u.data(), rows, true);
   const std::vector<float> dx(dx_ptr, dx_ptr + x.size());
 
+  const auto loss = [&] { return probe_loss(*dev, layer, x, rows, u); };
   for (size_t i = 0; i < x.size(); ++i) {
-    const float keep = x[i];
-    x[i] = keep + static_cast<float>(kH);
-    const double lp = probe_loss(*dev, layer, x, rows, u);
-    x[i] = keep - static_cast<float>(kH);
-    const double lm = probe_loss(*dev, layer, x, rows, u);
-    x[i] = keep;
-    const double numeric = (lp - lm) / (2 * kH);
+    const double numeric = central_diff(x[i], loss);
     INFO(layer.describe() << " dx[" << i << "] analytic " << dx[i] << " numeric " << numeric);
     CHECK(close(dx[i], numeric));
   }
   for (size_t j = 0; j < params.size(); ++j) {
-    const float keep = params[j];
-    params[j] = keep + static_cast<float>(kH);
-    const double lp = probe_loss(*dev, layer, x, rows, u);
-    params[j] = keep - static_cast<float>(kH);
-    const double lm = probe_loss(*dev, layer, x, rows, u);
-    params[j] = keep;
-    const double numeric = (lp - lm) / (2 * kH);
+    const double numeric = central_diff(params[j], loss);
     INFO(layer.describe() << " dparam[" << j << "] analytic " << grads[j] << " numeric "
                           << numeric);
     CHECK(close(grads[j], numeric));
@@ -97,15 +98,13 @@ TEST_CASE("softmax cross-entropy gradient matches finite differences", "[grad]")
   const std::vector<int32_t> labels = {0, 4, 2, 2};
   double stats[2] = {0, 0};
   dev->softmax_xent(z.data(), labels.data(), rows, classes, 1.f, dz.data(), stats);
+  const auto loss = [&] {
+    double st[2] = {0, 0};
+    dev->softmax_xent(z.data(), labels.data(), rows, classes, 0.f, nullptr, st);
+    return st[0];
+  };
   for (size_t i = 0; i < z.size(); ++i) {
-    const float keep = z[i];
-    double lp[2] = {0, 0}, lm[2] = {0, 0};
-    z[i] = keep + static_cast<float>(kH);
-    dev->softmax_xent(z.data(), labels.data(), rows, classes, 0.f, nullptr, lp);
-    z[i] = keep - static_cast<float>(kH);
-    dev->softmax_xent(z.data(), labels.data(), rows, classes, 0.f, nullptr, lm);
-    z[i] = keep;
-    const double numeric = (lp[0] - lm[0]) / (2 * kH);
+    const double numeric = central_diff(z[i], loss);
     INFO("dlogit[" << i << "] analytic " << dz[i] << " numeric " << numeric);
     CHECK(close(dz[i], numeric));
   }
@@ -147,14 +146,7 @@ TEST_CASE("a whole model's gradient matches finite differences of its loss", "[g
   model->loss_backward(y.data(), rows, 1.f, st);
   const std::vector<float> g(model->grads(), model->grads() + model->param_count());
   for (int64_t j = 0; j < model->param_count(); ++j) {
-    float& p = model->params()[j];
-    const float keep = p;
-    p = keep + static_cast<float>(kH);
-    const double lp = loss();
-    p = keep - static_cast<float>(kH);
-    const double lm = loss();
-    p = keep;
-    const double numeric = (lp - lm) / (2 * kH);
+    const double numeric = central_diff(model->params()[j], loss);
     INFO("param " << j << " analytic " << g[static_cast<size_t>(j)] << " numeric " << numeric);
     CHECK(close(g[static_cast<size_t>(j)], numeric));
   }
