@@ -43,7 +43,15 @@ float away_from_zero(Rng& rng) {
   return static_cast<float>(rng.uniform() < 0.5 ? -v : v);
 }
 
-void check_layer(Device& d, Layer& layer, uint64_t seed) {
+// Inputs whose values are at least 0.05 apart, so max pooling has no near-ties.
+std::vector<float> spaced_values(Rng& rng, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = -1.f + 0.05f * static_cast<float>(i);
+  rng.shuffle(v);
+  return v;
+}
+
+void check_layer(Device& d, Layer& layer, uint64_t seed, bool spaced = false) {
   Device* dev = &d;
   Rng rng(seed);
   const int64_t rows = 3;
@@ -53,6 +61,7 @@ void check_layer(Device& d, Layer& layer, uint64_t seed) {
   layer.bind(params.data(), grads.data());
   std::vector<float> x(static_cast<size_t>(rows * in)), u(static_cast<size_t>(rows * out));
   for (auto& v : x) v = away_from_zero(rng);
+  if (spaced) x = spaced_values(rng, x.size());
   for (auto& v : u) v = static_cast<float>(rng.uniform(-1, 1));
 
   layer.forward(*dev, x.data(), rows);
@@ -87,6 +96,88 @@ TEST_CASE("activation gradients match finite differences", "[grad]") {
     ActivationLayer layer(6, a);
     check_layer(*dev, layer, 12);
   }
+}
+
+TEST_CASE("conv2d gradients match finite differences", "[grad][conv]") {
+  auto dev = make_cpu_device();
+  Conv2d same(MapShape{2, 5, 5}, 3, 3, 1, 1);
+  check_layer(*dev, same, 21);
+  Conv2d strided(MapShape{2, 6, 5}, 2, 3, 2, 0);
+  check_layer(*dev, strided, 22);
+}
+
+TEST_CASE("max pooling gradients match finite differences", "[grad][conv]") {
+  auto dev = make_cpu_device();
+  MaxPool2d pool(MapShape{2, 4, 4}, 2, 2);
+  check_layer(*dev, pool, 23, /*spaced=*/true);
+  MaxPool2d overlapping(MapShape{1, 5, 5}, 3, 2);
+  check_layer(*dev, overlapping, 24, /*spaced=*/true);
+}
+
+TEST_CASE("global average pooling gradients match finite differences", "[grad][conv]") {
+  auto dev = make_cpu_device();
+  GlobalAvgPool gap(MapShape{3, 4, 4});
+  check_layer(*dev, gap, 25);
+}
+
+TEST_CASE("batchnorm gradients match finite differences in training mode", "[grad][bn]") {
+  auto dev = make_cpu_device();
+  BatchNorm bn2d(MapShape{3, 2, 2}, /*sync=*/false);
+  check_layer(*dev, bn2d, 26);
+  BatchNorm bn1d(MapShape{5, 1, 1}, /*sync=*/false);
+  check_layer(*dev, bn1d, 27);
+}
+
+TEST_CASE("batchnorm normalises in training and uses running statistics in evaluation",
+          "[bn]") {
+  auto dev = make_cpu_device();
+  BatchNorm bn(MapShape{2, 1, 3}, false, /*momentum=*/0.5);
+  std::vector<float> params(4), grads(4, 0.f);
+  Rng rng(1);
+  bn.init(rng, params.data());
+  bn.bind(params.data(), grads.data());
+  LayerContext ctx;
+  bn.attach(&ctx);
+  // Two samples, two channels of three values: channel 0 holds 1..6, channel 1 holds 10s.
+  const std::vector<float> x = {1, 2, 3, 10, 10, 10, 4, 5, 6, 10, 10, 10};
+  const float* y = bn.forward(*dev, x.data(), 2);
+  double mean0 = 0, sq0 = 0;
+  for (int i : {0, 1, 2, 6, 7, 8}) {
+    mean0 += y[i] / 6.0;
+    sq0 += double(y[i]) * y[i] / 6.0;
+  }
+  CHECK(mean0 == Approx(0).margin(1e-6));
+  CHECK(sq0 == Approx(1).epsilon(1e-3));      // unit variance (eps aside)
+  CHECK(y[3] == Approx(0).margin(1e-6));      // a constant channel maps to beta
+  const auto& run = *bn.state();
+  CHECK(run[0] == Approx(0.5 * 3.5));         // running mean moved halfway to 3.5
+  CHECK(run[2] == Approx(0.5 + 0.5 * 3.5));   // running var towards the unbiased 17.5/5
+  ctx.train = false;
+  const float* e = bn.forward(*dev, x.data(), 2);
+  CHECK(e[0] == Approx((1 - run[0]) / std::sqrt(run[2] + 1e-5)).epsilon(1e-5));
+}
+
+TEST_CASE("dropout masks in training, scales survivors and is the identity in evaluation",
+          "[dropout]") {
+  auto dev = make_cpu_device();
+  Dropout drop(1000, 0.3);
+  Rng rng(9);
+  LayerContext ctx;
+  ctx.rng = &rng;
+  drop.attach(&ctx);
+  std::vector<float> x(2000, 2.f), dy(2000, 1.f);
+  const float* y = drop.forward(*dev, x.data(), 2);
+  int zeros = 0;
+  for (int i = 0; i < 2000; ++i) {
+    if (y[i] == 0.f) ++zeros;
+    else CHECK(y[i] == Approx(2.0 / 0.7));
+  }
+  CHECK(zeros == Approx(600).margin(80));
+  const float* dx = drop.backward(*dev, dy.data(), 2, true);
+  for (int i = 0; i < 2000; ++i) CHECK((dx[i] == 0.f) == (y[i] == 0.f));
+  ctx.train = false;
+  const float* e = drop.forward(*dev, x.data(), 2);
+  for (int i = 0; i < 2000; ++i) CHECK(e[i] == 2.f);
 }
 
 TEST_CASE("softmax cross-entropy gradient matches finite differences", "[grad]") {

@@ -141,6 +141,161 @@ class CpuDevice final : public Device {
     }
   }
 
+  void im2col(const float* x, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
+              int64_t pad, float* col) override {
+    const int64_t ho = (h + 2 * pad - k) / stride + 1, wo = (w + 2 * pad - k) / stride + 1;
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t ki = 0; ki < k; ++ki)
+        for (int64_t kj = 0; kj < k; ++kj) {
+          float* row = col + ((ch * k + ki) * k + kj) * ho * wo;
+          for (int64_t oi = 0; oi < ho; ++oi) {
+            const int64_t ii = oi * stride - pad + ki;
+            for (int64_t oj = 0; oj < wo; ++oj) {
+              const int64_t jj = oj * stride - pad + kj;
+              row[oi * wo + oj] = (ii >= 0 && ii < h && jj >= 0 && jj < w)
+                                      ? x[(ch * h + ii) * w + jj]
+                                      : 0.f;
+            }
+          }
+        }
+  }
+
+  void col2im(const float* col, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
+              int64_t pad, float* dx) override {
+    const int64_t ho = (h + 2 * pad - k) / stride + 1, wo = (w + 2 * pad - k) / stride + 1;
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t ki = 0; ki < k; ++ki)
+        for (int64_t kj = 0; kj < k; ++kj) {
+          const float* row = col + ((ch * k + ki) * k + kj) * ho * wo;
+          for (int64_t oi = 0; oi < ho; ++oi) {
+            const int64_t ii = oi * stride - pad + ki;
+            if (ii < 0 || ii >= h) continue;
+            for (int64_t oj = 0; oj < wo; ++oj) {
+              const int64_t jj = oj * stride - pad + kj;
+              if (jj >= 0 && jj < w) dx[(ch * h + ii) * w + jj] += row[oi * wo + oj];
+            }
+          }
+        }
+  }
+
+  void add_channel_bias(float* y, const float* bias, int64_t n, int64_t c,
+                        int64_t spatial) override {
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        float* p = y + (s * c + ch) * spatial;
+        for (int64_t i = 0; i < spatial; ++i) p[i] += bias[ch];
+      }
+  }
+
+  void channel_bias_grad(const float* dy, float* db, int64_t n, int64_t c, int64_t spatial,
+                         bool accumulate) override {
+    if (!accumulate) std::fill_n(db, c, 0.f);
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* p = dy + (s * c + ch) * spatial;
+        float acc = 0.f;
+        for (int64_t i = 0; i < spatial; ++i) acc += p[i];
+        db[ch] += acc;
+      }
+  }
+
+  void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
+                       int64_t stride, float* y, int32_t* argmax) override {
+    const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+    for (int64_t p = 0; p < n * c; ++p) {
+      const float* xp = x + p * h * w;
+      for (int64_t oi = 0; oi < ho; ++oi)
+        for (int64_t oj = 0; oj < wo; ++oj) {
+          int64_t best = (oi * stride) * w + oj * stride;
+          for (int64_t ki = 0; ki < k; ++ki)
+            for (int64_t kj = 0; kj < k; ++kj) {
+              const int64_t idx = (oi * stride + ki) * w + oj * stride + kj;
+              if (xp[idx] > xp[best]) best = idx;
+            }
+          y[(p * ho + oi) * wo + oj] = xp[best];
+          argmax[(p * ho + oi) * wo + oj] = static_cast<int32_t>(best);
+        }
+    }
+  }
+
+  void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
+                        int64_t w, int64_t k, int64_t stride, float* dx) override {
+    const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+    std::fill_n(dx, n * c * h * w, 0.f);
+    for (int64_t p = 0; p < n * c; ++p)
+      for (int64_t o = 0; o < ho * wo; ++o) dx[p * h * w + argmax[p * ho * wo + o]] += dy[p * ho * wo + o];
+  }
+
+  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* sum,
+                       double* sumsq) override {
+    std::fill_n(sum, c, 0.0);
+    std::fill_n(sumsq, c, 0.0);
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* p = x + (s * c + ch) * spatial;
+        double a = 0, b = 0;
+        for (int64_t i = 0; i < spatial; ++i) {
+          a += p[i];
+          b += double(p[i]) * p[i];
+        }
+        sum[ch] += a;
+        sumsq[ch] += b;
+      }
+  }
+
+  void bn_apply(const float* x, const float* mean, const float* inv_std, const float* gamma,
+                const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) override {
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* p = x + (s * c + ch) * spatial;
+        float* q = y + (s * c + ch) * spatial;
+        const float a = gamma[ch] * inv_std[ch], b = beta[ch] - a * mean[ch];
+        for (int64_t i = 0; i < spatial; ++i) q[i] = a * p[i] + b;
+      }
+  }
+
+  void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* inv_std,
+                        const float* gamma, int64_t n, int64_t c, int64_t spatial, double* s1,
+                        double* s2, float* dgamma, float* dbeta) override {
+    std::fill_n(s1, c, 0.0);
+    std::fill_n(s2, c, 0.0);
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* p = x + (s * c + ch) * spatial;
+        const float* g = dy + (s * c + ch) * spatial;
+        double a = 0, b = 0;
+        for (int64_t i = 0; i < spatial; ++i) {
+          const double xhat = (double(p[i]) - mean[ch]) * inv_std[ch];
+          a += g[i];
+          b += double(g[i]) * xhat;
+        }
+        dbeta[ch] += static_cast<float>(a);
+        dgamma[ch] += static_cast<float>(b);
+        s1[ch] += a * gamma[ch];
+        s2[ch] += b * gamma[ch];
+      }
+  }
+
+  void bn_backward_dx(const float* x, const float* dy, const float* mean, const float* inv_std,
+                      const float* gamma, const double* s1, const double* s2, double m, int64_t n,
+                      int64_t c, int64_t spatial, float* dx) override {
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* p = x + (s * c + ch) * spatial;
+        const float* g = dy + (s * c + ch) * spatial;
+        float* q = dx + (s * c + ch) * spatial;
+        const double k = inv_std[ch] / m;
+        for (int64_t i = 0; i < spatial; ++i) {
+          const double xhat = (double(p[i]) - mean[ch]) * inv_std[ch];
+          q[i] = static_cast<float>(k * (m * g[i] * gamma[ch] - s1[ch] - xhat * s2[ch]));
+        }
+      }
+  }
+
+  void multiply(const float* x, const float* mask, float* y, size_t n) override {
+    for (size_t i = 0; i < n; ++i) y[i] = x[i] * mask[i];
+  }
+
   void scale(float* x, size_t n, float a) override {
     for (size_t i = 0; i < n; ++i) x[i] *= a;
   }

@@ -43,6 +43,43 @@ class Device {
   virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
                       const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
 
+  // Convolution helpers for one sample in CHW layout: col is [C*k*k, Ho*Wo].
+  virtual void im2col(const float* x, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
+                      int64_t pad, float* col) = 0;
+  // dx (+)= the scatter of col back to the image (the adjoint of im2col).
+  virtual void col2im(const float* col, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
+                      int64_t pad, float* dx) = 0;
+  // y[n, c, i] += bias[c] for `n` samples of `c` channels of `spatial` values.
+  virtual void add_channel_bias(float* y, const float* bias, int64_t n, int64_t c,
+                                int64_t spatial) = 0;
+  // db[c] (+)= sum over samples and positions of dy.
+  virtual void channel_bias_grad(const float* dy, float* db, int64_t n, int64_t c, int64_t spatial,
+                                 bool accumulate) = 0;
+  // Max pooling over k x k windows; argmax (per output) records the winning input index.
+  virtual void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                               int64_t k, int64_t stride, float* y, int32_t* argmax) = 0;
+  virtual void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c,
+                                int64_t h, int64_t w, int64_t k, int64_t stride, float* dx) = 0;
+  // Per-channel sum and sum of squares over samples and positions (double accumulation).
+  virtual void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                               double* sum, double* sumsq) = 0;
+  // y = gamma * (x - mean) * inv_std + beta, per channel.
+  virtual void bn_apply(const float* x, const float* mean, const float* inv_std,
+                        const float* gamma, const float* beta, int64_t n, int64_t c,
+                        int64_t spatial, float* y) = 0;
+  // Per channel: s1 = sum(dy * gamma), s2 = sum(dy * gamma * xhat), and (+)= dgamma, dbeta.
+  virtual void bn_backward_sums(const float* x, const float* dy, const float* mean,
+                                const float* inv_std, const float* gamma, int64_t n, int64_t c,
+                                int64_t spatial, double* s1, double* s2, float* dgamma,
+                                float* dbeta) = 0;
+  // dx = inv_std / m * (m * dy * gamma - s1 - xhat * s2), m = the (global) element count.
+  virtual void bn_backward_dx(const float* x, const float* dy, const float* mean,
+                              const float* inv_std, const float* gamma, const double* s1,
+                              const double* s2, double m, int64_t n, int64_t c, int64_t spatial,
+                              float* dx) = 0;
+  // y = x * mask, mask holding 0 or 1/(1-p).
+  virtual void multiply(const float* x, const float* mask, float* y, size_t n) = 0;
+
   virtual void scale(float* x, size_t n, float a) = 0;  // x *= a
   virtual void sgd_update(float* p, const float* g, float* momentum_buf, size_t n, float lr,
                           float momentum, float weight_decay, bool nesterov) = 0;

@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "dtrain/comm.hpp"
 #include "dtrain/error.hpp"
 
 namespace dtrain {
@@ -13,7 +15,9 @@ const float* Layer::forward(Device& d, const float* x, int64_t rows) {
   y_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * out_));
   x_ = x;
   rows_ = rows;
-  if (rows > 0) forward_impl(d, x, y_.data(), rows);
+  // Called with zero rows too: a synchronised layer must join its collective even when this
+  // replica's share of a short last batch is empty.
+  forward_impl(d, x, y_.data(), rows);
   return y_.data();
 }
 
@@ -26,7 +30,7 @@ const float* Layer::backward(Device& d, const float* dy, int64_t rows, bool need
     dx_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * in_));
     dx = dx_.data();
   }
-  if (rows > 0) backward_impl(d, x_, y_.data(), dy, dx, rows);
+  backward_impl(d, x_, y_.data(), dy, dx, rows);
   return dx;
 }
 
@@ -88,8 +92,28 @@ Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes)
   int64_t off = 0;
   for (auto& l : layers_) {
     l->bind(params_.data() + off, grads_.data() + off);
+    l->attach(&ctx_);
     off += l->param_count();
   }
+}
+
+void Model::set_context(Communicator* comm, Rng* rng) {
+  ctx_.comm = comm;
+  ctx_.rng = rng;
+}
+
+void Model::average_state(Communicator& comm) {
+  std::vector<float> all;
+  for (auto& l : layers_)
+    if (auto* st = l->state()) all.insert(all.end(), st->begin(), st->end());
+  if (all.empty()) return;
+  comm.allreduce(all.data(), all.size(), ReduceOp::mean);
+  size_t off = 0;
+  for (auto& l : layers_)
+    if (auto* st = l->state()) {
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(off), st->size(), st->begin());
+      off += st->size();
+    }
 }
 
 std::string Model::describe() const {
@@ -117,7 +141,8 @@ void Model::zero_grads() {
   dev_.fill(grads_.data(), static_cast<size_t>(n_params_), 0.f);
 }
 
-const float* Model::forward(const float* x, int64_t rows) {
+const float* Model::forward(const float* x, int64_t rows, bool train) {
+  ctx_.train = train;
   const float* h = x;
   for (auto& l : layers_) h = l->forward(dev_, h, rows);
   logits_ = h;
@@ -127,8 +152,8 @@ const float* Model::forward(const float* x, int64_t rows) {
 
 void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats) {
   if (rows != rows_) DTRAIN_THROW_SYSTEM("loss_backward: batch differs from the last forward");
-  if (rows == 0) return;
-  dlogits_.resize(dev_, static_cast<size_t>(rows * classes_));
+  // No early return for rows == 0: synchronised layers still take part in their collectives.
+  dlogits_.resize(dev_, static_cast<size_t>(std::max<int64_t>(rows, 1) * classes_));
   dev_.softmax_xent(logits_, labels, rows, classes_, grad_scale, dlogits_.data(), stats);
   const float* g = dlogits_.data();
   for (size_t i = layers_.size(); i-- > 0;) g = layers_[i]->backward(dev_, g, rows, i > 0);

@@ -13,6 +13,22 @@
 
 namespace dtrain {
 
+class Communicator;
+
+// What layers that depend on more than their input see: training or evaluation, the replica
+// group (synchronised BatchNorm), and a per-replica random stream (dropout).
+struct LayerContext {
+  bool train = true;
+  Communicator* comm = nullptr;
+  Rng* rng = nullptr;
+};
+
+// Per-sample feature map shape (CHW); dense layers use {features, 1, 1}.
+struct MapShape {
+  int64_t c = 1, h = 1, w = 1;
+  int64_t size() const { return c * h * w; }
+};
+
 class Layer {
  public:
   Layer(int64_t in, int64_t out) : in_(in), out_(out) {}
@@ -25,6 +41,9 @@ class Layer {
   virtual void bind(float* /*params*/, float* /*grads*/) {}
   // Fills host memory `params` (param_count() floats) with initial values.
   virtual void init(Rng& /*rng*/, float* /*params*/) const {}
+  // Non-trained state that evaluation uses (BatchNorm running statistics), or nullptr.
+  virtual std::vector<float>* state() { return nullptr; }
+  void attach(const LayerContext* ctx) { ctx_ = ctx; }
 
   // y = f(x) for `rows` samples; x must stay valid until backward.
   const float* forward(Device& d, const float* x, int64_t rows);
@@ -35,6 +54,8 @@ class Layer {
   virtual void forward_impl(Device& d, const float* x, float* y, int64_t rows) = 0;
   virtual void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
                              int64_t rows) = 0;
+  bool training() const { return !ctx_ || ctx_->train; }
+  const LayerContext* ctx_ = nullptr;
 
  private:
   int64_t in_, out_;
@@ -75,6 +96,106 @@ class ActivationLayer final : public Layer {
   Activation act_;
 };
 
+// 2-D convolution (square kernel, stride, zero padding) by im2col and GEMM, per sample.
+// Weights [out_c x (in_c*k*k)], bias [out_c]; He-uniform init like PyTorch's default.
+class Conv2d final : public Layer {
+ public:
+  Conv2d(MapShape in, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad);
+  static MapShape output_shape(MapShape in, int64_t out_channels, int64_t kernel, int64_t stride,
+                               int64_t pad);
+  std::string describe() const override;
+  int64_t param_count() const override { return oc_ * in_.c * k_ * k_ + oc_; }
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng, float* params) const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  MapShape in_, out_;
+  int64_t oc_, k_, stride_, pad_;
+  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
+  Buffer<float> col_, dcol_;
+};
+
+class MaxPool2d final : public Layer {
+ public:
+  MaxPool2d(MapShape in, int64_t kernel, int64_t stride);
+  static MapShape output_shape(MapShape in, int64_t kernel, int64_t stride);
+  std::string describe() const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  MapShape in_;
+  int64_t k_, stride_;
+  Buffer<int32_t> argmax_;
+};
+
+// Mean over each channel's positions: [c, h, w] -> [c].
+class GlobalAvgPool final : public Layer {
+ public:
+  explicit GlobalAvgPool(MapShape in) : Layer(in.size(), in.c), in_(in) {}
+  std::string describe() const override { return "global-avg-pool"; }
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  MapShape in_;
+};
+
+// Batch normalisation over samples and positions, per channel (Ioffe and Szegedy 2015).
+// `sync`: statistics and their gradients are summed over all replicas (SyncBatchNorm), so N
+// replicas x B behave as 1 x N*B; otherwise each replica uses its own micro-batch.
+class BatchNorm final : public Layer {
+ public:
+  BatchNorm(MapShape in, bool sync, double momentum = 0.1, double eps = 1e-5);
+  std::string describe() const override;
+  int64_t param_count() const override { return 2 * in_.c; }
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng, float* params) const override;
+  std::vector<float>* state() override { return &running_; }  // [mean (c), var (c)]
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  MapShape in_;
+  bool sync_;
+  double momentum_, eps_;
+  float *gamma_ = nullptr, *beta_ = nullptr, *dgamma_ = nullptr, *dbeta_ = nullptr;
+  std::vector<float> running_;
+  std::vector<float> mean_, inv_std_;  // of the last training forward
+  double count_ = 0;                   // elements per channel behind mean_ (all replicas if sync)
+};
+
+// Inverted dropout: zeroes a fraction p in training and scales the rest by 1/(1-p); identity
+// in evaluation. The mask comes from the replica's own random stream.
+class Dropout final : public Layer {
+ public:
+  Dropout(int64_t features, double p) : Layer(features, features), p_(p) {}
+  std::string describe() const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  double p_;
+  std::vector<float> mask_;
+};
+
 class Model {
  public:
   Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes);
@@ -89,8 +210,14 @@ class Model {
   // Initialises all parameters from `seed` (same values on every replica).
   void init(uint64_t seed);
   void zero_grads();
-  // Forward pass; returns logits [rows x classes].
-  const float* forward(const float* x, int64_t rows);
+  // Forward pass; returns logits [rows x classes]. `train` selects batch statistics and
+  // dropout (true) or running statistics and no dropout (false).
+  const float* forward(const float* x, int64_t rows, bool train = true);
+  // The replica group (for synchronised BatchNorm) and the replica's random stream.
+  void set_context(Communicator* comm, Rng* rng);
+  // Averages evaluation state (BatchNorm running statistics) over replicas, so every replica
+  // evaluates the same model. No-op for models without such state.
+  void average_state(Communicator& comm);
   // Softmax cross-entropy on the last forward's logits; accumulates parameter gradients of
   // grad_scale * summed loss. stats[0] += loss sum, stats[1] += correct count.
   void loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats);
@@ -105,6 +232,7 @@ class Model {
   Buffer<float> params_, grads_, dlogits_;
   const float* logits_ = nullptr;
   int64_t rows_ = 0;
+  LayerContext ctx_;
 };
 
 // Builds the configured model for `in_features` inputs and `classes` outputs.

@@ -1,0 +1,228 @@
+// Convolution, pooling, BatchNorm and dropout layers (the dense layer lives in model.cpp).
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "dtrain/comm.hpp"
+#include "dtrain/error.hpp"
+#include "dtrain/model.hpp"
+
+namespace dtrain {
+
+// ---- Conv2d ----
+
+MapShape Conv2d::output_shape(MapShape in, int64_t oc, int64_t k, int64_t stride, int64_t pad) {
+  return {oc, (in.h + 2 * pad - k) / stride + 1, (in.w + 2 * pad - k) / stride + 1};
+}
+
+Conv2d::Conv2d(MapShape in, int64_t oc, int64_t k, int64_t stride, int64_t pad)
+    : Layer(in.size(), output_shape(in, oc, k, stride, pad).size()),
+      in_(in),
+      out_(output_shape(in, oc, k, stride, pad)),
+      oc_(oc),
+      k_(k),
+      stride_(stride),
+      pad_(pad) {
+  if (out_.h <= 0 || out_.w <= 0)
+    throw UserError(fmt::format("conv: kernel {} with stride {} and padding {} does not fit a "
+                                "{}x{} input",
+                                k, stride, pad, in.h, in.w));
+}
+
+std::string Conv2d::describe() const {
+  return fmt::format("conv({}->{}, k{}{}{}, {}x{})", in_.c, oc_, k_,
+                     stride_ != 1 ? fmt::format(" s{}", stride_) : "",
+                     pad_ ? fmt::format(" p{}", pad_) : "", out_.h, out_.w);
+}
+
+void Conv2d::bind(float* params, float* grads) {
+  const int64_t nw = oc_ * in_.c * k_ * k_;
+  w_ = params;
+  b_ = params + nw;
+  dw_ = grads;
+  db_ = grads + nw;
+}
+
+void Conv2d::init(Rng& rng, float* params) const {
+  // PyTorch's default for Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and bias.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_.c * k_ * k_));
+  for (int64_t i = 0; i < param_count(); ++i)
+    params[i] = static_cast<float>(rng.uniform(-bound, bound));
+}
+
+void Conv2d::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  const int64_t ckk = in_.c * k_ * k_, p = out_.h * out_.w;
+  col_.resize(d, static_cast<size_t>(ckk * p));
+  for (int64_t n = 0; n < rows; ++n) {
+    d.im2col(x + n * in_.size(), in_.c, in_.h, in_.w, k_, stride_, pad_, col_.data());
+    d.gemm(false, false, oc_, p, ckk, 1.f, w_, ckk, col_.data(), p, 0.f, y + n * out_.size(), p);
+  }
+  d.add_channel_bias(y, b_, rows, oc_, p);
+}
+
+void Conv2d::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
+                           int64_t rows) {
+  const int64_t ckk = in_.c * k_ * k_, p = out_.h * out_.w;
+  col_.resize(d, static_cast<size_t>(ckk * p));
+  dcol_.resize(d, static_cast<size_t>(ckk * p));
+  if (dx) d.fill(dx, static_cast<size_t>(rows * in_.size()), 0.f);
+  for (int64_t n = 0; n < rows; ++n) {
+    const float* dyn = dy + n * out_.size();
+    d.im2col(x + n * in_.size(), in_.c, in_.h, in_.w, k_, stride_, pad_, col_.data());
+    d.gemm(false, true, oc_, ckk, p, 1.f, dyn, p, col_.data(), p, 1.f, dw_, ckk);
+    if (dx) {
+      d.gemm(true, false, ckk, p, oc_, 1.f, w_, ckk, dyn, p, 0.f, dcol_.data(), p);
+      d.col2im(dcol_.data(), in_.c, in_.h, in_.w, k_, stride_, pad_, dx + n * in_.size());
+    }
+  }
+  d.channel_bias_grad(dy, db_, rows, oc_, p, true);
+}
+
+// ---- MaxPool2d ----
+
+MapShape MaxPool2d::output_shape(MapShape in, int64_t k, int64_t stride) {
+  return {in.c, (in.h - k) / stride + 1, (in.w - k) / stride + 1};
+}
+
+MaxPool2d::MaxPool2d(MapShape in, int64_t k, int64_t stride)
+    : Layer(in.size(), output_shape(in, k, stride).size()), in_(in), k_(k), stride_(stride) {
+  if (in.h < k || in.w < k)
+    throw UserError(fmt::format("maxpool: window {} is larger than the {}x{} input", k, in.h, in.w));
+}
+
+std::string MaxPool2d::describe() const {
+  const auto o = output_shape(in_, k_, stride_);
+  return fmt::format("maxpool(k{}, {}x{})", k_, o.h, o.w);
+}
+
+void MaxPool2d::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  argmax_.resize(d, static_cast<size_t>(std::max<int64_t>(1, rows * out_features())));
+  d.maxpool_forward(x, rows, in_.c, in_.h, in_.w, k_, stride_, y, argmax_.data());
+}
+
+void MaxPool2d::backward_impl(Device& d, const float*, const float*, const float* dy, float* dx,
+                              int64_t rows) {
+  if (dx) d.maxpool_backward(dy, argmax_.data(), rows, in_.c, in_.h, in_.w, k_, stride_, dx);
+}
+
+// ---- GlobalAvgPool: a GEMM with a column of 1/(h*w) ----
+
+namespace {
+const float* averaging_column(Device& d, Buffer<float>& ones, int64_t n) {
+  if (ones.size() < static_cast<size_t>(n)) {
+    ones.resize(d, static_cast<size_t>(n));
+    d.fill(ones.data(), static_cast<size_t>(n), 1.f / static_cast<float>(n));
+  }
+  return ones.data();
+}
+thread_local Buffer<float> g_avg_column;
+}  // namespace
+
+void GlobalAvgPool::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  const int64_t s = in_.h * in_.w;
+  const float* avg = averaging_column(d, g_avg_column, s);
+  d.gemm(false, false, rows * in_.c, 1, s, 1.f, x, s, avg, 1, 0.f, y, 1);
+}
+
+void GlobalAvgPool::backward_impl(Device& d, const float*, const float*, const float* dy,
+                                  float* dx, int64_t rows) {
+  if (!dx) return;
+  const int64_t s = in_.h * in_.w;
+  const float* avg = averaging_column(d, g_avg_column, s);
+  d.gemm(false, true, rows * in_.c, s, 1, 1.f, dy, 1, avg, 1, 0.f, dx, s);
+}
+
+// ---- BatchNorm ----
+
+BatchNorm::BatchNorm(MapShape in, bool sync, double momentum, double eps)
+    : Layer(in.size(), in.size()), in_(in), sync_(sync), momentum_(momentum), eps_(eps) {
+  running_.assign(static_cast<size_t>(2 * in.c), 0.f);
+  std::fill(running_.begin() + in.c, running_.end(), 1.f);
+  mean_.assign(static_cast<size_t>(in.c), 0.f);
+  inv_std_.assign(static_cast<size_t>(in.c), 1.f);
+}
+
+std::string BatchNorm::describe() const {
+  return fmt::format("batchnorm({}{})", in_.c, sync_ ? ", sync" : "");
+}
+
+void BatchNorm::bind(float* params, float* grads) {
+  gamma_ = params;
+  beta_ = params + in_.c;
+  dgamma_ = grads;
+  dbeta_ = grads + in_.c;
+}
+
+void BatchNorm::init(Rng&, float* params) const {
+  std::fill_n(params, in_.c, 1.f);
+  std::fill_n(params + in_.c, in_.c, 0.f);
+}
+
+void BatchNorm::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  const int64_t c = in_.c, s = in_.h * in_.w;
+  if (!training()) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      mean_[static_cast<size_t>(ch)] = running_[static_cast<size_t>(ch)];
+      inv_std_[static_cast<size_t>(ch)] = static_cast<float>(
+          1.0 / std::sqrt(static_cast<double>(running_[static_cast<size_t>(c + ch)]) + eps_));
+    }
+    d.bn_apply(x, mean_.data(), inv_std_.data(), gamma_, beta_, rows, c, s, y);
+    return;
+  }
+  // Moments as [sum (c), sum of squares (c), count]; summed over replicas when synchronised.
+  std::vector<double> m(static_cast<size_t>(2 * c + 1), 0.0);
+  d.channel_moments(x, rows, c, s, m.data(), m.data() + c);
+  m[static_cast<size_t>(2 * c)] = static_cast<double>(rows * s);
+  if (sync_ && ctx_ && ctx_->comm) ctx_->comm->allreduce(m.data(), m.size(), ReduceOp::sum);
+  count_ = m[static_cast<size_t>(2 * c)];
+  if (count_ <= 0) return;  // nothing anywhere: leave the running statistics alone
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const double mean = m[static_cast<size_t>(ch)] / count_;
+    const double var = std::max(0.0, m[static_cast<size_t>(c + ch)] / count_ - mean * mean);
+    mean_[static_cast<size_t>(ch)] = static_cast<float>(mean);
+    inv_std_[static_cast<size_t>(ch)] = static_cast<float>(1.0 / std::sqrt(var + eps_));
+    // Running variance is unbiased, as in PyTorch.
+    const double unbiased = count_ > 1 ? var * count_ / (count_ - 1) : var;
+    float& rm = running_[static_cast<size_t>(ch)];
+    float& rv = running_[static_cast<size_t>(c + ch)];
+    rm = static_cast<float>((1 - momentum_) * rm + momentum_ * mean);
+    rv = static_cast<float>((1 - momentum_) * rv + momentum_ * unbiased);
+  }
+  d.bn_apply(x, mean_.data(), inv_std_.data(), gamma_, beta_, rows, c, s, y);
+}
+
+void BatchNorm::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
+                              int64_t rows) {
+  const int64_t c = in_.c, s = in_.h * in_.w;
+  std::vector<double> sums(static_cast<size_t>(2 * c), 0.0);
+  d.bn_backward_sums(x, dy, mean_.data(), inv_std_.data(), gamma_, rows, c, s, sums.data(),
+                     sums.data() + c, dgamma_, dbeta_);
+  if (sync_ && ctx_ && ctx_->comm) ctx_->comm->allreduce(sums.data(), sums.size(), ReduceOp::sum);
+  if (dx && count_ > 0)
+    d.bn_backward_dx(x, dy, mean_.data(), inv_std_.data(), gamma_, sums.data(), sums.data() + c,
+                     count_, rows, c, s, dx);
+}
+
+// ---- Dropout ----
+
+std::string Dropout::describe() const { return fmt::format("dropout({})", p_); }
+
+void Dropout::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  const auto n = static_cast<size_t>(rows * in_features());
+  mask_.resize(n);
+  if (!training() || p_ <= 0) {
+    std::fill(mask_.begin(), mask_.end(), 1.f);
+  } else {
+    if (!ctx_ || !ctx_->rng) DTRAIN_THROW_SYSTEM("dropout needs the replica's random stream");
+    const auto keep = static_cast<float>(1.0 / (1.0 - p_));
+    for (auto& v : mask_) v = ctx_->rng->uniform() < p_ ? 0.f : keep;
+  }
+  d.multiply(x, mask_.data(), y, n);
+}
+
+void Dropout::backward_impl(Device& d, const float*, const float*, const float* dy, float* dx,
+                            int64_t rows) {
+  if (dx) d.multiply(dy, mask_.data(), dx, static_cast<size_t>(rows * in_features()));
+}
+
+}  // namespace dtrain
