@@ -218,7 +218,7 @@ TEST_CASE("a whole model's gradient matches finite differences of its loss", "[g
   ModelConfig mc;
   mc.hidden = {6, 5};
   mc.activation = Activation::tanh;
-  auto model = build_model(*dev, mc, 4, 3);
+  auto model = build_model(*dev, mc, {4}, 3);
   model->init(5);
   Rng rng(6);
   const int64_t rows = 5;

@@ -41,6 +41,24 @@ const EnumTable<LrScaling> kScalings = {
 const EnumTable<Schedule> kSchedules = {
     {"constant", Schedule::constant}, {"step", Schedule::step}, {"cosine", Schedule::cosine}};
 
+const EnumTable<ModelType> kModelTypes = {{"mlp", ModelType::mlp},
+                                          {"lenet5", ModelType::lenet5},
+                                          {"cnn", ModelType::cnn},
+                                          {"layers", ModelType::layers}};
+const EnumTable<BatchNormMode> kBatchNormModes = {{"local", BatchNormMode::local},
+                                                  {"sync", BatchNormMode::sync}};
+const EnumTable<LayerType> kLayerTypes = {{"dense", LayerType::dense},
+                                          {"conv", LayerType::conv},
+                                          {"maxpool", LayerType::maxpool},
+                                          {"global_avg_pool", LayerType::global_avg_pool},
+                                          {"batchnorm", LayerType::batchnorm},
+                                          {"dropout", LayerType::dropout},
+                                          {"flatten", LayerType::flatten},
+                                          {"relu", LayerType::relu},
+                                          {"tanh", LayerType::tanh},
+                                          {"sigmoid", LayerType::sigmoid},
+                                          {"gelu", LayerType::gelu}};
+
 template <class E>
 const char* enum_name(const EnumTable<E>& table, E v) {
   for (const auto& [name, value] : table)
@@ -140,6 +158,10 @@ class MapReader {
   }
 
   void integer(const std::string& key, int64_t& out, int64_t lo, int64_t hi = INT64_MAX) {
+    if (!node(key)) {
+      seen_.insert(key);  // absent: the default stands
+      return;
+    }
     scalar(key, out, "an integer");
     check_range(key, out, lo, hi);
   }
@@ -267,6 +289,72 @@ void apply_override(YAML::Node& root, const Override& ov) {
   cur[parts.back()] = value;
 }
 
+// One layer: either a bare name ("relu") or a one-key mapping ({conv: {channels: 32}}).
+LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Source& src) {
+  LayerSpec l;
+  std::string name;
+  YAML::Node params;
+  if (n.IsScalar()) {
+    name = n.Scalar();
+  } else if (n.IsMap() && n.size() == 1) {
+    name = n.begin()->first.as<std::string>();
+    params = n.begin()->second;
+  } else {
+    throw UserError(fmt::format("{}:{}: {}: expected a layer name or a one-key mapping such as "
+                                "{{conv: {{channels: 32}}}}",
+                                src.file, n.Mark().line + 1, where));
+  }
+  bool found = false;
+  for (const auto& [k, v] : kLayerTypes)
+    if (name == k) {
+      l.type = v;
+      found = true;
+    }
+  if (!found) {
+    std::vector<std::string> names;
+    for (const auto& [k, v] : kLayerTypes) names.push_back(k);
+    const auto guess = closest_match(name, names);
+    throw UserError(fmt::format("{}:{}: {}: unknown layer '{}'{}; valid: {}", src.file,
+                                n.Mark().line + 1, where, name,
+                                guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess),
+                                enum_choices(kLayerTypes)));
+  }
+  MapReader r(params && params.IsMap() ? params : YAML::Node(YAML::NodeType::Undefined),
+              where + "." + name, src);
+  if (params && !params.IsNull() && !params.IsMap())
+    throw UserError(fmt::format("{}:{}: {}.{}: expected a mapping of parameters", src.file,
+                                n.Mark().line + 1, where, name));
+  switch (l.type) {
+    case LayerType::dense:
+      r.integer("units", l.units, 1);
+      break;
+    case LayerType::conv:
+      r.integer("channels", l.channels, 1);
+      r.integer("kernel", l.kernel, 1, 64);
+      r.integer("stride", l.stride, 0, 64);
+      r.integer("padding", l.padding, 0, 64);
+      break;
+    case LayerType::maxpool:
+      l.kernel = 2;
+      r.integer("size", l.kernel, 1, 64);
+      r.integer("stride", l.stride, 0, 64);
+      break;
+    case LayerType::dropout:
+      r.number("p", l.p, 0.0, 0.99);
+      break;
+    default:
+      break;
+  }
+  r.finish();
+  if (l.type == LayerType::dense && l.units == 0)
+    throw UserError(fmt::format("{}: {}: dense needs units, e.g. {{dense: {{units: 128}}}}",
+                                src.file, where));
+  if (l.type == LayerType::conv && l.channels == 0)
+    throw UserError(fmt::format("{}: {}: conv needs channels, e.g. {{conv: {{channels: 32}}}}",
+                                src.file, where));
+  return l;
+}
+
 Config decode(const YAML::Node& root, const Source& src) {
   Config c;
   if (root && !root.IsNull() && !root.IsMap())
@@ -301,11 +389,20 @@ Config decode(const YAML::Node& root, const Source& src) {
   }
   {
     auto m = top.section("model");
-    m.string("type", c.model.type);
-    if (c.model.type != "mlp")
-      m.fail("type", m.node("type"), fmt::format("expected one of mlp, got '{}'", c.model.type));
+    m.choice("type", c.model.type, kModelTypes);
     m.int_list("hidden", c.model.hidden, 1);
     m.choice("activation", c.model.activation, kActivations);
+    m.choice("batchnorm", c.model.batchnorm, kBatchNormModes);
+    m.number("dropout", c.model.dropout, 0.0, 0.99);
+    const YAML::Node layers = m.take("layers");
+    if (layers && !layers.IsNull()) {
+      if (!layers.IsSequence())
+        m.fail("layers", layers, "expected a list of layers, e.g. [{conv: {channels: 32}}, relu]");
+      for (size_t i = 0; i < layers.size(); ++i)
+        c.model.layers.push_back(decode_layer(layers[i], fmt::format("model.layers[{}]", i), src));
+    }
+    if (c.model.type == ModelType::layers && c.model.layers.empty())
+      m.fail("layers", m.node("layers"), "type: layers needs a non-empty list of layers");
     m.finish();
   }
   {
@@ -463,9 +560,39 @@ std::string to_yaml(const Config& c) {
   e << YAML::EndMap << YAML::EndMap;
 
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "type" << YAML::Value << c.model.type;
+  e << YAML::Key << "type" << YAML::Value << to_string(c.model.type);
   e << YAML::Key << "hidden" << YAML::Value << YAML::Flow << c.model.hidden;
   e << YAML::Key << "activation" << YAML::Value << to_string(c.model.activation);
+  e << YAML::Key << "batchnorm" << YAML::Value << to_string(c.model.batchnorm);
+  e << YAML::Key << "dropout" << YAML::Value << c.model.dropout;
+  if (!c.model.layers.empty()) {
+    e << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
+    for (const auto& l : c.model.layers) {
+      e << YAML::Flow << YAML::BeginMap << YAML::Key << to_string(l.type) << YAML::Value
+        << YAML::BeginMap;
+      switch (l.type) {
+        case LayerType::dense:
+          e << YAML::Key << "units" << YAML::Value << l.units;
+          break;
+        case LayerType::conv:
+          e << YAML::Key << "channels" << YAML::Value << l.channels << YAML::Key << "kernel"
+            << YAML::Value << l.kernel << YAML::Key << "stride" << YAML::Value << l.stride
+            << YAML::Key << "padding" << YAML::Value << l.padding;
+          break;
+        case LayerType::maxpool:
+          e << YAML::Key << "size" << YAML::Value << l.kernel << YAML::Key << "stride"
+            << YAML::Value << l.stride;
+          break;
+        case LayerType::dropout:
+          e << YAML::Key << "p" << YAML::Value << l.p;
+          break;
+        default:
+          break;
+      }
+      e << YAML::EndMap << YAML::EndMap;
+    }
+    e << YAML::EndSeq;
+  }
   e << YAML::EndMap;
 
   e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
@@ -532,6 +659,15 @@ const char* to_string(LrScaling v) {
 }
 const char* to_string(Schedule v) {
   return enum_name(kSchedules, v);
+}
+const char* to_string(ModelType v) {
+  return enum_name(kModelTypes, v);
+}
+const char* to_string(BatchNormMode v) {
+  return enum_name(kBatchNormModes, v);
+}
+const char* to_string(LayerType v) {
+  return enum_name(kLayerTypes, v);
 }
 
 }  // namespace dtrain

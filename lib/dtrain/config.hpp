@@ -21,6 +21,11 @@ enum class Reduction { mean, sum };
 enum class OptimizerType { sgd, adam, adamw };
 enum class LrScaling { none, linear, sqrt };
 enum class Schedule { constant, step, cosine };
+enum class ModelType { mlp, lenet5, cnn, layers };
+enum class BatchNormMode { local, sync };
+enum class LayerType {
+  dense, conv, maxpool, global_avg_pool, batchnorm, dropout, flatten, relu, tanh, sigmoid, gelu
+};
 
 struct SyntheticConfig {
   int64_t train_size = 4096;
@@ -43,10 +48,25 @@ struct DataConfig {
   SyntheticConfig synthetic;
 };
 
+// One entry of `model.layers` (type: layers). Fields a type does not use stay at defaults.
+struct LayerSpec {
+  LayerType type = LayerType::relu;
+  int64_t units = 0;     // dense
+  int64_t channels = 0;  // conv
+  int64_t kernel = 3;    // conv, maxpool (window)
+  int64_t stride = 0;    // conv (0 = 1), maxpool (0 = the window)
+  int64_t padding = 0;   // conv
+  double p = 0.5;        // dropout
+  bool operator==(const LayerSpec&) const = default;
+};
+
 struct ModelConfig {
-  std::string type = "mlp";
-  std::vector<int64_t> hidden = {256, 128};
-  Activation activation = Activation::relu;
+  ModelType type = ModelType::mlp;
+  std::vector<int64_t> hidden = {256, 128};  // mlp
+  Activation activation = Activation::relu;  // mlp, lenet5, cnn
+  BatchNormMode batchnorm = BatchNormMode::local;
+  double dropout = 0.0;  // mlp: after each hidden layer; cnn: before the classifier
+  std::vector<LayerSpec> layers;  // type: layers (the classifier layer is appended)
 };
 
 struct TrainConfig {
@@ -124,6 +144,9 @@ const char* to_string(Reduction v);
 const char* to_string(OptimizerType v);
 const char* to_string(LrScaling v);
 const char* to_string(Schedule v);
+const char* to_string(ModelType v);
+const char* to_string(BatchNormMode v);
+const char* to_string(LayerType v);
 
 // Closest candidate by edit distance, or "" when nothing is close.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);

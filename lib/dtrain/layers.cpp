@@ -115,12 +115,11 @@ const float* averaging_column(Device& d, Buffer<float>& ones, int64_t n) {
   }
   return ones.data();
 }
-thread_local Buffer<float> g_avg_column;
 }  // namespace
 
 void GlobalAvgPool::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
   const int64_t s = in_.h * in_.w;
-  const float* avg = averaging_column(d, g_avg_column, s);
+  const float* avg = averaging_column(d, ones_, s);
   d.gemm(false, false, rows * in_.c, 1, s, 1.f, x, s, avg, 1, 0.f, y, 1);
 }
 
@@ -128,7 +127,7 @@ void GlobalAvgPool::backward_impl(Device& d, const float*, const float*, const f
                                   float* dx, int64_t rows) {
   if (!dx) return;
   const int64_t s = in_.h * in_.w;
-  const float* avg = averaging_column(d, g_avg_column, s);
+  const float* avg = averaging_column(d, ones_, s);
   d.gemm(false, true, rows * in_.c, s, 1, 1.f, dy, 1, avg, 1, 0.f, dx, s);
 }
 

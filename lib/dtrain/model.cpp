@@ -164,17 +164,152 @@ void Model::loss_only(const int32_t* labels, int64_t rows, double* stats) {
   dev_.softmax_xent(logits_, labels, rows, classes_, 0.f, nullptr, stats);
 }
 
-std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg, int64_t in_features,
-                                   int classes) {
-  if (cfg.type != "mlp") throw UserError(fmt::format("model.type: unknown model '{}'", cfg.type));
-  std::vector<std::unique_ptr<Layer>> layers;
-  int64_t width = in_features;
-  for (int64_t h : cfg.hidden) {
-    layers.push_back(std::make_unique<Dense>(width, h));
-    layers.push_back(std::make_unique<ActivationLayer>(h, cfg.activation));
-    width = h;
+std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
+  const auto act = [&] {
+    LayerSpec l;
+    switch (cfg.activation) {
+      case Activation::relu:
+        l.type = LayerType::relu;
+        break;
+      case Activation::tanh:
+        l.type = LayerType::tanh;
+        break;
+      case Activation::sigmoid:
+        l.type = LayerType::sigmoid;
+        break;
+      case Activation::gelu:
+        l.type = LayerType::gelu;
+        break;
+    }
+    return l;
+  };
+  const auto dense = [](int64_t units) {
+    LayerSpec l;
+    l.type = LayerType::dense;
+    l.units = units;
+    return l;
+  };
+  const auto conv = [](int64_t channels, int64_t kernel, int64_t padding) {
+    LayerSpec l;
+    l.type = LayerType::conv;
+    l.channels = channels;
+    l.kernel = kernel;
+    l.padding = padding;
+    return l;
+  };
+  const auto simple = [](LayerType t) {
+    LayerSpec l;
+    l.type = t;
+    return l;
+  };
+  const auto pool = [] {
+    LayerSpec l;
+    l.type = LayerType::maxpool;
+    l.kernel = 2;
+    return l;
+  };
+  const auto dropout = [&] {
+    LayerSpec l;
+    l.type = LayerType::dropout;
+    l.p = cfg.dropout;
+    return l;
+  };
+  std::vector<LayerSpec> out;
+  switch (cfg.type) {
+    case ModelType::layers:
+      return cfg.layers;
+    case ModelType::mlp:
+      out.push_back(simple(LayerType::flatten));
+      for (int64_t h : cfg.hidden) {
+        out.push_back(dense(h));
+        out.push_back(act());
+        if (cfg.dropout > 0) out.push_back(dropout());
+      }
+      return out;
+    case ModelType::lenet5:
+      // LeCun et al. 1998, with max pooling and the configured activation.
+      out = {conv(6, 5, 2), act(),    pool(),    conv(16, 5, 0), act(), pool(),
+             simple(LayerType::flatten), dense(120), act(), dense(84), act()};
+      return out;
+    case ModelType::cnn:
+      // Two conv-BN-activation-pool blocks and two dense layers.
+      out = {conv(32, 3, 1), simple(LayerType::batchnorm), act(), pool(),
+             conv(64, 3, 1), simple(LayerType::batchnorm), act(), pool(),
+             simple(LayerType::flatten), dense(128), act()};
+      if (cfg.dropout > 0) out.push_back(dropout());
+      return out;
   }
-  layers.push_back(std::make_unique<Dense>(width, classes));
+  return out;
+}
+
+std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
+                                   const std::vector<int64_t>& input_shape, int classes) {
+  MapShape cur;
+  if (input_shape.size() == 3) cur = {input_shape[0], input_shape[1], input_shape[2]};
+  else if (input_shape.size() == 2) cur = {1, input_shape[0], input_shape[1]};
+  else {
+    int64_t n = 1;
+    for (auto v : input_shape) n *= v;
+    cur = {n, 1, 1};
+  }
+  const bool sync = cfg.batchnorm == BatchNormMode::sync;
+  std::vector<std::unique_ptr<Layer>> layers;
+  const auto spatial = [&](const char* what) {
+    if (cur.h == 1 && cur.w == 1 && cur.c > 1)
+      throw UserError(fmt::format("model: {} needs an image input (channels x height x width) but "
+                                  "gets {} flat features; put it before flatten/dense, or give "
+                                  "the data a [c, h, w] shape",
+                                  what, cur.c));
+  };
+  for (const auto& l : expand_layers(cfg)) {
+    switch (l.type) {
+      case LayerType::dense:
+        layers.push_back(std::make_unique<Dense>(cur.size(), l.units));
+        cur = {l.units, 1, 1};
+        break;
+      case LayerType::conv: {
+        spatial("conv");
+        const int64_t stride = l.stride > 0 ? l.stride : 1;
+        layers.push_back(std::make_unique<Conv2d>(cur, l.channels, l.kernel, stride, l.padding));
+        cur = Conv2d::output_shape(cur, l.channels, l.kernel, stride, l.padding);
+        break;
+      }
+      case LayerType::maxpool: {
+        spatial("maxpool");
+        const int64_t stride = l.stride > 0 ? l.stride : l.kernel;
+        layers.push_back(std::make_unique<MaxPool2d>(cur, l.kernel, stride));
+        cur = MaxPool2d::output_shape(cur, l.kernel, stride);
+        break;
+      }
+      case LayerType::global_avg_pool:
+        spatial("global_avg_pool");
+        layers.push_back(std::make_unique<GlobalAvgPool>(cur));
+        cur = {cur.c, 1, 1};
+        break;
+      case LayerType::batchnorm:
+        layers.push_back(std::make_unique<BatchNorm>(cur, sync));
+        break;
+      case LayerType::dropout:
+        layers.push_back(std::make_unique<Dropout>(cur.size(), l.p));
+        break;
+      case LayerType::flatten:
+        cur = {cur.size(), 1, 1};  // NCHW is already contiguous: no copy needed
+        break;
+      case LayerType::relu:
+        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::relu));
+        break;
+      case LayerType::tanh:
+        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::tanh));
+        break;
+      case LayerType::sigmoid:
+        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::sigmoid));
+        break;
+      case LayerType::gelu:
+        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::gelu));
+        break;
+    }
+  }
+  layers.push_back(std::make_unique<Dense>(cur.size(), classes));
   return std::make_unique<Model>(d, std::move(layers), classes);
 }
 

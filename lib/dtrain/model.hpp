@@ -150,6 +150,7 @@ class GlobalAvgPool final : public Layer {
 
  private:
   MapShape in_;
+  Buffer<float> ones_;  // a column of 1/(h*w)
 };
 
 // Batch normalisation over samples and positions, per channel (Ioffe and Szegedy 2015).
@@ -235,8 +236,13 @@ class Model {
   LayerContext ctx_;
 };
 
-// Builds the configured model for `in_features` inputs and `classes` outputs.
-std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg, int64_t in_features,
-                                   int classes);
+// The layer list a preset stands for (mlp, lenet5, cnn), or cfg.layers for type: layers.
+// The classifier (a dense layer to the class count) is not in the list; build_model adds it.
+std::vector<LayerSpec> expand_layers(const ModelConfig& cfg);
+
+// Builds the configured model for samples of `input_shape` (e.g. {1, 28, 28} or {784}) and
+// `classes` outputs. Throws UserError when a layer does not fit its input.
+std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
+                                   const std::vector<int64_t>& input_shape, int classes);
 
 }  // namespace dtrain

@@ -54,8 +54,12 @@ void worker(Shared& sh, Communicator& comm) {
   const int accum = cfg.train.accumulation_steps;
 
   auto dev = make_cpu_device();
-  auto model = build_model(*dev, cfg.model, features, train.classes);
+  auto model = build_model(*dev, cfg.model, train.shape, train.classes);
   model->init(cfg.train.seed);
+  // Each replica's own stream for dropout (and augmentation): results differ with the replica
+  // count whenever these are used, as they do in every framework.
+  Rng replica_rng(stream_key(cfg.train.seed, 0xD209, static_cast<uint64_t>(rank)));
+  model->set_context(&comm, &replica_rng);
   Optimizer opt(*dev, cfg.optimizer, static_cast<size_t>(model->param_count()));
   Sampler sampler(train.size(), gbatch, replicas, accum, cfg.data.shuffle, cfg.data.sharding,
                   cfg.data.drop_remainder, cfg.train.seed);
@@ -151,15 +155,17 @@ void worker(Shared& sh, Communicator& comm) {
       seen += step_stats[static_cast<size_t>(s * 3 + 2)];
     }
 
-    // Evaluation: every replica scores its test shard; counts are summed.
+    // Evaluation: every replica scores its test shard; counts are summed. With per-replica
+    // BatchNorm the running statistics differ between replicas, so they are averaged first.
     const auto t_eval = Clock::now();
+    if (cfg.model.batchnorm == BatchNormMode::local) model->average_state(comm);
     double test_stats[2] = {0, 0};
     for (int64_t lo = test_lo; lo < test_hi; lo += cfg.train.eval_batch) {
       const int64_t rows = std::min(cfg.train.eval_batch, test_hi - lo);
       dev->upload(xb.data(), test.x.data() + lo * features,
                   static_cast<size_t>(rows * features) * sizeof(float));
       dev->upload(yb.data(), test.y.data() + lo, static_cast<size_t>(rows) * sizeof(int32_t));
-      model->forward(xb.data(), rows);
+      model->forward(xb.data(), rows, /*train=*/false);
       model->loss_only(yb.data(), rows, test_stats);
     }
     comm.allreduce(test_stats, 2, ReduceOp::sum);
