@@ -8,6 +8,7 @@
 #include <set>
 
 #include "dtrain/data.hpp"
+#include "dtrain/rng.hpp"
 #include "dtrain/error.hpp"
 #include "helpers.hpp"
 
@@ -204,4 +205,48 @@ TEST_CASE("the packaged Fashion-MNIST loads when installed", "[data][fmnist]") {
   CHECK(s.test.size() == 10000);
   CHECK(s.train.shape == std::vector<int64_t>{1, 28, 28});
   CHECK(s.train.classes == 10);
+}
+
+TEST_CASE("augmentation crops within the padding and flips horizontally", "[data][augment]") {
+  const std::vector<int64_t> shape = {2, 4, 5};
+  const int64_t f = 40, rows = 50;
+  std::vector<float> orig(static_cast<size_t>(rows * f));
+  for (size_t i = 0; i < orig.size(); ++i) orig[i] = 1.f + static_cast<float>(i % f);
+  Rng rng(3);
+  auto x = orig;
+  augment_batch(x.data(), rows, shape, AugmentConfig{}, rng);
+  CHECK(x == orig);  // nothing asked, nothing changed
+
+  // Every augmented sample must be one of the (2p+1)^2 shifts, flipped or not, of its input.
+  const AugmentConfig cfg{1, true};
+  augment_batch(x.data(), rows, shape, cfg, rng);
+  int flipped = 0, shifted = 0;
+  for (int64_t n = 0; n < rows; ++n) {
+    bool matched = false;
+    for (int fl = 0; fl < 2 && !matched; ++fl)
+      for (int64_t di = -1; di <= 1 && !matched; ++di)
+        for (int64_t dj = -1; dj <= 1 && !matched; ++dj) {
+          bool same = true;
+          for (int64_t c = 0; c < 2 && same; ++c)
+            for (int64_t i = 0; i < 4 && same; ++i)
+              for (int64_t j = 0; j < 5 && same; ++j) {
+                const int64_t si = i + di, sj = (fl ? 4 - j : j) + dj;
+                const float want = (si >= 0 && si < 4 && sj >= 0 && sj < 5)
+                                       ? orig[static_cast<size_t>(n * f + (c * 4 + si) * 5 + sj)]
+                                       : 0.f;
+                same = x[static_cast<size_t>(n * f + (c * 4 + i) * 5 + j)] == want;
+              }
+          if (same) {
+            matched = true;
+            flipped += fl;
+            shifted += (di != 0 || dj != 0);
+          }
+        }
+    CHECK(matched);
+  }
+  CHECK(flipped > 10);  // about half
+  CHECK(flipped < 40);
+  CHECK(shifted > 20);  // about 8 in 9
+  // Flat data cannot be cropped.
+  CHECK_THROWS_AS(augment_batch(x.data(), 1, {40}, cfg, rng), UserError);
 }

@@ -385,6 +385,10 @@ Config decode(const YAML::Node& root, const Source& src) {
     s.integer("classes", c.data.synthetic.classes, 2, 100000);
     s.number("noise", c.data.synthetic.noise, 0.0, 1e6);
     s.finish();
+    auto a = d.section("augment");
+    a.integer("crop_padding", c.data.augment.crop_padding, 0, 64);
+    a.boolean("flip", c.data.augment.flip);
+    a.finish();
     d.finish();
   }
   {
@@ -557,6 +561,10 @@ std::string to_yaml(const Config& c) {
   e << YAML::Key << "shape" << YAML::Value << YAML::Flow << c.data.synthetic.shape;
   e << YAML::Key << "classes" << YAML::Value << c.data.synthetic.classes;
   e << YAML::Key << "noise" << YAML::Value << c.data.synthetic.noise;
+  e << YAML::EndMap;
+  e << YAML::Key << "augment" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "crop_padding" << YAML::Value << c.data.augment.crop_padding;
+  e << YAML::Key << "flip" << YAML::Value << c.data.augment.flip;
   e << YAML::EndMap << YAML::EndMap;
 
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;

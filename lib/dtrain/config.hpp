@@ -35,6 +35,12 @@ struct SyntheticConfig {
   double noise = 1.0;  // std of the per-sample noise around each class prototype
 };
 
+// Training-time augmentation of image data, drawn from each replica's own random stream.
+struct AugmentConfig {
+  int64_t crop_padding = 0;  // random crop of the original size from the zero-padded image
+  bool flip = false;         // random horizontal flip with probability 1/2
+};
+
 struct DataConfig {
   DatasetKind dataset = DatasetKind::fashion_mnist;
   std::string path = "/usr/share/datasets/fashion-mnist";
@@ -46,6 +52,7 @@ struct DataConfig {
   int64_t train_limit = 0;     // use only the first N training samples (0 = all)
   int64_t test_limit = 0;      // use only the first N test samples (0 = all)
   SyntheticConfig synthetic;
+  AugmentConfig augment;
 };
 
 // One entry of `model.layers` (type: layers). Fields a type does not use stay at defaults.

@@ -142,12 +142,12 @@ class CpuDevice final : public Device {
   }
 
   void im2col(const float* x, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
-              int64_t pad, float* col) override {
+              int64_t pad, float* col, int64_t ld) override {
     const int64_t ho = (h + 2 * pad - k) / stride + 1, wo = (w + 2 * pad - k) / stride + 1;
     for (int64_t ch = 0; ch < c; ++ch)
       for (int64_t ki = 0; ki < k; ++ki)
         for (int64_t kj = 0; kj < k; ++kj) {
-          float* row = col + ((ch * k + ki) * k + kj) * ho * wo;
+          float* row = col + ((ch * k + ki) * k + kj) * ld;
           for (int64_t oi = 0; oi < ho; ++oi) {
             const int64_t ii = oi * stride - pad + ki;
             for (int64_t oj = 0; oj < wo; ++oj) {
@@ -160,13 +160,13 @@ class CpuDevice final : public Device {
         }
   }
 
-  void col2im(const float* col, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
-              int64_t pad, float* dx) override {
+  void col2im(const float* col, int64_t ld, int64_t c, int64_t h, int64_t w, int64_t k,
+              int64_t stride, int64_t pad, float* dx) override {
     const int64_t ho = (h + 2 * pad - k) / stride + 1, wo = (w + 2 * pad - k) / stride + 1;
     for (int64_t ch = 0; ch < c; ++ch)
       for (int64_t ki = 0; ki < k; ++ki)
         for (int64_t kj = 0; kj < k; ++kj) {
-          const float* row = col + ((ch * k + ki) * k + kj) * ho * wo;
+          const float* row = col + ((ch * k + ki) * k + kj) * ld;
           for (int64_t oi = 0; oi < ho; ++oi) {
             const int64_t ii = oi * stride - pad + ki;
             if (ii < 0 || ii >= h) continue;
@@ -176,6 +176,13 @@ class CpuDevice final : public Device {
             }
           }
         }
+  }
+
+  void swap_outer(const float* src, int64_t a, int64_t b, int64_t p, float* dst) override {
+    for (int64_t i = 0; i < a; ++i)
+      for (int64_t j = 0; j < b; ++j)
+        std::memcpy(dst + (j * a + i) * p, src + (i * b + j) * p,
+                    static_cast<size_t>(p) * sizeof(float));
   }
 
   void add_channel_bias(float* y, const float* bias, int64_t n, int64_t c,

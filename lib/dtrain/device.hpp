@@ -43,12 +43,15 @@ class Device {
   virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
                       const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
 
-  // Convolution helpers for one sample in CHW layout: col is [C*k*k, Ho*Wo].
+  // Convolution helpers for one sample in CHW layout: col is [C*k*k, Ho*Wo] with row stride
+  // `ld` (>= Ho*Wo), so several samples can sit side by side in one matrix.
   virtual void im2col(const float* x, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
-                      int64_t pad, float* col) = 0;
+                      int64_t pad, float* col, int64_t ld) = 0;
   // dx (+)= the scatter of col back to the image (the adjoint of im2col).
-  virtual void col2im(const float* col, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
-                      int64_t pad, float* dx) = 0;
+  virtual void col2im(const float* col, int64_t ld, int64_t c, int64_t h, int64_t w, int64_t k,
+                      int64_t stride, int64_t pad, float* dx) = 0;
+  // dst[b, a, :] = src[a, b, :] for a [A, B, P] tensor (NCHW <-> CNHW).
+  virtual void swap_outer(const float* src, int64_t a, int64_t b, int64_t p, float* dst) = 0;
   // y[n, c, i] += bias[c] for `n` samples of `c` channels of `spatial` values.
   virtual void add_channel_bias(float* y, const float* bias, int64_t n, int64_t c,
                                 int64_t spatial) = 0;

@@ -117,7 +117,7 @@ class Conv2d final : public Layer {
   MapShape in_, out_;
   int64_t oc_, k_, stride_, pad_;
   float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
-  Buffer<float> col_, dcol_;
+  Buffer<float> col_, dcol_, dy_t_;
 };
 
 class MaxPool2d final : public Layer {

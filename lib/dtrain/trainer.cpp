@@ -129,6 +129,7 @@ void worker(Shared& sh, Communicator& comm) {
         const auto rows = static_cast<int64_t>(idx.size());
         dev->gather(train.x.data(), train.y.data(), features, idx.data(), rows, xb.data(),
                     yb.data());
+        augment_batch(xb.data(), rows, train.shape, cfg.data.augment, replica_rng);
         auto t1 = Clock::now();
         model->forward(xb.data(), rows);
         model->loss_backward(yb.data(), rows, grad_scale, st);
