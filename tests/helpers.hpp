@@ -11,6 +11,8 @@
 #include <string>
 
 #include "dtrain/config.hpp"
+#include "dtrain/data.hpp"
+#include "dtrain/trainer.hpp"
 
 namespace dtrain::test {
 
@@ -43,6 +45,21 @@ inline double rel_diff(double a, double b) {
   const double d = std::abs(a - b);
   const double s = std::max({std::abs(a), std::abs(b), 1e-12});
   return d / s;
+}
+
+// Trains `c` on its configured data.
+inline TrainResult run_config(const Config& c) {
+  return train(c, load_data(c.data, c.train.seed), nullptr);
+}
+
+// Largest relative difference between the per-step losses of two runs of equal length.
+inline double max_rel_step_diff(const TrainResult& a, const TrainResult& b) {
+  if (a.step_losses.size() != b.step_losses.size())
+    throw std::runtime_error("runs differ in step count");
+  double worst = 0;
+  for (size_t i = 0; i < a.step_losses.size(); ++i)
+    worst = std::max(worst, rel_diff(a.step_losses[i], b.step_losses[i]));
+  return worst;
 }
 
 // Path of the built dtrain binary and the source tree (set by CMake).

@@ -27,7 +27,6 @@ train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0.5}
 optimizer: {lr: 0.05, base_batch: 16}
 )";
 
-
 }  // namespace
 
 TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli]") {

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "dtrain/data.hpp"
-#include "dtrain/rng.hpp"
 #include "dtrain/error.hpp"
+#include "dtrain/rng.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;
@@ -52,7 +52,6 @@ void write_gz(const fs::path& p, const std::vector<uint8_t>& bytes) {
   gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
   gzclose(f);
 }
-
 
 void write_dataset(const fs::path& dir, uint32_t n_train, uint32_t n_test, bool gz) {
   auto w = gz ? write_gz : write_raw;

@@ -7,25 +7,9 @@
 #include "helpers.hpp"
 
 using namespace dtrain;
-using dtrain::test::rel_diff;
+using dtrain::test::max_rel_step_diff;
 using dtrain::test::synthetic_config;
-
-namespace {
-
-TrainResult run(const Config& c) {
-  const auto data = load_data(c.data, c.train.seed);
-  return train(c, data);
-}
-
-double max_rel_step_diff(const TrainResult& a, const TrainResult& b) {
-  REQUIRE(a.step_losses.size() == b.step_losses.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.step_losses.size(); ++i)
-    worst = std::max(worst, rel_diff(a.step_losses[i], b.step_losses[i]));
-  return worst;
-}
-
-}  // namespace
+constexpr auto run = dtrain::test::run_config;
 
 TEST_CASE("4 replicas x 32 with mean equal 1 replica x 128 - step by step", "[equivalence]") {
   for (auto sharding : {Sharding::interleaved, Sharding::contiguous}) {

@@ -128,8 +128,7 @@ TEST_CASE("batchnorm gradients match finite differences in training mode", "[gra
   check_layer(*dev, bn1d, 27);
 }
 
-TEST_CASE("batchnorm normalises in training and uses running statistics in evaluation",
-          "[bn]") {
+TEST_CASE("batchnorm normalises in training and uses running statistics in evaluation", "[bn]") {
   auto dev = make_cpu_device();
   BatchNorm bn(MapShape{2, 1, 3}, false, /*momentum=*/0.5);
   std::vector<float> params(4), grads(4, 0.f);
@@ -147,11 +146,11 @@ TEST_CASE("batchnorm normalises in training and uses running statistics in evalu
     sq0 += double(y[i]) * y[i] / 6.0;
   }
   CHECK(mean0 == Approx(0).margin(1e-6));
-  CHECK(sq0 == Approx(1).epsilon(1e-3));      // unit variance (eps aside)
-  CHECK(y[3] == Approx(0).margin(1e-6));      // a constant channel maps to beta
+  CHECK(sq0 == Approx(1).epsilon(1e-3));  // unit variance (eps aside)
+  CHECK(y[3] == Approx(0).margin(1e-6));  // a constant channel maps to beta
   const auto& run = *bn.state();
-  CHECK(run[0] == Approx(0.5 * 3.5));         // running mean moved halfway to 3.5
-  CHECK(run[2] == Approx(0.5 + 0.5 * 3.5));   // running var towards the unbiased 17.5/5
+  CHECK(run[0] == Approx(0.5 * 3.5));        // running mean moved halfway to 3.5
+  CHECK(run[2] == Approx(0.5 + 0.5 * 3.5));  // running var towards the unbiased 17.5/5
   ctx.train = false;
   const float* e = bn.forward(*dev, x.data(), 2);
   CHECK(e[0] == Approx((1 - run[0]) / std::sqrt(run[2] + 1e-5)).epsilon(1e-5));
@@ -169,8 +168,10 @@ TEST_CASE("dropout masks in training, scales survivors and is the identity in ev
   const float* y = drop.forward(*dev, x.data(), 2);
   int zeros = 0;
   for (int i = 0; i < 2000; ++i) {
-    if (y[i] == 0.f) ++zeros;
-    else CHECK(y[i] == Approx(2.0 / 0.7));
+    if (y[i] == 0.f)
+      ++zeros;
+    else
+      CHECK(y[i] == Approx(2.0 / 0.7));
   }
   CHECK(zeros == Approx(600).margin(80));
   const float* dx = drop.backward(*dev, dy.data(), 2, true);

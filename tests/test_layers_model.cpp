@@ -9,7 +9,8 @@
 #include "helpers.hpp"
 
 using namespace dtrain;
-using dtrain::test::rel_diff;
+using dtrain::test::max_rel_step_diff;
+constexpr auto run = dtrain::test::run_config;
 
 namespace {
 
@@ -45,16 +46,6 @@ Config bn_config(int gpus, int64_t batch, BatchNormMode mode) {
   c.optimizer.base_batch = 32;
   return c;
 }
-
-double max_rel_step_diff(const TrainResult& a, const TrainResult& b) {
-  REQUIRE(a.step_losses.size() == b.step_losses.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.step_losses.size(); ++i)
-    worst = std::max(worst, rel_diff(a.step_losses[i], b.step_losses[i]));
-  return worst;
-}
-
-TrainResult run(const Config& c) { return train(c, load_data(c.data, c.train.seed), nullptr); }
 
 }  // namespace
 
@@ -112,13 +103,13 @@ TEST_CASE("layer mistakes are reported with the layer and what is valid", "[mode
   CHECK_THAT(error_of("model:\n  type: resnet\n"),
              Catch::Contains("expected one of mlp | lenet5 | cnn | layers"));
   auto dev = make_cpu_device();
-  ModelConfig bad = parse_config("model: {type: layers, layers: [flatten, {conv: {channels: 2}}]}",
-                                 "m.yaml")
-                        .model;
+  ModelConfig bad =
+      parse_config("model: {type: layers, layers: [flatten, {conv: {channels: 2}}]}", "m.yaml")
+          .model;
   CHECK_THROWS_WITH(build_model(*dev, bad, {1, 8, 8}, 3), Catch::Contains("conv needs an image"));
-  ModelConfig big = parse_config("model: {type: layers, layers: [{conv: {channels: 2, kernel: 9}}]}",
-                                 "m.yaml")
-                        .model;
+  ModelConfig big =
+      parse_config("model: {type: layers, layers: [{conv: {channels: 2, kernel: 9}}]}", "m.yaml")
+          .model;
   CHECK_THROWS_WITH(build_model(*dev, big, {1, 8, 8}, 3), Catch::Contains("does not fit"));
 }
 

@@ -99,7 +99,7 @@ TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
   TempDir d("mpi-count");
   const auto cfg = write_config(d.path, 1);
   const auto r = shell(mpirun(2) + dtrain::test::dtrain_binary() + " run " + cfg +
-                    " gpus=4 --results " + (d.path / "res").string());
+                       " gpus=4 --results " + (d.path / "res").string());
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("gpus=4 but the launcher started 2 processes"));
   CHECK_FALSE(fs::exists(d.path / "res" / "mp"));
@@ -115,7 +115,7 @@ TEST_CASE("a rank that throws ends every rank quickly and the run says failed", 
   const auto t0 = std::chrono::steady_clock::now();
   const auto r =
       shell("DTRAIN_FAULT=1:30 " + mpirun(4) + "-x DTRAIN_FAULT " + dtrain::test::dtrain_binary() +
-         " run " + cfg + " gpus=4 --tag t --results " + (d.path / "res").string());
+            " run " + cfg + " gpus=4 --tag t --results " + (d.path / "res").string());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.out);
   CHECK(r.code != 0);

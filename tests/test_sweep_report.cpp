@@ -102,12 +102,12 @@ TEST_CASE("report regenerates tables from fixture folders and names the broken o
   // An explicit baseline.
   const auto b =
       dtrain_cli("report " + (root / "fx" / "g1").string() + " " + (root / "fx" / "g2").string() +
-         " --baseline g2 --out " + (root / "r2").string());
+                 " --baseline g2 --out " + (root / "r2").string());
   CHECK(b.code == 0);
   CHECK_THAT(slurp(root / "r2" / "fx.md"),
              Catch::Contains("0.56x") && Catch::Contains("Baseline g2"));
-  CHECK(dtrain_cli("report " + root.string() + " --baseline nope --out " + (root / "r3").string()).code ==
-        2);
+  CHECK(dtrain_cli("report " + root.string() + " --baseline nope --out " + (root / "r3").string())
+            .code == 2);
   CHECK(dtrain_cli("report " + (root / "missing").string()).code == 2);
 }
 

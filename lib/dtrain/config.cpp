@@ -300,9 +300,10 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Sour
     name = n.begin()->first.as<std::string>();
     params = n.begin()->second;
   } else {
-    throw UserError(fmt::format("{}:{}: {}: expected a layer name or a one-key mapping such as "
-                                "{{conv: {{channels: 32}}}}",
-                                src.file, n.Mark().line + 1, where));
+    throw UserError(
+        fmt::format("{}:{}: {}: expected a layer name or a one-key mapping such as "
+                    "{{conv: {{channels: 32}}}}",
+                    src.file, n.Mark().line + 1, where));
   }
   bool found = false;
   for (const auto& [k, v] : kLayerTypes)
@@ -347,8 +348,8 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Sour
   }
   r.finish();
   if (l.type == LayerType::dense && l.units == 0)
-    throw UserError(fmt::format("{}: {}: dense needs units, e.g. {{dense: {{units: 128}}}}",
-                                src.file, where));
+    throw UserError(
+        fmt::format("{}: {}: dense needs units, e.g. {{dense: {{units: 128}}}}", src.file, where));
   if (l.type == LayerType::conv && l.channels == 0)
     throw UserError(fmt::format("{}: {}: conv needs channels, e.g. {{conv: {{channels: 32}}}}",
                                 src.file, where));

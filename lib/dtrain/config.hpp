@@ -24,7 +24,17 @@ enum class Schedule { constant, step, cosine };
 enum class ModelType { mlp, lenet5, cnn, layers };
 enum class BatchNormMode { local, sync };
 enum class LayerType {
-  dense, conv, maxpool, global_avg_pool, batchnorm, dropout, flatten, relu, tanh, sigmoid, gelu
+  dense,
+  conv,
+  maxpool,
+  global_avg_pool,
+  batchnorm,
+  dropout,
+  flatten,
+  relu,
+  tanh,
+  sigmoid,
+  gelu
 };
 
 struct SyntheticConfig {
@@ -72,7 +82,7 @@ struct ModelConfig {
   std::vector<int64_t> hidden = {256, 128};  // mlp
   Activation activation = Activation::relu;  // mlp, lenet5, cnn
   BatchNormMode batchnorm = BatchNormMode::local;
-  double dropout = 0.0;  // mlp: after each hidden layer; cnn: before the classifier
+  double dropout = 0.0;           // mlp: after each hidden layer; cnn: before the classifier
   std::vector<LayerSpec> layers;  // type: layers (the classifier layer is appended)
 };
 

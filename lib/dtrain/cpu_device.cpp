@@ -152,9 +152,8 @@ class CpuDevice final : public Device {
             const int64_t ii = oi * stride - pad + ki;
             for (int64_t oj = 0; oj < wo; ++oj) {
               const int64_t jj = oj * stride - pad + kj;
-              row[oi * wo + oj] = (ii >= 0 && ii < h && jj >= 0 && jj < w)
-                                      ? x[(ch * h + ii) * w + jj]
-                                      : 0.f;
+              row[oi * wo + oj] =
+                  (ii >= 0 && ii < h && jj >= 0 && jj < w) ? x[(ch * h + ii) * w + jj] : 0.f;
             }
           }
         }
@@ -230,7 +229,8 @@ class CpuDevice final : public Device {
     const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
     std::fill_n(dx, n * c * h * w, 0.f);
     for (int64_t p = 0; p < n * c; ++p)
-      for (int64_t o = 0; o < ho * wo; ++o) dx[p * h * w + argmax[p * ho * wo + o]] += dy[p * ho * wo + o];
+      for (int64_t o = 0; o < ho * wo; ++o)
+        dx[p * h * w + argmax[p * ho * wo + o]] += dy[p * ho * wo + o];
   }
 
   void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* sum,

@@ -175,8 +175,10 @@ void augment_batch(float* x, int64_t rows, const std::vector<int64_t>& shape,
   for (int64_t n = 0; n < rows; ++n) {
     float* s = x + n * c * h * w;
     // Offsets in [-pad, pad]: where the crop window starts relative to the original image.
-    const int64_t di = pad ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(2 * pad + 1))) - pad : 0;
-    const int64_t dj = pad ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(2 * pad + 1))) - pad : 0;
+    const int64_t di =
+        pad ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(2 * pad + 1))) - pad : 0;
+    const int64_t dj =
+        pad ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(2 * pad + 1))) - pad : 0;
     const bool flip = cfg.flip && rng.uniform() < 0.5;
     std::copy_n(s, img.size(), img.begin());
     for (int64_t ch = 0; ch < c; ++ch)

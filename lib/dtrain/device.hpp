@@ -64,12 +64,11 @@ class Device {
   virtual void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c,
                                 int64_t h, int64_t w, int64_t k, int64_t stride, float* dx) = 0;
   // Per-channel sum and sum of squares over samples and positions (double accumulation).
-  virtual void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
-                               double* sum, double* sumsq) = 0;
+  virtual void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* sum,
+                               double* sumsq) = 0;
   // y = gamma * (x - mean) * inv_std + beta, per channel.
-  virtual void bn_apply(const float* x, const float* mean, const float* inv_std,
-                        const float* gamma, const float* beta, int64_t n, int64_t c,
-                        int64_t spatial, float* y) = 0;
+  virtual void bn_apply(const float* x, const float* mean, const float* inv_std, const float* gamma,
+                        const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) = 0;
   // Per channel: s1 = sum(dy * gamma), s2 = sum(dy * gamma * xhat), and (+)= dgamma, dbeta.
   virtual void bn_backward_sums(const float* x, const float* dy, const float* mean,
                                 const float* inv_std, const float* gamma, int64_t n, int64_t c,

@@ -25,9 +25,10 @@ Conv2d::Conv2d(MapShape in, int64_t oc, int64_t k, int64_t stride, int64_t pad)
       stride_(stride),
       pad_(pad) {
   if (out_.h <= 0 || out_.w <= 0)
-    throw UserError(fmt::format("conv: kernel {} with stride {} and padding {} does not fit a "
-                                "{}x{} input",
-                                k, stride, pad, in.h, in.w));
+    throw UserError(
+        fmt::format("conv: kernel {} with stride {} and padding {} does not fit a "
+                    "{}x{} input",
+                    k, stride, pad, in.h, in.w));
 }
 
 std::string Conv2d::describe() const {
@@ -112,7 +113,8 @@ MapShape MaxPool2d::output_shape(MapShape in, int64_t k, int64_t stride) {
 MaxPool2d::MaxPool2d(MapShape in, int64_t k, int64_t stride)
     : Layer(in.size(), output_shape(in, k, stride).size()), in_(in), k_(k), stride_(stride) {
   if (in.h < k || in.w < k)
-    throw UserError(fmt::format("maxpool: window {} is larger than the {}x{} input", k, in.h, in.w));
+    throw UserError(
+        fmt::format("maxpool: window {} is larger than the {}x{} input", k, in.h, in.w));
 }
 
 std::string MaxPool2d::describe() const {
@@ -148,8 +150,8 @@ void GlobalAvgPool::forward_impl(Device& d, const float* x, float* y, int64_t ro
   d.gemm(false, false, rows * in_.c, 1, s, 1.f, x, s, avg, 1, 0.f, y, 1);
 }
 
-void GlobalAvgPool::backward_impl(Device& d, const float*, const float*, const float* dy,
-                                  float* dx, int64_t rows) {
+void GlobalAvgPool::backward_impl(Device& d, const float*, const float*, const float* dy, float* dx,
+                                  int64_t rows) {
   if (!dx) return;
   const int64_t s = in_.h * in_.w;
   const float* avg = averaging_column(d, ones_, s);
@@ -229,7 +231,9 @@ void BatchNorm::backward_impl(Device& d, const float* x, const float*, const flo
 
 // ---- Dropout ----
 
-std::string Dropout::describe() const { return fmt::format("dropout({})", p_); }
+std::string Dropout::describe() const {
+  return fmt::format("dropout({})", p_);
+}
 
 void Dropout::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
   const auto n = static_cast<size_t>(rows * in_features());

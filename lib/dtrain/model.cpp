@@ -228,14 +228,31 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
       return out;
     case ModelType::lenet5:
       // LeCun et al. 1998, with max pooling and the configured activation.
-      out = {conv(6, 5, 2), act(),    pool(),    conv(16, 5, 0), act(), pool(),
-             simple(LayerType::flatten), dense(120), act(), dense(84), act()};
+      out = {conv(6, 5, 2),
+             act(),
+             pool(),
+             conv(16, 5, 0),
+             act(),
+             pool(),
+             simple(LayerType::flatten),
+             dense(120),
+             act(),
+             dense(84),
+             act()};
       return out;
     case ModelType::cnn:
       // Two conv-BN-activation-pool blocks and two dense layers.
-      out = {conv(32, 3, 1), simple(LayerType::batchnorm), act(), pool(),
-             conv(64, 3, 1), simple(LayerType::batchnorm), act(), pool(),
-             simple(LayerType::flatten), dense(128), act()};
+      out = {conv(32, 3, 1),
+             simple(LayerType::batchnorm),
+             act(),
+             pool(),
+             conv(64, 3, 1),
+             simple(LayerType::batchnorm),
+             act(),
+             pool(),
+             simple(LayerType::flatten),
+             dense(128),
+             act()};
       if (cfg.dropout > 0) out.push_back(dropout());
       return out;
   }
@@ -245,8 +262,10 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
 std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
                                    const std::vector<int64_t>& input_shape, int classes) {
   MapShape cur;
-  if (input_shape.size() == 3) cur = {input_shape[0], input_shape[1], input_shape[2]};
-  else if (input_shape.size() == 2) cur = {1, input_shape[0], input_shape[1]};
+  if (input_shape.size() == 3)
+    cur = {input_shape[0], input_shape[1], input_shape[2]};
+  else if (input_shape.size() == 2)
+    cur = {1, input_shape[0], input_shape[1]};
   else {
     int64_t n = 1;
     for (auto v : input_shape) n *= v;
@@ -256,10 +275,11 @@ std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
   std::vector<std::unique_ptr<Layer>> layers;
   const auto spatial = [&](const char* what) {
     if (cur.h == 1 && cur.w == 1 && cur.c > 1)
-      throw UserError(fmt::format("model: {} needs an image input (channels x height x width) but "
-                                  "gets {} flat features; put it before flatten/dense, or give "
-                                  "the data a [c, h, w] shape",
-                                  what, cur.c));
+      throw UserError(
+          fmt::format("model: {} needs an image input (channels x height x width) but "
+                      "gets {} flat features; put it before flatten/dense, or give "
+                      "the data a [c, h, w] shape",
+                      what, cur.c));
   };
   for (const auto& l : expand_layers(cfg)) {
     switch (l.type) {
