@@ -8,6 +8,7 @@
 #include "dtrain/log.hpp"
 #include "dtrain/mpi.hpp"
 #include "dtrain/trainer.hpp"
+#include "dtrain/version.hpp"
 
 int run_main(int argc, char** argv);
 
@@ -45,7 +46,8 @@ int run_main(int argc, char** argv) {
       "  dtrain report results/pitfalls --plots",
       "dtrain"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("dtrain ") + DTRAIN_VERSION_STRING);
+  app.set_version_flag("--version", std::string("dtrain ") + dtrain::kVersion + " (" +
+                                        dtrain::kGitSha + ")");
 
   dtrain::cli::RunOptions run_opt;
   dtrain::cli::ValidateOptions validate_opt;

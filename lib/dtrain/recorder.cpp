@@ -16,13 +16,8 @@
 #include "dtrain/error.hpp"
 #include "dtrain/log.hpp"
 #include "dtrain/metrics.hpp"
+#include "dtrain/version.hpp"
 
-#ifndef DTRAIN_GIT_SHA
-#define DTRAIN_GIT_SHA "unknown"
-#endif
-#ifndef DTRAIN_VERSION
-#define DTRAIN_VERSION "0"
-#endif
 
 namespace dtrain {
 
@@ -192,8 +187,8 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["model"] = info_.model;
   j["data"] = info_.data;
   j["steps_per_epoch"] = info_.steps_per_epoch;
-  j["git_sha"] = DTRAIN_GIT_SHA;
-  j["dtrain_version"] = DTRAIN_VERSION;
+  j["git_sha"] = kGitSha;
+  j["dtrain_version"] = kVersion;
   j["started_at"] = started_at_;
   j["finished_at"] = utc_now();
   j["wall_time_s"] =

@@ -30,20 +30,27 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CASES = [(1, 64, "linear"), (1, 1024, "sqrt"), (4, 64, "linear"), (4, 256, "sqrt")]
 
 
-def run_dtrain(binary, replicas, batch, scaling, epochs, threads, results, rep):
+MODELS = {  # model -> (config, experiment name, cases)
+    "mlp": ("quickstart.yaml", "fmnist-mlp", CASES),
+    "cnn": ("fmnist-cnn.yaml", "fmnist-cnn", [(1, 64, "linear")]),
+}
+
+
+def run_dtrain(binary, model, replicas, batch, scaling, epochs, threads, results, rep):
+    config, experiment, _ = MODELS[model]
     tag = f"bench-{replicas}x{batch}-r{rep}"
-    cmd = [binary, "run", os.path.join(ROOT, "configs", "quickstart.yaml"), f"gpus={replicas}",
+    cmd = [binary, "run", os.path.join(ROOT, "configs", config), f"gpus={replicas}",
            f"train.per_replica_batch={batch}", f"optimizer.lr_scaling={scaling}",
            f"train.epochs={epochs}", f"threads={threads}", "--results", results, "--tag", tag,
            "--quiet"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    with open(os.path.join(results, "fmnist-mlp", f"{tag}-g{replicas}", "summary.json")) as f:
+    with open(os.path.join(results, experiment, f"{tag}-g{replicas}", "summary.json")) as f:
         s = json.load(f)
     return s["median_epoch_time_s"], s["final_test_accuracy"], s["status"], s.get("blas", "?")
 
 
-def run_torch(replicas, batch, scaling, epochs, threads):
-    cmd = [sys.executable, os.path.join(HERE, "torch_mlp.py"), f"--batch={batch}",
+def run_torch(model, replicas, batch, scaling, epochs, threads):
+    cmd = [sys.executable, os.path.join(HERE, "torch_mlp.py"), f"--model={model}", f"--batch={batch}",
            f"--epochs={epochs}", f"--threads={threads}", f"--ddp={replicas}",
            f"--scaling={scaling}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -59,6 +66,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--model", choices=sorted(MODELS), default="mlp")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="dtrain-bench-")
@@ -66,14 +74,14 @@ def main():
     torch_version = "?"
     blas = "?"
     try:
-        for replicas, batch, scaling in CASES:
+        for replicas, batch, scaling in MODELS[args.model][2]:
             print(f"case {replicas} replica(s) x batch {batch} ({scaling} scaling) ...",
                   flush=True)
             d_times, t_times, ratios, d_acc, t_acc = [], [], [], None, None
             for rep in range(args.repeats):
-                dt, da, d_status, blas = run_dtrain(args.dtrain, replicas, batch, scaling,
+                dt, da, d_status, blas = run_dtrain(args.dtrain, args.model, replicas, batch, scaling,
                                                     args.epochs, args.threads, scratch, rep)
-                tt, ta, peer, torch_version = run_torch(replicas, batch, scaling, args.epochs,
+                tt, ta, peer, torch_version = run_torch(args.model, replicas, batch, scaling, args.epochs,
                                                         args.threads)
                 d_times.append(dt)
                 t_times.append(tt)
@@ -97,16 +105,17 @@ def main():
                 cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
                 threads=args.threads, epochs=args.epochs, torch=torch_version, dtrain_blas=blas,
                 openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"))
-    with open(os.path.join(args.out, "cpu-mlp-vs-pytorch.json"), "w") as f:
+    stem = f"cpu-{args.model}-vs-pytorch"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=2)
     lines = [
-        "# dtrain against PyTorch on the CPU: Fashion-MNIST MLP",
+        f"# dtrain against PyTorch on the CPU: Fashion-MNIST {args.model.upper()}",
         "",
         f"{meta['date']}, commit {sha}, {meta['cores']} cores, {args.threads} threads in total, "
         f"PyTorch {torch_version} from PyPI, {args.epochs} epochs per run, {args.repeats} "
-        "alternating repeats per case. Recipe: "
-        "configs/quickstart.yaml (784-256-128-10, SGD momentum 0.9, lr 0.05 at batch 64, "
-        "weight decay 5e-4, 2 warmup epochs, cosine). Times are median epoch times "
+        f"alternating repeats per case. Recipe: configs/{MODELS[args.model][0]} (SGD momentum "
+        "0.9, lr 0.05 at batch 64, weight decay 5e-4, 2 warmup epochs, cosine). Times are "
+        "median epoch times "
         "(training only) over all repeats; speedup = peer time / dtrain time, the median of "
         "the per-repeat ratios.",
         "",
@@ -124,8 +133,8 @@ def main():
                      f"{r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | "
                      f"{100*r['dtrain_acc']:.2f}% | "
                      f"{100*r['peer_acc']:.2f}% | {r['acc_delta_points']:+.2f} |")
-    lines += ["", "Reproduce: `scripts/bench-cpu-vs-pytorch.sh`", ""]
-    with open(os.path.join(args.out, "cpu-mlp-vs-pytorch.md"), "w") as f:
+    lines += ["", f"Reproduce: `scripts/bench-cpu-vs-pytorch.sh --model {args.model}`", ""]
+    with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peer for dtrain's CPU benchmark: the same Fashion-MNIST MLP recipe, the same data
+"""PyTorch peer for dtrain's CPU benchmark: the same Fashion-MNIST MLP (or --model cnn) recipe, the same data
 preprocessing, the same LR rule, data preloaded in memory as tensors.
 
   python3 torch_mlp.py --batch 64 --epochs 10 --threads 2               # plain PyTorch
@@ -66,8 +66,17 @@ def run(rank, world, args):
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)
     xtr, ytr, xte, yte = load(args.data)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                          nn.Linear(128, 10))
+    if args.model == "cnn":
+        # dtrain's `cnn` preset: two conv-BN-ReLU-pool blocks, dense 128, dropout, classifier.
+        model = nn.Sequential(
+            nn.Unflatten(1, (1, 28, 28)),
+            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Dropout(args.dropout),
+            nn.Linear(128, 10))
+    else:
+        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                              nn.Linear(128, 10))
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
@@ -129,6 +138,8 @@ def main():
     p.add_argument("--scaling", choices=["none", "linear", "sqrt"], default="linear")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--dropout", type=float, default=0.25, help="cnn only")
     p.add_argument("--port", type=int, default=29533)
     args = p.parse_args()
     if args.ddp > 1:
