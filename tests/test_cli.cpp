@@ -84,10 +84,14 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
        "missing train-images-idx3-ubyte"},
       {"run " + good + " train.per_replica_batch=1024", "larger than the 512 training samples"},
       {"validate " + good + " optimizer.lr_scaling=cubic", "expected one of none | linear | sqrt"},
+      {"run " + good + " backend=cuda", "backend: cuda is not available in this build"},
+      {"run " + good + " --resume", "--resume needs --tag"},
+      {"report " + s.path.string(), "no run folders"},
       {"run " + (s.path / "nope.yaml").string(), "File does not exist"},
   };
   for (const auto& c : cases) {
-    const bool is_run = c.args.rfind("run ", 0) == 0;
+    const bool is_run =
+        c.args.rfind("run ", 0) == 0 && c.args.find("--resume") == std::string::npos;
     const auto r = dtrain_cli(c.args + (is_run ? " --results " + (s.path / "res").string() : ""));
     INFO(c.args << "\n" << r.out);
     CHECK(r.code == 2);

@@ -146,6 +146,15 @@ TEST_CASE("a batch that cannot be split across replicas is rejected", "[config][
              Catch::Contains("exactly one of per_replica_batch and global_batch"));
 }
 
+TEST_CASE("cross-field and name rules are enforced", "[config][errors]") {
+  CHECK_THAT(error_of("train: {epochs: 2}\noptimizer: {warmup_epochs: 3}\n"),
+             Catch::Contains("optimizer.warmup_epochs=3 exceeds train.epochs=2"));
+  CHECK_THAT(error_of("name: a/b\n"),
+             Catch::Contains("exp.yaml:1: name: must be a non-empty folder name without '/'"));
+  CHECK_THAT(error_of("model:\n  type: layers\n  layers:\n    - dense\n"),
+             Catch::Contains("dense needs units"));
+}
+
 TEST_CASE("override syntax errors are clear", "[config][errors]") {
   CHECK_THROWS_WITH(parse_override("gpus"), Catch::Contains("expected key=value"));
   CHECK_THROWS_WITH(parse_override("a..b=1"), Catch::Contains("malformed key"));
