@@ -87,11 +87,14 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + good + " backend=cuda", "backend: cuda is not available in this build"},
       {"run " + good + " --resume", "--resume needs --tag"},
       {"report " + s.path.string(), "no run folders"},
+      {"run " + good + " --results /proc/dtrain-cannot-write", "cannot create the results folder"},
       {"run " + (s.path / "nope.yaml").string(), "File does not exist"},
   };
   for (const auto& c : cases) {
-    const bool is_run =
-        c.args.rfind("run ", 0) == 0 && c.args.find("--resume") == std::string::npos;
+    // Runs get a results folder of their own unless the case is about --results or --resume.
+    const bool is_run = c.args.rfind("run ", 0) == 0 &&
+                        c.args.find("--resume") == std::string::npos &&
+                        c.args.find("--results") == std::string::npos;
     const auto r = dtrain_cli(c.args + (is_run ? " --results " + (s.path / "res").string() : ""));
     INFO(c.args << "\n" << r.out);
     CHECK(r.code == 2);

@@ -65,7 +65,7 @@ int run_report(const ReportOptions& opt) {
   }
 
   // A previous report in the same place is replaced as a whole: the files it listed go first.
-  fs::create_directories(out);
+  ensure_dir(out, "report");
   const fs::path manifest = fs::path(out) / ".manifest";
   if (std::ifstream old(manifest); old) {
     for (std::string f; std::getline(old, f);)

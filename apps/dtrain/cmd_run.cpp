@@ -63,7 +63,7 @@ namespace {
 void move_aside(const std::string& dir, const std::string& why) {
   const fs::path p(dir);
   const fs::path attic = p.parent_path() / ".attempts";
-  fs::create_directories(attic);
+  ensure_dir(attic.string(), "attempts");
   fs::path dest;
   for (int n = 1;; ++n) {
     dest = attic / fmt::format("{}.{}", p.filename().string(), n);
@@ -160,7 +160,7 @@ int run_run(const RunOptions& opt) {
     std::map<std::string, std::vector<IndexRow>> per_exp;
     for (size_t i = 0; i < runs.size(); ++i) per_exp[runs[i].config.name].push_back(index[i]);
     for (const auto& [name, rows] : per_exp) {
-      fs::create_directories(fs::path(opt.results) / name);
+      ensure_dir((fs::path(opt.results) / name).string(), "results");
       write_index((fs::path(opt.results) / name / ("index-" + tag + ".csv")).string(), rows);
     }
   };

@@ -49,6 +49,14 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   if (ec) throw UserError(fmt::format("{}: cannot replace: {}", path, ec.message()));
 }
 
+void ensure_dir(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw UserError(fmt::format("{}: cannot create the {} folder: {}", dir, what,
+                                ec ? ec.message() : "not a folder"));
+}
+
 std::string read_run_status(const std::string& dir) {
   std::ifstream in(fs::path(dir) / "status");
   std::string line;
@@ -74,11 +82,8 @@ std::string metrics_csv_row(const EpochMetrics& m) {
 RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
                          const std::vector<Override>& overrides)
     : dir_(std::move(dir)), run_id_(std::move(run_id)), group_(std::move(group)), cfg_(cfg) {
+  ensure_dir(fs::path(dir_).parent_path().string(), "results");
   std::error_code ec;
-  fs::create_directories(fs::path(dir_).parent_path(), ec);
-  if (ec)
-    throw UserError(fmt::format("{}: cannot create results folder: {}",
-                                fs::path(dir_).parent_path().string(), ec.message()));
   if (!fs::create_directory(dir_, ec)) {
     if (ec) throw UserError(fmt::format("{}: cannot create run folder: {}", dir_, ec.message()));
     throw UserError(

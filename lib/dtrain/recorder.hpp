@@ -13,6 +13,8 @@
 namespace dtrain {
 
 void write_file_atomic(const std::string& path, const std::string& content);
+// Creates `dir` and its parents; a failure is a UserError naming the folder and `what` it is for.
+void ensure_dir(const std::string& dir, const std::string& what);
 // The first line of DIR/status ("running", "done", "failed", "diverged"), or "" if absent.
 std::string read_run_status(const std::string& dir);
 
