@@ -12,6 +12,7 @@
 
 #include "dtrain/config.hpp"
 #include "dtrain/data.hpp"
+#include "dtrain/error.hpp"
 #include "dtrain/trainer.hpp"
 
 namespace dtrain::test {
@@ -45,6 +46,17 @@ inline double rel_diff(double a, double b) {
   const double d = std::abs(a - b);
   const double s = std::max({std::abs(a), std::abs(b), 1e-12});
   return d / s;
+}
+
+// The UserError message of parsing `yaml` (as file "exp.yaml") with overrides, or "".
+inline std::string config_error(const std::string& yaml, const std::vector<Override>& ov = {},
+                                const std::string& file = "exp.yaml") {
+  try {
+    parse_config(yaml, file, ov);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Trains `c` on its configured data.

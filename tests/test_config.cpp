@@ -3,17 +3,13 @@
 #include "dtrain/config.hpp"
 #include "dtrain/error.hpp"
 #include "dtrain/plan.hpp"
+#include "helpers.hpp"
 
 using namespace dtrain;
 
 namespace {
 std::string error_of(const std::string& yaml, const std::vector<Override>& ov = {}) {
-  try {
-    parse_config(yaml, "exp.yaml", ov);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
+  return dtrain::test::config_error(yaml, ov);
 }
 }  // namespace
 

@@ -15,12 +15,7 @@ constexpr auto run = dtrain::test::run_config;
 namespace {
 
 std::string error_of(const std::string& yaml) {
-  try {
-    parse_config(yaml, "m.yaml");
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
+  return dtrain::test::config_error(yaml, {}, "m.yaml");
 }
 
 // A small conv net with BatchNorm after a conv and after a dense layer, on 8x8 images.

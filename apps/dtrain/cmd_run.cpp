@@ -30,13 +30,8 @@ std::string default_tag() {
   return fmt::format("{:%Y%m%d-%H%M%S}", tm);
 }
 
-// Data depends on the data section and, for synthetic data, the seed.
 std::string data_key(const Config& c) {
-  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", to_string(c.data.dataset), c.data.path,
-                     c.data.normalize, c.data.sort_by_label, c.data.train_limit, c.data.test_limit,
-                     c.data.synthetic.train_size, c.data.synthetic.test_size,
-                     fmt::join(c.data.synthetic.shape, "x"), c.data.synthetic.noise,
-                     c.data.dataset == DatasetKind::synthetic ? c.train.seed : 0);
+  return data_identity(c.data, c.train.seed);
 }
 }  // namespace
 

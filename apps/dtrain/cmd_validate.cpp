@@ -22,7 +22,7 @@ int run_validate(const ValidateOptions& opt) {
   DataSplit data;
   for (const auto& r : runs) {
     if (!opt.skip_data) {
-      const std::string key = to_yaml(r.config);  // cheap enough for a handful of runs
+      const std::string key = data_identity(r.config.data, r.config.train.seed);
       if (key != data_key) {
         data = load_data(r.config.data, r.config.train.seed);
         data_key = key;

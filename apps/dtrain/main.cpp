@@ -46,8 +46,8 @@ int run_main(int argc, char** argv) {
       "  dtrain report results/pitfalls --plots",
       "dtrain"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("dtrain ") + dtrain::kVersion + " (" +
-                                        dtrain::kGitSha + ")");
+  app.set_version_flag("--version",
+                       std::string("dtrain ") + dtrain::kVersion + " (" + dtrain::kGitSha + ")");
 
   dtrain::cli::RunOptions run_opt;
   dtrain::cli::ValidateOptions validate_opt;

@@ -55,7 +55,6 @@ class InProcessComm final : public Communicator {
 
   void allreduce(float* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
   void allreduce(double* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
-  void barrier() override { s_->wait(); }
   void abort(const std::string& why) override { s_->abort(why); }
 
  private:

@@ -19,7 +19,6 @@ class Communicator {
   virtual std::string kind() const = 0;
   virtual void allreduce(float* data, size_t n, ReduceOp op) = 0;
   virtual void allreduce(double* data, size_t n, ReduceOp op) = 0;
-  virtual void barrier() = 0;
   // Releases every rank blocked in a collective (they throw Aborted); used when one rank fails.
   virtual void abort(const std::string& why) = 0;
 };

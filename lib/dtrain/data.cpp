@@ -209,6 +209,15 @@ void sort_by_label(Dataset& d) {
   d.y = std::move(y);
 }
 
+std::string data_identity(const DataConfig& c, uint64_t seed) {
+  // Augmentation, shuffling and sharding act on loaded data, so they are not part of the key.
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", to_string(c.dataset), c.path,
+                     c.normalize, c.sort_by_label, c.train_limit, c.test_limit,
+                     c.synthetic.train_size, c.synthetic.test_size,
+                     fmt::join(c.synthetic.shape, "x"), c.synthetic.classes, c.synthetic.noise,
+                     c.dataset == DatasetKind::synthetic ? seed : 0);
+}
+
 DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
   DataSplit s;
   if (cfg.dataset == DatasetKind::synthetic) {

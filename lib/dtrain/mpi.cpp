@@ -94,12 +94,6 @@ class MpiComm final : public Communicator {
   void allreduce(float* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
   void allreduce(double* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
 
-  void barrier() override {
-    MPI_Request req;
-    MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req));
-    wait(req, "barrier");
-  }
-
   void abort(const std::string& why) override {
     // Tell every other rank, without blocking on any of them (one may be dead).
     const std::string text = fmt::format("rank {} failed: {}", g_rank, why);

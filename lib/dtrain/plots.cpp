@@ -113,7 +113,13 @@ std::vector<std::string> write_plots(const Comparison& c,
   if (all_gpus.size() >= 2) {
     std::string sp_plot, eff_plot;
     int series = 0;
-    int base_gpus = 1;
+    // The ideal line starts at the smallest baseline replica count among the rows.
+    int base_gpus = 0;
+    for (const auto& row : c.rows)
+      for (const auto& b : c.rows)
+        if (row.speedup && b.run.run_id == row.baseline &&
+            (base_gpus == 0 || b.run.gpus < base_gpus))
+          base_gpus = b.run.gpus;
     for (const auto& g : groups) {
       std::vector<const ComparisonRow*> rows;
       for (const auto& row : c.rows)
@@ -121,8 +127,6 @@ std::vector<std::string> write_plots(const Comparison& c,
       if (rows.size() < 2) continue;
       std::sort(rows.begin(), rows.end(),
                 [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
-      for (const auto& row : c.rows)
-        if (row.run.run_id == rows.front()->baseline) base_gpus = row.run.gpus;
       const std::string file = (data / fmt::format("{}-scaling-{}.dat", exp, series)).string();
       std::string text = "# replicas speedup efficiency_percent\n";
       for (const auto* r : rows)

@@ -18,7 +18,6 @@
 #include "dtrain/metrics.hpp"
 #include "dtrain/version.hpp"
 
-
 namespace dtrain {
 
 namespace fs = std::filesystem;
