@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake git pkg-config
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev catch2 nlohmann-json3-dev
-  libopenblas-dev zlib1g-dev
+  libopenblas-dev libdnnl-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
   gnuplot-nox
   dataset-fashion-mnist

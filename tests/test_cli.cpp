@@ -84,7 +84,7 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
        "missing train-images-idx3-ubyte"},
       {"run " + good + " train.per_replica_batch=1024", "larger than the 512 training samples"},
       {"validate " + good + " optimizer.lr_scaling=cubic", "expected one of none | linear | sqrt"},
-      {"run " + good + " backend=cuda", "backend: cuda is not available in this build"},
+      {"run " + good + " backend=cuda", "backend: cuda, but"},
       {"run " + good + " --resume", "--resume needs --tag"},
       {"report " + s.path.string(), "no run folders"},
       {"run " + good + " --results /proc/dtrain-cannot-write", "cannot create the results folder"},

@@ -99,11 +99,16 @@ TEST_CASE("activation gradients match finite differences", "[grad]") {
 }
 
 TEST_CASE("conv2d gradients match finite differences", "[grad][conv]") {
-  auto dev = make_cpu_device();
-  Conv2d same(MapShape{2, 5, 5}, 3, 3, 1, 1);
-  check_layer(*dev, same, 21);
-  Conv2d strided(MapShape{2, 6, 5}, 2, 3, 2, 0);
-  check_layer(*dev, strided, 22);
+  std::vector<CpuConv> algos{CpuConv::im2col};
+  if (have_onednn()) algos.push_back(CpuConv::onednn);
+  for (auto algo : algos) {
+    INFO("conv " << to_string(algo));
+    auto dev = make_cpu_device({1, algo});
+    Conv2d same(MapShape{2, 5, 5}, 3, 3, 1, 1);
+    check_layer(*dev, same, 21);
+    Conv2d strided(MapShape{2, 6, 5}, 2, 3, 2, 0);
+    check_layer(*dev, strided, 22);
+  }
 }
 
 TEST_CASE("max pooling gradients match finite differences", "[grad][conv]") {

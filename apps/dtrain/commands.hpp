@@ -40,4 +40,10 @@ struct ReportOptions {
 void setup_report(CLI::App& app, ReportOptions& opt);
 int run_report(const ReportOptions& opt);
 
+struct DevicesOptions {
+  bool json = false;
+};
+void setup_devices(CLI::App& app, DevicesOptions& opt);
+int run_devices(const DevicesOptions& opt);
+
 }  // namespace dtrain::cli

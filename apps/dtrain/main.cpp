@@ -62,6 +62,10 @@ int run_main(int argc, char** argv) {
   auto* report_cmd =
       app.add_subcommand("report", "Regenerate comparison tables (and figures) from run folders");
   dtrain::cli::setup_report(*report_cmd, report_opt);
+  dtrain::cli::DevicesOptions devices_opt;
+  auto* devices_cmd = app.add_subcommand(
+      "devices", "List the GPUs (and the CPU) dtrain can use, with driver and library versions");
+  dtrain::cli::setup_devices(*devices_cmd, devices_opt);
 
   try {
     app.parse(argc, argv);
@@ -82,6 +86,7 @@ int run_main(int argc, char** argv) {
     if (*run_cmd) return dtrain::cli::run_run(run_opt);
     if (*validate_cmd) return dtrain::cli::run_validate(validate_opt);
     if (*report_cmd) return dtrain::cli::run_report(report_opt);
+    if (*devices_cmd) return dtrain::cli::run_devices(devices_opt);
   } catch (const dtrain::UserError& e) {
     dtrain::clear_progress();
     // Every rank sees the same mistake; one line is enough.

@@ -367,6 +367,8 @@ Config decode(const YAML::Node& root, const Source& src) {
   top.choice("backend", c.backend, kBackends);
   top.integer("gpus", c.gpus, 1, 4096);
   top.integer("threads", c.threads, 0, 4096);
+  top.int_list("devices", c.devices, 0);
+  top.boolean("colocate", c.colocate);
 
   {
     auto d = top.section("data");
@@ -545,6 +547,8 @@ std::string to_yaml(const Config& c) {
   e << YAML::Key << "backend" << YAML::Value << to_string(c.backend);
   e << YAML::Key << "gpus" << YAML::Value << c.gpus;
   e << YAML::Key << "threads" << YAML::Value << c.threads;
+  e << YAML::Key << "devices" << YAML::Value << YAML::Flow << c.devices;
+  e << YAML::Key << "colocate" << YAML::Value << c.colocate;
 
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "dataset" << YAML::Value << to_string(c.data.dataset);

@@ -123,6 +123,8 @@ struct Config {
   Backend backend = Backend::auto_;
   int gpus = 1;
   int threads = 0;  // CPU threads for the whole run; 0 = all hardware threads
+  std::vector<int64_t> devices;  // GPU indices to use (cuda); empty = 0, 1, ... gpus-1
+  bool colocate = false;         // cuda: allow several replicas per GPU when gpus > devices
   DataConfig data;
   ModelConfig model;
   TrainConfig train;

@@ -1,18 +1,33 @@
+// The CPU backend: OpenBLAS for GEMMs, oneDNN for convolutions (where built with it), and
+// OpenMP loops for everything else. One OpenMP team per replica does all the work: OpenBLAS
+// runs single-threaded inside it, so no second pool of threads spins against the first.
 #include <cblas.h>
+#include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <numbers>
 #include <string>
+#include <vector>
 
 #include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
 
+#if DTRAIN_HAVE_DNNL
+#include <dnnl.hpp>
+#endif
+
 namespace dtrain {
 
 namespace {
+
+// Loops below this many elements stay on the calling thread: a parallel region costs a few
+// microseconds.
+constexpr int64_t kParallelMin = 1 << 15;
 
 inline float gelu(float x) {
   // tanh approximation (Hendrycks and Gimpel 2016), as GPT-2 and llm.c use.
@@ -27,9 +42,212 @@ inline float gelu_grad(float x) {
   return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
 }
 
+// ---- im2col convolution: the reference and the fallback ----
+
+void im2col(const float* x, const ConvGeom& g, float* col, int64_t ld) {
+  const int64_t ho = g.ho(), wo = g.wo(), k = g.k, h = g.h, w = g.w;
+  for (int64_t ch = 0; ch < g.c; ++ch)
+    for (int64_t ki = 0; ki < k; ++ki)
+      for (int64_t kj = 0; kj < k; ++kj) {
+        float* row = col + ((ch * k + ki) * k + kj) * ld;
+        for (int64_t oi = 0; oi < ho; ++oi) {
+          const int64_t ii = oi * g.stride - g.pad + ki;
+          float* out = row + oi * wo;
+          if (ii < 0 || ii >= h) {
+            std::fill_n(out, wo, 0.f);
+            continue;
+          }
+          const float* in = x + (ch * h + ii) * w;
+          if (g.stride == 1) {
+            // Columns [lo, hi) read in[oj - pad + kj] inside the image; the rest are zero.
+            const int64_t lo = std::clamp<int64_t>(g.pad - kj, 0, wo);
+            const int64_t hi = std::clamp<int64_t>(w + g.pad - kj, lo, wo);
+            std::fill_n(out, lo, 0.f);
+            std::copy(in + lo - g.pad + kj, in + hi - g.pad + kj, out + lo);
+            std::fill(out + hi, out + wo, 0.f);
+          } else {
+            for (int64_t oj = 0; oj < wo; ++oj) {
+              const int64_t jj = oj * g.stride - g.pad + kj;
+              out[oj] = (jj >= 0 && jj < w) ? in[jj] : 0.f;
+            }
+          }
+        }
+      }
+}
+
+void col2im(const float* col, int64_t ld, const ConvGeom& g, float* dx) {
+  const int64_t ho = g.ho(), wo = g.wo(), k = g.k, h = g.h, w = g.w;
+  for (int64_t ch = 0; ch < g.c; ++ch)
+    for (int64_t ki = 0; ki < k; ++ki)
+      for (int64_t kj = 0; kj < k; ++kj) {
+        const float* row = col + ((ch * k + ki) * k + kj) * ld;
+        for (int64_t oi = 0; oi < ho; ++oi) {
+          const int64_t ii = oi * g.stride - g.pad + ki;
+          if (ii < 0 || ii >= h) continue;
+          float* out = dx + (ch * h + ii) * w;
+          for (int64_t oj = 0; oj < wo; ++oj) {
+            const int64_t jj = oj * g.stride - g.pad + kj;
+            if (jj >= 0 && jj < w) out[jj] += row[oi * wo + oj];
+          }
+        }
+      }
+}
+
+// Samples per GEMM: as many as keep the column matrix near 256K floats (1 MB, about one
+// core's L2 cache); larger chunks measured slower, the im2col traffic leaving the cache.
+int64_t conv_chunk(int64_t ckk, int64_t p) {
+  return std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, ckk * p));
+}
+
+// One thread's scratch for the im2col path.
+struct ConvScratch {
+  std::vector<float> col, out, dw;
+};
+
+#if DTRAIN_HAVE_DNNL
+// oneDNN convolution primitives for one geometry and batch size, with the buffers and reorders
+// that move between dtrain's NCHW/OIHW tensors and the blocked layouts oneDNN prefers.
+class DnnlConv {
+ public:
+  DnnlConv(const dnnl::engine& eng, const ConvGeom& g, int64_t n) : eng_(eng) {
+    using dnnl::memory;
+    using tag = memory::format_tag;
+    const auto f32 = memory::data_type::f32;
+    const memory::dims src{n, g.c, g.h, g.w}, wei{g.oc, g.c, g.k, g.k},
+        dst{n, g.oc, g.ho(), g.wo()};
+    const memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
+    user_src_ = memory::desc(src, f32, tag::nchw);
+    user_wei_ = memory::desc(wei, f32, tag::oihw);
+    user_dst_ = memory::desc(dst, f32, tag::nchw);
+    bias_ = memory::desc({g.oc}, f32, tag::x);
+    const memory::desc any_src(src, f32, tag::any), any_wei(wei, f32, tag::any),
+        any_dst(dst, f32, tag::any);
+    const auto algo = dnnl::algorithm::convolution_direct;
+    fwd_pd_ = dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_src, any_wei,
+                                        bias_, any_dst, strides, pad, pad),
+        eng_);
+    bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(algo, any_src, any_wei, any_dst, strides, pad, pad),
+        eng_, fwd_pd_);
+    bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(algo, any_src, any_wei, bias_, any_dst, strides,
+                                                 pad, pad),
+        eng_, fwd_pd_);
+    fwd_ = dnnl::convolution_forward(fwd_pd_);
+    bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
+    bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
+    dw_.assign(static_cast<size_t>(g.oc * g.c * g.k * g.k), 0.f);
+    db_.assign(static_cast<size_t>(g.oc), 0.f);
+  }
+
+  void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y) {
+    auto src = in(s, fwd_src_, fwd_pd_.src_desc(), user_src_, x);
+    auto wei = in(s, fwd_wei_, fwd_pd_.weights_desc(), user_wei_, w);
+    dnnl::memory bias(bias_, eng_, const_cast<float*>(b));
+    auto dst = out(fwd_dst_, fwd_pd_.dst_desc(), user_dst_, y);
+    fwd_.execute(
+        s,
+        {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
+    finish(s, fwd_dst_, dst, y);
+  }
+
+  void backward(dnnl::stream& s, const float* x, const float* w, const float* dy, float* dw,
+                float* db, float* dx) {
+    if (dx) {
+      auto ddst = in(s, bd_ddst_, bwd_data_pd_.diff_dst_desc(), user_dst_, dy);
+      auto wei = in(s, bd_wei_, bwd_data_pd_.weights_desc(), user_wei_, w);
+      auto dsrc = out(bd_dsrc_, bwd_data_pd_.diff_src_desc(), user_src_, dx);
+      bwd_data_.execute(
+          s, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
+      finish(s, bd_dsrc_, dsrc, dx);
+    }
+    auto src = in(s, bw_src_, bwd_w_pd_.src_desc(), user_src_, x);
+    auto ddst = in(s, bw_ddst_, bwd_w_pd_.diff_dst_desc(), user_dst_, dy);
+    auto dwei = out(bw_dwei_, bwd_w_pd_.diff_weights_desc(), user_wei_, dw_.data());
+    dnnl::memory dbias(bias_, eng_, db_.data());
+    bwd_w_.execute(s, {{DNNL_ARG_SRC, src},
+                       {DNNL_ARG_DIFF_DST, ddst},
+                       {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                       {DNNL_ARG_DIFF_BIAS, dbias}});
+    finish(s, bw_dwei_, dwei, dw_.data());
+    s.wait();
+    // oneDNN overwrites weight gradients; dtrain accumulates them (micro-steps).
+    for (size_t i = 0; i < dw_.size(); ++i) dw[i] += dw_[i];
+    for (size_t i = 0; i < db_.size(); ++i) db[i] += db_[i];
+  }
+
+ private:
+  // A tensor in the layout a primitive wants: dtrain's own memory when the layouts agree, else
+  // a buffer of the primitive's layout and the reorders to and from dtrain's.
+  struct Staged {
+    bool init = false, same = false;
+    dnnl::memory::desc user;
+    dnnl::memory buf;
+    dnnl::reorder to, from;
+  };
+  void prepare(Staged& st, const dnnl::memory::desc& want, const dnnl::memory::desc& user,
+               bool input) {
+    if (st.init) return;
+    st.init = true;
+    st.user = user;
+    st.same = want == user;
+    if (st.same) return;
+    st.buf = dnnl::memory(want, eng_);
+    dnnl::memory u(user, eng_, DNNL_MEMORY_NONE);
+    if (input)
+      st.to = dnnl::reorder(u, st.buf);
+    else
+      st.from = dnnl::reorder(st.buf, u);
+  }
+  dnnl::memory in(dnnl::stream& s, Staged& st, const dnnl::memory::desc& want,
+                  const dnnl::memory::desc& user, const float* p) {
+    prepare(st, want, user, true);
+    dnnl::memory u(user, eng_, const_cast<float*>(p));
+    if (st.same) return u;
+    st.to.execute(s, u, st.buf);
+    return st.buf;
+  }
+  dnnl::memory out(Staged& st, const dnnl::memory::desc& want, const dnnl::memory::desc& user,
+                   float* p) {
+    prepare(st, want, user, false);
+    return st.same ? dnnl::memory(user, eng_, p) : st.buf;
+  }
+  void finish(dnnl::stream& s, Staged& st, dnnl::memory& m, float* p) {
+    if (st.same) return;
+    dnnl::memory u(st.user, eng_, p);
+    st.from.execute(s, m, u);
+  }
+
+  dnnl::engine eng_;
+  dnnl::memory::desc user_src_, user_wei_, user_dst_, bias_;
+  dnnl::convolution_forward::primitive_desc fwd_pd_;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
+  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd_;
+  dnnl::convolution_forward fwd_;
+  dnnl::convolution_backward_data bwd_data_;
+  dnnl::convolution_backward_weights bwd_w_;
+  Staged fwd_src_, fwd_wei_, fwd_dst_, bd_ddst_, bd_wei_, bd_dsrc_, bw_src_, bw_ddst_, bw_dwei_;
+  std::vector<float> dw_, db_;
+};
+#endif
+
 class CpuDevice final : public Device {
  public:
-  std::string name() const override { return "cpu"; }
+  explicit CpuDevice(const CpuOptions& opt) : threads_(std::max(1, opt.threads)), conv_(opt.conv) {
+#if DTRAIN_HAVE_DNNL
+    if (conv_ == CpuConv::onednn) {
+      eng_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
+      stream_ = dnnl::stream(eng_);
+    }
+#else
+    conv_ = CpuConv::im2col;
+#endif
+  }
+  std::string name() const override {
+    return fmt::format("cpu ({} thread{}, conv {})", threads_, threads_ == 1 ? "" : "s",
+                       to_string(conv_));
+  }
 
   void* alloc_bytes(size_t bytes) override {
     const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
@@ -38,21 +256,52 @@ class CpuDevice final : public Device {
     std::memset(p, 0, rounded);
     return p;
   }
-  void free_bytes(void* p) override { std::free(p); }
-  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void fill(float* x, size_t n, float v) override { std::fill_n(x, n, v); }
+  void free_bytes(void* p) override {
+    std::free(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void fill(float* x, size_t n, float v) override {
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) x[i] = v;
+  }
 
+  // Large products are cut into row (or column) blocks of C, one single-threaded OpenBLAS call
+  // per thread. Each element of C is computed by one call in the same order of k, so the result
+  // does not depend on the thread count.
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
     if (m == 0 || n == 0) return;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-                static_cast<blasint>(ldc));
+    const int parts = (threads_ > 1 && m * n * k >= (int64_t{1} << 18))
+                          ? static_cast<int>(std::min<int64_t>(threads_, std::max(m, n) / 16))
+                          : 1;
+    if (parts <= 1) {
+      sgemm1(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    const bool by_rows = m >= n;
+    const int64_t len = by_rows ? m : n;
+    const int64_t block = ((len + parts - 1) / parts + 63) / 64 * 64;
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int t = 0; t < parts; ++t) {
+      const int64_t lo = t * block, hi = std::min(len, lo + block);
+      if (lo >= hi) continue;
+      if (by_rows)
+        sgemm1(ta, tb, hi - lo, n, k, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta,
+               c + lo * ldc, ldc);
+      else
+        sgemm1(ta, tb, m, hi - lo, k, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c + lo,
+               ldc);
+    }
   }
 
   void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) override {
+#pragma omp parallel for num_threads(threads_) if (rows * cols >= kParallelMin) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       float* row = y + r * cols;
       for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
@@ -68,40 +317,54 @@ class CpuDevice final : public Device {
   }
 
   void activation_forward(Activation a, const float* x, float* y, size_t n) override {
+    const auto len = static_cast<int64_t>(n);
+    const int nt = len >= kParallelMin ? threads_ : 1;
     switch (a) {
       case Activation::relu:
-        for (size_t i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
         break;
       case Activation::tanh:
-        for (size_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) y[i] = std::tanh(x[i]);
         break;
       case Activation::sigmoid:
-        for (size_t i = 0; i < n; ++i) y[i] = 1.f / (1.f + std::exp(-x[i]));
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) y[i] = 1.f / (1.f + std::exp(-x[i]));
         break;
       case Activation::gelu:
-        for (size_t i = 0; i < n; ++i) y[i] = gelu(x[i]);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) y[i] = gelu(x[i]);
         break;
     }
   }
 
   void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
                            size_t n) override {
+    const auto len = static_cast<int64_t>(n);
+    const int nt = len >= kParallelMin ? threads_ : 1;
     switch (a) {
       case Activation::relu:
-        for (size_t i = 0; i < n; ++i) dx[i] = x[i] > 0.f ? dy[i] : 0.f;
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) {
+          const float g = dy[i];  // loaded unconditionally, so the loop vectorises
+          dx[i] = x[i] > 0.f ? g : 0.f;
+        }
         break;
       case Activation::tanh:
-        for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.f - y[i] * y[i]);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * (1.f - y[i] * y[i]);
         break;
       case Activation::sigmoid:
-        for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (1.f - y[i]);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * y[i] * (1.f - y[i]);
         break;
       case Activation::gelu:
-        for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_grad(x[i]);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * gelu_grad(x[i]);
         break;
     }
   }
-
   void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
                     float grad_scale, float* dlogits, double* stats) override {
     double loss = 0.0, correct = 0.0;
@@ -141,84 +404,134 @@ class CpuDevice final : public Device {
     }
   }
 
-  void im2col(const float* x, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
-              int64_t pad, float* col, int64_t ld) override {
-    const int64_t ho = (h + 2 * pad - k) / stride + 1, wo = (w + 2 * pad - k) / stride + 1;
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t ki = 0; ki < k; ++ki)
-        for (int64_t kj = 0; kj < k; ++kj) {
-          float* row = col + ((ch * k + ki) * k + kj) * ld;
-          for (int64_t oi = 0; oi < ho; ++oi) {
-            const int64_t ii = oi * stride - pad + ki;
-            for (int64_t oj = 0; oj < wo; ++oj) {
-              const int64_t jj = oj * stride - pad + kj;
-              row[oi * wo + oj] =
-                  (ii >= 0 && ii < h && jj >= 0 && jj < w) ? x[(ch * h + ii) * w + jj] : 0.f;
-            }
-          }
+  void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
+                    float* y) override {
+    if (n == 0) return;
+#if DTRAIN_HAVE_DNNL
+    if (conv_ == CpuConv::onednn) {
+      omp_set_num_threads(threads_);
+      dnnl_conv(g, n).forward(stream_, x, w, b, y);
+      stream_.wait();
+      return;
+    }
+#endif
+    // Chunks of samples side by side in one [C*k*k, nb*P] column matrix: one GEMM per chunk,
+    // W [OC x C*k*k] times the columns, then reordered to NCHW. Chunks run in parallel.
+    const int64_t ckk = g.c * g.k * g.k, p = g.ho() * g.wo(), in_size = g.c * g.h * g.w;
+    const int64_t chunk = std::min(n, conv_chunk(ckk, p));
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    scratch_.resize(static_cast<size_t>(threads_));
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads_, chunks))) \
+    schedule(static)
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      auto& sc = scratch_[static_cast<size_t>(omp_get_thread_num())];
+      const int64_t n0 = ci * chunk, nb = std::min(chunk, n - n0), ld = nb * p;
+      sc.col.resize(static_cast<size_t>(ckk * ld));
+      sc.out.resize(static_cast<size_t>(g.oc * ld));
+      for (int64_t s = 0; s < nb; ++s) im2col(x + (n0 + s) * in_size, g, sc.col.data() + s * p, ld);
+      sgemm1(false, false, g.oc, ld, ckk, 1.f, w, ckk, sc.col.data(), ld, 0.f, sc.out.data(), ld);
+      for (int64_t o = 0; o < g.oc; ++o)
+        for (int64_t s = 0; s < nb; ++s) {
+          const float* src = sc.out.data() + o * ld + s * p;
+          float* dst = y + ((n0 + s) * g.oc + o) * p;
+          for (int64_t i = 0; i < p; ++i) dst[i] = src[i] + b[o];
         }
+    }
   }
 
-  void col2im(const float* col, int64_t ld, int64_t c, int64_t h, int64_t w, int64_t k,
-              int64_t stride, int64_t pad, float* dx) override {
-    const int64_t ho = (h + 2 * pad - k) / stride + 1, wo = (w + 2 * pad - k) / stride + 1;
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t ki = 0; ki < k; ++ki)
-        for (int64_t kj = 0; kj < k; ++kj) {
-          const float* row = col + ((ch * k + ki) * k + kj) * ld;
-          for (int64_t oi = 0; oi < ho; ++oi) {
-            const int64_t ii = oi * stride - pad + ki;
-            if (ii < 0 || ii >= h) continue;
-            for (int64_t oj = 0; oj < wo; ++oj) {
-              const int64_t jj = oj * stride - pad + kj;
-              if (jj >= 0 && jj < w) dx[(ch * h + ii) * w + jj] += row[oi * wo + oj];
-            }
-          }
+  void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
+                     float* dw, float* db, float* dx) override {
+    if (n == 0) return;
+#if DTRAIN_HAVE_DNNL
+    if (conv_ == CpuConv::onednn) {
+      omp_set_num_threads(threads_);
+      dnnl_conv(g, n).backward(stream_, x, w, dy, dw, db, dx);
+      return;
+    }
+#endif
+    const int64_t ckk = g.c * g.k * g.k, p = g.ho() * g.wo(), in_size = g.c * g.h * g.w;
+    const int64_t chunk = std::min(n, conv_chunk(ckk, p));
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    // Each chunk's weight gradient goes to its own slot and the slots are summed in chunk
+    // order, so the result does not depend on the thread count.
+    const auto nw = static_cast<size_t>(g.oc * ckk);
+    partial_dw_.assign(nw * static_cast<size_t>(chunks), 0.f);
+    scratch_.resize(static_cast<size_t>(threads_));
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads_, chunks))) \
+    schedule(static)
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      auto& sc = scratch_[static_cast<size_t>(omp_get_thread_num())];
+      const int64_t n0 = ci * chunk, nb = std::min(chunk, n - n0), ld = nb * p;
+      sc.col.resize(static_cast<size_t>(ckk * ld));
+      sc.out.resize(static_cast<size_t>(g.oc * ld));
+      for (int64_t o = 0; o < g.oc; ++o)  // dy of the chunk as [OC, nb*P]
+        for (int64_t s = 0; s < nb; ++s)
+          std::memcpy(sc.out.data() + o * ld + s * p, dy + ((n0 + s) * g.oc + o) * p,
+                      static_cast<size_t>(p) * sizeof(float));
+      for (int64_t s = 0; s < nb; ++s) im2col(x + (n0 + s) * in_size, g, sc.col.data() + s * p, ld);
+      sgemm1(false, true, g.oc, ckk, ld, 1.f, sc.out.data(), ld, sc.col.data(), ld, 0.f,
+             partial_dw_.data() + static_cast<size_t>(ci) * nw, ckk);
+      if (dx) {
+        sgemm1(true, false, ckk, ld, g.oc, 1.f, w, ckk, sc.out.data(), ld, 0.f, sc.col.data(), ld);
+        for (int64_t s = 0; s < nb; ++s) {
+          float* d = dx + (n0 + s) * in_size;
+          std::fill_n(d, in_size, 0.f);
+          col2im(sc.col.data() + s * p, ld, g, d);
         }
-  }
-
-  void swap_outer(const float* src, int64_t a, int64_t b, int64_t p, float* dst) override {
-    for (int64_t i = 0; i < a; ++i)
-      for (int64_t j = 0; j < b; ++j)
-        std::memcpy(dst + (j * a + i) * p, src + (i * b + j) * p,
-                    static_cast<size_t>(p) * sizeof(float));
-  }
-
-  void add_channel_bias(float* y, const float* bias, int64_t n, int64_t c,
-                        int64_t spatial) override {
-    for (int64_t s = 0; s < n; ++s)
-      for (int64_t ch = 0; ch < c; ++ch) {
-        float* p = y + (s * c + ch) * spatial;
-        for (int64_t i = 0; i < spatial; ++i) p[i] += bias[ch];
       }
-  }
-
-  void channel_bias_grad(const float* dy, float* db, int64_t n, int64_t c, int64_t spatial,
-                         bool accumulate) override {
-    if (!accumulate) std::fill_n(db, c, 0.f);
+    }
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      const float* pd = partial_dw_.data() + static_cast<size_t>(ci) * nw;
+      for (size_t i = 0; i < nw; ++i) dw[i] += pd[i];
+    }
     for (int64_t s = 0; s < n; ++s)
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const float* p = dy + (s * c + ch) * spatial;
+      for (int64_t o = 0; o < g.oc; ++o) {
+        const float* q = dy + (s * g.oc + o) * p;
         float acc = 0.f;
-        for (int64_t i = 0; i < spatial; ++i) acc += p[i];
-        db[ch] += acc;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < p; ++i) acc += q[i];
+        db[o] += acc;
       }
   }
 
   void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
                        int64_t stride, float* y, int32_t* argmax) override {
     const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+#pragma omp parallel for num_threads(threads_) if (n * c * h * w >= kParallelMin) schedule(static)
     for (int64_t p = 0; p < n * c; ++p) {
       const float* xp = x + p * h * w;
+      if (k == 2 && stride == 2) {  // the common case, unrolled; same tie rule as below
+        for (int64_t oi = 0; oi < ho; ++oi) {
+          const float* r0 = xp + 2 * oi * w;
+          const float* r1 = r0 + w;
+          float* yo = y + (p * ho + oi) * wo;
+          int32_t* ao = argmax + (p * ho + oi) * wo;
+          for (int64_t oj = 0; oj < wo; ++oj) {
+            const int64_t j = 2 * oj;
+            float bv = r0[j];
+            int64_t best = 2 * oi * w + j;
+            if (r0[j + 1] > bv) bv = r0[j + 1], best = 2 * oi * w + j + 1;
+            if (r1[j] > bv) bv = r1[j], best = (2 * oi + 1) * w + j;
+            if (r1[j + 1] > bv) bv = r1[j + 1], best = (2 * oi + 1) * w + j + 1;
+            yo[oj] = bv;
+            ao[oj] = static_cast<int32_t>(best);
+          }
+        }
+        continue;
+      }
       for (int64_t oi = 0; oi < ho; ++oi)
         for (int64_t oj = 0; oj < wo; ++oj) {
           int64_t best = (oi * stride) * w + oj * stride;
+          float bv = xp[best];
           for (int64_t ki = 0; ki < k; ++ki)
             for (int64_t kj = 0; kj < k; ++kj) {
               const int64_t idx = (oi * stride + ki) * w + oj * stride + kj;
-              if (xp[idx] > xp[best]) best = idx;
+              const float v = xp[idx];
+              const bool gt = v > bv;  // first maximum wins, as before
+              bv = gt ? v : bv;
+              best = gt ? idx : best;
             }
-          y[(p * ho + oi) * wo + oj] = xp[best];
+          y[(p * ho + oi) * wo + oj] = bv;
           argmax[(p * ho + oi) * wo + oj] = static_cast<int32_t>(best);
         }
     }
@@ -227,90 +540,116 @@ class CpuDevice final : public Device {
   void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
                         int64_t w, int64_t k, int64_t stride, float* dx) override {
     const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
-    std::fill_n(dx, n * c * h * w, 0.f);
-    for (int64_t p = 0; p < n * c; ++p)
-      for (int64_t o = 0; o < ho * wo; ++o)
-        dx[p * h * w + argmax[p * ho * wo + o]] += dy[p * ho * wo + o];
+#pragma omp parallel for num_threads(threads_) if (n * c * h * w >= kParallelMin) schedule(static)
+    for (int64_t p = 0; p < n * c; ++p) {
+      float* d = dx + p * h * w;
+      std::fill_n(d, h * w, 0.f);
+      for (int64_t o = 0; o < ho * wo; ++o) d[argmax[p * ho * wo + o]] += dy[p * ho * wo + o];
+    }
   }
 
+  // Per-channel reductions run in parallel over channels, each summing its samples in order:
+  // the same result for every thread count.
   void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* sum,
                        double* sumsq) override {
-    std::fill_n(sum, c, 0.0);
-    std::fill_n(sumsq, c, 0.0);
-    for (int64_t s = 0; s < n; ++s)
-      for (int64_t ch = 0; ch < c; ++ch) {
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double sa = 0, sb = 0;
+      for (int64_t s = 0; s < n; ++s) {
         const float* p = x + (s * c + ch) * spatial;
-        double a = 0, b = 0;
+        // float inside a sample's positions (at most a few thousand terms), double across.
+        float a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
         for (int64_t i = 0; i < spatial; ++i) {
           a += p[i];
-          b += double(p[i]) * p[i];
+          b += p[i] * p[i];
         }
-        sum[ch] += a;
-        sumsq[ch] += b;
+        sa += a;
+        sb += b;
       }
+      sum[ch] = sa;
+      sumsq[ch] = sb;
+    }
   }
 
   void bn_apply(const float* x, const float* mean, const float* inv_std, const float* gamma,
                 const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) override {
-    for (int64_t s = 0; s < n; ++s)
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const float* p = x + (s * c + ch) * spatial;
-        float* q = y + (s * c + ch) * spatial;
-        const float a = gamma[ch] * inv_std[ch], b = beta[ch] - a * mean[ch];
-        for (int64_t i = 0; i < spatial; ++i) q[i] = a * p[i] + b;
-      }
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t sc = 0; sc < n * c; ++sc) {
+      const int64_t ch = sc % c;
+      const float* p = x + sc * spatial;
+      float* q = y + sc * spatial;
+      const float a = gamma[ch] * inv_std[ch], b = beta[ch] - a * mean[ch];
+      for (int64_t i = 0; i < spatial; ++i) q[i] = a * p[i] + b;
+    }
   }
 
   void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* inv_std,
                         const float* gamma, int64_t n, int64_t c, int64_t spatial, double* s1,
                         double* s2, float* dgamma, float* dbeta) override {
-    std::fill_n(s1, c, 0.0);
-    std::fill_n(s2, c, 0.0);
-    for (int64_t s = 0; s < n; ++s)
-      for (int64_t ch = 0; ch < c; ++ch) {
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double t1 = 0, t2 = 0;
+      float dg = dgamma[ch], db = dbeta[ch];
+      const float m = mean[ch], is = inv_std[ch];
+      for (int64_t s = 0; s < n; ++s) {
         const float* p = x + (s * c + ch) * spatial;
         const float* g = dy + (s * c + ch) * spatial;
-        double a = 0, b = 0;
+        // float inside a sample's positions (at most a few thousand terms), double across.
+        float a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
         for (int64_t i = 0; i < spatial; ++i) {
-          const double xhat = (double(p[i]) - mean[ch]) * inv_std[ch];
           a += g[i];
-          b += double(g[i]) * xhat;
+          b += g[i] * ((p[i] - m) * is);
         }
-        dbeta[ch] += static_cast<float>(a);
-        dgamma[ch] += static_cast<float>(b);
-        s1[ch] += a * gamma[ch];
-        s2[ch] += b * gamma[ch];
+        db += a;
+        dg += b;
+        t1 += double(a) * gamma[ch];
+        t2 += double(b) * gamma[ch];
       }
+      dgamma[ch] = dg;
+      dbeta[ch] = db;
+      s1[ch] = t1;
+      s2[ch] = t2;
+    }
   }
 
   void bn_backward_dx(const float* x, const float* dy, const float* mean, const float* inv_std,
                       const float* gamma, const double* s1, const double* s2, double m, int64_t n,
                       int64_t c, int64_t spatial, float* dx) override {
-    for (int64_t s = 0; s < n; ++s)
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const float* p = x + (s * c + ch) * spatial;
-        const float* g = dy + (s * c + ch) * spatial;
-        float* q = dx + (s * c + ch) * spatial;
-        const double k = inv_std[ch] / m;
-        for (int64_t i = 0; i < spatial; ++i) {
-          const double xhat = (double(p[i]) - mean[ch]) * inv_std[ch];
-          q[i] = static_cast<float>(k * (m * g[i] * gamma[ch] - s1[ch] - xhat * s2[ch]));
-        }
-      }
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t sc = 0; sc < n * c; ++sc) {
+      const int64_t ch = sc % c;
+      const float* p = x + sc * spatial;
+      const float* g = dy + sc * spatial;
+      float* q = dx + sc * spatial;
+      // dx = k * (m * gamma * dy - s1 - xhat * s2) = a * dy + b * x + c0, in float.
+      const double kk = inv_std[ch] / m;
+      const auto a = static_cast<float>(kk * m * gamma[ch]);
+      const auto bx = static_cast<float>(-kk * s2[ch] * inv_std[ch]);
+      const auto c0 = static_cast<float>(kk * (-s1[ch] + double(mean[ch]) * inv_std[ch] * s2[ch]));
+      for (int64_t i = 0; i < spatial; ++i) q[i] = a * g[i] + bx * p[i] + c0;
+    }
   }
 
   void multiply(const float* x, const float* mask, float* y, size_t n) override {
-    for (size_t i = 0; i < n; ++i) y[i] = x[i] * mask[i];
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) y[i] = x[i] * mask[i];
   }
 
   void scale(float* x, size_t n, float a) override {
-    for (size_t i = 0; i < n; ++i) x[i] *= a;
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) x[i] *= a;
   }
 
   void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
                   float wd, bool nesterov) override {
     // PyTorch's SGD semantics: coupled weight decay, momentum buffer without dampening.
-    for (size_t i = 0; i < n; ++i) {
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) {
       float d = g[i] + wd * p[i];
       if (momentum != 0.f) {
         buf[i] = momentum * buf[i] + d;
@@ -325,7 +664,9 @@ class CpuDevice final : public Device {
     const float bc1 = 1.f - std::pow(b1, static_cast<float>(step));
     const float bc2 = 1.f - std::pow(b2, static_cast<float>(step));
     const float bc2_sqrt = std::sqrt(bc2);
-    for (size_t i = 0; i < n; ++i) {
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) {
       float d = g[i];
       if (decoupled)
         p[i] *= 1.f - lr * wd;  // AdamW (Loshchilov and Hutter 2019)
@@ -337,12 +678,70 @@ class CpuDevice final : public Device {
       p[i] -= (lr / bc1) * m[i] / denom;
     }
   }
+
+ private:
+  static void sgemm1(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                static_cast<blasint>(ldc));
+  }
+
+#if DTRAIN_HAVE_DNNL
+  DnnlConv& dnnl_conv(const ConvGeom& g, int64_t n) {
+    const auto key = std::make_pair(g, n);
+    auto it = convs_.find(key);
+    if (it == convs_.end()) {
+      try {
+        it = convs_.emplace(key, std::make_unique<DnnlConv>(eng_, g, n)).first;
+      } catch (const dnnl::error& e) {
+        DTRAIN_THROW_SYSTEM(fmt::format("oneDNN convolution setup failed: {}", e.what()));
+      }
+    }
+    return *it->second;
+  }
+  dnnl::engine eng_;
+  dnnl::stream stream_;
+  std::map<std::pair<ConvGeom, int64_t>, std::unique_ptr<DnnlConv>> convs_;
+#endif
+  int threads_;
+  CpuConv conv_;
+  std::vector<ConvScratch> scratch_;
+  std::vector<float> partial_dw_;
 };
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device() {
-  return std::make_unique<CpuDevice>();
+std::unique_ptr<Device> make_cpu_device(const CpuOptions& opt) {
+  return std::make_unique<CpuDevice>(opt);
+}
+
+bool have_onednn() {
+  return DTRAIN_HAVE_DNNL != 0;
+}
+
+CpuConv CpuOptions::default_cpu_conv() {
+  return have_onednn() ? CpuConv::onednn : CpuConv::im2col;
+}
+
+const char* to_string(CpuConv c) {
+  return c == CpuConv::onednn ? "onednn" : "im2col";
+}
+
+CpuConv cpu_conv_from_env() {
+  const char* v = std::getenv("DTRAIN_CPU_CONV");
+  if (!v || !*v) return CpuOptions::default_cpu_conv();
+  const std::string s(v);
+  if (s == "im2col") return CpuConv::im2col;
+  if (s == "onednn") {
+    if (!have_onednn())
+      throw UserError(
+          "DTRAIN_CPU_CONV=onednn, but this dtrain was built without oneDNN "
+          "(install libdnnl-dev and rebuild)");
+    return CpuConv::onednn;
+  }
+  throw UserError(fmt::format("DTRAIN_CPU_CONV={}: valid values are onednn and im2col", s));
 }
 
 void set_blas_threads(int n) {

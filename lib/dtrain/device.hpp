@@ -2,6 +2,7 @@
 // A compute device: memory and the kernels the training core needs, on device pointers.
 // The CPU implementation is the reference ("CPU twin") every other backend is tested against.
 // All matrices are row-major.
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -11,10 +12,22 @@
 
 namespace dtrain {
 
+// A convolution's geometry: input c x h x w, oc output channels, a square k x k kernel.
+struct ConvGeom {
+  int64_t c = 1, h = 1, w = 1, oc = 1, k = 1, stride = 1, pad = 0;
+  int64_t ho() const { return (h + 2 * pad - k) / stride + 1; }
+  int64_t wo() const { return (w + 2 * pad - k) / stride + 1; }
+  auto operator<=>(const ConvGeom&) const = default;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
   virtual std::string name() const = 0;
+  // True where device pointers are host pointers (the CPU), so host code may read them.
+  virtual bool host_memory() const { return true; }
+  // Waits for all work queued on the device (no-op on the CPU).
+  virtual void synchronize() {}
 
   virtual void* alloc_bytes(size_t bytes) = 0;
   virtual void free_bytes(void* p) = 0;
@@ -43,21 +56,13 @@ class Device {
   virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
                       const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
 
-  // Convolution helpers for one sample in CHW layout: col is [C*k*k, Ho*Wo] with row stride
-  // `ld` (>= Ho*Wo), so several samples can sit side by side in one matrix.
-  virtual void im2col(const float* x, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
-                      int64_t pad, float* col, int64_t ld) = 0;
-  // dx (+)= the scatter of col back to the image (the adjoint of im2col).
-  virtual void col2im(const float* col, int64_t ld, int64_t c, int64_t h, int64_t w, int64_t k,
-                      int64_t stride, int64_t pad, float* dx) = 0;
-  // dst[b, a, :] = src[a, b, :] for a [A, B, P] tensor (NCHW <-> CNHW).
-  virtual void swap_outer(const float* src, int64_t a, int64_t b, int64_t p, float* dst) = 0;
-  // y[n, c, i] += bias[c] for `n` samples of `c` channels of `spatial` values.
-  virtual void add_channel_bias(float* y, const float* bias, int64_t n, int64_t c,
-                                int64_t spatial) = 0;
-  // db[c] (+)= sum over samples and positions of dy.
-  virtual void channel_bias_grad(const float* dy, float* db, int64_t n, int64_t c, int64_t spatial,
-                                 bool accumulate) = 0;
+  // 2-D convolution of n samples in NCHW layout; weights [oc, c, k, k], bias [oc].
+  virtual void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                            const float* b, float* y) = 0;
+  // Gradients of conv_forward: dw (+)= and db (+)= (accumulated), dx = (overwritten; skipped
+  // when null).
+  virtual void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                             const float* dy, float* dw, float* db, float* dx) = 0;
   // Max pooling over k x k windows; argmax (per output) records the winning input index.
   virtual void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
                                int64_t k, int64_t stride, float* y, int32_t* argmax) = 0;
@@ -90,8 +95,24 @@ class Device {
                            int64_t step) = 0;
 };
 
-// The CPU backend. `blas_threads` is the OpenBLAS thread count (process-wide).
-std::unique_ptr<Device> make_cpu_device();
+// How the CPU backend convolves: oneDNN's primitives (the default where dtrain was built with
+// oneDNN) or im2col + OpenBLAS GEMM (always available; the reference in tests).
+enum class CpuConv { onednn, im2col };
+struct CpuOptions {
+  int threads = 1;  // worker threads of this replica (OpenMP), used by every kernel
+  CpuConv conv = default_cpu_conv();
+  static CpuConv default_cpu_conv();
+};
+bool have_onednn();
+// The conv implementation named by DTRAIN_CPU_CONV (onednn | im2col), else the default.
+// Throws UserError for another value.
+CpuConv cpu_conv_from_env();
+const char* to_string(CpuConv c);
+
+// The CPU backend: every kernel runs on `threads` OpenMP threads of the calling thread, GEMMs as
+// row or column blocks through single-threaded OpenBLAS calls, so that one thread pool (the
+// same that oneDNN uses) does all the work.
+std::unique_ptr<Device> make_cpu_device(const CpuOptions& opt = {});
 void set_blas_threads(int n);
 // OpenBLAS build and the kernel family it picked, e.g. "OpenBLAS 0.3.21 ... (core SkylakeX)".
 std::string blas_description();

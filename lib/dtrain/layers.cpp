@@ -52,56 +52,17 @@ void Conv2d::init(Rng& rng, float* params) const {
     params[i] = static_cast<float>(rng.uniform(-bound, bound));
 }
 
-namespace {
-// Samples per GEMM: as many as keep the column matrix near 256K floats (1 MB, about one
-// core's L2 cache); larger chunks measured slower, the im2col traffic leaving the cache.
-int64_t conv_chunk(int64_t ckk, int64_t p) {
-  return std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, ckk * p));
+ConvGeom Conv2d::geom() const {
+  return {in_.c, in_.h, in_.w, oc_, k_, stride_, pad_};
 }
-}  // namespace
 
-// The samples of a chunk sit side by side in one [C*k*k, n*P] column matrix, so each chunk is
-// one GEMM (W [OC x C*k*k] times the columns) instead of one small GEMM per sample; the result
-// [OC, n, P] is then reordered to NCHW.
 void Conv2d::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
-  const int64_t ckk = in_.c * k_ * k_, p = out_.h * out_.w;
-  const int64_t chunk = std::min(rows, conv_chunk(ckk, p));
-  col_.resize(d, static_cast<size_t>(std::max<int64_t>(1, ckk * p * chunk)));
-  dcol_.resize(d, static_cast<size_t>(std::max<int64_t>(1, oc_ * p * chunk)));
-  for (int64_t n0 = 0; n0 < rows; n0 += chunk) {
-    const int64_t nb = std::min(chunk, rows - n0), ld = nb * p;
-    for (int64_t n = 0; n < nb; ++n)
-      d.im2col(x + (n0 + n) * in_.size(), in_.c, in_.h, in_.w, k_, stride_, pad_,
-               col_.data() + n * p, ld);
-    d.gemm(false, false, oc_, ld, ckk, 1.f, w_, ckk, col_.data(), ld, 0.f, dcol_.data(), ld);
-    d.swap_outer(dcol_.data(), oc_, nb, p, y + n0 * out_.size());
-  }
-  d.add_channel_bias(y, b_, rows, oc_, p);
+  d.conv_forward(geom(), rows, x, w_, b_, y);
 }
 
 void Conv2d::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
                            int64_t rows) {
-  const int64_t ckk = in_.c * k_ * k_, p = out_.h * out_.w;
-  const int64_t chunk = std::min(rows, conv_chunk(ckk, p));
-  col_.resize(d, static_cast<size_t>(std::max<int64_t>(1, ckk * p * chunk)));
-  dcol_.resize(d, static_cast<size_t>(std::max<int64_t>(1, std::max(ckk, oc_) * p * chunk)));
-  dy_t_.resize(d, static_cast<size_t>(std::max<int64_t>(1, oc_ * p * chunk)));
-  if (dx) d.fill(dx, static_cast<size_t>(rows * in_.size()), 0.f);
-  for (int64_t n0 = 0; n0 < rows; n0 += chunk) {
-    const int64_t nb = std::min(chunk, rows - n0), ld = nb * p;
-    d.swap_outer(dy + n0 * out_.size(), nb, oc_, p, dy_t_.data());  // [OC, nb*P]
-    for (int64_t n = 0; n < nb; ++n)
-      d.im2col(x + (n0 + n) * in_.size(), in_.c, in_.h, in_.w, k_, stride_, pad_,
-               col_.data() + n * p, ld);
-    d.gemm(false, true, oc_, ckk, ld, 1.f, dy_t_.data(), ld, col_.data(), ld, 1.f, dw_, ckk);
-    if (dx) {
-      d.gemm(true, false, ckk, ld, oc_, 1.f, w_, ckk, dy_t_.data(), ld, 0.f, dcol_.data(), ld);
-      for (int64_t n = 0; n < nb; ++n)
-        d.col2im(dcol_.data() + n * p, ld, in_.c, in_.h, in_.w, k_, stride_, pad_,
-                 dx + (n0 + n) * in_.size());
-    }
-  }
-  d.channel_bias_grad(dy, db_, rows, oc_, p, true);
+  d.conv_backward(geom(), rows, x, w_, dy, dw_, db_, dx);
 }
 
 // ---- MaxPool2d ----

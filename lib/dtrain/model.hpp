@@ -96,7 +96,7 @@ class ActivationLayer final : public Layer {
   Activation act_;
 };
 
-// 2-D convolution (square kernel, stride, zero padding) by im2col and GEMM, per sample.
+// 2-D convolution (square kernel, stride, zero padding); the device does the arithmetic.
 // Weights [out_c x (in_c*k*k)], bias [out_c]; He-uniform init like PyTorch's default.
 class Conv2d final : public Layer {
  public:
@@ -114,10 +114,10 @@ class Conv2d final : public Layer {
                      int64_t rows) override;
 
  private:
+  ConvGeom geom() const;
   MapShape in_, out_;
   int64_t oc_, k_, stride_, pad_;
   float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
-  Buffer<float> col_, dcol_, dy_t_;
 };
 
 class MaxPool2d final : public Layer {

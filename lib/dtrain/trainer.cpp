@@ -15,7 +15,9 @@
 #include "dtrain/comm.hpp"
 #include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
+#include "dtrain/gpu.hpp"
 #include "dtrain/model.hpp"
+#include "dtrain/mpi.hpp"
 #include "dtrain/optimizer.hpp"
 #include "dtrain/sampler.hpp"
 #include "dtrain/schedule.hpp"
@@ -30,6 +32,16 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// Every kernel runs on the replica's own OpenMP team; OpenBLAS itself stays single-threaded
+// (dtrain cuts large GEMMs into blocks), so no second thread pool competes for the cores.
+CpuOptions cpu_options(int threads) {
+  set_blas_threads(1);
+  CpuOptions o;
+  o.threads = threads;
+  o.conv = cpu_conv_from_env();
+  return o;
+}
+
 int resolve_threads(const Config& cfg) {
   if (cfg.threads > 0) return cfg.threads;
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -40,6 +52,8 @@ struct Shared {
   const DataSplit& data;
   TrainObserver* observer;
   TrainResult result;
+  CpuOptions cpu{};
+  Placement place{};
 };
 
 void worker(Shared& sh, Communicator& comm) {
@@ -53,7 +67,26 @@ void worker(Shared& sh, Communicator& comm) {
   const int64_t gbatch = cfg.global_batch();
   const int accum = cfg.train.accumulation_steps;
 
-  auto dev = make_cpu_device();
+  std::unique_ptr<Device> dev =
+      sh.place.backend == Backend::cuda
+          ? make_cuda_device(sh.place.gpu_of_replica[static_cast<size_t>(rank)], rank)
+          : make_cpu_device(sh.cpu);
+  // On a GPU the training set is uploaded once and batches are gathered there.
+  const float* train_x = train.x.data();
+  const int32_t* train_y = train.y.data();
+  Buffer<float> dev_train_x;
+  Buffer<int32_t> dev_train_y;
+  if (!dev->host_memory()) {
+    dev_train_x.resize(*dev, std::max<size_t>(1, train.x.size()));
+    dev_train_y.resize(*dev, std::max<size_t>(1, train.y.size()));
+    dev->upload(dev_train_x.data(), train.x.data(), train.x.size() * sizeof(float));
+    dev->upload(dev_train_y.data(), train.y.data(), train.y.size() * sizeof(int32_t));
+    train_x = dev_train_x.data();
+    train_y = dev_train_y.data();
+  }
+  const bool augment = cfg.data.augment.crop_padding > 0 || cfg.data.augment.flip;
+  std::vector<float> host_batch;  // augmentation runs on the host
+  std::vector<float> host_grads;  // gradient exchange staged through the host (GPU backend)
   auto model = build_model(*dev, cfg.model, train.shape, train.classes);
   model->init(cfg.train.seed);
   // Each replica's own stream for dropout (and augmentation): results differ with the replica
@@ -127,9 +160,15 @@ void worker(Shared& sh, Communicator& comm) {
         auto t0 = Clock::now();
         sampler.micro_batch(plan, s, k, rank, idx);
         const auto rows = static_cast<int64_t>(idx.size());
-        dev->gather(train.x.data(), train.y.data(), features, idx.data(), rows, xb.data(),
-                    yb.data());
-        augment_batch(xb.data(), rows, train.shape, cfg.data.augment, replica_rng);
+        dev->gather(train_x, train_y, features, idx.data(), rows, xb.data(), yb.data());
+        if (augment && dev->host_memory()) {
+          augment_batch(xb.data(), rows, train.shape, cfg.data.augment, replica_rng);
+        } else if (augment) {
+          host_batch.resize(static_cast<size_t>(rows * features));
+          dev->download(host_batch.data(), xb.data(), host_batch.size() * sizeof(float));
+          augment_batch(host_batch.data(), rows, train.shape, cfg.data.augment, replica_rng);
+          dev->upload(xb.data(), host_batch.data(), host_batch.size() * sizeof(float));
+        }
         auto t1 = Clock::now();
         model->forward(xb.data(), rows);
         model->loss_backward(yb.data(), rows, grad_scale, st);
@@ -138,7 +177,14 @@ void worker(Shared& sh, Communicator& comm) {
         t_compute += seconds_since(t1);
       }
       auto t2 = Clock::now();
-      comm.allreduce(model->grads(), n_params, grad_op);
+      if (dev->host_memory()) {
+        comm.allreduce(model->grads(), n_params, grad_op);
+      } else {
+        host_grads.resize(n_params);
+        dev->download(host_grads.data(), model->grads(), n_params * sizeof(float));
+        comm.allreduce(host_grads.data(), n_params, grad_op);
+        dev->upload(model->grads(), host_grads.data(), n_params * sizeof(float));
+      }
       auto t3 = Clock::now();
       opt.step(model->params(), model->grads(), lr);
       t_exchange += std::chrono::duration<double>(t3 - t2).count();
@@ -220,6 +266,53 @@ bool stop_requested() {
   return g_stop.load();
 }
 
+// Replicas placed by this process: all of them in-process, or one per process on this node
+// under a launcher.
+static int local_replica_count(const Config& cfg) {
+  if (!mpi::detect().active) return cfg.gpus;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+std::string Placement::describe() const {
+  if (backend != Backend::cuda) return "cpu";
+  std::string s;
+  for (size_t i = 0; i < gpu_of_replica.size(); ++i)
+    s += fmt::format("{}{}", i ? "," : "", gpu_of_replica[i]);
+  return fmt::format("cuda: replicas on GPUs [{}]{}", s, colocated ? " (colocated)" : "");
+}
+
+Placement place_replicas(const Config& cfg, int local_ranks) {
+  Placement p;
+  if (cfg.backend == Backend::cpu) return p;
+  const GpuSystem sys = query_gpus();
+  if (cfg.backend == Backend::auto_ && sys.gpus.empty()) return p;
+  if (sys.gpus.empty())
+    throw UserError(
+        fmt::format("backend: cuda, but {}; use backend: cpu or auto", sys.none_reason));
+  std::vector<int> devs;
+  for (auto d : cfg.devices) {
+    if (d >= static_cast<int64_t>(sys.gpus.size()))
+      throw UserError(fmt::format("devices: GPU {} does not exist; this machine has {} (0..{})", d,
+                                  sys.gpus.size(), sys.gpus.size() - 1));
+    devs.push_back(static_cast<int>(d));
+  }
+  if (devs.empty())
+    for (int i = 0; i < static_cast<int>(sys.gpus.size()) && i < local_ranks; ++i)
+      devs.push_back(i);
+  if (local_ranks > static_cast<int>(devs.size()) && !cfg.colocate)
+    throw UserError(fmt::format(
+        "gpus={} needs {} GPUs on this machine but {} {} available; set colocate: true to run "
+        "several replicas per GPU (in turn), or lower gpus",
+        cfg.gpus, local_ranks, devs.size(), devs.size() == 1 ? "is" : "are"));
+  p.backend = Backend::cuda;
+  p.colocated = local_ranks > static_cast<int>(devs.size());
+  for (int r = 0; r < local_ranks; ++r)
+    p.gpu_of_replica.push_back(devs[static_cast<size_t>(r) % devs.size()]);
+  return p;
+}
+
 void check_plan(const Config& cfg, const DataSplit& data) {
   const int64_t g = cfg.global_batch();
   if (data.train.size() < g && cfg.data.drop_remainder)
@@ -229,8 +322,7 @@ void check_plan(const Config& cfg, const DataSplit& data) {
         "batch or data.drop_remainder: false",
         g, cfg.micro_batch(), cfg.gpus, cfg.train.accumulation_steps, data.train.size()));
   if (data.train.size() == 0) throw UserError("data: the training set is empty");
-  if (cfg.backend == Backend::cuda)
-    throw UserError("backend: cuda is not available in this build (valid here: auto, cpu)");
+  place_replicas(cfg, local_replica_count(cfg));
   const int classes = data.train.classes;
   for (const auto* d : {&data.train, &data.test})
     for (auto y : d->y)
@@ -254,10 +346,21 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
       if (const char* s = std::getenv(v)) local = std::max(1, std::atoi(s));
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
   }
-  set_blas_threads(threads);
   Shared sh{cfg, data, comm.rank() == 0 ? observer : nullptr, {}};
-  sh.result.info.devices = fmt::format("cpu: {} replicas as processes ({}), {} BLAS thread{} each",
-                                       comm.size(), comm.kind(), threads, threads == 1 ? "" : "s");
+  sh.cpu = cpu_options(threads);
+  sh.place = place_replicas(cfg, local_replica_count(cfg));
+  if (sh.place.backend == Backend::cuda) {
+    // This process's replica takes the GPU of its local rank on this node.
+    const auto& g = sh.place.gpu_of_replica;
+    const int gpu = g[static_cast<size_t>(mpi::detect().local_rank) % g.size()];
+    sh.place.gpu_of_replica.assign(static_cast<size_t>(comm.size()), gpu);
+    sh.result.info.devices = fmt::format("cuda: {} replicas as processes ({}), this one on GPU {}",
+                                         comm.size(), comm.kind(), gpu);
+  } else {
+    sh.result.info.devices =
+        fmt::format("cpu: {} replicas as processes ({}), {} thread{} each, conv {}", comm.size(),
+                    comm.kind(), threads, threads == 1 ? "" : "s", to_string(sh.cpu.conv));
+  }
   worker(sh, comm);
   return std::move(sh.result);
 }
@@ -265,13 +368,13 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
 TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer) {
   check_plan(cfg, data);
   const int threads = resolve_threads(cfg);
-  const int blas_threads = std::max(1, threads / cfg.gpus);
-  set_blas_threads(blas_threads);
+  const int per_replica = std::max(1, threads / cfg.gpus);
 
   Shared sh{cfg, data, observer, {}};
-  sh.result.info.devices =
-      fmt::format("cpu: {} replica{} as threads, {} BLAS thread{} each", cfg.gpus,
-                  cfg.gpus == 1 ? "" : "s", blas_threads, blas_threads == 1 ? "" : "s");
+  sh.cpu = cpu_options(per_replica);
+  sh.result.info.devices = fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}",
+                                       cfg.gpus, cfg.gpus == 1 ? "" : "s", per_replica,
+                                       per_replica == 1 ? "" : "s", to_string(sh.cpu.conv));
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;
   std::exception_ptr first_error;

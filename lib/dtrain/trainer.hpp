@@ -71,7 +71,20 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
 void request_stop();
 bool stop_requested();
 
-// Checks that `cfg` can run on this data (batch versus dataset size, ...). Throws UserError.
+// Checks that `cfg` can run on this data and machine (batch versus dataset size, backend and
+// GPUs). Throws UserError.
 void check_plan(const Config& cfg, const DataSplit& data);
+
+// Where the replicas run: the CPU, or GPU indices per replica (several replicas share a GPU
+// only with colocate: true). `local_ranks` is the number of replicas this process places
+// (gpus in-process; under mpirun, the processes on this node). Throws UserError with the
+// reason when the config asks for something this machine cannot do.
+struct Placement {
+  Backend backend = Backend::cpu;
+  std::vector<int> gpu_of_replica;  // cuda only
+  bool colocated = false;
+  std::string describe() const;
+};
+Placement place_replicas(const Config& cfg, int local_ranks);
 
 }  // namespace dtrain

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Side-by-side CPU benchmark: dtrain against PyTorch on the quickstart MLP recipe.
+"""Side-by-side CPU benchmark: dtrain against PyTorch on the quickstart MLP or the small CNN.
 
 At 1 replica dtrain runs against plain PyTorch; at N replicas against PyTorch DDP (gloo) in N
 processes. Both use the same data (preloaded in memory), model, optimizer, LR rule, epochs and
-total thread count. Each pair runs back to back, alternating, --repeats times in one invocation;
+total thread count. For the CNN, dtrain runs once with each CPU convolution implementation
+(oneDNN and im2col + OpenBLAS), both against the same PyTorch runs. Each pair runs back to back, alternating, --repeats times in one invocation;
 a time is the median epoch time (training only, evaluation excluded) over all epochs of all
 repeats, the speedup is the median of the per-repeat ratios, and accuracies are those of the
 first repeat (both programs are seeded).
@@ -34,16 +35,21 @@ MODELS = {  # model -> (config, experiment name, cases)
     "mlp": ("quickstart.yaml", "fmnist-mlp", CASES),
     "cnn": ("fmnist-cnn.yaml", "fmnist-cnn", [(1, 64, "linear")]),
 }
+# dtrain's CPU convolution implementations, each measured against the same PyTorch runs.
+CONVS = {"mlp": [None], "cnn": ["onednn", "im2col"]}
 
 
-def run_dtrain(binary, model, replicas, batch, scaling, epochs, threads, results, rep):
+def run_dtrain(binary, model, replicas, batch, scaling, epochs, threads, results, rep, conv):
     config, experiment, _ = MODELS[model]
-    tag = f"bench-{replicas}x{batch}-r{rep}"
+    tag = f"bench-{replicas}x{batch}-{conv or 'default'}-r{rep}"
+    env = dict(os.environ)
+    if conv:
+        env["DTRAIN_CPU_CONV"] = conv
     cmd = [binary, "run", os.path.join(ROOT, "configs", config), f"gpus={replicas}",
            f"train.per_replica_batch={batch}", f"optimizer.lr_scaling={scaling}",
            f"train.epochs={epochs}", f"threads={threads}", "--results", results, "--tag", tag,
            "--quiet"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     with open(os.path.join(results, experiment, f"{tag}-g{replicas}", "summary.json")) as f:
         s = json.load(f)
     return s["median_epoch_time_s"], s["final_test_accuracy"], s["status"], s.get("blas", "?")
@@ -77,30 +83,44 @@ def main():
         for replicas, batch, scaling in MODELS[args.model][2]:
             print(f"case {replicas} replica(s) x batch {batch} ({scaling} scaling) ...",
                   flush=True)
-            d_times, t_times, ratios, d_acc, t_acc = [], [], [], None, None
+            convs = CONVS[args.model]
+            d_times = {c: [] for c in convs}
+            ratios = {c: [] for c in convs}
+            d_acc = {c: None for c in convs}
+            t_times, t_acc = [], None
             for rep in range(args.repeats):
-                dt, da, d_status, blas = run_dtrain(args.dtrain, args.model, replicas, batch, scaling,
-                                                    args.epochs, args.threads, scratch, rep)
-                tt, ta, peer, torch_version = run_torch(args.model, replicas, batch, scaling, args.epochs,
-                                                        args.threads)
-                d_times.append(dt)
+                tt, ta, peer, torch_version = run_torch(args.model, replicas, batch, scaling,
+                                                        args.epochs, args.threads)
                 t_times.append(tt)
-                ratios.append(tt / dt)
-                if d_acc is None:
-                    d_acc, t_acc = da, ta
-                print(f"  repeat {rep + 1}: dtrain {dt:.3f} s/epoch {100*da:.2f}% ({d_status})"
-                      f"   {peer} {tt:.3f} s/epoch {100*ta:.2f}%   ratio {tt/dt:.2f}x", flush=True)
-            rows.append(dict(replicas=replicas, batch=batch, scaling=scaling, peer=peer,
-                             dtrain_epoch_s=statistics.median(d_times),
-                             peer_epoch_s=statistics.median(t_times),
-                             speedup=statistics.median(ratios), speedup_min=min(ratios),
-                             speedup_max=max(ratios), dtrain_acc=d_acc, peer_acc=t_acc,
-                             acc_delta_points=100 * (d_acc - t_acc)))
+                if t_acc is None:
+                    t_acc = ta
+                print(f"  repeat {rep + 1}: {peer} {tt:.3f} s/epoch {100*ta:.2f}%", flush=True)
+                for c in convs:
+                    dt, da, d_status, blas = run_dtrain(args.dtrain, args.model, replicas, batch,
+                                                        scaling, args.epochs, args.threads,
+                                                        scratch, rep, c)
+                    d_times[c].append(dt)
+                    ratios[c].append(tt / dt)
+                    if d_acc[c] is None:
+                        d_acc[c] = da
+                    print(f"    dtrain{' conv ' + c if c else ''} {dt:.3f} s/epoch "
+                          f"{100*da:.2f}% ({d_status})   ratio {tt/dt:.2f}x", flush=True)
+            for c in convs:
+                rows.append(dict(replicas=replicas, batch=batch, scaling=scaling, peer=peer,
+                                 conv=c or "-",
+                                 dtrain_epoch_s=statistics.median(d_times[c]),
+                                 peer_epoch_s=statistics.median(t_times),
+                                 speedup=statistics.median(ratios[c]),
+                                 speedup_min=min(ratios[c]), speedup_max=max(ratios[c]),
+                                 dtrain_acc=d_acc[c], peer_acc=t_acc,
+                                 acc_delta_points=100 * (d_acc[c] - t_acc)))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
     sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
                          capture_output=True, text=True).stdout.strip()
+    if subprocess.run(["git", "-C", ROOT, "diff", "--quiet", "HEAD"]).returncode != 0:
+        sha += "-dirty"
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=sha,
                 cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
                 threads=args.threads, epochs=args.epochs, torch=torch_version, dtrain_blas=blas,
@@ -122,13 +142,14 @@ def main():
         f"dtrain's BLAS: {blas}; OPENBLAS_CORETYPE={meta['openblas_coretype']}. PyTorch uses "
         "its bundled MKL/oneDNN.",
         "",
-        "| replicas | batch per replica | global batch | LR rule | peer | dtrain s/epoch | "
-        "peer s/epoch | speedup (min-max) | dtrain acc | peer acc | delta (pts) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| replicas | batch per replica | global batch | LR rule | dtrain conv | peer | "
+        "dtrain s/epoch | peer s/epoch | speedup (min-max) | dtrain acc | peer acc | "
+        "delta (pts) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['replicas']} | {r['batch']} | {r['replicas'] * r['batch']} | "
-                     f"{r['scaling']} | {r['peer']} | "
+                     f"{r['scaling']} | {r['conv']} | {r['peer']} | "
                      f"{r['dtrain_epoch_s']:.3f} | {r['peer_epoch_s']:.3f} | "
                      f"{r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | "
                      f"{100*r['dtrain_acc']:.2f}% | "

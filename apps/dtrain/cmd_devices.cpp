@@ -1,0 +1,55 @@
+// dtrain devices: the GPUs this machine offers the CUDA backend, with library versions.
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "commands.hpp"
+#include "dtrain/device.hpp"
+#include "dtrain/gpu.hpp"
+
+namespace dtrain::cli {
+
+void setup_devices(CLI::App& app, DevicesOptions& opt) {
+  app.add_flag("--json", opt.json, "Print one JSON object instead of a table");
+}
+
+int run_devices(const DevicesOptions& opt) {
+  const GpuSystem s = query_gpus();
+  const unsigned cores = std::thread::hardware_concurrency();
+  const std::string cpu_conv = to_string(CpuOptions::default_cpu_conv());
+  if (opt.json) {
+    std::string gpus;
+    for (const auto& g : s.gpus)
+      gpus += fmt::format(
+          "{}{{\"index\": {}, \"name\": \"{}\", \"memory_bytes\": {}, "
+          "\"compute_capability\": \"{}.{}\", \"sms\": {}}}",
+          gpus.empty() ? "" : ", ", g.index, g.name, g.memory_bytes, g.cc_major, g.cc_minor,
+          g.sm_count);
+    fmt::print(
+        "{{\"cpu\": {{\"threads\": {}, \"blas\": \"{}\", \"conv\": \"{}\"}}, \"cuda_built\": {}, "
+        "\"driver\": \"{}\", \"cuda_runtime\": \"{}\", \"cudnn\": \"{}\", \"nccl\": \"{}\", "
+        "\"gpus\": [{}], \"no_gpu_reason\": \"{}\"}}\n",
+        cores, blas_description(), cpu_conv, s.built_with_cuda ? "true" : "false", s.driver,
+        s.runtime, s.cudnn, s.nccl, gpus, s.gpus.empty() ? s.none_reason : "");
+    return 0;
+  }
+  fmt::print("cpu: {} hardware threads, {}, convolutions by {}\n", cores, blas_description(),
+             cpu_conv);
+  if (!s.built_with_cuda) {
+    fmt::print("cuda: no GPU: {}\n", s.none_reason);
+    return 0;
+  }
+  fmt::print("cuda: driver {}, runtime {} (built against), cuDNN {}, NCCL {}\n", s.driver,
+             s.runtime, s.cudnn, s.nccl);
+  if (s.gpus.empty()) {
+    fmt::print("no GPU: {}; backend: auto runs on the CPU\n", s.none_reason);
+    return 0;
+  }
+  for (const auto& g : s.gpus)
+    fmt::print("gpu {}: {}, {:.1f} GiB, compute capability {}.{}, {} SMs\n", g.index, g.name,
+               static_cast<double>(g.memory_bytes) / (1024.0 * 1024 * 1024), g.cc_major, g.cc_minor,
+               g.sm_count);
+  return 0;
+}
+
+}  // namespace dtrain::cli

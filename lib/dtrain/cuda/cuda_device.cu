@@ -1,0 +1,711 @@
+// The CUDA backend's device: cuBLAS GEMMs, cuDNN convolutions and dtrain's own kernels, each
+// the twin of a CpuDevice function (tests/test_cuda.cpp compares them).
+//
+// Everything runs in order on one stream per device. Arguments that the Device interface keeps
+// on the host (BatchNorm statistics, dropout masks, batch indices, loss sums) are copied
+// through small device buffers; those copies synchronise the stream, which is correct but not
+// yet the fastest arrangement.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <map>
+#include <vector>
+
+#include "dtrain/error.hpp"
+#include "dtrain/gpu.hpp"
+
+namespace dtrain {
+namespace {
+
+// printf-style formatting: fmt's headers do not compile under nvcc's C++20 mode.
+template <class... A>
+std::string strf(const char* f, A... a) {
+  const int n = std::snprintf(nullptr, 0, f, a...);
+  std::string s(static_cast<size_t>(std::max(n, 0)) + 1, '\0');
+  std::snprintf(s.data(), s.size(), f, a...);
+  s.pop_back();
+  return s;
+}
+
+#define DT_CUDA(call)                                                                         \
+  do {                                                                                        \
+    const cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess)                                                                    \
+      throw ::dtrain::SystemError(strf("rank %d: CUDA: %s (%s)", rank_, #call,                 \
+                                       cudaGetErrorString(e_)),                              \
+                                  __FILE__, __LINE__);                                        \
+  } while (0)
+#define DT_CUBLAS(call)                                                                       \
+  do {                                                                                        \
+    const cublasStatus_t s_ = (call);                                                         \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                          \
+      throw ::dtrain::SystemError(strf("rank %d: cuBLAS: %s (status %d)", rank_, #call,        \
+                                       static_cast<int>(s_)),                                \
+                                  __FILE__, __LINE__);                                        \
+  } while (0)
+#define DT_CUDNN(call)                                                                        \
+  do {                                                                                        \
+    const cudnnStatus_t s_ = (call);                                                          \
+    if (s_ != CUDNN_STATUS_SUCCESS)                                                           \
+      throw ::dtrain::SystemError(strf("rank %d: cuDNN: %s (%s)", rank_, #call,                \
+                                       cudnnGetErrorString(s_)),                             \
+                                  __FILE__, __LINE__);                                        \
+  } while (0)
+
+constexpr int kThreads = 256;
+
+inline unsigned blocks_for(size_t n) {
+  return static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, 65535 * 8));
+}
+
+#define GRID_STRIDE(i, n) \
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); i += size_t(gridDim.x) * blockDim.x)
+
+// ---- elementwise kernels ----
+
+__global__ void k_fill(float* x, size_t n, float v) {
+  GRID_STRIDE(i, n) x[i] = v;
+}
+
+__global__ void k_add_bias(float* y, const float* b, size_t rows, size_t cols) {
+  GRID_STRIDE(i, rows * cols) y[i] += b[i % cols];
+}
+
+__global__ void k_bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool acc) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.f;  // rows in order, as on the CPU
+  for (int64_t r = 0; r < rows; ++r) s += dy[r * cols + c];
+  db[c] = acc ? db[c] + s : s;
+}
+
+__device__ inline float gelu_f(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+__device__ inline float gelu_grad_f(float x) {
+  const float k = 0.7978845608028654f;
+  const float u = k * (x + 0.044715f * x * x * x);
+  const float t = tanhf(u);
+  const float du = k * (1.f + 3.f * 0.044715f * x * x);
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+}
+
+__global__ void k_act_fwd(int a, const float* x, float* y, size_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = x[i];
+    switch (a) {
+      case 0: y[i] = v > 0.f ? v : 0.f; break;
+      case 1: y[i] = tanhf(v); break;
+      case 2: y[i] = 1.f / (1.f + expf(-v)); break;
+      default: y[i] = gelu_f(v); break;
+    }
+  }
+}
+
+__global__ void k_act_bwd(int a, const float* x, const float* y, const float* dy, float* dx,
+                          size_t n) {
+  GRID_STRIDE(i, n) {
+    switch (a) {
+      case 0: dx[i] = x[i] > 0.f ? dy[i] : 0.f; break;
+      case 1: dx[i] = dy[i] * (1.f - y[i] * y[i]); break;
+      case 2: dx[i] = dy[i] * y[i] * (1.f - y[i]); break;
+      default: dx[i] = dy[i] * gelu_grad_f(x[i]); break;
+    }
+  }
+}
+
+// One thread per row, in double like the CPU twin; per-row loss and hit go to `row_stats`.
+__global__ void k_softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
+                               int64_t classes, float grad_scale, float* dlogits,
+                               double* row_stats) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const float* z = logits + r * classes;
+  const int32_t y = labels[r];
+  float mx = z[0];
+  int64_t arg = 0;
+  for (int64_t c = 1; c < classes; ++c)
+    if (z[c] > mx) {
+      mx = z[c];
+      arg = c;
+    }
+  double sum = 0.0;
+  for (int64_t c = 0; c < classes; ++c) sum += exp(static_cast<double>(z[c] - mx));
+  const double log_sum = log(sum);
+  row_stats[2 * r] = log_sum - static_cast<double>(z[y] - mx);
+  row_stats[2 * r + 1] = arg == y ? 1.0 : 0.0;
+  if (dlogits) {
+    float* d = dlogits + r * classes;
+    for (int64_t c = 0; c < classes; ++c) {
+      const double p = exp(static_cast<double>(z[c] - mx) - log_sum);
+      d[c] = grad_scale * static_cast<float>(p - (c == y ? 1.0 : 0.0));
+    }
+  }
+}
+
+// Sums `rows` (loss, hit) pairs in one block; out[0..1].
+__global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
+  __shared__ double s0[kThreads], s1[kThreads];
+  double a = 0, b = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    a += v[2 * i];
+    b += v[2 * i + 1];
+  }
+  s0[threadIdx.x] = a;
+  s1[threadIdx.x] = b;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) {
+      s0[threadIdx.x] += s0[threadIdx.x + w];
+      s1[threadIdx.x] += s1[threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    out[0] = s0[0];
+    out[1] = s1[0];
+  }
+}
+
+__global__ void k_gather(const float* src, const int32_t* src_labels, int64_t features,
+                         const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) {
+  GRID_STRIDE(i, size_t(count * features)) {
+    const int64_t r = static_cast<int64_t>(i) / features, f = static_cast<int64_t>(i) % features;
+    dst[i] = src[idx[r] * features + f];
+    if (f == 0) dst_labels[r] = src_labels[idx[r]];
+  }
+}
+
+__global__ void k_maxpool_fwd(const float* x, int64_t planes, int64_t h, int64_t w, int64_t k,
+                              int64_t stride, int64_t ho, int64_t wo, float* y, int32_t* argmax) {
+  GRID_STRIDE(i, size_t(planes * ho * wo)) {
+    const int64_t p = static_cast<int64_t>(i) / (ho * wo), o = static_cast<int64_t>(i) % (ho * wo);
+    const int64_t oi = o / wo, oj = o % wo;
+    const float* xp = x + p * h * w;
+    int64_t best = (oi * stride) * w + oj * stride;
+    float bv = xp[best];
+    for (int64_t ki = 0; ki < k; ++ki)
+      for (int64_t kj = 0; kj < k; ++kj) {
+        const int64_t idx = (oi * stride + ki) * w + oj * stride + kj;
+        if (xp[idx] > bv) {  // first maximum wins, as on the CPU
+          bv = xp[idx];
+          best = idx;
+        }
+      }
+    y[i] = bv;
+    argmax[i] = static_cast<int32_t>(best);
+  }
+}
+
+// One thread per input position gathers the outputs whose window chose it (no atomics, so the
+// result is deterministic even for overlapping windows).
+__global__ void k_maxpool_bwd(const float* dy, const int32_t* argmax, int64_t planes, int64_t h,
+                              int64_t w, int64_t k, int64_t stride, int64_t ho, int64_t wo,
+                              float* dx) {
+  GRID_STRIDE(i, size_t(planes * h * w)) {
+    const int64_t p = static_cast<int64_t>(i) / (h * w), q = static_cast<int64_t>(i) % (h * w);
+    const int64_t ii = q / w, jj = q % w;
+    const int64_t oi_lo = ii >= k ? (ii - k) / stride + 1 : 0;
+    const int64_t oj_lo = jj >= k ? (jj - k) / stride + 1 : 0;
+    const int64_t oi_hi = ii / stride < ho - 1 ? ii / stride : ho - 1;
+    const int64_t oj_hi = jj / stride < wo - 1 ? jj / stride : wo - 1;
+    float s = 0.f;
+    for (int64_t oi = oi_lo; oi <= oi_hi; ++oi)
+      for (int64_t oj = oj_lo; oj <= oj_hi; ++oj) {
+        const int64_t o = (p * ho + oi) * wo + oj;
+        if (argmax[o] == q) s += dy[o];
+      }
+    dx[i] = s;
+  }
+}
+
+// Block reduction of two doubles over the block; thread 0 gets the totals.
+__device__ void block_sum2(double& a, double& b) {
+  __shared__ double s0[kThreads], s1[kThreads];
+  s0[threadIdx.x] = a;
+  s1[threadIdx.x] = b;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) {
+      s0[threadIdx.x] += s0[threadIdx.x + w];
+      s1[threadIdx.x] += s1[threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  a = s0[0];
+  b = s1[0];
+}
+
+// One block per channel: sum and sum of squares over samples and positions.
+__global__ void k_channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                                  double* out) {
+  const int64_t ch = blockIdx.x;
+  double a = 0, b = 0;
+  for (int64_t i = threadIdx.x; i < n * spatial; i += blockDim.x) {
+    const double v = x[((i / spatial) * c + ch) * spatial + i % spatial];
+    a += v;
+    b += v * v;
+  }
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    out[ch] = a;
+    out[c + ch] = b;
+  }
+}
+
+// stats = [mean (c), inv_std (c)]
+__global__ void k_bn_apply(const float* x, const float* stats, const float* gamma,
+                           const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) {
+  GRID_STRIDE(i, size_t(n * c * spatial)) {
+    const int64_t ch = (static_cast<int64_t>(i) / spatial) % c;
+    const float a = gamma[ch] * stats[c + ch];
+    y[i] = a * x[i] + (beta[ch] - a * stats[ch]);
+  }
+}
+
+// One block per channel; out = [s1 (c), s2 (c)], dgamma/dbeta accumulated.
+__global__ void k_bn_bwd_sums(const float* x, const float* dy, const float* stats,
+                              const float* gamma, int64_t n, int64_t c, int64_t spatial,
+                              double* out, float* dgamma, float* dbeta) {
+  const int64_t ch = blockIdx.x;
+  const float m = stats[ch], is = stats[c + ch];
+  double a = 0, b = 0;
+  for (int64_t i = threadIdx.x; i < n * spatial; i += blockDim.x) {
+    const int64_t off = ((i / spatial) * c + ch) * spatial + i % spatial;
+    const double g = dy[off];
+    a += g;
+    b += g * static_cast<double>((x[off] - m) * is);
+  }
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    dbeta[ch] += static_cast<float>(a);
+    dgamma[ch] += static_cast<float>(b);
+    out[ch] = a * gamma[ch];
+    out[c + ch] = b * gamma[ch];
+  }
+}
+
+// sums = [s1 (c), s2 (c)] as doubles.
+__global__ void k_bn_bwd_dx(const float* x, const float* dy, const float* stats,
+                            const float* gamma, const double* sums, double m, int64_t n,
+                            int64_t c, int64_t spatial, float* dx) {
+  GRID_STRIDE(i, size_t(n * c * spatial)) {
+    const int64_t ch = (static_cast<int64_t>(i) / spatial) % c;
+    const double is = stats[c + ch], kk = is / m;
+    const double xhat = (static_cast<double>(x[i]) - stats[ch]) * is;
+    dx[i] = static_cast<float>(kk * (m * dy[i] * gamma[ch] - sums[ch] - xhat * sums[c + ch]));
+  }
+}
+
+__global__ void k_multiply(const float* x, const float* mask, float* y, size_t n) {
+  GRID_STRIDE(i, n) y[i] = x[i] * mask[i];
+}
+
+__global__ void k_scale(float* x, size_t n, float a) {
+  GRID_STRIDE(i, n) x[i] *= a;
+}
+
+__global__ void k_sgd(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
+                      float wd, bool nesterov) {
+  GRID_STRIDE(i, n) {
+    float d = g[i] + wd * p[i];
+    if (momentum != 0.f) {
+      buf[i] = momentum * buf[i] + d;
+      d = nesterov ? d + momentum * buf[i] : buf[i];
+    }
+    p[i] -= lr * d;
+  }
+}
+
+__global__ void k_adam(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
+                       float b2, float eps, float wd, bool decoupled, float bc1, float bc2_sqrt) {
+  GRID_STRIDE(i, n) {
+    float d = g[i];
+    if (decoupled)
+      p[i] *= 1.f - lr * wd;
+    else
+      d += wd * p[i];
+    m[i] = b1 * m[i] + (1.f - b1) * d;
+    v[i] = b2 * v[i] + (1.f - b2) * d * d;
+    const float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+    p[i] -= (lr / bc1) * m[i] / denom;
+  }
+}
+
+// ---- cuDNN convolution plans ----
+//
+// cuDNN 9 marks the descriptor-based ("legacy") convolution API deprecated in favour of the
+// graph API (cudnn_frontend). dtrain uses the legacy API on purpose for now: it is still
+// shipped and supported in cuDNN 9, it needs no header-only C++ frontend that Debian does not
+// package, and the three calls it takes (forward, backward data, backward filter) map one to
+// one onto the Device interface. Moving to the graph API is a contained change inside ConvPlan.
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  size_t workspace = 0;
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int index, int rank) : index_(index), rank_(rank) {
+    DT_CUDA(cudaSetDevice(index_));
+    DT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DT_CUBLAS(cublasCreate(&blas_));
+    DT_CUBLAS(cublasSetStream(blas_, stream_));
+    // Plain FP32 GEMMs: the CPU twin is FP32, and TF32 would change the numbers.
+    DT_CUBLAS(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+    DT_CUDNN(cudnnCreate(&dnn_));
+    DT_CUDNN(cudnnSetStream(dnn_, stream_));
+    cudaDeviceProp prop{};
+    DT_CUDA(cudaGetDeviceProperties(&prop, index_));
+    name_ = strf("cuda:%d (%s)", index_, prop.name);
+  }
+  ~CudaDevice() override {
+    cudaSetDevice(index_);
+    mask_ = Buffer<float>();  // while the stream still exists
+    stats_ = Buffer<float>();
+    for (auto& [key, p] : plans_) {
+      cudnnDestroyTensorDescriptor(p.x);
+      cudnnDestroyTensorDescriptor(p.y);
+      cudnnDestroyTensorDescriptor(p.b);
+      cudnnDestroyFilterDescriptor(p.w);
+      cudnnDestroyConvolutionDescriptor(p.conv);
+    }
+    for (void* s : {static_cast<void*>(scratch_), static_cast<void*>(workspace_)})
+      if (s) cudaFree(s);
+    cudnnDestroy(dnn_);
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return name_; }
+  bool host_memory() const override { return false; }
+  void synchronize() override { DT_CUDA(cudaStreamSynchronize(stream_)); }
+
+  void* alloc_bytes(size_t bytes) override {
+    select();
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess)
+      throw SystemError(strf("rank %d: out of GPU memory on cuda:%d allocating %zu bytes (%s)",
+                             rank_, index_, bytes, cudaGetErrorString(e)),
+                        __FILE__, __LINE__);
+    DT_CUDA(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_));
+    return p;
+  }
+  void free_bytes(void* p) override {
+    cudaStreamSynchronize(stream_);
+    cudaFree(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    synchronize();  // the host buffer may change as soon as this returns
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  }
+  void fill(float* x, size_t n, float v) override {
+    if (n == 0) return;
+    k_fill<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, v);
+    check_launch();
+  }
+
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    if (m == 0 || n == 0) return;
+    DT_CUBLAS(cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                          static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c,
+                          static_cast<int>(ldc)));
+  }
+  void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) override {
+    const auto n = static_cast<size_t>(rows * cols);
+    if (n == 0) return;
+    k_add_bias<<<blocks_for(n), kThreads, 0, stream_>>>(y, bias, rows, cols);
+    check_launch();
+  }
+  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate) override {
+    if (cols == 0) return;
+    k_bias_grad<<<blocks_for(cols), kThreads, 0, stream_>>>(dy, db, rows, cols, accumulate);
+    check_launch();
+  }
+  void activation_forward(Activation a, const float* x, float* y, size_t n) override {
+    if (n == 0) return;
+    k_act_fwd<<<blocks_for(n), kThreads, 0, stream_>>>(act_code(a), x, y, n);
+    check_launch();
+  }
+  void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
+                           size_t n) override {
+    if (n == 0) return;
+    k_act_bwd<<<blocks_for(n), kThreads, 0, stream_>>>(act_code(a), x, y, dy, dx, n);
+    check_launch();
+  }
+  void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
+                    float grad_scale, float* dlogits, double* stats) override {
+    if (rows == 0) return;
+    auto* row_stats = scratch<double>(static_cast<size_t>(2 * rows + 2));
+    double* total = row_stats + 2 * rows;
+    k_softmax_xent<<<blocks_for(rows), kThreads, 0, stream_>>>(logits, labels, rows, classes,
+                                                               grad_scale, dlogits, row_stats);
+    k_sum_pairs<<<1, kThreads, 0, stream_>>>(row_stats, rows, total);
+    check_launch();
+    double host[2];
+    download(host, total, sizeof(host));
+    stats[0] += host[0];
+    stats[1] += host[1];
+  }
+  void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
+              int64_t count, float* dst, int32_t* dst_labels) override {
+    if (count == 0) return;
+    auto* didx = scratch<int64_t>(static_cast<size_t>(count));
+    upload(didx, idx, static_cast<size_t>(count) * sizeof(int64_t));
+    const auto n = static_cast<size_t>(count * features);
+    k_gather<<<blocks_for(n), kThreads, 0, stream_>>>(src, src_labels, features, didx, count, dst,
+                                                      dst_labels);
+    check_launch();
+  }
+
+  void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
+                    float* y) override {
+    if (n == 0) return;
+    ConvPlan& p = plan(g, n);
+    const float one = 1.f, zero = 0.f;
+    DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x, p.w, w, p.conv, p.fwd, workspace_,
+                                     p.workspace, &zero, p.y, y));
+    DT_CUDNN(cudnnAddTensor(dnn_, &one, p.b, b, &one, p.y, y));
+  }
+  void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
+                     float* dw, float* db, float* dx) override {
+    if (n == 0) return;
+    ConvPlan& p = plan(g, n);
+    const float one = 1.f, zero = 0.f;
+    if (dx)
+      DT_CUDNN(cudnnConvolutionBackwardData(dnn_, &one, p.w, w, p.y, dy, p.conv, p.bwd_data,
+                                            workspace_, p.workspace, &zero, p.x, dx));
+    DT_CUDNN(cudnnConvolutionBackwardFilter(dnn_, &one, p.x, x, p.y, dy, p.conv, p.bwd_filter,
+                                            workspace_, p.workspace, &one, p.w, dw));
+    DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.y, dy, &one, p.b, db));
+  }
+
+  void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
+                       int64_t stride, float* y, int32_t* argmax) override {
+    const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+    const auto total = static_cast<size_t>(n * c * ho * wo);
+    if (total == 0) return;
+    k_maxpool_fwd<<<blocks_for(total), kThreads, 0, stream_>>>(x, n * c, h, w, k, stride, ho, wo,
+                                                                y, argmax);
+    check_launch();
+  }
+  void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
+                        int64_t w, int64_t k, int64_t stride, float* dx) override {
+    const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+    const auto total = static_cast<size_t>(n * c * h * w);
+    if (total == 0) return;
+    k_maxpool_bwd<<<blocks_for(total), kThreads, 0, stream_>>>(dy, argmax, n * c, h, w, k, stride,
+                                                                ho, wo, dx);
+    check_launch();
+  }
+
+  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* sum,
+                       double* sumsq) override {
+    auto* out = scratch<double>(static_cast<size_t>(2 * c));
+    k_channel_moments<<<static_cast<unsigned>(c), kThreads, 0, stream_>>>(x, n, c, spatial, out);
+    check_launch();
+    std::vector<double> host(static_cast<size_t>(2 * c));
+    download(host.data(), out, host.size() * sizeof(double));
+    std::copy_n(host.begin(), c, sum);
+    std::copy_n(host.begin() + c, c, sumsq);
+  }
+  void bn_apply(const float* x, const float* mean, const float* inv_std, const float* gamma,
+                const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) override {
+    const float* stats = upload_stats(mean, inv_std, c);
+    const auto total = static_cast<size_t>(n * c * spatial);
+    if (total == 0) return;
+    k_bn_apply<<<blocks_for(total), kThreads, 0, stream_>>>(x, stats, gamma, beta, n, c, spatial,
+                                                             y);
+    check_launch();
+  }
+  void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* inv_std,
+                        const float* gamma, int64_t n, int64_t c, int64_t spatial, double* s1,
+                        double* s2, float* dgamma, float* dbeta) override {
+    const float* stats = upload_stats(mean, inv_std, c);
+    auto* out = scratch<double>(static_cast<size_t>(2 * c));
+    k_bn_bwd_sums<<<static_cast<unsigned>(c), kThreads, 0, stream_>>>(x, dy, stats, gamma, n, c,
+                                                                       spatial, out, dgamma, dbeta);
+    check_launch();
+    std::vector<double> host(static_cast<size_t>(2 * c));
+    download(host.data(), out, host.size() * sizeof(double));
+    std::copy_n(host.begin(), c, s1);
+    std::copy_n(host.begin() + c, c, s2);
+  }
+  void bn_backward_dx(const float* x, const float* dy, const float* mean, const float* inv_std,
+                      const float* gamma, const double* s1, const double* s2, double m, int64_t n,
+                      int64_t c, int64_t spatial, float* dx) override {
+    // One scratch block: [mean, inv_std] floats, then [s1, s2] doubles (8-byte aligned).
+    const auto fbytes = static_cast<size_t>(2 * c) * sizeof(float);
+    const size_t off = (fbytes + 7) / 8 * 8;
+    std::vector<char> host(off + static_cast<size_t>(2 * c) * sizeof(double));
+    std::copy_n(mean, c, reinterpret_cast<float*>(host.data()));
+    std::copy_n(inv_std, c, reinterpret_cast<float*>(host.data()) + c);
+    std::copy_n(s1, c, reinterpret_cast<double*>(host.data() + off));
+    std::copy_n(s2, c, reinterpret_cast<double*>(host.data() + off) + c);
+    auto* dev = scratch<char>(host.size());
+    upload(dev, host.data(), host.size());
+    const auto total = static_cast<size_t>(n * c * spatial);
+    if (total == 0) return;
+    k_bn_bwd_dx<<<blocks_for(total), kThreads, 0, stream_>>>(
+        x, dy, reinterpret_cast<const float*>(dev), gamma,
+        reinterpret_cast<const double*>(dev + off), m, n, c, spatial, dx);
+    check_launch();
+  }
+  void multiply(const float* x, const float* mask, float* y, size_t n) override {
+    if (n == 0) return;
+    // The mask comes from the replica's host random stream.
+    if (mask_.size() < n) mask_.resize(*this, n);
+    upload(mask_.data(), mask, n * sizeof(float));
+    k_multiply<<<blocks_for(n), kThreads, 0, stream_>>>(x, mask_.data(), y, n);
+    check_launch();
+  }
+  void scale(float* x, size_t n, float a) override {
+    if (n == 0) return;
+    k_scale<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, a);
+    check_launch();
+  }
+  void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
+                  float wd, bool nesterov) override {
+    if (n == 0) return;
+    k_sgd<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, buf, n, lr, momentum, wd, nesterov);
+    check_launch();
+  }
+  void adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
+                   float b2, float eps, float wd, bool decoupled, int64_t step) override {
+    if (n == 0) return;
+    const float bc1 = 1.f - std::pow(b1, static_cast<float>(step));
+    const float bc2_sqrt = std::sqrt(1.f - std::pow(b2, static_cast<float>(step)));
+    k_adam<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, m, v, n, lr, b1, b2, eps, wd, decoupled,
+                                                    bc1, bc2_sqrt);
+    check_launch();
+  }
+
+ private:
+  void select() { DT_CUDA(cudaSetDevice(index_)); }
+  void check_launch() { DT_CUDA(cudaGetLastError()); }
+  static int act_code(Activation a) {
+    switch (a) {
+      case Activation::relu: return 0;
+      case Activation::tanh: return 1;
+      case Activation::sigmoid: return 2;
+      case Activation::gelu: return 3;
+    }
+    return 0;
+  }
+
+  // A device scratch area (grows, contents not kept), `offset_bytes` into it so that two
+  // scratch uses in one call do not overlap.
+  template <class T>
+  T* scratch(size_t n, size_t offset_bytes = 0) {
+    const size_t need = offset_bytes + n * sizeof(T) + 256;
+    if (need > scratch_bytes_) {
+      synchronize();
+      if (scratch_) DT_CUDA(cudaFree(scratch_));
+      scratch_bytes_ = std::max(need, size_t{1} << 16);
+      DT_CUDA(cudaMalloc(&scratch_, scratch_bytes_));
+    }
+    return reinterpret_cast<T*>(static_cast<char*>(scratch_) + offset_bytes);
+  }
+  // [mean, inv_std] copied to the device.
+  const float* upload_stats(const float* mean, const float* inv_std, int64_t c) {
+    std::vector<float> host(static_cast<size_t>(2 * c));
+    std::copy_n(mean, c, host.begin());
+    std::copy_n(inv_std, c, host.begin() + c);
+    if (stats_.size() < host.size()) stats_.resize(*this, host.size());
+    upload(stats_.data(), host.data(), host.size() * sizeof(float));
+    return stats_.data();
+  }
+
+  ConvPlan& plan(const ConvGeom& g, int64_t n) {
+    const PlanKey key{g.c, g.h, g.w, g.oc, g.k, g.stride, g.pad, n};
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    ConvPlan p;
+    const auto i = [](int64_t v) { return static_cast<int>(v); };
+    DT_CUDNN(cudnnCreateTensorDescriptor(&p.x));
+    DT_CUDNN(cudnnCreateTensorDescriptor(&p.y));
+    DT_CUDNN(cudnnCreateTensorDescriptor(&p.b));
+    DT_CUDNN(cudnnCreateFilterDescriptor(&p.w));
+    DT_CUDNN(cudnnCreateConvolutionDescriptor(&p.conv));
+    DT_CUDNN(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(n), i(g.c),
+                                        i(g.h), i(g.w)));
+    DT_CUDNN(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(n), i(g.oc),
+                                        i(g.ho()), i(g.wo())));
+    DT_CUDNN(cudnnSetTensor4dDescriptor(p.b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i(g.oc), 1,
+                                        1));
+    DT_CUDNN(cudnnSetFilter4dDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(g.oc), i(g.c),
+                                        i(g.k), i(g.k)));
+    // Cross-correlation, as every framework (and the CPU twin) computes.
+    DT_CUDNN(cudnnSetConvolution2dDescriptor(p.conv, i(g.pad), i(g.pad), i(g.stride),
+                                             i(g.stride), 1, 1, CUDNN_CROSS_CORRELATION,
+                                             CUDNN_DATA_FLOAT));
+    DT_CUDNN(cudnnSetConvolutionMathType(p.conv, CUDNN_FMA_MATH));  // FP32, no TF32
+    int got = 0;
+    cudnnConvolutionFwdAlgoPerf_t fwd[8];
+    DT_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn_, p.x, p.w, p.conv, p.y, 8, &got, fwd));
+    p.fwd = fwd[0].algo;
+    cudnnConvolutionBwdDataAlgoPerf_t bd[8];
+    DT_CUDNN(
+        cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, p.w, p.y, p.conv, p.x, 8, &got, bd));
+    p.bwd_data = bd[0].algo;
+    cudnnConvolutionBwdFilterAlgoPerf_t bf[8];
+    DT_CUDNN(
+        cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, p.x, p.y, p.conv, p.w, 8, &got, bf));
+    p.bwd_filter = bf[0].algo;
+    size_t w1 = 0, w2 = 0, w3 = 0;
+    DT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(dnn_, p.x, p.w, p.conv, p.y, p.fwd, &w1));
+    DT_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, p.w, p.y, p.conv, p.x,
+                                                          p.bwd_data, &w2));
+    DT_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn_, p.x, p.y, p.conv, p.w,
+                                                            p.bwd_filter, &w3));
+    p.workspace = std::max({w1, w2, w3});
+    if (p.workspace > workspace_bytes_) {
+      synchronize();
+      if (workspace_) DT_CUDA(cudaFree(workspace_));
+      DT_CUDA(cudaMalloc(&workspace_, p.workspace));
+      workspace_bytes_ = p.workspace;
+    }
+    return plans_.emplace(key, p).first->second;
+  }
+
+  int index_, rank_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  Buffer<float> mask_, stats_;
+  using PlanKey = std::array<int64_t, 8>;  // geometry and batch size
+  std::map<PlanKey, ConvPlan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device(int index, int rank) {
+  return std::make_unique<CudaDevice>(index, rank);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# On a GPU machine: probe it, build dtrain with CUDA, run the GPU tests and the GPU smoke
+# benchmark, and print a short table last. Everything it prints is also written under
+# results/gpu/<date>-<gpu>/ (or $OUT/gpu/... when OUT is set) as evidence of the run.
+#
+#   scripts/gpu-check.sh            # from the repository root
+#
+# Without a GPU it stops after the probe and says so (exit code 3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+stamp=$(date -u +%Y%m%d-%H%M%S)
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
+dest="${OUT:-results}/gpu/${stamp}-${gpu_name:-nogpu}"
+mkdir -p "$dest"
+log="$dest/gpu-check.log"
+exec > >(tee "$log") 2>&1
+echo "# gpu-check $stamp, commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+
+echo "## probe"
+( set -x
+  nvidia-smi
+  nvcc --version || /usr/local/cuda/bin/nvcc --version
+  ldd --version | head -1
+  cmake --version | head -1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+  ls /usr/local/cuda/lib64 | grep -E 'libcudnn.so|libnccl.so|libcublas.so' | head
+  find / -xdev \( -name 'libnccl.so*' -o -name 'libcudnn.so*' -o -name 'yaml.h' -o -name 'CLI.hpp' \
+       -o -name 'cblas.h' -o -name 'dnnl.hpp' \) 2>/dev/null | head -40
+) > "$dest/probe.txt" 2>&1
+cat "$dest/probe.txt"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no GPU on this machine; nothing CUDA can run here"
+  exit 3
+fi
+
+echo "## build"
+build=build-gpu
+status_build=ok
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  && cmake --build "$build" -j"$(nproc)" || status_build=failed
+bin="$build/apps/dtrain"
+
+status_devices=skipped status_tests=skipped status_bench=skipped
+if [ "$status_build" = ok ]; then
+  echo "## dtrain devices"
+  "$bin" devices | tee "$dest/devices.txt" && status_devices=ok || status_devices=failed
+  echo "## GPU tests"
+  "$build/tests/dtrain_tests" "[cuda]" -s -r compact > "$dest/tests-cuda.txt" 2>&1 \
+    && status_tests=passed || status_tests=failed
+  tail -5 "$dest/tests-cuda.txt"
+  echo "## GPU smoke benchmark: quickstart MLP, 1 GPU against the CPU backend"
+  status_bench=ok
+  for backend in cuda cpu; do
+    "$bin" run configs/quickstart.yaml backend=$backend train.epochs=3 --results "$dest/runs" \
+      --tag "$backend" --quiet || status_bench=failed
+  done
+  "$bin" report "$dest/runs" --out "$dest/report" > /dev/null 2>&1 || true
+fi
+
+echo "## summary"
+printf '| step | result |\n|---|---|\n'
+printf '| GPU | %s |\n' "${gpu_name:-none}"
+printf '| build | %s |\n' "$status_build"
+printf '| dtrain devices | %s |\n' "$status_devices"
+printf '| GPU tests | %s |\n' "$status_tests"
+printf '| smoke benchmark | %s |\n' "$status_bench"
+for s in "$dest"/runs/*/*/summary.json; do
+  [ -f "$s" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('| %s | %.3f s/epoch, %.2f%% |' % (d.get('devices','?'), d['median_epoch_time_s'], 100*d['final_test_accuracy']))" "$s"
+done
+echo "evidence: $dest"
+[ "$status_build" = ok ] && [ "$status_tests" = passed ]

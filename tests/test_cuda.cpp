@@ -1,0 +1,249 @@
+// The CUDA backend against its CPU twin: every Device operation on the same inputs, compared by
+// relative error, and the equivalence contract on GPUs. Skips, and says so, without a GPU.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "dtrain/device.hpp"
+#include "dtrain/gpu.hpp"
+#include "dtrain/rng.hpp"
+#include "dtrain/trainer.hpp"
+#include "helpers.hpp"
+
+using namespace dtrain;
+
+namespace {
+
+// Prints the reason once per test and returns false where no GPU can run the test.
+bool gpu_or_skip() {
+  const GpuSystem s = query_gpus();
+  if (!s.gpus.empty()) return true;
+  WARN("SKIPPED (no GPU): " << s.none_reason);
+  return false;
+}
+
+std::vector<float> random_vec(Rng& rng, size_t n, double lo = -1, double hi = 1) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.uniform(lo, hi));
+  return v;
+}
+
+double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(double(a[i]) - b[i]));
+    den = std::max(den, std::abs(double(b[i])));
+  }
+  return num / den;
+}
+
+// Host vectors mirrored on a device: `in` uploads, `out` downloads.
+struct Mirror {
+  Device& d;
+  std::vector<std::unique_ptr<Buffer<float>>> bufs;
+  std::vector<std::unique_ptr<Buffer<int32_t>>> ibufs;
+  float* in(const std::vector<float>& v) {
+    bufs.push_back(std::make_unique<Buffer<float>>(d, std::max<size_t>(1, v.size())));
+    d.upload(bufs.back()->data(), v.data(), v.size() * sizeof(float));
+    return bufs.back()->data();
+  }
+  int32_t* in(const std::vector<int32_t>& v) {
+    ibufs.push_back(std::make_unique<Buffer<int32_t>>(d, std::max<size_t>(1, v.size())));
+    d.upload(ibufs.back()->data(), v.data(), v.size() * sizeof(int32_t));
+    return ibufs.back()->data();
+  }
+  std::vector<float> out(const float* p, size_t n) {
+    std::vector<float> v(n);
+    d.download(v.data(), p, n * sizeof(float));
+    return v;
+  }
+};
+
+// Runs `op` on both devices with the same host inputs; `op` returns the outputs it wants
+// compared, read back to the host.
+using Outs = std::vector<std::vector<float>>;
+using Op = std::function<Outs(Device&, Mirror&)>;
+void twin(const char* what, double bound, const Op& op) {
+  auto cpu = make_cpu_device();
+  auto gpu = make_cuda_device(0, 0);
+  Mirror mc{*cpu, {}, {}}, mg{*gpu, {}, {}};
+  const auto a = op(*gpu, mg), b = op(*cpu, mc);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(what << " output " << i);
+    CHECK(rel_error(a[i], b[i]) < bound);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
+  if (!gpu_or_skip()) return;
+  Rng rng(9);
+  const int64_t m = 67, n = 45, k = 130;
+  const auto A = random_vec(rng, m * k), B = random_vec(rng, k * n), C0 = random_vec(rng, m * n);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      twin("gemm", 1e-5, [&](Device& d, Mirror& mr) -> Outs {
+        float* c = mr.in(C0);
+        d.gemm(ta, tb, m, n, k, 0.7f, mr.in(A), ta ? m : k, mr.in(B), tb ? k : n, 0.3f, c, n);
+        return Outs{mr.out(c, C0.size())};
+      });
+
+  const auto X = random_vec(rng, 5000, -3, 3), DY = random_vec(rng, 5000);
+  for (auto act : {Activation::relu, Activation::tanh, Activation::sigmoid, Activation::gelu})
+    twin(to_string(act), 1e-5, [&](Device& d, Mirror& mr) -> Outs {
+      float *x = mr.in(X), *y = mr.in(X), *dx = mr.in(X);
+      d.activation_forward(act, x, y, X.size());
+      d.activation_backward(act, x, y, mr.in(DY), dx, X.size());
+      return Outs{mr.out(y, X.size()), mr.out(dx, X.size())};
+    });
+
+  twin("bias", 1e-6, [&](Device& d, Mirror& mr) -> Outs {
+    float* y = mr.in(C0);
+    float* db = mr.in(random_vec(rng, n));
+    const auto bias = std::vector<float>(C0.begin(), C0.begin() + n);
+    d.add_bias(y, mr.in(bias), m, n);
+    d.bias_grad(y, db, m, n, true);
+    return Outs{mr.out(y, C0.size()), mr.out(db, n)};
+  });
+
+  // Softmax cross-entropy: gradients and the (loss, correct) sums.
+  std::vector<int32_t> labels(m);
+  for (auto& l : labels) l = static_cast<int32_t>(rng.below(10));
+  const auto logits = random_vec(rng, m * 10, -4, 4);
+  twin("softmax_xent", 1e-6, [&](Device& d, Mirror& mr) -> Outs {
+    float* dl = mr.in(logits);
+    double stats[2] = {0.5, 1};
+    d.softmax_xent(mr.in(logits), mr.in(labels), m, 10, 0.25f, dl, stats);
+    return Outs{mr.out(dl, logits.size()),
+                std::vector<float>{static_cast<float>(stats[0]), static_cast<float>(stats[1])}};
+  });
+
+  // Gather rows by host indices.
+  const std::vector<int64_t> idx{5, 0, 66, 5, 12};
+  twin("gather", 0, [&](Device& d, Mirror& mr) -> Outs {
+    float* dst = mr.in(std::vector<float>(idx.size() * k, 0.f));
+    int32_t* dl = mr.in(std::vector<int32_t>(idx.size(), -1));
+    d.gather(mr.in(A), mr.in(labels), k, idx.data(), static_cast<int64_t>(idx.size()), dst, dl);
+    std::vector<int32_t> got(idx.size());
+    d.download(got.data(), dl, got.size() * sizeof(int32_t));
+    return Outs{mr.out(dst, idx.size() * k), std::vector<float>(got.begin(), got.end())};
+  });
+
+  // Convolution (cuDNN against oneDNN or im2col), pooling and BatchNorm on NCHW maps.
+  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}}) {
+    const int64_t ns = 3;
+    const auto x = random_vec(rng, ns * g.c * g.h * g.w),
+               w = random_vec(rng, g.oc * g.c * g.k * g.k);
+    const auto b = random_vec(rng, g.oc), dy = random_vec(rng, ns * g.oc * g.ho() * g.wo());
+    twin("conv", 1e-5, [&](Device& d, Mirror& mr) -> Outs {
+      float *y = mr.in(std::vector<float>(dy.size())), *dw = mr.in(w), *db = mr.in(b),
+            *dx = mr.in(x);
+      const float* xp = mr.in(x);
+      const float* wp = mr.in(w);
+      d.conv_forward(g, ns, xp, wp, mr.in(b), y);
+      d.conv_backward(g, ns, xp, wp, mr.in(dy), dw, db, dx);
+      return Outs{mr.out(y, dy.size()), mr.out(dw, w.size()), mr.out(db, b.size()),
+                  mr.out(dx, x.size())};
+    });
+  }
+  for (auto [k2, s2] : {std::pair{2, 2}, std::pair{3, 2}}) {
+    const int64_t ns = 2, c = 3, h = 9, w = 8;
+    const int64_t ho = (h - k2) / s2 + 1, wo = (w - k2) / s2 + 1;
+    const auto x = random_vec(rng, ns * c * h * w), dy = random_vec(rng, ns * c * ho * wo);
+    twin("maxpool", 1e-6, [&](Device& d, Mirror& mr) -> Outs {
+      float *y = mr.in(dy), *dx = mr.in(x);
+      Buffer<int32_t> am(d, static_cast<size_t>(ns * c * ho * wo));
+      d.maxpool_forward(mr.in(x), ns, c, h, w, k2, s2, y, am.data());
+      d.maxpool_backward(mr.in(dy), am.data(), ns, c, h, w, k2, s2, dx);
+      return Outs{mr.out(y, dy.size()), mr.out(dx, x.size())};
+    });
+  }
+  {
+    const int64_t ns = 5, c = 4, sp = 30;
+    const auto x = random_vec(rng, ns * c * sp, -2, 3), dy = random_vec(rng, ns * c * sp);
+    const auto gamma = random_vec(rng, c, 0.5, 1.5), beta = random_vec(rng, c);
+    twin("batchnorm", 1e-5, [&](Device& d, Mirror& mr) -> Outs {
+      std::vector<double> sum(c), sumsq(c), s1(c), s2(c);
+      const float* xp = mr.in(x);
+      d.channel_moments(xp, ns, c, sp, sum.data(), sumsq.data());
+      std::vector<float> mean(c), inv(c);
+      for (int64_t i = 0; i < c; ++i) {
+        mean[i] = static_cast<float>(sum[i] / (ns * sp));
+        inv[i] = static_cast<float>(1 / std::sqrt(sumsq[i] / (ns * sp) - mean[i] * mean[i] + 1e-5));
+      }
+      float *y = mr.in(x), *dx = mr.in(x), *dg = mr.in(gamma), *db = mr.in(beta);
+      const float* gp = mr.in(gamma);
+      d.bn_apply(xp, mean.data(), inv.data(), gp, mr.in(beta), ns, c, sp, y);
+      d.bn_backward_sums(xp, mr.in(dy), mean.data(), inv.data(), gp, ns, c, sp, s1.data(),
+                         s2.data(), dg, db);
+      d.bn_backward_dx(xp, mr.in(dy), mean.data(), inv.data(), gp, s1.data(), s2.data(),
+                       double(ns * sp), ns, c, sp, dx);
+      return Outs{mr.out(y, x.size()), mr.out(dx, x.size()), mr.out(dg, c), mr.out(db, c),
+                  std::vector<float>(mean.begin(), mean.end())};
+    });
+  }
+
+  // Optimizer updates (three steps, so momentum and Adam's moments matter).
+  const auto P = random_vec(rng, 3000), G = random_vec(rng, 3000),
+             mask = random_vec(rng, 3000, 0, 2);
+  twin("sgd+adam+scale+multiply", 1e-6, [&](Device& d, Mirror& mr) -> Outs {
+    float *p = mr.in(P), *buf = mr.in(std::vector<float>(P.size(), 0.f)), *q = mr.in(P),
+          *mm = mr.in(std::vector<float>(P.size(), 0.f)),
+          *vv = mr.in(std::vector<float>(P.size(), 0.f));
+    float* g = mr.in(G);
+    for (int step = 1; step <= 3; ++step) {
+      d.sgd_update(p, g, buf, P.size(), 0.1f, 0.9f, 5e-4f, step == 2);
+      d.adam_update(q, g, mm, vv, P.size(), 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step != 2, step);
+    }
+    d.scale(g, G.size(), 0.5f);
+    float* y = mr.in(G);
+    d.multiply(g, mask.data(), y, G.size());
+    return Outs{mr.out(p, P.size()), mr.out(q, P.size()), mr.out(y, G.size())};
+  });
+}
+
+TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step",
+          "[cuda][equivalence]") {
+  if (!gpu_or_skip()) return;
+  Config one = test::synthetic_config(1, 128);
+  Config four = test::synthetic_config(4, 32);
+  for (Config* c : {&one, &four}) {
+    c->backend = Backend::cuda;
+    c->colocate = true;
+    c->devices = {0};
+  }
+  const auto a = test::run_config(one);
+  const auto b = test::run_config(four);
+  REQUIRE(a.step_losses.size() >= 50);
+  CHECK(test::max_rel_step_diff(a, b) < 1e-5);
+  // And the GPU trains like the CPU.
+  Config cpu = test::synthetic_config(1, 128);
+  cpu.backend = Backend::cpu;
+  CHECK(test::max_rel_step_diff(a, test::run_config(cpu)) < 1e-4);
+}
+
+TEST_CASE("backend cuda without a GPU or with too many replicas fails before training",
+          "[cuda][errors]") {
+  const GpuSystem s = query_gpus();
+  Config c = test::synthetic_config(1, 32);
+  c.backend = Backend::cuda;
+  if (s.gpus.empty()) {
+    CHECK_THROWS_AS(place_replicas(c, 1), UserError);
+    CHECK_THROWS_WITH(place_replicas(c, 1), Catch::Contains("backend: cuda, but"));
+    c.backend = Backend::auto_;
+    CHECK(place_replicas(c, 4).backend == Backend::cpu);
+    return;
+  }
+  const int n = static_cast<int>(s.gpus.size());
+  c.gpus = n + 1;
+  CHECK_THROWS_WITH(place_replicas(c, n + 1), Catch::Contains("colocate: true"));
+  c.colocate = true;
+  const auto p = place_replicas(c, n + 1);
+  CHECK(p.colocated);
+  CHECK(p.gpu_of_replica.back() == 0);
+  c.devices = {n};
+  CHECK_THROWS_WITH(place_replicas(c, 1), Catch::Contains("does not exist"));
+}
