@@ -425,6 +425,7 @@ Config decode(const YAML::Node& root, const Source& src) {
     t.number("target_accuracy", c.train.target_accuracy, 0.0, 1.0);
     t.integer("eval_batch", c.train.eval_batch, 1);
     t.number("collective_timeout_s", c.train.collective_timeout_s, 1.0, 1e7);
+    t.number("bucket_mb", c.train.bucket_mb, 0.0, 1e6);
     t.finish();
     if (c.train.per_replica_batch && c.train.global_batch)
       throw UserError(fmt::format(
@@ -623,6 +624,7 @@ std::string to_yaml(const Config& c) {
   e << YAML::Key << "target_accuracy" << YAML::Value << c.train.target_accuracy;
   e << YAML::Key << "eval_batch" << YAML::Value << c.train.eval_batch;
   e << YAML::Key << "collective_timeout_s" << YAML::Value << c.train.collective_timeout_s;
+  e << YAML::Key << "bucket_mb" << YAML::Value << c.train.bucket_mb;
   e << YAML::EndMap;
 
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;

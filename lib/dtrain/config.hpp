@@ -98,6 +98,9 @@ struct TrainConfig {
   int64_t eval_batch = 1000;
   // Multi-process runs: give up on a collective that makes no progress for this long.
   double collective_timeout_s = 300.0;
+  // Gradient buckets: each is all-reduced as soon as backward has finished it (0 = one
+  // all-reduce after backward). 25 MB is PyTorch DDP's default.
+  double bucket_mb = 25.0;
 };
 
 struct OptimizerConfig {

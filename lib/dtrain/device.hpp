@@ -28,6 +28,9 @@ class Device {
   virtual bool host_memory() const { return true; }
   // Waits for all work queued on the device (no-op on the CPU).
   virtual void synchronize() {}
+  // The device's work queue (a cudaStream_t on the CUDA backend), for communicators that order
+  // their work against it; nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
 
   virtual void* alloc_bytes(size_t bytes) = 0;
   virtual void free_bytes(void* p) = 0;

@@ -71,6 +71,12 @@ std::unique_ptr<Device> make_cuda_device(int, int rank) {
   DTRAIN_THROW_SYSTEM(
       fmt::format("rank {}: the CUDA backend is not available in this build", rank));
 }
+std::shared_ptr<NcclGroup> NcclGroup::local(const std::vector<int>&) {
+  DTRAIN_THROW_SYSTEM("NCCL is not available in this build");
+}
+std::shared_ptr<NcclGroup> NcclGroup::over_mpi(int, int, int) {
+  DTRAIN_THROW_SYSTEM("NCCL is not available in this build");
+}
 #endif
 
 }  // namespace dtrain

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/comm.hpp"
 #include "dtrain/device.hpp"
+#include "dtrain/exchange.hpp"
 
 namespace dtrain {
 
@@ -34,5 +36,25 @@ GpuSystem query_gpus();
 // The CUDA backend on GPU `index`; `rank` names the replica in error messages.
 // Throws SystemError where dtrain was built without CUDA or the GPU cannot be used.
 std::unique_ptr<Device> make_cuda_device(int index, int rank);
+
+// NCCL communicators that carry the gradients of GPU replicas (the host Communicator still
+// carries the small statistics). Gradients are all-reduced in place on a communication stream
+// that waits for backward through CUDA events, bucket by bucket, with ncclAvg for mean and
+// ncclSum for sum.
+class NcclGroup {
+ public:
+  virtual ~NcclGroup() = default;
+  // This process's replicas, one per GPU in `gpus` (ncclCommInitAll): ranks 0..n-1.
+  static std::shared_ptr<NcclGroup> local(const std::vector<int>& gpus);
+  // One replica per process under mpirun/srun: rank 0's unique id goes to all ranks over MPI,
+  // each rank on GPU `gpu` (chosen by its local rank).
+  static std::shared_ptr<NcclGroup> over_mpi(int gpu, int rank, int size);
+  virtual std::unique_ptr<GradExchange> exchange(int local_index, Device& dev, ReduceOp op,
+                                                 size_t n_params, size_t bucket_elems) = 0;
+  // ncclCommAbort on every communicator of the group: work stuck waiting for a failed peer
+  // ends with an error instead of hanging.
+  virtual void abort() = 0;
+  virtual std::string version() const = 0;
+};
 
 }  // namespace dtrain

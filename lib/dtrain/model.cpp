@@ -91,6 +91,7 @@ Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes)
   grads_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
   int64_t off = 0;
   for (auto& l : layers_) {
+    offsets_.push_back(off);
     l->bind(params_.data() + off, grads_.data() + off);
     l->attach(&ctx_);
     off += l->param_count();
@@ -150,13 +151,18 @@ const float* Model::forward(const float* x, int64_t rows, bool train) {
   return h;
 }
 
-void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats) {
+void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats,
+                          const GradsReady& ready) {
   if (rows != rows_) DTRAIN_THROW_SYSTEM("loss_backward: batch differs from the last forward");
   // No early return for rows == 0: synchronised layers still take part in their collectives.
   dlogits_.resize(dev_, static_cast<size_t>(std::max<int64_t>(rows, 1) * classes_));
   dev_.softmax_xent(logits_, labels, rows, classes_, grad_scale, dlogits_.data(), stats);
   const float* g = dlogits_.data();
-  for (size_t i = layers_.size(); i-- > 0;) g = layers_[i]->backward(dev_, g, rows, i > 0);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    g = layers_[i]->backward(dev_, g, rows, i > 0);
+    if (ready && layers_[i]->param_count() > 0)
+      ready(static_cast<size_t>(offsets_[i]), static_cast<size_t>(layers_[i]->param_count()));
+  }
 }
 
 void Model::loss_only(const int32_t* labels, int64_t rows, double* stats) {

@@ -3,6 +3,7 @@
 // then call the *_impl hooks. Parameters and gradients of a whole model live in one flat buffer
 // each, so the gradient exchange is a single contiguous all-reduce.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -220,14 +221,20 @@ class Model {
   // evaluates the same model. No-op for models without such state.
   void average_state(Communicator& comm);
   // Softmax cross-entropy on the last forward's logits; accumulates parameter gradients of
-  // grad_scale * summed loss. stats[0] += loss sum, stats[1] += correct count.
-  void loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats);
+  // grad_scale * summed loss. stats[0] += loss sum, stats[1] += correct count. When `ready` is
+  // given, it is called after each layer's backward with the range [offset, offset + count) of
+  // the flat gradient buffer that layer has just finished (ranges arrive from the end of the
+  // buffer towards its start), so the exchange can start before backward ends.
+  using GradsReady = std::function<void(size_t offset, size_t count)>;
+  void loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats,
+                     const GradsReady& ready = {});
   // Loss and accuracy only (evaluation).
   void loss_only(const int32_t* labels, int64_t rows, double* stats);
 
  private:
   Device& dev_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<int64_t> offsets_;  // each layer's first parameter in the flat buffers
   int classes_;
   int64_t n_params_ = 0;
   Buffer<float> params_, grads_, dlogits_;

@@ -15,6 +15,7 @@
 #include "dtrain/comm.hpp"
 #include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
+#include "dtrain/exchange.hpp"
 #include "dtrain/gpu.hpp"
 #include "dtrain/model.hpp"
 #include "dtrain/mpi.hpp"
@@ -54,6 +55,8 @@ struct Shared {
   TrainResult result;
   CpuOptions cpu{};
   Placement place{};
+  std::shared_ptr<NcclGroup> nccl{};  // gradients of GPU replicas, where not colocated
+  bool nccl_per_process = false;    // one replica per process: its communicator is index 0
 };
 
 void worker(Shared& sh, Communicator& comm) {
@@ -86,7 +89,7 @@ void worker(Shared& sh, Communicator& comm) {
   }
   const bool augment = cfg.data.augment.crop_padding > 0 || cfg.data.augment.flip;
   std::vector<float> host_batch;  // augmentation runs on the host
-  std::vector<float> host_grads;  // gradient exchange staged through the host (GPU backend)
+  const auto bucket_elems = static_cast<size_t>(cfg.train.bucket_mb * 1024 * 1024 / sizeof(float));
   auto model = build_model(*dev, cfg.model, train.shape, train.classes);
   model->init(cfg.train.seed);
   // Each replica's own stream for dropout (and augmentation): results differ with the replica
@@ -107,6 +110,11 @@ void worker(Shared& sh, Communicator& comm) {
   idx.reserve(static_cast<size_t>(cap));
 
   const ReduceOp grad_op = cfg.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
+  auto exchange =
+      sh.nccl ? sh.nccl->exchange(sh.nccl_per_process ? 0 : rank, *dev, grad_op, n_params,
+                                  bucket_elems)
+              : make_host_exchange(comm, *dev, grad_op, n_params, bucket_elems);
+  const Model::GradsReady on_ready = [&](size_t off, size_t count) { exchange->ready(off, count); };
 
   if (rank == 0) {
     RunInfo& info = sh.result.info;
@@ -171,23 +179,22 @@ void worker(Shared& sh, Communicator& comm) {
         }
         auto t1 = Clock::now();
         model->forward(xb.data(), rows);
-        model->loss_backward(yb.data(), rows, grad_scale, st);
+        const bool last = k == accum - 1;
+        if (last) exchange->begin(model->grads());
+        model->loss_backward(yb.data(), rows, grad_scale, st,
+                             last ? on_ready : Model::GradsReady{});
         st[2] += static_cast<double>(rows);
         t_data += std::chrono::duration<double>(t1 - t0).count();
         t_compute += seconds_since(t1);
       }
+      // Buckets reduced during backward ran on this thread: their time is exchange, not compute.
+      const double during_backward = exchange->seconds();
       auto t2 = Clock::now();
-      if (dev->host_memory()) {
-        comm.allreduce(model->grads(), n_params, grad_op);
-      } else {
-        host_grads.resize(n_params);
-        dev->download(host_grads.data(), model->grads(), n_params * sizeof(float));
-        comm.allreduce(host_grads.data(), n_params, grad_op);
-        dev->upload(model->grads(), host_grads.data(), n_params * sizeof(float));
-      }
+      exchange->finish();
       auto t3 = Clock::now();
+      t_compute -= during_backward;
+      t_exchange += during_backward + std::chrono::duration<double>(t3 - t2).count();
       opt.step(model->params(), model->grads(), lr);
-      t_exchange += std::chrono::duration<double>(t3 - t2).count();
       t_opt += seconds_since(t3);
       if (rank == 0 && sh.observer) sh.observer->on_step(epoch + 1, s + 1, steps);
     }
@@ -354,8 +361,11 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
     const auto& g = sh.place.gpu_of_replica;
     const int gpu = g[static_cast<size_t>(mpi::detect().local_rank) % g.size()];
     sh.place.gpu_of_replica.assign(static_cast<size_t>(comm.size()), gpu);
-    sh.result.info.devices = fmt::format("cuda: {} replicas as processes ({}), this one on GPU {}",
-                                         comm.size(), comm.kind(), gpu);
+    sh.nccl = NcclGroup::over_mpi(gpu, comm.rank(), comm.size());
+    sh.nccl_per_process = true;
+    sh.result.info.devices =
+        fmt::format("cuda: {} replicas as processes ({}), rank 0 on GPU {}, gradients by NCCL {}",
+                    comm.size(), comm.kind(), gpu, sh.nccl->version());
   } else {
     sh.result.info.devices =
         fmt::format("cpu: {} replicas as processes ({}), {} thread{} each, conv {}", comm.size(),
@@ -372,9 +382,18 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
 
   Shared sh{cfg, data, observer, {}};
   sh.cpu = cpu_options(per_replica);
-  sh.result.info.devices = fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}",
-                                       cfg.gpus, cfg.gpus == 1 ? "" : "s", per_replica,
-                                       per_replica == 1 ? "" : "s", to_string(sh.cpu.conv));
+  sh.place = place_replicas(cfg, cfg.gpus);
+  // Colocated replicas share a GPU, which NCCL (before 2.30) does not allow: their gradients go
+  // through the host.
+  if (sh.place.backend == Backend::cuda && !sh.place.colocated)
+    sh.nccl = NcclGroup::local(sh.place.gpu_of_replica);
+  sh.result.info.devices =
+      sh.place.backend == Backend::cuda
+          ? fmt::format("{}; gradients {}", sh.place.describe(),
+                        sh.nccl ? "by NCCL " + sh.nccl->version() : "through the host")
+          : fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}", cfg.gpus,
+                        cfg.gpus == 1 ? "" : "s", per_replica, per_replica == 1 ? "" : "s",
+                        to_string(sh.cpu.conv));
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;
   std::exception_ptr first_error;
@@ -391,6 +410,7 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
           if (!first_error) first_error = std::current_exception();
         }
         group.abort("interrupted by the user");
+        if (sh.nccl) sh.nccl->abort();
       }
     } catch (...) {
       {
@@ -398,6 +418,7 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
         if (!first_error) first_error = std::current_exception();
       }
       group.abort(fmt::format("rank {} failed", rank));
+      if (sh.nccl) sh.nccl->abort();
     }
   };
   std::vector<std::thread> pool;

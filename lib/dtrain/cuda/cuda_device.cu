@@ -392,6 +392,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return name_; }
   bool host_memory() const override { return false; }
   void synchronize() override { DT_CUDA(cudaStreamSynchronize(stream_)); }
+  void* native_stream() override { return stream_; }
 
   void* alloc_bytes(size_t bytes) override {
     select();

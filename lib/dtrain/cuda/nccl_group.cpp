@@ -1,0 +1,148 @@
+// NCCL for the gradients of GPU replicas: communicator setup (in one process, or across
+// processes with the unique id broadcast over MPI), the bucketed exchange on a communication
+// stream ordered by CUDA events, and abort.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dtrain/error.hpp"
+#include "dtrain/gpu.hpp"
+#include "dtrain/mpi.hpp"
+
+namespace dtrain {
+
+namespace {
+
+#define DT_NCCL(call, rank)                                                                    \
+  do {                                                                                         \
+    const ncclResult_t r_ = (call);                                                            \
+    if (r_ != ncclSuccess && r_ != ncclInProgress)                                             \
+      throw ::dtrain::SystemError(                                                             \
+          fmt::format("rank {}: NCCL: {} ({}{})", (rank), #call, ncclGetErrorString(r_),       \
+                      r_ == ncclSystemError || r_ == ncclRemoteError                           \
+                          ? fmt::format("; {}", ncclGetLastError(nullptr))                     \
+                          : ""),                                                               \
+          __FILE__, __LINE__);                                                                 \
+  } while (0)
+#define DT_CUDA_R(call, rank)                                                              \
+  do {                                                                                     \
+    const cudaError_t e_ = (call);                                                         \
+    if (e_ != cudaSuccess)                                                                 \
+      throw ::dtrain::SystemError(                                                         \
+          fmt::format("rank {}: CUDA: {} ({})", (rank), #call, cudaGetErrorString(e_)), \
+          __FILE__, __LINE__);                                                             \
+  } while (0)
+
+class NcclExchange final : public GradExchange {
+ public:
+  NcclExchange(ncclComm_t comm, int rank, int gpu, Device& dev, ReduceOp op, size_t n,
+               size_t bucket)
+      : GradExchange(n, bucket),
+        comm_(comm),
+        rank_(rank),
+        gpu_(gpu),
+        compute_(static_cast<cudaStream_t>(dev.native_stream())),
+        op_(op == ReduceOp::mean ? ncclAvg : ncclSum) {
+    if (!compute_) DTRAIN_THROW_SYSTEM("NCCL exchange needs a CUDA device");
+    DT_CUDA_R(cudaSetDevice(gpu_), rank_);
+    DT_CUDA_R(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), rank_);
+    DT_CUDA_R(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), rank_);
+    DT_CUDA_R(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), rank_);
+  }
+  ~NcclExchange() override {
+    cudaSetDevice(gpu_);
+    cudaStreamSynchronize(comm_stream_);
+    cudaEventDestroy(ready_);
+    cudaEventDestroy(done_);
+    cudaStreamDestroy(comm_stream_);
+  }
+  std::string kind() const override { return "NCCL"; }
+
+ protected:
+  // The bucket's gradients are final once the compute stream reaches this point: the
+  // communication stream waits for that, then all-reduces in place while backward goes on.
+  void reduce(float* data, size_t n) override {
+    DT_CUDA_R(cudaEventRecord(ready_, compute_), rank_);
+    DT_CUDA_R(cudaStreamWaitEvent(comm_stream_, ready_, 0), rank_);
+    DT_NCCL(ncclAllReduce(data, data, n, ncclFloat, op_, comm_, comm_stream_), rank_);
+  }
+  // The optimizer (on the compute stream) waits for the last bucket; the host does not.
+  void wait() override {
+    DT_CUDA_R(cudaEventRecord(done_, comm_stream_), rank_);
+    DT_CUDA_R(cudaStreamWaitEvent(compute_, done_, 0), rank_);
+  }
+
+ private:
+  ncclComm_t comm_;
+  int rank_, gpu_;
+  cudaStream_t compute_;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  ncclRedOp_t op_;
+};
+
+class Group final : public NcclGroup {
+ public:
+  Group(std::vector<ncclComm_t> comms, std::vector<int> gpus, std::vector<int> ranks)
+      : comms_(std::move(comms)), gpus_(std::move(gpus)), ranks_(std::move(ranks)) {}
+  ~Group() override {
+    std::lock_guard lk(mu_);
+    if (!aborted_)
+      for (auto c : comms_) ncclCommDestroy(c);
+  }
+  std::unique_ptr<GradExchange> exchange(int local_index, Device& dev, ReduceOp op, size_t n,
+                                         size_t bucket) override {
+    const auto i = static_cast<size_t>(local_index);
+    return std::make_unique<NcclExchange>(comms_.at(i), ranks_.at(i), gpus_.at(i), dev, op, n,
+                                          bucket);
+  }
+  void abort() override {
+    std::lock_guard lk(mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    for (auto c : comms_) ncclCommAbort(c);
+  }
+  std::string version() const override {
+    int v = 0;
+    ncclGetVersion(&v);
+    return fmt::format("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100);
+  }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+  std::vector<int> gpus_, ranks_;
+  std::mutex mu_;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<NcclGroup> NcclGroup::local(const std::vector<int>& gpus) {
+  std::vector<ncclComm_t> comms(gpus.size());
+  DT_NCCL(ncclCommInitAll(comms.data(), static_cast<int>(gpus.size()), gpus.data()), 0);
+  std::vector<int> ranks(gpus.size());
+  for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
+  return std::make_shared<Group>(std::move(comms), gpus, std::move(ranks));
+}
+
+std::shared_ptr<NcclGroup> NcclGroup::over_mpi(int gpu, int rank, int size) {
+  ncclUniqueId id{};
+  if (rank == 0) DT_NCCL(ncclGetUniqueId(&id), rank);
+  std::string bytes(reinterpret_cast<const char*>(&id), sizeof(id));
+  mpi::broadcast(bytes);
+  if (bytes.size() != sizeof(id))
+    DTRAIN_THROW_SYSTEM(fmt::format("rank {}: NCCL unique id of {} bytes received", rank,
+                                    bytes.size()));
+  std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(&id));
+  DT_CUDA_R(cudaSetDevice(gpu), rank);
+  ncclComm_t comm = nullptr;
+  DT_NCCL(ncclCommInitRank(&comm, size, id, rank), rank);
+  return std::make_shared<Group>(std::vector<ncclComm_t>{comm}, std::vector<int>{gpu},
+                                 std::vector<int>{rank});
+}
+
+}  // namespace dtrain
