@@ -40,21 +40,20 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITEC
   && cmake --build "$build" -j"$(nproc)" || status_build=failed
 bin="$build/apps/dtrain"
 
-status_devices=skipped status_tests=skipped status_bench=skipped
+status_devices=skipped status_tests=skipped status_bench=skipped status_cnn=skipped
 if [ "$status_build" = ok ]; then
   echo "## dtrain devices"
-  "$bin" devices | tee "$dest/devices.txt" && status_devices=ok || status_devices=failed
+  "$bin" devices --measure | tee "$dest/devices.txt" && status_devices=ok || status_devices=failed
   echo "## GPU tests"
   "$build/tests/dtrain_tests" "[cuda]" -s -r compact > "$dest/tests-cuda.txt" 2>&1 \
     && status_tests=passed || status_tests=failed
   tail -5 "$dest/tests-cuda.txt"
-  echo "## GPU smoke benchmark: quickstart MLP, 1 GPU against the CPU backend"
-  status_bench=ok
-  for backend in cuda cpu; do
-    "$bin" run configs/quickstart.yaml backend=$backend train.epochs=3 --results "$dest/runs" \
-      --tag "$backend" --quiet || status_bench=failed
-  done
-  "$bin" report "$dest/runs" --out "$dest/report" > /dev/null 2>&1 || true
+  echo "## GPU benchmark: dtrain against eager PyTorch, quickstart MLP, batch 128 and 1024"
+  python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$bin" --out "$dest" --epochs 5 --repeats 3 \
+    && status_bench=ok || status_bench=failed
+  echo "## the small CNN on the GPU (cuDNN), 2 epochs"
+  "$bin" run configs/fmnist-cnn.yaml backend=cuda train.epochs=2 optimizer.warmup_epochs=1 \
+    --results "$dest/runs" --tag cnn --quiet && status_cnn=ok || status_cnn=failed
 fi
 
 echo "## summary"
@@ -63,7 +62,9 @@ printf '| GPU | %s |\n' "${gpu_name:-none}"
 printf '| build | %s |\n' "$status_build"
 printf '| dtrain devices | %s |\n' "$status_devices"
 printf '| GPU tests | %s |\n' "$status_tests"
-printf '| smoke benchmark | %s |\n' "$status_bench"
+printf '| benchmark against PyTorch | %s |\n' "$status_bench"
+printf '| CNN on the GPU | %s |\n' "$status_cnn"
+[ -f "$dest/gpu-mlp-vs-pytorch.md" ] && tail -n 4 "$dest/gpu-mlp-vs-pytorch.md"
 for s in "$dest"/runs/*/*/summary.json; do
   [ -f "$s" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('| %s | %.3f s/epoch, %.2f%% |' % (d.get('devices','?'), d['median_epoch_time_s'], 100*d['final_test_accuracy']))" "$s"
 done

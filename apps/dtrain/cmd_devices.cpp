@@ -11,20 +11,35 @@ namespace dtrain::cli {
 
 void setup_devices(CLI::App& app, DevicesOptions& opt) {
   app.add_flag("--json", opt.json, "Print one JSON object instead of a table");
+  app.add_flag("--measure", opt.measure,
+               "Also measure each GPU's kernel launch latency and cuBLAS SGEMM throughput "
+               "(FP32, TF32): the floors a training step is compared with");
 }
 
 int run_devices(const DevicesOptions& opt) {
   const GpuSystem s = query_gpus();
+  std::vector<GpuFloors> floors;
+  if (opt.measure)
+    for (const auto& g : s.gpus) floors.push_back(measure_gpu(g.index));
   const unsigned cores = std::thread::hardware_concurrency();
   const std::string cpu_conv = to_string(CpuOptions::default_cpu_conv());
   if (opt.json) {
     std::string gpus;
-    for (const auto& g : s.gpus)
+    for (size_t i = 0; i < s.gpus.size(); ++i) {
+      const auto& g = s.gpus[i];
+      const std::string measured =
+          i < floors.size()
+              ? fmt::format(
+                    ", \"launch_us\": {:.3f}, \"sgemm_fp32_tflops\": {:.2f}, "
+                    "\"sgemm_tf32_tflops\": {:.2f}",
+                    floors[i].launch_us, floors[i].sgemm_fp32_tflops, floors[i].sgemm_tf32_tflops)
+              : "";
       gpus += fmt::format(
           "{}{{\"index\": {}, \"name\": \"{}\", \"memory_bytes\": {}, "
-          "\"compute_capability\": \"{}.{}\", \"sms\": {}}}",
+          "\"compute_capability\": \"{}.{}\", \"sms\": {}{}}}",
           gpus.empty() ? "" : ", ", g.index, g.name, g.memory_bytes, g.cc_major, g.cc_minor,
-          g.sm_count);
+          g.sm_count, measured);
+    }
     fmt::print(
         "{{\"cpu\": {{\"threads\": {}, \"blas\": \"{}\", \"conv\": \"{}\"}}, \"cuda_built\": {}, "
         "\"driver\": \"{}\", \"cuda_runtime\": \"{}\", \"cudnn\": \"{}\", \"nccl\": \"{}\", "

@@ -42,6 +42,7 @@ int run_report(const ReportOptions& opt);
 
 struct DevicesOptions {
   bool json = false;
+  bool measure = false;
 };
 void setup_devices(CLI::App& app, DevicesOptions& opt);
 int run_devices(const DevicesOptions& opt);

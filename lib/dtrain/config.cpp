@@ -19,6 +19,8 @@ namespace {
 template <class E>
 using EnumTable = std::vector<std::pair<const char*, E>>;
 
+const EnumTable<Precision> kPrecisions = {
+    {"fp32", Precision::fp32}, {"tf32", Precision::tf32}, {"bf16", Precision::bf16}};
 const EnumTable<Backend> kBackends = {
     {"auto", Backend::auto_}, {"cpu", Backend::cpu}, {"cuda", Backend::cuda}};
 const EnumTable<DatasetKind> kDatasets = {{"fashion-mnist", DatasetKind::fashion_mnist},
@@ -365,6 +367,13 @@ Config decode(const YAML::Node& root, const Source& src) {
   if (c.name.empty() || c.name.find('/') != std::string::npos || c.name == "." || c.name == "..")
     top.fail("name", top.node("name"), "must be a non-empty folder name without '/'");
   top.choice("backend", c.backend, kBackends);
+  top.choice("precision", c.precision, kPrecisions);
+  if (c.precision == Precision::bf16)
+    top.fail("precision", top.node("precision"),
+             "bf16 is not implemented yet; valid now: fp32, tf32 (cuda)");
+  if (c.precision != Precision::fp32 && c.backend == Backend::cpu)
+    top.fail("precision", top.node("precision"),
+             "the CPU backend computes in fp32; tf32 needs backend: cuda or auto");
   top.integer("gpus", c.gpus, 1, 4096);
   top.integer("threads", c.threads, 0, 4096);
   top.int_list("devices", c.devices, 0);
@@ -550,6 +559,7 @@ std::string to_yaml(const Config& c) {
   e << YAML::Key << "threads" << YAML::Value << c.threads;
   e << YAML::Key << "devices" << YAML::Value << YAML::Flow << c.devices;
   e << YAML::Key << "colocate" << YAML::Value << c.colocate;
+  e << YAML::Key << "precision" << YAML::Value << to_string(c.precision);
 
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "dataset" << YAML::Value << to_string(c.data.dataset);
@@ -650,6 +660,9 @@ std::string to_yaml(const Config& c) {
 
 const char* to_string(Backend v) {
   return enum_name(kBackends, v);
+}
+const char* to_string(Precision v) {
+  return enum_name(kPrecisions, v);
 }
 const char* to_string(DatasetKind v) {
   return enum_name(kDatasets, v);

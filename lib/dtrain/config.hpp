@@ -121,6 +121,10 @@ struct OptimizerConfig {
   double min_lr = 0.0;      // floor of the cosine schedule
 };
 
+// Arithmetic of the CUDA backend: fp32 everywhere, or TF32 tensor-core GEMMs and convolutions
+// (10-bit mantissa inputs, FP32 accumulation). The CPU computes in FP32.
+enum class Precision { fp32, tf32, bf16 };
+
 struct Config {
   std::string name = "experiment";
   Backend backend = Backend::auto_;
@@ -128,6 +132,7 @@ struct Config {
   int threads = 0;  // CPU threads for the whole run; 0 = all hardware threads
   std::vector<int64_t> devices;  // GPU indices to use (cuda); empty = 0, 1, ... gpus-1
   bool colocate = false;         // cuda: allow several replicas per GPU when gpus > devices
+  Precision precision = Precision::fp32;
   DataConfig data;
   ModelConfig model;
   TrainConfig train;
@@ -158,6 +163,7 @@ std::string to_yaml(const Config& c);
 
 // Names for enums (the same spelling the YAML uses).
 const char* to_string(Backend v);
+const char* to_string(Precision v);
 const char* to_string(DatasetKind v);
 const char* to_string(Shuffle v);
 const char* to_string(Sharding v);

@@ -31,6 +31,8 @@ class Device {
   // The device's work queue (a cudaStream_t on the CUDA backend), for communicators that order
   // their work against it; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+  // Kernels (and library calls) launched so far, for the launch-latency floor; 0 on the CPU.
+  virtual int64_t launches() const { return 0; }
 
   virtual void* alloc_bytes(size_t bytes) = 0;
   virtual void free_bytes(void* p) = 0;

@@ -67,7 +67,10 @@ GpuSystem query_gpus() {
 }
 
 #if !DTRAIN_HAVE_CUDA
-std::unique_ptr<Device> make_cuda_device(int, int rank) {
+GpuFloors measure_gpu(int) {
+  DTRAIN_THROW_SYSTEM("the CUDA backend is not available in this build");
+}
+std::unique_ptr<Device> make_cuda_device(int, int rank, Precision) {
   DTRAIN_THROW_SYSTEM(
       fmt::format("rank {}: the CUDA backend is not available in this build", rank));
 }

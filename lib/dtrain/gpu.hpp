@@ -33,9 +33,19 @@ bool cuda_built();
 // Asks the driver; never throws (a missing driver is a reason, not an error).
 GpuSystem query_gpus();
 
+// Floors for a step on GPU `index`: the latency of one empty kernel launch (median over
+// back-to-back launches) and the FP32 and TF32 SGEMM throughput of cuBLAS on a large product.
+struct GpuFloors {
+  double launch_us = 0;
+  double sgemm_fp32_tflops = 0;
+  double sgemm_tf32_tflops = 0;
+};
+GpuFloors measure_gpu(int index);
+
 // The CUDA backend on GPU `index`; `rank` names the replica in error messages.
 // Throws SystemError where dtrain was built without CUDA or the GPU cannot be used.
-std::unique_ptr<Device> make_cuda_device(int index, int rank);
+std::unique_ptr<Device> make_cuda_device(int index, int rank,
+                                         Precision precision = Precision::fp32);
 
 // NCCL communicators that carry the gradients of GPU replicas (the host Communicator still
 // carries the small statistics). Gradients are all-reduced in place on a communication stream

@@ -185,7 +185,9 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["sharding"] = to_string(cfg_.data.sharding);
   j["sort_by_label"] = cfg_.data.sort_by_label;
   j["seed"] = cfg_.train.seed;
-  j["backend"] = "cpu";
+  j["backend"] = info_.backend;
+  j["precision"] = info_.precision;
+  if (info_.launches_per_step > 0) j["launches_per_step"] = info_.launches_per_step;
   j["devices"] = info_.devices;
   j["blas"] = blas_description();
   j["model"] = info_.model;

@@ -56,7 +56,7 @@ struct Shared {
   CpuOptions cpu{};
   Placement place{};
   std::shared_ptr<NcclGroup> nccl{};  // gradients of GPU replicas, where not colocated
-  bool nccl_per_process = false;    // one replica per process: its communicator is index 0
+  bool nccl_per_process = false;      // one replica per process: its communicator is index 0
 };
 
 void worker(Shared& sh, Communicator& comm) {
@@ -72,7 +72,8 @@ void worker(Shared& sh, Communicator& comm) {
 
   std::unique_ptr<Device> dev =
       sh.place.backend == Backend::cuda
-          ? make_cuda_device(sh.place.gpu_of_replica[static_cast<size_t>(rank)], rank)
+          ? make_cuda_device(sh.place.gpu_of_replica[static_cast<size_t>(rank)], rank,
+                             cfg.precision)
           : make_cpu_device(sh.cpu);
   // On a GPU the training set is uploaded once and batches are gathered there.
   const float* train_x = train.x.data();
@@ -110,10 +111,9 @@ void worker(Shared& sh, Communicator& comm) {
   idx.reserve(static_cast<size_t>(cap));
 
   const ReduceOp grad_op = cfg.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
-  auto exchange =
-      sh.nccl ? sh.nccl->exchange(sh.nccl_per_process ? 0 : rank, *dev, grad_op, n_params,
-                                  bucket_elems)
-              : make_host_exchange(comm, *dev, grad_op, n_params, bucket_elems);
+  auto exchange = sh.nccl ? sh.nccl->exchange(sh.nccl_per_process ? 0 : rank, *dev, grad_op,
+                                              n_params, bucket_elems)
+                          : make_host_exchange(comm, *dev, grad_op, n_params, bucket_elems);
   const Model::GradsReady on_ready = [&](size_t off, size_t count) { exchange->ready(off, count); };
 
   if (rank == 0) {
@@ -125,6 +125,8 @@ void worker(Shared& sh, Communicator& comm) {
     info.micro_batch = micro;
     info.peak_lr = scaled_lr(cfg.optimizer, gbatch);
     info.param_count = model->param_count();
+    info.backend = to_string(sh.place.backend);
+    info.precision = to_string(cfg.precision);
     if (sh.observer) sh.observer->on_start(info);
   }
 
@@ -159,6 +161,8 @@ void worker(Shared& sh, Communicator& comm) {
                  epoch + static_cast<double>(s) / static_cast<double>(steps));
       if (s == 0) lr_first = lr;
       const int64_t g_total = plan.batch_size(s);
+      // Kernels per step, counted on the second step (the first sets things up).
+      const int64_t launches_before = dev->launches();
       // Local gradients are scaled so that a mean over replicas is the mean over the whole
       // global batch (exact also for a short last batch); `sum` then gives N times that.
       const float grad_scale = static_cast<float>(replicas) / static_cast<float>(g_total);
@@ -196,6 +200,8 @@ void worker(Shared& sh, Communicator& comm) {
       t_exchange += during_backward + std::chrono::duration<double>(t3 - t2).count();
       opt.step(model->params(), model->grads(), lr);
       t_opt += seconds_since(t3);
+      if (rank == 0 && epoch == 0 && s == 1)
+        sh.result.info.launches_per_step = dev->launches() - launches_before;
       if (rank == 0 && sh.observer) sh.observer->on_step(epoch + 1, s + 1, steps);
     }
     // One exchange per epoch turns local per-step stats into global ones.
@@ -329,7 +335,10 @@ void check_plan(const Config& cfg, const DataSplit& data) {
         "batch or data.drop_remainder: false",
         g, cfg.micro_batch(), cfg.gpus, cfg.train.accumulation_steps, data.train.size()));
   if (data.train.size() == 0) throw UserError("data: the training set is empty");
-  place_replicas(cfg, local_replica_count(cfg));
+  if (place_replicas(cfg, local_replica_count(cfg)).backend != Backend::cuda &&
+      cfg.precision != Precision::fp32)
+    throw UserError(fmt::format("precision: {} needs a GPU, and this run is on the CPU (fp32)",
+                                to_string(cfg.precision)));
   const int classes = data.train.classes;
   for (const auto* d : {&data.train, &data.test})
     for (auto y : d->y)

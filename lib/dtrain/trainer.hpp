@@ -36,6 +36,9 @@ struct RunInfo {
   int64_t micro_batch = 0;
   double peak_lr = 0;
   int64_t param_count = 0;
+  std::string backend = "cpu";     // where the replicas ran: cpu or cuda
+  std::string precision = "fp32";
+  int64_t launches_per_step = 0;   // GPU kernels and library calls in one training step
 };
 
 enum class RunStatus { done, diverged };

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch peer for dtrain's CPU benchmark: the same Fashion-MNIST MLP (or --model cnn) recipe, the same data
+"""PyTorch peer for dtrain's CPU and GPU benchmarks: the same Fashion-MNIST MLP (or --model cnn) recipe, the same data
 preprocessing, the same LR rule, data preloaded in memory as tensors.
 
   python3 torch_mlp.py --batch 64 --epochs 10 --threads 2               # plain PyTorch
   python3 torch_mlp.py --batch 64 --epochs 10 --threads 2 --ddp 4       # DDP, gloo, 4 processes
+  python3 torch_mlp.py --batch 128 --epochs 5 --device cuda              # eager, on one GPU
 
 Prints one JSON line per epoch and a final JSON summary line (prefixed "SUMMARY ").
 """
@@ -60,12 +61,13 @@ def lr_at(args, global_batch, epoch_pos):
 
 def run(rank, world, args):
     torch.set_num_threads(max(1, args.threads // world))
+    dev = torch.device(args.device)
     if world > 1:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(args.port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)
-    xtr, ytr, xte, yte = load(args.data)
+    xtr, ytr, xte, yte = (t.to(dev) for t in load(args.data))  # data preloaded on the device
     if args.model == "cnn":
         # dtrain's `cnn` preset: two conv-BN-ReLU-pool blocks, dense 128, dropout, classifier.
         model = nn.Sequential(
@@ -77,6 +79,7 @@ def run(rank, world, args):
     else:
         model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
                               nn.Linear(128, 10))
+    model = model.to(dev)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
@@ -86,12 +89,14 @@ def run(rank, world, args):
     gen = torch.Generator().manual_seed(args.seed)
     times = []
     for epoch in range(args.epochs):
-        perm = torch.randperm(xtr.shape[0], generator=gen)  # same on every rank
+        perm = torch.randperm(xtr.shape[0], generator=gen).to(dev)  # same on every rank
         model.train()
         if world > 1:
             dist.barrier()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=dev)
         for s in range(steps):
             for g in opt.param_groups:
                 g["lr"] = lr_at(args, global_batch, epoch + s / steps)
@@ -103,6 +108,8 @@ def run(rank, world, args):
             loss.backward()
             opt.step()
             loss_sum += loss.detach()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         if world > 1:
             dist.barrier()
         dt = time.perf_counter() - t0
@@ -117,7 +124,10 @@ def run(rank, world, args):
         times_sorted = sorted(times)
         med = times_sorted[len(times) // 2] if len(times) % 2 else 0.5 * (
             times_sorted[len(times) // 2 - 1] + times_sorted[len(times) // 2])
-        print("SUMMARY " + json.dumps({"framework": "pytorch-ddp-gloo" if world > 1 else "pytorch",
+        name = "pytorch-ddp-gloo" if world > 1 else "pytorch"
+        if dev.type == "cuda":
+            name += "-cuda-eager"
+        print("SUMMARY " + json.dumps({"framework": name,
                                        "torch": torch.__version__, "replicas": world,
                                        "batch": args.batch, "threads": args.threads,
                                        "median_epoch_time_s": med, "final_test_acc": acc}),
@@ -141,6 +151,7 @@ def main():
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--dropout", type=float, default=0.25, help="cnn only")
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (eager PyTorch on one GPU)")
     args = p.parse_args()
     if args.ddp > 1:
         mp.spawn(run, args=(args.ddp, args), nprocs=args.ddp, join=True)

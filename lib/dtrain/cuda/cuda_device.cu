@@ -358,13 +358,14 @@ struct ConvPlan {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int index, int rank) : index_(index), rank_(rank) {
+  CudaDevice(int index, int rank, Precision precision)
+      : index_(index), rank_(rank), tf32_(precision == Precision::tf32) {
     DT_CUDA(cudaSetDevice(index_));
     DT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DT_CUBLAS(cublasCreate(&blas_));
     DT_CUBLAS(cublasSetStream(blas_, stream_));
-    // Plain FP32 GEMMs: the CPU twin is FP32, and TF32 would change the numbers.
-    DT_CUBLAS(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+    // fp32: plain FP32 GEMMs like the CPU twin; tf32: tensor cores with TF32 inputs.
+    DT_CUBLAS(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
     DT_CUDNN(cudnnCreate(&dnn_));
     DT_CUDNN(cudnnSetStream(dnn_, stream_));
     cudaDeviceProp prop{};
@@ -393,6 +394,7 @@ class CudaDevice final : public Device {
   bool host_memory() const override { return false; }
   void synchronize() override { DT_CUDA(cudaStreamSynchronize(stream_)); }
   void* native_stream() override { return stream_; }
+  int64_t launches() const override { return launches_; }
 
   void* alloc_bytes(size_t bytes) override {
     select();
@@ -427,6 +429,7 @@ class CudaDevice final : public Device {
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
     if (m == 0 || n == 0) return;
+    ++launches_;
     DT_CUBLAS(cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                           static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
                           static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c,
@@ -484,6 +487,7 @@ class CudaDevice final : public Device {
     if (n == 0) return;
     ConvPlan& p = plan(g, n);
     const float one = 1.f, zero = 0.f;
+    launches_ += 2;
     DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x, p.w, w, p.conv, p.fwd, workspace_,
                                      p.workspace, &zero, p.y, y));
     DT_CUDNN(cudnnAddTensor(dnn_, &one, p.b, b, &one, p.y, y));
@@ -493,6 +497,7 @@ class CudaDevice final : public Device {
     if (n == 0) return;
     ConvPlan& p = plan(g, n);
     const float one = 1.f, zero = 0.f;
+    launches_ += dx ? 3 : 2;
     if (dx)
       DT_CUDNN(cudnnConvolutionBackwardData(dnn_, &one, p.w, w, p.y, dy, p.conv, p.bwd_data,
                                             workspace_, p.workspace, &zero, p.x, dx));
@@ -603,7 +608,10 @@ class CudaDevice final : public Device {
 
  private:
   void select() { DT_CUDA(cudaSetDevice(index_)); }
-  void check_launch() { DT_CUDA(cudaGetLastError()); }
+  void check_launch() {
+    ++launches_;
+    DT_CUDA(cudaGetLastError());
+  }
   static int act_code(Activation a) {
     switch (a) {
       case Activation::relu: return 0;
@@ -660,7 +668,8 @@ class CudaDevice final : public Device {
     DT_CUDNN(cudnnSetConvolution2dDescriptor(p.conv, i(g.pad), i(g.pad), i(g.stride),
                                              i(g.stride), 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
-    DT_CUDNN(cudnnSetConvolutionMathType(p.conv, CUDNN_FMA_MATH));  // FP32, no TF32
+    // FMA: FP32 arithmetic, no TF32; DEFAULT lets cuDNN use TF32 tensor cores for FP32 data.
+    DT_CUDNN(cudnnSetConvolutionMathType(p.conv, tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
     int got = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[8];
     DT_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn_, p.x, p.w, p.conv, p.y, 8, &got, fwd));
@@ -690,6 +699,8 @@ class CudaDevice final : public Device {
   }
 
   int index_, rank_;
+  bool tf32_;
+  int64_t launches_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
@@ -705,8 +716,75 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cuda_device(int index, int rank) {
-  return std::make_unique<CudaDevice>(index, rank);
+std::unique_ptr<Device> make_cuda_device(int index, int rank, Precision precision) {
+  return std::make_unique<CudaDevice>(index, rank, precision);
+}
+
+namespace {
+__global__ void k_empty() {}
+
+float median_of(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
+GpuFloors measure_gpu(int index) {
+  const int rank_ = 0;  // for the error macros
+  GpuFloors f;
+  DT_CUDA(cudaSetDevice(index));
+  cudaStream_t s = nullptr;
+  DT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t a = nullptr, b = nullptr;
+  DT_CUDA(cudaEventCreate(&a));
+  DT_CUDA(cudaEventCreate(&b));
+  // Launch latency: 1000 empty kernels back to back, timed by events, 20 times.
+  std::vector<float> per;
+  for (int rep = 0; rep < 21; ++rep) {
+    DT_CUDA(cudaEventRecord(a, s));
+    for (int i = 0; i < 1000; ++i) k_empty<<<1, 1, 0, s>>>();
+    DT_CUDA(cudaEventRecord(b, s));
+    DT_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    DT_CUDA(cudaEventElapsedTime(&ms, a, b));
+    if (rep > 0) per.push_back(ms);  // the first warms up
+  }
+  f.launch_us = median_of(per);  // ms per 1000 launches = us per launch
+  // SGEMM throughput on 8192^3, FP32 and TF32.
+  const int n = 8192;
+  float *x = nullptr, *y = nullptr, *z = nullptr;
+  DT_CUDA(cudaMalloc(&x, sizeof(float) * n * n));
+  DT_CUDA(cudaMalloc(&y, sizeof(float) * n * n));
+  DT_CUDA(cudaMalloc(&z, sizeof(float) * n * n));
+  DT_CUDA(cudaMemsetAsync(x, 0, sizeof(float) * n * n, s));
+  DT_CUDA(cudaMemsetAsync(y, 0, sizeof(float) * n * n, s));
+  cublasHandle_t h = nullptr;
+  DT_CUBLAS(cublasCreate(&h));
+  DT_CUBLAS(cublasSetStream(h, s));
+  for (bool tf32 : {false, true}) {
+    DT_CUBLAS(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    const float one = 1.f, zero = 0.f;
+    std::vector<float> ms_list;
+    for (int rep = 0; rep < 6; ++rep) {
+      DT_CUDA(cudaEventRecord(a, s));
+      DT_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, x, n, y, n, &zero, z, n));
+      DT_CUDA(cudaEventRecord(b, s));
+      DT_CUDA(cudaEventSynchronize(b));
+      float ms = 0;
+      DT_CUDA(cudaEventElapsedTime(&ms, a, b));
+      if (rep > 0) ms_list.push_back(ms);
+    }
+    const double tflops = 2.0 * n * double(n) * n / (median_of(ms_list) * 1e-3) / 1e12;
+    (tf32 ? f.sgemm_tf32_tflops : f.sgemm_fp32_tflops) = tflops;
+  }
+  cublasDestroy(h);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(z);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(s);
+  return f;
 }
 
 }  // namespace dtrain

@@ -17,24 +17,24 @@ namespace dtrain {
 
 namespace {
 
-#define DT_NCCL(call, rank)                                                                    \
-  do {                                                                                         \
-    const ncclResult_t r_ = (call);                                                            \
-    if (r_ != ncclSuccess && r_ != ncclInProgress)                                             \
-      throw ::dtrain::SystemError(                                                             \
-          fmt::format("rank {}: NCCL: {} ({}{})", (rank), #call, ncclGetErrorString(r_),       \
-                      r_ == ncclSystemError || r_ == ncclRemoteError                           \
-                          ? fmt::format("; {}", ncclGetLastError(nullptr))                     \
-                          : ""),                                                               \
-          __FILE__, __LINE__);                                                                 \
+#define DT_NCCL(call, rank)                                                              \
+  do {                                                                                   \
+    const ncclResult_t r_ = (call);                                                      \
+    if (r_ != ncclSuccess && r_ != ncclInProgress)                                       \
+      throw ::dtrain::SystemError(                                                       \
+          fmt::format("rank {}: NCCL: {} ({}{})", (rank), #call, ncclGetErrorString(r_), \
+                      r_ == ncclSystemError || r_ == ncclRemoteError                     \
+                          ? fmt::format("; {}", ncclGetLastError(nullptr))               \
+                          : ""),                                                         \
+          __FILE__, __LINE__);                                                           \
   } while (0)
-#define DT_CUDA_R(call, rank)                                                              \
-  do {                                                                                     \
-    const cudaError_t e_ = (call);                                                         \
-    if (e_ != cudaSuccess)                                                                 \
-      throw ::dtrain::SystemError(                                                         \
-          fmt::format("rank {}: CUDA: {} ({})", (rank), #call, cudaGetErrorString(e_)), \
-          __FILE__, __LINE__);                                                             \
+#define DT_CUDA_R(call, rank)                                                                     \
+  do {                                                                                            \
+    const cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess)                                                                        \
+      throw ::dtrain::SystemError(                                                                \
+          fmt::format("rank {}: CUDA: {} ({})", (rank), #call, cudaGetErrorString(e_)), __FILE__, \
+          __LINE__);                                                                              \
   } while (0)
 
 class NcclExchange final : public GradExchange {
@@ -135,8 +135,8 @@ std::shared_ptr<NcclGroup> NcclGroup::over_mpi(int gpu, int rank, int size) {
   std::string bytes(reinterpret_cast<const char*>(&id), sizeof(id));
   mpi::broadcast(bytes);
   if (bytes.size() != sizeof(id))
-    DTRAIN_THROW_SYSTEM(fmt::format("rank {}: NCCL unique id of {} bytes received", rank,
-                                    bytes.size()));
+    DTRAIN_THROW_SYSTEM(
+        fmt::format("rank {}: NCCL unique id of {} bytes received", rank, bytes.size()));
   std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(&id));
   DT_CUDA_R(cudaSetDevice(gpu), rank);
   ncclComm_t comm = nullptr;
