@@ -215,10 +215,19 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
     c->colocate = true;
     c->devices = {0};
   }
+  // One replica goes through NCCL with a one-rank communicator; four share the GPU and are
+  // reduced by the device kernel.
   const auto a = test::run_config(one);
   const auto b = test::run_config(four);
   REQUIRE(a.step_losses.size() >= 50);
+  CHECK(a.info.devices.find("NCCL") != std::string::npos);
+  CHECK(b.info.devices.find("reduced on the device") != std::string::npos);
   CHECK(test::max_rel_step_diff(a, b) < 1e-5);
+  // Buckets reduced during backward give the same bits as one reduction after it.
+  Config bucketed = four, single = four;
+  bucketed.train.bucket_mb = 0.0005;
+  single.train.bucket_mb = 0;
+  CHECK(test::run_config(bucketed).step_losses == test::run_config(single).step_losses);
   // And the GPU trains like the CPU.
   Config cpu = test::synthetic_config(1, 128);
   cpu.backend = Backend::cpu;
@@ -240,6 +249,9 @@ TEST_CASE("backend cuda without a GPU or with too many replicas fails before tra
   const int n = static_cast<int>(s.gpus.size());
   c.gpus = n + 1;
   CHECK_THROWS_WITH(place_replicas(c, n + 1), Catch::Contains("colocate: true"));
+  c.backend = Backend::auto_;  // auto falls back to the CPU instead
+  CHECK(place_replicas(c, n + 1).backend == Backend::cpu);
+  c.backend = Backend::cuda;
   c.colocate = true;
   const auto p = place_replicas(c, n + 1);
   CHECK(p.colocated);

@@ -38,6 +38,7 @@ class GradExchange {
  protected:
   virtual void reduce(float* data, size_t n) = 0;  // may return before the reduction is done
   virtual void wait() {}                           // every reduce() so far has completed
+  float* buffer() const { return grads_; }  // the buffer given to begin()
 
  private:
   void launch_ready();

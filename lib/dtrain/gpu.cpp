@@ -74,6 +74,15 @@ std::unique_ptr<Device> make_cuda_device(int, int rank, Precision) {
   DTRAIN_THROW_SYSTEM(
       fmt::format("rank {}: the CUDA backend is not available in this build", rank));
 }
+struct ColocatedState {};
+std::shared_ptr<ColocatedState> colocated_state(int) {
+  DTRAIN_THROW_SYSTEM("the CUDA backend is not available in this build");
+}
+std::unique_ptr<GradExchange> make_colocated_exchange(std::shared_ptr<ColocatedState>,
+                                                      Communicator&, Device&, ReduceOp, size_t,
+                                                      size_t) {
+  DTRAIN_THROW_SYSTEM("the CUDA backend is not available in this build");
+}
 std::shared_ptr<NcclGroup> NcclGroup::local(const std::vector<int>&) {
   DTRAIN_THROW_SYSTEM("NCCL is not available in this build");
 }

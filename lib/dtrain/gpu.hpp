@@ -47,6 +47,17 @@ GpuFloors measure_gpu(int index);
 std::unique_ptr<Device> make_cuda_device(int index, int rank,
                                          Precision precision = Precision::fp32);
 
+// Replicas colocated on one GPU in this process. Each bucket is reduced on the device: replica r
+// owns chunk r of the bucket, adds the replicas in ascending order and writes the result into
+// every replica's buffer, exactly like the in-process CPU communicator, so the results match
+// it bit for bit. CUDA events order the streams; the host communicator serves as a barrier.
+struct ColocatedState;
+std::shared_ptr<ColocatedState> colocated_state(int replicas);
+std::unique_ptr<GradExchange> make_colocated_exchange(std::shared_ptr<ColocatedState> state,
+                                                      Communicator& comm, Device& dev,
+                                                      ReduceOp op, size_t n_params,
+                                                      size_t bucket_elems);
+
 // NCCL communicators that carry the gradients of GPU replicas (the host Communicator still
 // carries the small statistics). Gradients are all-reduced in place on a communication stream
 // that waits for backward through CUDA events, bucket by bucket, with ncclAvg for mean and

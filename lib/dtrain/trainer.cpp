@@ -57,6 +57,7 @@ struct Shared {
   Placement place{};
   std::shared_ptr<NcclGroup> nccl{};  // gradients of GPU replicas, where not colocated
   bool nccl_per_process = false;      // one replica per process: its communicator is index 0
+  std::shared_ptr<ColocatedState> colocated{};  // all replicas on one GPU
 };
 
 void worker(Shared& sh, Communicator& comm) {
@@ -314,11 +315,13 @@ Placement place_replicas(const Config& cfg, int local_ranks) {
   if (devs.empty())
     for (int i = 0; i < static_cast<int>(sys.gpus.size()) && i < local_ranks; ++i)
       devs.push_back(i);
-  if (local_ranks > static_cast<int>(devs.size()) && !cfg.colocate)
+  if (local_ranks > static_cast<int>(devs.size()) && !cfg.colocate) {
+    if (cfg.backend == Backend::auto_) return p;  // auto: not enough GPUs, so the CPU
     throw UserError(fmt::format(
         "gpus={} needs {} GPUs on this machine but {} {} available; set colocate: true to run "
-        "several replicas per GPU (in turn), or lower gpus",
+        "several replicas per GPU (in turn), lower gpus, or use backend: cpu",
         cfg.gpus, local_ranks, devs.size(), devs.size() == 1 ? "is" : "are"));
+  }
   p.backend = Backend::cuda;
   p.colocated = local_ranks > static_cast<int>(devs.size());
   for (int r = 0; r < local_ranks; ++r)
@@ -394,12 +397,18 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   sh.place = place_replicas(cfg, cfg.gpus);
   // Colocated replicas share a GPU, which NCCL (before 2.30) does not allow: their gradients go
   // through the host.
+  const auto& gpu_of = sh.place.gpu_of_replica;
   if (sh.place.backend == Backend::cuda && !sh.place.colocated)
-    sh.nccl = NcclGroup::local(sh.place.gpu_of_replica);
+    sh.nccl = NcclGroup::local(gpu_of);
+  else if (sh.place.backend == Backend::cuda &&
+           std::all_of(gpu_of.begin(), gpu_of.end(), [&](int g) { return g == gpu_of[0]; }))
+    sh.colocated = colocated_state(cfg.gpus);
   sh.result.info.devices =
       sh.place.backend == Backend::cuda
           ? fmt::format("{}; gradients {}", sh.place.describe(),
-                        sh.nccl ? "by NCCL " + sh.nccl->version() : "through the host")
+                        sh.nccl        ? "by NCCL " + sh.nccl->version()
+                        : sh.colocated ? "reduced on the device"
+                                       : "through the host")
           : fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}", cfg.gpus,
                         cfg.gpus == 1 ? "" : "s", per_replica, per_replica == 1 ? "" : "s",
                         to_string(sh.cpu.conv));

@@ -645,6 +645,15 @@ class CudaDevice final : public Device {
     return stats_.data();
   }
 
+  // cuDNN's heuristics list algorithms best first; the first that is supported wins.
+  template <class Perf>
+  const Perf& pick(const Perf* perf, int count) {
+    for (int i = 0; i < count; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS) return perf[i];
+    throw SystemError(strf("rank %d: cuDNN offers no algorithm for a convolution", rank_),
+                      __FILE__, __LINE__);
+  }
+
   ConvPlan& plan(const ConvGeom& g, int64_t n) {
     const PlanKey key{g.c, g.h, g.w, g.oc, g.k, g.stride, g.pad, n};
     auto it = plans_.find(key);
@@ -673,15 +682,15 @@ class CudaDevice final : public Device {
     int got = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[8];
     DT_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn_, p.x, p.w, p.conv, p.y, 8, &got, fwd));
-    p.fwd = fwd[0].algo;
+    p.fwd = pick(fwd, got).algo;
     cudnnConvolutionBwdDataAlgoPerf_t bd[8];
     DT_CUDNN(
         cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, p.w, p.y, p.conv, p.x, 8, &got, bd));
-    p.bwd_data = bd[0].algo;
+    p.bwd_data = pick(bd, got).algo;
     cudnnConvolutionBwdFilterAlgoPerf_t bf[8];
     DT_CUDNN(
         cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, p.x, p.y, p.conv, p.w, 8, &got, bf));
-    p.bwd_filter = bf[0].algo;
+    p.bwd_filter = pick(bf, got).algo;
     size_t w1 = 0, w2 = 0, w3 = 0;
     DT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(dnn_, p.x, p.w, p.conv, p.y, p.fwd, &w1));
     DT_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, p.w, p.y, p.conv, p.x,
@@ -715,6 +724,112 @@ class CudaDevice final : public Device {
 };
 
 }  // namespace
+
+// ---- colocated replicas: the reduction on the device ----
+
+constexpr int kMaxColocated = 64;
+
+struct ColocatedState {
+  explicit ColocatedState(int n)
+      : replicas(n), grads(static_cast<size_t>(n)), ready(static_cast<size_t>(n)),
+        done(static_cast<size_t>(n)) {}
+  int replicas;
+  std::vector<float*> grads;
+  std::vector<cudaEvent_t> ready, done;
+};
+
+namespace {
+
+struct Ptrs {
+  float* p[kMaxColocated];
+};
+
+// Elements [lo, hi) of every replica's buffer: the sum in replica order (times 1/N for mean),
+// written back to all of them. Same arithmetic as InProcessGroup's reduction.
+__global__ void k_colocated_reduce(Ptrs bufs, int n, size_t lo, size_t hi, bool mean, float inv) {
+  GRID_STRIDE(j, hi - lo) {
+    const size_t i = lo + j;
+    float acc = bufs.p[0][i];
+    for (int q = 1; q < n; ++q) acc += bufs.p[q][i];
+    if (mean) acc *= inv;
+    for (int q = 0; q < n; ++q) bufs.p[q][i] = acc;
+  }
+}
+
+class ColocatedExchange final : public GradExchange {
+ public:
+  ColocatedExchange(std::shared_ptr<ColocatedState> st, Communicator& comm, Device& dev,
+                    ReduceOp op, size_t n, size_t bucket)
+      : GradExchange(n, bucket),
+        st_(std::move(st)),
+        comm_(comm),
+        rank_(comm.rank()),
+        stream_(static_cast<cudaStream_t>(dev.native_stream())),
+        mean_(op == ReduceOp::mean) {
+    if (!stream_) DTRAIN_THROW_SYSTEM("colocated exchange needs a CUDA device");
+    if (st_->replicas > kMaxColocated)
+      DTRAIN_THROW_SYSTEM(strf("at most %d replicas can share one GPU", kMaxColocated));
+    const auto r = static_cast<size_t>(rank_);
+    DT_CUDA(cudaEventCreateWithFlags(&st_->ready[r], cudaEventDisableTiming));
+    DT_CUDA(cudaEventCreateWithFlags(&st_->done[r], cudaEventDisableTiming));
+  }
+  ~ColocatedExchange() override {
+    const auto r = static_cast<size_t>(rank_);
+    cudaStreamSynchronize(stream_);
+    cudaEventDestroy(st_->ready[r]);
+    cudaEventDestroy(st_->done[r]);
+  }
+  std::string kind() const override { return "device reduction of colocated replicas"; }
+
+ protected:
+  void reduce(float* data, size_t n) override {
+    const int p = st_->replicas;
+    if (p == 1) return;
+    const auto r = static_cast<size_t>(rank_);
+    const size_t offset = static_cast<size_t>(data - buffer());
+    st_->grads[r] = buffer();
+    DT_CUDA(cudaEventRecord(st_->ready[r], stream_));
+    barrier();  // every replica has posted its buffer and its event
+    for (int q = 0; q < p; ++q) DT_CUDA(cudaStreamWaitEvent(stream_, st_->ready[static_cast<size_t>(q)], 0));
+    Ptrs ptrs{};
+    for (int q = 0; q < p; ++q) ptrs.p[q] = st_->grads[static_cast<size_t>(q)];
+    const size_t lo = offset + n * r / static_cast<size_t>(p);
+    const size_t hi = offset + n * (r + 1) / static_cast<size_t>(p);
+    if (hi > lo) {
+      k_colocated_reduce<<<blocks_for(hi - lo), kThreads, 0, stream_>>>(ptrs, p, lo, hi, mean_,
+                                                                        1.f / static_cast<float>(p));
+      DT_CUDA(cudaGetLastError());
+    }
+    DT_CUDA(cudaEventRecord(st_->done[r], stream_));
+    barrier();  // every replica has queued its chunk
+    for (int q = 0; q < p; ++q) DT_CUDA(cudaStreamWaitEvent(stream_, st_->done[static_cast<size_t>(q)], 0));
+  }
+
+ private:
+  void barrier() {
+    double token = 0;
+    comm_.allreduce(&token, 1, ReduceOp::sum);  // abortable, unlike std::barrier
+  }
+  std::shared_ptr<ColocatedState> st_;
+  Communicator& comm_;
+  int rank_;
+  cudaStream_t stream_;
+  bool mean_;
+};
+
+}  // namespace
+
+std::shared_ptr<ColocatedState> colocated_state(int replicas) {
+  return std::make_shared<ColocatedState>(replicas);
+}
+
+std::unique_ptr<GradExchange> make_colocated_exchange(std::shared_ptr<ColocatedState> state,
+                                                      Communicator& comm, Device& dev,
+                                                      ReduceOp op, size_t n_params,
+                                                      size_t bucket_elems) {
+  return std::make_unique<ColocatedExchange>(std::move(state), comm, dev, op, n_params,
+                                             bucket_elems);
+}
 
 std::unique_ptr<Device> make_cuda_device(int index, int rank, Precision precision) {
   return std::make_unique<CudaDevice>(index, rank, precision);
