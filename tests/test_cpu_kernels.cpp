@@ -103,23 +103,26 @@ TEST_CASE("CPU kernels give the same bits with 1 2 or 3 threads", "[cpu][threads
     const int64_t ns = 40, ch = 8, sp = 100;
     Rng r2(4);
     const auto x = random_vec(r2, ns * ch * sp), dy = random_vec(r2, ns * ch * sp);
-    std::vector<double> sum(ch), sumsq(ch), s1(ch), s2(ch);
-    d->channel_moments(x.data(), ns, ch, sp, sum.data(), sumsq.data());
-    std::vector<float> mean(ch), inv(ch), gamma(ch, 1.5f), beta(ch, 0.1f), dg(ch, 0.f), db(ch, 0.f);
-    for (int64_t c = 0; c < ch; ++c) {
-      mean[c] = static_cast<float>(sum[c] / (ns * sp));
-      inv[c] = static_cast<float>(1 / std::sqrt(sumsq[c] / (ns * sp) - mean[c] * mean[c] + 1e-5));
-    }
+    std::vector<double> moments(2 * ch), sums(2 * ch);
+    d->channel_moments(x.data(), ns, ch, sp, moments.data());
+    std::vector<float> running(2 * ch, 0.f), stats(2 * ch), gamma(ch, 1.5f), beta(ch, 0.1f),
+        dg(ch, 0.f), db(ch, 0.f);
+    d->bn_prepare(moments.data(), double(ns * sp), 1e-5, 0.1, running.data(), stats.data(), ch);
     std::vector<float> y(x.size()), dx(x.size());
-    d->bn_apply(x.data(), mean.data(), inv.data(), gamma.data(), beta.data(), ns, ch, sp, y.data());
-    d->bn_backward_sums(x.data(), dy.data(), mean.data(), inv.data(), gamma.data(), ns, ch, sp,
-                        s1.data(), s2.data(), dg.data(), db.data());
-    d->bn_backward_dx(x.data(), dy.data(), mean.data(), inv.data(), gamma.data(), s1.data(),
-                      s2.data(), double(ns * sp), ns, ch, sp, dx.data());
+    d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), ns, ch, sp, y.data());
+    d->bn_backward_sums(x.data(), dy.data(), stats.data(), gamma.data(), ns, ch, sp, sums.data(),
+                        dg.data(), db.data());
+    d->bn_backward_dx(x.data(), dy.data(), stats.data(), gamma.data(), sums.data(), double(ns * sp),
+                      ns, ch, sp, dx.data());
+    std::vector<float> mask(5000);
+    d->dropout_mask(mask.data(), mask.size(), 0.25, 77);
+    y.insert(y.end(), mask.begin(), mask.end());
     std::vector<float> bn(y);
     bn.insert(bn.end(), dx.begin(), dx.end());
     bn.insert(bn.end(), dg.begin(), dg.end());
-    for (int64_t c = 0; c < ch; ++c) bn.push_back(static_cast<float>(sum[c] + sumsq[c]));
+    for (auto v : moments) bn.push_back(static_cast<float>(v));
+    for (auto v : sums) bn.push_back(static_cast<float>(v));
+    bn.insert(bn.end(), running.begin(), running.end());
     bns.push_back(bn);
 
     const auto r = run_conv(*d, ConvGeom{4, 6, 6, 8, 3, 1, 1}, 70, 6);

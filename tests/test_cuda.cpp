@@ -115,10 +115,14 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
   const auto logits = random_vec(rng, m * 10, -4, 4);
   twin("softmax_xent", 1e-6, [&](Device& d, Mirror& mr) -> Outs {
     float* dl = mr.in(logits);
-    double stats[2] = {0.5, 1};
-    d.softmax_xent(mr.in(logits), mr.in(labels), m, 10, 0.25f, dl, stats);
+    Buffer<double> stats(d, 2);
+    const double start[2] = {0.5, 1};
+    d.upload(stats.data(), start, sizeof(start));
+    d.softmax_xent(mr.in(logits), mr.in(labels), m, 10, 0.25f, dl, stats.data());
+    double got[2];
+    d.download(got, stats.data(), sizeof(got));
     return Outs{mr.out(dl, logits.size()),
-                std::vector<float>{static_cast<float>(stats[0]), static_cast<float>(stats[1])}};
+                std::vector<float>{static_cast<float>(got[0]), static_cast<float>(got[1])}};
   });
 
   // Gather rows by host indices.
@@ -166,25 +170,36 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     const auto x = random_vec(rng, ns * c * sp, -2, 3), dy = random_vec(rng, ns * c * sp);
     const auto gamma = random_vec(rng, c, 0.5, 1.5), beta = random_vec(rng, c);
     twin("batchnorm", 1e-5, [&](Device& d, Mirror& mr) -> Outs {
-      std::vector<double> sum(c), sumsq(c), s1(c), s2(c);
+      Buffer<double> moments(d, 2 * c), sums(d, 2 * c);
       const float* xp = mr.in(x);
-      d.channel_moments(xp, ns, c, sp, sum.data(), sumsq.data());
-      std::vector<float> mean(c), inv(c);
-      for (int64_t i = 0; i < c; ++i) {
-        mean[i] = static_cast<float>(sum[i] / (ns * sp));
-        inv[i] = static_cast<float>(1 / std::sqrt(sumsq[i] / (ns * sp) - mean[i] * mean[i] + 1e-5));
-      }
-      float *y = mr.in(x), *dx = mr.in(x), *dg = mr.in(gamma), *db = mr.in(beta);
       const float* gp = mr.in(gamma);
-      d.bn_apply(xp, mean.data(), inv.data(), gp, mr.in(beta), ns, c, sp, y);
-      d.bn_backward_sums(xp, mr.in(dy), mean.data(), inv.data(), gp, ns, c, sp, s1.data(),
-                         s2.data(), dg, db);
-      d.bn_backward_dx(xp, mr.in(dy), mean.data(), inv.data(), gp, s1.data(), s2.data(),
-                       double(ns * sp), ns, c, sp, dx);
-      return Outs{mr.out(y, x.size()), mr.out(dx, x.size()), mr.out(dg, c), mr.out(db, c),
-                  std::vector<float>(mean.begin(), mean.end())};
+      float *running = mr.in(std::vector<float>(2 * c, 0.5f)),
+            *stats = mr.in(std::vector<float>(2 * c)), *y = mr.in(x), *dx = mr.in(x),
+            *dg = mr.in(gamma), *db = mr.in(beta);
+      d.channel_moments(xp, ns, c, sp, moments.data());
+      d.bn_prepare(moments.data(), double(ns * sp), 1e-5, 0.1, running, stats, c);
+      d.bn_apply(xp, stats, gp, mr.in(beta), ns, c, sp, y);
+      d.bn_backward_sums(xp, mr.in(dy), stats, gp, ns, c, sp, sums.data(), dg, db);
+      d.bn_backward_dx(xp, mr.in(dy), stats, gp, sums.data(), double(ns * sp), ns, c, sp, dx);
+      float* eval = mr.in(std::vector<float>(2 * c));
+      d.bn_prepare(nullptr, 0, 1e-5, 0, running, eval, c);
+      std::vector<double> hs(2 * c);
+      d.download(hs.data(), sums.data(), hs.size() * sizeof(double));
+      return Outs{mr.out(y, x.size()),
+                  mr.out(dx, x.size()),
+                  mr.out(dg, c),
+                  mr.out(db, c),
+                  mr.out(running, 2 * c),
+                  mr.out(eval, 2 * c),
+                  std::vector<float>(hs.begin(), hs.end())};
     });
   }
+  // Dropout masks are the same bits on both backends (counter-based random numbers).
+  twin("dropout_mask", 0, [&](Device& d, Mirror& mr) -> Outs {
+    float* mask = mr.in(std::vector<float>(10007));
+    d.dropout_mask(mask, 10007, 0.3, 1234);
+    return Outs{mr.out(mask, 10007)};
+  });
 
   // Optimizer updates (three steps, so momentum and Adam's moments matter).
   const auto P = random_vec(rng, 3000), G = random_vec(rng, 3000),
@@ -200,7 +215,7 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     }
     d.scale(g, G.size(), 0.5f);
     float* y = mr.in(G);
-    d.multiply(g, mask.data(), y, G.size());
+    d.multiply(g, mr.in(mask), y, G.size());
     return Outs{mr.out(p, P.size()), mr.out(q, P.size()), mr.out(y, G.size())};
   });
 }

@@ -59,6 +59,7 @@ void check_layer(Device& d, Layer& layer, uint64_t seed, bool spaced = false) {
   std::vector<float> params(static_cast<size_t>(layer.param_count())), grads(params.size(), 0.f);
   layer.init(rng, params.data());
   layer.bind(params.data(), grads.data());
+  layer.setup(d);
   std::vector<float> x(static_cast<size_t>(rows * in)), u(static_cast<size_t>(rows * out));
   for (auto& v : x) v = away_from_zero(rng);
   if (spaced) x = spaced_values(rng, x.size());
@@ -140,6 +141,7 @@ TEST_CASE("batchnorm normalises in training and uses running statistics in evalu
   Rng rng(1);
   bn.init(rng, params.data());
   bn.bind(params.data(), grads.data());
+  bn.setup(*dev);
   LayerContext ctx;
   bn.attach(&ctx);
   // Two samples, two channels of three values: channel 0 holds 1..6, channel 1 holds 10s.
@@ -151,9 +153,9 @@ TEST_CASE("batchnorm normalises in training and uses running statistics in evalu
     sq0 += double(y[i]) * y[i] / 6.0;
   }
   CHECK(mean0 == Approx(0).margin(1e-6));
-  CHECK(sq0 == Approx(1).epsilon(1e-3));  // unit variance (eps aside)
-  CHECK(y[3] == Approx(0).margin(1e-6));  // a constant channel maps to beta
-  const auto& run = *bn.state();
+  CHECK(sq0 == Approx(1).epsilon(1e-3));     // unit variance (eps aside)
+  CHECK(y[3] == Approx(0).margin(1e-6));     // a constant channel maps to beta
+  const float* run = bn.state()->data();     // the CPU's device memory is host memory
   CHECK(run[0] == Approx(0.5 * 3.5));        // running mean moved halfway to 3.5
   CHECK(run[2] == Approx(0.5 + 0.5 * 3.5));  // running var towards the unbiased 17.5/5
   ctx.train = false;

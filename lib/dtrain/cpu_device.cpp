@@ -16,6 +16,7 @@
 
 #include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
+#include "dtrain/hash.hpp"
 
 #if DTRAIN_HAVE_DNNL
 #include <dnnl.hpp>
@@ -24,6 +25,23 @@
 namespace dtrain {
 
 namespace {
+
+// The BatchNorm statistics of channel ch (the CUDA backend's kernel runs the same arithmetic).
+void bn_prepare_one(const double* moments, double count, double eps, double momentum,
+                    float* running, float* stats, int64_t c, int64_t ch) {
+  if (!moments) {
+    stats[ch] = running[ch];
+    stats[c + ch] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running[c + ch]) + eps));
+    return;
+  }
+  const double mean = moments[ch] / count;
+  const double var = std::max(0.0, moments[c + ch] / count - mean * mean);
+  stats[ch] = static_cast<float>(mean);
+  stats[c + ch] = static_cast<float>(1.0 / std::sqrt(var + eps));
+  const double unbiased = count > 1 ? var * count / (count - 1) : var;
+  running[ch] = static_cast<float>((1 - momentum) * running[ch] + momentum * mean);
+  running[c + ch] = static_cast<float>((1 - momentum) * running[c + ch] + momentum * unbiased);
+}
 
 // Loops below this many elements stay on the calling thread: a parallel region costs a few
 // microseconds.
@@ -264,6 +282,9 @@ class CpuDevice final : public Device {
   }
   void download(void* dst, const void* src, size_t bytes) override {
     std::memcpy(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    std::memset(p, 0, bytes);
   }
   void fill(float* x, size_t n, float v) override {
     const auto len = static_cast<int64_t>(n);
@@ -550,8 +571,8 @@ class CpuDevice final : public Device {
 
   // Per-channel reductions run in parallel over channels, each summing its samples in order:
   // the same result for every thread count.
-  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* sum,
-                       double* sumsq) override {
+  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                       double* moments) override {
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t ch = 0; ch < c; ++ch) {
       double sa = 0, sb = 0;
@@ -567,56 +588,58 @@ class CpuDevice final : public Device {
         sa += a;
         sb += b;
       }
-      sum[ch] = sa;
-      sumsq[ch] = sb;
+      moments[ch] = sa;
+      moments[c + ch] = sb;
     }
   }
 
-  void bn_apply(const float* x, const float* mean, const float* inv_std, const float* gamma,
-                const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) override {
+  void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
+                  float* stats, int64_t c) override {
+    for (int64_t ch = 0; ch < c; ++ch)
+      bn_prepare_one(moments, count, eps, momentum, running, stats, c, ch);
+  }
+
+  void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
+                int64_t n, int64_t c, int64_t spatial, float* y) override {
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t sc = 0; sc < n * c; ++sc) {
       const int64_t ch = sc % c;
       const float* p = x + sc * spatial;
       float* q = y + sc * spatial;
-      const float a = gamma[ch] * inv_std[ch], b = beta[ch] - a * mean[ch];
+      const float a = gamma[ch] * stats[c + ch], b = beta[ch] - a * stats[ch];
       for (int64_t i = 0; i < spatial; ++i) q[i] = a * p[i] + b;
     }
   }
 
-  void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* inv_std,
-                        const float* gamma, int64_t n, int64_t c, int64_t spatial, double* s1,
-                        double* s2, float* dgamma, float* dbeta) override {
+  void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
+                        int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
+                        float* dbeta) override {
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t ch = 0; ch < c; ++ch) {
       double t1 = 0, t2 = 0;
-      float dg = dgamma[ch], db = dbeta[ch];
-      const float m = mean[ch], is = inv_std[ch];
+      const float m = stats[ch], is = stats[c + ch];
       for (int64_t s = 0; s < n; ++s) {
         const float* p = x + (s * c + ch) * spatial;
         const float* g = dy + (s * c + ch) * spatial;
-        // float inside a sample's positions (at most a few thousand terms), double across.
         float a = 0, b = 0;
 #pragma omp simd reduction(+ : a, b)
         for (int64_t i = 0; i < spatial; ++i) {
           a += g[i];
           b += g[i] * ((p[i] - m) * is);
         }
-        db += a;
-        dg += b;
-        t1 += double(a) * gamma[ch];
-        t2 += double(b) * gamma[ch];
+        t1 += a;
+        t2 += b;
       }
-      dgamma[ch] = dg;
-      dbeta[ch] = db;
-      s1[ch] = t1;
-      s2[ch] = t2;
+      dbeta[ch] += static_cast<float>(t1);
+      dgamma[ch] += static_cast<float>(t2);
+      sums[ch] = t1 * gamma[ch];
+      sums[c + ch] = t2 * gamma[ch];
     }
   }
 
-  void bn_backward_dx(const float* x, const float* dy, const float* mean, const float* inv_std,
-                      const float* gamma, const double* s1, const double* s2, double m, int64_t n,
-                      int64_t c, int64_t spatial, float* dx) override {
+  void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
+                      const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
+                      float* dx) override {
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t sc = 0; sc < n * c; ++sc) {
       const int64_t ch = sc % c;
@@ -624,12 +647,20 @@ class CpuDevice final : public Device {
       const float* g = dy + sc * spatial;
       float* q = dx + sc * spatial;
       // dx = k * (m * gamma * dy - s1 - xhat * s2) = a * dy + b * x + c0, in float.
-      const double kk = inv_std[ch] / m;
+      const double is = stats[c + ch], kk = is / m;
       const auto a = static_cast<float>(kk * m * gamma[ch]);
-      const auto bx = static_cast<float>(-kk * s2[ch] * inv_std[ch]);
-      const auto c0 = static_cast<float>(kk * (-s1[ch] + double(mean[ch]) * inv_std[ch] * s2[ch]));
+      const auto bx = static_cast<float>(-kk * sums[c + ch] * is);
+      const auto c0 = static_cast<float>(kk * (-sums[ch] + double(stats[ch]) * is * sums[c + ch]));
       for (int64_t i = 0; i < spatial; ++i) q[i] = a * g[i] + bx * p[i] + c0;
     }
+  }
+
+  void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override {
+    const auto len = static_cast<int64_t>(n);
+    const auto keep = static_cast<float>(1.0 / (1.0 - p));
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i)
+      mask[i] = dropout_value(seed, static_cast<uint64_t>(i), p, keep);
   }
 
   void multiply(const float* x, const float* mask, float* y, size_t n) override {

@@ -39,6 +39,7 @@ class Device {
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(float* x, size_t n, float v) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
 
   // C = alpha * op(A) * op(B) + beta * C, op(A) is m x k, op(B) is k x n.
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -54,7 +55,7 @@ class Device {
                                    float* dx, size_t n) = 0;
   // Softmax cross-entropy over rows of logits. Writes dlogits = grad_scale * (softmax - onehot)
   // (if dlogits is non-null) and adds the summed loss and the number of correct argmax
-  // predictions to stats[0] and stats[1].
+  // predictions to stats[0] and stats[1] (device memory: nothing returns to the host here).
   virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
                             int64_t classes, float grad_scale, float* dlogits, double* stats) = 0;
   // dst rows i = src rows idx[i] (idx on the host); labels likewise.
@@ -73,22 +74,30 @@ class Device {
                                int64_t k, int64_t stride, float* y, int32_t* argmax) = 0;
   virtual void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c,
                                 int64_t h, int64_t w, int64_t k, int64_t stride, float* dx) = 0;
-  // Per-channel sum and sum of squares over samples and positions (double accumulation).
-  virtual void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* sum,
-                               double* sumsq) = 0;
+  // BatchNorm. Every pointer is device memory; `stats` is [mean (c), inv_std (c)] and the
+  // double buffers are [first (c), second (c)].
+  // moments = per-channel [sum, sum of squares] over samples and positions.
+  virtual void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                               double* moments) = 0;
+  // Training: stats from moments over `count` values per channel, and running = [mean, var]
+  // moved towards them by `momentum` (unbiased variance, as PyTorch). Evaluation (moments
+  // null): stats from the running statistics.
+  virtual void bn_prepare(const double* moments, double count, double eps, double momentum,
+                          float* running, float* stats, int64_t c) = 0;
   // y = gamma * (x - mean) * inv_std + beta, per channel.
-  virtual void bn_apply(const float* x, const float* mean, const float* inv_std, const float* gamma,
-                        const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) = 0;
-  // Per channel: s1 = sum(dy * gamma), s2 = sum(dy * gamma * xhat), and (+)= dgamma, dbeta.
-  virtual void bn_backward_sums(const float* x, const float* dy, const float* mean,
-                                const float* inv_std, const float* gamma, int64_t n, int64_t c,
-                                int64_t spatial, double* s1, double* s2, float* dgamma,
-                                float* dbeta) = 0;
+  virtual void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
+                        int64_t n, int64_t c, int64_t spatial, float* y) = 0;
+  // sums = [sum(dy * gamma), sum(dy * gamma * xhat)] per channel; dgamma, dbeta (+)=.
+  virtual void bn_backward_sums(const float* x, const float* dy, const float* stats,
+                                const float* gamma, int64_t n, int64_t c, int64_t spatial,
+                                double* sums, float* dgamma, float* dbeta) = 0;
   // dx = inv_std / m * (m * dy * gamma - s1 - xhat * s2), m = the (global) element count.
-  virtual void bn_backward_dx(const float* x, const float* dy, const float* mean,
-                              const float* inv_std, const float* gamma, const double* s1,
-                              const double* s2, double m, int64_t n, int64_t c, int64_t spatial,
-                              float* dx) = 0;
+  virtual void bn_backward_dx(const float* x, const float* dy, const float* stats,
+                              const float* gamma, const double* sums, double m, int64_t n,
+                              int64_t c, int64_t spatial, float* dx) = 0;
+  // Inverted-dropout mask: 0 with probability p, else 1/(1-p); element i depends only on
+  // (seed, i) through a counter-based hash, so every backend draws the same mask.
+  virtual void dropout_mask(float* mask, size_t n, double p, uint64_t seed) = 0;
   // y = x * mask, mask holding 0 or 1/(1-p).
   virtual void multiply(const float* x, const float* mask, float* y, size_t n) = 0;
 

@@ -122,11 +122,16 @@ void GlobalAvgPool::backward_impl(Device& d, const float*, const float*, const f
 // ---- BatchNorm ----
 
 BatchNorm::BatchNorm(MapShape in, bool sync, double momentum, double eps)
-    : Layer(in.size(), in.size()), in_(in), sync_(sync), momentum_(momentum), eps_(eps) {
-  running_.assign(static_cast<size_t>(2 * in.c), 0.f);
-  std::fill(running_.begin() + in.c, running_.end(), 1.f);
-  mean_.assign(static_cast<size_t>(in.c), 0.f);
-  inv_std_.assign(static_cast<size_t>(in.c), 1.f);
+    : Layer(in.size(), in.size()), in_(in), sync_(sync), momentum_(momentum), eps_(eps) {}
+
+void BatchNorm::setup(Device& d) {
+  const auto c = static_cast<size_t>(in_.c);
+  running_.resize(d, 2 * c);
+  d.fill(running_.data(), c, 0.f);
+  d.fill(running_.data() + c, c, 1.f);
+  stats_.resize(d, 2 * c);
+  moments_.resize(d, 2 * c);
+  sums_.resize(d, 2 * c);
 }
 
 std::string BatchNorm::describe() const {
@@ -148,46 +153,37 @@ void BatchNorm::init(Rng&, float* params) const {
 void BatchNorm::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
   const int64_t c = in_.c, s = in_.h * in_.w;
   if (!training()) {
-    for (int64_t ch = 0; ch < c; ++ch) {
-      mean_[static_cast<size_t>(ch)] = running_[static_cast<size_t>(ch)];
-      inv_std_[static_cast<size_t>(ch)] = static_cast<float>(
-          1.0 / std::sqrt(static_cast<double>(running_[static_cast<size_t>(c + ch)]) + eps_));
-    }
-    d.bn_apply(x, mean_.data(), inv_std_.data(), gamma_, beta_, rows, c, s, y);
+    d.bn_prepare(nullptr, 0, eps_, 0, running_.data(), stats_.data(), c);
+    d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, y);
     return;
   }
-  // Moments as [sum (c), sum of squares (c), count]; summed over replicas when synchronised.
-  std::vector<double> m(static_cast<size_t>(2 * c + 1), 0.0);
-  d.channel_moments(x, rows, c, s, m.data(), m.data() + c);
-  m[static_cast<size_t>(2 * c)] = static_cast<double>(rows * s);
-  if (sync_ && ctx_ && ctx_->comm) ctx_->comm->allreduce(m.data(), m.size(), ReduceOp::sum);
-  count_ = m[static_cast<size_t>(2 * c)];
+  d.channel_moments(x, rows, c, s, moments_.data());
+  count_ = static_cast<double>(rows * s);
+  if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, moments_, &count_);
   if (count_ <= 0) return;  // nothing anywhere: leave the running statistics alone
-  for (int64_t ch = 0; ch < c; ++ch) {
-    const double mean = m[static_cast<size_t>(ch)] / count_;
-    const double var = std::max(0.0, m[static_cast<size_t>(c + ch)] / count_ - mean * mean);
-    mean_[static_cast<size_t>(ch)] = static_cast<float>(mean);
-    inv_std_[static_cast<size_t>(ch)] = static_cast<float>(1.0 / std::sqrt(var + eps_));
-    // Running variance is unbiased, as in PyTorch.
-    const double unbiased = count_ > 1 ? var * count_ / (count_ - 1) : var;
-    float& rm = running_[static_cast<size_t>(ch)];
-    float& rv = running_[static_cast<size_t>(c + ch)];
-    rm = static_cast<float>((1 - momentum_) * rm + momentum_ * mean);
-    rv = static_cast<float>((1 - momentum_) * rv + momentum_ * unbiased);
-  }
-  d.bn_apply(x, mean_.data(), inv_std_.data(), gamma_, beta_, rows, c, s, y);
+  d.bn_prepare(moments_.data(), count_, eps_, momentum_, running_.data(), stats_.data(), c);
+  d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, y);
 }
 
 void BatchNorm::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
                               int64_t rows) {
   const int64_t c = in_.c, s = in_.h * in_.w;
-  std::vector<double> sums(static_cast<size_t>(2 * c), 0.0);
-  d.bn_backward_sums(x, dy, mean_.data(), inv_std_.data(), gamma_, rows, c, s, sums.data(),
-                     sums.data() + c, dgamma_, dbeta_);
-  if (sync_ && ctx_ && ctx_->comm) ctx_->comm->allreduce(sums.data(), sums.size(), ReduceOp::sum);
+  d.bn_backward_sums(x, dy, stats_.data(), gamma_, rows, c, s, sums_.data(), dgamma_, dbeta_);
+  if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, sums_, nullptr);
   if (dx && count_ > 0)
-    d.bn_backward_dx(x, dy, mean_.data(), inv_std_.data(), gamma_, sums.data(), sums.data() + c,
-                     count_, rows, c, s, dx);
+    d.bn_backward_dx(x, dy, stats_.data(), gamma_, sums_.data(), count_, rows, c, s, dx);
+}
+
+// SyncBatchNorm's exchange: the 2c sums (and the element count) summed over replicas. The sums
+// cross the host here, so synchronised BatchNorm waits for the device once per layer and pass.
+void BatchNorm::all_reduce_over_replicas(Device& d, Buffer<double>& v, double* count) {
+  const auto n = static_cast<size_t>(2 * in_.c);
+  host_.assign(n + 1, 0.0);
+  d.download(host_.data(), v.data(), n * sizeof(double));
+  if (count) host_[n] = *count;
+  ctx_->comm->allreduce(host_.data(), host_.size(), ReduceOp::sum);
+  d.upload(v.data(), host_.data(), n * sizeof(double));
+  if (count) *count = host_[n];
 }
 
 // ---- Dropout ----
@@ -198,13 +194,13 @@ std::string Dropout::describe() const {
 
 void Dropout::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
   const auto n = static_cast<size_t>(rows * in_features());
-  mask_.resize(n);
+  mask_.resize(d, std::max<size_t>(n, 1));
   if (!training() || p_ <= 0) {
-    std::fill(mask_.begin(), mask_.end(), 1.f);
+    d.fill(mask_.data(), n, 1.f);
   } else {
     if (!ctx_ || !ctx_->rng) DTRAIN_THROW_SYSTEM("dropout needs the replica's random stream");
-    const auto keep = static_cast<float>(1.0 / (1.0 - p_));
-    for (auto& v : mask_) v = ctx_->rng->uniform() < p_ ? 0.f : keep;
+    // One draw from the replica's stream seeds the whole mask, which the device computes.
+    d.dropout_mask(mask_.data(), n, p_, ctx_->rng->next());
   }
   d.multiply(x, mask_.data(), y, n);
 }

@@ -93,6 +93,7 @@ Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes)
   for (auto& l : layers_) {
     offsets_.push_back(off);
     l->bind(params_.data() + off, grads_.data() + off);
+    l->setup(d);
     l->attach(&ctx_);
     off += l->param_count();
   }
@@ -106,13 +107,17 @@ void Model::set_context(Communicator* comm, Rng* rng) {
 void Model::average_state(Communicator& comm) {
   std::vector<float> all;
   for (auto& l : layers_)
-    if (auto* st = l->state()) all.insert(all.end(), st->begin(), st->end());
+    if (auto* st = l->state()) {
+      const size_t at = all.size();
+      all.resize(at + st->size());
+      dev_.download(all.data() + at, st->data(), st->size() * sizeof(float));
+    }
   if (all.empty()) return;
   comm.allreduce(all.data(), all.size(), ReduceOp::mean);
   size_t off = 0;
   for (auto& l : layers_)
     if (auto* st = l->state()) {
-      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(off), st->size(), st->begin());
+      dev_.upload(st->data(), all.data() + off, st->size() * sizeof(float));
       off += st->size();
     }
 }

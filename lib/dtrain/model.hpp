@@ -42,8 +42,11 @@ class Layer {
   virtual void bind(float* /*params*/, float* /*grads*/) {}
   // Fills host memory `params` (param_count() floats) with initial values.
   virtual void init(Rng& /*rng*/, float* /*params*/) const {}
-  // Non-trained state that evaluation uses (BatchNorm running statistics), or nullptr.
-  virtual std::vector<float>* state() { return nullptr; }
+  // Allocates the layer's device buffers (called once by Model).
+  virtual void setup(Device& /*d*/) {}
+  // Non-trained state that evaluation uses (BatchNorm running statistics, in device memory),
+  // or nullptr.
+  virtual Buffer<float>* state() { return nullptr; }
   void attach(const LayerContext* ctx) { ctx_ = ctx; }
 
   // y = f(x) for `rows` samples; x must stay valid until backward.
@@ -164,7 +167,8 @@ class BatchNorm final : public Layer {
   int64_t param_count() const override { return 2 * in_.c; }
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
-  std::vector<float>* state() override { return &running_; }  // [mean (c), var (c)]
+  void setup(Device& d) override;
+  Buffer<float>* state() override { return &running_; }  // [mean (c), var (c)]
 
  protected:
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
@@ -176,9 +180,13 @@ class BatchNorm final : public Layer {
   bool sync_;
   double momentum_, eps_;
   float *gamma_ = nullptr, *beta_ = nullptr, *dgamma_ = nullptr, *dbeta_ = nullptr;
-  std::vector<float> running_;
-  std::vector<float> mean_, inv_std_;  // of the last training forward
-  double count_ = 0;                   // elements per channel behind mean_ (all replicas if sync)
+  void all_reduce_over_replicas(Device& d, Buffer<double>& v, double* count);
+  // Device buffers: running [mean, var]; stats [mean, inv_std] of the last forward; the
+  // per-channel double sums of forward (moments) and backward (sums).
+  Buffer<float> running_, stats_;
+  Buffer<double> moments_, sums_;
+  std::vector<double> host_;  // staging for the synchronised all-reduce
+  double count_ = 0;          // elements per channel behind stats_ (all replicas if sync)
 };
 
 // Inverted dropout: zeroes a fraction p in training and scales the rest by 1/(1-p); identity
@@ -195,7 +203,7 @@ class Dropout final : public Layer {
 
  private:
   double p_;
-  std::vector<float> mask_;
+  Buffer<float> mask_;
 };
 
 class Model {

@@ -146,9 +146,14 @@ void worker(Shared& sh, Communicator& comm) {
   int64_t global_step = 0;
 
   std::vector<double> step_stats;  // per step: loss sum, correct, samples
+  // Loss sums and hits stay on the device during the epoch: no step waits for the host.
+  Buffer<double> dev_stats(*dev, static_cast<size_t>(std::max<int64_t>(1, steps * 2)));
+  Buffer<double> dev_test(*dev, 2);
+  std::vector<double> host_stats(static_cast<size_t>(std::max<int64_t>(1, steps * 2)));
   for (int epoch = 0; epoch < cfg.train.epochs; ++epoch) {
     const EpochPlan plan = sampler.plan(epoch);
     step_stats.assign(static_cast<size_t>(steps * 3), 0.0);
+    dev->zero(dev_stats.data(), dev_stats.size() * sizeof(double));
     double t_data = 0, t_compute = 0, t_exchange = 0, t_opt = 0;
     const auto t_epoch = Clock::now();
     double lr_first = 0, lr = 0;
@@ -168,6 +173,7 @@ void worker(Shared& sh, Communicator& comm) {
       // global batch (exact also for a short last batch); `sum` then gives N times that.
       const float grad_scale = static_cast<float>(replicas) / static_cast<float>(g_total);
       double* st = step_stats.data() + s * 3;
+      double* st_dev = dev_stats.data() + s * 2;
       model->zero_grads();
       for (int k = 0; k < accum; ++k) {
         auto t0 = Clock::now();
@@ -186,7 +192,7 @@ void worker(Shared& sh, Communicator& comm) {
         model->forward(xb.data(), rows);
         const bool last = k == accum - 1;
         if (last) exchange->begin(model->grads());
-        model->loss_backward(yb.data(), rows, grad_scale, st,
+        model->loss_backward(yb.data(), rows, grad_scale, st_dev,
                              last ? on_ready : Model::GradsReady{});
         st[2] += static_cast<double>(rows);
         t_data += std::chrono::duration<double>(t1 - t0).count();
@@ -205,7 +211,13 @@ void worker(Shared& sh, Communicator& comm) {
         sh.result.info.launches_per_step = dev->launches() - launches_before;
       if (rank == 0 && sh.observer) sh.observer->on_step(epoch + 1, s + 1, steps);
     }
-    // One exchange per epoch turns local per-step stats into global ones.
+    // The epoch's only wait for the device; then one exchange turns local per-step stats into
+    // global ones.
+    dev->download(host_stats.data(), dev_stats.data(), host_stats.size() * sizeof(double));
+    for (int64_t s = 0; s < steps; ++s) {
+      step_stats[static_cast<size_t>(s * 3)] = host_stats[static_cast<size_t>(s * 2)];
+      step_stats[static_cast<size_t>(s * 3 + 1)] = host_stats[static_cast<size_t>(s * 2 + 1)];
+    }
     comm.allreduce(step_stats.data(), step_stats.size(), ReduceOp::sum);
     const double epoch_time = seconds_since(t_epoch);
 
@@ -221,14 +233,16 @@ void worker(Shared& sh, Communicator& comm) {
     const auto t_eval = Clock::now();
     if (cfg.model.batchnorm == BatchNormMode::local) model->average_state(comm);
     double test_stats[2] = {0, 0};
+    dev->zero(dev_test.data(), 2 * sizeof(double));
     for (int64_t lo = test_lo; lo < test_hi; lo += cfg.train.eval_batch) {
       const int64_t rows = std::min(cfg.train.eval_batch, test_hi - lo);
       dev->upload(xb.data(), test.x.data() + lo * features,
                   static_cast<size_t>(rows * features) * sizeof(float));
       dev->upload(yb.data(), test.y.data() + lo, static_cast<size_t>(rows) * sizeof(int32_t));
       model->forward(xb.data(), rows, /*train=*/false);
-      model->loss_only(yb.data(), rows, test_stats);
+      model->loss_only(yb.data(), rows, dev_test.data());
     }
+    dev->download(test_stats, dev_test.data(), sizeof(test_stats));
     comm.allreduce(test_stats, 2, ReduceOp::sum);
     const double eval_time = seconds_since(t_eval);
     std::vector<double> busy(static_cast<size_t>(replicas), 0.0);

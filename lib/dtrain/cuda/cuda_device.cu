@@ -13,12 +13,14 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <map>
 #include <vector>
 
 #include "dtrain/error.hpp"
 #include "dtrain/gpu.hpp"
+#include "dtrain/hash.hpp"
 
 namespace dtrain {
 namespace {
@@ -150,7 +152,7 @@ __global__ void k_softmax_xent(const float* logits, const int32_t* labels, int64
   }
 }
 
-// Sums `rows` (loss, hit) pairs in one block; out[0..1].
+// Sums `rows` (loss, hit) pairs in one block and adds them to out[0..1].
 __global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
   __shared__ double s0[kThreads], s1[kThreads];
   double a = 0, b = 0;
@@ -169,8 +171,8 @@ __global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    out[0] = s0[0];
-    out[1] = s1[0];
+    out[0] += s0[0];
+    out[1] += s1[0];
   }
 }
 
@@ -260,6 +262,25 @@ __global__ void k_channel_moments(const float* x, int64_t n, int64_t c, int64_t 
   }
 }
 
+// The CPU's bn_prepare_one, one thread per channel.
+__global__ void k_bn_prepare(const double* moments, double count, double eps, double momentum,
+                             float* running, float* stats, int64_t c) {
+  const int64_t ch = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (ch >= c) return;
+  if (!moments) {
+    stats[ch] = running[ch];
+    stats[c + ch] = static_cast<float>(1.0 / sqrt(static_cast<double>(running[c + ch]) + eps));
+    return;
+  }
+  const double mean = moments[ch] / count;
+  const double var = fmax(0.0, moments[c + ch] / count - mean * mean);
+  stats[ch] = static_cast<float>(mean);
+  stats[c + ch] = static_cast<float>(1.0 / sqrt(var + eps));
+  const double unbiased = count > 1 ? var * count / (count - 1) : var;
+  running[ch] = static_cast<float>((1 - momentum) * running[ch] + momentum * mean);
+  running[c + ch] = static_cast<float>((1 - momentum) * running[c + ch] + momentum * unbiased);
+}
+
 // stats = [mean (c), inv_std (c)]
 __global__ void k_bn_apply(const float* x, const float* stats, const float* gamma,
                            const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) {
@@ -292,16 +313,22 @@ __global__ void k_bn_bwd_sums(const float* x, const float* dy, const float* stat
   }
 }
 
-// sums = [s1 (c), s2 (c)] as doubles.
+// sums = [s1 (c), s2 (c)] as doubles; the CPU twin's arithmetic.
 __global__ void k_bn_bwd_dx(const float* x, const float* dy, const float* stats,
                             const float* gamma, const double* sums, double m, int64_t n,
                             int64_t c, int64_t spatial, float* dx) {
   GRID_STRIDE(i, size_t(n * c * spatial)) {
     const int64_t ch = (static_cast<int64_t>(i) / spatial) % c;
     const double is = stats[c + ch], kk = is / m;
-    const double xhat = (static_cast<double>(x[i]) - stats[ch]) * is;
-    dx[i] = static_cast<float>(kk * (m * dy[i] * gamma[ch] - sums[ch] - xhat * sums[c + ch]));
+    const auto a = static_cast<float>(kk * m * gamma[ch]);
+    const auto bx = static_cast<float>(-kk * sums[c + ch] * is);
+    const auto c0 = static_cast<float>(kk * (-sums[ch] + double(stats[ch]) * is * sums[c + ch]));
+    dx[i] = a * dy[i] + bx * x[i] + c0;
   }
+}
+
+__global__ void k_dropout_mask(float* mask, size_t n, double p, float keep, uint64_t seed) {
+  GRID_STRIDE(i, n) mask[i] = dropout_value(seed, i, p, keep);
 }
 
 __global__ void k_multiply(const float* x, const float* mask, float* y, size_t n) {
@@ -374,8 +401,10 @@ class CudaDevice final : public Device {
   }
   ~CudaDevice() override {
     cudaSetDevice(index_);
-    mask_ = Buffer<float>();  // while the stream still exists
-    stats_ = Buffer<float>();
+    row_stats_ = Buffer<double>();  // while the stream still exists
+    idx_ = Buffer<int64_t>();
+    if (idx_copied_) cudaEventDestroy(idx_copied_);
+    if (pinned_) cudaFreeHost(pinned_);
     for (auto& [key, p] : plans_) {
       cudnnDestroyTensorDescriptor(p.x);
       cudnnDestroyTensorDescriptor(p.y);
@@ -419,6 +448,9 @@ class CudaDevice final : public Device {
     DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     synchronize();
   }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) DT_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
   void fill(float* x, size_t n, float v) override {
     if (n == 0) return;
     k_fill<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, v);
@@ -460,22 +492,31 @@ class CudaDevice final : public Device {
   void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
                     float grad_scale, float* dlogits, double* stats) override {
     if (rows == 0) return;
-    auto* row_stats = scratch<double>(static_cast<size_t>(2 * rows + 2));
-    double* total = row_stats + 2 * rows;
-    k_softmax_xent<<<blocks_for(rows), kThreads, 0, stream_>>>(logits, labels, rows, classes,
-                                                               grad_scale, dlogits, row_stats);
-    k_sum_pairs<<<1, kThreads, 0, stream_>>>(row_stats, rows, total);
+    if (row_stats_.size() < static_cast<size_t>(2 * rows)) row_stats_.resize(*this, 2 * rows);
+    k_softmax_xent<<<blocks_for(rows), kThreads, 0, stream_>>>(
+        logits, labels, rows, classes, grad_scale, dlogits, row_stats_.data());
     check_launch();
-    double host[2];
-    download(host, total, sizeof(host));
-    stats[0] += host[0];
-    stats[1] += host[1];
+    k_sum_pairs<<<1, kThreads, 0, stream_>>>(row_stats_.data(), rows, stats);
+    check_launch();
   }
   void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
               int64_t count, float* dst, int32_t* dst_labels) override {
     if (count == 0) return;
-    auto* didx = scratch<int64_t>(static_cast<size_t>(count));
-    upload(didx, idx, static_cast<size_t>(count) * sizeof(int64_t));
+    // The indices travel through pinned memory asynchronously; the staging buffer is reused
+    // only after the previous copy out of it has finished.
+    const auto bytes = static_cast<size_t>(count) * sizeof(int64_t);
+    if (idx_.size() < static_cast<size_t>(count)) idx_.resize(*this, static_cast<size_t>(count));
+    if (pinned_bytes_ < bytes) {
+      if (pinned_) DT_CUDA(cudaFreeHost(pinned_));
+      DT_CUDA(cudaMallocHost(&pinned_, bytes));
+      pinned_bytes_ = bytes;
+    }
+    if (idx_copied_) DT_CUDA(cudaEventSynchronize(idx_copied_));
+    std::memcpy(pinned_, idx, bytes);
+    DT_CUDA(cudaMemcpyAsync(idx_.data(), pinned_, bytes, cudaMemcpyHostToDevice, stream_));
+    if (!idx_copied_) DT_CUDA(cudaEventCreateWithFlags(&idx_copied_, cudaEventDisableTiming));
+    DT_CUDA(cudaEventRecord(idx_copied_, stream_));
+    const int64_t* didx = idx_.data();
     const auto n = static_cast<size_t>(count * features);
     k_gather<<<blocks_for(n), kThreads, 0, stream_>>>(src, src_labels, features, didx, count, dst,
                                                       dst_labels);
@@ -525,64 +566,55 @@ class CudaDevice final : public Device {
     check_launch();
   }
 
-  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* sum,
-                       double* sumsq) override {
-    auto* out = scratch<double>(static_cast<size_t>(2 * c));
-    k_channel_moments<<<static_cast<unsigned>(c), kThreads, 0, stream_>>>(x, n, c, spatial, out);
+  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                       double* moments) override {
+    if (c == 0) return;
+    k_channel_moments<<<static_cast<unsigned>(c), kThreads, 0, stream_>>>(x, n, c, spatial,
+                                                                           moments);
     check_launch();
-    std::vector<double> host(static_cast<size_t>(2 * c));
-    download(host.data(), out, host.size() * sizeof(double));
-    std::copy_n(host.begin(), c, sum);
-    std::copy_n(host.begin() + c, c, sumsq);
   }
-  void bn_apply(const float* x, const float* mean, const float* inv_std, const float* gamma,
-                const float* beta, int64_t n, int64_t c, int64_t spatial, float* y) override {
-    const float* stats = upload_stats(mean, inv_std, c);
+  void bn_prepare(const double* moments, double count, double eps, double momentum,
+                  float* running, float* stats, int64_t c) override {
+    if (c == 0) return;
+    k_bn_prepare<<<blocks_for(c), kThreads, 0, stream_>>>(moments, count, eps, momentum, running,
+                                                          stats, c);
+    check_launch();
+  }
+  void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
+                int64_t n, int64_t c, int64_t spatial, float* y) override {
     const auto total = static_cast<size_t>(n * c * spatial);
     if (total == 0) return;
     k_bn_apply<<<blocks_for(total), kThreads, 0, stream_>>>(x, stats, gamma, beta, n, c, spatial,
                                                              y);
     check_launch();
   }
-  void bn_backward_sums(const float* x, const float* dy, const float* mean, const float* inv_std,
-                        const float* gamma, int64_t n, int64_t c, int64_t spatial, double* s1,
-                        double* s2, float* dgamma, float* dbeta) override {
-    const float* stats = upload_stats(mean, inv_std, c);
-    auto* out = scratch<double>(static_cast<size_t>(2 * c));
+  void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
+                        int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
+                        float* dbeta) override {
+    if (c == 0) return;
     k_bn_bwd_sums<<<static_cast<unsigned>(c), kThreads, 0, stream_>>>(x, dy, stats, gamma, n, c,
-                                                                       spatial, out, dgamma, dbeta);
+                                                                       spatial, sums, dgamma,
+                                                                       dbeta);
     check_launch();
-    std::vector<double> host(static_cast<size_t>(2 * c));
-    download(host.data(), out, host.size() * sizeof(double));
-    std::copy_n(host.begin(), c, s1);
-    std::copy_n(host.begin() + c, c, s2);
   }
-  void bn_backward_dx(const float* x, const float* dy, const float* mean, const float* inv_std,
-                      const float* gamma, const double* s1, const double* s2, double m, int64_t n,
-                      int64_t c, int64_t spatial, float* dx) override {
-    // One scratch block: [mean, inv_std] floats, then [s1, s2] doubles (8-byte aligned).
-    const auto fbytes = static_cast<size_t>(2 * c) * sizeof(float);
-    const size_t off = (fbytes + 7) / 8 * 8;
-    std::vector<char> host(off + static_cast<size_t>(2 * c) * sizeof(double));
-    std::copy_n(mean, c, reinterpret_cast<float*>(host.data()));
-    std::copy_n(inv_std, c, reinterpret_cast<float*>(host.data()) + c);
-    std::copy_n(s1, c, reinterpret_cast<double*>(host.data() + off));
-    std::copy_n(s2, c, reinterpret_cast<double*>(host.data() + off) + c);
-    auto* dev = scratch<char>(host.size());
-    upload(dev, host.data(), host.size());
+  void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
+                      const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
+                      float* dx) override {
     const auto total = static_cast<size_t>(n * c * spatial);
     if (total == 0) return;
-    k_bn_bwd_dx<<<blocks_for(total), kThreads, 0, stream_>>>(
-        x, dy, reinterpret_cast<const float*>(dev), gamma,
-        reinterpret_cast<const double*>(dev + off), m, n, c, spatial, dx);
+    k_bn_bwd_dx<<<blocks_for(total), kThreads, 0, stream_>>>(x, dy, stats, gamma, sums, m, n, c,
+                                                              spatial, dx);
+    check_launch();
+  }
+  void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override {
+    if (n == 0) return;
+    k_dropout_mask<<<blocks_for(n), kThreads, 0, stream_>>>(
+        mask, n, p, static_cast<float>(1.0 / (1.0 - p)), seed);
     check_launch();
   }
   void multiply(const float* x, const float* mask, float* y, size_t n) override {
     if (n == 0) return;
-    // The mask comes from the replica's host random stream.
-    if (mask_.size() < n) mask_.resize(*this, n);
-    upload(mask_.data(), mask, n * sizeof(float));
-    k_multiply<<<blocks_for(n), kThreads, 0, stream_>>>(x, mask_.data(), y, n);
+    k_multiply<<<blocks_for(n), kThreads, 0, stream_>>>(x, mask, y, n);
     check_launch();
   }
   void scale(float* x, size_t n, float a) override {
@@ -635,16 +667,6 @@ class CudaDevice final : public Device {
     }
     return reinterpret_cast<T*>(static_cast<char*>(scratch_) + offset_bytes);
   }
-  // [mean, inv_std] copied to the device.
-  const float* upload_stats(const float* mean, const float* inv_std, int64_t c) {
-    std::vector<float> host(static_cast<size_t>(2 * c));
-    std::copy_n(mean, c, host.begin());
-    std::copy_n(inv_std, c, host.begin() + c);
-    if (stats_.size() < host.size()) stats_.resize(*this, host.size());
-    upload(stats_.data(), host.data(), host.size() * sizeof(float));
-    return stats_.data();
-  }
-
   // cuDNN's heuristics list algorithms best first; the first that is supported wins.
   template <class Perf>
   const Perf& pick(const Perf* perf, int count) {
@@ -718,7 +740,11 @@ class CudaDevice final : public Device {
   size_t scratch_bytes_ = 0;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  Buffer<float> mask_, stats_;
+  Buffer<double> row_stats_;
+  Buffer<int64_t> idx_;
+  void* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
+  cudaEvent_t idx_copied_ = nullptr;
   using PlanKey = std::array<int64_t, 8>;  // geometry and batch size
   std::map<PlanKey, ConvPlan> plans_;
 };
