@@ -527,15 +527,21 @@ class CpuDevice final : public Device {
           const float* r1 = r0 + w;
           float* yo = y + (p * ho + oi) * wo;
           int32_t* ao = argmax + (p * ho + oi) * wo;
+          const auto top = static_cast<int32_t>(2 * oi * w), bottom = static_cast<int32_t>(top + w);
           for (int64_t oj = 0; oj < wo; ++oj) {
-            const int64_t j = 2 * oj;
-            float bv = r0[j];
-            int64_t best = 2 * oi * w + j;
-            if (r0[j + 1] > bv) bv = r0[j + 1], best = 2 * oi * w + j + 1;
-            if (r1[j] > bv) bv = r1[j], best = (2 * oi + 1) * w + j;
-            if (r1[j + 1] > bv) bv = r1[j + 1], best = (2 * oi + 1) * w + j + 1;
-            yo[oj] = bv;
-            ao[oj] = static_cast<int32_t>(best);
+            // Selects instead of branches: ReLU outputs are often tied at zero, which makes
+            // branches unpredictable. Ties keep the earlier position, as below.
+            const auto j = static_cast<int32_t>(2 * oj);
+            const float a = r0[j], b = r0[j + 1], c2 = r1[j], d2 = r1[j + 1];
+            const bool gb = b > a;
+            const float ab = gb ? b : a;
+            const int32_t iab = gb ? top + j + 1 : top + j;
+            const bool gd = d2 > c2;
+            const float cd = gd ? d2 : c2;
+            const int32_t icd = gd ? bottom + j + 1 : bottom + j;
+            const bool g = cd > ab;
+            yo[oj] = g ? cd : ab;
+            ao[oj] = g ? icd : iab;
           }
         }
         continue;
