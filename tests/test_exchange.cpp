@@ -76,3 +76,14 @@ TEST_CASE("bucketed all-reduce gives the same bits as one all-reduce", "[exchang
   CHECK(a.step_losses == b.step_losses);
   CHECK(a.epochs.back().test_acc == b.epochs.back().test_acc);
 }
+
+TEST_CASE("on the CPU the whole exchange is exposed and timed apart from compute", "[exchange]") {
+  Config c = test::synthetic_config(2, 32);
+  c.train.bucket_mb = 0.001;
+  const auto r = test::run_config(c);
+  const auto& m = r.epochs.back();
+  CHECK(m.exchange_s > 0);
+  CHECK(m.exchange_exposed_s == m.exchange_s);
+  CHECK(m.compute_s > 0);
+  CHECK(m.data_s + m.compute_s + m.exchange_s + m.optimizer_s <= m.epoch_time_s * 1.01);
+}

@@ -31,6 +31,14 @@ class Device {
   // The device's work queue (a cudaStream_t on the CUDA backend), for communicators that order
   // their work against it; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+  // Step timing on the device (CUDA events; the CPU has none and is timed by host clocks).
+  // step_mark(0) at a step's start, 1 once its compute is queued, 2 after the gradient
+  // exchange, 3 after the optimizer. take_step_times adds, for every step finished on the
+  // device (all of them when `wait`), [compute, exchange not hidden, optimizer] seconds to
+  // `seconds` and returns how many steps it read.
+  virtual bool timed_on_device() const { return false; }
+  virtual void step_mark(int /*phase*/) {}
+  virtual int take_step_times(double* /*seconds*/, bool /*wait*/) { return 0; }
   // Kernels (and library calls) launched so far, for the launch-latency floor; 0 on the CPU.
   virtual int64_t launches() const { return 0; }
 

@@ -30,6 +30,11 @@ class GradExchange {
   // for all work queued after this call on the device's stream).
   void finish();
 
+  // Device seconds the exchange itself took (first bucket to last, on its own stream) over the
+  // steps since the last call, waiting for them when `wait`; negative where the exchange runs
+  // on the host (then seconds() is the measure).
+  virtual double take_device_seconds(bool /*wait*/) { return -1; }
+
   size_t bucket_count() const { return starts_.size(); }
   size_t buckets_launched() const { return next_; }
   // Host seconds spent inside the exchange since the last begin().
@@ -38,7 +43,7 @@ class GradExchange {
  protected:
   virtual void reduce(float* data, size_t n) = 0;  // may return before the reduction is done
   virtual void wait() {}                           // every reduce() so far has completed
-  float* buffer() const { return grads_; }  // the buffer given to begin()
+  float* buffer() const { return grads_; }         // the buffer given to begin()
 
  private:
   void launch_ready();

@@ -66,16 +66,16 @@ std::string read_run_status(const std::string& dir) {
 std::string metrics_csv_header() {
   return "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s,"
          "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
-         "rank_busy_max_s,slowest_rank\n";
+         "rank_busy_max_s,slowest_rank,exchange_exposed_s\n";
 }
 
 std::string metrics_csv_row(const EpochMetrics& m) {
   return fmt::format(
       "{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
-      "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{}\n",
+      "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f}\n",
       m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_time_s,
       m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s, m.optimizer_s, m.eval_s,
-      m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank);
+      m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank, m.exchange_exposed_s);
 }
 
 RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,

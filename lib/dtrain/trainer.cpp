@@ -169,6 +169,7 @@ void worker(Shared& sh, Communicator& comm) {
       const int64_t g_total = plan.batch_size(s);
       // Kernels per step, counted on the second step (the first sets things up).
       const int64_t launches_before = dev->launches();
+      dev->step_mark(0);
       // Local gradients are scaled so that a mean over replicas is the mean over the whole
       // global batch (exact also for a short last batch); `sum` then gives N times that.
       const float grad_scale = static_cast<float>(replicas) / static_cast<float>(g_total);
@@ -198,6 +199,7 @@ void worker(Shared& sh, Communicator& comm) {
         t_data += std::chrono::duration<double>(t1 - t0).count();
         t_compute += seconds_since(t1);
       }
+      dev->step_mark(1);
       // Buckets reduced during backward ran on this thread: their time is exchange, not compute.
       const double during_backward = exchange->seconds();
       auto t2 = Clock::now();
@@ -205,7 +207,9 @@ void worker(Shared& sh, Communicator& comm) {
       auto t3 = Clock::now();
       t_compute -= during_backward;
       t_exchange += during_backward + std::chrono::duration<double>(t3 - t2).count();
+      dev->step_mark(2);
       opt.step(model->params(), model->grads(), lr);
+      dev->step_mark(3);
       t_opt += seconds_since(t3);
       if (rank == 0 && epoch == 0 && s == 1)
         sh.result.info.launches_per_step = dev->launches() - launches_before;
@@ -220,6 +224,17 @@ void worker(Shared& sh, Communicator& comm) {
     }
     comm.allreduce(step_stats.data(), step_stats.size(), ReduceOp::sum);
     const double epoch_time = seconds_since(t_epoch);
+    // On a GPU the host only queues work: the split comes from CUDA events instead.
+    double t_exposed = t_exchange;
+    if (dev->timed_on_device()) {
+      double dt[3] = {0, 0, 0};
+      dev->take_step_times(dt, /*wait=*/true);
+      t_compute = dt[0];
+      t_exposed = dt[1];
+      t_opt = dt[2];
+      const double comm_s = exchange->take_device_seconds(/*wait=*/true);
+      t_exchange = comm_s >= 0 ? comm_s : t_exposed;
+    }
 
     double loss_sum = 0, correct = 0, seen = 0;
     for (int64_t s = 0; s < steps; ++s) {
@@ -263,6 +278,7 @@ void worker(Shared& sh, Communicator& comm) {
     m.data_s = t_data;
     m.compute_s = t_compute;
     m.exchange_s = t_exchange;
+    m.exchange_exposed_s = t_exposed;
     m.optimizer_s = t_opt;
     m.eval_s = eval_time;
     const auto [lo_it, hi_it] = std::minmax_element(busy.begin(), busy.end());

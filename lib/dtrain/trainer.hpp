@@ -21,6 +21,9 @@ struct EpochMetrics {
   int64_t samples = 0;
   // Rank 0's split of epoch_time_s (the rest is loop overhead and the epoch-end stats exchange).
   double data_s = 0, compute_s = 0, exchange_s = 0, optimizer_s = 0;
+  // The part of exchange_s that compute did not hide (equal to it where the exchange is
+  // synchronous, as on the CPU).
+  double exchange_exposed_s = 0;
   double eval_s = 0;
   // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
   double rank_busy_min_s = 0, rank_busy_max_s = 0;
@@ -36,9 +39,9 @@ struct RunInfo {
   int64_t micro_batch = 0;
   double peak_lr = 0;
   int64_t param_count = 0;
-  std::string backend = "cpu";     // where the replicas ran: cpu or cuda
+  std::string backend = "cpu";  // where the replicas ran: cpu or cuda
   std::string precision = "fp32";
-  int64_t launches_per_step = 0;   // GPU kernels and library calls in one training step
+  int64_t launches_per_step = 0;  // GPU kernels and library calls in one training step
 };
 
 enum class RunStatus { done, diverged };

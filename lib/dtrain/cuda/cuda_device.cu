@@ -401,6 +401,9 @@ class CudaDevice final : public Device {
   }
   ~CudaDevice() override {
     cudaSetDevice(index_);
+    for (auto& sl : slots_)
+      for (auto e : sl.ev)
+        if (e) cudaEventDestroy(e);
     row_stats_ = Buffer<double>();  // while the stream still exists
     idx_ = Buffer<int64_t>();
     if (idx_copied_) cudaEventDestroy(idx_copied_);
@@ -424,6 +427,29 @@ class CudaDevice final : public Device {
   void synchronize() override { DT_CUDA(cudaStreamSynchronize(stream_)); }
   void* native_stream() override { return stream_; }
   int64_t launches() const override { return launches_; }
+
+  // Step phases timed by events on the stream. Slots form a ring, so the host can run a few
+  // steps ahead; a slot is read (waiting for it if need be) before it is reused.
+  bool timed_on_device() const override { return true; }
+  void step_mark(int phase) override {
+    if (phase == 0) {
+      cur_ = (cur_ + 1) % kSlots;
+      if (slots_[cur_].recorded) read_slot(slots_[cur_], true);
+    }
+    auto& sl = slots_[cur_];
+    if (!sl.ev[phase]) DT_CUDA(cudaEventCreate(&sl.ev[phase]));
+    DT_CUDA(cudaEventRecord(sl.ev[phase], stream_));
+    if (phase == 3) sl.recorded = true;
+  }
+  int take_step_times(double* seconds, bool wait) override {
+    for (auto& sl : slots_)
+      if (sl.recorded) read_slot(sl, wait);
+    for (int i = 0; i < 3; ++i) seconds[i] += taken_[i];
+    const int n = taken_steps_;
+    taken_[0] = taken_[1] = taken_[2] = 0;
+    taken_steps_ = 0;
+    return n;
+  }
 
   void* alloc_bytes(size_t bytes) override {
     select();
@@ -728,6 +754,27 @@ class CudaDevice final : public Device {
     }
     return plans_.emplace(key, p).first->second;
   }
+
+  static constexpr int kSlots = 4;
+  struct Slot {
+    cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};
+    bool recorded = false;
+  };
+  void read_slot(Slot& sl, bool wait) {
+    if (!wait && cudaEventQuery(sl.ev[3]) == cudaErrorNotReady) return;
+    DT_CUDA(cudaEventSynchronize(sl.ev[3]));
+    for (int i = 0; i < 3; ++i) {
+      float ms = 0;
+      DT_CUDA(cudaEventElapsedTime(&ms, sl.ev[i], sl.ev[i + 1]));
+      taken_[i] += ms * 1e-3;
+    }
+    ++taken_steps_;
+    sl.recorded = false;
+  }
+  Slot slots_[kSlots];
+  int cur_ = 0;
+  double taken_[3] = {0, 0, 0};
+  int taken_steps_ = 0;
 
   int index_, rank_;
   bool tf32_;

@@ -58,9 +58,22 @@ class NcclExchange final : public GradExchange {
     cudaStreamSynchronize(comm_stream_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
+    for (auto& sl : slots_)
+      for (auto e : sl.ev)
+        if (e) cudaEventDestroy(e);
     cudaStreamDestroy(comm_stream_);
   }
   std::string kind() const override { return "NCCL"; }
+
+  // Time on the communication stream from the first bucket to the last, per step: events in a
+  // ring of slots, read before reuse.
+  double take_device_seconds(bool wait) override {
+    for (auto& sl : slots_)
+      if (sl.recorded) read(sl, wait);
+    const double t = taken_;
+    taken_ = 0;
+    return t;
+  }
 
  protected:
   // The bucket's gradients are final once the compute stream reaches this point: the
@@ -68,15 +81,46 @@ class NcclExchange final : public GradExchange {
   void reduce(float* data, size_t n) override {
     DT_CUDA_R(cudaEventRecord(ready_, compute_), rank_);
     DT_CUDA_R(cudaStreamWaitEvent(comm_stream_, ready_, 0), rank_);
+    if (buckets_launched() == 0) {  // the step's first bucket: start its timing slot
+      cur_ = (cur_ + 1) % kSlots;
+      if (slots_[cur_].recorded) read(slots_[cur_], true);
+      for (auto*& e : slots_[cur_].ev)
+        if (!e) DT_CUDA_R(cudaEventCreate(&e), rank_);
+      DT_CUDA_R(cudaEventRecord(slots_[cur_].ev[0], comm_stream_), rank_);
+      started_ = true;
+    }
     DT_NCCL(ncclAllReduce(data, data, n, ncclFloat, op_, comm_, comm_stream_), rank_);
   }
   // The optimizer (on the compute stream) waits for the last bucket; the host does not.
   void wait() override {
+    if (started_) {
+      DT_CUDA_R(cudaEventRecord(slots_[cur_].ev[1], comm_stream_), rank_);
+      slots_[cur_].recorded = true;
+      started_ = false;
+    }
     DT_CUDA_R(cudaEventRecord(done_, comm_stream_), rank_);
     DT_CUDA_R(cudaStreamWaitEvent(compute_, done_, 0), rank_);
   }
 
  private:
+  static constexpr int kSlots = 4;
+  struct Slot {
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    bool recorded = false;
+  };
+  void read(Slot& sl, bool wait) {
+    if (!wait && cudaEventQuery(sl.ev[1]) == cudaErrorNotReady) return;
+    DT_CUDA_R(cudaEventSynchronize(sl.ev[1]), rank_);
+    float ms = 0;
+    DT_CUDA_R(cudaEventElapsedTime(&ms, sl.ev[0], sl.ev[1]), rank_);
+    taken_ += ms * 1e-3;
+    sl.recorded = false;
+  }
+  Slot slots_[kSlots];
+  int cur_ = 0;
+  bool started_ = false;
+  double taken_ = 0;
+
   ncclComm_t comm_;
   int rank_, gpu_;
   cudaStream_t compute_;
