@@ -1,10 +1,10 @@
 // The CUDA backend's device: cuBLAS GEMMs, cuDNN convolutions and dtrain's own kernels, each
 // the twin of a CpuDevice function (tests/test_cuda.cpp compares them).
 //
-// Everything runs in order on one stream per device. Arguments that the Device interface keeps
-// on the host (BatchNorm statistics, dropout masks, batch indices, loss sums) are copied
-// through small device buffers; those copies synchronise the stream, which is correct but not
-// yet the fastest arrangement.
+// Everything runs in order on one stream per device, and a training step never waits for it:
+// loss sums, BatchNorm statistics and dropout masks live in device memory, and batch indices
+// are copied from pinned memory asynchronously. upload() and download() do synchronise (they
+// serve initialisation, evaluation and the once-per-epoch statistics).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -415,8 +415,7 @@ class CudaDevice final : public Device {
       cudnnDestroyFilterDescriptor(p.w);
       cudnnDestroyConvolutionDescriptor(p.conv);
     }
-    for (void* s : {static_cast<void*>(scratch_), static_cast<void*>(workspace_)})
-      if (s) cudaFree(s);
+    if (workspace_) cudaFree(workspace_);
     cudnnDestroy(dnn_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -680,19 +679,6 @@ class CudaDevice final : public Device {
     return 0;
   }
 
-  // A device scratch area (grows, contents not kept), `offset_bytes` into it so that two
-  // scratch uses in one call do not overlap.
-  template <class T>
-  T* scratch(size_t n, size_t offset_bytes = 0) {
-    const size_t need = offset_bytes + n * sizeof(T) + 256;
-    if (need > scratch_bytes_) {
-      synchronize();
-      if (scratch_) DT_CUDA(cudaFree(scratch_));
-      scratch_bytes_ = std::max(need, size_t{1} << 16);
-      DT_CUDA(cudaMalloc(&scratch_, scratch_bytes_));
-    }
-    return reinterpret_cast<T*>(static_cast<char*>(scratch_) + offset_bytes);
-  }
   // cuDNN's heuristics list algorithms best first; the first that is supported wins.
   template <class Perf>
   const Perf& pick(const Perf* perf, int count) {
@@ -783,8 +769,6 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   Buffer<double> row_stats_;
