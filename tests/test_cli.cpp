@@ -86,6 +86,7 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"validate " + good + " optimizer.lr_scaling=cubic", "expected one of none | linear | sqrt"},
       {"run " + good + " backend=cuda", "backend: cuda, but"},
       {"run " + good + " precision=bf16", "bf16 is not implemented yet"},
+      {"run " + good + " data.augment.flip=true", "crops and flips need image data"},
       {"run " + good + " backend=cpu precision=tf32", "the CPU backend computes in fp32"},
       {"run " + good + " train.bucket_mb=-1", "bucket_mb"},
       {"run " + good + " devices=[-1]", "devices: every entry must be >= 0"},

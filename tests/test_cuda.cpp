@@ -194,6 +194,15 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
                   std::vector<float>(hs.begin(), hs.end())};
     });
   }
+  // Augmentation (crop and flip) is a pure gather: the same bits on both backends.
+  {
+    const auto imgs = random_vec(rng, 9 * 3 * 11 * 13);
+    twin("augment", 0, [&](Device& d, Mirror& mr) -> Outs {
+      float* out = mr.in(std::vector<float>(imgs.size()));
+      d.augment(mr.in(imgs), out, 9, 3, 11, 13, 2, true, 99);
+      return Outs{mr.out(out, imgs.size())};
+    });
+  }
   // Dropout masks are the same bits on both backends (counter-based random numbers).
   twin("dropout_mask", 0, [&](Device& d, Mirror& mr) -> Outs {
     float* mask = mr.in(std::vector<float>(10007));

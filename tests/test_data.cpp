@@ -8,6 +8,7 @@
 #include <set>
 
 #include "dtrain/data.hpp"
+#include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
 #include "dtrain/rng.hpp"
 #include "helpers.hpp"
@@ -207,18 +208,16 @@ TEST_CASE("the packaged Fashion-MNIST loads when installed", "[data][fmnist]") {
 }
 
 TEST_CASE("augmentation crops within the padding and flips horizontally", "[data][augment]") {
-  const std::vector<int64_t> shape = {2, 4, 5};
   const int64_t f = 40, rows = 50;
   std::vector<float> orig(static_cast<size_t>(rows * f));
   for (size_t i = 0; i < orig.size(); ++i) orig[i] = 1.f + static_cast<float>(i % f);
-  Rng rng(3);
-  auto x = orig;
-  augment_batch(x.data(), rows, shape, AugmentConfig{}, rng);
+  auto dev = make_cpu_device({2, CpuOptions::default_cpu_conv()});
+  std::vector<float> x(orig.size());
+  dev->augment(orig.data(), x.data(), rows, 2, 4, 5, 0, false, 3);
   CHECK(x == orig);  // nothing asked, nothing changed
 
   // Every augmented sample must be one of the (2p+1)^2 shifts, flipped or not, of its input.
-  const AugmentConfig cfg{1, true};
-  augment_batch(x.data(), rows, shape, cfg, rng);
+  dev->augment(orig.data(), x.data(), rows, 2, 4, 5, 1, true, 3);
   int flipped = 0, shifted = 0;
   for (int64_t n = 0; n < rows; ++n) {
     bool matched = false;
@@ -246,6 +245,10 @@ TEST_CASE("augmentation crops within the padding and flips horizontally", "[data
   CHECK(flipped > 10);  // about half
   CHECK(flipped < 40);
   CHECK(shifted > 20);  // about 8 in 9
-  // Flat data cannot be cropped.
-  CHECK_THROWS_AS(augment_batch(x.data(), 1, {40}, cfg, rng), UserError);
+  // The same seed gives the same batch; another seed another one.
+  std::vector<float> again(orig.size()), other(orig.size());
+  dev->augment(orig.data(), again.data(), rows, 2, 4, 5, 1, true, 3);
+  dev->augment(orig.data(), other.data(), rows, 2, 4, 5, 1, true, 4);
+  CHECK(again == x);
+  CHECK(other != x);
 }

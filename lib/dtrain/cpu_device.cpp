@@ -661,6 +661,21 @@ class CpuDevice final : public Device {
     }
   }
 
+  void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w, int64_t pad,
+               bool flip, uint64_t seed) override {
+    const int64_t f = c * h * w;
+#pragma omp parallel for num_threads(threads_) if (rows * f >= kParallelMin) schedule(static)
+    for (int64_t n = 0; n < rows; ++n) {
+      const AugmentDraw a = augment_draw(seed, n, pad, flip);
+      for (int64_t ch = 0; ch < c; ++ch)
+        for (int64_t i = 0; i < h; ++i)
+          for (int64_t j = 0; j < w; ++j) {
+            const int64_t src = augment_source(a, ch, i, j, h, w);
+            y[n * f + (ch * h + i) * w + j] = src >= 0 ? x[n * f + src] : 0.f;
+          }
+    }
+  }
+
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override {
     const auto len = static_cast<int64_t>(n);
     const auto keep = static_cast<float>(1.0 / (1.0 - p));

@@ -165,33 +165,6 @@ Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uin
   return d;
 }
 
-void augment_batch(float* x, int64_t rows, const std::vector<int64_t>& shape,
-                   const AugmentConfig& cfg, Rng& rng) {
-  if (cfg.crop_padding == 0 && !cfg.flip) return;
-  if (shape.size() != 3)
-    throw UserError("data.augment: crops and flips need image data with a [c, h, w] shape");
-  const int64_t c = shape[0], h = shape[1], w = shape[2], pad = cfg.crop_padding;
-  std::vector<float> img(static_cast<size_t>(c * h * w));
-  for (int64_t n = 0; n < rows; ++n) {
-    float* s = x + n * c * h * w;
-    // Offsets in [-pad, pad]: where the crop window starts relative to the original image.
-    const int64_t di =
-        pad ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(2 * pad + 1))) - pad : 0;
-    const int64_t dj =
-        pad ? static_cast<int64_t>(rng.below(static_cast<uint64_t>(2 * pad + 1))) - pad : 0;
-    const bool flip = cfg.flip && rng.uniform() < 0.5;
-    std::copy_n(s, img.size(), img.begin());
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t i = 0; i < h; ++i)
-        for (int64_t j = 0; j < w; ++j) {
-          const int64_t si = i + di, sj = (flip ? w - 1 - j : j) + dj;
-          s[(ch * h + i) * w + j] = (si >= 0 && si < h && sj >= 0 && sj < w)
-                                        ? img[static_cast<size_t>((ch * h + si) * w + sj)]
-                                        : 0.f;
-        }
-  }
-}
-
 void sort_by_label(Dataset& d) {
   std::vector<int64_t> idx(static_cast<size_t>(d.size()));
   std::iota(idx.begin(), idx.end(), 0);

@@ -43,12 +43,6 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed);
 // A learnable synthetic task: Gaussian clusters around per-class prototypes.
 Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream);
 
-class Rng;
-// Augments `rows` samples of `shape` (C, H, W) in place: a random crop of the original size
-// from the image zero-padded by crop_padding, then a random horizontal flip.
-void augment_batch(float* x, int64_t rows, const std::vector<int64_t>& shape,
-                   const AugmentConfig& cfg, Rng& rng);
-
 // Stable reorder of samples by label (0s first), the worst case for contiguous sharding.
 void sort_by_label(Dataset& d);
 

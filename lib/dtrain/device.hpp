@@ -106,6 +106,11 @@ class Device {
   // Inverted-dropout mask: 0 with probability p, else 1/(1-p); element i depends only on
   // (seed, i) through a counter-based hash, so every backend draws the same mask.
   virtual void dropout_mask(float* mask, size_t n, double p, uint64_t seed) = 0;
+  // Augmentation of `rows` c x h x w samples from x into y (not in place): a random crop with
+  // `pad` pixels of zero padding and, if `flip`, a horizontal flip with probability 1/2, drawn per
+  // sample from (seed, sample) by the counter-based hash (the same on every backend).
+  virtual void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w,
+                       int64_t pad, bool flip, uint64_t seed) = 0;
   // y = x * mask, mask holding 0 or 1/(1-p).
   virtual void multiply(const float* x, const float* mask, float* y, size_t n) = 0;
 

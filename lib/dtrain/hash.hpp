@@ -28,4 +28,29 @@ DTRAIN_HD inline float dropout_value(uint64_t seed, uint64_t i, double p, float 
   return counter_uniform(seed, i) < p ? 0.f : keep;
 }
 
+// Random crop (offsets in [-pad, pad]) and horizontal flip of sample n of a batch.
+struct AugmentDraw {
+  int64_t di = 0, dj = 0;
+  bool flip = false;
+};
+DTRAIN_HD inline AugmentDraw augment_draw(uint64_t seed, int64_t n, int64_t pad, bool flip) {
+  AugmentDraw a;
+  const auto k = static_cast<uint64_t>(n) * 3;
+  const auto span = static_cast<uint64_t>(2 * pad + 1);
+  if (pad > 0) {
+    a.di = static_cast<int64_t>(mix64(seed ^ mix64(k)) % span) - pad;
+    a.dj = static_cast<int64_t>(mix64(seed ^ mix64(k + 1)) % span) - pad;
+  }
+  a.flip = flip && counter_uniform(seed, k + 2) < 0.5;
+  return a;
+}
+
+// Output element (ch, i, j) of an augmented c x h x w sample reads this input element, or
+// -1 for the zero padding.
+DTRAIN_HD inline int64_t augment_source(const AugmentDraw& a, int64_t ch, int64_t i, int64_t j,
+                                        int64_t h, int64_t w) {
+  const int64_t si = i + a.di, sj = (a.flip ? w - 1 - j : j) + a.dj;
+  return (si >= 0 && si < h && sj >= 0 && sj < w) ? (ch * h + si) * w + sj : -1;
+}
+
 }  // namespace dtrain

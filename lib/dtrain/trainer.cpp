@@ -90,7 +90,8 @@ void worker(Shared& sh, Communicator& comm) {
     train_y = dev_train_y.data();
   }
   const bool augment = cfg.data.augment.crop_padding > 0 || cfg.data.augment.flip;
-  std::vector<float> host_batch;  // augmentation runs on the host
+  Buffer<float> xa;  // the augmented batch
+  if (augment) xa.resize(*dev, static_cast<size_t>(std::max<int64_t>(1, micro * features)));
   const auto bucket_elems = static_cast<size_t>(cfg.train.bucket_mb * 1024 * 1024 / sizeof(float));
   auto model = build_model(*dev, cfg.model, train.shape, train.classes);
   model->init(cfg.train.seed);
@@ -181,16 +182,15 @@ void worker(Shared& sh, Communicator& comm) {
         sampler.micro_batch(plan, s, k, rank, idx);
         const auto rows = static_cast<int64_t>(idx.size());
         dev->gather(train_x, train_y, features, idx.data(), rows, xb.data(), yb.data());
-        if (augment && dev->host_memory()) {
-          augment_batch(xb.data(), rows, train.shape, cfg.data.augment, replica_rng);
-        } else if (augment) {
-          host_batch.resize(static_cast<size_t>(rows * features));
-          dev->download(host_batch.data(), xb.data(), host_batch.size() * sizeof(float));
-          augment_batch(host_batch.data(), rows, train.shape, cfg.data.augment, replica_rng);
-          dev->upload(xb.data(), host_batch.data(), host_batch.size() * sizeof(float));
+        const float* batch = xb.data();
+        if (augment) {  // on the device, from one draw of the replica's stream
+          const auto& sh3 = train.shape;
+          dev->augment(xb.data(), xa.data(), rows, sh3[0], sh3[1], sh3[2],
+                       cfg.data.augment.crop_padding, cfg.data.augment.flip, replica_rng.next());
+          batch = xa.data();
         }
         auto t1 = Clock::now();
-        model->forward(xb.data(), rows);
+        model->forward(batch, rows);
         const bool last = k == accum - 1;
         if (last) exchange->begin(model->grads());
         model->loss_backward(yb.data(), rows, grad_scale, st_dev,
@@ -368,6 +368,10 @@ void check_plan(const Config& cfg, const DataSplit& data) {
         "batch or data.drop_remainder: false",
         g, cfg.micro_batch(), cfg.gpus, cfg.train.accumulation_steps, data.train.size()));
   if (data.train.size() == 0) throw UserError("data: the training set is empty");
+  if ((cfg.data.augment.crop_padding > 0 || cfg.data.augment.flip) && data.train.shape.size() != 3)
+    throw UserError(
+        "data.augment: crops and flips need image data with a [c, h, w] shape (this data is "
+        "flat; for synthetic data give data.synthetic.shape three dimensions)");
   if (place_replicas(cfg, local_replica_count(cfg)).backend != Backend::cuda &&
       cfg.precision != Precision::fp32)
     throw UserError(fmt::format("precision: {} needs a GPU, and this run is on the CPU (fp32)",

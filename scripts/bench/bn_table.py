@@ -11,6 +11,7 @@ import sys
 root = sys.argv[1]
 rows = {}
 base = {}
+lrs = {}
 for s in glob.glob(os.path.join(root, "*", "*", "summary.json")):
     d = json.load(open(s))
     cfg_path = os.path.join(os.path.dirname(s), "config.resolved.yaml")
@@ -19,13 +20,14 @@ for s in glob.glob(os.path.join(root, "*", "*", "summary.json")):
         block = text.split(f"\n{section}:", 1)[1] if section else text
         for line in block.splitlines():
             if line.strip().startswith(key + ":"):
-                return line.split(":", 1)[1].strip()
+                return line.split(":", 1)[1].split("#", 1)[0].strip()
         return "?"
     gpus = int(val("gpus", None))
     seed = int(val("seed", "train"))
     batch = int(val("per_replica_batch", "train"))
     bn = val("batchnorm", "model")
     acc = 100 * d["final_test_accuracy"]
+    lrs[(gpus, batch)] = d.get("peak_lr", float("nan"))
     if gpus == 1:
         base[seed] = acc
         key = (1, batch, "(one replica)")
@@ -33,9 +35,9 @@ for s in glob.glob(os.path.join(root, "*", "*", "summary.json")):
         key = (gpus, batch, bn)
     rows.setdefault(key, {})[seed] = acc
 
-print("| replicas x batch (global) | BatchNorm | seeds | final test acc, mean (sd) | per seed | "
+print("| replicas x batch (global) | BatchNorm | peak LR | seeds | final test acc, mean (sd) | per seed | "
       "against 1 replica, mean (per seed) |")
-print("|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|")
 for (g, b, bn), accs in sorted(rows.items(), key=lambda kv: (kv[0][0], -kv[0][1], kv[0][2])):
     seeds = sorted(accs)
     vals = [accs[s] for s in seeds]
@@ -43,6 +45,6 @@ for (g, b, bn), accs in sorted(rows.items(), key=lambda kv: (kv[0][0], -kv[0][1]
     deltas = [accs[s] - base[s] for s in seeds if s in base] if g > 1 else []
     dtxt = (f"{statistics.mean(deltas):+.2f} (" + ", ".join(f"{x:+.2f}" for x in deltas) + ")"
             if deltas else "")
-    print(f"| {g} x {b} ({g * b}) | {bn} | {', '.join(map(str, seeds))} | "
+    print(f"| {g} x {b} ({g * b}) | {bn} | {lrs[(g, b)]:g} | {', '.join(map(str, seeds))} | "
           f"{statistics.mean(vals):.2f}% ({sd:.2f}) | "
           f"{', '.join(f'{v:.2f}' for v in vals)} | {dtxt} |")

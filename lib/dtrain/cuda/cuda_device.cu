@@ -327,6 +327,17 @@ __global__ void k_bn_bwd_dx(const float* x, const float* dy, const float* stats,
   }
 }
 
+__global__ void k_augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w,
+                          int64_t pad, bool flip, uint64_t seed) {
+  const int64_t f = c * h * w;
+  GRID_STRIDE(i, size_t(rows * f)) {
+    const int64_t n = static_cast<int64_t>(i) / f, e = static_cast<int64_t>(i) % f;
+    const AugmentDraw a = augment_draw(seed, n, pad, flip);
+    const int64_t src = augment_source(a, e / (h * w), (e / w) % h, e % w, h, w);
+    y[i] = src >= 0 ? x[n * f + src] : 0.f;
+  }
+}
+
 __global__ void k_dropout_mask(float* mask, size_t n, double p, float keep, uint64_t seed) {
   GRID_STRIDE(i, n) mask[i] = dropout_value(seed, i, p, keep);
 }
@@ -629,6 +640,13 @@ class CudaDevice final : public Device {
     if (total == 0) return;
     k_bn_bwd_dx<<<blocks_for(total), kThreads, 0, stream_>>>(x, dy, stats, gamma, sums, m, n, c,
                                                               spatial, dx);
+    check_launch();
+  }
+  void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w,
+               int64_t pad, bool flip, uint64_t seed) override {
+    const auto n = static_cast<size_t>(rows * c * h * w);
+    if (n == 0) return;
+    k_augment<<<blocks_for(n), kThreads, 0, stream_>>>(x, y, rows, c, h, w, pad, flip, seed);
     check_launch();
   }
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override {
