@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dtrain/gpu.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -128,4 +129,22 @@ TEST_CASE("help lists the subcommands and options", "[cli]") {
   CHECK(run.code == 0);
   CHECK_THAT(run.out, Catch::Contains("--results") && Catch::Contains("--tag") &&
                           Catch::Contains("overrides"));
+}
+
+TEST_CASE("dtrain devices describes the CPU and the GPUs or why there are none", "[cli][cuda]") {
+  const dtrain::GpuSystem sys = dtrain::query_gpus();
+  const auto text = dtrain_cli("devices");
+  CHECK(text.code == 0);
+  CHECK_THAT(text.out, Catch::Contains("cpu: ") && Catch::Contains("hardware threads"));
+  if (sys.gpus.empty())
+    CHECK_THAT(text.out, Catch::Contains("no GPU: " + sys.none_reason));
+  else
+    CHECK_THAT(text.out, Catch::Contains("gpu 0: " + sys.gpus[0].name));
+  const auto js = dtrain_cli("devices --json");
+  REQUIRE(js.code == 0);
+  const auto j = nlohmann::json::parse(js.out);
+  CHECK(j["cuda_built"].get<bool>() == dtrain::cuda_built());
+  CHECK(j["gpus"].size() == sys.gpus.size());
+  CHECK(j["cpu"]["threads"].get<int>() > 0);
+  if (dtrain::cuda_built()) CHECK(j["cudnn"].get<std::string>().rfind("9.", 0) == 0);
 }
