@@ -26,7 +26,7 @@ TEST_CASE("defaults fill every key that is not given", "[config]") {
   CHECK(c.train.reduction == Reduction::mean);
 }
 
-TEST_CASE("the issue's example config parses to the values it states", "[config]") {
+TEST_CASE("the documented example config parses to the values it states", "[config]") {
   const Config c = parse_config(R"(
 name: fmnist-mlp
 backend: auto
