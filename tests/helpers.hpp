@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,9 +14,27 @@
 #include "dtrain/config.hpp"
 #include "dtrain/data.hpp"
 #include "dtrain/error.hpp"
+#include "dtrain/rng.hpp"
 #include "dtrain/trainer.hpp"
 
 namespace dtrain::test {
+
+// Uniform random values in [lo, hi).
+inline std::vector<float> random_vec(Rng& rng, size_t n, double lo = -1, double hi = 1) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.uniform(lo, hi));
+  return v;
+}
+
+// max |a - b| / max |b|: the error of `a` relative to the scale of the tensor `b`.
+inline double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(double(a[i]) - b[i]));
+    den = std::max(den, std::abs(double(b[i])));
+  }
+  return num / den;
+}
 
 // A small synthetic experiment that trains in well under a second.
 inline Config synthetic_config(int gpus, int64_t per_replica_batch) {

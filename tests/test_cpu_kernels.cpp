@@ -6,26 +6,13 @@
 
 #include "dtrain/device.hpp"
 #include "dtrain/rng.hpp"
+#include "helpers.hpp"
 
 using namespace dtrain;
+using dtrain::test::random_vec;
+using dtrain::test::rel_error;
 
 namespace {
-
-std::vector<float> random_vec(Rng& rng, size_t n) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.uniform(-1, 1));
-  return v;
-}
-
-// max |a - b| / max |b|: the error relative to the tensor's scale.
-double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - b[i]));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return num / den;
-}
 
 struct ConvOut {
   std::vector<float> y, dx, dw, db;

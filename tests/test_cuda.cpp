@@ -12,6 +12,8 @@
 #include "helpers.hpp"
 
 using namespace dtrain;
+using dtrain::test::random_vec;
+using dtrain::test::rel_error;
 
 namespace {
 
@@ -21,21 +23,6 @@ bool gpu_or_skip() {
   if (!s.gpus.empty()) return true;
   WARN("SKIPPED (no GPU): " << s.none_reason);
   return false;
-}
-
-std::vector<float> random_vec(Rng& rng, size_t n, double lo = -1, double hi = 1) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.uniform(lo, hi));
-  return v;
-}
-
-double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - b[i]));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return num / den;
 }
 
 // Host vectors mirrored on a device: `in` uploads, `out` downloads.
@@ -268,6 +255,10 @@ TEST_CASE("backend cuda without a GPU or with too many replicas fails before tra
     CHECK_THROWS_WITH(place_replicas(c, 1), Catch::Contains("backend: cuda, but"));
     c.backend = Backend::auto_;
     CHECK(place_replicas(c, 4).backend == Backend::cpu);
+    // auto lands on the CPU here, which cannot honour tf32.
+    c.precision = Precision::tf32;
+    CHECK_THROWS_WITH(check_plan(c, load_data(c.data, c.train.seed)),
+                      Catch::Contains("precision: tf32 needs a GPU"));
     return;
   }
   const int n = static_cast<int>(s.gpus.size());

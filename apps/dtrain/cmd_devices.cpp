@@ -1,6 +1,7 @@
 // dtrain devices: the GPUs this machine offers the CUDA backend, with library versions.
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "commands.hpp"
@@ -24,28 +25,31 @@ int run_devices(const DevicesOptions& opt) {
   const unsigned cores = std::thread::hardware_concurrency();
   const std::string cpu_conv = to_string(CpuOptions::default_cpu_conv());
   if (opt.json) {
-    std::string gpus;
+    nlohmann::json gpus = nlohmann::json::array();
     for (size_t i = 0; i < s.gpus.size(); ++i) {
       const auto& g = s.gpus[i];
-      const std::string measured =
-          i < floors.size()
-              ? fmt::format(
-                    ", \"launch_us\": {:.3f}, \"sgemm_fp32_tflops\": {:.2f}, "
-                    "\"sgemm_tf32_tflops\": {:.2f}",
-                    floors[i].launch_us, floors[i].sgemm_fp32_tflops, floors[i].sgemm_tf32_tflops)
-              : "";
-      gpus += fmt::format(
-          "{}{{\"index\": {}, \"name\": \"{}\", \"memory_bytes\": {}, "
-          "\"compute_capability\": \"{}.{}\", \"sms\": {}{}}}",
-          gpus.empty() ? "" : ", ", g.index, g.name, g.memory_bytes, g.cc_major, g.cc_minor,
-          g.sm_count, measured);
+      nlohmann::json e = {{"index", g.index},
+                          {"name", g.name},
+                          {"memory_bytes", g.memory_bytes},
+                          {"compute_capability", fmt::format("{}.{}", g.cc_major, g.cc_minor)},
+                          {"sms", g.sm_count}};
+      if (i < floors.size()) {
+        e["launch_us"] = floors[i].launch_us;
+        e["sgemm_fp32_tflops"] = floors[i].sgemm_fp32_tflops;
+        e["sgemm_tf32_tflops"] = floors[i].sgemm_tf32_tflops;
+      }
+      gpus.push_back(e);
     }
-    fmt::print(
-        "{{\"cpu\": {{\"threads\": {}, \"blas\": \"{}\", \"conv\": \"{}\"}}, \"cuda_built\": {}, "
-        "\"driver\": \"{}\", \"cuda_runtime\": \"{}\", \"cudnn\": \"{}\", \"nccl\": \"{}\", "
-        "\"gpus\": [{}], \"no_gpu_reason\": \"{}\"}}\n",
-        cores, blas_description(), cpu_conv, s.built_with_cuda ? "true" : "false", s.driver,
-        s.runtime, s.cudnn, s.nccl, gpus, s.gpus.empty() ? s.none_reason : "");
+    const nlohmann::json j = {
+        {"cpu", {{"threads", cores}, {"blas", blas_description()}, {"conv", cpu_conv}}},
+        {"cuda_built", s.built_with_cuda},
+        {"driver", s.driver},
+        {"cuda_runtime", s.runtime},
+        {"cudnn", s.cudnn},
+        {"nccl", s.nccl},
+        {"gpus", gpus},
+        {"no_gpu_reason", s.gpus.empty() ? s.none_reason : ""}};
+    fmt::print("{}\n", j.dump());
     return 0;
   }
   fmt::print("cpu: {} hardware threads, {}, convolutions by {}\n", cores, blas_description(),

@@ -49,6 +49,7 @@ struct SyntheticConfig {
 struct AugmentConfig {
   int64_t crop_padding = 0;  // random crop of the original size from the zero-padded image
   bool flip = false;         // random horizontal flip with probability 1/2
+  bool enabled() const { return crop_padding > 0 || flip; }
 };
 
 struct DataConfig {
@@ -129,7 +130,7 @@ struct Config {
   std::string name = "experiment";
   Backend backend = Backend::auto_;
   int gpus = 1;
-  int threads = 0;  // CPU threads for the whole run; 0 = all hardware threads
+  int threads = 0;               // CPU threads for the whole run; 0 = all hardware threads
   std::vector<int64_t> devices;  // GPU indices to use (cuda); empty = 0, 1, ... gpus-1
   bool colocate = false;         // cuda: allow several replicas per GPU when gpus > devices
   Precision precision = Precision::fp32;

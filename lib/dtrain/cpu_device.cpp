@@ -119,7 +119,7 @@ int64_t conv_chunk(int64_t ckk, int64_t p) {
 
 // One thread's scratch for the im2col path.
 struct ConvScratch {
-  std::vector<float> col, out, dw;
+  std::vector<float> col, out;
 };
 
 #if DTRAIN_HAVE_DNNL

@@ -89,7 +89,7 @@ void worker(Shared& sh, Communicator& comm) {
     train_x = dev_train_x.data();
     train_y = dev_train_y.data();
   }
-  const bool augment = cfg.data.augment.crop_padding > 0 || cfg.data.augment.flip;
+  const bool augment = cfg.data.augment.enabled();
   Buffer<float> xa;  // the augmented batch
   if (augment) xa.resize(*dev, static_cast<size_t>(std::max<int64_t>(1, micro * features)));
   const auto bucket_elems = static_cast<size_t>(cfg.train.bucket_mb * 1024 * 1024 / sizeof(float));
@@ -368,7 +368,7 @@ void check_plan(const Config& cfg, const DataSplit& data) {
         "batch or data.drop_remainder: false",
         g, cfg.micro_batch(), cfg.gpus, cfg.train.accumulation_steps, data.train.size()));
   if (data.train.size() == 0) throw UserError("data: the training set is empty");
-  if ((cfg.data.augment.crop_padding > 0 || cfg.data.augment.flip) && data.train.shape.size() != 3)
+  if (cfg.data.augment.enabled() && data.train.shape.size() != 3)
     throw UserError(
         "data.augment: crops and flips need image data with a [c, h, w] shape (this data is "
         "flat; for synthetic data give data.synthetic.shape three dimensions)");
@@ -394,10 +394,8 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
   int threads = cfg.threads;
   if (threads <= 0) {
     // Share the machine's cores among the processes on it.
-    int local = 1;
-    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
-      if (const char* s = std::getenv(v)) local = std::max(1, std::atoi(s));
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
+    threads = std::max(
+        1, static_cast<int>(std::thread::hardware_concurrency()) / local_replica_count(cfg));
   }
   Shared sh{cfg, data, comm.rank() == 0 ? observer : nullptr, {}};
   sh.cpu = cpu_options(threads);

@@ -152,14 +152,9 @@ __global__ void k_softmax_xent(const float* logits, const int32_t* labels, int64
   }
 }
 
-// Sums `rows` (loss, hit) pairs in one block and adds them to out[0..1].
-__global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
+// Block reduction of two doubles over the block; thread 0 gets the totals.
+__device__ void block_sum2(double& a, double& b) {
   __shared__ double s0[kThreads], s1[kThreads];
-  double a = 0, b = 0;
-  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
-    a += v[2 * i];
-    b += v[2 * i + 1];
-  }
   s0[threadIdx.x] = a;
   s1[threadIdx.x] = b;
   __syncthreads();
@@ -170,9 +165,21 @@ __global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
     }
     __syncthreads();
   }
+  a = s0[0];
+  b = s1[0];
+}
+
+// Sums `rows` (loss, hit) pairs in one block and adds them to out[0..1].
+__global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
+  double a = 0, b = 0;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    a += v[2 * i];
+    b += v[2 * i + 1];
+  }
+  block_sum2(a, b);
   if (threadIdx.x == 0) {
-    out[0] += s0[0];
-    out[1] += s1[0];
+    out[0] += a;
+    out[1] += b;
   }
 }
 
@@ -228,22 +235,6 @@ __global__ void k_maxpool_bwd(const float* dy, const int32_t* argmax, int64_t pl
   }
 }
 
-// Block reduction of two doubles over the block; thread 0 gets the totals.
-__device__ void block_sum2(double& a, double& b) {
-  __shared__ double s0[kThreads], s1[kThreads];
-  s0[threadIdx.x] = a;
-  s1[threadIdx.x] = b;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) {
-      s0[threadIdx.x] += s0[threadIdx.x + w];
-      s1[threadIdx.x] += s1[threadIdx.x + w];
-    }
-    __syncthreads();
-  }
-  a = s0[0];
-  b = s1[0];
-}
 
 // One block per channel: sum and sum of squares over samples and positions.
 __global__ void k_channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
