@@ -51,9 +51,11 @@ struct Mirror {
 // compared, read back to the host.
 using Outs = std::vector<std::vector<float>>;
 using Op = std::function<Outs(Device&, Mirror&)>;
-void twin(const char* what, double bound, const Op& op) {
-  auto cpu = make_cpu_device();
-  auto gpu = make_cuda_device(0, 0);
+void twin(const char* what, double bound, const Op& op, Precision precision = Precision::fp32) {
+  CpuOptions co;
+  co.bf16 = precision == Precision::bf16;
+  auto cpu = make_cpu_device(co);
+  auto gpu = make_cuda_device(0, 0, precision);
   Mirror mc{*cpu, {}, {}}, mg{*gpu, {}, {}};
   const auto a = op(*gpu, mg), b = op(*cpu, mc);
   REQUIRE(a.size() == b.size());
@@ -214,6 +216,55 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     d.multiply(g, mr.in(mask), y, G.size());
     return Outs{mr.out(p, P.size()), mr.out(q, P.size()), mr.out(y, G.size())};
   });
+}
+
+// precision: bf16: the CPU twin rounds operands exactly as the GPU converts them, so GEMMs
+// (fp32 output) agree to fp32 accumulation order; convolutions write bf16, where a different
+// accumulation order can move an element across a rounding boundary (one bf16 step, 2^-8).
+TEST_CASE("CUDA bf16 GEMMs and convolutions match the bf16 CPU twin", "[cuda][bf16]") {
+  if (!gpu_or_skip()) return;
+  Rng rng(21);
+  const int64_t m = 67, n = 45, k = 130;
+  const auto A = random_vec(rng, m * k), B = random_vec(rng, k * n), C0 = random_vec(rng, m * n);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      twin("gemm bf16", 1e-5, [&](Device& d, Mirror& mr) -> Outs {
+        float* c = mr.in(C0);
+        d.gemm(ta, tb, m, n, k, 0.7f, mr.in(A), ta ? m : k, mr.in(B), tb ? k : n, 0.3f, c, n);
+        return Outs{mr.out(c, C0.size())};
+      }, Precision::bf16);
+  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{8, 14, 14, 16, 3, 1, 1}}) {
+    const int64_t ns = 4;
+    const auto x = random_vec(rng, ns * g.c * g.h * g.w),
+               w = random_vec(rng, g.oc * g.c * g.k * g.k);
+    const auto b = random_vec(rng, g.oc), dy = random_vec(rng, ns * g.oc * g.ho() * g.wo());
+    twin("conv bf16", 1e-2, [&](Device& d, Mirror& mr) -> Outs {
+      float *y = mr.in(std::vector<float>(dy.size())), *dw = mr.in(w), *db = mr.in(b),
+            *dx = mr.in(x);
+      const float* xp = mr.in(x);
+      const float* wp = mr.in(w);
+      d.conv_forward(g, ns, xp, wp, mr.in(b), y);
+      d.conv_backward(g, ns, xp, wp, mr.in(dy), dw, db, dx);
+      return Outs{mr.out(y, dy.size()), mr.out(dw, w.size()), mr.out(db, b.size()),
+                  mr.out(dx, x.size())};
+    }, Precision::bf16);
+  }
+}
+
+TEST_CASE("CUDA bf16 training follows the bf16 CPU twin", "[cuda][bf16][train]") {
+  if (!gpu_or_skip()) return;
+  Config gpu = test::synthetic_config(1, 64);
+  gpu.precision = Precision::bf16;
+  gpu.backend = Backend::cuda;
+  gpu.devices = {0};
+  Config cpu = gpu;
+  cpu.backend = Backend::cpu;
+  const auto a = test::run_config(gpu), b = test::run_config(cpu);
+  // Rounding boundaries crossed in a different order make the runs drift apart slowly, not
+  // step by step: compare the learning, not the bits.
+  REQUIRE(a.epochs.size() == b.epochs.size());
+  CHECK(std::abs(a.epochs.back().test_acc - b.epochs.back().test_acc) < 0.02);
+  CHECK(test::rel_diff(a.step_losses.front(), b.step_losses.front()) < 1e-3);
 }
 
 TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step",

@@ -368,12 +368,10 @@ Config decode(const YAML::Node& root, const Source& src) {
     top.fail("name", top.node("name"), "must be a non-empty folder name without '/'");
   top.choice("backend", c.backend, kBackends);
   top.choice("precision", c.precision, kPrecisions);
-  if (c.precision == Precision::bf16)
+  if (c.precision == Precision::tf32 && c.backend == Backend::cpu)
     top.fail("precision", top.node("precision"),
-             "bf16 is not implemented yet; valid now: fp32, tf32 (cuda)");
-  if (c.precision != Precision::fp32 && c.backend == Backend::cpu)
-    top.fail("precision", top.node("precision"),
-             "the CPU backend computes in fp32; tf32 needs backend: cuda or auto");
+             "the CPU backend has no TF32; tf32 needs backend: cuda or auto (fp32 and bf16, "
+             "emulated, run on the CPU)");
   top.integer("gpus", c.gpus, 1, 4096);
   top.integer("threads", c.threads, 0, 4096);
   top.int_list("devices", c.devices, 0);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/bf16.hpp"
 #include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
 #include "dtrain/hash.hpp"
@@ -252,7 +253,8 @@ class DnnlConv {
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(const CpuOptions& opt) : threads_(std::max(1, opt.threads)), conv_(opt.conv) {
+  explicit CpuDevice(const CpuOptions& opt)
+      : threads_(std::max(1, opt.threads)), conv_(opt.conv), bf16_(opt.bf16) {
 #if DTRAIN_HAVE_DNNL
     if (conv_ == CpuConv::onednn) {
       eng_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -263,8 +265,8 @@ class CpuDevice final : public Device {
 #endif
   }
   std::string name() const override {
-    return fmt::format("cpu ({} thread{}, conv {})", threads_, threads_ == 1 ? "" : "s",
-                       to_string(conv_));
+    return fmt::format("cpu ({} thread{}, conv {}{})", threads_, threads_ == 1 ? "" : "s",
+                       to_string(conv_), bf16_ ? ", bf16 emulated" : "");
   }
 
   void* alloc_bytes(size_t bytes) override {
@@ -298,6 +300,10 @@ class CpuDevice final : public Device {
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
     if (m == 0 || n == 0) return;
+    if (bf16_ && k > 0) {  // the operands as the stored matrices (rows x cols, leading dim)
+      a = rounded(a, ta ? k : m, ta ? m : k, lda, a16_);
+      b = rounded(b, tb ? n : k, tb ? k : n, ldb, b16_);
+    }
     const int parts = (threads_ > 1 && m * n * k >= (int64_t{1} << 18))
                           ? static_cast<int>(std::min<int64_t>(threads_, std::max(m, n) / 16))
                           : 1;
@@ -428,6 +434,65 @@ class CpuDevice final : public Device {
   void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
                     float* y) override {
     if (n == 0) return;
+    if (!bf16_) return conv_forward_f32(g, n, x, w, b, y);
+    // cuDNN's bfloat16 convolution: bf16 input and weights, fp32 accumulation, a bf16 output;
+    // the bias is added to that in fp32.
+    const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k, p = g.ho() * g.wo();
+    const float* xr = rounded(x, 1, in, in, x16_);
+    const float* wr = rounded(w, 1, nw, nw, w16_);
+    zero_bias_.assign(static_cast<size_t>(g.oc), 0.f);
+    conv_forward_f32(g, n, xr, wr, zero_bias_.data(), y);
+    round_in_place(y, n * g.oc * p);
+    add_channel_bias(y, b, n, g.oc, p);
+  }
+  void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
+                     float* dw, float* db, float* dx) override {
+    if (n == 0) return;
+    if (!bf16_) return conv_backward_f32(g, n, x, w, dy, dw, db, dx);
+    // bf16 operands; dx and the weight gradient come out in bf16 (the latter added to the
+    // fp32 gradient); the bias gradient sums the fp32 dy.
+    const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k, p = g.ho() * g.wo();
+    const float* xr = rounded(x, 1, in, in, x16_);
+    const float* wr = rounded(w, 1, nw, nw, w16_);
+    const float* dyr = rounded(dy, 1, n * g.oc * p, n * g.oc * p, dy16_);
+    dw16_.assign(static_cast<size_t>(nw), 0.f);
+    zero_bias_.assign(static_cast<size_t>(g.oc), 0.f);
+    conv_backward_f32(g, n, xr, wr, dyr, dw16_.data(), zero_bias_.data(), dx);
+    if (dx) round_in_place(dx, in);
+    for (int64_t i = 0; i < nw; ++i) dw[i] += round_bf16(dw16_[static_cast<size_t>(i)]);
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t o = 0; o < g.oc; ++o) {
+        const float* q = dy + (s * g.oc + o) * p;
+        float acc = 0.f;
+        for (int64_t i = 0; i < p; ++i) acc += q[i];
+        db[o] += acc;
+      }
+  }
+
+ private:
+  // A copy of the stored rows x cols matrix (leading dimension ld) rounded to bfloat16.
+  const float* rounded(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                       std::vector<float>& dst) {
+    dst.resize(static_cast<size_t>((rows - 1) * ld + cols));
+    float* d = dst.data();
+#pragma omp parallel for num_threads(threads_) if (rows * cols >= kParallelMin) schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) d[r * ld + c] = round_bf16(src[r * ld + c]);
+    return d;
+  }
+  void round_in_place(float* x, int64_t n) {
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+  }
+  static void add_channel_bias(float* y, const float* b, int64_t n, int64_t c, int64_t p) {
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t o = 0; o < c; ++o) {
+        float* q = y + (s * c + o) * p;
+        for (int64_t i = 0; i < p; ++i) q[i] += b[o];
+      }
+  }
+  void conv_forward_f32(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                        const float* b, float* y) {
 #if DTRAIN_HAVE_DNNL
     if (conv_ == CpuConv::onednn) {
       omp_set_num_threads(threads_);
@@ -460,9 +525,8 @@ class CpuDevice final : public Device {
     }
   }
 
-  void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
-                     float* dw, float* db, float* dx) override {
-    if (n == 0) return;
+  void conv_backward_f32(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                         const float* dy, float* dw, float* db, float* dx) {
 #if DTRAIN_HAVE_DNNL
     if (conv_ == CpuConv::onednn) {
       omp_set_num_threads(threads_);
@@ -515,6 +579,7 @@ class CpuDevice final : public Device {
       }
   }
 
+ public:
   void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
                        int64_t stride, float* y, int32_t* argmax) override {
     const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
@@ -759,6 +824,8 @@ class CpuDevice final : public Device {
 #endif
   int threads_;
   CpuConv conv_;
+  bool bf16_;
+  std::vector<float> a16_, b16_, x16_, w16_, dy16_, dw16_, zero_bias_;  // bf16 emulation
   std::vector<ConvScratch> scratch_;
   std::vector<float> partial_dw_;
 };

@@ -128,6 +128,9 @@ enum class CpuConv { onednn, im2col };
 struct CpuOptions {
   int threads = 1;  // worker threads of this replica (OpenMP), used by every kernel
   CpuConv conv = default_cpu_conv();
+  // precision: bf16 emulated: GEMM and convolution inputs rounded to bfloat16 exactly as the
+  // CUDA backend rounds them (see bf16.hpp), so this device is also the bf16 twin in tests.
+  bool bf16 = false;
   static CpuConv default_cpu_conv();
 };
 bool have_onednn();

@@ -35,10 +35,11 @@ double seconds_since(Clock::time_point t) {
 
 // Every kernel runs on the replica's own OpenMP team; OpenBLAS itself stays single-threaded
 // (dtrain cuts large GEMMs into blocks), so no second thread pool competes for the cores.
-CpuOptions cpu_options(int threads) {
+CpuOptions cpu_options(int threads, Precision precision) {
   set_blas_threads(1);
   CpuOptions o;
   o.threads = threads;
+  o.bf16 = precision == Precision::bf16;
   o.conv = cpu_conv_from_env();
   return o;
 }
@@ -373,9 +374,9 @@ void check_plan(const Config& cfg, const DataSplit& data) {
         "data.augment: crops and flips need image data with a [c, h, w] shape (this data is "
         "flat; for synthetic data give data.synthetic.shape three dimensions)");
   if (place_replicas(cfg, local_replica_count(cfg)).backend != Backend::cuda &&
-      cfg.precision != Precision::fp32)
-    throw UserError(fmt::format("precision: {} needs a GPU, and this run is on the CPU (fp32)",
-                                to_string(cfg.precision)));
+      cfg.precision == Precision::tf32)
+    throw UserError(
+        "precision: tf32 needs a GPU, and this run is on the CPU (fp32, or bf16 emulated)");
   const int classes = data.train.classes;
   for (const auto* d : {&data.train, &data.test})
     for (auto y : d->y)
@@ -398,7 +399,7 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
         1, static_cast<int>(std::thread::hardware_concurrency()) / local_replica_count(cfg));
   }
   Shared sh{cfg, data, comm.rank() == 0 ? observer : nullptr, {}};
-  sh.cpu = cpu_options(threads);
+  sh.cpu = cpu_options(threads, cfg.precision);
   sh.place = place_replicas(cfg, local_replica_count(cfg));
   if (sh.place.backend == Backend::cuda) {
     // This process's replica takes the GPU of its local rank on this node.
@@ -412,8 +413,9 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                     comm.size(), comm.kind(), gpu, sh.nccl->version());
   } else {
     sh.result.info.devices =
-        fmt::format("cpu: {} replicas as processes ({}), {} thread{} each, conv {}", comm.size(),
-                    comm.kind(), threads, threads == 1 ? "" : "s", to_string(sh.cpu.conv));
+        fmt::format("cpu: {} replicas as processes ({}), {} thread{} each, conv {}{}",
+                    comm.size(), comm.kind(), threads, threads == 1 ? "" : "s",
+                    to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
   }
   worker(sh, comm);
   return std::move(sh.result);
@@ -425,7 +427,7 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   const int per_replica = std::max(1, threads / cfg.gpus);
 
   Shared sh{cfg, data, observer, {}};
-  sh.cpu = cpu_options(per_replica);
+  sh.cpu = cpu_options(per_replica, cfg.precision);
   sh.place = place_replicas(cfg, cfg.gpus);
   // Colocated replicas share a GPU, which NCCL (before 2.30) does not allow: their gradients go
   // through the host.
@@ -441,9 +443,9 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
                         sh.nccl        ? "by NCCL " + sh.nccl->version()
                         : sh.colocated ? "reduced on the device"
                                        : "through the host")
-          : fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}", cfg.gpus,
+          : fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}{}", cfg.gpus,
                         cfg.gpus == 1 ? "" : "s", per_replica, per_replica == 1 ? "" : "s",
-                        to_string(sh.cpu.conv));
+                        to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;
   std::exception_ptr first_error;

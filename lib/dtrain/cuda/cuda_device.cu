@@ -6,6 +6,7 @@
 // are copied from pinned memory asynchronously. upload() and download() do synchronise (they
 // serve initialisation, evaluation and the once-per-epoch statistics).
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -337,6 +338,19 @@ __global__ void k_multiply(const float* x, const float* mask, float* y, size_t n
   GRID_STRIDE(i, n) y[i] = x[i] * mask[i];
 }
 
+// precision: bf16. Stored rows x cols matrix (leading dimension ld) to bfloat16, rounding to
+// nearest even like round_bf16 on the CPU.
+__global__ void k_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                          __nv_bfloat16* dst) {
+  GRID_STRIDE(i, size_t(rows * cols)) {
+    const int64_t at = (static_cast<int64_t>(i) / cols) * ld + static_cast<int64_t>(i) % cols;
+    dst[at] = __float2bfloat16_rn(src[at]);
+  }
+}
+__global__ void k_from_bf16(const __nv_bfloat16* src, float* dst, size_t n, bool accumulate) {
+  GRID_STRIDE(i, n) dst[i] = accumulate ? dst[i] + __bfloat162float(src[i]) : __bfloat162float(src[i]);
+}
+
 __global__ void k_scale(float* x, size_t n, float a) {
   GRID_STRIDE(i, n) x[i] *= a;
 }
@@ -376,7 +390,8 @@ __global__ void k_adam(float* p, const float* g, float* m, float* v, size_t n, f
 // package, and the three calls it takes (forward, backward data, backward filter) map one to
 // one onto the Device interface. Moving to the graph API is a contained change inside ConvPlan.
 struct ConvPlan {
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
+  // x, y, w in the compute type (fp32 or bf16); yf is y as fp32, for the bias.
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, yf = nullptr, b = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   cudnnConvolutionFwdAlgo_t fwd{};
@@ -388,13 +403,19 @@ struct ConvPlan {
 class CudaDevice final : public Device {
  public:
   CudaDevice(int index, int rank, Precision precision)
-      : index_(index), rank_(rank), tf32_(precision == Precision::tf32) {
+      : index_(index),
+        rank_(rank),
+        tf32_(precision == Precision::tf32),
+        bf16_(precision == Precision::bf16) {
     DT_CUDA(cudaSetDevice(index_));
     DT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DT_CUBLAS(cublasCreate(&blas_));
     DT_CUBLAS(cublasSetStream(blas_, stream_));
-    // fp32: plain FP32 GEMMs like the CPU twin; tf32: tensor cores with TF32 inputs.
-    DT_CUBLAS(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    // fp32: plain FP32 GEMMs like the CPU twin; tf32: tensor cores with TF32 inputs; bf16:
+    // bfloat16 operands (converted by dtrain) on tensor cores, fp32 accumulation and output.
+    DT_CUBLAS(cublasSetMathMode(blas_, tf32_   ? CUBLAS_TF32_TENSOR_OP_MATH
+                                       : bf16_ ? CUBLAS_DEFAULT_MATH
+                                               : CUBLAS_PEDANTIC_MATH));
     DT_CUDNN(cudnnCreate(&dnn_));
     DT_CUDNN(cudnnSetStream(dnn_, stream_));
     cudaDeviceProp prop{};
@@ -407,12 +428,14 @@ class CudaDevice final : public Device {
       for (auto e : sl.ev)
         if (e) cudaEventDestroy(e);
     row_stats_ = Buffer<double>();  // while the stream still exists
+    for (auto* b : {&a16_, &b16_, &x16_, &w16_, &y16_, &dy16_, &dw16_}) *b = Buffer<__nv_bfloat16>();
     idx_ = Buffer<int64_t>();
     if (idx_copied_) cudaEventDestroy(idx_copied_);
     if (pinned_) cudaFreeHost(pinned_);
     for (auto& [key, p] : plans_) {
       cudnnDestroyTensorDescriptor(p.x);
       cudnnDestroyTensorDescriptor(p.y);
+      cudnnDestroyTensorDescriptor(p.yf);
       cudnnDestroyTensorDescriptor(p.b);
       cudnnDestroyFilterDescriptor(p.w);
       cudnnDestroyConvolutionDescriptor(p.conv);
@@ -488,6 +511,17 @@ class CudaDevice final : public Device {
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
     if (m == 0 || n == 0) return;
+    if (bf16_ && k > 0) {
+      const __nv_bfloat16* a16 = to_bf16(a, ta ? k : m, ta ? m : k, lda, a16_);
+      const __nv_bfloat16* b16 = to_bf16(b, tb ? n : k, tb ? k : n, ldb, b16_);
+      ++launches_;
+      DT_CUBLAS(cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                             static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+                             b16, CUDA_R_16BF, static_cast<int>(ldb), a16, CUDA_R_16BF,
+                             static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      return;
+    }
     ++launches_;
     DT_CUBLAS(cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                           static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
@@ -556,9 +590,20 @@ class CudaDevice final : public Device {
     ConvPlan& p = plan(g, n);
     const float one = 1.f, zero = 0.f;
     launches_ += 2;
-    DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x, p.w, w, p.conv, p.fwd, workspace_,
-                                     p.workspace, &zero, p.y, y));
-    DT_CUDNN(cudnnAddTensor(dnn_, &one, p.b, b, &one, p.y, y));
+    if (bf16_) {  // bf16 in, bf16 out (fp32 accumulation), then fp32 plus the bias
+      const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k;
+      const auto out = static_cast<size_t>(n * g.oc * g.ho() * g.wo());
+      const __nv_bfloat16* x16 = to_bf16(x, 1, in, in, x16_);
+      const __nv_bfloat16* w16 = to_bf16(w, 1, nw, nw, w16_);
+      if (y16_.size() < out) y16_.resize(*this, out);
+      DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x16, p.w, w16, p.conv, p.fwd, workspace_,
+                                       p.workspace, &zero, p.y, y16_.data()));
+      from_bf16(y16_.data(), y, out, false);
+    } else {
+      DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x, p.w, w, p.conv, p.fwd, workspace_,
+                                       p.workspace, &zero, p.y, y));
+    }
+    DT_CUDNN(cudnnAddTensor(dnn_, &one, p.b, b, &one, p.yf, y));
   }
   void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
                      float* dw, float* db, float* dx) override {
@@ -566,12 +611,32 @@ class CudaDevice final : public Device {
     ConvPlan& p = plan(g, n);
     const float one = 1.f, zero = 0.f;
     launches_ += dx ? 3 : 2;
+    if (bf16_) {  // bf16 operands; dx and dw come out in bf16; db sums the fp32 dy
+      const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k;
+      const int64_t out = n * g.oc * g.ho() * g.wo();
+      const __nv_bfloat16* dy16 = to_bf16(dy, 1, out, out, dy16_);
+      const __nv_bfloat16* w16 = to_bf16(w, 1, nw, nw, w16_);
+      if (dx) {
+        if (y16_.size() < static_cast<size_t>(in)) y16_.resize(*this, static_cast<size_t>(in));
+        DT_CUDNN(cudnnConvolutionBackwardData(dnn_, &one, p.w, w16, p.y, dy16, p.conv, p.bwd_data,
+                                              workspace_, p.workspace, &zero, p.x, y16_.data()));
+        from_bf16(y16_.data(), dx, static_cast<size_t>(in), false);
+      }
+      const __nv_bfloat16* x16 = to_bf16(x, 1, in, in, x16_);
+      if (dw16_.size() < static_cast<size_t>(nw)) dw16_.resize(*this, static_cast<size_t>(nw));
+      DT_CUDNN(cudnnConvolutionBackwardFilter(dnn_, &one, p.x, x16, p.y, dy16, p.conv,
+                                              p.bwd_filter, workspace_, p.workspace, &zero, p.w,
+                                              dw16_.data()));
+      from_bf16(dw16_.data(), dw, static_cast<size_t>(nw), true);
+      DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.yf, dy, &one, p.b, db));
+      return;
+    }
     if (dx)
       DT_CUDNN(cudnnConvolutionBackwardData(dnn_, &one, p.w, w, p.y, dy, p.conv, p.bwd_data,
                                             workspace_, p.workspace, &zero, p.x, dx));
     DT_CUDNN(cudnnConvolutionBackwardFilter(dnn_, &one, p.x, x, p.y, dy, p.conv, p.bwd_filter,
                                             workspace_, p.workspace, &one, p.w, dw));
-    DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.y, dy, &one, p.b, db));
+    DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.yf, dy, &one, p.b, db));
   }
 
   void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
@@ -674,6 +739,20 @@ class CudaDevice final : public Device {
 
  private:
   void select() { DT_CUDA(cudaSetDevice(index_)); }
+  // The stored rows x cols matrix (leading dimension ld) as bfloat16 in `buf`.
+  const __nv_bfloat16* to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                               Buffer<__nv_bfloat16>& buf) {
+    const auto need = static_cast<size_t>((rows - 1) * ld + cols);
+    if (buf.size() < need) buf.resize(*this, need);
+    k_to_bf16<<<blocks_for(static_cast<size_t>(rows * cols)), kThreads, 0, stream_>>>(
+        src, rows, cols, ld, buf.data());
+    check_launch();
+    return buf.data();
+  }
+  void from_bf16(const __nv_bfloat16* src, float* dst, size_t n, bool accumulate) {
+    k_from_bf16<<<blocks_for(n), kThreads, 0, stream_>>>(src, dst, n, accumulate);
+    check_launch();
+  }
   void check_launch() {
     ++launches_;
     DT_CUDA(cudaGetLastError());
@@ -705,23 +784,29 @@ class CudaDevice final : public Device {
     const auto i = [](int64_t v) { return static_cast<int>(v); };
     DT_CUDNN(cudnnCreateTensorDescriptor(&p.x));
     DT_CUDNN(cudnnCreateTensorDescriptor(&p.y));
+    DT_CUDNN(cudnnCreateTensorDescriptor(&p.yf));
     DT_CUDNN(cudnnCreateTensorDescriptor(&p.b));
     DT_CUDNN(cudnnCreateFilterDescriptor(&p.w));
     DT_CUDNN(cudnnCreateConvolutionDescriptor(&p.conv));
-    DT_CUDNN(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(n), i(g.c),
-                                        i(g.h), i(g.w)));
-    DT_CUDNN(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(n), i(g.oc),
+    // bf16: cuDNN's bfloat16 configuration (bf16 tensors, fp32 accumulation).
+    const cudnnDataType_t dt = bf16_ ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    DT_CUDNN(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, i(n), i(g.c), i(g.h), i(g.w)));
+    DT_CUDNN(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, i(n), i(g.oc), i(g.ho()),
+                                        i(g.wo())));
+    DT_CUDNN(cudnnSetTensor4dDescriptor(p.yf, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(n), i(g.oc),
                                         i(g.ho()), i(g.wo())));
     DT_CUDNN(cudnnSetTensor4dDescriptor(p.b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i(g.oc), 1,
                                         1));
-    DT_CUDNN(cudnnSetFilter4dDescriptor(p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(g.oc), i(g.c),
-                                        i(g.k), i(g.k)));
+    DT_CUDNN(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, i(g.oc), i(g.c), i(g.k),
+                                        i(g.k)));
     // Cross-correlation, as every framework (and the CPU twin) computes.
     DT_CUDNN(cudnnSetConvolution2dDescriptor(p.conv, i(g.pad), i(g.pad), i(g.stride),
                                              i(g.stride), 1, 1, CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT));
     // FMA: FP32 arithmetic, no TF32; DEFAULT lets cuDNN use TF32 tensor cores for FP32 data.
-    DT_CUDNN(cudnnSetConvolutionMathType(p.conv, tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    DT_CUDNN(cudnnSetConvolutionMathType(p.conv, bf16_   ? CUDNN_TENSOR_OP_MATH
+                                                 : tf32_ ? CUDNN_DEFAULT_MATH
+                                                         : CUDNN_FMA_MATH));
     int got = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[8];
     DT_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn_, p.x, p.w, p.conv, p.y, 8, &got, fwd));
@@ -772,7 +857,8 @@ class CudaDevice final : public Device {
   int taken_steps_ = 0;
 
   int index_, rank_;
-  bool tf32_;
+  bool tf32_, bf16_;
+  Buffer<__nv_bfloat16> a16_, b16_, x16_, w16_, y16_, dy16_, dw16_;  // bf16 operands
   int64_t launches_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
