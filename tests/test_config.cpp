@@ -24,6 +24,8 @@ TEST_CASE("defaults fill every key that is not given", "[config]") {
   CHECK(c.model.hidden == std::vector<int64_t>{256, 128});
   CHECK(c.optimizer.type == OptimizerType::sgd);
   CHECK(c.train.reduction == Reduction::mean);
+  CHECK(c.train.cuda_graph);
+  CHECK(c.precision == Precision::fp32);
 }
 
 TEST_CASE("the documented example config parses to the values it states", "[config]") {
@@ -91,6 +93,10 @@ TEST_CASE("resolved YAML reads back to the same config", "[config]") {
   CHECK(b.global_batch() == 96);
   CHECK(b.optimizer.type == OptimizerType::adamw);
   CHECK(b.data.synthetic.shape == std::vector<int64_t>{2, 3});
+  const Config c = parse_config("precision: bf16\ntrain: {cuda_graph: false}\n", "exp.yaml");
+  const Config d = parse_config(to_yaml(c), "resolved.yaml");
+  CHECK(d.precision == Precision::bf16);
+  CHECK_FALSE(d.train.cuda_graph);
 }
 
 TEST_CASE("malformed YAML names the file and line", "[config][errors]") {
@@ -126,6 +132,11 @@ TEST_CASE("a wrong type names the key - what was expected and what was found", "
   CHECK_THAT(error_of("model:\n  hidden: 256\n"),
              Catch::Contains("model.hidden: expected a list of integers"));
   CHECK_THAT(error_of("data: 3\n"), Catch::Contains("data: expected a mapping"));
+  CHECK_THAT(error_of("train:\n  cuda_graph: sometimes\n"), Catch::Contains("train.cuda_graph"));
+  CHECK_THAT(error_of("precision: fp16\n"),
+             Catch::Contains("precision: expected one of fp32 | tf32 | bf16"));
+  CHECK_THAT(error_of("backend: cpu\nprecision: tf32\n"),
+             Catch::Contains("the CPU backend has no TF32"));
 }
 
 TEST_CASE("gpus must be positive", "[config][errors]") {

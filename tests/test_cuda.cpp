@@ -296,6 +296,61 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
   CHECK(test::max_rel_step_diff(a, test::run_config(cpu)) < 1e-4);
 }
 
+// A CUDA graph replays the captured step with this step's staged values (batch indices, seeds,
+// learning rate, Adam's bias corrections): the same kernels on the same data, so the same bits
+// as launching them one by one. Covers dropout, AdamW, a short last batch (eager), evaluation
+// between epochs (which grows buffers and so drops the graphs) and bucketed NCCL.
+TEST_CASE("CUDA graph steps give the same bits as eager steps", "[cuda][graph]") {
+  if (!gpu_or_skip()) return;
+  for (Precision prec : {Precision::fp32, Precision::bf16}) {
+    INFO("precision " << to_string(prec));
+    Config c = test::synthetic_config(1, 96);
+    c.backend = Backend::cuda;
+    c.devices = {0};
+    c.precision = prec;
+    c.train.epochs = 2;
+    c.train.bucket_mb = 0.001;
+    c.data.synthetic.train_size = 96 * 40 + 17;
+    c.data.drop_remainder = false;
+    c.model.dropout = 0.2;
+    c.optimizer.type = OptimizerType::adamw;
+    c.optimizer.lr = 2e-3;
+    c.optimizer.weight_decay = 0.01;
+    Config e = c;
+    e.train.cuda_graph = false;
+    const auto a = test::run_config(c), b = test::run_config(e);
+    CHECK(a.info.cuda_graph == "on");
+    CHECK(b.info.cuda_graph == "off: train.cuda_graph is false");
+    CHECK(a.info.cuda_graph_steps >= 70);  // all full steps but the warm-up ones
+    CHECK(b.info.cuda_graph_steps == 0);
+    REQUIRE(a.step_losses.size() == b.step_losses.size());
+    CHECK(a.step_losses == b.step_losses);
+    CHECK(a.epochs.back().test_acc == b.epochs.back().test_acc);
+  }
+  // A CNN: cuDNN convolutions, local BatchNorm and augmentation on the device.
+  Config c = test::synthetic_config(1, 32);
+  c.backend = Backend::cuda;
+  c.devices = {0};
+  c.data.synthetic.shape = {1, 12, 12};
+  c.data.synthetic.train_size = 32 * 30;
+  c.data.augment.crop_padding = 2;
+  c.data.augment.flip = true;
+  c.model.type = ModelType::layers;
+  c.model.layers = parse_config(
+                       "model:\n  type: layers\n  layers:\n    - {conv: {channels: 4, kernel: 3}}\n"
+                       "    - batchnorm\n    - relu\n    - {maxpool: {size: 2}}\n    - flatten\n",
+                       "cnn.yaml")
+                       .model.layers;
+  Config e = c;
+  e.train.cuda_graph = false;
+  const auto a = test::run_config(c), b = test::run_config(e);
+  CHECK(a.info.cuda_graph_steps > 0);
+  CHECK(a.step_losses == b.step_losses);
+  // Synchronised BatchNorm goes through the host inside the step: no graphs, and it says why.
+  c.model.batchnorm = BatchNormMode::sync;
+  CHECK_THAT(test::run_config(c).info.cuda_graph, Catch::Contains("off: batchnorm: sync"));
+}
+
 TEST_CASE("backend cuda without a GPU or with too many replicas fails before training",
           "[cuda][errors]") {
   const GpuSystem s = query_gpus();

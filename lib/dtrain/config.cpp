@@ -433,6 +433,7 @@ Config decode(const YAML::Node& root, const Source& src) {
     t.integer("eval_batch", c.train.eval_batch, 1);
     t.number("collective_timeout_s", c.train.collective_timeout_s, 1.0, 1e7);
     t.number("bucket_mb", c.train.bucket_mb, 0.0, 1e6);
+    t.boolean("cuda_graph", c.train.cuda_graph);
     t.finish();
     if (c.train.per_replica_batch && c.train.global_batch)
       throw UserError(fmt::format(
@@ -633,6 +634,7 @@ std::string to_yaml(const Config& c) {
   e << YAML::Key << "eval_batch" << YAML::Value << c.train.eval_batch;
   e << YAML::Key << "collective_timeout_s" << YAML::Value << c.train.collective_timeout_s;
   e << YAML::Key << "bucket_mb" << YAML::Value << c.train.bucket_mb;
+  e << YAML::Key << "cuda_graph" << YAML::Value << c.train.cuda_graph;
   e << YAML::EndMap;
 
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;

@@ -102,6 +102,9 @@ struct TrainConfig {
   // Gradient buckets: each is all-reduced as soon as backward has finished it (0 = one
   // all-reduce after backward). 25 MB is PyTorch DDP's default.
   double bucket_mb = 25.0;
+  // CUDA backend: capture the steady-state training step in a CUDA graph and replay it (one
+  // launch per step instead of one per kernel). Ignored on the CPU.
+  bool cuda_graph = true;
 };
 
 struct OptimizerConfig {

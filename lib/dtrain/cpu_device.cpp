@@ -288,6 +288,9 @@ class CpuDevice final : public Device {
   void zero(void* p, size_t bytes) override {
     std::memset(p, 0, bytes);
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
   void fill(float* x, size_t n, float v) override {
     const auto len = static_cast<int64_t>(n);
 #pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)

@@ -48,6 +48,27 @@ class Device {
   virtual void download(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(float* x, size_t n, float v) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+
+  // CUDA graphs of the steady-state step (the CPU has none: every call here is a no-op).
+  // The trainer brackets each full-size training step with graph_step_begin() and
+  // graph_step_end(). begin returns
+  //   eager:   the step runs op by op (graphs off, or a warm-up step after memory changed);
+  //   capture: the calls that follow are recorded, not run; end() instantiates the graph and
+  //            launches it;
+  //   replay:  the calls only stage their per-step values (batch indices, random seeds, the
+  //            learning rate) in pinned memory; end() copies them to the device and launches
+  //            the graph recorded for this step.
+  // Shapes and device buffers must not change between capture and replay: any free of device
+  // memory drops the graphs (they are captured again after one eager step).
+  enum class GraphMode { eager, capture, replay };
+  // `staging_bytes`: room for one step's staged values.
+  virtual void enable_graphs(bool /*on*/, size_t /*staging_bytes*/) {}
+  virtual GraphMode graph_step_begin() { return GraphMode::eager; }
+  virtual void graph_step_end() {}
+  virtual void graph_step_abort() noexcept {}  // after an error between begin and end
+  virtual GraphMode graph_mode() const { return GraphMode::eager; }
+  virtual int64_t graph_launches() const { return 0; }
 
   // C = alpha * op(A) * op(B) + beta * C, op(A) is m x k, op(B) is k x n.
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -216,6 +216,12 @@ class Model {
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
   std::string describe() const;
+  // Whether any layer keeps running statistics (BatchNorm).
+  bool has_batchnorm() const {
+    for (const auto& l : layers_)
+      if (l->state()) return true;
+    return false;
+  }
 
   // Initialises all parameters from `seed` (same values on every replica).
   void init(uint64_t seed);

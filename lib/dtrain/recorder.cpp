@@ -188,6 +188,10 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["backend"] = info_.backend;
   j["precision"] = info_.precision;
   if (info_.launches_per_step > 0) j["launches_per_step"] = info_.launches_per_step;
+  if (!info_.cuda_graph.empty()) {
+    j["cuda_graph"] = info_.cuda_graph;
+    j["cuda_graph_steps"] = info_.cuda_graph_steps;
+  }
   j["devices"] = info_.devices;
   j["blas"] = blas_description();
   j["model"] = info_.model;

@@ -119,6 +119,24 @@ void worker(Shared& sh, Communicator& comm) {
                           : make_host_exchange(comm, *dev, grad_op, n_params, bucket_elems);
   const Model::GradsReady on_ready = [&](size_t off, size_t count) { exchange->ready(off, count); };
 
+  // CUDA graphs for full-size steps, where nothing in a step waits for the host: not with
+  // colocated replicas (their reduction meets on the host) nor with synchronised BatchNorm
+  // (statistics all-reduced through the host in forward).
+  std::string graph_state;
+  if (sh.place.backend == Backend::cuda) {
+    if (!cfg.train.cuda_graph)
+      graph_state = "off: train.cuda_graph is false";
+    else if (!sh.nccl)
+      graph_state = "off: colocated replicas meet on the host";
+    else if (cfg.model.batchnorm == BatchNormMode::sync && model->has_batchnorm())
+      graph_state = "off: batchnorm: sync all-reduces statistics through the host";
+    else
+      graph_state = "on";
+    const auto staging = static_cast<size_t>(accum * micro) * sizeof(int64_t) + 4096;
+    dev->enable_graphs(graph_state == "on", staging);
+  }
+  Buffer<double> step_slot(*dev, 2);  // the step's (loss, correct) sums, at a fixed address
+
   if (rank == 0) {
     RunInfo& info = sh.result.info;
     info.model = model->describe();
@@ -130,6 +148,8 @@ void worker(Shared& sh, Communicator& comm) {
     info.param_count = model->param_count();
     info.backend = to_string(sh.place.backend);
     info.precision = to_string(cfg.precision);
+    info.cuda_graph = graph_state;
+    if (!graph_state.empty()) info.devices += "; CUDA graphs " + graph_state;
     if (sh.observer) sh.observer->on_start(info);
   }
 
@@ -171,47 +191,65 @@ void worker(Shared& sh, Communicator& comm) {
       const int64_t g_total = plan.batch_size(s);
       // Kernels per step, counted on the second step (the first sets things up).
       const int64_t launches_before = dev->launches();
-      dev->step_mark(0);
       // Local gradients are scaled so that a mean over replicas is the mean over the whole
       // global batch (exact also for a short last batch); `sum` then gives N times that.
       const float grad_scale = static_cast<float>(replicas) / static_cast<float>(g_total);
       double* st = step_stats.data() + s * 3;
-      double* st_dev = dev_stats.data() + s * 2;
-      model->zero_grads();
-      for (int k = 0; k < accum; ++k) {
-        auto t0 = Clock::now();
-        sampler.micro_batch(plan, s, k, rank, idx);
-        const auto rows = static_cast<int64_t>(idx.size());
-        dev->gather(train_x, train_y, features, idx.data(), rows, xb.data(), yb.data());
-        const float* batch = xb.data();
-        if (augment) {  // on the device, from one draw of the replica's stream
-          const auto& sh3 = train.shape;
-          dev->augment(xb.data(), xa.data(), rows, sh3[0], sh3[1], sh3[2],
-                       cfg.data.augment.crop_padding, cfg.data.augment.flip, replica_rng.next());
-          batch = xa.data();
+      const Device::GraphMode gm =
+          g_total == gbatch ? dev->graph_step_begin() : Device::GraphMode::eager;
+      try {
+        dev->step_mark(0);
+        dev->zero(step_slot.data(), 2 * sizeof(double));
+        model->zero_grads();
+        for (int k = 0; k < accum; ++k) {
+          auto t0 = Clock::now();
+          sampler.micro_batch(plan, s, k, rank, idx);
+          const auto rows = static_cast<int64_t>(idx.size());
+          dev->gather(train_x, train_y, features, idx.data(), rows, xb.data(), yb.data());
+          const float* batch = xb.data();
+          if (augment) {  // on the device, from one draw of the replica's stream
+            const auto& sh3 = train.shape;
+            dev->augment(xb.data(), xa.data(), rows, sh3[0], sh3[1], sh3[2],
+                         cfg.data.augment.crop_padding, cfg.data.augment.flip,
+                         replica_rng.next());
+            batch = xa.data();
+          }
+          auto t1 = Clock::now();
+          model->forward(batch, rows);
+          const bool last = k == accum - 1;
+          if (last) exchange->begin(model->grads());
+          model->loss_backward(yb.data(), rows, grad_scale, step_slot.data(),
+                               last ? on_ready : Model::GradsReady{});
+          st[2] += static_cast<double>(rows);
+          t_data += std::chrono::duration<double>(t1 - t0).count();
+          t_compute += seconds_since(t1);
         }
-        auto t1 = Clock::now();
-        model->forward(batch, rows);
-        const bool last = k == accum - 1;
-        if (last) exchange->begin(model->grads());
-        model->loss_backward(yb.data(), rows, grad_scale, st_dev,
-                             last ? on_ready : Model::GradsReady{});
-        st[2] += static_cast<double>(rows);
-        t_data += std::chrono::duration<double>(t1 - t0).count();
-        t_compute += seconds_since(t1);
+        dev->step_mark(1);
+        // Buckets reduced during backward ran on this thread: their time is exchange, not
+        // compute.
+        const double during_backward = exchange->seconds();
+        auto t2 = Clock::now();
+        exchange->finish();
+        auto t3 = Clock::now();
+        t_compute -= during_backward;
+        t_exchange += during_backward + std::chrono::duration<double>(t3 - t2).count();
+        dev->step_mark(2);
+        opt.step(model->params(), model->grads(), lr);
+        dev->step_mark(3);
+        t_opt += seconds_since(t3);
+        if (gm != Device::GraphMode::eager) dev->graph_step_end();
+      } catch (const SystemError& e) {
+        if (gm == Device::GraphMode::eager) throw;
+        dev->graph_step_abort();
+        throw SystemError(fmt::format("{} (in a CUDA-graph step; train.cuda_graph: false runs "
+                                      "without graphs)",
+                                      e.what()),
+                          e.file(), e.line(), e.rank());
+      } catch (...) {
+        if (gm != Device::GraphMode::eager) dev->graph_step_abort();
+        throw;
       }
-      dev->step_mark(1);
-      // Buckets reduced during backward ran on this thread: their time is exchange, not compute.
-      const double during_backward = exchange->seconds();
-      auto t2 = Clock::now();
-      exchange->finish();
-      auto t3 = Clock::now();
-      t_compute -= during_backward;
-      t_exchange += during_backward + std::chrono::duration<double>(t3 - t2).count();
-      dev->step_mark(2);
-      opt.step(model->params(), model->grads(), lr);
-      dev->step_mark(3);
-      t_opt += seconds_since(t3);
+      dev->copy(dev_stats.data() + s * 2, step_slot.data(), 2 * sizeof(double));
       if (rank == 0 && epoch == 0 && s == 1)
         sh.result.info.launches_per_step = dev->launches() - launches_before;
       if (rank == 0 && sh.observer) sh.observer->on_step(epoch + 1, s + 1, steps);
@@ -300,6 +338,7 @@ void worker(Shared& sh, Communicator& comm) {
     // Every rank sees the same reduced numbers, so all stop together.
     if (diverged) break;
   }
+  if (rank == 0) sh.result.info.cuda_graph_steps = dev->graph_launches();
 }
 
 }  // namespace

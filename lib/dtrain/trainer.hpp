@@ -42,6 +42,8 @@ struct RunInfo {
   std::string backend = "cpu";  // where the replicas ran: cpu or cuda
   std::string precision = "fp32";
   int64_t launches_per_step = 0;  // GPU kernels and library calls in one training step
+  std::string cuda_graph;         // "on", or "off: <why>" (empty on the CPU)
+  int64_t cuda_graph_steps = 0;   // steps launched as CUDA graphs (rank 0)
 };
 
 enum class RunStatus { done, diverged };

@@ -70,6 +70,18 @@ inline unsigned blocks_for(size_t n) {
 #define GRID_STRIDE(i, n) \
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); i += size_t(gridDim.x) * blockDim.x)
 
+// A per-step value of a kernel: by value when the kernel is launched directly, or read from
+// device memory (staged there before each launch of a CUDA graph) when it is captured.
+template <class T>
+struct Param {
+  T value{};
+  const T* at = nullptr;
+  __device__ T get() const { return at ? *at : value; }
+};
+struct AdamScalars {
+  float lr, bc1, bc2_sqrt;
+};
+
 // ---- elementwise kernels ----
 
 __global__ void k_fill(float* x, size_t n, float v) {
@@ -320,8 +332,9 @@ __global__ void k_bn_bwd_dx(const float* x, const float* dy, const float* stats,
 }
 
 __global__ void k_augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w,
-                          int64_t pad, bool flip, uint64_t seed) {
+                          int64_t pad, bool flip, Param<uint64_t> seed_p) {
   const int64_t f = c * h * w;
+  const uint64_t seed = seed_p.get();
   GRID_STRIDE(i, size_t(rows * f)) {
     const int64_t n = static_cast<int64_t>(i) / f, e = static_cast<int64_t>(i) % f;
     const AugmentDraw a = augment_draw(seed, n, pad, flip);
@@ -330,7 +343,9 @@ __global__ void k_augment(const float* x, float* y, int64_t rows, int64_t c, int
   }
 }
 
-__global__ void k_dropout_mask(float* mask, size_t n, double p, float keep, uint64_t seed) {
+__global__ void k_dropout_mask(float* mask, size_t n, double p, float keep,
+                               Param<uint64_t> seed_p) {
+  const uint64_t seed = seed_p.get();
   GRID_STRIDE(i, n) mask[i] = dropout_value(seed, i, p, keep);
 }
 
@@ -355,8 +370,9 @@ __global__ void k_scale(float* x, size_t n, float a) {
   GRID_STRIDE(i, n) x[i] *= a;
 }
 
-__global__ void k_sgd(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
-                      float wd, bool nesterov) {
+__global__ void k_sgd(float* p, const float* g, float* buf, size_t n, Param<float> lr_p,
+                      float momentum, float wd, bool nesterov) {
+  const float lr = lr_p.get();
   GRID_STRIDE(i, n) {
     float d = g[i] + wd * p[i];
     if (momentum != 0.f) {
@@ -367,8 +383,11 @@ __global__ void k_sgd(float* p, const float* g, float* buf, size_t n, float lr, 
   }
 }
 
-__global__ void k_adam(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
-                       float b2, float eps, float wd, bool decoupled, float bc1, float bc2_sqrt) {
+__global__ void k_adam(float* p, const float* g, float* m, float* v, size_t n,
+                       Param<AdamScalars> sc, float b1, float b2, float eps, float wd,
+                       bool decoupled) {
+  const AdamScalars a = sc.get();
+  const float lr = a.lr, bc1 = a.bc1, bc2_sqrt = a.bc2_sqrt;
   GRID_STRIDE(i, n) {
     float d = g[i];
     if (decoupled)
@@ -416,6 +435,9 @@ class CudaDevice final : public Device {
     DT_CUBLAS(cublasSetMathMode(blas_, tf32_   ? CUBLAS_TF32_TENSOR_OP_MATH
                                        : bf16_ ? CUBLAS_DEFAULT_MATH
                                                : CUBLAS_PEDANTIC_MATH));
+    // A workspace of our own, so that cuBLAS never allocates inside a CUDA graph capture.
+    DT_CUDA(cudaMalloc(&blas_ws_, kBlasWorkspace));
+    DT_CUBLAS(cublasSetWorkspace(blas_, blas_ws_, kBlasWorkspace));
     DT_CUDNN(cudnnCreate(&dnn_));
     DT_CUDNN(cudnnSetStream(dnn_, stream_));
     cudaDeviceProp prop{};
@@ -427,11 +449,10 @@ class CudaDevice final : public Device {
     for (auto& sl : slots_)
       for (auto e : sl.ev)
         if (e) cudaEventDestroy(e);
+    drop_graphs();
     row_stats_ = Buffer<double>();  // while the stream still exists
     for (auto* b : {&a16_, &b16_, &x16_, &w16_, &y16_, &dy16_, &dw16_}) *b = Buffer<__nv_bfloat16>();
-    idx_ = Buffer<int64_t>();
-    if (idx_copied_) cudaEventDestroy(idx_copied_);
-    if (pinned_) cudaFreeHost(pinned_);
+    free_staging();
     for (auto& [key, p] : plans_) {
       cudnnDestroyTensorDescriptor(p.x);
       cudnnDestroyTensorDescriptor(p.y);
@@ -441,6 +462,7 @@ class CudaDevice final : public Device {
       cudnnDestroyConvolutionDescriptor(p.conv);
     }
     if (workspace_) cudaFree(workspace_);
+    if (blas_ws_) cudaFree(blas_ws_);
     cudnnDestroy(dnn_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -455,14 +477,21 @@ class CudaDevice final : public Device {
   // Step phases timed by events on the stream. Slots form a ring, so the host can run a few
   // steps ahead; a slot is read (waiting for it if need be) before it is reused.
   bool timed_on_device() const override { return true; }
+  // Inside a CUDA graph the events are graph nodes (one graph per slot, so each records its
+  // own slot's events); a replay only keeps the ring's books.
   void step_mark(int phase) override {
     if (phase == 0) {
       cur_ = (cur_ + 1) % kSlots;
       if (slots_[cur_].recorded) read_slot(slots_[cur_], true);
     }
     auto& sl = slots_[cur_];
-    if (!sl.ev[phase]) DT_CUDA(cudaEventCreate(&sl.ev[phase]));
-    DT_CUDA(cudaEventRecord(sl.ev[phase], stream_));
+    if (mode_ != Mode::replay) {
+      if (!sl.ev[phase]) DT_CUDA(cudaEventCreate(&sl.ev[phase]));
+      if (mode_ == Mode::capture)
+        DT_CUDA(cudaEventRecordWithFlags(sl.ev[phase], stream_, cudaEventRecordExternal));
+      else
+        DT_CUDA(cudaEventRecord(sl.ev[phase], stream_));
+    }
     if (phase == 3) sl.recorded = true;
   }
   int take_step_times(double* seconds, bool wait) override {
@@ -476,6 +505,12 @@ class CudaDevice final : public Device {
   }
 
   void* alloc_bytes(size_t bytes) override {
+    if (mode_ != Mode::eager)
+      throw SystemError(strf("rank %d: a GPU allocation of %zu bytes inside a CUDA-graph step "
+                             "(a step changed shape after warm-up); train.cuda_graph: false "
+                             "runs without graphs",
+                             rank_, bytes),
+                        __FILE__, __LINE__);
     select();
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
@@ -489,19 +524,28 @@ class CudaDevice final : public Device {
   void free_bytes(void* p) override {
     cudaStreamSynchronize(stream_);
     cudaFree(p);
+    drop_graphs();  // they may point into it
   }
   void upload(void* dst, const void* src, size_t bytes) override {
+    no_graph("upload");
     DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     synchronize();  // the host buffer may change as soon as this returns
   }
   void download(void* dst, const void* src, size_t bytes) override {
+    no_graph("download");
     DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     synchronize();
   }
   void zero(void* p, size_t bytes) override {
+    if (replaying()) return;
     if (bytes) DT_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (replaying()) return;
+    if (bytes) DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
   void fill(float* x, size_t n, float v) override {
+    if (replaying()) return;
     if (n == 0) return;
     k_fill<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, v);
     check_launch();
@@ -510,6 +554,7 @@ class CudaDevice final : public Device {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    if (replaying()) return;
     if (m == 0 || n == 0) return;
     if (bf16_ && k > 0) {
       const __nv_bfloat16* a16 = to_bf16(a, ta ? k : m, ta ? m : k, lda, a16_);
@@ -529,29 +574,34 @@ class CudaDevice final : public Device {
                           static_cast<int>(ldc)));
   }
   void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) override {
+    if (replaying()) return;
     const auto n = static_cast<size_t>(rows * cols);
     if (n == 0) return;
     k_add_bias<<<blocks_for(n), kThreads, 0, stream_>>>(y, bias, rows, cols);
     check_launch();
   }
   void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate) override {
+    if (replaying()) return;
     if (cols == 0) return;
     k_bias_grad<<<blocks_for(cols), kThreads, 0, stream_>>>(dy, db, rows, cols, accumulate);
     check_launch();
   }
   void activation_forward(Activation a, const float* x, float* y, size_t n) override {
+    if (replaying()) return;
     if (n == 0) return;
     k_act_fwd<<<blocks_for(n), kThreads, 0, stream_>>>(act_code(a), x, y, n);
     check_launch();
   }
   void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
                            size_t n) override {
+    if (replaying()) return;
     if (n == 0) return;
     k_act_bwd<<<blocks_for(n), kThreads, 0, stream_>>>(act_code(a), x, y, dy, dx, n);
     check_launch();
   }
   void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
                     float grad_scale, float* dlogits, double* stats) override {
+    if (replaying()) return;
     if (rows == 0) return;
     if (row_stats_.size() < static_cast<size_t>(2 * rows)) row_stats_.resize(*this, 2 * rows);
     k_softmax_xent<<<blocks_for(rows), kThreads, 0, stream_>>>(
@@ -563,21 +613,9 @@ class CudaDevice final : public Device {
   void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
               int64_t count, float* dst, int32_t* dst_labels) override {
     if (count == 0) return;
-    // The indices travel through pinned memory asynchronously; the staging buffer is reused
-    // only after the previous copy out of it has finished.
-    const auto bytes = static_cast<size_t>(count) * sizeof(int64_t);
-    if (idx_.size() < static_cast<size_t>(count)) idx_.resize(*this, static_cast<size_t>(count));
-    if (pinned_bytes_ < bytes) {
-      if (pinned_) DT_CUDA(cudaFreeHost(pinned_));
-      DT_CUDA(cudaMallocHost(&pinned_, bytes));
-      pinned_bytes_ = bytes;
-    }
-    if (idx_copied_) DT_CUDA(cudaEventSynchronize(idx_copied_));
-    std::memcpy(pinned_, idx, bytes);
-    DT_CUDA(cudaMemcpyAsync(idx_.data(), pinned_, bytes, cudaMemcpyHostToDevice, stream_));
-    if (!idx_copied_) DT_CUDA(cudaEventCreateWithFlags(&idx_copied_, cudaEventDisableTiming));
-    DT_CUDA(cudaEventRecord(idx_copied_, stream_));
-    const int64_t* didx = idx_.data();
+    // The indices travel through pinned memory asynchronously (staged: see stage()).
+    const int64_t* didx = stage(idx, static_cast<size_t>(count));
+    if (replaying()) return;
     const auto n = static_cast<size_t>(count * features);
     k_gather<<<blocks_for(n), kThreads, 0, stream_>>>(src, src_labels, features, didx, count, dst,
                                                       dst_labels);
@@ -586,6 +624,7 @@ class CudaDevice final : public Device {
 
   void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
                     float* y) override {
+    if (replaying()) return;
     if (n == 0) return;
     ConvPlan& p = plan(g, n);
     const float one = 1.f, zero = 0.f;
@@ -607,6 +646,7 @@ class CudaDevice final : public Device {
   }
   void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
                      float* dw, float* db, float* dx) override {
+    if (replaying()) return;
     if (n == 0) return;
     ConvPlan& p = plan(g, n);
     const float one = 1.f, zero = 0.f;
@@ -641,6 +681,7 @@ class CudaDevice final : public Device {
 
   void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
                        int64_t stride, float* y, int32_t* argmax) override {
+    if (replaying()) return;
     const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
     const auto total = static_cast<size_t>(n * c * ho * wo);
     if (total == 0) return;
@@ -650,6 +691,7 @@ class CudaDevice final : public Device {
   }
   void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
                         int64_t w, int64_t k, int64_t stride, float* dx) override {
+    if (replaying()) return;
     const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
     const auto total = static_cast<size_t>(n * c * h * w);
     if (total == 0) return;
@@ -660,6 +702,7 @@ class CudaDevice final : public Device {
 
   void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
                        double* moments) override {
+    if (replaying()) return;
     if (c == 0) return;
     k_channel_moments<<<static_cast<unsigned>(c), kThreads, 0, stream_>>>(x, n, c, spatial,
                                                                            moments);
@@ -667,6 +710,7 @@ class CudaDevice final : public Device {
   }
   void bn_prepare(const double* moments, double count, double eps, double momentum,
                   float* running, float* stats, int64_t c) override {
+    if (replaying()) return;
     if (c == 0) return;
     k_bn_prepare<<<blocks_for(c), kThreads, 0, stream_>>>(moments, count, eps, momentum, running,
                                                           stats, c);
@@ -674,6 +718,7 @@ class CudaDevice final : public Device {
   }
   void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
                 int64_t n, int64_t c, int64_t spatial, float* y) override {
+    if (replaying()) return;
     const auto total = static_cast<size_t>(n * c * spatial);
     if (total == 0) return;
     k_bn_apply<<<blocks_for(total), kThreads, 0, stream_>>>(x, stats, gamma, beta, n, c, spatial,
@@ -683,6 +728,7 @@ class CudaDevice final : public Device {
   void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
                         int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
                         float* dbeta) override {
+    if (replaying()) return;
     if (c == 0) return;
     k_bn_bwd_sums<<<static_cast<unsigned>(c), kThreads, 0, stream_>>>(x, dy, stats, gamma, n, c,
                                                                        spatial, sums, dgamma,
@@ -692,6 +738,7 @@ class CudaDevice final : public Device {
   void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
                       const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
                       float* dx) override {
+    if (replaying()) return;
     const auto total = static_cast<size_t>(n * c * spatial);
     if (total == 0) return;
     k_bn_bwd_dx<<<blocks_for(total), kThreads, 0, stream_>>>(x, dy, stats, gamma, sums, m, n, c,
@@ -702,21 +749,27 @@ class CudaDevice final : public Device {
                int64_t pad, bool flip, uint64_t seed) override {
     const auto n = static_cast<size_t>(rows * c * h * w);
     if (n == 0) return;
-    k_augment<<<blocks_for(n), kThreads, 0, stream_>>>(x, y, rows, c, h, w, pad, flip, seed);
+    const Param<uint64_t> sp = param(seed);
+    if (replaying()) return;
+    k_augment<<<blocks_for(n), kThreads, 0, stream_>>>(x, y, rows, c, h, w, pad, flip, sp);
     check_launch();
   }
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override {
     if (n == 0) return;
+    const Param<uint64_t> sp = param(seed);
+    if (replaying()) return;
     k_dropout_mask<<<blocks_for(n), kThreads, 0, stream_>>>(
-        mask, n, p, static_cast<float>(1.0 / (1.0 - p)), seed);
+        mask, n, p, static_cast<float>(1.0 / (1.0 - p)), sp);
     check_launch();
   }
   void multiply(const float* x, const float* mask, float* y, size_t n) override {
+    if (replaying()) return;
     if (n == 0) return;
     k_multiply<<<blocks_for(n), kThreads, 0, stream_>>>(x, mask, y, n);
     check_launch();
   }
   void scale(float* x, size_t n, float a) override {
+    if (replaying()) return;
     if (n == 0) return;
     k_scale<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, a);
     check_launch();
@@ -724,7 +777,9 @@ class CudaDevice final : public Device {
   void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
                   float wd, bool nesterov) override {
     if (n == 0) return;
-    k_sgd<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, buf, n, lr, momentum, wd, nesterov);
+    const Param<float> lp = param(lr);
+    if (replaying()) return;
+    k_sgd<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, buf, n, lp, momentum, wd, nesterov);
     check_launch();
   }
   void adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
@@ -732,13 +787,171 @@ class CudaDevice final : public Device {
     if (n == 0) return;
     const float bc1 = 1.f - std::pow(b1, static_cast<float>(step));
     const float bc2_sqrt = std::sqrt(1.f - std::pow(b2, static_cast<float>(step)));
-    k_adam<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, m, v, n, lr, b1, b2, eps, wd, decoupled,
-                                                    bc1, bc2_sqrt);
+    const Param<AdamScalars> sp = param(AdamScalars{lr, bc1, bc2_sqrt});
+    if (replaying()) return;
+    k_adam<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, m, v, n, sp, b1, b2, eps, wd, decoupled);
     check_launch();
+  }
+
+  // ---- CUDA graphs of the steady-state step (see Device) ----
+  void enable_graphs(bool on, size_t staging_bytes) override {
+    graphs_on_ = on;
+    graph_staging_ = std::max<size_t>(staging_bytes, 4096);
+    if (!on) drop_graphs();
+  }
+  GraphMode graph_mode() const override {
+    return mode_ == Mode::capture  ? GraphMode::capture
+           : mode_ == Mode::replay ? GraphMode::replay
+                                   : GraphMode::eager;
+  }
+  int64_t graph_launches() const override { return graph_launches_; }
+  GraphMode graph_step_begin() override {
+    if (!graphs_on_ || mode_ != Mode::eager) return GraphMode::eager;
+    if (warm_ < 1) {  // one eager step first: buffers, plans and workspaces take their sizes
+      ++warm_;
+      return GraphMode::eager;
+    }
+    // The timing slot step_mark(0) will take; wait for its previous use here, not inside the
+    // capture.
+    const int k = (cur_ + 1) % kSlots;
+    if (slots_[k].recorded) read_slot(slots_[k], true);
+    ensure_staging(graph_staging_);
+    next_area();  // an empty area for this step's values
+    graph_slot_ = k;
+    if (graphs_[k]) {
+      mode_ = Mode::replay;
+    } else {
+      DT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      mode_ = Mode::capture;
+    }
+    return graph_mode();
+  }
+  void graph_step_end() override {
+    const int k = graph_slot_;
+    if (mode_ == Mode::capture) {
+      cudaGraph_t g = nullptr;
+      mode_ = Mode::eager;
+      DT_CUDA(cudaStreamEndCapture(stream_, &g));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      DT_CUDA(e);
+      graphs_[k] = exec;
+      graph_staged_[k] = used_;
+    } else if (mode_ == Mode::replay) {
+      mode_ = Mode::eager;
+      if (used_ != graph_staged_[k])
+        throw SystemError(strf("rank %d: a CUDA-graph step staged %zu bytes of per-step values "
+                               "but its capture staged %zu (the step changed shape)",
+                               rank_, used_, graph_staged_[k]),
+                          __FILE__, __LINE__);
+    } else {
+      return;
+    }
+    if (used_) {
+      DT_CUDA(cudaMemcpyAsync(stage_dev_, areas_[area_].host, used_, cudaMemcpyHostToDevice,
+                              stream_));
+    }
+    DT_CUDA(cudaGraphLaunch(graphs_[k], stream_));
+    ++graph_launches_;
+    next_area();  // the copy out of this area is queued; it is reused once that has run
+  }
+  void graph_step_abort() noexcept override {
+    if (mode_ == Mode::capture) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(stream_, &g);
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();  // clear the capture's error
+    }
+    mode_ = Mode::eager;
   }
 
  private:
   void select() { DT_CUDA(cudaSetDevice(index_)); }
+  bool replaying() const { return mode_ == Mode::replay; }
+  void no_graph(const char* what) {
+    if (mode_ != Mode::eager)
+      throw SystemError(strf("rank %d: %s waits for the host inside a CUDA-graph step; "
+                             "train.cuda_graph: false runs without graphs",
+                             rank_, what),
+                        __FILE__, __LINE__);
+  }
+  void drop_graphs() {
+    for (auto& g : graphs_)
+      if (g) {
+        cudaGraphExecDestroy(g);
+        g = nullptr;
+      }
+    warm_ = 0;
+  }
+
+  // Per-step values for kernels: copied from a pinned area to the device area. Eagerly, each
+  // value is copied as it is staged (stream order keeps earlier readers safe); inside a graph
+  // step they are collected and copied once, before the graph's launch, so that a replay reads
+  // this step's values at the addresses the capture recorded.
+  template <class T>
+  const T* stage(const T* src, size_t count) {
+    const size_t bytes = count * sizeof(T), span = (bytes + 15) / 16 * 16;
+    if (mode_ == Mode::eager) {
+      if (cap_ < span) ensure_staging(std::max<size_t>(span, 65536));
+      if (used_ + span > cap_) next_area();
+    } else if (used_ + span > cap_) {
+      throw SystemError(strf("rank %d: a CUDA-graph step stages more than %zu bytes", rank_, cap_),
+                        __FILE__, __LINE__);
+    }
+    char* h = areas_[area_].host + used_;
+    char* d = stage_dev_ + used_;
+    std::memcpy(h, src, bytes);
+    used_ += span;
+    if (mode_ == Mode::eager)
+      DT_CUDA(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream_));
+    return reinterpret_cast<const T*>(d);
+  }
+  template <class T>
+  Param<T> param(const T& v) {
+    Param<T> p;
+    p.value = v;
+    if (mode_ != Mode::eager) p.at = stage(&v, 1);
+    return p;
+  }
+  // Moves to the next pinned area, once the copies out of it (queued earlier) have run.
+  void next_area() {
+    Area& a = areas_[area_];
+    if (used_ > 0) {
+      DT_CUDA(cudaEventRecord(a.done, stream_));
+      a.pending = true;
+    }
+    area_ = (area_ + 1) % kAreas;
+    Area& b = areas_[area_];
+    if (b.pending) {
+      DT_CUDA(cudaEventSynchronize(b.done));
+      b.pending = false;
+    }
+    used_ = 0;
+  }
+  void ensure_staging(size_t cap) {
+    if (cap <= cap_) return;
+    synchronize();
+    free_staging();
+    drop_graphs();  // they read the old device area
+    for (auto& a : areas_) {
+      DT_CUDA(cudaMallocHost(&a.host, cap));
+      DT_CUDA(cudaEventCreateWithFlags(&a.done, cudaEventDisableTiming));
+    }
+    DT_CUDA(cudaMalloc(&stage_dev_, cap));
+    cap_ = cap;
+  }
+  void free_staging() {
+    for (auto& a : areas_) {
+      if (a.host) cudaFreeHost(a.host);
+      if (a.done) cudaEventDestroy(a.done);
+      a = Area{};
+    }
+    if (stage_dev_) cudaFree(stage_dev_);
+    stage_dev_ = nullptr;
+    cap_ = used_ = 0;
+    area_ = 0;
+  }
   // The stored rows x cols matrix (leading dimension ld) as bfloat16 in `buf`.
   const __nv_bfloat16* to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld,
                                Buffer<__nv_bfloat16>& buf) {
@@ -827,6 +1040,11 @@ class CudaDevice final : public Device {
                                                             p.bwd_filter, &w3));
     p.workspace = std::max({w1, w2, w3});
     if (p.workspace > workspace_bytes_) {
+      if (mode_ != Mode::eager)
+        throw SystemError(strf("rank %d: a new convolution shape inside a CUDA-graph step; "
+                               "train.cuda_graph: false runs without graphs", rank_),
+                          __FILE__, __LINE__);
+      drop_graphs();
       synchronize();
       if (workspace_) DT_CUDA(cudaFree(workspace_));
       DT_CUDA(cudaMalloc(&workspace_, p.workspace));
@@ -867,10 +1085,31 @@ class CudaDevice final : public Device {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   Buffer<double> row_stats_;
-  Buffer<int64_t> idx_;
-  void* pinned_ = nullptr;
-  size_t pinned_bytes_ = 0;
-  cudaEvent_t idx_copied_ = nullptr;
+  void* blas_ws_ = nullptr;
+  static constexpr size_t kBlasWorkspace = size_t{32} << 20;
+
+  // CUDA graphs: one per timing slot (each records its slot's events).
+  enum class Mode { eager, capture, replay };
+  Mode mode_ = Mode::eager;
+  bool graphs_on_ = false;
+  size_t graph_staging_ = 0;
+  int warm_ = 0;  // eager steps since the graphs were last dropped
+  int graph_slot_ = -1;
+  cudaGraphExec_t graphs_[kSlots] = {nullptr, nullptr, nullptr, nullptr};
+  size_t graph_staged_[kSlots] = {0, 0, 0, 0};
+  int64_t graph_launches_ = 0;
+
+  // Staging of per-step values: a ring of pinned host areas and one device area.
+  static constexpr int kAreas = 4;
+  struct Area {
+    char* host = nullptr;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  Area areas_[kAreas];
+  int area_ = 0;
+  size_t used_ = 0, cap_ = 0;
+  char* stage_dev_ = nullptr;
   using PlanKey = std::array<int64_t, 8>;  // geometry and batch size
   std::map<PlanKey, ConvPlan> plans_;
 };

@@ -45,6 +45,7 @@ class NcclExchange final : public GradExchange {
         comm_(comm),
         rank_(rank),
         gpu_(gpu),
+        dev_(dev),
         compute_(static_cast<cudaStream_t>(dev.native_stream())),
         op_(op == ReduceOp::mean ? ncclAvg : ncclSum) {
     if (!compute_) DTRAIN_THROW_SYSTEM("NCCL exchange needs a CUDA device");
@@ -67,21 +68,29 @@ class NcclExchange final : public GradExchange {
 
   // Time on the communication stream from the first bucket to the last, per step: events in a
   // ring of slots, read before reuse.
+  // Steps inside CUDA graphs are not timed here (negative: the exposed time is the measure).
   double take_device_seconds(bool wait) override {
     for (auto& sl : slots_)
       if (sl.recorded) read(sl, wait);
-    const double t = taken_;
+    const double t = untimed_ ? -1.0 : taken_;
     taken_ = 0;
+    untimed_ = false;
     return t;
   }
 
  protected:
   // The bucket's gradients are final once the compute stream reaches this point: the
   // communication stream waits for that, then all-reduces in place while backward goes on.
+  // Inside a CUDA-graph capture the same calls fork the communication stream into the graph
+  // and join it back; a replay queues nothing (the graph holds it all).
   void reduce(float* data, size_t n) override {
+    const auto mode = dev_.graph_mode();
+    if (mode == Device::GraphMode::replay) return;
     DT_CUDA_R(cudaEventRecord(ready_, compute_), rank_);
     DT_CUDA_R(cudaStreamWaitEvent(comm_stream_, ready_, 0), rank_);
-    if (buckets_launched() == 0) {  // the step's first bucket: start its timing slot
+    if (mode == Device::GraphMode::capture) {
+      untimed_ = true;
+    } else if (buckets_launched() == 0) {  // the step's first bucket: start its timing slot
       cur_ = (cur_ + 1) % kSlots;
       if (slots_[cur_].recorded) read(slots_[cur_], true);
       for (auto*& e : slots_[cur_].ev)
@@ -93,6 +102,11 @@ class NcclExchange final : public GradExchange {
   }
   // The optimizer (on the compute stream) waits for the last bucket; the host does not.
   void wait() override {
+    const auto mode = dev_.graph_mode();
+    if (mode == Device::GraphMode::replay) {
+      untimed_ = true;
+      return;
+    }
     if (started_) {
       DT_CUDA_R(cudaEventRecord(slots_[cur_].ev[1], comm_stream_), rank_);
       slots_[cur_].recorded = true;
@@ -119,10 +133,12 @@ class NcclExchange final : public GradExchange {
   Slot slots_[kSlots];
   int cur_ = 0;
   bool started_ = false;
+  bool untimed_ = false;  // a step ran inside a CUDA graph since the last take
   double taken_ = 0;
 
   ncclComm_t comm_;
   int rank_, gpu_;
+  Device& dev_;
   cudaStream_t compute_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
