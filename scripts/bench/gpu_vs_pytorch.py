@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """GPU benchmark: dtrain's CUDA backend against eager PyTorch on the same GPU, the quickstart MLP
 on Fashion-MNIST with the data already on the GPU, at batch 128 and 1024, alternating repeats in
-one invocation. Also states each dtrain step against its floor: the larger of
+one invocation. dtrain runs twice per repeat: with its step in a CUDA graph (the default) and
+with train.cuda_graph=false (kernels launched one by one, as PyTorch eager does). Also states each dtrain step against its floor: the larger of
   launches per step x the measured launch latency, and
   the step's GEMM FLOPs / the measured cuBLAS SGEMM throughput (fp32 or tf32),
 both measured on the same GPU by `dtrain devices --measure --json`.
@@ -31,9 +32,10 @@ def gemm_flops_per_sample():
     return f
 
 
-def run_dtrain(binary, batch, scaling, epochs, precision, results, tag):
+def run_dtrain(binary, batch, scaling, epochs, precision, results, tag, graph=True):
     cmd = [binary, "run", os.path.join(ROOT, "configs", "quickstart.yaml"), "backend=cuda",
            f"precision={precision}", f"train.per_replica_batch={batch}",
+           f"train.cuda_graph={'true' if graph else 'false'}",
            f"optimizer.lr_scaling={scaling}", f"train.epochs={epochs}", "--results", results,
            "--tag", tag, "--quiet"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -68,16 +70,20 @@ def main():
     scratch = tempfile.mkdtemp(prefix="dtrain-gpu-bench-")
     rows = []
     for batch, scaling in CASES:
-        d_t, t_t, ratios, d_sum, t_sum = [], [], [], None, None
+        d_t, e_t, t_t, ratios, d_sum, t_sum = [], [], [], [], None, None
         for rep in range(args.repeats):
             ds = run_dtrain(args.dtrain, batch, scaling, args.epochs, args.precision, scratch,
                             f"b{batch}-r{rep}")
+            es = run_dtrain(args.dtrain, batch, scaling, args.epochs, args.precision, scratch,
+                            f"b{batch}-r{rep}-eager", graph=False)
             ts = run_torch(args.python, batch, scaling, args.epochs)
             d_t.append(ds["median_epoch_time_s"])
+            e_t.append(es["median_epoch_time_s"])
             t_t.append(ts["median_epoch_time_s"])
             ratios.append(ts["median_epoch_time_s"] / ds["median_epoch_time_s"])
             d_sum, t_sum = d_sum or ds, t_sum or ts
-            print(f"batch {batch} repeat {rep + 1}: dtrain {d_t[-1]:.3f} s/epoch, "
+            print(f"batch {batch} repeat {rep + 1}: dtrain {d_t[-1]:.3f} s/epoch "
+                  f"(eager {e_t[-1]:.3f}, graph steps {ds.get('cuda_graph_steps', 0)}), "
                   f"pytorch {t_t[-1]:.3f} s/epoch, {ratios[-1]:.2f}x", flush=True)
         steps = d_sum["steps_per_epoch"]
         step_s = statistics.median(d_t) / steps
@@ -85,6 +91,8 @@ def main():
         flop_floor = gemm_flops_per_sample() * batch / peak
         floor = max(launch_floor, flop_floor)
         rows.append(dict(batch=batch, scaling=scaling, dtrain_epoch_s=statistics.median(d_t),
+                         dtrain_eager_epoch_s=statistics.median(e_t),
+                         cuda_graph=d_sum.get("cuda_graph", "?"),
                          torch_epoch_s=statistics.median(t_t),
                          speedup=statistics.median(ratios), speedup_min=min(ratios),
                          speedup_max=max(ratios),
@@ -103,16 +111,19 @@ def main():
              f"{meta['torch']}, precision {args.precision}, {args.epochs} epochs x "
              f"{args.repeats} alternating repeats. Launch latency {gpu['launch_us']:.2f} us, "
              f"cuBLAS SGEMM {peak / 1e12:.1f} TFLOP/s.", "",
-             "| batch | dtrain s/epoch | PyTorch s/epoch | speedup (min-max) | dtrain acc | "
-             "PyTorch acc | step us | launches/step | launch floor us | FLOP floor us | "
-             "step / floor |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| batch | dtrain s/epoch | dtrain eager s/epoch | PyTorch s/epoch | speedup (min-max) "
+             "| dtrain acc | PyTorch acc | step us | launches/step | launch floor us | "
+             "FLOP floor us | step / floor |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['dtrain_epoch_s']:.3f} | {r['torch_epoch_s']:.3f} | "
+        lines.append(f"| {r['batch']} | {r['dtrain_epoch_s']:.3f} | "
+                     f"{r['dtrain_eager_epoch_s']:.3f} | {r['torch_epoch_s']:.3f} | "
                      f"{r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | "
                      f"{100 * r['dtrain_acc']:.2f}% | {100 * r['torch_acc']:.2f}% | "
                      f"{r['step_us']:.1f} | {r['launches_per_step']} | "
                      f"{r['launch_floor_us']:.1f} | {r['flop_floor_us']:.1f} | "
                      f"{r['step_over_floor']:.2f} |")
+    lines += ["", f"CUDA graphs: {rows[0]['cuda_graph']}. Speedup: PyTorch eager s/epoch over "
+              "dtrain's (graph) s/epoch, median of the repeats."]
     with open(os.path.join(args.out, "gpu-mlp-vs-pytorch.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
