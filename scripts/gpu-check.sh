@@ -59,6 +59,7 @@ fi
 bin="$build/apps/dtrain"
 
 status_devices=skipped status_tests=skipped status_bench=skipped status_cnn=skipped
+status_bf16=skipped status_eager=skipped
 if [ "$status_build" != failed ]; then
   echo "## dtrain devices"
   "$bin" devices --measure | tee "$dest/devices.txt" && status_devices=ok || status_devices=failed
@@ -72,6 +73,12 @@ if [ "$status_build" != failed ]; then
   echo "## the small CNN on the GPU (cuDNN), 2 epochs"
   "$bin" run configs/fmnist-cnn.yaml backend=cuda train.epochs=2 optimizer.warmup_epochs=1 \
     --results "$dest/runs" --tag cnn --quiet && status_cnn=ok || status_cnn=failed
+  echo "## the same in bf16, and the MLP without CUDA graphs"
+  "$bin" run configs/fmnist-cnn.yaml backend=cuda precision=bf16 train.epochs=2 \
+    optimizer.warmup_epochs=1 --results "$dest/runs" --tag cnn-bf16 --quiet \
+    && status_bf16=ok || status_bf16=failed
+  "$bin" run configs/quickstart.yaml backend=cuda train.epochs=2 train.cuda_graph=false \
+    --results "$dest/runs" --tag mlp-eager --quiet && status_eager=ok || status_eager=failed
 fi
 
 echo "## summary"
@@ -82,9 +89,11 @@ printf '| dtrain devices | %s |\n' "$status_devices"
 printf '| GPU tests | %s |\n' "$status_tests"
 printf '| benchmark against PyTorch | %s |\n' "$status_bench"
 printf '| CNN on the GPU | %s |\n' "$status_cnn"
+printf '| CNN in bf16 | %s |\n' "$status_bf16"
+printf '| MLP without CUDA graphs | %s |\n' "$status_eager"
 [ -f "$dest/gpu-mlp-vs-pytorch.md" ] && tail -n 4 "$dest/gpu-mlp-vs-pytorch.md"
 for s in "$dest"/runs/*/*/summary.json; do
-  [ -f "$s" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('| %s | %.3f s/epoch, %.2f%% |' % (d.get('devices','?'), d['median_epoch_time_s'], 100*d['final_test_accuracy']))" "$s"
+  [ -f "$s" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('| %s, %s, graphs %s (%s steps) | %.3f s/epoch, %.2f%% |' % (d.get('devices','?'), d.get('precision','?'), d.get('cuda_graph','?'), d.get('cuda_graph_steps','?'), d['median_epoch_time_s'], 100*d['final_test_accuracy']))" "$s"
 done
 echo "evidence: $dest"
 [ "$status_build" != failed ] && [ "$status_tests" = passed ]
