@@ -65,6 +65,23 @@ void twin(const char* what, double bound, const Op& op, Precision precision = Pr
   }
 }
 
+// A convolution's forward pass and all its gradients on random tensors of `ns` samples.
+void conv_twin(const char* what, double bound, const ConvGeom& g, int64_t ns, Rng& rng,
+               Precision precision) {
+  const auto x = random_vec(rng, ns * g.c * g.h * g.w), w = random_vec(rng, g.oc * g.c * g.k * g.k);
+  const auto b = random_vec(rng, g.oc), dy = random_vec(rng, ns * g.oc * g.ho() * g.wo());
+  twin(what, bound, [&](Device& d, Mirror& mr) -> Outs {
+    float *y = mr.in(std::vector<float>(dy.size())), *dw = mr.in(w), *db = mr.in(b),
+          *dx = mr.in(x);
+    const float* xp = mr.in(x);
+    const float* wp = mr.in(w);
+    d.conv_forward(g, ns, xp, wp, mr.in(b), y);
+    d.conv_backward(g, ns, xp, wp, mr.in(dy), dw, db, dx);
+    return Outs{mr.out(y, dy.size()), mr.out(dw, w.size()), mr.out(db, b.size()),
+                mr.out(dx, x.size())};
+  }, precision);
+}
+
 }  // namespace
 
 TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
@@ -126,22 +143,8 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
   });
 
   // Convolution (cuDNN against oneDNN or im2col), pooling and BatchNorm on NCHW maps.
-  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}}) {
-    const int64_t ns = 3;
-    const auto x = random_vec(rng, ns * g.c * g.h * g.w),
-               w = random_vec(rng, g.oc * g.c * g.k * g.k);
-    const auto b = random_vec(rng, g.oc), dy = random_vec(rng, ns * g.oc * g.ho() * g.wo());
-    twin("conv", 1e-5, [&](Device& d, Mirror& mr) -> Outs {
-      float *y = mr.in(std::vector<float>(dy.size())), *dw = mr.in(w), *db = mr.in(b),
-            *dx = mr.in(x);
-      const float* xp = mr.in(x);
-      const float* wp = mr.in(w);
-      d.conv_forward(g, ns, xp, wp, mr.in(b), y);
-      d.conv_backward(g, ns, xp, wp, mr.in(dy), dw, db, dx);
-      return Outs{mr.out(y, dy.size()), mr.out(dw, w.size()), mr.out(db, b.size()),
-                  mr.out(dx, x.size())};
-    });
-  }
+  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
+    conv_twin("conv", 1e-5, g, 3, rng, Precision::fp32);
   for (auto [k2, s2] : {std::pair{2, 2}, std::pair{3, 2}}) {
     const int64_t ns = 2, c = 3, h = 9, w = 8;
     const int64_t ho = (h - k2) / s2 + 1, wo = (w - k2) / s2 + 1;
@@ -233,22 +236,8 @@ TEST_CASE("CUDA bf16 GEMMs and convolutions match the bf16 CPU twin", "[cuda][bf
         d.gemm(ta, tb, m, n, k, 0.7f, mr.in(A), ta ? m : k, mr.in(B), tb ? k : n, 0.3f, c, n);
         return Outs{mr.out(c, C0.size())};
       }, Precision::bf16);
-  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{8, 14, 14, 16, 3, 1, 1}}) {
-    const int64_t ns = 4;
-    const auto x = random_vec(rng, ns * g.c * g.h * g.w),
-               w = random_vec(rng, g.oc * g.c * g.k * g.k);
-    const auto b = random_vec(rng, g.oc), dy = random_vec(rng, ns * g.oc * g.ho() * g.wo());
-    twin("conv bf16", 1e-2, [&](Device& d, Mirror& mr) -> Outs {
-      float *y = mr.in(std::vector<float>(dy.size())), *dw = mr.in(w), *db = mr.in(b),
-            *dx = mr.in(x);
-      const float* xp = mr.in(x);
-      const float* wp = mr.in(w);
-      d.conv_forward(g, ns, xp, wp, mr.in(b), y);
-      d.conv_backward(g, ns, xp, wp, mr.in(dy), dw, db, dx);
-      return Outs{mr.out(y, dy.size()), mr.out(dw, w.size()), mr.out(db, b.size()),
-                  mr.out(dx, x.size())};
-    }, Precision::bf16);
-  }
+  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{8, 14, 14, 16, 3, 1, 1}})
+    conv_twin("conv bf16", 1e-2, g, 4, rng, Precision::bf16);
 }
 
 TEST_CASE("CUDA bf16 training follows the bf16 CPU twin", "[cuda][bf16][train]") {

@@ -463,13 +463,7 @@ class CpuDevice final : public Device {
     conv_backward_f32(g, n, xr, wr, dyr, dw16_.data(), zero_bias_.data(), dx);
     if (dx) round_in_place(dx, in);
     for (int64_t i = 0; i < nw; ++i) dw[i] += round_bf16(dw16_[static_cast<size_t>(i)]);
-    for (int64_t s = 0; s < n; ++s)
-      for (int64_t o = 0; o < g.oc; ++o) {
-        const float* q = dy + (s * g.oc + o) * p;
-        float acc = 0.f;
-        for (int64_t i = 0; i < p; ++i) acc += q[i];
-        db[o] += acc;
-      }
+    add_conv_bias_grad(dy, n, g.oc, p, db);
   }
 
  private:
@@ -486,6 +480,17 @@ class CpuDevice final : public Device {
   void round_in_place(float* x, int64_t n) {
 #pragma omp parallel for num_threads(threads_) if (n >= kParallelMin) schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+  }
+  // db[o] += the sum of dy over samples and positions of channel o.
+  static void add_conv_bias_grad(const float* dy, int64_t n, int64_t c, int64_t p, float* db) {
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t o = 0; o < c; ++o) {
+        const float* q = dy + (s * c + o) * p;
+        float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < p; ++i) acc += q[i];
+        db[o] += acc;
+      }
   }
   static void add_channel_bias(float* y, const float* b, int64_t n, int64_t c, int64_t p) {
     for (int64_t s = 0; s < n; ++s)
@@ -572,14 +577,7 @@ class CpuDevice final : public Device {
       const float* pd = partial_dw_.data() + static_cast<size_t>(ci) * nw;
       for (size_t i = 0; i < nw; ++i) dw[i] += pd[i];
     }
-    for (int64_t s = 0; s < n; ++s)
-      for (int64_t o = 0; o < g.oc; ++o) {
-        const float* q = dy + (s * g.oc + o) * p;
-        float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t i = 0; i < p; ++i) acc += q[i];
-        db[o] += acc;
-      }
+    add_conv_bias_grad(dy, n, g.oc, p, db);
   }
 
  public:

@@ -135,7 +135,8 @@ void worker(Shared& sh, Communicator& comm) {
     const auto staging = static_cast<size_t>(accum * micro) * sizeof(int64_t) + 4096;
     dev->enable_graphs(graph_state == "on", staging);
   }
-  Buffer<double> step_slot(*dev, 2);  // the step's (loss, correct) sums, at a fixed address
+  // A graph step's (loss, correct) sums, at the fixed address the graph was captured with.
+  Buffer<double> graph_stats(*dev, 2);
 
   if (rank == 0) {
     RunInfo& info = sh.result.info;
@@ -197,9 +198,11 @@ void worker(Shared& sh, Communicator& comm) {
       double* st = step_stats.data() + s * 3;
       const Device::GraphMode gm =
           g_total == gbatch ? dev->graph_step_begin() : Device::GraphMode::eager;
+      const bool in_graph = gm != Device::GraphMode::eager;
+      double* st_dev = in_graph ? graph_stats.data() : dev_stats.data() + s * 2;
       try {
         dev->step_mark(0);
-        dev->zero(step_slot.data(), 2 * sizeof(double));
+        if (in_graph) dev->zero(st_dev, 2 * sizeof(double));
         model->zero_grads();
         for (int k = 0; k < accum; ++k) {
           auto t0 = Clock::now();
@@ -218,7 +221,7 @@ void worker(Shared& sh, Communicator& comm) {
           model->forward(batch, rows);
           const bool last = k == accum - 1;
           if (last) exchange->begin(model->grads());
-          model->loss_backward(yb.data(), rows, grad_scale, step_slot.data(),
+          model->loss_backward(yb.data(), rows, grad_scale, st_dev,
                                last ? on_ready : Model::GradsReady{});
           st[2] += static_cast<double>(rows);
           t_data += std::chrono::duration<double>(t1 - t0).count();
@@ -237,19 +240,19 @@ void worker(Shared& sh, Communicator& comm) {
         opt.step(model->params(), model->grads(), lr);
         dev->step_mark(3);
         t_opt += seconds_since(t3);
-        if (gm != Device::GraphMode::eager) dev->graph_step_end();
+        if (in_graph) dev->graph_step_end();
       } catch (const SystemError& e) {
-        if (gm == Device::GraphMode::eager) throw;
+        if (!in_graph) throw;
         dev->graph_step_abort();
         throw SystemError(fmt::format("{} (in a CUDA-graph step; train.cuda_graph: false runs "
                                       "without graphs)",
                                       e.what()),
                           e.file(), e.line(), e.rank());
       } catch (...) {
-        if (gm != Device::GraphMode::eager) dev->graph_step_abort();
+        if (in_graph) dev->graph_step_abort();
         throw;
       }
-      dev->copy(dev_stats.data() + s * 2, step_slot.data(), 2 * sizeof(double));
+      if (in_graph) dev->copy(dev_stats.data() + s * 2, st_dev, 2 * sizeof(double));
       if (rank == 0 && epoch == 0 && s == 1)
         sh.result.info.launches_per_step = dev->launches() - launches_before;
       if (rank == 0 && sh.observer) sh.observer->on_step(epoch + 1, s + 1, steps);

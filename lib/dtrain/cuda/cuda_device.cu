@@ -507,8 +507,7 @@ class CudaDevice final : public Device {
   void* alloc_bytes(size_t bytes) override {
     if (mode_ != Mode::eager)
       throw SystemError(strf("rank %d: a GPU allocation of %zu bytes inside a CUDA-graph step "
-                             "(a step changed shape after warm-up); train.cuda_graph: false "
-                             "runs without graphs",
+                             "(a step changed shape after warm-up)",
                              rank_, bytes),
                         __FILE__, __LINE__);
     select();
@@ -871,9 +870,8 @@ class CudaDevice final : public Device {
   bool replaying() const { return mode_ == Mode::replay; }
   void no_graph(const char* what) {
     if (mode_ != Mode::eager)
-      throw SystemError(strf("rank %d: %s waits for the host inside a CUDA-graph step; "
-                             "train.cuda_graph: false runs without graphs",
-                             rank_, what),
+      throw SystemError(strf("rank %d: %s waits for the host inside a CUDA-graph step", rank_,
+                             what),
                         __FILE__, __LINE__);
   }
   void drop_graphs() {
@@ -1041,8 +1039,8 @@ class CudaDevice final : public Device {
     p.workspace = std::max({w1, w2, w3});
     if (p.workspace > workspace_bytes_) {
       if (mode_ != Mode::eager)
-        throw SystemError(strf("rank %d: a new convolution shape inside a CUDA-graph step; "
-                               "train.cuda_graph: false runs without graphs", rank_),
+        throw SystemError(strf("rank %d: a new convolution shape inside a CUDA-graph step",
+                               rank_),
                           __FILE__, __LINE__);
       drop_graphs();
       synchronize();
