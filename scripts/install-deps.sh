@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake git pkg-config
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev catch2 nlohmann-json3-dev
-  libopenblas-dev libdnnl-dev zlib1g-dev
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
   gnuplot-nox
   dataset-fashion-mnist
@@ -19,6 +19,17 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+log=${TMPDIR:-/tmp}/dtrain-install-deps.log
+echo "install-deps: installing ${#missing[@]} packages and what they need: ${missing[*]} (log: $log)"
+install() {
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+# Try the package lists already on the machine first (no network when the packages are cached);
+# refresh them only when they are missing or stale.
+{ install || { echo "install-deps: refreshing the package lists (apt-get update)"
+               $SUDO apt-get update -q && install; }; } >"$log" 2>&1 || {
+  tail -n 30 "$log"
+  echo "install-deps: apt-get could not install the packages above (full log: $log)"
+  exit 1
+}
+echo "install-deps: done"
