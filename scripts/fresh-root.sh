@@ -5,12 +5,13 @@
 # CI shows that the README's commands work on a new machine, not only on one that has had
 # packages installed by hand.
 #
-#   scripts/fresh-root.sh [--worktree] [--carry PATH]... -- COMMAND [ARG...]
+#   scripts/fresh-root.sh [--worktree] [--carry PATH]... [--export PATH]... -- COMMAND [ARG...]
 #   scripts/fresh-root.sh --probe      # exit 0 if a root can be made here, else one line why
 #
 # COMMAND runs as root in /src, the clone of HEAD (--worktree: with the working tree's
 # uncommitted and untracked, not ignored, files on top). --carry copies an ignored path of the
-# checkout (such as .gpu-carry) to the same place under /src.
+# checkout (such as .gpu-carry) to the same place under /src; --export copies a path of /src
+# back into the checkout after COMMAND succeeded (replacing what was there).
 #
 # The bootstrapped base, the downloaded packages and the package lists are kept in
 # $DTRAIN_ROOT_CACHE (default /var/cache/dtrain-root), so a run needs the network only when
@@ -107,6 +108,7 @@ fi
 
 worktree=0
 carry=()
+export_paths=()
 while [ $# -gt 0 ]; do
   case $1 in
     --probe)
@@ -114,10 +116,14 @@ while [ $# -gt 0 ]; do
       [ -z "$why" ] && { say "a fresh $suite root can be made here (cache $cache)"; exit 0; }
       echo "$why"; exit 1 ;;
     --worktree) worktree=1; shift ;;
-    --carry) carry+=("$2"); shift 2 ;;
+    --carry) carry+=("${2:?--carry needs a path}"); shift 2 ;;
+    --export) export_paths+=("${2:?--export needs a path}"); shift 2 ;;
     --) shift; break ;;
-    *) say "unknown option '$1' (valid: --probe, --worktree, --carry PATH, -- COMMAND...)"; exit 2 ;;
+    *) say "unknown option '$1' (valid: --probe, --worktree, --carry PATH, --export PATH, -- COMMAND...)"; exit 2 ;;
   esac
+done
+for p in "${carry[@]}" "${export_paths[@]}"; do
+  case /$p/ in */../*|//*) say "--carry/--export $p: give a path inside the checkout, without .."; exit 2 ;; esac
 done
 [ $# -gt 0 ] || { say "no command given (usage: scripts/fresh-root.sh [--worktree] [--carry PATH]... -- COMMAND...)"; exit 2; }
 
@@ -146,3 +152,12 @@ for p in "${carry[@]}"; do
 done
 say "root: $suite from $(mirror), run folder $run"
 unshare --mount --propagation private -- "$(readlink -f "$0")" --inner "$run" "$@"
+for p in "${export_paths[@]}"; do
+  # What the command wrote is in the overlay's upper layer (or the copied root without one).
+  src=$run/upper/src/$p
+  [ -e "$src" ] || src=$run/root/src/$p
+  [ -e "$src" ] || { say "--export $p: the command left no /src/$p"; exit 1; }
+  rm -rf "${repo:?}/$p"
+  mkdir -p "$repo/$(dirname "$p")"
+  cp -a "$src" "$repo/$p"
+done

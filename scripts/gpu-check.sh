@@ -1,99 +1,255 @@
 #!/usr/bin/env bash
-# On a GPU machine: probe it, build dtrain with CUDA, run the GPU tests and the GPU smoke
-# benchmark, and print a short table last. Everything it prints is also written under
-# results/gpu/<date>-<gpu>/ (or $OUT/gpu/... when OUT is set) as evidence of the run.
+# On a GPU machine: probe it, build (or unpack the carried binaries), check that the CUDA backend
+# and a GPU are really there, run the GPU tests, the benchmark against PyTorch and a few training
+# runs. Each stage runs under `timeout` and fits in one 10-minute command, and writes its
+# evidence as it goes, so a hang in a late stage keeps what the earlier ones found.
 #
-#   scripts/gpu-check.sh            # from the repository root
+#   scripts/gpu-check.sh                  # every stage in order
+#   scripts/gpu-check.sh build devices    # some stages (in separate calls, or several at once)
 #
-# Without a GPU it stops after the probe and says so (exit code 3).
+# Stages: probe, build, devices, tests, bench, runs. Evidence goes to
+# ${OUT:-results}/gpu/<date>-<gpu>/ (one folder per day and GPU, so stages run in separate calls
+# share it): one log per stage, and stages.md, a table with one row per stage run.
+#
+# DTRAIN_GPU_CHECK_REHEARSAL=1 rehearses on a machine without a GPU (the CI's fresh root with no
+# -dev packages): every stage runs that can, and the stages that need a GPU check instead that
+# nothing pretends to be one (the `[cuda]` tests must fail under DTRAIN_REQUIRE_GPU=1).
+#
+# Data: Fashion-MNIST from $DTRAIN_DATA, else /usr/share/datasets/fashion-mnist, else the copy
+# that scripts/build-portable.sh packs into .gpu-carry/data/fashion-mnist.
+# Exit code: 0 every stage asked for passed (or had nothing to do), 1 one failed, 2 a stage cannot start (no data,
+# unknown stage), 3 no GPU (outside a rehearsal).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stamp=$(date -u +%Y%m%d-%H%M%S)
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
-dest="${OUT:-results}/gpu/${stamp}-${gpu_name:-nogpu}"
-mkdir -p "$dest"
-log="$dest/gpu-check.log"
-exec > >(tee "$log") 2>&1
-echo "# gpu-check $stamp, commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+root=$(pwd)
+rehearsal=${DTRAIN_GPU_CHECK_REHEARSAL:-0}
+all_stages=(probe build devices tests bench runs)
+one_stage=""
+if [ "${1:-}" = --stage ]; then one_stage=$2; set --; fi  # a child running one stage
+[ $# -gt 0 ] && stages=("$@") || stages=("${all_stages[@]}")
+for s in "${stages[@]}" $one_stage; do
+  case " ${all_stages[*]} " in *" $s "*) ;; *)
+    echo "gpu-check: unknown stage '$s' (valid: ${all_stages[*]})"; exit 2 ;;
+  esac
+done
 
-echo "## probe"
-( set -x
-  nvidia-smi
-  nvcc --version || /usr/local/cuda/bin/nvcc --version
-  ldd --version | head -1
-  cmake --version | head -1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
-  ls /usr/local/cuda/lib64 | grep -E 'libcudnn.so|libnccl.so|libcublas.so' | head
-  find / -xdev \( -name 'libnccl.so*' -o -name 'libcudnn.so*' -o -name 'yaml.h' -o -name 'CLI.hpp' \
-       -o -name 'cblas.h' -o -name 'dnnl.hpp' \) 2>/dev/null | head -40
-) > "$dest/probe.txt" 2>&1
-cat "$dest/probe.txt"
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu-check: no GPU on this machine; nothing CUDA can run here"
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n-' '-')
+has_gpu=0
+nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
+dest=${DTRAIN_GPU_CHECK_DEST:-"${OUT:-results}/gpu/$(date -u +%Y%m%d)-${gpu_name:-nogpu}"}
+mkdir -p "$dest"
+[ -f "$dest/stages.md" ] || printf '| stage | result | seconds | started (UTC) | commit |\n|---|---|---|---|---|\n' > "$dest/stages.md"
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "no git; carried binaries from $(cat .gpu-carry/commit 2>/dev/null || echo unknown)")
+
+if [ "$has_gpu" = 0 ] && [ "$rehearsal" != 1 ]; then
+  echo "gpu-check: no GPU on this machine (nvidia-smi -L failed); nothing CUDA can run here"
+  echo "           (DTRAIN_GPU_CHECK_REHEARSAL=1 rehearses the stages that need no GPU)"
   exit 3
 fi
 
-echo "## build"
-# The CUDA libraries may live in the PyTorch environment's wheels rather than the toolkit.
+# The CUDA libraries may live in PyTorch's wheels rather than in the toolkit, under versioned
+# names only; make them findable by the binaries.
+libdirs=()
 for lib in libcudnn.so.9 libnccl.so.2 libcublas.so.13; do
-  if ! ldconfig -p 2>/dev/null | grep -q "$lib"; then
-    d=$(find / -xdev -name "$lib" 2>/dev/null | head -1)
-    [ -n "$d" ] && export LD_LIBRARY_PATH="$(dirname "$d")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  ldconfig -p 2>/dev/null | grep -q "$lib" && continue
+  d=""
+  for c in /usr/local/cuda/lib64 /usr/local/cuda/lib \
+           $(python3 -c 'import nvidia; print(" ".join(p + "/*/lib" for p in nvidia.__path__))' 2>/dev/null); do
+    for f in $c/$lib; do [ -e "$f" ] && { d=$(dirname "$f"); break 2; }; done
+  done
+  [ -n "$d" ] || d=$(find / -xdev -name "$lib" -not -path '*/proc/*' 2>/dev/null | head -n 1 | xargs -r dirname)
+  [ -n "$d" ] && case " ${libdirs[*]} " in *" $d "*) ;; *) libdirs+=("$d") ;; esac
+done
+for d in "${libdirs[@]}"; do LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; done
+export LD_LIBRARY_PATH
+
+# Which binaries the later stages use: recorded by the build stage, which may be another call.
+route_file=build-gpu/.route
+bin_dir() {
+  local d
+  d=$(cat "$route_file" 2>/dev/null || echo build-gpu)
+  [ -x "$d/apps/dtrain" ] && { echo "$d"; return 0; }
+  echo "gpu-check: no dtrain binary in $d: run the build stage first" >&2
+  return 2
+}
+
+data_dir() {
+  local d
+  for d in "${DTRAIN_DATA:-}" /usr/share/datasets/fashion-mnist "$root/.gpu-carry/data/fashion-mnist"; do
+    [ -n "$d" ] && [ -f "$d/train-images-idx3-ubyte.gz" -o -f "$d/train-images-idx3-ubyte" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+need_data() {
+  data=$(data_dir) && return 0
+  echo "gpu-check: no Fashion-MNIST data: none of \$DTRAIN_DATA, /usr/share/datasets/fashion-mnist," \
+       "$root/.gpu-carry/data/fashion-mnist has train-images-idx3-ubyte(.gz);" \
+       "run scripts/build-portable.sh on a machine with dataset-fashion-mnist and carry .gpu-carry"
+  return 2
+}
+
+stage_probe() {
+  set -x
+  nvidia-smi
+  nvcc --version || /usr/local/cuda/bin/nvcc --version
+  ldd --version | head -n 1
+  cmake --version | head -n 1
+  ninja --version
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "cudnn", torch.backends.cudnn.version())'
+  ls /usr/local/cuda/lib64 | grep -E 'libcudnn.so|libnccl.so|libcublas.so' | head
+  find / -xdev \( -name 'libnccl.so*' -o -name 'libcudnn.so*' -o -name 'nccl.h' -o -name 'cudnn.h' \
+       -o -name 'yaml.h' -o -name 'CLI.hpp' -o -name 'cblas.h' -o -name 'dnnl.hpp' \) 2>/dev/null | head -n 40
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  set +x
+  return 0
+}
+
+# Build here with the CUDA backend required, or else unpack the binaries carried from a
+# development machine (scripts/build-portable.sh). A CPU-only build never passes.
+stage_build() {
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja) || echo "gpu-check: no ninja; Unix Makefiles"
+  mkdir -p build-gpu
+  if command -v cmake >/dev/null &&
+     cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_REQUIRE_CUDA=ON \
+       -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build-gpu -j"$(nproc)"; then
+    echo build-gpu > "$route_file"
+    echo "gpu-check: built here"
+    return 0
   fi
-done
-echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-build=build-gpu
-status_build=ok
-if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-   && cmake --build "$build" -j"$(nproc)"; then
-  status_build="ok (built here)"
-elif [ -f .gpu-carry/dtrain-portable.tar.xz ]; then
-  # Built elsewhere by scripts/build-portable.sh and carried here.
+  echo "gpu-check: no native build here (above); trying the carried portable binaries"
+  if [ ! -f .gpu-carry/dtrain-portable.tar.gz ]; then
+    echo "gpu-check: .gpu-carry/dtrain-portable.tar.gz is missing: run scripts/build-portable.sh" \
+         "on a development machine and carry .gpu-carry"
+    return 1
+  fi
   rm -rf build-carried && mkdir -p build-carried
-  tar -C build-carried -xJf .gpu-carry/dtrain-portable.tar.xz
-  build=build-carried
-  status_build="ok (portable binaries)"
-else
-  status_build=failed
-fi
-bin="$build/apps/dtrain"
+  tar -C build-carried -xzf .gpu-carry/dtrain-portable.tar.gz || return 1
+  echo build-carried > "$route_file"
+  # Every shared library the binaries need must be on this machine.
+  local missing
+  missing=$(ldd build-carried/apps/dtrain build-carried/tests/dtrain_tests | grep 'not found' | sort -u)
+  if [ -n "$missing" ]; then
+    echo "gpu-check: the carried binaries lack shared libraries here:"; echo "$missing"
+    return 1
+  fi
+  ldd build-carried/apps/dtrain
+  echo "gpu-check: using the carried portable binaries"
+}
 
-status_devices=skipped status_tests=skipped status_bench=skipped status_cnn=skipped
-status_bf16=skipped status_eager=skipped
-if [ "$status_build" != failed ]; then
-  echo "## dtrain devices"
-  "$bin" devices --measure | tee "$dest/devices.txt" && status_devices=ok || status_devices=failed
-  echo "## GPU tests"
-  "$build/tests/dtrain_tests" "[cuda]" -s -r compact > "$dest/tests-cuda.txt" 2>&1 \
-    && status_tests=passed || status_tests=failed
-  tail -5 "$dest/tests-cuda.txt"
-  echo "## GPU benchmark: dtrain against eager PyTorch, quickstart MLP, batch 128 and 1024"
-  python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$bin" --out "$dest" --epochs 5 --repeats 3 \
-    && status_bench=ok || status_bench=failed
-  echo "## the small CNN on the GPU (cuDNN), 2 epochs"
-  "$bin" run configs/fmnist-cnn.yaml backend=cuda train.epochs=2 optimizer.warmup_epochs=1 \
-    --results "$dest/runs" --tag cnn --quiet && status_cnn=ok || status_cnn=failed
-  echo "## the same in bf16, and the MLP without CUDA graphs"
-  "$bin" run configs/fmnist-cnn.yaml backend=cuda precision=bf16 train.epochs=2 \
-    optimizer.warmup_epochs=1 --results "$dest/runs" --tag cnn-bf16 --quiet \
-    && status_bf16=ok || status_bf16=failed
-  "$bin" run configs/quickstart.yaml backend=cuda train.epochs=2 train.cuda_graph=false \
-    --results "$dest/runs" --tag mlp-eager --quiet && status_eager=ok || status_eager=failed
+# dtrain must report the CUDA backend as built and (outside a rehearsal) see a GPU.
+stage_devices() {
+  local b json
+  b=$(bin_dir) || return 2
+  json=$("$b/apps/dtrain" devices --json) || { echo "gpu-check: dtrain devices failed"; return 1; }
+  echo "$json" | tee "$dest/devices.json"
+  echo "$json" | grep -q '"cuda_built":true' ||
+    { echo "gpu-check: this dtrain was built without the CUDA backend"; return 1; }
+  if [ "$rehearsal" = 1 ]; then
+    echo "gpu-check: rehearsal: CUDA built; no GPU expected here"
+    return 0
+  fi
+  echo "$json" | grep -q '"gpus":\[\]' && { echo "gpu-check: dtrain sees no GPU"; return 1; }
+  "$b/apps/dtrain" devices --measure
+}
+
+# The whole suite with the GPU tests required: under DTRAIN_REQUIRE_GPU=1 a [cuda] test that
+# cannot reach a GPU fails instead of skipping. In a rehearsal they must fail.
+stage_tests() {
+  local b rc_cpu rc_gpu
+  b=$(bin_dir) || return 2
+  need_data >/dev/null && export DTRAIN_TEST_DATA="$data"
+  export DTRAIN_TEST_SOURCE_DIR="$root" DTRAIN_TEST_BINARY="$root/$b/apps/dtrain"
+  DTRAIN_REQUIRE_GPU=1 "$b/tests/dtrain_tests" "[cuda]" -r compact > "$dest/tests-cuda.txt" 2>&1
+  rc_gpu=$?
+  tail -n 3 "$dest/tests-cuda.txt"
+  "$b/tests/dtrain_tests" "~[cuda]" -r compact > "$dest/tests-cpu.txt" 2>&1
+  rc_cpu=$?
+  tail -n 3 "$dest/tests-cpu.txt"
+  [ "$rc_cpu" = 0 ] || { echo "gpu-check: the CPU tests failed"; return 1; }
+  if [ "$rehearsal" = 1 ]; then
+    [ "$rc_gpu" != 0 ] || { echo "gpu-check: the [cuda] tests passed without a GPU under DTRAIN_REQUIRE_GPU=1"; return 1; }
+    echo "gpu-check: rehearsal: the [cuda] tests fail without a GPU, as they must"
+    return 0
+  fi
+  [ "$rc_gpu" = 0 ] || { echo "gpu-check: the GPU tests failed"; return 1; }
+}
+
+skipped=10  # a stage's exit code for "nothing to do here"
+
+stage_bench() {
+  if [ "$rehearsal" = 1 ]; then echo "gpu-check: rehearsal: the benchmark needs a GPU"; return $skipped; fi
+  need_data || return 2
+  local b
+  b=$(bin_dir) || return 2
+  python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$b/apps/dtrain" --data "$data" \
+    --out "$dest" --epochs 5 --repeats 3
+}
+
+# The training runs on the GPU: config, overrides (split on spaces) and tag.
+gpu_runs=(
+  "configs/fmnist-cnn.yaml|train.epochs=2 optimizer.warmup_epochs=1|cnn"
+  "configs/fmnist-cnn.yaml|precision=bf16 train.epochs=2 optimizer.warmup_epochs=1|cnn-bf16"
+  "configs/quickstart.yaml|train.epochs=2 train.cuda_graph=false|mlp-eager"
+  "configs/quickstart.yaml|colocate=true gpus=1,4 train.epochs=2|mlp-colocated"
+)
+
+stage_runs() {
+  local b rc=0 spec cfg over tag
+  b=$(bin_dir) || return 2
+  need_data || return 2
+  for spec in "${gpu_runs[@]}"; do
+    IFS='|' read -r cfg over tag <<<"$spec"
+    read -ra over <<<"$over"
+    if [ "$rehearsal" = 1 ]; then
+      # No GPU: the same runs must at least validate, on the CPU.
+      "$b/apps/dtrain" validate "$cfg" backend=cpu "${over[@]}" data.path="$data" || rc=1
+    else
+      "$b/apps/dtrain" run "$cfg" backend=cuda "${over[@]}" data.path="$data" \
+        --results "$dest/runs" --tag "$tag" --quiet || rc=1
+    fi
+  done
+  if [ "$rehearsal" = 1 ]; then
+    # The carried binary trains from the carried data on the CPU.
+    "$b/apps/dtrain" run configs/quickstart.yaml backend=cpu gpus=1,2 train.epochs=1 \
+      optimizer.warmup_epochs=0 data.train_limit=6000 data.test_limit=1000 data.path="$data" \
+      --results "$dest/runs" --tag rehearsal --quiet || rc=1
+    return $rc
+  fi
+  for s in "$dest"/runs/*/*/summary.json; do
+    [ -f "$s" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%s: %s, %s, graphs %s (%s steps), %.3f s/epoch, %.2f%%' % (sys.argv[1], d.get('devices','?'), d.get('precision','?'), d.get('cuda_graph','?'), d.get('cuda_graph_steps','?'), d['median_epoch_time_s'], 100*d['final_test_accuracy']))" "$s"
+  done
+  return $rc
+}
+
+if [ -n "$one_stage" ]; then
+  "stage_$one_stage"
+  exit
 fi
 
-echo "## summary"
-printf '| step | result |\n|---|---|\n'
-printf '| GPU | %s |\n' "${gpu_name:-none}"
-printf '| build | %s |\n' "$status_build"
-printf '| dtrain devices | %s |\n' "$status_devices"
-printf '| GPU tests | %s |\n' "$status_tests"
-printf '| benchmark against PyTorch | %s |\n' "$status_bench"
-printf '| CNN on the GPU | %s |\n' "$status_cnn"
-printf '| CNN in bf16 | %s |\n' "$status_bf16"
-printf '| MLP without CUDA graphs | %s |\n' "$status_eager"
-[ -f "$dest/gpu-mlp-vs-pytorch.md" ] && tail -n 4 "$dest/gpu-mlp-vs-pytorch.md"
-for s in "$dest"/runs/*/*/summary.json; do
-  [ -f "$s" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('| %s, %s, graphs %s (%s steps) | %.3f s/epoch, %.2f%% |' % (d.get('devices','?'), d.get('precision','?'), d.get('cuda_graph','?'), d.get('cuda_graph_steps','?'), d['median_epoch_time_s'], 100*d['final_test_accuracy']))" "$s"
+limit_for() { case $1 in probe) echo 120 ;; devices) echo 180 ;; *) echo 560 ;; esac; }
+
+overall=0
+for s in "${stages[@]}"; do
+  log="$dest/$s.log"
+  echo "## $s (log: $log, limit $(limit_for "$s") s)"
+  started=$(date -u +%H:%M:%S)
+  t0=$SECONDS
+  # Each stage is this script's function run in a child bash under timeout, so a hang is cut.
+  DTRAIN_GPU_CHECK_DEST=$dest timeout --kill-after=20 "$(limit_for "$s")" \
+    bash "$0" --stage "$s" > >(tee "$log") 2>&1
+  rc=$?
+  case $rc in
+    0) result=passed ;;
+    10) result=skipped ;;
+    124|137) result="timed out"; overall=1 ;;
+    2) result="cannot start"; [ "$overall" = 0 ] && overall=2 ;;
+    *) result="failed ($rc)"; overall=1 ;;
+  esac
+  [ "$rehearsal" = 1 ] && result="$result (rehearsal)"
+  printf '| %s | %s | %s | %s | %s |\n' "$s" "$result" "$((SECONDS - t0))" "$started" "$commit" >> "$dest/stages.md"
 done
+echo "## stages"
+cat "$dest/stages.md"
 echo "evidence: $dest"
-[ "$status_build" != failed ] && [ "$status_tests" = passed ]
+exit "$overall"

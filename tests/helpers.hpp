@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -93,12 +94,21 @@ inline double max_rel_step_diff(const TrainResult& a, const TrainResult& b) {
   return worst;
 }
 
-// Path of the built dtrain binary and the source tree (set by CMake).
+// Path of the built dtrain binary and the source tree (set by CMake), and of Fashion-MNIST.
+// Binaries carried to another machine (scripts/build-portable.sh) find them through
+// DTRAIN_TEST_BINARY, DTRAIN_TEST_SOURCE_DIR and DTRAIN_TEST_DATA.
+inline std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
 inline std::string dtrain_binary() {
-  return DTRAIN_BINARY;
+  return env_or("DTRAIN_TEST_BINARY", DTRAIN_BINARY);
 }
 inline std::string source_dir() {
-  return DTRAIN_SOURCE_DIR;
+  return env_or("DTRAIN_TEST_SOURCE_DIR", DTRAIN_SOURCE_DIR);
+}
+inline std::string fmnist_dir() {
+  return env_or("DTRAIN_TEST_DATA", "/usr/share/datasets/fashion-mnist");
 }
 
 struct ShellResult {

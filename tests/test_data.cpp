@@ -195,11 +195,12 @@ TEST_CASE("sort_by_label orders samples by class and keeps pairs together", "[da
 }
 
 TEST_CASE("the packaged Fashion-MNIST loads when installed", "[data][fmnist]") {
-  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
-    WARN("SKIPPED: dataset-fashion-mnist is not installed");
+  DataConfig cfg;
+  cfg.path = test::fmnist_dir();
+  if (!fs::exists(cfg.path + "/train-images-idx3-ubyte.gz")) {
+    WARN("SKIPPED: dataset-fashion-mnist is not installed (no " << cfg.path << ")");
     return;
   }
-  DataConfig cfg;
   const auto s = load_data(cfg, 1);
   CHECK(s.train.size() == 60000);
   CHECK(s.test.size() == 10000);

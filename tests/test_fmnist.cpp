@@ -13,13 +13,13 @@ using namespace dtrain;
 TEST_CASE("the quickstart MLP reaches 89% on Fashion-MNIST and 4 replicas stay within 0.5 points",
           "[fmnist][slow]") {
   const std::string cfg_path = test::source_dir() + "/configs/quickstart.yaml";
-  const Config one = load_config(cfg_path, {{"gpus", "1"}});
+  const Config one = load_config(cfg_path, {{"gpus", "1"}, {"data.path", test::fmnist_dir()}});
   if (!std::filesystem::is_directory(one.data.path)) {
     WARN("SKIPPED: Fashion-MNIST not found at " << one.data.path
                                                 << " (install dataset-fashion-mnist)");
     return;
   }
-  const Config four = load_config(cfg_path, {{"gpus", "4"}});
+  const Config four = load_config(cfg_path, {{"gpus", "4"}, {"data.path", test::fmnist_dir()}});
   REQUIRE(one.train.epochs == 10);
   REQUIRE(four.train.reduction == Reduction::mean);
   REQUIRE(four.optimizer.lr_scaling == LrScaling::linear);

@@ -32,9 +32,9 @@ def gemm_flops_per_sample():
     return f
 
 
-def run_dtrain(binary, batch, scaling, epochs, precision, results, tag, graph=True):
+def run_dtrain(binary, data, batch, scaling, epochs, precision, results, tag, graph=True):
     cmd = [binary, "run", os.path.join(ROOT, "configs", "quickstart.yaml"), "backend=cuda",
-           f"precision={precision}", f"train.per_replica_batch={batch}",
+           f"data.path={data}", f"precision={precision}", f"train.per_replica_batch={batch}",
            f"train.cuda_graph={'true' if graph else 'false'}",
            f"optimizer.lr_scaling={scaling}", f"train.epochs={epochs}", "--results", results,
            "--tag", tag, "--quiet"]
@@ -43,9 +43,9 @@ def run_dtrain(binary, batch, scaling, epochs, precision, results, tag, graph=Tr
         return json.load(f)
 
 
-def run_torch(python, batch, scaling, epochs):
+def run_torch(python, data, batch, scaling, epochs):
     cmd = [python, os.path.join(HERE, "torch_mlp.py"), "--device=cuda", f"--batch={batch}",
-           f"--epochs={epochs}", f"--scaling={scaling}", "--threads=1"]
+           f"--epochs={epochs}", f"--scaling={scaling}", "--threads=1", f"--data={data}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     line = next(l for l in out.splitlines() if l.startswith("SUMMARY "))
     return json.loads(line[len("SUMMARY "):])
@@ -58,6 +58,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "gpu"))
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist",
+                    help="folder with the four Fashion-MNIST IDX files")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"])
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -72,11 +74,10 @@ def main():
     for batch, scaling in CASES:
         d_t, e_t, t_t, ratios, d_sum, t_sum = [], [], [], [], None, None
         for rep in range(args.repeats):
-            ds = run_dtrain(args.dtrain, batch, scaling, args.epochs, args.precision, scratch,
-                            f"b{batch}-r{rep}")
-            es = run_dtrain(args.dtrain, batch, scaling, args.epochs, args.precision, scratch,
-                            f"b{batch}-r{rep}-eager", graph=False)
-            ts = run_torch(args.python, batch, scaling, args.epochs)
+            common = (args.dtrain, args.data, batch, scaling, args.epochs, args.precision, scratch)
+            ds = run_dtrain(*common, f"b{batch}-r{rep}")
+            es = run_dtrain(*common, f"b{batch}-r{rep}-eager", graph=False)
+            ts = run_torch(args.python, args.data, batch, scaling, args.epochs)
             d_t.append(ds["median_epoch_time_s"])
             e_t.append(es["median_epoch_time_s"])
             t_t.append(ts["median_epoch_time_s"])
