@@ -8,8 +8,10 @@
 #   scripts/gpu-check.sh build devices    # some stages (in separate calls, or several at once)
 #
 # Stages: probe, build, devices, tests, bench, runs. Evidence goes to
-# ${OUT:-results}/gpu/<date>-<gpu>/ (one folder per day and GPU, so stages run in separate calls
-# share it): one log per stage, and stages.md, a table with one row per stage run.
+# ${OUT:-results/gpu}/<date>-<gpu>/ (one folder per day and GPU, so stages run in separate calls
+# share it): stages.md, a table with one row per stage run, and per stage its log and an archive
+# of its files (<stage>.log, <stage>.tar.gz; with OUT set the unpacked folder is removed, so that
+# a call brings back few files).
 #
 # DTRAIN_GPU_CHECK_REHEARSAL=1 rehearses on a machine without a GPU (the CI's fresh root with no
 # -dev packages): every stage runs that can, and the stages that need a GPU check instead that
@@ -36,7 +38,8 @@ done
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n-' '-')
 has_gpu=0
 nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
-dest=${DTRAIN_GPU_CHECK_DEST:-"${OUT:-results}/gpu/$(date -u +%Y%m%d)-${gpu_name:-nogpu}"}
+dest=${DTRAIN_GPU_CHECK_DEST:-"${OUT:-results/gpu}/$(date -u +%Y%m%d)-${gpu_name:-nogpu}"}
+sdir="$dest/${one_stage:-none}"  # a stage's own files
 mkdir -p "$dest"
 [ -f "$dest/stages.md" ] || printf '| stage | result | seconds | started (UTC) | commit |\n|---|---|---|---|---|\n' > "$dest/stages.md"
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "no git; carried binaries from $(cat .gpu-carry/commit 2>/dev/null || echo unknown)")
@@ -142,7 +145,7 @@ stage_devices() {
   local b json
   b=$(bin_dir) || return 2
   json=$("$b/apps/dtrain" devices --json) || { echo "gpu-check: dtrain devices failed"; return 1; }
-  echo "$json" | tee "$dest/devices.json"
+  echo "$json" | tee "$sdir/devices.json"
   echo "$json" | grep -q '"cuda_built":true' ||
     { echo "gpu-check: this dtrain was built without the CUDA backend"; return 1; }
   if [ "$rehearsal" = 1 ]; then
@@ -160,12 +163,12 @@ stage_tests() {
   b=$(bin_dir) || return 2
   need_data >/dev/null && export DTRAIN_TEST_DATA="$data"
   export DTRAIN_TEST_SOURCE_DIR="$root" DTRAIN_TEST_BINARY="$root/$b/apps/dtrain"
-  DTRAIN_REQUIRE_GPU=1 "$b/tests/dtrain_tests" "[cuda]" -r compact > "$dest/tests-cuda.txt" 2>&1
+  DTRAIN_REQUIRE_GPU=1 "$b/tests/dtrain_tests" "[cuda]" -r compact > "$sdir/tests-cuda.txt" 2>&1
   rc_gpu=$?
-  tail -n 3 "$dest/tests-cuda.txt"
-  "$b/tests/dtrain_tests" "~[cuda]" -r compact > "$dest/tests-cpu.txt" 2>&1
+  tail -n 3 "$sdir/tests-cuda.txt"
+  "$b/tests/dtrain_tests" "~[cuda]" -r compact > "$sdir/tests-cpu.txt" 2>&1
   rc_cpu=$?
-  tail -n 3 "$dest/tests-cpu.txt"
+  tail -n 3 "$sdir/tests-cpu.txt"
   [ "$rc_cpu" = 0 ] || { echo "gpu-check: the CPU tests failed"; return 1; }
   if [ "$rehearsal" = 1 ]; then
     [ "$rc_gpu" != 0 ] || { echo "gpu-check: the [cuda] tests passed without a GPU under DTRAIN_REQUIRE_GPU=1"; return 1; }
@@ -183,7 +186,7 @@ stage_bench() {
   local b
   b=$(bin_dir) || return 2
   python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$b/apps/dtrain" --data "$data" \
-    --out "$dest" --epochs 5 --repeats 3
+    --out "$sdir" --epochs 5 --repeats 3
 }
 
 # The training runs on the GPU: config, overrides (split on spaces) and tag.
@@ -206,23 +209,24 @@ stage_runs() {
       "$b/apps/dtrain" validate "$cfg" backend=cpu "${over[@]}" data.path="$data" || rc=1
     else
       "$b/apps/dtrain" run "$cfg" backend=cuda "${over[@]}" data.path="$data" \
-        --results "$dest/runs" --tag "$tag" --quiet || rc=1
+        --results "$sdir" --tag "$tag" --quiet || rc=1
     fi
   done
   if [ "$rehearsal" = 1 ]; then
     # The carried binary trains from the carried data on the CPU.
     "$b/apps/dtrain" run configs/quickstart.yaml backend=cpu gpus=1,2 train.epochs=1 \
       optimizer.warmup_epochs=0 data.train_limit=6000 data.test_limit=1000 data.path="$data" \
-      --results "$dest/runs" --tag rehearsal --quiet || rc=1
+      --results "$sdir" --tag rehearsal --quiet || rc=1
     return $rc
   fi
-  for s in "$dest"/runs/*/*/summary.json; do
+  for s in "$sdir"/*/*/summary.json; do
     [ -f "$s" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%s: %s, %s, graphs %s (%s steps), %.3f s/epoch, %.2f%%' % (sys.argv[1], d.get('devices','?'), d.get('precision','?'), d.get('cuda_graph','?'), d.get('cuda_graph_steps','?'), d['median_epoch_time_s'], 100*d['final_test_accuracy']))" "$s"
   done
   return $rc
 }
 
 if [ -n "$one_stage" ]; then
+  mkdir -p "$sdir"
   "stage_$one_stage"
   exit
 fi
@@ -248,6 +252,10 @@ for s in "${stages[@]}"; do
   esac
   [ "$rehearsal" = 1 ] && result="$result (rehearsal)"
   printf '| %s | %s | %s | %s | %s |\n' "$s" "$result" "$((SECONDS - t0))" "$started" "$commit" >> "$dest/stages.md"
+  # One archive per stage: what comes back from a GPU machine is a few files, two folders deep.
+  if [ -d "$dest/$s" ]; then
+    tar -C "$dest" -czf "$dest/$s.tar.gz" "$s" && [ -n "${OUT:-}" ] && rm -rf "${dest:?}/$s"
+  fi
 done
 echo "## stages"
 cat "$dest/stages.md"
