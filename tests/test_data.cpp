@@ -1,3 +1,5 @@
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
@@ -139,6 +141,83 @@ TEST_CASE("a truncated IDX file is reported with how much is missing", "[data][e
   write_raw(d.path / "short", {0, 0, 8});
   CHECK_THAT(error_of([&] { read_idx_labels((d.path / "short").string()); }),
              Catch::Contains("truncated"));
+}
+
+namespace {
+// Peak resident memory of this process so far, in MiB.
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+std::vector<uint8_t> header(std::initializer_list<uint32_t> words) {
+  std::vector<uint8_t> b;
+  for (uint32_t w : words) {
+    const auto v = be32(w);
+    b.insert(b.end(), v.begin(), v.end());
+  }
+  return b;
+}
+}  // namespace
+
+TEST_CASE("an IDX header claiming more than the file holds costs no memory", "[data][errors]") {
+  TempDir d;
+  const double before = peak_rss_mib();
+  // 60000 images of 256x256: a 3.9 GB claim in a 16-byte file, raw and compressed.
+  const auto big = header({0x803, 60000, 256, 256});
+  write_raw(d.path / "imgs", big);
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "imgs").string()); }),
+             Catch::Contains("truncated: expected 3932160000 bytes") &&
+                 Catch::Contains("the file holds 0"));
+  write_gz(d.path / "imgs.gz", big);
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "imgs.gz").string()); }),
+             Catch::Contains("truncated") && Catch::Contains("ended after 0 bytes"));
+  // The largest claim a header can make, and a label file claiming 4 billion labels.
+  write_gz(d.path / "max.gz", header({0x803, 0xffffffffu, 4096, 4096}));
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "max.gz").string()); }),
+             Catch::Contains("truncated"));
+  write_gz(d.path / "labels.gz", header({0x801, 0xffffffffu}));
+  CHECK_THAT(error_of([&] { read_idx_labels((d.path / "labels.gz").string()); }),
+             Catch::Contains("truncated"));
+  // The reader reserves at most one 64 MiB chunk before data arrives.
+  CHECK(peak_rss_mib() - before < 200);
+}
+
+TEST_CASE("IDX image sizes whose product would overflow are refused", "[data][errors]") {
+  TempDir d;
+  write_raw(d.path / "imgs", header({0x803, 1, 0xffffffffu, 0xffffffffu}));
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "imgs").string()); }),
+             Catch::Contains("implausible image size 4294967295x4294967295"));
+  write_raw(d.path / "zero", header({0x803, 1, 0, 28}));
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "zero").string()); }),
+             Catch::Contains("implausible image size 0x28"));
+}
+
+TEST_CASE("a data file that is not a regular file is refused at once", "[data][errors]") {
+  TempDir d;
+  const auto fifo = d.path / "fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  // Opening a FIFO for reading would block forever without a writer.
+  CHECK_THAT(error_of([&] { read_idx_images(fifo.string()); }),
+             Catch::Contains("not a regular file"));
+  CHECK_THAT(error_of([&] { read_idx_labels(d.path.string()); }),
+             Catch::Contains("not a regular file"));
+}
+
+TEST_CASE("a label past the named dataset's ten classes is refused", "[data][errors]") {
+  TempDir d;
+  write_dataset(d.path, 20, 10, false);
+  auto labels = idx_labels(20);
+  labels.back() = 10;
+  write_raw(d.path / "train-labels-idx1-ubyte", labels);
+  DataConfig cfg;
+  cfg.path = d.path.string();
+  cfg.dataset = DatasetKind::fashion_mnist;
+  CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
+             Catch::Contains("labels go up to 10, but fashion-mnist has 10 classes"));
+  // A generic IDX dataset takes its class count from its labels.
+  cfg.dataset = DatasetKind::idx;
+  CHECK(load_data(cfg, 1).train.classes == 11);
 }
 
 TEST_CASE("a wrong magic number is reported", "[data][errors]") {

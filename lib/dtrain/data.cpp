@@ -27,10 +27,17 @@ namespace {
 class GzFile {
  public:
   explicit GzFile(const std::string& path) : path_(path) {
-    if (!fs::exists(path)) throw UserError(fmt::format("{}: file not found", path));
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (!fs::exists(st)) throw UserError(fmt::format("{}: file not found", path));
+    // A FIFO or a device would block or never end: only regular files are data.
+    if (!fs::is_regular_file(st))
+      throw UserError(fmt::format("{}: not a regular file (a data file must be one)", path));
     f_ = gzopen(path.c_str(), "rb");
     if (!f_) throw UserError(fmt::format("{}: cannot open", path));
     gzbuffer(f_, 1 << 20);
+    // Uncompressed files tell their size; compressed ones are read in growing chunks instead.
+    if (gzdirect(f_)) raw_size_ = static_cast<int64_t>(fs::file_size(path, ec));
   }
   ~GzFile() {
     if (f_) gzclose(f_);
@@ -38,7 +45,8 @@ class GzFile {
   GzFile(const GzFile&) = delete;
   GzFile& operator=(const GzFile&) = delete;
 
-  void read(void* dst, size_t n, const char* what) {
+  // `before`: bytes of the same item read by earlier calls, for the message.
+  void read(void* dst, size_t n, const char* what, size_t before = 0) {
     auto* p = static_cast<uint8_t*>(dst);
     size_t done = 0;
     while (done < n) {
@@ -51,10 +59,29 @@ class GzFile {
                                     msg ? msg : "unknown error"));
       }
       if (got == 0)
-        throw UserError(fmt::format("{}: truncated: expected {} bytes of {}, file ended after {}",
-                                    path_, n, what, done));
+        throw UserError(fmt::format("{}: truncated: {} ended after {} bytes", path_, what,
+                                    before + done));
       done += static_cast<size_t>(got);
     }
+  }
+  // Reads n claimed bytes into a vector that grows only as data arrives, so a header that
+  // claims more than the file holds costs no more memory than the file's real content.
+  std::vector<uint8_t> read_claimed(uint64_t n, int64_t header_bytes, const std::string& what) {
+    if (raw_size_ >= 0 && static_cast<uint64_t>(raw_size_ - header_bytes) < n)
+      throw UserError(fmt::format("{}: truncated: expected {} bytes of {} (as the header "
+                                  "claims), the file holds {}",
+                                  path_, n, what, raw_size_ - header_bytes));
+    constexpr uint64_t kChunk = 64u << 20;
+    std::vector<uint8_t> out;
+    out.reserve(static_cast<size_t>(std::min(n, kChunk)));
+    while (out.size() < n) {
+      const size_t done = out.size();
+      const auto step = static_cast<size_t>(std::min<uint64_t>(n - done, kChunk));
+      if (out.capacity() < done + step) out.reserve(std::max(done + step, 2 * done));
+      out.resize(done + step);
+      read(out.data() + done, step, what.c_str(), done);
+    }
+    return out;
   }
   uint32_t read_be32(const char* what) {
     uint8_t b[4];
@@ -69,6 +96,7 @@ class GzFile {
  private:
   std::string path_;
   gzFile f_ = nullptr;
+  int64_t raw_size_ = -1;  // file size where it is not compressed
 };
 
 constexpr uint32_t kImagesMagic = 0x00000803;  // unsigned byte, 3 dimensions
@@ -123,10 +151,13 @@ IdxImages read_idx_images(const std::string& path) {
   out.count = f.read_be32("the header");
   out.rows = f.read_be32("the header");
   out.cols = f.read_be32("the header");
-  if (out.rows <= 0 || out.cols <= 0 || out.rows * out.cols > (1 << 24))
-    throw UserError(fmt::format("{}: implausible image size {}x{}", path, out.rows, out.cols));
-  out.pixels.resize(static_cast<size_t>(out.count * out.rows * out.cols));
-  f.read(out.pixels.data(), out.pixels.size(), fmt::format("{} images", out.count).c_str());
+  // Each factor is checked before the product, so it cannot overflow.
+  if (out.rows <= 0 || out.cols <= 0 || out.rows > (1 << 12) || out.cols > (1 << 12))
+    throw UserError(fmt::format("{}: implausible image size {}x{} (at most 4096x4096)", path,
+                                out.rows, out.cols));
+  const auto bytes = static_cast<uint64_t>(out.count) * static_cast<uint64_t>(out.rows * out.cols);
+  out.pixels = f.read_claimed(bytes, 16, fmt::format("{} images of {}x{}", out.count, out.rows,
+                                                     out.cols));
   return out;
 }
 
@@ -138,9 +169,7 @@ std::vector<uint8_t> read_idx_labels(const std::string& path) {
         "{}: not an IDX label file (magic 0x{:08x}, expected 0x{:08x} for 1-D unsigned bytes)",
         path, magic, kLabelsMagic));
   const uint32_t count = f.read_be32("the header");
-  std::vector<uint8_t> labels(count);
-  f.read(labels.data(), labels.size(), fmt::format("{} labels", count).c_str());
-  return labels;
+  return f.read_claimed(count, 8, fmt::format("{} labels", count));
 }
 
 Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream) {
@@ -210,6 +239,11 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
     if (s.train.shape != s.test.shape)
       throw UserError(fmt::format("{}: training and test images differ in size", cfg.path));
     s.test.classes = s.train.classes = std::max(s.train.classes, s.test.classes);
+    // The named datasets have ten classes; a label past them is a corrupt or different file.
+    if (cfg.dataset != DatasetKind::idx && s.train.classes > 10)
+      throw UserError(fmt::format("{}: labels go up to {}, but {} has 10 classes (0 to 9); use "
+                                  "data.dataset: idx for other label sets",
+                                  cfg.path, s.train.classes - 1, to_string(cfg.dataset)));
   }
   truncate(s.train, cfg.train_limit);
   truncate(s.test, cfg.test_limit);
