@@ -2,10 +2,13 @@
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -34,18 +37,56 @@ nlohmann::json number_or_null(double v) {
 }
 }  // namespace
 
+namespace {
+// errno values that mean the storage, not the user's choice of folder, failed.
+bool storage_failure(int err) {
+  return err == ENOSPC || err == EDQUOT || err == EIO || err == EFBIG;
+}
+[[noreturn]] void throw_write_error(const std::string& path, const char* step, int err) {
+  const std::string dir = fs::path(path).parent_path().string();
+  const std::string what = fmt::format("{}: cannot {} {}: {}{}", dir.empty() ? "." : dir, step,
+                                       fs::path(path).filename().string(), std::strerror(err),
+                                       err == ENOSPC || err == EDQUOT ? " (disk full)" : "");
+  if (storage_failure(err)) DTRAIN_THROW_SYSTEM(what);
+  throw UserError(what);
+}
+}  // namespace
+
+// Written to PATH.tmp.PID, flushed to the disk, renamed over PATH, and the folder flushed, so
+// that after a crash PATH holds either the old or the new content, never a mix. The temporary
+// file is created exclusively and never through a symbolic link: a link planted at its name is
+// removed, not followed.
 void write_file_atomic(const std::string& path, const std::string& content) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw UserError(fmt::format("{}: cannot write", tmp));
-    out << content;
-    out.flush();
-    if (!out) throw UserError(fmt::format("{}: write failed (disk full?)", tmp));
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(tmp.c_str(), flags, 0644);
+  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0) fd = ::open(tmp.c_str(), flags, 0644);
+  if (fd < 0) throw_write_error(path, "create a temporary file for", errno);
+  const auto fail = [&](const char* step) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw_write_error(path, step, err);
+  };
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("write");
+    done += static_cast<size_t>(n);
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw UserError(fmt::format("{}: cannot replace: {}", path, ec.message()));
+  if (::fsync(fd) != 0) fail("flush");
+  const int rc = ::close(fd);
+  fd = -1;
+  if (rc != 0) fail("close");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("replace");
+  // The rename is durable once the folder's entry is on the disk.
+  const std::string dir = fs::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
 void ensure_dir(const std::string& dir, const std::string& what) {
@@ -57,6 +98,16 @@ void ensure_dir(const std::string& dir, const std::string& what) {
 }
 
 std::string read_run_status(const std::string& dir) {
+  // summary.json is written before status, so a final status there wins over a `status` file
+  // that a crash or a full disk kept from being updated.
+  std::ifstream js(fs::path(dir) / "summary.json");
+  if (js) {
+    const auto j = nlohmann::json::parse(js, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("status") && j["status"].is_string()) {
+      const auto st = j["status"].get<std::string>();
+      if (st == "done" || st == "diverged" || st == "failed") return st;
+    }
+  }
   std::ifstream in(fs::path(dir) / "status");
   std::string line;
   if (!in || !std::getline(in, line)) return "";
@@ -203,6 +254,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["finished_at"] = utc_now();
   j["wall_time_s"] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+  // The summary first: readers trust its status over the `status` file (read_run_status).
   write_file_atomic(dir_ + "/summary.json", j.dump(2) + "\n");
   write_file_atomic(dir_ + "/status", status + "\n");
 }
@@ -221,6 +273,12 @@ void RunRecorder::fail(const std::string& error) {
     write_summary("failed", error);
   } catch (const std::exception& e) {
     log().error("could not record the failure in {}: {}", dir_, e.what());
+    // With a full disk the summary may not fit, but a one-word status usually does, and
+    // it keeps the folder from saying `running` forever.
+    try {
+      write_file_atomic(dir_ + "/status", "failed\n");
+    } catch (const std::exception&) {
+    }
   }
 }
 
