@@ -90,13 +90,16 @@ TEST_CASE("a full disk is a system error naming the folder, and the old content 
 
 TEST_CASE("a run's status is read from its summary before its status file", "[recorder]") {
   TempDir d("rec");
-  put(d.path / "status", "running\n");
-  CHECK(read_run_status(d.path.string()) == "running");
+  const auto run = d.path / "r";
+  fs::create_directories(run);
+  put(run / "status", "running\n");
+  RunLock held(run.string());
+  CHECK(read_run_status(run.string()) == "running");
   // A crash between the two writes: the summary is final, the status file is not.
-  put(d.path / "summary.json", R"({"status": "done"})");
-  CHECK(read_run_status(d.path.string()) == "done");
-  put(d.path / "summary.json", "{corrupt");
-  CHECK(read_run_status(d.path.string()) == "running");
+  put(run / "summary.json", R"({"status": "done"})");
+  CHECK(read_run_status(run.string()) == "done");
+  put(run / "summary.json", "{corrupt");
+  CHECK(read_run_status(run.string()) == "running");
 }
 
 TEST_CASE("dtrain run on a full disk exits 1 and leaves the run marked failed", "[recorder][cli]") {
@@ -131,4 +134,68 @@ train: {epochs: 2, per_replica_batch: 16}
   CHECK(slurp(run / "status") == "failed\n");
   CHECK(read_run_status(run.string()) == "failed");
   CHECK(temp_files(res) == 0);
+}
+
+TEST_CASE("a run folder held by another process is never moved or resumed", "[recorder][cli]") {
+  TempDir s("lock");
+  const auto cfg = s.write("tiny.yaml", R"(name: tiny
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 256, test_size: 64, shape: [8], classes: 3}
+model: {hidden: [8]}
+train: {epochs: 1, per_replica_batch: 16}
+)");
+  const auto res = s.path / "res";
+  const auto run = res / "tiny" / "t-g1";
+  fs::create_directories(run);
+  put(run / "status", "running\n");
+  const std::string cmd = "run " + cfg + " --results " + res.string() + " --tag t";
+  {
+    // This test process stands in for a dtrain that is writing the run.
+    RunLock held(run.string());
+    CHECK(RunLock::holder(run.string()) == ::getpid());
+    CHECK(read_run_status(run.string()) == "running");
+    CHECK_THROWS_AS(RunLock(run.string()), UserError);
+    const auto plain = dtrain_cli(cmd);
+    CHECK(plain.code == 2);
+    CHECK_THAT(plain.out, Catch::Contains("run folder already exists"));
+    const auto resume = dtrain_cli(cmd + " --resume");
+    CHECK(resume.code == 2);
+    CHECK_THAT(resume.out, Catch::Contains("another dtrain process (pid " +
+                                           std::to_string(::getpid()) + ")"));
+    CHECK(slurp(run / "status") == "running\n");
+    CHECK(!fs::exists(res / "tiny" / ".attempts"));
+  }
+  // Released: the folder is an interrupted run, which --resume moves aside and runs again.
+  CHECK(RunLock::holder(run.string()) == 0);
+  CHECK(read_run_status(run.string()) == "interrupted");
+  CHECK(dtrain_cli(cmd).code == 2);
+  const auto r = dtrain_cli(cmd + " --resume");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(slurp(run / "status") == "done\n");
+  CHECK(slurp(res / "tiny" / ".attempts" / "t-g1.1" / "status") == "running\n");
+  CHECK(read_run_status((res / "tiny" / ".attempts" / "t-g1.1").string()) == "interrupted");
+}
+
+TEST_CASE("resuming refuses a finished run whose config differs", "[recorder][cli]") {
+  TempDir s("resume");
+  const auto cfg = s.write("tiny.yaml", R"(name: tiny
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 256, test_size: 64, shape: [8], classes: 3}
+model: {hidden: [8]}
+train: {epochs: 1, per_replica_batch: 16}
+)");
+  const std::string cmd = "run " + cfg + " --results " + (s.path / "res").string() + " --tag t";
+  REQUIRE(dtrain_cli(cmd).code == 0);
+  const auto same = dtrain_cli(cmd + " --resume");
+  CHECK(same.code == 0);
+  CHECK_THAT(same.out, Catch::Contains("already"));
+  const auto changed = dtrain_cli(cmd + " optimizer.lr=0.2 --resume");
+  CHECK(changed.code == 2);
+  CHECK_THAT(changed.out, Catch::Contains("finished with another config") &&
+                              Catch::Contains("lr: 0.2"));
 }

@@ -84,7 +84,7 @@ TEST_CASE("report regenerates tables from fixture folders and names the broken o
   const auto md = slurp(out / "fx.md");
   CHECK_THAT(md, Catch::Contains("| g2 ") && Catch::Contains("1.80x") && Catch::Contains("90%"));
   CHECK_THAT(md, Catch::Contains("diverged") && Catch::Contains("failed") &&
-                     Catch::Contains("unreadable (running)"));
+                     Catch::Contains("unreadable (interrupted)"));
   CHECK_THAT(md, Catch::Contains("2.5s"));  // time to target
   CHECK_THAT(md, !Catch::Contains("g2.1"));
   const auto j = json::parse(slurp(out / "fx.json"));

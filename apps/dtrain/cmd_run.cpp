@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 
 #include "commands.hpp"
 #include "dtrain/comm.hpp"
@@ -68,6 +70,29 @@ void move_aside(const std::string& dir, const std::string& why) {
   log().info("resume: {} was {}; moved to {}", dir, why, dest.string());
 }
 
+// "" if the finished run in `dir` was run with `cfg`, else why --resume cannot reuse it.
+std::string differs_from_finished(const std::string& dir, const Config& cfg) {
+  std::ifstream in(fs::path(dir) / "config.resolved.yaml");
+  std::stringstream had;
+  had << in.rdbuf();
+  const std::string want = to_yaml(cfg);
+  if (had.str() == want) return "";
+  // Name the first line that differs (a key of the resolved config).
+  std::istringstream a(had.str()), b(want);
+  std::string la, lb;
+  while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+  }
+  const auto trim = [](std::string& t) {
+    t.erase(0, t.find_first_not_of(' '));
+  };
+  trim(la);
+  trim(lb);
+  return fmt::format(
+      "{}: --resume: this run finished with another config (it has '{}', this command asks "
+      "for '{}'); pick a new --tag to run the changed experiment",
+      dir, la, lb);
+}
+
 struct IndexRow {
   std::string id, status, group, overrides, dir;
   int gpus = 0;
@@ -118,7 +143,13 @@ int run_run(const RunOptions& opt) {
             "{}: run folder already exists; runs are never overwritten (pick another --tag or "
             "--results folder, or pass --resume)",
             dir);
+      else if (const long pid = RunLock::holder(dir))
+        fs_error = fmt::format(
+            "{}: another dtrain process (pid {}) is writing this run; wait for it to finish",
+            dir, pid);
       skip[i] = status == "done" || status == "diverged";
+      // A finished run is only reused for the same experiment, never for a changed one.
+      if (skip[i] && fs_error.empty()) fs_error = differs_from_finished(dir, r.config);
     }
     std::string ov;
     for (const auto& o : r.overrides) ov += (ov.empty() ? "" : " ") + o.text();
@@ -170,7 +201,10 @@ int run_run(const RunOptions& opt) {
       ++skipped;
       continue;
     }
-    if (leader && fs::exists(dirs[i])) {
+    // Held for the whole run: no other command writes, moves or resumes this folder meanwhile.
+    std::unique_ptr<RunLock> lock;
+    if (leader) lock = std::make_unique<RunLock>(dirs[i]);
+    if (leader && opt.resume && fs::exists(dirs[i])) {
       const auto st = read_run_status(dirs[i]);
       move_aside(dirs[i], st.empty() ? "incomplete" : st);
     }

@@ -3,11 +3,13 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -97,6 +99,55 @@ void ensure_dir(const std::string& dir, const std::string& what) {
                                 ec ? ec.message() : "not a folder"));
 }
 
+namespace {
+std::string lock_path(const std::string& run_dir) {
+  const fs::path p(run_dir);
+  return (p.parent_path() / ("." + p.filename().string() + ".lock")).string();
+}
+// Opens the lock file of `run_dir` (created if needed, never through a link).
+int open_lock(const std::string& run_dir) {
+  ensure_dir(fs::path(run_dir).parent_path().string(), "results");
+  const auto path = lock_path(run_dir);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw UserError(fmt::format("{}: cannot open the run's lock file: {}", path,
+                                std::strerror(errno)));
+  return fd;
+}
+long read_pid(int fd) {
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  return n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+}
+}  // namespace
+
+RunLock::RunLock(const std::string& run_dir) : fd_(open_lock(run_dir)) {
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const long pid = read_pid(fd_);
+    ::close(fd_);
+    throw UserError(fmt::format(
+        "{}: another dtrain process{} is writing this run; wait for it to finish, or pick "
+        "another --tag",
+        run_dir, pid > 0 ? fmt::format(" (pid {})", pid) : ""));
+  }
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0)
+    log().warn("{}: could not record this process in the lock file", lock_path(run_dir));
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+long RunLock::holder(const std::string& run_dir) {
+  const int fd = ::open(lock_path(run_dir).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return 0;
+  long pid = 0;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) pid = std::max(1L, read_pid(fd));
+  ::close(fd);
+  return pid;
+}
+
 std::string read_run_status(const std::string& dir) {
   // summary.json is written before status, so a final status there wins over a `status` file
   // that a crash or a full disk kept from being updated.
@@ -111,6 +162,8 @@ std::string read_run_status(const std::string& dir) {
   std::ifstream in(fs::path(dir) / "status");
   std::string line;
   if (!in || !std::getline(in, line)) return "";
+  // A run nobody holds is not running any more: its process died or was stopped.
+  if (line == "running" && RunLock::holder(dir) == 0) return "interrupted";
   return line;
 }
 

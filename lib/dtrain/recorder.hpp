@@ -15,8 +15,26 @@ namespace dtrain {
 void write_file_atomic(const std::string& path, const std::string& content);
 // Creates `dir` and its parents; a failure is a UserError naming the folder and `what` it is for.
 void ensure_dir(const std::string& dir, const std::string& what);
-// The first line of DIR/status ("running", "done", "failed", "diverged"), or "" if absent.
+// The run's status: "done", "diverged" or "failed" from summary.json, else DIR/status's first
+// line ("running"; "interrupted" when no process holds the run), or "" if neither exists.
 std::string read_run_status(const std::string& dir);
+
+// Ownership of one run folder: an exclusive flock on <parent>/.<run-id>.lock, held while the
+// object lives. Two commands never write, move or resume the same run at once; a process that
+// dies releases its lock with it, so a `running` folder without a holder was interrupted.
+class RunLock {
+ public:
+  // Throws UserError naming the folder (and the holder's pid) if another process holds it.
+  explicit RunLock(const std::string& run_dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+  // The pid of the process holding `run_dir`, or 0 if none does.
+  static long holder(const std::string& run_dir);
+
+ private:
+  int fd_ = -1;
+};
 
 // The metrics.csv header; one row per epoch follows.
 std::string metrics_csv_header();
