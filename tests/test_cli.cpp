@@ -148,3 +148,28 @@ TEST_CASE("dtrain devices describes the CPU and the GPUs or why there are none",
   CHECK(j["cpu"]["threads"].get<int>() > 0);
   if (dtrain::cuda_built()) CHECK(j["cudnn"].get<std::string>().rfind("9.", 0) == 0);
 }
+
+TEST_CASE("a layer list that starts with an activation runs to the end", "[cli][model]") {
+  // It used to validate, then die of a segfault (exit 139) with the run folder left 'running'.
+  TempDir s("cli");
+  const auto cfg = s.write("tiny.yaml", kTiny);
+  const auto res = (s.path / "res").string();
+  for (const std::string act : {"relu", "tanh", "gelu", "sigmoid"}) {
+    const std::string layers = "model.type=layers 'model.layers=[" + act + "]'";
+    const auto v = dtrain_cli("validate " + cfg + " " + layers);
+    INFO(v.out);
+    CHECK(v.code == 0);
+    const auto r = dtrain_cli("run " + cfg + " gpus=1,2 " + layers + " --quiet --results " + res +
+                              " --tag " + act);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    for (int g : {1, 2}) {
+      const fs::path run = fs::path(res) / "tiny" / (act + "-g" + std::to_string(g));
+      CHECK(slurp(run / "status") == "done\n");
+      const auto j = nlohmann::json::parse(slurp(run / "summary.json"));
+      CHECK(j["status"] == "done");
+      CHECK_THAT(j["model"].get<std::string>(), Catch::StartsWith(act + " -> dense(8->3)"));
+      CHECK(j["final_train_loss"].is_number());
+    }
+  }
+}

@@ -1,5 +1,8 @@
 // Models from presets and layer lists, and the BatchNorm contract across replicas.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "dtrain/config.hpp"
 #include "dtrain/data.hpp"
@@ -129,4 +132,63 @@ TEST_CASE("sync BatchNorm survives a short last batch with empty replicas", "[bn
   const auto r = run(c);
   CHECK(r.status == RunStatus::done);
   CHECK(r.step_losses.size() == 11);
+}
+
+TEST_CASE("a layer list that starts with an activation trains, with correct gradients",
+          "[model][grad]") {
+  // The first layer's backward gets no dx buffer (nothing needs dL/dinput); an activation
+  // there used to write through that null pointer.
+  for (const char* act : {"relu", "tanh", "sigmoid", "gelu"}) {
+    INFO(act);
+    const ModelConfig mc =
+        parse_config(
+            fmt::format("model: {{type: layers, layers: [{}, {{dense: {{units: 5}}}}]}}", act),
+            "m.yaml")
+            .model;
+    auto dev = make_cpu_device();
+    auto model = build_model(*dev, mc, {4}, 3);
+    model->init(5);
+    Rng rng(6);
+    const int64_t rows = 5;
+    std::vector<float> x(static_cast<size_t>(rows * 4));
+    for (auto& v : x) {
+      const double m = rng.uniform(0.2, 1.5);  // away from the ReLU kink
+      v = static_cast<float>(rng.uniform() < 0.5 ? -m : m);
+    }
+    const std::vector<int32_t> y = {0, 1, 2, 1, 0};
+    const auto loss = [&] {
+      double st[2] = {0, 0};
+      model->forward(x.data(), rows);
+      model->loss_only(y.data(), rows, st);
+      return st[0];
+    };
+    model->zero_grads();
+    double st[2] = {0, 0};
+    model->forward(x.data(), rows);
+    model->loss_backward(y.data(), rows, 1.f, st);
+    const std::vector<float> g(model->grads(), model->grads() + model->param_count());
+    REQUIRE(model->param_count() == (4 * 5 + 5) + (5 * 3 + 3));
+    for (int64_t j = 0; j < model->param_count(); ++j) {
+      float& p = model->params()[j];
+      const float keep = p;
+      p = keep + 1e-2f;
+      const double plus = loss();
+      p = keep - 1e-2f;
+      const double minus = loss();
+      p = keep;
+      const double numeric = (plus - minus) / 2e-2;
+      INFO("param " << j << " analytic " << g[static_cast<size_t>(j)] << " numeric " << numeric);
+      CHECK(std::abs(g[static_cast<size_t>(j)] - numeric) <= 2e-3 + 2e-2 * std::abs(numeric));
+    }
+
+    // And a whole data-parallel run with the activation alone before the classifier.
+    Config c = test::synthetic_config(2, 32);
+    c.model =
+        parse_config(fmt::format("model: {{type: layers, layers: [{}]}}", act), "m.yaml").model;
+    const auto r = run(c);
+    CHECK(r.status == RunStatus::done);
+    REQUIRE_FALSE(r.epochs.empty());
+    CHECK(std::isfinite(r.epochs.back().train_loss));
+    CHECK(r.epochs.back().test_acc > 0.5);  // 4 well-separated classes: a linear model learns
+  }
 }

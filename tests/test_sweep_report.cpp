@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dtrain/plan.hpp"
 #include "dtrain/plots.hpp"
 #include "helpers.hpp"
 
@@ -24,8 +25,9 @@ using namespace dtrain::test;
 namespace {
 
 // A run folder as dtrain writes it, with the fields the report reads.
+// `extra` replaces fields of summary.json.
 void fixture_run(const fs::path& root, const std::string& id, int gpus, const std::string& status,
-                 double rate, double acc) {
+                 double rate, double acc, const json& extra = json::object()) {
   const fs::path d = root / "fx" / id;
   json j = {{"run_id", id},
             {"experiment", "fx"},
@@ -48,6 +50,7 @@ void fixture_run(const fs::path& root, const std::string& id, int gpus, const st
             {"samples_per_s", rate},
             {"time_to_target_s", status == "done" ? json(2.5) : json(nullptr)}};
   if (status == "failed") j["error"] = "out of memory";
+  j.update(extra);
   put(d / "summary.json", j.dump(2));
   put(d / "status", status + "\n");
   const std::string nan = status == "diverged" ? "-nan" : "0.3";
@@ -56,6 +59,42 @@ void fixture_run(const fs::path& root, const std::string& id, int gpus, const st
       "1,0.1,0.1,0.9,0.6,0.8,0.62,1.0,1000\n"
       "2,0.1,0.1," +
           nan + ",0.8," + nan + "," + std::to_string(acc) + ",1.0,1000\n");
+}
+
+// `s` quoted for /bin/sh: the tests hand hostile strings to dtrain as single arguments.
+std::string sh_quote(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+// Files named PWNED* anywhere under `root` or in the current folder: the hostile names below
+// create one if any of them is ever run as a shell or gnuplot command.
+std::vector<std::string> pwned_files(const fs::path& root) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.path().filename().string().rfind("PWNED", 0) == 0) found.push_back(e.path().string());
+  for (const auto& e : fs::directory_iterator(fs::current_path()))
+    if (e.path().filename().string().rfind("PWNED", 0) == 0) found.push_back(e.path().string());
+  return found;
+}
+
+// A tiny synthetic experiment that dtrain runs in well under a second per run.
+std::string tiny_config(const std::string& name_yaml) {
+  return "name: " + name_yaml + R"(
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 512, test_size: 128, shape: [8], classes: 3, noise: 1.0}
+model: {hidden: [16]}
+train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0}
+optimizer: {lr: 0.05, base_batch: 16}
+)";
+}
+
+bool is_png(const fs::path& p) {
+  const auto png = slurp(p);
+  return png.size() > 1000 && png.substr(1, 3) == "PNG";
 }
 
 }  // namespace
@@ -132,6 +171,162 @@ TEST_CASE("report --plots draws PNG and SVG figures", "[report][plots]") {
     CHECK_THAT(slurp(out / (std::string(stem) + ".svg")), Catch::Contains("<svg"));
   }
   CHECK_THAT(slurp(out / "index.md"), Catch::Contains("![fx-speedup](fx-speedup.png)"));
+}
+
+TEST_CASE("report --plots runs no code from names, statuses or the output folder",
+          "[report][plots][security]") {
+  if (!dtrain::gnuplot_available()) {
+    WARN("SKIPPED: gnuplot is not installed (apt-get install gnuplot-nox)");
+    return;
+  }
+  TempDir tmp("plots-hostile");
+  const auto root = tmp.path;
+  const std::string in_dir = "cd " + sh_quote(root.string()) + " && " + dtrain_binary() + " ";
+
+  // 1. A config name that closes gnuplot's quoted title and calls system(), run for real.
+  put(root / "cfg.yaml", tiny_config(R"("x'\nsystem \"id > PWNED\"\nset title '")"));
+  const auto run = shell(in_dir + "run cfg.yaml gpus=1,2 --quiet --results res --tag t");
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  const std::string exp = "x__system__id___PWNED__set_title__";
+  // Into the default folder, then (3.) into one whose name is a shell command substitution.
+  for (const std::string& out :
+       {(root / "res" / "report").string(), (root / "o'$(id>PWNED2)'").string()}) {
+    const auto r = shell(in_dir + "report res --plots --out " + sh_quote(out));
+    INFO(r.out);
+    CHECK(r.code == 0);
+    for (const auto& stem : {exp + "-curves", exp + "-speedup", exp + "-efficiency"}) {
+      CHECK(is_png(fs::path(out) / (stem + ".png")));
+      // The name is drawn as text, quotes and all.
+      CHECK_THAT(slurp(fs::path(out) / (stem + ".svg")),
+                 Catch::Contains("<svg") && Catch::Contains("system \"id > PWNED\""));
+    }
+    CHECK_THAT(slurp(fs::path(out) / "index.md"), Catch::Contains("-speedup.png"));
+  }
+
+  // 2. The same through a crafted summary.json: status, group, lr_scaling and reduction (with
+  //    gnuplot's own backquote shell escape and a macro for good measure).
+  const auto payload = [](const std::string& marker) {
+    return "p'\nsystem \"id > " + marker + "\"\nset title '`id > " + marker + "b` @x";
+  };
+  const json bad_group = {{"group", payload("PWNED3")}};
+  fixture_run(root / "fix", "g1", 1, "done", 100, 0.90, bad_group);
+  fixture_run(root / "fix", "g2", 2, "done", 180, 0.89, bad_group);
+  fixture_run(root / "fix", "g4", 4, payload("PWNED4"), 300, 0.10, bad_group);
+  const json bad_kind = {
+      {"group", "h"}, {"lr_scaling", payload("PWNED5")}, {"reduction", payload("PWNED6")}};
+  json h1 = bad_kind, h2 = bad_kind;
+  h1["lr"] = 0.2;
+  h2["lr"] = 0.4;
+  fixture_run(root / "fix2", "h1", 1, "done", 100, 0.70, h1);
+  fixture_run(root / "fix2", "h2", 2, "done", 150, 0.80, h2);
+  // Curves, speedup and efficiency from `fix`; the same plus the heatmap of the crafted LR
+  // rule and reduction from `fix2`.
+  for (const auto& [in, n_png] : {std::pair<std::string, size_t>{"fix", 3}, {"fix2", 4}}) {
+    const auto out2 = root / ("r-" + in);
+    const auto f = shell(in_dir + "report " + in + " --plots --out " + sh_quote(out2.string()));
+    INFO(f.out);
+    CHECK(f.code == 0);
+    size_t pngs = 0;
+    for (const auto& e : fs::directory_iterator(out2))
+      if (e.path().extension() == ".png") {
+        CHECK(is_png(e.path()));
+        ++pngs;
+      }
+    CHECK(pngs == n_png);
+    CHECK(fs::exists(out2 / "fx-speedup.png"));
+  }
+  const std::string curves =
+      slurp(root / "r-fix" / ("fx-curves-" + dtrain::slug(payload("PWNED3")) + ".svg"));
+  CHECK_THAT(curves, Catch::Contains("4 replicas (p'") && Catch::Contains("`id > PWNED4b` @x"));
+  const std::string heatmap =
+      "fx-lr-heatmap-" + dtrain::slug(payload("PWNED5")) + "-" + dtrain::slug(payload("PWNED6"));
+  CHECK_THAT(slurp(root / "r-fix2" / (heatmap + ".svg")), Catch::Contains("`id > PWNED6b` @x"));
+
+  const auto pwned = pwned_files(root);
+  CHECK(pwned.empty());
+  for (const auto& p : pwned) WARN("created by a hostile name: " << p);
+}
+
+TEST_CASE("report --plots draws a sweep whose name has a quote", "[report][plots]") {
+  if (!dtrain::gnuplot_available()) {
+    WARN("SKIPPED: gnuplot is not installed (apt-get install gnuplot-nox)");
+    return;
+  }
+  TempDir tmp("plots-quote");
+  put(tmp.path / "cfg.yaml", tiny_config("bob's sweep"));
+  const auto res = tmp.path / "res";
+  const auto run =
+      dtrain_cli("run " + (tmp.path / "cfg.yaml").string() +
+                 " gpus=1,2 optimizer.lr=0.05,0.1 --quiet --tag t --results " + res.string());
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  const auto r = dtrain_cli("report " + res.string() + " --plots");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  const auto out = res / "report";
+  for (const char* stem :
+       {"bob_s_sweep-curves-lr0.05", "bob_s_sweep-curves-lr0.1", "bob_s_sweep-speedup",
+        "bob_s_sweep-efficiency", "bob_s_sweep-lr-heatmap-linear-mean"}) {
+    CHECK(is_png(out / (std::string(stem) + ".png")));
+    CHECK_THAT(slurp(out / (std::string(stem) + ".svg")), Catch::Contains("bob's sweep"));
+  }
+}
+
+TEST_CASE("report --plots draws what it can when runs diverge in their first epoch",
+          "[report][plots]") {
+  if (!dtrain::gnuplot_available()) {
+    WARN("SKIPPED: gnuplot is not installed (apt-get install gnuplot-nox)");
+    return;
+  }
+  TempDir tmp("plots-diverged");
+  put(tmp.path / "cfg.yaml", tiny_config("div"));
+  const auto res = tmp.path / "res";
+  const auto run =
+      dtrain_cli("run " + (tmp.path / "cfg.yaml").string() +
+                 " gpus=1,2 optimizer.lr=0.05,1000000 --quiet --tag t --results " + res.string());
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  REQUIRE(slurp(res / "div" / "t-g1-lr1000000" / "status") == "diverged\n");
+  const auto r = dtrain_cli("report " + res.string() + " --plots");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  const auto out = res / "report";
+  for (const char* stem : {"div-curves-lr0.05", "div-curves-lr1000000", "div-speedup",
+                           "div-efficiency", "div-lr-heatmap-linear-mean"})
+    CHECK(is_png(out / (std::string(stem) + ".png")));
+  // The diverged group has no finite loss: that panel is empty, said in one line.
+  CHECK_THAT(r.out, Catch::Contains("dtrain: note: figure div-curves-lr1000000: no run has a "
+                                    "finite, positive train loss"));
+  CHECK_THAT(slurp(out / "index.md"), Catch::Contains("![div-lr-heatmap-linear-mean]"));
+
+  // Nothing finite at all in one group, and no final accuracy for one LR rule: those figures
+  // are skipped with a note, the rest is drawn.
+  TempDir fx("plots-nan");
+  fixture_run(fx.path, "g1", 1, "done", 100, 0.90);
+  fixture_run(fx.path, "g2", 2, "done", 180, 0.89);
+  const json nan_run = {
+      {"group", "lr9"}, {"lr", 9.0}, {"lr_scaling", "sqrt"}, {"final_test_accuracy", nullptr}};
+  for (const auto& [id, gpus] : {std::pair<std::string, int>{"n1", 1}, {"n2", 2}}) {
+    json extra = nan_run;
+    if (gpus == 2) extra["lr"] = 18.0;
+    fixture_run(fx.path, id, gpus, "diverged", 100, 0.0, extra);
+    put(fx.path / "fx" / id / "metrics.csv",
+        "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s\n"
+        "1,9,9,nan,nan,nan,-nan,1.0,1000\n");
+  }
+  const auto f = dtrain_cli("report " + fx.path.string() + " --plots");
+  INFO(f.out);
+  CHECK(f.code == 0);
+  CHECK_THAT(f.out, Catch::Contains("dtrain: note: figure fx-curves-lr9 not drawn: no run has a "
+                                    "finite test accuracy or train loss"));
+  CHECK_THAT(f.out, Catch::Contains("dtrain: note: figure fx-lr-heatmap-sqrt-mean not drawn"));
+  CHECK_FALSE(fs::exists(fx.path / "report" / "fx-curves-lr9.png"));
+  CHECK(is_png(fx.path / "report" / "fx-curves.png"));
+  CHECK(is_png(fx.path / "report" / "fx-speedup.png"));
+  CHECK_THAT(
+      slurp(fx.path / "report" / "index.md"),
+      Catch::Contains("![fx-curves](fx-curves.png)") && Catch::Contains("fx-curves-lr9 not drawn"));
 }
 
 TEST_CASE("a killed sweep resumes and runs only what is missing", "[sweep][cli]") {

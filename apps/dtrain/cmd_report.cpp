@@ -27,6 +27,11 @@ void setup_report(CLI::App& app, ReportOptions& opt) {
 }
 
 int run_report(const ReportOptions& opt) {
+  // Before anything is written: a missing gnuplot is the user's to fix, not a half report.
+  if (opt.plots && !gnuplot_available())
+    throw UserError(
+        "--plots needs gnuplot; install it with: apt-get install gnuplot-nox "
+        "(scripts/install-deps.sh does)");
   const auto dirs = find_run_dirs(opt.paths);
   if (dirs.empty())
     throw UserError(fmt::format("no run folders (folders with a 'status' file) under {}",
@@ -36,7 +41,7 @@ int run_report(const ReportOptions& opt) {
 
   // Read everything; a broken run is reported, named, and does not stop the others.
   std::map<std::string, std::vector<RunRecord>> by_experiment;
-  int unreadable = 0;
+  int unreadable = 0, plot_failures = 0;
   for (const auto& d : dirs) {
     try {
       auto r = load_run(d);
@@ -68,8 +73,14 @@ int run_report(const ReportOptions& opt) {
   ensure_dir(out, "report");
   const fs::path manifest = fs::path(out) / ".manifest";
   if (std::ifstream old(manifest); old) {
-    for (std::string f; std::getline(old, f);)
-      if (!f.empty() && f.find('/') == std::string::npos) fs::remove(fs::path(out) / f);
+    // The manifest lies in a folder that may come from elsewhere: only plain files (or links)
+    // directly in `out` are removed, never a folder.
+    for (std::string f; std::getline(old, f);) {
+      if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos) continue;
+      std::error_code ec;
+      const auto st = fs::symlink_status(fs::path(out) / f, ec);
+      if (!ec && (fs::is_regular_file(st) || fs::is_symlink(st))) fs::remove(fs::path(out) / f, ec);
+    }
     fs::remove_all(fs::path(out) / "data");
   }
   std::vector<std::string> written = {"index.md"};
@@ -99,11 +110,23 @@ int run_report(const ReportOptions& opt) {
           std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
         }
       }
-      for (const auto& s : write_plots(cmp, metrics, out)) {
+      const Plots plots = write_plots(cmp, metrics, out);
+      for (const auto& s : plots.stems) {
         index += fmt::format("\n![{0}]({0}.png)\n", s);
         written.push_back(s + ".png");
         written.push_back(s + ".svg");
       }
+      // Figures with nothing to draw are skipped, not fatal; a gnuplot failure is reported
+      // like an unreadable run: the rest is written and the exit code says 1.
+      for (const auto& n : plots.notes) {
+        std::fprintf(stderr, "dtrain: note: %s\n", n.c_str());
+        index += "\n" + n + ".\n";
+      }
+      for (const auto& f : plots.failures) {
+        std::fprintf(stderr, "dtrain: warning: %s\n", f.c_str());
+        index += "\n" + f + ".\n";
+      }
+      plot_failures += static_cast<int>(plots.failures.size());
     }
   }
   write_file_atomic((fs::path(out) / "index.md").string(), index);
@@ -112,6 +135,11 @@ int run_report(const ReportOptions& opt) {
   if (unreadable) {
     std::fprintf(stderr, "dtrain: %d run folder%s could not be read; see the warnings above\n",
                  unreadable, unreadable == 1 ? "" : "s");
+    return 1;
+  }
+  if (plot_failures) {
+    std::fprintf(stderr, "dtrain: %d figure%s could not be drawn; see the warnings above\n",
+                 plot_failures, plot_failures == 1 ? "" : "s");
     return 1;
   }
   return 0;

@@ -78,6 +78,9 @@ void ActivationLayer::forward_impl(Device& d, const float* x, float* y, int64_t 
 
 void ActivationLayer::backward_impl(Device& d, const float* x, const float* y, const float* dy,
                                     float* dx, int64_t rows) {
+  // No parameters: when the caller needs no dL/dx (this is the model's first layer) there is
+  // nothing to compute, and the device kernels would write through a null dx.
+  if (!dx) return;
   d.activation_backward(act_, x, y, dy, dx, static_cast<size_t>(rows * in_features()));
 }
 

@@ -101,6 +101,9 @@ RunRecord load_run(const std::string& dir) {
     r.error = j.value("error", std::string());
     r.group = j.value("group", std::string());
     r.gpus = j.at("gpus").get<int>();
+    // Speedup, efficiency and the figures divide by it.
+    if (r.gpus < 1)
+      throw UserError(fmt::format("{}: gpus is {}, expected 1 or more", path, r.gpus));
     r.per_replica_batch = j.value("per_replica_batch", 0LL);
     r.global_batch = j.value("global_batch", 0LL);
     r.accumulation_steps = j.value("accumulation_steps", 1);
