@@ -79,6 +79,12 @@ inline std::string config_error(const std::string& yaml, const std::vector<Overr
   return "";
 }
 
+// DTRAIN_REQUIRE_GPU=1: the GPU tests fail instead of skipping where there is no GPU.
+inline bool gpu_required() {
+  const char* v = std::getenv("DTRAIN_REQUIRE_GPU");
+  return v && std::string(v) == "1";
+}
+
 // Trains `c` on its configured data.
 inline TrainResult run_config(const Config& c) {
   return train(c, load_data(c.data, c.train.seed), nullptr);

@@ -1,11 +1,18 @@
 // The CUDA backend against its CPU twin: every Device operation on the same inputs, compared by
-// relative error, and the equivalence contract on GPUs. Skips, and says so, without a GPU.
+// relative error, and the equivalence contract on GPUs. Skips, and says so, without a GPU (fails
+// instead with DTRAIN_REQUIRE_GPU=1). The decisions of the GPU code that need no GPU (abort
+// gate, cuDNN algorithm choice, graph agreement, timing split) are tested here too, always.
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "dtrain/device.hpp"
+#include "dtrain/error.hpp"
 #include "dtrain/gpu.hpp"
 #include "dtrain/rng.hpp"
 #include "dtrain/trainer.hpp"
@@ -17,10 +24,13 @@ using dtrain::test::rel_error;
 
 namespace {
 
-// Prints the reason once per test and returns false where no GPU can run the test.
+// Prints the reason once per test and returns false where no GPU can run the test; with
+// DTRAIN_REQUIRE_GPU=1 (a GPU machine's check) the test fails instead, also where dtrain was
+// built without CUDA.
 bool gpu_or_skip() {
   const GpuSystem s = query_gpus();
   if (!s.gpus.empty()) return true;
+  if (test::gpu_required()) FAIL("DTRAIN_REQUIRE_GPU=1 but no GPU: " << s.none_reason);
   WARN("SKIPPED (no GPU): " << s.none_reason);
   return false;
 }
@@ -51,6 +61,7 @@ struct Mirror {
 // compared, read back to the host.
 using Outs = std::vector<std::vector<float>>;
 using Op = std::function<Outs(Device&, Mirror&)>;
+// precision tf32 has no CPU twin: it is compared with the fp32 CPU device.
 void twin(const char* what, double bound, const Op& op, Precision precision = Precision::fp32) {
   CpuOptions co;
   co.bf16 = precision == Precision::bf16;
@@ -266,13 +277,13 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
     c->colocate = true;
     c->devices = {0};
   }
-  // One replica goes through NCCL with a one-rank communicator; four share the GPU and are
-  // reduced by the device kernel.
+  // One replica goes through NCCL with a one-rank communicator; four share the GPU, and their
+  // gradients go through the host (the in-process reduction, the CPU's arithmetic).
   const auto a = test::run_config(one);
   const auto b = test::run_config(four);
   REQUIRE(a.step_losses.size() >= 50);
   CHECK(a.info.devices.find("NCCL") != std::string::npos);
-  CHECK(b.info.devices.find("reduced on the device") != std::string::npos);
+  CHECK(b.info.devices.find("gradients through the host") != std::string::npos);
   CHECK(test::max_rel_step_diff(a, b) < 1e-5);
   // Buckets reduced during backward give the same bits as one reduction after it.
   Config bucketed = four, single = four;
@@ -368,4 +379,399 @@ TEST_CASE("backend cuda without a GPU or with too many replicas fails before tra
   CHECK(p.gpu_of_replica.back() == 0);
   c.devices = {n};
   CHECK_THROWS_WITH(place_replicas(c, 1), Catch::Contains("does not exist"));
+}
+
+// ---- precision tf32 ----
+
+namespace {
+// Multiples of 1/256 in [-1, 1]: 9 significant bits, so TF32 (10 stored mantissa bits) holds
+// them exactly and their products are exact in FP32.
+std::vector<float> tf32_exact_vec(Rng& rng, size_t n) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(std::round(rng.uniform(-256, 256))) / 256.f;
+  return v;
+}
+}  // namespace
+
+// tf32 reads 10 of FP32's 23 mantissa bits of each GEMM and convolution operand (truncating),
+// so each product may come out up to 2^-9 (about 2e-3) smaller in magnitude, 1e-3 on average:
+// against the FP32 CPU twin, a relative error near 1e-3 (up to 2e-3 where a sum's products share
+// their sign), bounded here by 3e-3 for GEMMs and 1e-2 for convolutions (whose algorithm may
+// transform its operands first, Winograd's for one, and round the transformed values). GEMMs on
+// operands that TF32 holds exactly differ by summation order only, as in fp32 (1e-5): that
+// checks the tf32 path computes the right thing, the bound on random operands that it rounds
+// like TF32 and no worse.
+TEST_CASE("CUDA tf32 GEMMs and convolutions match the FP32 CPU twin to TF32 precision",
+          "[cuda][tf32]") {
+  if (!gpu_or_skip()) return;
+  Rng rng(33);
+  const int64_t m = 67, n = 45, k = 130;
+  for (bool exact : {true, false}) {
+    INFO((exact ? "TF32-exact operands" : "random FP32 operands"));
+    const auto A = exact ? tf32_exact_vec(rng, m * k) : random_vec(rng, m * k);
+    const auto B = exact ? tf32_exact_vec(rng, k * n) : random_vec(rng, k * n);
+    const auto C0 = exact ? tf32_exact_vec(rng, m * n) : random_vec(rng, m * n);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        twin(
+            "gemm tf32", exact ? 1e-5 : 3e-3,
+            [&](Device& d, Mirror& mr) -> Outs {
+              float* c = mr.in(C0);
+              d.gemm(ta, tb, m, n, k, 0.75f, mr.in(A), ta ? m : k, mr.in(B), tb ? k : n, 0.25f, c,
+                     n);
+              return Outs{mr.out(c, C0.size())};
+            },
+            Precision::tf32);
+  }
+  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
+    conv_twin("conv tf32", 1e-2, g, 3, rng, Precision::tf32);
+}
+
+// ---- kernels over more data than one grid covers ----
+
+// blocks_for() caps a grid at 65535 * 8 blocks of 256 threads (134,215,680 threads): past that,
+// the kernels must stride. Known answers instead of the CPU twin, which would take long here.
+TEST_CASE("CUDA kernels cover data larger than their grid", "[cuda][big]") {
+  if (!gpu_or_skip()) return;
+  auto gpu = make_cuda_device(0, 0);
+  Device& d = *gpu;
+  const int64_t n = int64_t{65535} * 8 * 256 + 12345;
+  const auto un = static_cast<size_t>(n);
+  const auto all_equal = [&](const float* p, size_t count, float v, const char* what) {
+    std::vector<float> h(count);
+    d.download(h.data(), p, count * sizeof(float));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < count; ++i)
+      if (h[i] != v && bad++ == 0) first = i;
+    INFO(what << ": " << bad << " of " << count << " values differ from " << v << ", the first at "
+              << first);
+    CHECK(bad == 0);
+  };
+  {  // bias gradient: n columns of two rows, 1.5 each
+    Buffer<float> dy(d, 2 * un), db(d, un);
+    d.fill(dy.data(), 2 * un, 1.5f);
+    d.fill(db.data(), un, 9.f);
+    d.bias_grad(dy.data(), db.data(), 2, n, /*accumulate=*/false);
+    all_equal(db.data(), un, 3.f, "bias_grad");
+  }
+  {  // softmax cross-entropy: n rows of one class, so every row has loss 0 and is a hit
+    Buffer<float> logits(d, un), dl(d, un);
+    Buffer<int32_t> labels(d, un);  // zeroed by the allocation
+    Buffer<double> stats(d, 2);
+    d.fill(logits.data(), un, 0.25f);
+    d.fill(dl.data(), un, 7.f);
+    d.zero(stats.data(), 2 * sizeof(double));
+    d.softmax_xent(logits.data(), labels.data(), n, 1, 0.5f, dl.data(), stats.data());
+    double got[2] = {-1, -1};
+    d.download(got, stats.data(), sizeof(got));
+    CHECK(got[0] == 0.0);
+    CHECK(got[1] == static_cast<double>(n));
+    all_equal(dl.data(), un, 0.f, "softmax_xent gradient");
+  }
+  {  // BatchNorm evaluation statistics of n channels
+    Buffer<float> running(d, 2 * un), stats(d, 2 * un);
+    d.fill(running.data(), un, 0.5f);
+    d.fill(running.data() + un, un, 3.f);
+    d.bn_prepare(nullptr, 0, 1e-5, 0, running.data(), stats.data(), n);
+    all_equal(stats.data(), un, 0.5f, "bn_prepare mean");
+    all_equal(stats.data() + un, un, static_cast<float>(1.0 / std::sqrt(3.0 + 1e-5)),
+              "bn_prepare inv_std");
+  }
+}
+
+// ---- cuDNN: deterministic algorithms, and plans that fail cleanly ----
+
+// Deterministic algorithms (preferred over faster ones with atomics) give the same bits on
+// every call; the weight and input gradients of a batch are where atomics would show.
+TEST_CASE("CUDA convolutions give the same bits on every call", "[cuda][determinism]") {
+  if (!gpu_or_skip()) return;
+  auto gpu = make_cuda_device(0, 0);
+  Rng rng(5);
+  const ConvGeom g{16, 16, 16, 32, 3, 1, 1};
+  const int64_t ns = 64;
+  const auto x = random_vec(rng, ns * g.c * g.h * g.w), w = random_vec(rng, g.oc * g.c * g.k * g.k);
+  const auto b = random_vec(rng, g.oc), dy = random_vec(rng, ns * g.oc * g.ho() * g.wo());
+  Mirror mr{*gpu, {}, {}};
+  const float *xp = mr.in(x), *wp = mr.in(w), *bp = mr.in(b), *dyp = mr.in(dy);
+  Outs first;
+  for (int call = 0; call < 3; ++call) {
+    float *y = mr.in(std::vector<float>(dy.size())), *dw = mr.in(std::vector<float>(w.size())),
+          *db = mr.in(std::vector<float>(b.size())), *dx = mr.in(std::vector<float>(x.size()));
+    gpu->conv_forward(g, ns, xp, wp, bp, y);
+    gpu->conv_backward(g, ns, xp, wp, dyp, dw, db, dx);
+    Outs now{mr.out(y, dy.size()), mr.out(dw, w.size()), mr.out(db, b.size()),
+             mr.out(dx, x.size())};
+    if (call == 0)
+      first = now;
+    else
+      for (size_t i = 0; i < now.size(); ++i) {
+        INFO("call " << call << ", output " << i << " (y, dw, db, dx)");
+        CHECK(now[i] == first[i]);
+      }
+  }
+}
+
+// A convolution plan that fails half-way (here a kernel larger than the padded input) throws,
+// releases the cuDNN descriptors it had created, and leaves the device usable.
+TEST_CASE("a convolution cuDNN cannot plan throws and leaves the device usable", "[cuda][errors]") {
+  if (!gpu_or_skip()) return;
+  auto gpu = make_cuda_device(0, 0);
+  {
+    Buffer<float> x(*gpu, 64), w(*gpu, 64), b(*gpu, 4), y(*gpu, 64);
+    const ConvGeom bad{1, 2, 2, 1, 5, 1, 0};  // output -2 x -2
+    // Never cached: it fails each time.
+    for (int i = 0; i < 3; ++i)
+      CHECK_THROWS_AS(gpu->conv_forward(bad, 1, x.data(), w.data(), b.data(), y.data()),
+                      SystemError);
+  }
+  // The same device still convolves, as its CPU twin does.
+  Rng rng(8);
+  const ConvGeom g{2, 6, 6, 3, 3, 1, 1};
+  const int64_t ns = 2;
+  const auto x = random_vec(rng, ns * g.c * g.h * g.w), w = random_vec(rng, g.oc * g.c * g.k * g.k);
+  const auto b = random_vec(rng, g.oc);
+  const auto ny = static_cast<size_t>(ns * g.oc * g.ho() * g.wo());
+  const auto forward = [&](Device& dv) {
+    Mirror mr{dv, {}, {}};
+    float* y = mr.in(std::vector<float>(ny));
+    dv.conv_forward(g, ns, mr.in(x), mr.in(w), mr.in(b), y);
+    return mr.out(y, ny);
+  };
+  auto cpu = make_cpu_device();
+  CHECK(rel_error(forward(*gpu), forward(*cpu)) < 1e-5);
+}
+
+// ---- floors ----
+
+TEST_CASE("dtrain devices --measure gives plausible floors", "[cuda][floors]") {
+  if (!gpu_or_skip()) return;
+  const GpuFloors f = measure_gpu(0);
+  INFO("launch " << f.launch_us << " us, SGEMM " << f.sgemm_fp32_tflops << " TFLOP/s FP32, "
+                 << f.sgemm_tf32_tflops << " TF32");
+  CHECK(f.launch_us > 0);
+  CHECK(f.launch_us < 100);
+  CHECK(f.sgemm_fp32_tflops > 1);
+  CHECK(f.sgemm_tf32_tflops > f.sgemm_fp32_tflops);  // tensor cores on random data
+}
+
+// ---- timing of a host exchange on a GPU ----
+
+// Colocated replicas exchange through the host: the device waits for the host then, and the
+// host clocks measure that exchange (the device events alone would file it under compute).
+TEST_CASE("colocated replicas report their host exchange time, not zero", "[cuda][exchange]") {
+  if (!gpu_or_skip()) return;
+  Config c = test::synthetic_config(2, 64);
+  c.backend = Backend::cuda;
+  c.colocate = true;
+  c.devices = {0};
+  c.train.bucket_mb = 0.001;  // several buckets per step
+  const auto r = test::run_config(c);
+  const auto& m = r.epochs.back();
+  INFO("compute " << m.compute_s << " s, exchange " << m.exchange_s << " s, exposed "
+                  << m.exchange_exposed_s << " s, optimizer " << m.optimizer_s << " s, epoch "
+                  << m.epoch_time_s << " s");
+  CHECK(m.exchange_s > 1e-3);  // 60 steps of several host round trips each
+  CHECK(m.exchange_exposed_s == m.exchange_s);
+  CHECK(m.compute_s > 0);
+  CHECK(m.compute_s + m.exchange_s + m.optimizer_s <= m.epoch_time_s * 1.01);
+}
+
+// ---- failures on GPUs: abort ----
+
+namespace {
+// Runs a CUDA config through the CLI with DTRAIN_FAULT=`fault` (rank:step), killed after a
+// minute (it fails within seconds): a hang shows as exit code 137, a crash as another code
+// than 1.
+test::ShellResult run_faulty(const test::TempDir& d, const std::string& name,
+                             const std::string& placement, const std::string& fault) {
+  const std::string cfg = d.write(
+      name + ".yaml",
+      "name: " + name + "\nbackend: cuda\nthreads: 1\n" + placement +
+          "data:\n  dataset: synthetic\n"
+          "  synthetic: {train_size: 4096, test_size: 256, shape: [16], classes: 4}\n"
+          "model: {hidden: [32, 16]}\n"
+          "train: {epochs: 3, per_replica_batch: 32, target_accuracy: 0, bucket_mb: 0.001}\n");
+  return test::shell("DTRAIN_FAULT=" + fault + " timeout -s KILL 60 " + test::dtrain_binary() +
+                     " run " + cfg + " --tag " + name + " --results " + (d.path / "res").string());
+}
+void check_failed_with_fault(const test::TempDir& d, const std::string& name, int gpus,
+                             const test::ShellResult& r, const std::string& fault) {
+  const auto colon = fault.find(':');
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out,
+             Catch::Contains("injected fault (DTRAIN_FAULT) on rank " + fault.substr(0, colon) +
+                             " at step " + fault.substr(colon + 1)));
+  const auto run = d.path / "res" / name / (name + "-g" + std::to_string(gpus));
+  CHECK(test::slurp(run / "status") == "failed\n");
+}
+}  // namespace
+
+// A replica that fails ends the run with its error: the others stop (Aborted) instead of
+// waiting forever, and nothing touches a communicator after the abort (no crash). With one GPU:
+// NCCL with one rank and CUDA graphs (failing before any step, and once graphs replay), and
+// colocated replicas; with two GPUs or more also NCCL across two GPUs in one process, where the
+// failing rank aborts the communicator the other rank is using.
+TEST_CASE("a failing GPU replica ends the run with its error, without hang or crash",
+          "[cuda][abort]") {
+  if (!gpu_or_skip()) return;
+  test::TempDir d("cuda-abort");
+  for (const std::string fault : {"0:1", "0:20"}) {
+    const std::string name = "nccl1-" + fault.substr(0, 1) + "-" + fault.substr(2);
+    check_failed_with_fault(d, name, 1, run_faulty(d, name, "gpus: 1\ndevices: [0]\n", fault),
+                            fault);
+  }
+  for (const std::string fault : {"1:1", "1:20"}) {
+    const std::string name = "coloc-" + fault.substr(0, 1) + "-" + fault.substr(2);
+    check_failed_with_fault(
+        d, name, 2, run_faulty(d, name, "gpus: 2\ncolocate: true\ndevices: [0]\n", fault), fault);
+  }
+  if (query_gpus().gpus.size() < 2) {
+    WARN("NCCL across two GPUs not tested: this machine has one GPU");
+    return;
+  }
+  for (const std::string fault : {"1:1", "1:20", "0:20"}) {
+    const std::string name = "nccl2-" + fault.substr(0, 1) + "-" + fault.substr(2);
+    const auto r = run_faulty(d, name, "gpus: 2\ndevices: [0, 1]\n", fault);
+    check_failed_with_fault(d, name, 2, r, fault);
+    CHECK_THAT(r.out, Catch::Contains("CUDA graphs off: 2 GPUs in one process"));
+  }
+}
+
+// ---- decisions of the GPU code, tested without a GPU ----
+
+TEST_CASE("DTRAIN_REQUIRE_GPU=1 turns the skipped GPU tests into failures", "[gpu-logic]") {
+  if (!query_gpus().gpus.empty()) {
+    SUCCEED("this machine has a GPU: the GPU tests run instead of skipping");
+    return;
+  }
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string one = " \"CUDA kernels match their CPU twins\"";
+  const auto skipped = test::shell("env -u DTRAIN_REQUIRE_GPU " + self + one);
+  INFO(skipped.out);
+  CHECK(skipped.code == 0);
+  CHECK_THAT(skipped.out, Catch::Contains("SKIPPED (no GPU)"));
+  const auto failed = test::shell("DTRAIN_REQUIRE_GPU=1 " + self + one);
+  INFO(failed.out);
+  CHECK(failed.code != 0);
+  CHECK_THAT(failed.out, Catch::Contains("DTRAIN_REQUIRE_GPU=1 but no GPU"));
+}
+
+TEST_CASE("an aborted NCCL group starts no call and waits for the calls in flight",
+          "[gpu-logic][abort]") {
+  SECTION("one call in flight") {
+    AbortGate gate;
+    { const auto p = gate.enter("NCCL all-reduce"); }  // passes come and go
+    auto in_flight = std::make_unique<AbortGate::Pass>(gate.enter("NCCL all-reduce"));
+    std::atomic<bool> freed{false};
+    std::thread aborter([&] {
+      CHECK(gate.close());
+      freed = true;  // where abort() frees the communicators
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!gate.closed() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+      std::this_thread::yield();
+    // Closed first: no new call starts (it throws the typed error instead)...
+    CHECK_THROWS_AS(gate.enter("CUDA graph launch"), Aborted);
+    CHECK_THROWS_WITH(gate.enter("NCCL all-reduce"),
+                      Catch::Contains("NCCL all-reduce not started"));
+    // ... and nothing is freed while a call is in flight.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(freed);
+    in_flight.reset();
+    aborter.join();
+    CHECK(freed);
+    CHECK_FALSE(gate.close());  // a second abort does nothing
+  }
+  SECTION("replicas calling while one aborts") {
+    AbortGate gate;
+    std::atomic<bool> freed{false};
+    std::atomic<int> after_free{0}, stopped{0}, calls{0};
+    std::vector<std::thread> replicas;
+    for (int r = 0; r < 4; ++r)
+      replicas.emplace_back([&] {
+        for (;;) {
+          try {
+            const auto pass = gate.enter("NCCL all-reduce");
+            if (freed) ++after_free;  // a communicator used after it was freed
+            ++calls;
+            std::this_thread::yield();
+          } catch (const Aborted&) {
+            ++stopped;
+            return;
+          }
+        }
+      });
+    while (calls < 1000) std::this_thread::yield();
+    CHECK(gate.close());
+    freed = true;
+    for (auto& t : replicas) t.join();
+    CHECK(after_free == 0);
+    CHECK(stopped == 4);
+  }
+}
+
+TEST_CASE("cuDNN algorithms: the first deterministic supported one, else the first supported",
+          "[gpu-logic]") {
+  bool det = false;
+  CHECK(pick_algorithm({{true, false}, {false, true}, {true, true}, {true, true}}, &det) == 2);
+  CHECK(det);
+  CHECK(pick_algorithm({{false, true}, {true, false}, {true, false}}, &det) == 1);
+  CHECK_FALSE(det);
+  CHECK(pick_algorithm({{false, true}, {false, false}}, &det) == -1);
+  CHECK(pick_algorithm({}, &det) == -1);
+}
+
+TEST_CASE("CUDA graph capture is decided by all ranks together", "[gpu-logic][graph]") {
+  using M = Device::GraphMode;
+  CHECK(agree_graph_mode(0, 4, 0) == M::capture);
+  CHECK(agree_graph_mode(0, 0, 4) == M::replay);
+  CHECK(agree_graph_mode(0, 1, 0) == M::capture);  // one rank decides alone
+  CHECK(agree_graph_mode(4, 0, 0) == M::eager);
+  // One rank cannot capture (its graphs were dropped, it must warm up): none captures.
+  CHECK(agree_graph_mode(1, 3, 0) == M::eager);
+  CHECK(agree_graph_mode(1, 0, 3) == M::eager);
+  // Some would replay, some capture: eager, and all capture again together.
+  CHECK(agree_graph_mode(0, 1, 3) == M::eager);
+
+  CHECK(cuda_graph_state(true, true, 1, false) == "on");
+  CHECK(cuda_graph_state(false, true, 1, false) == "off: train.cuda_graph is false");
+  CHECK(cuda_graph_state(true, false, 1, false) == "off: colocated replicas meet on the host");
+  CHECK_THAT(cuda_graph_state(true, true, 1, true), Catch::StartsWith("off: batchnorm: sync"));
+  // Several GPUs in one process: off (NCCL warns of deadlocks there), and the reason says so.
+  CHECK_THAT(cuda_graph_state(true, true, 2, false),
+             Catch::StartsWith("off: 2 GPUs in one process") && Catch::Contains("deadlock"));
+  CHECK_THAT(cuda_graph_state(true, true, 8, true), Catch::StartsWith("off: 8 GPUs"));
+}
+
+TEST_CASE("a host exchange on a GPU keeps its host-measured time", "[gpu-logic][exchange]") {
+  // Host clocks: compute 2.0 s (on a GPU only the queueing), exchange 0.5 s, optimizer 0.1 s.
+  const PhaseSeconds host{2.0, 0.5, 0.5, 0.1};
+  // The CPU: host clocks, and the exchange is all exposed.
+  PhaseSeconds p = split_phases(host, nullptr, -1, true);
+  CHECK(p.compute == 2.0);
+  CHECK(p.exchange == 0.5);
+  CHECK(p.exchange_exposed == 0.5);
+  CHECK(p.optimizer == 0.1);
+  // A GPU with a host exchange: the events put the host round trips into compute (2.4 s) and
+  // the exposed exchange (0.2 s). The exchange keeps its 0.5 s; compute gets the rest.
+  const double events[3] = {2.4, 0.2, 0.3};
+  p = split_phases(host, events, -1, true);
+  CHECK(p.exchange == 0.5);
+  CHECK(p.exchange_exposed == 0.5);
+  CHECK(p.compute == Approx(2.1));
+  CHECK(p.optimizer == 0.3);
+  CHECK(p.compute + p.exchange == Approx(events[0] + events[1]));
+  // NCCL on its own stream: the events split the step, the stream's time is the exchange.
+  p = split_phases(host, events, 0.7, false);
+  CHECK(p.compute == 2.4);
+  CHECK(p.exchange_exposed == 0.2);
+  CHECK(p.exchange == 0.7);
+  CHECK(p.optimizer == 0.3);
+  // ... and inside CUDA graphs, where the stream is not timed, the exposed time.
+  p = split_phases(host, events, -1, false);
+  CHECK(p.exchange == 0.2);
+  // Never a negative compute time.
+  const double idle[3] = {0.1, 0.0, 0.3};
+  CHECK(split_phases(host, idle, -1, true).compute == 0.0);
 }

@@ -12,6 +12,8 @@
 
 namespace dtrain {
 
+class AbortGate;  // gpu.hpp
+
 // A convolution's geometry: input c x h x w, oc output channels, a square k x k kernel.
 struct ConvGeom {
   int64_t c = 1, h = 1, w = 1, oc = 1, k = 1, stride = 1, pad = 0;
@@ -52,19 +54,26 @@ class Device {
 
   // CUDA graphs of the steady-state step (the CPU has none: every call here is a no-op).
   // The trainer brackets each full-size training step with graph_step_begin() and
-  // graph_step_end(). begin returns
-  //   eager:   the step runs op by op (graphs off, or a warm-up step after memory changed);
+  // graph_step_end(). A step runs as
+  //   eager:   op by op (graphs off, or a warm-up step after memory changed);
   //   capture: the calls that follow are recorded, not run; end() instantiates the graph and
   //            launches it;
   //   replay:  the calls only stage their per-step values (batch indices, random seeds, the
   //            learning rate) in pinned memory; end() copies them to the device and launches
   //            the graph recorded for this step.
+  // Whether a step is captured must be the same on every rank (NCCL's rule for captured
+  // collectives), so the choice is made in two steps: graph_step_propose() says what this
+  // device would do, the ranks agree (agree_graph_mode in trainer.hpp), and
+  // graph_step_begin(agreed) does it. An agreed eager step drops the graphs this device still
+  // holds, so that after it all ranks capture again together.
   // Shapes and device buffers must not change between capture and replay: any free of device
   // memory drops the graphs (they are captured again after one eager step).
   enum class GraphMode { eager, capture, replay };
-  // `staging_bytes`: room for one step's staged values.
-  virtual void enable_graphs(bool /*on*/, size_t /*staging_bytes*/) {}
-  virtual GraphMode graph_step_begin() { return GraphMode::eager; }
+  // `staging_bytes`: room for one step's staged values. `gate` (may be null): the abort gate
+  // of the communicators the graphs hold NCCL calls of; every graph launch passes it.
+  virtual void enable_graphs(bool /*on*/, size_t /*staging_bytes*/, AbortGate* /*gate*/) {}
+  virtual GraphMode graph_step_propose() const { return GraphMode::eager; }
+  virtual GraphMode graph_step_begin(GraphMode /*agreed*/) { return GraphMode::eager; }
   virtual void graph_step_end() {}
   virtual void graph_step_abort() noexcept {}  // after an error between begin and end
   virtual GraphMode graph_mode() const { return GraphMode::eager; }

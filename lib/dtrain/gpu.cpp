@@ -1,10 +1,14 @@
 // What GPUs the machine has. Built with the CUDA toolkit's headers and runtime where CMake found
-// them; otherwise every query says there are none, and why.
+// them; otherwise every query says there are none, and why. Also the GPU code's parts that need
+// no GPU: the abort gate of NCCL groups and the choice among cuDNN's algorithms.
 #include "dtrain/gpu.hpp"
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "dtrain/error.hpp"
+#include "dtrain/log.hpp"
 
 #if DTRAIN_HAVE_CUDA
 #include <cublas_v2.h>
@@ -15,11 +19,62 @@
 
 namespace dtrain {
 
+#if DTRAIN_HAVE_CUDA
 namespace {
 std::string version_string(int v, int major_div, int minor_div) {
   return fmt::format("{}.{}", v / major_div, (v % major_div) / minor_div);
 }
 }  // namespace
+#endif
+
+int pick_algorithm(const std::vector<AlgoOption>& best_first, bool* deterministic) {
+  int first = -1;
+  for (size_t i = 0; i < best_first.size(); ++i) {
+    if (!best_first[i].supported) continue;
+    if (best_first[i].deterministic) {
+      *deterministic = true;
+      return static_cast<int>(i);
+    }
+    if (first < 0) first = static_cast<int>(i);
+  }
+  *deterministic = false;
+  return first;
+}
+
+void gpu_warn(const std::string& line) {
+  log().warn("{}", line);
+}
+
+AbortGate::Pass::~Pass() {
+  if (!gate_) return;
+  std::lock_guard lk(gate_->mu_);
+  if (--gate_->out_ == 0) gate_->cv_.notify_all();
+}
+
+AbortGate::Pass AbortGate::enter(const char* what) {
+  std::lock_guard lk(mu_);
+  if (closed_)
+    throw Aborted(
+        fmt::format("{} not started: the communicators were aborted after a failure", what));
+  ++out_;
+  return Pass(this);
+}
+
+bool AbortGate::close() {
+  std::unique_lock lk(mu_);
+  if (closed_) return false;
+  closed_ = true;  // first: from here on nobody starts using the communicators
+  // Passes are short (NCCL calls that queue work); say so if one is not.
+  while (!cv_.wait_for(lk, std::chrono::seconds(10), [&] { return out_ == 0; }))
+    log().warn("abort: waiting for {} NCCL call(s) in flight before freeing the communicators",
+               out_);
+  return true;
+}
+
+bool AbortGate::closed() const {
+  std::lock_guard lk(mu_);
+  return closed_;
+}
 
 bool cuda_built() {
   return DTRAIN_HAVE_CUDA != 0;
@@ -73,15 +128,6 @@ GpuFloors measure_gpu(int) {
 std::unique_ptr<Device> make_cuda_device(int, int rank, Precision) {
   DTRAIN_THROW_SYSTEM(
       fmt::format("rank {}: the CUDA backend is not available in this build", rank));
-}
-struct ColocatedState {};
-std::shared_ptr<ColocatedState> colocated_state(int) {
-  DTRAIN_THROW_SYSTEM("the CUDA backend is not available in this build");
-}
-std::unique_ptr<GradExchange> make_colocated_exchange(std::shared_ptr<ColocatedState>,
-                                                      Communicator&, Device&, ReduceOp, size_t,
-                                                      size_t) {
-  DTRAIN_THROW_SYSTEM("the CUDA backend is not available in this build");
 }
 std::shared_ptr<NcclGroup> NcclGroup::local(const std::vector<int>&) {
   DTRAIN_THROW_SYSTEM("NCCL is not available in this build");

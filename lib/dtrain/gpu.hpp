@@ -1,8 +1,11 @@
 #pragma once
-// GPUs: what the machine has, and the CUDA backend's device. Compiles everywhere; where dtrain
-// was built without the CUDA toolkit, cuda_built() is false and there are no GPUs.
+// GPUs: what the machine has, the CUDA backend's device and the NCCL group of its replicas.
+// Compiles everywhere; where dtrain was built without the CUDA toolkit, cuda_built() is false
+// and there are no GPUs.
+#include <condition_variable>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,7 +37,8 @@ bool cuda_built();
 GpuSystem query_gpus();
 
 // Floors for a step on GPU `index`: the latency of one empty kernel launch (median over
-// back-to-back launches) and the FP32 and TF32 SGEMM throughput of cuBLAS on a large product.
+// back-to-back launches) and the FP32 and TF32 SGEMM throughput of cuBLAS on a large product of
+// random matrices (FP32 in cuBLAS's default math, as PyTorch runs FP32 GEMMs with TF32 off).
 struct GpuFloors {
   double launch_us = 0;
   double sgemm_fp32_tflops = 0;
@@ -47,16 +51,53 @@ GpuFloors measure_gpu(int index);
 std::unique_ptr<Device> make_cuda_device(int index, int rank,
                                          Precision precision = Precision::fp32);
 
-// Replicas colocated on one GPU in this process. Each bucket is reduced on the device: replica r
-// owns chunk r of the bucket, adds the replicas in ascending order and writes the result into
-// every replica's buffer, exactly like the in-process CPU communicator, so the results match
-// it bit for bit. CUDA events order the streams; the host communicator serves as a barrier.
-struct ColocatedState;
-std::shared_ptr<ColocatedState> colocated_state(int replicas);
-std::unique_ptr<GradExchange> make_colocated_exchange(std::shared_ptr<ColocatedState> state,
-                                                      Communicator& comm, Device& dev,
-                                                      ReduceOp op, size_t n_params,
-                                                      size_t bucket_elems);
+// cuDNN lists a convolution's algorithms best first. The first supported one may use atomics, so
+// that its results vary in the last bits from run to run; dtrain takes the first supported
+// algorithm that cuDNN marks deterministic, and only where there is none the first supported
+// one. Returns its index (-1 where none is supported) and whether it is deterministic.
+struct AlgoOption {
+  bool supported = false;
+  bool deterministic = false;
+};
+int pick_algorithm(const std::vector<AlgoOption>& best_first, bool* deterministic);
+
+// A warning in dtrain's log, for code that cannot include the logger (CUDA sources).
+void gpu_warn(const std::string& line);
+
+// The abort protocol of communicators that several threads use. Every use of a communicator (an
+// NCCL call, or the launch of a CUDA graph that holds NCCL calls) happens while holding a Pass.
+// close() marks the gate closed before anything else, so that no new pass is handed out (enter()
+// throws Aborted instead), then waits for the passes still out; only then may its caller free
+// the communicators. A pass is short: NCCL calls only queue work on the host (communicators
+// connect when they are created, see NcclGroup::local), and nobody waits for the device while
+// holding one.
+class AbortGate {
+ public:
+  class Pass {
+   public:
+    Pass() = default;
+    Pass(Pass&& o) noexcept : gate_(o.gate_) { o.gate_ = nullptr; }
+    Pass& operator=(Pass&&) = delete;
+    Pass(const Pass&) = delete;
+    ~Pass();
+
+   private:
+    friend class AbortGate;
+    explicit Pass(AbortGate* g) : gate_(g) {}
+    AbortGate* gate_ = nullptr;
+  };
+  // A pass for one use of the communicators; throws Aborted (naming `what`) once closed.
+  Pass enter(const char* what);
+  // Closes the gate and waits until every pass is back. True for the call that closed it.
+  bool close();
+  bool closed() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int out_ = 0;
+  bool closed_ = false;
+};
 
 // NCCL communicators that carry the gradients of GPU replicas (the host Communicator still
 // carries the small statistics). Gradients are all-reduced in place on a communication stream
@@ -72,9 +113,14 @@ class NcclGroup {
   static std::shared_ptr<NcclGroup> over_mpi(int gpu, int rank, int size);
   virtual std::unique_ptr<GradExchange> exchange(int local_index, Device& dev, ReduceOp op,
                                                  size_t n_params, size_t bucket_elems) = 0;
-  // ncclCommAbort on every communicator of the group: work stuck waiting for a failed peer
-  // ends with an error instead of hanging.
+  // Closes the group's gate (every later NCCL call or graph launch throws Aborted), waits for
+  // the calls in flight, then ncclCommAbort on every communicator of the group: work stuck
+  // waiting for a failed peer ends instead of hanging. The communicators are never touched
+  // again. Call it from a thread that holds no pass (after its worker has unwound).
   virtual void abort() = 0;
+  // The gate that every use of this group's communicators passes (CUDA graphs holding NCCL
+  // calls included).
+  virtual AbortGate& gate() = 0;
   virtual std::string version() const = 0;
 };
 

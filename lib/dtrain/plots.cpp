@@ -333,7 +333,10 @@ Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<E
   //    so a grid with holes (or a single column) still draws.
   std::set<std::pair<std::string, std::string>> kinds;
   for (const auto& row : c.rows) kinds.insert({row.run.lr_scaling, row.run.reduction});
-  for (const auto& [rule, reduction] : kinds) {
+  for (const auto& kind : kinds) {
+    // Plain references: clang 14 does not let a lambda capture structured bindings.
+    const std::string& rule = kind.first;
+    const std::string& reduction = kind.second;
     auto in_kind = [&](const RunRecord& r) {
       return r.lr_scaling == rule && r.reduction == reduction;
     };

@@ -58,7 +58,7 @@ struct Shared {
   Placement place{};
   std::shared_ptr<NcclGroup> nccl{};  // gradients of GPU replicas, where not colocated
   bool nccl_per_process = false;      // one replica per process: its communicator is index 0
-  std::shared_ptr<ColocatedState> colocated{};  // all replicas on one GPU
+  int gpus_in_process = 1;            // GPUs this process drives
 };
 
 void worker(Shared& sh, Communicator& comm) {
@@ -117,24 +117,27 @@ void worker(Shared& sh, Communicator& comm) {
   auto exchange = sh.nccl ? sh.nccl->exchange(sh.nccl_per_process ? 0 : rank, *dev, grad_op,
                                               n_params, bucket_elems)
                           : make_host_exchange(comm, *dev, grad_op, n_params, bucket_elems);
-  const Model::GradsReady on_ready = [&](size_t off, size_t count) { exchange->ready(off, count); };
+  // A host exchange on a GPU (colocated replicas) copies each bucket to the host, which waits
+  // for the device first. That wait is compute still queued, not exchange: it is waited out
+  // before the exchange is timed, so that the host clocks measure the exchange alone.
+  const bool exchange_on_host = !sh.nccl;
+  const bool wait_before_exchange = exchange_on_host && !dev->host_memory();
+  const Model::GradsReady on_ready = [&](size_t off, size_t count) {
+    if (wait_before_exchange) dev->synchronize();
+    exchange->ready(off, count);
+  };
 
-  // CUDA graphs for full-size steps, where nothing in a step waits for the host: not with
-  // colocated replicas (their reduction meets on the host) nor with synchronised BatchNorm
-  // (statistics all-reduced through the host in forward).
+  // CUDA graphs for full-size steps, where nothing in a step waits for the host (see
+  // cuda_graph_state).
   std::string graph_state;
   if (sh.place.backend == Backend::cuda) {
-    if (!cfg.train.cuda_graph)
-      graph_state = "off: train.cuda_graph is false";
-    else if (!sh.nccl)
-      graph_state = "off: colocated replicas meet on the host";
-    else if (cfg.model.batchnorm == BatchNormMode::sync && model->has_batchnorm())
-      graph_state = "off: batchnorm: sync all-reduces statistics through the host";
-    else
-      graph_state = "on";
+    graph_state =
+        cuda_graph_state(cfg.train.cuda_graph, sh.nccl != nullptr, sh.gpus_in_process,
+                         cfg.model.batchnorm == BatchNormMode::sync && model->has_batchnorm());
     const auto staging = static_cast<size_t>(accum * micro) * sizeof(int64_t) + 4096;
-    dev->enable_graphs(graph_state == "on", staging);
+    dev->enable_graphs(graph_state == "on", staging, sh.nccl ? &sh.nccl->gate() : nullptr);
   }
+  const bool graphs_on = graph_state == "on";
   // A graph step's (loss, correct) sums, at the fixed address the graph was captured with.
   Buffer<double> graph_stats(*dev, 2);
 
@@ -196,8 +199,19 @@ void worker(Shared& sh, Communicator& comm) {
       // global batch (exact also for a short last batch); `sum` then gives N times that.
       const float grad_scale = static_cast<float>(replicas) / static_cast<float>(g_total);
       double* st = step_stats.data() + s * 3;
-      const Device::GraphMode gm =
-          g_total == gbatch ? dev->graph_step_begin() : Device::GraphMode::eager;
+      // Full-size steps may run as graphs, the same way on every rank.
+      Device::GraphMode gm = Device::GraphMode::eager;
+      if (graphs_on && g_total == gbatch) {
+        Device::GraphMode mine = dev->graph_step_propose();
+        if (replicas > 1) {
+          double votes[3] = {0, 0, 0};
+          votes[static_cast<int>(mine)] = 1;
+          comm.allreduce(votes, 3, ReduceOp::sum);  // host only: the device does not wait
+          mine = agree_graph_mode(static_cast<int>(votes[0]), static_cast<int>(votes[1]),
+                                  static_cast<int>(votes[2]));
+        }
+        gm = dev->graph_step_begin(mine);
+      }
       const bool in_graph = gm != Device::GraphMode::eager;
       double* st_dev = in_graph ? graph_stats.data() : dev_stats.data() + s * 2;
       try {
@@ -231,6 +245,7 @@ void worker(Shared& sh, Communicator& comm) {
         // Buckets reduced during backward ran on this thread: their time is exchange, not
         // compute.
         const double during_backward = exchange->seconds();
+        if (wait_before_exchange) dev->synchronize();  // see on_ready
         auto t2 = Clock::now();
         exchange->finish();
         auto t3 = Clock::now();
@@ -266,16 +281,20 @@ void worker(Shared& sh, Communicator& comm) {
     }
     comm.allreduce(step_stats.data(), step_stats.size(), ReduceOp::sum);
     const double epoch_time = seconds_since(t_epoch);
-    // On a GPU the host only queues work: the split comes from CUDA events instead.
+    // On a GPU the host only queues work: the split comes from CUDA events instead (but for
+    // an exchange that runs on the host).
     double t_exposed = t_exchange;
-    if (dev->timed_on_device()) {
+    {
       double dt[3] = {0, 0, 0};
-      dev->take_step_times(dt, /*wait=*/true);
-      t_compute = dt[0];
-      t_exposed = dt[1];
-      t_opt = dt[2];
-      const double comm_s = exchange->take_device_seconds(/*wait=*/true);
-      t_exchange = comm_s >= 0 ? comm_s : t_exposed;
+      const bool on_device = dev->timed_on_device();
+      if (on_device) dev->take_step_times(dt, /*wait=*/true);
+      const double comm_s = on_device ? exchange->take_device_seconds(/*wait=*/true) : -1.0;
+      const PhaseSeconds p = split_phases({t_compute, t_exchange, t_exchange, t_opt},
+                                          on_device ? dt : nullptr, comm_s, exchange_on_host);
+      t_compute = p.compute;
+      t_exchange = p.exchange;
+      t_exposed = p.exchange_exposed;
+      t_opt = p.optimizer;
     }
 
     double loss_sum = 0, correct = 0, seen = 0;
@@ -345,6 +364,48 @@ void worker(Shared& sh, Communicator& comm) {
 }
 
 }  // namespace
+
+std::string cuda_graph_state(bool requested, bool nccl, int gpus_in_process, bool sync_batchnorm) {
+  if (!requested) return "off: train.cuda_graph is false";
+  if (!nccl) return "off: colocated replicas meet on the host";
+  // NCCL: "Using multiple GPUs per process with CUDA graph capture may result in deadlocks"
+  // (cudaGraphLaunch may block). Off until graphs have run on such a machine.
+  if (gpus_in_process > 1)
+    return fmt::format(
+        "off: {} GPUs in one process (NCCL warns that CUDA graphs may deadlock there, and they "
+        "have not run on such a machine yet; under mpirun or srun, one GPU per process, they "
+        "are on)",
+        gpus_in_process);
+  if (sync_batchnorm) return "off: batchnorm: sync all-reduces statistics through the host";
+  return "on";
+}
+
+Device::GraphMode agree_graph_mode(int eager_votes, int capture_votes, int replay_votes) {
+  if (eager_votes == 0 && replay_votes == 0 && capture_votes > 0) return Device::GraphMode::capture;
+  if (eager_votes == 0 && capture_votes == 0 && replay_votes > 0) return Device::GraphMode::replay;
+  return Device::GraphMode::eager;  // some rank cannot, or the ranks differ
+}
+
+PhaseSeconds split_phases(const PhaseSeconds& host, const double* device, double exchange_device_s,
+                          bool exchange_on_host) {
+  PhaseSeconds p = host;
+  if (!device) {  // host clocks only: the exchange is synchronous, so all of it is exposed
+    p.exchange_exposed = p.exchange;
+    return p;
+  }
+  p.optimizer = device[2];
+  if (exchange_on_host) {
+    // The device idles while the host exchanges, so its events count that time as compute or
+    // exposed exchange; the host clocks measured the exchange itself.
+    p.exchange = p.exchange_exposed = host.exchange;
+    p.compute = std::max(0.0, device[0] + device[1] - host.exchange);
+  } else {
+    p.compute = device[0];
+    p.exchange_exposed = device[1];
+    p.exchange = exchange_device_s >= 0 ? exchange_device_s : device[1];
+  }
+  return p;
+}
 
 void request_stop() {
   g_stop.store(true);
@@ -450,6 +511,7 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
     sh.place.gpu_of_replica.assign(static_cast<size_t>(comm.size()), gpu);
     sh.nccl = NcclGroup::over_mpi(gpu, comm.rank(), comm.size());
     sh.nccl_per_process = true;
+    sh.gpus_in_process = 1;
     sh.result.info.devices =
         fmt::format("cuda: {} replicas as processes ({}), rank 0 on GPU {}, gradients by NCCL {}",
                     comm.size(), comm.kind(), gpu, sh.nccl->version());
@@ -459,7 +521,14 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                     comm.size(), comm.kind(), threads, threads == 1 ? "" : "s",
                     to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
   }
-  worker(sh, comm);
+  try {
+    worker(sh, comm);
+  } catch (...) {
+    // The worker has unwound (its device and graphs are gone): abort rather than destroy the
+    // communicator, whose peers may never finish the collectives it still has queued.
+    if (sh.nccl) sh.nccl->abort();
+    throw;
+  }
   return std::move(sh.result);
 }
 
@@ -472,19 +541,16 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   sh.cpu = cpu_options(per_replica, cfg.precision);
   sh.place = place_replicas(cfg, cfg.gpus);
   // Colocated replicas share a GPU, which NCCL (before 2.30) does not allow: their gradients go
-  // through the host.
-  const auto& gpu_of = sh.place.gpu_of_replica;
-  if (sh.place.backend == Backend::cuda && !sh.place.colocated)
-    sh.nccl = NcclGroup::local(gpu_of);
-  else if (sh.place.backend == Backend::cuda &&
-           std::all_of(gpu_of.begin(), gpu_of.end(), [&](int g) { return g == gpu_of[0]; }))
-    sh.colocated = colocated_state(cfg.gpus);
+  // through the host (copied there bucket by bucket and reduced by the in-process communicator,
+  // so with the CPU's arithmetic).
+  if (sh.place.backend == Backend::cuda && !sh.place.colocated) {
+    sh.nccl = NcclGroup::local(sh.place.gpu_of_replica);
+    sh.gpus_in_process = cfg.gpus;  // one GPU per replica
+  }
   sh.result.info.devices =
       sh.place.backend == Backend::cuda
           ? fmt::format("{}; gradients {}", sh.place.describe(),
-                        sh.nccl        ? "by NCCL " + sh.nccl->version()
-                        : sh.colocated ? "reduced on the device"
-                                       : "through the host")
+                        sh.nccl ? "by NCCL " + sh.nccl->version() : "through the host")
           : fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}{}", cfg.gpus,
                         cfg.gpus == 1 ? "" : "s", per_replica, per_replica == 1 ? "" : "s",
                         to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");

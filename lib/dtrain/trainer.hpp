@@ -7,6 +7,7 @@
 
 #include "dtrain/config.hpp"
 #include "dtrain/data.hpp"
+#include "dtrain/device.hpp"
 
 namespace dtrain {
 
@@ -94,5 +95,29 @@ struct Placement {
   std::string describe() const;
 };
 Placement place_replicas(const Config& cfg, int local_ranks);
+
+// Decisions of the training loop, as pure functions (tested without a GPU).
+
+// "on", or "off: <why>": whether a CUDA run captures its steps in graphs. `nccl`: gradients go
+// through NCCL (not the host); `gpus_in_process`: GPUs this process drives (one per rank
+// in-process, 1 under a launcher).
+std::string cuda_graph_state(bool requested, bool nccl, int gpus_in_process, bool sync_batchnorm);
+
+// Whether a step is captured must be the same on every rank (NCCL's rule for captured
+// collectives). From the ranks' proposals (how many proposed each mode): capture or replay
+// where every rank proposed it, else eager (then every rank drops its graphs; see Device).
+Device::GraphMode agree_graph_mode(int eager_votes, int capture_votes, int replay_votes);
+
+// An epoch's split of the step time, as metrics.csv reports it.
+struct PhaseSeconds {
+  double compute = 0, exchange = 0, exchange_exposed = 0, optimizer = 0;
+};
+// `host`: measured by host clocks (exchange: the time inside the exchange's calls). `device`:
+// [compute, exposed exchange, optimizer] from device events, or null where the device is not
+// timed by events (the CPU). `exchange_device_s`: the exchange's own time on its stream, or
+// negative where it has none. `exchange_on_host`: the exchange runs on the host (host copies and
+// the host communicator), so the device idles while it runs.
+PhaseSeconds split_phases(const PhaseSeconds& host, const double* device, double exchange_device_s,
+                          bool exchange_on_host);
 
 }  // namespace dtrain

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "dtrain/error.hpp"
@@ -92,12 +93,14 @@ __global__ void k_add_bias(float* y, const float* b, size_t rows, size_t cols) {
   GRID_STRIDE(i, rows * cols) y[i] += b[i % cols];
 }
 
+// One thread per column (grid-stride: any number of columns).
 __global__ void k_bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool acc) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
-  float s = 0.f;  // rows in order, as on the CPU
-  for (int64_t r = 0; r < rows; ++r) s += dy[r * cols + c];
-  db[c] = acc ? db[c] + s : s;
+  GRID_STRIDE(ci, size_t(cols)) {
+    const auto c = static_cast<int64_t>(ci);
+    float s = 0.f;  // rows in order, as on the CPU
+    for (int64_t r = 0; r < rows; ++r) s += dy[r * cols + c];
+    db[c] = acc ? db[c] + s : s;
+  }
 }
 
 __device__ inline float gelu_f(float x) {
@@ -136,12 +139,10 @@ __global__ void k_act_bwd(int a, const float* x, const float* y, const float* dy
   }
 }
 
-// One thread per row, in double like the CPU twin; per-row loss and hit go to `row_stats`.
-__global__ void k_softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
-                               int64_t classes, float grad_scale, float* dlogits,
-                               double* row_stats) {
-  const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (r >= rows) return;
+// Row r, in double like the CPU twin; its loss and hit go to `row_stats`.
+__device__ void softmax_xent_row(const float* logits, const int32_t* labels, int64_t r,
+                                 int64_t classes, float grad_scale, float* dlogits,
+                                 double* row_stats) {
   const float* z = logits + r * classes;
   const int32_t y = labels[r];
   float mx = z[0];
@@ -162,6 +163,16 @@ __global__ void k_softmax_xent(const float* logits, const int32_t* labels, int64
       const double p = exp(static_cast<double>(z[c] - mx) - log_sum);
       d[c] = grad_scale * static_cast<float>(p - (c == y ? 1.0 : 0.0));
     }
+  }
+}
+
+// One thread per row (grid-stride: any number of rows).
+__global__ void k_softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
+                               int64_t classes, float grad_scale, float* dlogits,
+                               double* row_stats) {
+  GRID_STRIDE(r, size_t(rows)) {
+    softmax_xent_row(logits, labels, static_cast<int64_t>(r), classes, grad_scale, dlogits,
+                     row_stats);
   }
 }
 
@@ -266,11 +277,10 @@ __global__ void k_channel_moments(const float* x, int64_t n, int64_t c, int64_t 
   }
 }
 
-// The CPU's bn_prepare_one, one thread per channel.
-__global__ void k_bn_prepare(const double* moments, double count, double eps, double momentum,
-                             float* running, float* stats, int64_t c) {
-  const int64_t ch = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (ch >= c) return;
+// The CPU's bn_prepare_one for channel ch.
+__device__ void bn_prepare_channel(const double* moments, double count, double eps,
+                                   double momentum, float* running, float* stats, int64_t c,
+                                   int64_t ch) {
   if (!moments) {
     stats[ch] = running[ch];
     stats[c + ch] = static_cast<float>(1.0 / sqrt(static_cast<double>(running[c + ch]) + eps));
@@ -283,6 +293,15 @@ __global__ void k_bn_prepare(const double* moments, double count, double eps, do
   const double unbiased = count > 1 ? var * count / (count - 1) : var;
   running[ch] = static_cast<float>((1 - momentum) * running[ch] + momentum * mean);
   running[c + ch] = static_cast<float>((1 - momentum) * running[c + ch] + momentum * unbiased);
+}
+
+// One thread per channel (grid-stride: any number of channels).
+__global__ void k_bn_prepare(const double* moments, double count, double eps, double momentum,
+                             float* running, float* stats, int64_t c) {
+  GRID_STRIDE(ch, size_t(c)) {
+    bn_prepare_channel(moments, count, eps, momentum, running, stats, c,
+                       static_cast<int64_t>(ch));
+  }
 }
 
 // stats = [mean (c), inv_std (c)]
@@ -408,7 +427,20 @@ __global__ void k_adam(float* p, const float* g, float* m, float* v, size_t n,
 // shipped and supported in cuDNN 9, it needs no header-only C++ frontend that Debian does not
 // package, and the three calls it takes (forward, backward data, backward filter) map one to
 // one onto the Device interface. Moving to the graph API is a contained change inside ConvPlan.
+// A plan owns its descriptors: one that fails half-way through (no algorithm, a bad shape)
+// releases what it had created.
 struct ConvPlan {
+  ConvPlan() = default;
+  ConvPlan(const ConvPlan&) = delete;
+  ConvPlan& operator=(const ConvPlan&) = delete;
+  ~ConvPlan() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (yf) cudnnDestroyTensorDescriptor(yf);
+    if (b) cudnnDestroyTensorDescriptor(b);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  }
   // x, y, w in the compute type (fp32 or bf16); yf is y as fp32, for the bias.
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, yf = nullptr, b = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
@@ -453,14 +485,7 @@ class CudaDevice final : public Device {
     row_stats_ = Buffer<double>();  // while the stream still exists
     for (auto* b : {&a16_, &b16_, &x16_, &w16_, &y16_, &dy16_, &dw16_}) *b = Buffer<__nv_bfloat16>();
     free_staging();
-    for (auto& [key, p] : plans_) {
-      cudnnDestroyTensorDescriptor(p.x);
-      cudnnDestroyTensorDescriptor(p.y);
-      cudnnDestroyTensorDescriptor(p.yf);
-      cudnnDestroyTensorDescriptor(p.b);
-      cudnnDestroyFilterDescriptor(p.w);
-      cudnnDestroyConvolutionDescriptor(p.conv);
-    }
+    plans_.clear();  // their descriptors
     if (workspace_) cudaFree(workspace_);
     if (blas_ws_) cudaFree(blas_ws_);
     cudnnDestroy(dnn_);
@@ -793,10 +818,13 @@ class CudaDevice final : public Device {
   }
 
   // ---- CUDA graphs of the steady-state step (see Device) ----
-  void enable_graphs(bool on, size_t staging_bytes) override {
+  void enable_graphs(bool on, size_t staging_bytes, AbortGate* gate) override {
     graphs_on_ = on;
     graph_staging_ = std::max<size_t>(staging_bytes, 4096);
+    gate_ = gate;
     if (!on) drop_graphs();
+    // The staging area now, not at the first capture (growing it drops graphs).
+    if (on) ensure_staging(graph_staging_);
   }
   GraphMode graph_mode() const override {
     return mode_ == Mode::capture  ? GraphMode::capture
@@ -804,20 +832,38 @@ class CudaDevice final : public Device {
                                    : GraphMode::eager;
   }
   int64_t graph_launches() const override { return graph_launches_; }
-  GraphMode graph_step_begin() override {
+  GraphMode graph_step_propose() const override {
     if (!graphs_on_ || mode_ != Mode::eager) return GraphMode::eager;
-    if (warm_ < 1) {  // one eager step first: buffers, plans and workspaces take their sizes
-      ++warm_;
+    // One eager step first: buffers, plans and workspaces take their sizes.
+    if (warm_ < 1) return GraphMode::eager;
+    // The graph of the timing slot step_mark(0) will take, if it was captured.
+    return graphs_[(cur_ + 1) % kSlots] ? GraphMode::replay : GraphMode::capture;
+  }
+  GraphMode graph_step_begin(GraphMode agreed) override {
+    if (!graphs_on_ || mode_ != Mode::eager) return GraphMode::eager;
+    if (agreed == GraphMode::eager) {
+      // Every rank runs this step op by op. The graphs still held here are dropped, so that all
+      // ranks capture again together; this step is the warm-up.
+      drop_graphs();
+      warm_ = 1;
       return GraphMode::eager;
     }
+    // agree_graph_mode picks capture or replay only where every rank proposed it.
+    if (agreed != graph_step_propose())
+      throw SystemError(strf("rank %d: CUDA graphs: the ranks agreed on %s, which this rank did "
+                             "not propose",
+                             rank_, agreed == GraphMode::capture ? "a capture" : "a replay"),
+                        __FILE__, __LINE__);
     // The timing slot step_mark(0) will take; wait for its previous use here, not inside the
     // capture.
     const int k = (cur_ + 1) % kSlots;
     if (slots_[k].recorded) read_slot(slots_[k], true);
-    ensure_staging(graph_staging_);
+    if (cap_ < graph_staging_)
+      throw SystemError(strf("rank %d: CUDA graphs: no staging area (enable_graphs first)", rank_),
+                        __FILE__, __LINE__);
     next_area();  // an empty area for this step's values
     graph_slot_ = k;
-    if (graphs_[k]) {
+    if (agreed == GraphMode::replay) {
       mode_ = Mode::replay;
     } else {
       DT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -847,6 +893,8 @@ class CudaDevice final : public Device {
     } else {
       return;
     }
+    // The graph may hold NCCL calls: launched only while its communicators are not aborted.
+    const AbortGate::Pass pass = gate_ ? gate_->enter("CUDA graph launch") : AbortGate::Pass{};
     if (used_) {
       DT_CUDA(cudaMemcpyAsync(stage_dev_, areas_[area_].host, used_, cudaMemcpyHostToDevice,
                               stream_));
@@ -978,20 +1026,38 @@ class CudaDevice final : public Device {
     return 0;
   }
 
-  // cuDNN's heuristics list algorithms best first; the first that is supported wins.
+  // cuDNN's heuristics list algorithms best first; the first supported deterministic one wins
+  // (bit-identical reruns, and CUDA-graph steps equal to eager ones), else the first supported
+  // one, with a warning (see pick_algorithm).
   template <class Perf>
-  const Perf& pick(const Perf* perf, int count) {
+  const Perf& pick(const Perf* perf, int count, const char* what, const ConvGeom& g, int64_t n) {
+    std::vector<AlgoOption> options;
     for (int i = 0; i < count; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS) return perf[i];
-    throw SystemError(strf("rank %d: cuDNN offers no algorithm for a convolution", rank_),
-                      __FILE__, __LINE__);
+      options.push_back({perf[i].status == CUDNN_STATUS_SUCCESS,
+                         perf[i].determinism == CUDNN_DETERMINISTIC});
+    bool deterministic = false;
+    const int i = pick_algorithm(options, &deterministic);
+    const auto ll = [](int64_t v) { return static_cast<long long>(v); };
+    if (i < 0)
+      throw SystemError(strf("rank %d: cuDNN offers no %s algorithm for a convolution of %lld "
+                             "samples %lldx%lldx%lld to %lld channels, kernel %lld",
+                             rank_, what, ll(n), ll(g.c), ll(g.h), ll(g.w), ll(g.oc), ll(g.k)),
+                        __FILE__, __LINE__);
+    if (!deterministic)
+      gpu_warn(strf("rank %d: cuDNN has no deterministic %s algorithm for a convolution of %lld "
+                    "samples %lldx%lldx%lld to %lld channels, kernel %lld; using algorithm %d, "
+                    "whose results may differ in the last bits from run to run",
+                    rank_, what, ll(n), ll(g.c), ll(g.h), ll(g.w), ll(g.oc), ll(g.k),
+                    static_cast<int>(perf[i].algo)));
+    return perf[i];
   }
 
   ConvPlan& plan(const ConvGeom& g, int64_t n) {
     const PlanKey key{g.c, g.h, g.w, g.oc, g.k, g.stride, g.pad, n};
     auto it = plans_.find(key);
-    if (it != plans_.end()) return it->second;
-    ConvPlan p;
+    if (it != plans_.end()) return *it->second;
+    auto owned = std::make_unique<ConvPlan>();  // released if anything below throws
+    ConvPlan& p = *owned;
     const auto i = [](int64_t v) { return static_cast<int>(v); };
     DT_CUDNN(cudnnCreateTensorDescriptor(&p.x));
     DT_CUDNN(cudnnCreateTensorDescriptor(&p.y));
@@ -1018,18 +1084,20 @@ class CudaDevice final : public Device {
     DT_CUDNN(cudnnSetConvolutionMathType(p.conv, bf16_   ? CUDNN_TENSOR_OP_MATH
                                                  : tf32_ ? CUDNN_DEFAULT_MATH
                                                          : CUDNN_FMA_MATH));
+    // Every algorithm, ranked, so that a deterministic one further down the list is seen.
     int got = 0;
-    cudnnConvolutionFwdAlgoPerf_t fwd[8];
-    DT_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn_, p.x, p.w, p.conv, p.y, 8, &got, fwd));
-    p.fwd = pick(fwd, got).algo;
-    cudnnConvolutionBwdDataAlgoPerf_t bd[8];
-    DT_CUDNN(
-        cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn_, p.w, p.y, p.conv, p.x, 8, &got, bd));
-    p.bwd_data = pick(bd, got).algo;
-    cudnnConvolutionBwdFilterAlgoPerf_t bf[8];
-    DT_CUDNN(
-        cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn_, p.x, p.y, p.conv, p.w, 8, &got, bf));
-    p.bwd_filter = pick(bf, got).algo;
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    DT_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn_, p.x, p.w, p.conv, p.y,
+                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
+    p.fwd = pick(fwd, got, "forward", g, n).algo;
+    cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    DT_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        dnn_, p.w, p.y, p.conv, p.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bd));
+    p.bwd_data = pick(bd, got, "backward-data", g, n).algo;
+    cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    DT_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        dnn_, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf));
+    p.bwd_filter = pick(bf, got, "backward-filter", g, n).algo;
     size_t w1 = 0, w2 = 0, w3 = 0;
     DT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(dnn_, p.x, p.w, p.conv, p.y, p.fwd, &w1));
     DT_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn_, p.w, p.y, p.conv, p.x,
@@ -1048,7 +1116,7 @@ class CudaDevice final : public Device {
       DT_CUDA(cudaMalloc(&workspace_, p.workspace));
       workspace_bytes_ = p.workspace;
     }
-    return plans_.emplace(key, p).first->second;
+    return *plans_.emplace(key, std::move(owned)).first->second;
   }
 
   static constexpr int kSlots = 4;
@@ -1091,6 +1159,7 @@ class CudaDevice final : public Device {
   Mode mode_ = Mode::eager;
   bool graphs_on_ = false;
   size_t graph_staging_ = 0;
+  AbortGate* gate_ = nullptr;  // of the communicators the graphs hold NCCL calls of
   int warm_ = 0;  // eager steps since the graphs were last dropped
   int graph_slot_ = -1;
   cudaGraphExec_t graphs_[kSlots] = {nullptr, nullptr, nullptr, nullptr};
@@ -1109,116 +1178,10 @@ class CudaDevice final : public Device {
   size_t used_ = 0, cap_ = 0;
   char* stage_dev_ = nullptr;
   using PlanKey = std::array<int64_t, 8>;  // geometry and batch size
-  std::map<PlanKey, ConvPlan> plans_;
+  std::map<PlanKey, std::unique_ptr<ConvPlan>> plans_;
 };
 
 }  // namespace
-
-// ---- colocated replicas: the reduction on the device ----
-
-constexpr int kMaxColocated = 64;
-
-struct ColocatedState {
-  explicit ColocatedState(int n)
-      : replicas(n), grads(static_cast<size_t>(n)), ready(static_cast<size_t>(n)),
-        done(static_cast<size_t>(n)) {}
-  int replicas;
-  std::vector<float*> grads;
-  std::vector<cudaEvent_t> ready, done;
-};
-
-namespace {
-
-struct Ptrs {
-  float* p[kMaxColocated];
-};
-
-// Elements [lo, hi) of every replica's buffer: the sum in replica order (times 1/N for mean),
-// written back to all of them. Same arithmetic as InProcessGroup's reduction.
-__global__ void k_colocated_reduce(Ptrs bufs, int n, size_t lo, size_t hi, bool mean, float inv) {
-  GRID_STRIDE(j, hi - lo) {
-    const size_t i = lo + j;
-    float acc = bufs.p[0][i];
-    for (int q = 1; q < n; ++q) acc += bufs.p[q][i];
-    if (mean) acc *= inv;
-    for (int q = 0; q < n; ++q) bufs.p[q][i] = acc;
-  }
-}
-
-class ColocatedExchange final : public GradExchange {
- public:
-  ColocatedExchange(std::shared_ptr<ColocatedState> st, Communicator& comm, Device& dev,
-                    ReduceOp op, size_t n, size_t bucket)
-      : GradExchange(n, bucket),
-        st_(std::move(st)),
-        comm_(comm),
-        rank_(comm.rank()),
-        stream_(static_cast<cudaStream_t>(dev.native_stream())),
-        mean_(op == ReduceOp::mean) {
-    if (!stream_) DTRAIN_THROW_SYSTEM("colocated exchange needs a CUDA device");
-    if (st_->replicas > kMaxColocated)
-      DTRAIN_THROW_SYSTEM(strf("at most %d replicas can share one GPU", kMaxColocated));
-    const auto r = static_cast<size_t>(rank_);
-    DT_CUDA(cudaEventCreateWithFlags(&st_->ready[r], cudaEventDisableTiming));
-    DT_CUDA(cudaEventCreateWithFlags(&st_->done[r], cudaEventDisableTiming));
-  }
-  ~ColocatedExchange() override {
-    const auto r = static_cast<size_t>(rank_);
-    cudaStreamSynchronize(stream_);
-    cudaEventDestroy(st_->ready[r]);
-    cudaEventDestroy(st_->done[r]);
-  }
-  std::string kind() const override { return "device reduction of colocated replicas"; }
-
- protected:
-  void reduce(float* data, size_t n) override {
-    const int p = st_->replicas;
-    if (p == 1) return;
-    const auto r = static_cast<size_t>(rank_);
-    const size_t offset = static_cast<size_t>(data - buffer());
-    st_->grads[r] = buffer();
-    DT_CUDA(cudaEventRecord(st_->ready[r], stream_));
-    barrier();  // every replica has posted its buffer and its event
-    for (int q = 0; q < p; ++q) DT_CUDA(cudaStreamWaitEvent(stream_, st_->ready[static_cast<size_t>(q)], 0));
-    Ptrs ptrs{};
-    for (int q = 0; q < p; ++q) ptrs.p[q] = st_->grads[static_cast<size_t>(q)];
-    const size_t lo = offset + n * r / static_cast<size_t>(p);
-    const size_t hi = offset + n * (r + 1) / static_cast<size_t>(p);
-    if (hi > lo) {
-      k_colocated_reduce<<<blocks_for(hi - lo), kThreads, 0, stream_>>>(ptrs, p, lo, hi, mean_,
-                                                                        1.f / static_cast<float>(p));
-      DT_CUDA(cudaGetLastError());
-    }
-    DT_CUDA(cudaEventRecord(st_->done[r], stream_));
-    barrier();  // every replica has queued its chunk
-    for (int q = 0; q < p; ++q) DT_CUDA(cudaStreamWaitEvent(stream_, st_->done[static_cast<size_t>(q)], 0));
-  }
-
- private:
-  void barrier() {
-    double token = 0;
-    comm_.allreduce(&token, 1, ReduceOp::sum);  // abortable, unlike std::barrier
-  }
-  std::shared_ptr<ColocatedState> st_;
-  Communicator& comm_;
-  int rank_;
-  cudaStream_t stream_;
-  bool mean_;
-};
-
-}  // namespace
-
-std::shared_ptr<ColocatedState> colocated_state(int replicas) {
-  return std::make_shared<ColocatedState>(replicas);
-}
-
-std::unique_ptr<GradExchange> make_colocated_exchange(std::shared_ptr<ColocatedState> state,
-                                                      Communicator& comm, Device& dev,
-                                                      ReduceOp op, size_t n_params,
-                                                      size_t bucket_elems) {
-  return std::make_unique<ColocatedExchange>(std::move(state), comm, dev, op, n_params,
-                                             bucket_elems);
-}
 
 std::unique_ptr<Device> make_cuda_device(int index, int rank, Precision precision) {
   return std::make_unique<CudaDevice>(index, rank, precision);
@@ -1226,6 +1189,12 @@ std::unique_ptr<Device> make_cuda_device(int index, int rank, Precision precisio
 
 namespace {
 __global__ void k_empty() {}
+
+// Uniform in [-1, 1): GEMM floors on data like a network's, not on zeros (which take less power
+// and so can run at higher clocks).
+__global__ void k_fill_uniform(float* x, size_t n, uint64_t seed) {
+  GRID_STRIDE(i, n) x[i] = static_cast<float>(2.0 * counter_uniform(seed, i) - 1.0);
+}
 
 float median_of(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -1260,13 +1229,18 @@ GpuFloors measure_gpu(int index) {
   DT_CUDA(cudaMalloc(&x, sizeof(float) * n * n));
   DT_CUDA(cudaMalloc(&y, sizeof(float) * n * n));
   DT_CUDA(cudaMalloc(&z, sizeof(float) * n * n));
-  DT_CUDA(cudaMemsetAsync(x, 0, sizeof(float) * n * n, s));
-  DT_CUDA(cudaMemsetAsync(y, 0, sizeof(float) * n * n, s));
+  const size_t nn = static_cast<size_t>(n) * n;
+  k_fill_uniform<<<blocks_for(nn), kThreads, 0, s>>>(x, nn, 1);
+  DT_CUDA(cudaGetLastError());
+  k_fill_uniform<<<blocks_for(nn), kThreads, 0, s>>>(y, nn, 2);
+  DT_CUDA(cudaGetLastError());
   cublasHandle_t h = nullptr;
   DT_CUBLAS(cublasCreate(&h));
   DT_CUBLAS(cublasSetStream(h, s));
   for (bool tf32 : {false, true}) {
-    DT_CUBLAS(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    // FP32: cuBLAS's default math, what PyTorch uses with TF32 off (pedantic math may be
+    // slower and buys nothing for a floor).
+    DT_CUBLAS(cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     const float one = 1.f, zero = 0.f;
     std::vector<float> ms_list;
     for (int rep = 0; rep < 6; ++rep) {

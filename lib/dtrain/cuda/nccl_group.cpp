@@ -1,11 +1,17 @@
 // NCCL for the gradients of GPU replicas: communicator setup (in one process, or across
 // processes with the unique id broadcast over MPI), the bucketed exchange on a communication
 // stream ordered by CUDA events, and abort.
+//
+// Abort: a failing replica's thread aborts every communicator of the group, while the other
+// replicas' threads may be about to use theirs. So the group has a gate (AbortGate): every NCCL
+// call, and every launch of a CUDA graph holding NCCL calls, happens with a pass from it;
+// abort() closes the gate first (later calls throw Aborted instead of touching a
+// communicator), waits for the calls in flight, and only then calls ncclCommAbort.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <nccl.h>
 
-#include <mutex>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -39,10 +45,11 @@ namespace {
 
 class NcclExchange final : public GradExchange {
  public:
-  NcclExchange(ncclComm_t comm, int rank, int gpu, Device& dev, ReduceOp op, size_t n,
-               size_t bucket)
+  NcclExchange(ncclComm_t comm, AbortGate& gate, int rank, int gpu, Device& dev, ReduceOp op,
+               size_t n, size_t bucket)
       : GradExchange(n, bucket),
         comm_(comm),
+        gate_(gate),
         rank_(rank),
         gpu_(gpu),
         dev_(dev),
@@ -98,6 +105,7 @@ class NcclExchange final : public GradExchange {
       DT_CUDA_R(cudaEventRecord(slots_[cur_].ev[0], comm_stream_), rank_);
       started_ = true;
     }
+    const AbortGate::Pass pass = gate_.enter("NCCL all-reduce");
     DT_NCCL(ncclAllReduce(data, data, n, ncclFloat, op_, comm_, comm_stream_), rank_);
   }
   // The optimizer (on the compute stream) waits for the last bucket; the host does not.
@@ -137,6 +145,7 @@ class NcclExchange final : public GradExchange {
   double taken_ = 0;
 
   ncclComm_t comm_;
+  AbortGate& gate_;
   int rank_, gpu_;
   Device& dev_;
   cudaStream_t compute_;
@@ -149,23 +158,25 @@ class Group final : public NcclGroup {
  public:
   Group(std::vector<ncclComm_t> comms, std::vector<int> gpus, std::vector<int> ranks)
       : comms_(std::move(comms)), gpus_(std::move(gpus)), ranks_(std::move(ranks)) {}
+  // Every replica has stopped by now (their devices, and with them any CUDA graph that holds
+  // NCCL calls, are gone: NCCL's destroy waits for such graphs).
   ~Group() override {
-    std::lock_guard lk(mu_);
-    if (!aborted_)
+    if (!gate_.closed())
       for (auto c : comms_) ncclCommDestroy(c);
   }
   std::unique_ptr<GradExchange> exchange(int local_index, Device& dev, ReduceOp op, size_t n,
                                          size_t bucket) override {
+    const auto pass = gate_.enter("NCCL exchange setup");
     const auto i = static_cast<size_t>(local_index);
-    return std::make_unique<NcclExchange>(comms_.at(i), ranks_.at(i), gpus_.at(i), dev, op, n,
-                                          bucket);
+    return std::make_unique<NcclExchange>(comms_.at(i), gate_, ranks_.at(i), gpus_.at(i), dev, op,
+                                          n, bucket);
   }
   void abort() override {
-    std::lock_guard lk(mu_);
-    if (aborted_) return;
-    aborted_ = true;
-    for (auto c : comms_) ncclCommAbort(c);
+    if (!gate_.close()) return;  // closed and drained; someone else aborts
+    // Errors are not reported: the run has failed already, and this only releases the others.
+    for (auto c : comms_) (void)ncclCommAbort(c);
   }
+  AbortGate& gate() override { return gate_; }
   std::string version() const override {
     int v = 0;
     ncclGetVersion(&v);
@@ -175,13 +186,18 @@ class Group final : public NcclGroup {
  private:
   std::vector<ncclComm_t> comms_;
   std::vector<int> gpus_, ranks_;
-  std::mutex mu_;
-  bool aborted_ = false;
+  AbortGate gate_;
 };
 
 }  // namespace
 
 std::shared_ptr<NcclGroup> NcclGroup::local(const std::vector<int>& gpus) {
+  // Connect the communicators here rather than at their first collective (NCCL's default since
+  // 2.22): a first all-reduce would wait on the host for its peers, and one whose peer failed
+  // before it would never return, holding its pass, so abort() would wait forever. Connected
+  // communicators only queue work on the host. (A value the user set is kept; NCCL reads it
+  // once per process.)
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   std::vector<ncclComm_t> comms(gpus.size());
   DT_NCCL(ncclCommInitAll(comms.data(), static_cast<int>(gpus.size()), gpus.data()), 0);
   std::vector<int> ranks(gpus.size());
