@@ -41,6 +41,7 @@ inline double rel_error(const std::vector<float>& a, const std::vector<float>& b
 inline Config synthetic_config(int gpus, int64_t per_replica_batch) {
   Config c;
   c.name = "test";
+  c.backend = Backend::cpu;  // never `auto`: on a GPU machine it would pick CUDA for 1 replica
   c.gpus = gpus;
   c.threads = 1;
   c.data.dataset = DatasetKind::synthetic;

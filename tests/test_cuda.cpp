@@ -62,7 +62,9 @@ struct Mirror {
 using Outs = std::vector<std::vector<float>>;
 using Op = std::function<Outs(Device&, Mirror&)>;
 // precision tf32 has no CPU twin: it is compared with the fp32 CPU device.
-void twin(const char* what, double bound, const Op& op, Precision precision = Precision::fp32) {
+// `floor` > 0: the error must also exceed it (a reduced precision really in use).
+void twin(const char* what, double bound, const Op& op, Precision precision = Precision::fp32,
+          double floor = 0) {
   CpuOptions co;
   co.bf16 = precision == Precision::bf16;
   auto cpu = make_cpu_device(co);
@@ -73,6 +75,7 @@ void twin(const char* what, double bound, const Op& op, Precision precision = Pr
   for (size_t i = 0; i < a.size(); ++i) {
     INFO(what << " output " << i);
     CHECK(rel_error(a[i], b[i]) < bound);
+    if (floor > 0) CHECK(rel_error(a[i], b[i]) > floor);
   }
 }
 
@@ -423,6 +426,18 @@ TEST_CASE("CUDA tf32 GEMMs and convolutions match the FP32 CPU twin to TF32 prec
             },
             Precision::tf32);
   }
+  // TF32 is really in use: on random operands of a size that surely runs on tensor cores, the
+  // error is far above FP32's (about 1e-7 here) yet within TF32's.
+  const int64_t t = 256;
+  const auto A = random_vec(rng, t * t), B = random_vec(rng, t * t);
+  twin(
+      "gemm tf32 256^3", 3e-3,
+      [&](Device& d, Mirror& mr) -> Outs {
+        float* c = mr.in(std::vector<float>(static_cast<size_t>(t * t)));
+        d.gemm(false, false, t, t, t, 1.f, mr.in(A), t, mr.in(B), t, 0.f, c, t);
+        return Outs{mr.out(c, static_cast<size_t>(t * t))};
+      },
+      Precision::tf32, 1e-5);
   for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
     conv_twin("conv tf32", 1e-2, g, 3, rng, Precision::tf32);
 }
@@ -682,6 +697,15 @@ TEST_CASE("an aborted NCCL group starts no call and waits for the calls in fligh
     aborter.join();
     CHECK(freed);
     CHECK_FALSE(gate.close());  // a second abort does nothing
+  }
+  SECTION("a call blocked on a failed peer does not hold the abort forever") {
+    AbortGate gate;
+    const auto stuck = gate.enter("NCCL all-reduce");  // never returns on its own
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(gate.close(std::chrono::seconds(1)));  // then aborts anyway, releasing the call
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    CHECK(waited >= std::chrono::milliseconds(900));
+    CHECK(waited < std::chrono::seconds(5));
   }
   SECTION("replicas calling while one aborts") {
     AbortGate gate;

@@ -520,16 +520,43 @@ Override parse_override(const std::string& text) {
   return o;
 }
 
+namespace {
+// Every key of every mapping must be a plain name: YAML's complex keys (`? [a, b]: 1`) and
+// aliases used as keys have no meaning in a config.
+void check_keys(const YAML::Node& n, const std::string& source_name, int depth = 0) {
+  if (depth > 64)
+    throw UserError(fmt::format("{}:{}: nested more than 64 levels deep", source_name,
+                                n.Mark().line + 1));
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      if (!kv.first.IsScalar())
+        throw UserError(fmt::format("{}:{}: a key must be a plain name, not a {}", source_name,
+                                    kv.first.Mark().line + 1,
+                                    kv.first.IsMap() ? "mapping" : "list or null"));
+      check_keys(kv.second, source_name, depth + 1);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& v : n) check_keys(v, source_name, depth + 1);
+  }
+}
+}  // namespace
+
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<Override>& overrides) {
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    const auto docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1)
+      throw UserError(fmt::format("{}: holds {} YAML documents (separated by '---'); a config is "
+                                  "one document",
+                                  source_name, docs.size()));
+    if (!docs.empty()) root = docs.front();
   } catch (const YAML::ParserException& e) {
     throw UserError(fmt::format("{}:{}: malformed YAML: {}", source_name, e.mark.line + 1, e.msg));
   } catch (const YAML::Exception& e) {
     throw UserError(fmt::format("{}: malformed YAML: {}", source_name, e.msg));
   }
+  check_keys(root, source_name);
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   Source src{source_name, {}};
   for (const auto& ov : overrides) {

@@ -5,6 +5,7 @@
 // with an asynchronous communicator the exchange overlaps the rest of backward. The reduction
 // of each element does not depend on the bucket it falls in, so any bucket size gives the same
 // result as one all-reduce of the whole buffer.
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -26,6 +27,10 @@ class GradExchange {
   void begin(float* grads);
   // Backward has finished the gradient range [offset, offset + count).
   void ready(size_t offset, size_t count);
+  // Whether ready(offset, ...) would start the reduction of a bucket now.
+  bool would_launch(size_t offset) const {
+    return !single_ && grads_ && next_ < starts_.size() && std::min(low_, offset) <= starts_[next_];
+  }
   // Reduces what is left and waits: afterwards the buffer holds the reduced gradients (on a GPU:
   // for all work queued after this call on the device's stream).
   void finish();

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "dtrain/error.hpp"
@@ -60,14 +61,25 @@ AbortGate::Pass AbortGate::enter(const char* what) {
   return Pass(this);
 }
 
-bool AbortGate::close() {
+bool AbortGate::close(std::chrono::seconds limit) {
   std::unique_lock lk(mu_);
   if (closed_) return false;
   closed_ = true;  // first: from here on nobody starts using the communicators
   // Passes are short (NCCL calls that queue work); say so if one is not.
-  while (!cv_.wait_for(lk, std::chrono::seconds(10), [&] { return out_ == 0; }))
-    log().warn("abort: waiting for {} NCCL call(s) in flight before freeing the communicators",
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!cv_.wait_until(lk, std::min(deadline, std::chrono::steady_clock::now() +
+                                                    std::chrono::seconds(10)),
+                         [&] { return out_ == 0; })) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      // A call blocked on a failed peer: only NCCL's abort can release it.
+      log().error("abort: {} NCCL call(s) still in flight after {} s; aborting the "
+                  "communicators anyway, which releases calls blocked on a failed peer",
+                  out_, limit.count());
+      break;
+    }
+    log().warn("abort: waiting for {} NCCL call(s) in flight before aborting the communicators",
                out_);
+  }
   return true;
 }
 

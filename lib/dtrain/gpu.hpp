@@ -2,6 +2,7 @@
 // GPUs: what the machine has, the CUDA backend's device and the NCCL group of its replicas.
 // Compiles everywhere; where dtrain was built without the CUDA toolkit, cuda_built() is false
 // and there are no GPUs.
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -70,7 +71,10 @@ void gpu_warn(const std::string& line);
 // throws Aborted instead), then waits for the passes still out; only then may its caller free
 // the communicators. A pass is short: NCCL calls only queue work on the host (communicators
 // connect when they are created, see NcclGroup::local), and nobody waits for the device while
-// holding one.
+// holding one. One exception: an NCCL call whose work queue is full spins on the host until the
+// GPU drains it, which never happens behind a failed peer, and only NCCL's abort flag ends that
+// spin. So close() waits a bounded time, then lets its caller abort anyway (as PyTorch's NCCL
+// watchdog does).
 class AbortGate {
  public:
   class Pass {
@@ -88,8 +92,9 @@ class AbortGate {
   };
   // A pass for one use of the communicators; throws Aborted (naming `what`) once closed.
   Pass enter(const char* what);
-  // Closes the gate and waits until every pass is back. True for the call that closed it.
-  bool close();
+  // Closes the gate and waits until every pass is back, or `limit` has passed (then it says so
+  // in the log). True for the call that closed it.
+  bool close(std::chrono::seconds limit = std::chrono::seconds(30));
   bool closed() const;
 
  private:

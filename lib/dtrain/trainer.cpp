@@ -120,10 +120,21 @@ void worker(Shared& sh, Communicator& comm) {
   // A host exchange on a GPU (colocated replicas) copies each bucket to the host, which waits
   // for the device first. That wait is compute still queued, not exchange: it is waited out
   // before the exchange is timed, so that the host clocks measure the exchange alone.
+  // A failure in this replica aborts NCCL before anything that waits on its streams unwinds
+  // (the exchange's and the device's destructors), or a peer's queued collective would keep
+  // this rank from ever getting to the abort.
+  struct AbortOnUnwind {
+    NcclGroup* group;
+    int uncaught = std::uncaught_exceptions();
+    ~AbortOnUnwind() {
+      if (group && std::uncaught_exceptions() > uncaught) group->abort();
+    }
+  } abort_on_unwind{sh.nccl.get()};
   const bool exchange_on_host = !sh.nccl;
   const bool wait_before_exchange = exchange_on_host && !dev->host_memory();
   const Model::GradsReady on_ready = [&](size_t off, size_t count) {
-    if (wait_before_exchange) dev->synchronize();
+    // Only before a bucket goes out: a wait per layer would stall the device for nothing.
+    if (wait_before_exchange && exchange->would_launch(off)) dev->synchronize();
     exchange->ready(off, count);
   };
 

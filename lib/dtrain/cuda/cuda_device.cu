@@ -1031,12 +1031,19 @@ class CudaDevice final : public Device {
   // one, with a warning (see pick_algorithm).
   template <class Perf>
   const Perf& pick(const Perf* perf, int count, const char* what, const ConvGeom& g, int64_t n) {
-    std::vector<AlgoOption> options;
-    for (int i = 0; i < count; ++i)
-      options.push_back({perf[i].status == CUDNN_STATUS_SUCCESS,
-                         perf[i].determinism == CUDNN_DETERMINISTIC});
+    // Deterministic algorithms further down the list (FFT, say) can ask for gigabytes of
+    // workspace at evaluation batch sizes: those above 1 GiB count only when nothing else works.
+    constexpr size_t kMaxWorkspace = size_t(1) << 30;
     bool deterministic = false;
-    const int i = pick_algorithm(options, &deterministic);
+    int i = -1;
+    for (const size_t cap : {kMaxWorkspace, SIZE_MAX}) {
+      std::vector<AlgoOption> options;
+      for (int k = 0; k < count; ++k)
+        options.push_back({perf[k].status == CUDNN_STATUS_SUCCESS && perf[k].memory <= cap,
+                           perf[k].determinism == CUDNN_DETERMINISTIC});
+      i = pick_algorithm(options, &deterministic);
+      if (i >= 0) break;
+    }
     const auto ll = [](int64_t v) { return static_cast<long long>(v); };
     if (i < 0)
       throw SystemError(strf("rank %d: cuDNN offers no %s algorithm for a convolution of %lld "
@@ -1113,6 +1120,8 @@ class CudaDevice final : public Device {
       drop_graphs();
       synchronize();
       if (workspace_) DT_CUDA(cudaFree(workspace_));
+      workspace_ = nullptr;  // no dangling pointer if the allocation below fails
+      workspace_bytes_ = 0;
       DT_CUDA(cudaMalloc(&workspace_, p.workspace));
       workspace_bytes_ = p.workspace;
     }

@@ -63,7 +63,8 @@ class NcclExchange final : public GradExchange {
   }
   ~NcclExchange() override {
     cudaSetDevice(gpu_);
-    cudaStreamSynchronize(comm_stream_);
+    // After an abort the stream may hold collectives that wait for a failed peer: not waited.
+    if (!gate_.closed()) cudaStreamSynchronize(comm_stream_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
     for (auto& sl : slots_)
