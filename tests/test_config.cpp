@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <chrono>
 
 #include "dtrain/config.hpp"
 #include "dtrain/error.hpp"
@@ -177,4 +178,34 @@ TEST_CASE("comma lists split outside brackets", "[config][plan]") {
 TEST_CASE("closest_match finds typos and ignores unrelated words", "[config]") {
   CHECK(closest_match("lr_scalling", {"lr", "lr_scaling", "schedule"}) == "lr_scaling");
   CHECK(closest_match("qqqqqqqqqq", {"lr", "schedule"}).empty());
+}
+
+TEST_CASE("YAML that is not one plain config is refused with one line", "[config][errors]") {
+  // Complex keys: a list or a mapping where a name belongs, at the top and inside a section.
+  CHECK(error_of("? [a, b]\n: 1\n") == "exp.yaml:1: a key must be a plain name, not a list or null");
+  CHECK(error_of("train:\n  ? {x: 1}\n  : 2\n") ==
+        "exp.yaml:2: a key must be a plain name, not a mapping");
+  CHECK_THAT(error_of("model:\n  layers:\n    - {? [k]: 1}\n"),
+             Catch::Contains("a key must be a plain name"));
+  // A second document would be ignored silently.
+  CHECK(error_of("name: a\n---\nname: b\n") ==
+        "exp.yaml: holds more than one YAML document (separated by '---'); a config is one "
+        "document");
+  CHECK(error_of("---\nname: a\n---\n") == "");  // markers alone make no second document
+  // Found by fuzzing: yaml-cpp's LoadAll never returns on this.
+  const auto started = std::chrono::steady_clock::now();
+  (void)error_of("# Quickstart: thK Fashion-MNIST MLP accumurmup_ep2chs: 2\n  ,schedule: cosine\n");
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
+  // A quote left open at the end of the file (yaml-cpp reads it as a string to the end).
+  CHECK(error_of("name: x\nbackend: \"cpu\n") ==
+        "exp.yaml:2: a quoted string is not closed before the end of the file");
+  CHECK_THAT(error_of("name: 'x"), Catch::Contains("malformed YAML"));
+  // Nesting deep enough to exhaust the stack is refused, not followed.
+  std::string deep = "train: ";
+  for (int i = 0; i < 200; ++i) deep += "[";
+  CHECK_THAT(error_of(deep + "\n"), Catch::Contains("malformed YAML") ||
+                                        Catch::Contains("nested more than 64 levels deep"));
+  // Valid configs stay valid: a quote closed on the last line, a comment after the last key.
+  CHECK(error_of("name: \"x\"") == "");
+  CHECK(error_of("name: x # \"an open quote in a comment\n") == "");
 }

@@ -1,6 +1,7 @@
 #include "dtrain/config.hpp"
 
 #include <fmt/format.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "dtrain/error.hpp"
+#include "dtrain/log.hpp"
 
 namespace dtrain {
 
@@ -521,6 +523,52 @@ Override parse_override(const std::string& text) {
 }
 
 namespace {
+// Notes whether a YAML document holds anything but null.
+struct DocumentContent : YAML::EventHandler {
+  bool content = false;
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override { content = true; }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    content = true;
+  }
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    content = true;
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    content = true;
+  }
+  void OnMapEnd() override {}
+};
+
+// yaml-cpp reads a double quote left open at the end of a file as a string that runs to the
+// end of the file. Every double-quoted scalar must find its closing quote in the text.
+void check_quotes_closed(const YAML::Node& n, const std::string& text,
+                         const std::string& source_name) {
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      check_quotes_closed(kv.first, text, source_name);
+      check_quotes_closed(kv.second, text, source_name);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& v : n) check_quotes_closed(v, text, source_name);
+  } else if (n.IsScalar()) {
+    const auto pos = static_cast<size_t>(std::max(0, n.Mark().pos));
+    if (n.Mark().is_null() || pos >= text.size() || text[pos] != '"') return;
+    for (size_t i = pos + 1; i < text.size(); ++i) {
+      if (text[i] == '\\') ++i;
+      else if (text[i] == '"') return;
+    }
+    throw UserError(fmt::format("{}:{}: a quoted string is not closed before the end of the file",
+                                source_name, n.Mark().line + 1));
+  }
+}
+
 // Every key of every mapping must be a plain name: YAML's complex keys (`? [a, b]: 1`) and
 // aliases used as keys have no meaning in a config.
 void check_keys(const YAML::Node& n, const std::string& source_name, int depth = 0) {
@@ -545,18 +593,26 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
                     const std::vector<Override>& overrides) {
   YAML::Node root;
   try {
-    const auto docs = YAML::LoadAll(yaml_text);
-    if (docs.size() > 1)
-      throw UserError(fmt::format("{}: holds {} YAML documents (separated by '---'); a config is "
-                                  "one document",
-                                  source_name, docs.size()));
-    if (!docs.empty()) root = docs.front();
+    // At most two documents are looked at: yaml-cpp's LoadAll loops forever on some malformed
+    // input (found by fuzzing), and a second document is all that needs finding.
+    std::istringstream in(yaml_text);
+    YAML::Parser parser(in);
+    DocumentContent first, second;
+    parser.HandleNextDocument(first);
+    if (parser.HandleNextDocument(second) && second.content)
+      throw UserError(fmt::format("{}: holds more than one YAML document (separated by '---'); "
+                                  "a config is one document",
+                                  source_name));
+    root = YAML::Load(yaml_text);
   } catch (const YAML::ParserException& e) {
     throw UserError(fmt::format("{}:{}: malformed YAML: {}", source_name, e.mark.line + 1, e.msg));
   } catch (const YAML::Exception& e) {
     throw UserError(fmt::format("{}: malformed YAML: {}", source_name, e.msg));
   }
   check_keys(root, source_name);
+  check_quotes_closed(root, yaml_text, source_name);
+  if (!root || root.IsNull())
+    log().warn("{} holds no settings: every value not overridden is a default", source_name);
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   Source src{source_name, {}};
   for (const auto& ov : overrides) {

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan and UBSan) and runs each for a bounded time on a
+# copy of its committed seed corpus (fuzz/corpus/<target>), with a memory limit that catches a
+# reader allocating what a hostile header claims.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     # default 60 seconds each, targets config and idx
+#
+# Prints one line per target (executions, crashes, timeouts, out-of-memory) and exits 1 if any
+# target found a crash; its input is kept in build-fuzz/findings/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(config idx)
+case $seconds in '' | *[!0-9]*) echo "fuzz: SECONDS must be a whole number, got '$seconds'"; exit 2 ;; esac
+
+if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  echo "fuzz: installing clang and libFuzzer (clang, libclang-rt-14-dev)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends clang \
+    libclang-rt-14-dev >/dev/null 2>&1 || {
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends clang \
+      libclang-rt-14-dev >/dev/null
+  }
+fi
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_FUZZ=ON \
+  -DDTRAIN_CUDA=OFF -DDTRAIN_BUILD_TESTS=OFF >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
+
+found=0
+for t in "${targets[@]}"; do
+  work=build-fuzz/corpus/$t findings=build-fuzz/findings/$t
+  mkdir -p "$work" "$findings"
+  cp -n fuzz/corpus/"$t"/* "$work"/
+  log=build-fuzz/fuzz-$t.log
+  rc=0
+  # The outer timeout bounds a run whose exit hangs (leak checking a huge heap after an OOM).
+  ASAN_OPTIONS=detect_leaks=1 timeout -k 10 $((seconds + 120)) build-fuzz/fuzz/fuzz_"$t" "$work" -max_total_time="$seconds" \
+    -rss_limit_mb=1024 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="$findings/" >"$log" 2>&1 || rc=$?
+  execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log" | tail -n 1)
+  crashes=$(find "$findings" -name 'crash-*' | wc -l)
+  timeouts=$(find "$findings" -name 'timeout-*' | wc -l)
+  ooms=$(find "$findings" -name 'oom-*' | wc -l)
+  echo "fuzz: $t: ${execs:-0} executions in ${seconds} s, $crashes crashes, $timeouts timeouts, $ooms out-of-memory (log: $log)"
+  if [ "$rc" != 0 ] || [ $((crashes + timeouts + ooms)) -gt 0 ]; then
+    grep -E 'ERROR|SUMMARY|what\(\)' "$log" | head -n 5
+    found=1
+  fi
+done
+exit "$found"
