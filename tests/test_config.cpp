@@ -158,7 +158,7 @@ TEST_CASE("cross-field and name rules are enforced", "[config][errors]") {
   CHECK_THAT(error_of("train: {epochs: 2}\noptimizer: {warmup_epochs: 3}\n"),
              Catch::Contains("optimizer.warmup_epochs=3 exceeds train.epochs=2"));
   CHECK_THAT(error_of("name: a/b\n"),
-             Catch::Contains("exp.yaml:1: name: must be a non-empty folder name without '/'"));
+             Catch::Contains("exp.yaml:1: name: must be a folder name of 1 to 200 bytes without '/'"));
   CHECK_THAT(error_of("model:\n  type: layers\n  layers:\n    - dense\n"),
              Catch::Contains("dense needs units"));
 }
@@ -208,4 +208,30 @@ TEST_CASE("YAML that is not one plain config is refused with one line", "[config
   // Valid configs stay valid: a quote closed on the last line, a comment after the last key.
   CHECK(error_of("name: \"x\"") == "");
   CHECK(error_of("name: x # \"an open quote in a comment\n") == "");
+}
+
+TEST_CASE("products of user numbers are checked before they can wrap around", "[config][errors]") {
+  CHECK_THAT(error_of("gpus: 2\ntrain: {per_replica_batch: 4611686018427387904}\n"),
+             Catch::Contains("the global batch (train.per_replica_batch=4611686018427387904 x "
+                             "gpus=2 x accumulation_steps=1) is over 2147483648"));
+  CHECK_THAT(error_of("gpus: 4096\ntrain: {per_replica_batch: 1, accumulation_steps: 1048576}\n"),
+             Catch::Contains("gpus x train.accumulation_steps is over"));
+  CHECK_THAT(
+      error_of("data: {dataset: synthetic, synthetic: {shape: [4294967296, 4294967296]}}\n"),
+      Catch::Contains("data.synthetic.shape: 4294967296 x 4294967296 features in all is over"));
+  // Large but sound values still pass.
+  CHECK(error_of("gpus: 1024\ntrain: {per_replica_batch: 1024, accumulation_steps: 16}\n") == "");
+}
+
+TEST_CASE("names and paths are UTF-8 text and names are visible folder names", "[config][errors]") {
+  // Raw bytes that are not UTF-8 (a Latin-1 e-acute; a lone 0xff).
+  CHECK(error_of("name: caf\xe9\n") == "exp.yaml:1: name: must be UTF-8 text without NUL bytes");
+  CHECK_THAT(error_of("data: {path: /tmp/x\xff}\n"),
+             Catch::Contains("data.path: must be UTF-8 text without NUL bytes"));
+  CHECK_THAT(error_of("name: \"a\\0b\"\n"), Catch::Contains("without NUL bytes"));
+  CHECK(error_of("name: \"caf\\u00e9 \\u5b9e\\u9a8c\"\n") == "");  // UTF-8 is fine
+  CHECK_THAT(error_of("name: .hidden\n"), Catch::Contains("not starting with '.'"));
+  CHECK_THAT(error_of("name: " + std::string(201, 'x') + "\n"),
+             Catch::Contains("1 to 200 bytes"));
+  CHECK(error_of("name: " + std::string(200, 'x') + "\n") == "");
 }

@@ -5,28 +5,13 @@
 #include "dtrain/device.hpp"
 #include "dtrain/model.hpp"
 #include "dtrain/rng.hpp"
+#include "gradcheck.hpp"
 
 using namespace dtrain;
+using dtrain::test::central_diff;
+using dtrain::test::grad_close;
 
 namespace {
-
-constexpr double kH = 1e-2;
-
-// d f / d v by central differences, leaving v as it was.
-template <class F>
-double central_diff(float& v, F&& f) {
-  const float keep = v;
-  v = keep + static_cast<float>(kH);
-  const double plus = f();
-  v = keep - static_cast<float>(kH);
-  const double minus = f();
-  v = keep;
-  return (plus - minus) / (2 * kH);
-}
-
-bool close(double analytic, double numeric) {
-  return std::abs(analytic - numeric) <= 2e-3 + 2e-2 * std::abs(numeric);
-}
 
 // L = sum(y * u) for a fixed random u, so dL/dy = u.
 double probe_loss(Device& d, Layer& l, const std::vector<float>& x, int64_t rows,
@@ -73,13 +58,13 @@ void check_layer(Device& d, Layer& layer, uint64_t seed, bool spaced = false) {
   for (size_t i = 0; i < x.size(); ++i) {
     const double numeric = central_diff(x[i], loss);
     INFO(layer.describe() << " dx[" << i << "] analytic " << dx[i] << " numeric " << numeric);
-    CHECK(close(dx[i], numeric));
+    CHECK(grad_close(dx[i], numeric));
   }
   for (size_t j = 0; j < params.size(); ++j) {
     const double numeric = central_diff(params[j], loss);
     INFO(layer.describe() << " dparam[" << j << "] analytic " << grads[j] << " numeric "
                           << numeric);
-    CHECK(close(grads[j], numeric));
+    CHECK(grad_close(grads[j], numeric));
   }
 }
 
@@ -205,7 +190,7 @@ TEST_CASE("softmax cross-entropy gradient matches finite differences", "[grad]")
   for (size_t i = 0; i < z.size(); ++i) {
     const double numeric = central_diff(z[i], loss);
     INFO("dlogit[" << i << "] analytic " << dz[i] << " numeric " << numeric);
-    CHECK(close(dz[i], numeric));
+    CHECK(grad_close(dz[i], numeric));
   }
 }
 
@@ -233,22 +218,7 @@ TEST_CASE("a whole model's gradient matches finite differences of its loss", "[g
   std::vector<float> x(static_cast<size_t>(rows * 4));
   for (auto& v : x) v = static_cast<float>(rng.uniform(-1, 1));
   const std::vector<int32_t> y = {0, 1, 2, 1, 0};
-  auto loss = [&] {
-    double st[2] = {0, 0};
-    model->forward(x.data(), rows);
-    model->loss_only(y.data(), rows, st);
-    return st[0];
-  };
-  model->zero_grads();
-  double st[2] = {0, 0};
-  model->forward(x.data(), rows);
-  model->loss_backward(y.data(), rows, 1.f, st);
-  const std::vector<float> g(model->grads(), model->grads() + model->param_count());
-  for (int64_t j = 0; j < model->param_count(); ++j) {
-    const double numeric = central_diff(model->params()[j], loss);
-    INFO("param " << j << " analytic " << g[static_cast<size_t>(j)] << " numeric " << numeric);
-    CHECK(close(g[static_cast<size_t>(j)], numeric));
-  }
+  test::check_model_gradient(*model, x, y, rows);
 }
 
 TEST_CASE("optimizers follow their update rules on one parameter", "[optim]") {

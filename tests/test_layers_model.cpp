@@ -9,6 +9,7 @@
 #include "dtrain/error.hpp"
 #include "dtrain/model.hpp"
 #include "dtrain/trainer.hpp"
+#include "gradcheck.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;
@@ -156,30 +157,8 @@ TEST_CASE("a layer list that starts with an activation trains, with correct grad
       v = static_cast<float>(rng.uniform() < 0.5 ? -m : m);
     }
     const std::vector<int32_t> y = {0, 1, 2, 1, 0};
-    const auto loss = [&] {
-      double st[2] = {0, 0};
-      model->forward(x.data(), rows);
-      model->loss_only(y.data(), rows, st);
-      return st[0];
-    };
-    model->zero_grads();
-    double st[2] = {0, 0};
-    model->forward(x.data(), rows);
-    model->loss_backward(y.data(), rows, 1.f, st);
-    const std::vector<float> g(model->grads(), model->grads() + model->param_count());
     REQUIRE(model->param_count() == (4 * 5 + 5) + (5 * 3 + 3));
-    for (int64_t j = 0; j < model->param_count(); ++j) {
-      float& p = model->params()[j];
-      const float keep = p;
-      p = keep + 1e-2f;
-      const double plus = loss();
-      p = keep - 1e-2f;
-      const double minus = loss();
-      p = keep;
-      const double numeric = (plus - minus) / 2e-2;
-      INFO("param " << j << " analytic " << g[static_cast<size_t>(j)] << " numeric " << numeric);
-      CHECK(std::abs(g[static_cast<size_t>(j)] - numeric) <= 2e-3 + 2e-2 * std::abs(numeric));
-    }
+    test::check_model_gradient(*model, x, y, rows);
 
     // And a whole data-parallel run with the activation alone before the classifier.
     Config c = test::synthetic_config(2, 32);

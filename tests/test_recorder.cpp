@@ -21,6 +21,17 @@ using namespace dtrain::test;
 
 namespace {
 
+// A synthetic experiment that runs in a fraction of a second.
+std::string tiny_yaml(int epochs) {
+  return R"(name: tiny
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 256, test_size: 64, shape: [8], classes: 3}
+model: {hidden: [8]}
+train: {epochs: )" + std::to_string(epochs) + ", per_replica_batch: 16}\n";
+}
+
 // Files in `dir` whose name holds ".tmp.": what an interrupted atomic write leaves behind.
 int temp_files(const fs::path& dir) {
   int n = 0;
@@ -104,14 +115,7 @@ TEST_CASE("a run's status is read from its summary before its status file", "[re
 
 TEST_CASE("dtrain run on a full disk exits 1 and leaves the run marked failed", "[recorder][cli]") {
   TempDir s("full");
-  const auto cfg = s.write("tiny.yaml", R"(name: tiny
-threads: 1
-data:
-  dataset: synthetic
-  synthetic: {train_size: 256, test_size: 64, shape: [8], classes: 3}
-model: {hidden: [8]}
-train: {epochs: 2, per_replica_batch: 16}
-)");
+  const auto cfg = s.write("tiny.yaml", tiny_yaml(2));
   // A first run tells the sizes: every file must fit under the limit but summary.json.
   const auto ok = dtrain_cli("run " + cfg + " --results " + (s.path / "ok").string() + " --tag t");
   REQUIRE(ok.code == 0);
@@ -138,14 +142,7 @@ train: {epochs: 2, per_replica_batch: 16}
 
 TEST_CASE("a run folder held by another process is never moved or resumed", "[recorder][cli]") {
   TempDir s("lock");
-  const auto cfg = s.write("tiny.yaml", R"(name: tiny
-threads: 1
-data:
-  dataset: synthetic
-  synthetic: {train_size: 256, test_size: 64, shape: [8], classes: 3}
-model: {hidden: [8]}
-train: {epochs: 1, per_replica_batch: 16}
-)");
+  const auto cfg = s.write("tiny.yaml", tiny_yaml(1));
   const auto res = s.path / "res";
   const auto run = res / "tiny" / "t-g1";
   fs::create_directories(run);
@@ -181,14 +178,7 @@ train: {epochs: 1, per_replica_batch: 16}
 
 TEST_CASE("resuming refuses a finished run whose config differs", "[recorder][cli]") {
   TempDir s("resume");
-  const auto cfg = s.write("tiny.yaml", R"(name: tiny
-threads: 1
-data:
-  dataset: synthetic
-  synthetic: {train_size: 256, test_size: 64, shape: [8], classes: 3}
-model: {hidden: [8]}
-train: {epochs: 1, per_replica_batch: 16}
-)");
+  const auto cfg = s.write("tiny.yaml", tiny_yaml(1));
   const std::string cmd = "run " + cfg + " --results " + (s.path / "res").string() + " --tag t";
   REQUIRE(dtrain_cli(cmd).code == 0);
   const auto same = dtrain_cli(cmd + " --resume");
@@ -198,4 +188,17 @@ train: {epochs: 1, per_replica_batch: 16}
   CHECK(changed.code == 2);
   CHECK_THAT(changed.out, Catch::Contains("finished with another config") &&
                               Catch::Contains("lr: 0.2"));
+}
+
+TEST_CASE("a tag must make a visible folder name of sane length", "[cli][errors]") {
+  TempDir s("tag");
+  const auto cfg = s.write("tiny.yaml", tiny_yaml(1));
+  const std::string run = "run " + cfg + " --results " + (s.path / "res").string();
+  for (const std::string& tag : {std::string(".hidden"), std::string(101, 'x')}) {
+    const auto r = dtrain_cli(run + " --tag " + tag);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains("give 1 to 100 characters, not starting with '.'"));
+  }
+  CHECK(!fs::exists(s.path / "res" / "tiny"));
+  CHECK(dtrain_cli(run + " --tag " + std::string(100, 'x')).code == 0);
 }

@@ -116,6 +116,10 @@ int run_run(const RunOptions& opt) {
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
   const std::string tag = opt.tag.empty() ? default_tag() : slug(opt.tag);
+  // The tag starts every run folder's name: visible to report, short enough for a file system.
+  if (tag.front() == '.' || tag.size() > 100)
+    throw UserError(fmt::format("--tag '{}': give 1 to 100 characters, not starting with '.'",
+                                opt.tag));
   const auto runs = plan_runs(opt.config, opt.overrides);
 
   if (multi)

@@ -17,6 +17,29 @@
 namespace dtrain {
 
 namespace {
+// Well-formed UTF-8: no stray continuation bytes, no overlong forms, no surrogates.
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || i + len > n) return false;
+    unsigned cp = len == 1 ? c : c & (0x7f >> len);
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+      return false;
+    i += len;
+  }
+  return true;
+}
+}  // namespace
+
+namespace {
 
 template <class E>
 using EnumTable = std::vector<std::pair<const char*, E>>;
@@ -191,7 +214,12 @@ class MapReader {
     }
   }
   void boolean(const std::string& key, bool& out) { scalar(key, out, "true or false"); }
-  void string(const std::string& key, std::string& out) { scalar(key, out, "a string"); }
+  void string(const std::string& key, std::string& out) {
+    scalar(key, out, "a string");
+    // Strings end up in summary.json and file names: JSON needs UTF-8, folders need no NUL.
+    if (!valid_utf8(out) || out.find('\0') != std::string::npos)
+      fail(key, node(key), "must be UTF-8 text without NUL bytes");
+  }
 
   template <class E>
   void choice(const std::string& key, E& out, const EnumTable<E>& table) {
@@ -366,8 +394,11 @@ Config decode(const YAML::Node& root, const Source& src) {
     throw UserError(fmt::format("{}: expected a mapping of keys at the top level", src.file));
   MapReader top(root, "", src);
   top.string("name", c.name);
-  if (c.name.empty() || c.name.find('/') != std::string::npos || c.name == "." || c.name == "..")
-    top.fail("name", top.node("name"), "must be a non-empty folder name without '/'");
+  // The name is a folder: visible (report skips hidden ones), short enough for a file system.
+  if (c.name.empty() || c.name.find('/') != std::string::npos || c.name.front() == '.' ||
+      c.name.size() > 200)
+    top.fail("name", top.node("name"),
+             "must be a folder name of 1 to 200 bytes without '/', not starting with '.'");
   top.choice("backend", c.backend, kBackends);
   top.choice("precision", c.precision, kPrecisions);
   if (c.precision == Precision::tf32 && c.backend == Backend::cpu)
@@ -462,8 +493,31 @@ Config decode(const YAML::Node& root, const Source& src) {
   }
   top.finish();
 
-  // Cross-field rules.
-  const int64_t split = static_cast<int64_t>(c.gpus) * c.train.accumulation_steps;
+  // Cross-field rules. Products of user numbers are checked: none may wrap around.
+  constexpr int64_t kMaxBatch = int64_t{1} << 31;
+  const auto product = [&](std::initializer_list<int64_t> factors, const std::string& what) {
+    int64_t p = 1;
+    for (const int64_t f : factors)
+      if (__builtin_mul_overflow(p, f, &p) || p > kMaxBatch)
+        throw UserError(fmt::format("{}: {} is over {}; use smaller values", src.file, what,
+                                    kMaxBatch));
+    return p;
+  };
+  const int64_t split = product({c.gpus, c.train.accumulation_steps},
+                                "gpus x train.accumulation_steps");
+  if (c.train.per_replica_batch)
+    product({*c.train.per_replica_batch, c.gpus, c.train.accumulation_steps},
+            fmt::format("the global batch (train.per_replica_batch={} x gpus={} x "
+                        "accumulation_steps={})",
+                        *c.train.per_replica_batch, c.gpus, c.train.accumulation_steps));
+  if (c.data.dataset == DatasetKind::synthetic) {
+    int64_t features = 1;
+    for (const int64_t d : c.data.synthetic.shape)
+      if (__builtin_mul_overflow(features, d, &features) || features > (int64_t{1} << 28))
+        throw UserError(fmt::format("{}: data.synthetic.shape: {} features in all is over {}",
+                                    src.file, fmt::join(c.data.synthetic.shape, " x "),
+                                    int64_t{1} << 28));
+  }
   if (c.train.global_batch && *c.train.global_batch % split != 0) {
     const int64_t g = *c.train.global_batch;
     const int64_t lo = std::max<int64_t>(split, g / split * split);
@@ -481,12 +535,13 @@ Config decode(const YAML::Node& root, const Source& src) {
 }  // namespace
 
 int64_t Config::micro_batch() const {
-  if (train.global_batch) return *train.global_batch / (gpus * train.accumulation_steps);
+  const int64_t split = int64_t{gpus} * train.accumulation_steps;
+  if (train.global_batch) return *train.global_batch / split;
   return train.per_replica_batch.value_or(64);
 }
 
 int64_t Config::global_batch() const {
-  return micro_batch() * gpus * train.accumulation_steps;
+  return micro_batch() * int64_t{gpus} * train.accumulation_steps;  // validated not to overflow
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
