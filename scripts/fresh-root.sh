@@ -46,7 +46,7 @@ obstacle() {
       >/dev/null 2>&1; } || { echo "debootstrap is missing and apt-get could not install it"; return; }
   fi
   mkdir -p "$cache" 2>/dev/null && [ -w "$cache" ] || { echo "cannot write the cache folder $cache"; return; }
-  unshare --mount --propagation private true 2>/dev/null ||
+  unshare --mount --propagation private --pid --fork --kill-child true 2>/dev/null ||
     { echo "no mount namespace can be made here (unshare --mount failed)"; return; }
   if [ ! -f "$cache/base-$suite/.complete" ]; then
     make_base >"$cache/bootstrap.log" 2>&1 || {
@@ -56,18 +56,21 @@ obstacle() {
   fi
 }
 
+# Every step is checked by hand: this runs inside `$(...) || ...`, where `set -e` is off, and a
+# half-made base must never be marked complete.
 make_base() {
   (
-    flock 9
+    flock 9 || exit 1
     [ -f "$cache/base-$suite/.complete" ] && exit 0
-    rm -rf "$cache/base-$suite.tmp"
-    debootstrap --variant=minbase "$suite" "$cache/base-$suite.tmp" "$(mirror)"
+    local tmp=$cache/base-$suite.tmp
+    rm -rf "$tmp" || exit 1
+    debootstrap --variant=minbase "$suite" "$tmp" "$(mirror)" || exit 1
+    [ -x "$tmp/usr/bin/apt-get" ] && [ -x "$tmp/bin/bash" ] || exit 1
     # Package lists live outside the base so that a refresh (install-deps' apt-get update) is kept.
-    mkdir -p "$cache/apt-lists" "$cache/apt-archives/partial"
-    cp -a "$cache/base-$suite.tmp/var/lib/apt/lists/." "$cache/apt-lists/"
-    touch "$cache/base-$suite.tmp/.complete"
-    rm -rf "$cache/base-$suite"
-    mv "$cache/base-$suite.tmp" "$cache/base-$suite"
+    mkdir -p "$cache/apt-lists" "$cache/apt-archives/partial" || exit 1
+    cp -a "$tmp/var/lib/apt/lists/." "$cache/apt-lists/" || exit 1
+    touch "$tmp/.complete" || exit 1
+    rm -rf "$cache/base-$suite" && mv "$tmp" "$cache/base-$suite"
   ) 9>"$cache/.lock"
 }
 
@@ -80,8 +83,8 @@ inner() {
     cp -a "$base/." "$root/"
     cp -a "$run/upper/." "$root/"
   fi
-  mount -t proc proc "$root/proc"
-  mount --rbind /sys "$root/sys"
+  mount -t proc proc "$root/proc"  # this namespace's processes only (unshare --pid)
+  mount -t sysfs -o ro sysfs "$root/sys" 2>/dev/null || mount --rbind /sys "$root/sys"
   mount --rbind /dev "$root/dev"
   mount -t tmpfs tmpfs "$root/tmp"
   mount --bind "$cache/apt-archives" "$root/var/cache/apt/archives"
@@ -130,12 +133,16 @@ done
 why=$(obstacle)
 [ -z "$why" ] || { say "cannot make a fresh root: $why"; exit 3; }
 
-# Remove what runs killed before their cleanup left (their mounts died with their namespace).
+# One run at a time on this machine: the package cache is shared, and apt does not wait for
+# its lock. Whatever is in runs/ then was left by a killed run (its mounts died with its
+# namespace), so it can go.
+exec 8>"$cache/.run.lock"
+if ! flock -n 8; then
+  say "waiting for another fresh-root run on this machine to finish"
+  flock -w 3600 8 || { say "gave up after an hour of waiting for another fresh-root run"; exit 3; }
+fi
 mkdir -p "$cache/runs"
-for old in "$cache"/runs/*; do
-  [ -d "$old" ] || continue
-  kill -0 "${old##*/}" 2>/dev/null || rm -rf "$old"
-done
+rm -rf "${cache:?}"/runs/*
 run=$cache/runs/$$
 rm -rf "$run"
 trap 'rm -rf "$run"' EXIT
@@ -143,7 +150,7 @@ mkdir -p "$run/upper"
 git clone --quiet --no-hardlinks "$repo" "$run/upper/src"
 if [ "$worktree" = 1 ]; then
   (cd "$repo" && git ls-files -z --cached --others --exclude-standard |
-     xargs -0 -r tar -cf - --ignore-failed-read 2>/dev/null) | tar -C "$run/upper/src" -xf -
+     tar -cf - --null -T - --ignore-failed-read 2>/dev/null) | tar -C "$run/upper/src" -xf -
 fi
 for p in "${carry[@]}"; do
   [ -e "$repo/$p" ] || { say "--carry $p: no such path in $repo"; exit 2; }
@@ -151,7 +158,9 @@ for p in "${carry[@]}"; do
   cp -a "$repo/$p" "$run/upper/src/$p"
 done
 say "root: $suite from $(mirror), run folder $run"
-unshare --mount --propagation private -- "$(readlink -f "$0")" --inner "$run" "$@"
+# Own mount and process namespaces: mounts and any process the command leaves behind end with it.
+unshare --mount --propagation private --pid --fork --kill-child -- \
+  "$(readlink -f "$0")" --inner "$run" "$@"
 for p in "${export_paths[@]}"; do
   # What the command wrote is in the overlay's upper layer (or the copied root without one).
   src=$run/upper/src/$p

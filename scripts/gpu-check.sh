@@ -19,10 +19,15 @@
 #
 # Data: Fashion-MNIST from $DTRAIN_DATA, else /usr/share/datasets/fashion-mnist, else the copy
 # that scripts/build-portable.sh packs into .gpu-carry/data/fashion-mnist.
-# Exit code: 0 every stage asked for passed (or had nothing to do), 1 one failed, 2 a stage cannot start (no data,
-# unknown stage), 3 no GPU (outside a rehearsal).
+# Exit code: 0 every stage asked for passed (or had nothing to do), 1 one failed, 2 a stage
+# cannot start (no data, unknown stage), 3 no GPU (outside a rehearsal; the probe still runs).
+#
+# One call has DTRAIN_GPU_CHECK_BUDGET seconds (default 570, inside a 10-minute command) for all
+# its stages: each stage's limit is cut to what is left, so the call ends, with its evidence
+# archived, before the command's own limit.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+self=$(readlink -f "$0")
+cd "$(dirname "$self")/.."
 root=$(pwd)
 rehearsal=${DTRAIN_GPU_CHECK_REHEARSAL:-0}
 all_stages=(probe build devices tests bench runs)
@@ -42,19 +47,22 @@ dest=${DTRAIN_GPU_CHECK_DEST:-"${OUT:-results/gpu}/$(date -u +%Y%m%d)-${gpu_name
 sdir="$dest/${one_stage:-none}"  # a stage's own files
 mkdir -p "$dest"
 [ -f "$dest/stages.md" ] || printf '| stage | result | seconds | started (UTC) | commit |\n|---|---|---|---|---|\n' > "$dest/stages.md"
-commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo "no git; carried binaries from $(cat .gpu-carry/commit 2>/dev/null || echo unknown)")
+commit=$(git describe --always --dirty --abbrev=12 2>/dev/null || echo "no git; carried binaries from $(cat .gpu-carry/commit 2>/dev/null || echo unknown)")
 
-if [ "$has_gpu" = 0 ] && [ "$rehearsal" != 1 ]; then
-  echo "gpu-check: no GPU on this machine (nvidia-smi -L failed); nothing CUDA can run here"
-  echo "           (DTRAIN_GPU_CHECK_REHEARSAL=1 rehearses the stages that need no GPU)"
-  exit 3
+no_gpu=0
+if [ "$has_gpu" = 0 ] && [ "$rehearsal" != 1 ] && [ -z "$one_stage" ]; then
+  echo "gpu-check: no GPU on this machine (nvidia-smi -L failed); nothing CUDA can run here, so"
+  echo "           only the probe runs (DTRAIN_GPU_CHECK_REHEARSAL=1 rehearses the stages that"
+  echo "           need no GPU)"
+  stages=(probe)
+  no_gpu=1
 fi
 
 # The CUDA libraries may live in PyTorch's wheels rather than in the toolkit, under versioned
 # names only; make them findable by the binaries.
 libdirs=()
 for lib in libcudnn.so.9 libnccl.so.2 libcublas.so.13; do
-  ldconfig -p 2>/dev/null | grep -q "$lib" && continue
+  grep -q "$lib" <(ldconfig -p 2>/dev/null) && continue  # no pipe: grep -q would cut it
   d=""
   for c in /usr/local/cuda/lib64 /usr/local/cuda/lib \
            $(python3 -c 'import nvidia; print(" ".join(p + "/*/lib" for p in nvidia.__path__))' 2>/dev/null); do
@@ -63,8 +71,8 @@ for lib in libcudnn.so.9 libnccl.so.2 libcublas.so.13; do
   [ -n "$d" ] || d=$(find / -xdev -name "$lib" -not -path '*/proc/*' 2>/dev/null | head -n 1 | xargs -r dirname)
   [ -n "$d" ] && case " ${libdirs[*]} " in *" $d "*) ;; *) libdirs+=("$d") ;; esac
 done
-for d in "${libdirs[@]}"; do LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; done
-export LD_LIBRARY_PATH
+for d in "${libdirs[@]}"; do LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH:-}}"; done
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 
 # Which binaries the later stages use: recorded by the build stage, which may be another call.
 route_file=build-gpu/.route
@@ -102,7 +110,7 @@ stage_probe() {
   ls /usr/local/cuda/lib64 | grep -E 'libcudnn.so|libnccl.so|libcublas.so' | head
   find / -xdev \( -name 'libnccl.so*' -o -name 'libcudnn.so*' -o -name 'nccl.h' -o -name 'cudnn.h' \
        -o -name 'yaml.h' -o -name 'CLI.hpp' -o -name 'cblas.h' -o -name 'dnnl.hpp' \) 2>/dev/null | head -n 40
-  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
   set +x
   return 0
 }
@@ -115,7 +123,9 @@ stage_build() {
   mkdir -p build-gpu
   if command -v cmake >/dev/null &&
      cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_REQUIRE_CUDA=ON \
-       -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build-gpu -j"$(nproc)"; then
+       -DCMAKE_CUDA_ARCHITECTURES=90 &&
+     # Bounded, so that the carried binaries can still be tried within the stage's limit.
+     timeout 300 cmake --build build-gpu -j"$(nproc)"; then
     echo build-gpu > "$route_file"
     echo "gpu-check: built here"
     return 0
@@ -131,7 +141,9 @@ stage_build() {
   echo build-carried > "$route_file"
   # Every shared library the binaries need must be on this machine.
   local missing
-  missing=$(ldd build-carried/apps/dtrain build-carried/tests/dtrain_tests | grep 'not found' | sort -u)
+  # -r: also symbols the libraries found here lack (a cuDNN or NCCL older than the build's).
+  missing=$(ldd -r build-carried/apps/dtrain build-carried/tests/dtrain_tests 2>&1 |
+            grep -E 'not found|undefined symbol' | sort -u)
   if [ -n "$missing" ]; then
     echo "gpu-check: the carried binaries lack shared libraries here:"; echo "$missing"
     return 1
@@ -163,20 +175,28 @@ stage_tests() {
   b=$(bin_dir) || return 2
   need_data >/dev/null && export DTRAIN_TEST_DATA="$data"
   export DTRAIN_TEST_SOURCE_DIR="$root" DTRAIN_TEST_BINARY="$root/$b/apps/dtrain"
-  DTRAIN_REQUIRE_GPU=1 "$b/tests/dtrain_tests" "[cuda]" -r compact > "$sdir/tests-cuda.txt" 2>&1
+  # Line-buffered with each test's time, so a hang still leaves the tests that finished; the GPU
+  # half gets at most 2/3 of the stage, so that the CPU half still runs after a hang.
+  DTRAIN_REQUIRE_GPU=1 timeout -k 10 360 stdbuf -oL -eL "$b/tests/dtrain_tests" "[cuda]" \
+    -r compact -d yes > "$sdir/tests-cuda.txt" 2>&1
   rc_gpu=$?
   tail -n 3 "$sdir/tests-cuda.txt"
   # The rest with the GPU hidden, so that `backend: auto` in them means the CPU, as elsewhere.
-  CUDA_VISIBLE_DEVICES="" "$b/tests/dtrain_tests" "~[cuda]" -r compact > "$sdir/tests-cpu.txt" 2>&1
+  CUDA_VISIBLE_DEVICES="" stdbuf -oL -eL "$b/tests/dtrain_tests" "~[cuda]" -r compact -d yes \
+    > "$sdir/tests-cpu.txt" 2>&1
   rc_cpu=$?
   tail -n 3 "$sdir/tests-cpu.txt"
   [ "$rc_cpu" = 0 ] || { echo "gpu-check: the CPU tests failed"; return 1; }
   if [ "$rehearsal" = 1 ]; then
-    [ "$rc_gpu" != 0 ] || { echo "gpu-check: the [cuda] tests passed without a GPU under DTRAIN_REQUIRE_GPU=1"; return 1; }
+    # Failing for the right reason: the missing GPU, not a crash or an empty test list.
+    if [ "$rc_gpu" = 0 ] || ! grep -q "DTRAIN_REQUIRE_GPU=1 but no GPU" "$sdir/tests-cuda.txt"; then
+      echo "gpu-check: the [cuda] tests did not fail for want of a GPU under DTRAIN_REQUIRE_GPU=1"
+      return 1
+    fi
     echo "gpu-check: rehearsal: the [cuda] tests fail without a GPU, as they must"
     return 0
   fi
-  [ "$rc_gpu" = 0 ] || { echo "gpu-check: the GPU tests failed"; return 1; }
+  [ "$rc_gpu" = 0 ] || { echo "gpu-check: the GPU tests failed (exit $rc_gpu)"; return 1; }
 }
 
 skipped=10  # a stage's exit code for "nothing to do here"
@@ -234,31 +254,47 @@ fi
 
 limit_for() { case $1 in probe) echo 120 ;; devices) echo 180 ;; *) echo 560 ;; esac; }
 
+budget=${DTRAIN_GPU_CHECK_BUDGET:-570}
+call_start=$SECONDS
 overall=0
 for s in "${stages[@]}"; do
   log="$dest/$s.log"
-  echo "## $s (log: $log, limit $(limit_for "$s") s)"
+  # The stage's own limit, cut to what is left of this call's budget (20 s kept for archiving).
+  left=$((budget - (SECONDS - call_start) - 20))
+  limit=$(limit_for "$s")
+  [ "$left" -lt "$limit" ] && limit=$left
   started=$(date -u +%H:%M:%S)
   t0=$SECONDS
-  # Each stage is this script's function run in a child bash under timeout, so a hang is cut.
-  DTRAIN_GPU_CHECK_DEST=$dest timeout --kill-after=20 "$(limit_for "$s")" \
-    bash "$0" --stage "$s" > >(tee "$log") 2>&1
-  rc=$?
+  if [ "$limit" -lt 30 ]; then
+    echo "## $s: not started, this call's budget of $budget s is spent; run it in its own call"
+    rc=125
+  else
+    echo "## $s (log: $log, limit $limit s)"
+    # Each stage is this script run again for one stage, under timeout, so a hang is cut.
+    DTRAIN_GPU_CHECK_DEST=$dest timeout --kill-after=10 "$limit" bash "$self" --stage "$s" 2>&1 |
+      tee "$log"
+    rc=${PIPESTATUS[0]}
+  fi
   case $rc in
     0) result=passed ;;
     10) result=skipped ;;
     124|137) result="timed out"; overall=1 ;;
+    125) result="not started (no time left in this call)"; overall=1 ;;
     2) result="cannot start"; [ "$overall" = 0 ] && overall=2 ;;
     *) result="failed ($rc)"; overall=1 ;;
   esac
   [ "$rehearsal" = 1 ] && result="$result (rehearsal)"
   printf '| %s | %s | %s | %s | %s |\n' "$s" "$result" "$((SECONDS - t0))" "$started" "$commit" >> "$dest/stages.md"
-  # One archive per stage: what comes back from a GPU machine is a few files, two folders deep.
-  if [ -d "$dest/$s" ]; then
+  # One archive per stage with files of its own: what comes back from a GPU machine is a few
+  # files, two folders deep.
+  if [ -d "$dest/$s" ] && [ -n "$(ls -A "$dest/$s")" ]; then
     tar -C "$dest" -czf "$dest/$s.tar.gz" "$s" && [ -n "${OUT:-}" ] && rm -rf "${dest:?}/$s"
+  else
+    rm -rf "${dest:?}/$s"
   fi
 done
 echo "## stages"
 cat "$dest/stages.md"
 echo "evidence: $dest"
+[ "$no_gpu" = 1 ] && exit 3
 exit "$overall"

@@ -19,7 +19,7 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-log=${TMPDIR:-/tmp}/dtrain-install-deps.log
+log=$(mktemp "${TMPDIR:-/tmp}/dtrain-install-deps.XXXXXX.log")
 echo "install-deps: installing ${#missing[@]} packages and what they need: ${missing[*]} (log: $log)"
 install() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

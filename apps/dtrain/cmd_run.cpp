@@ -73,14 +73,23 @@ void move_aside(const std::string& dir, const std::string& why) {
 // "" if the finished run in `dir` was run with `cfg`, else why --resume cannot reuse it.
 std::string differs_from_finished(const std::string& dir, const Config& cfg) {
   std::ifstream in(fs::path(dir) / "config.resolved.yaml");
+  if (!in)
+    return fmt::format("{}: --resume: this finished run has no config.resolved.yaml to compare "
+                       "with; pick a new --tag",
+                       dir);
   std::stringstream had;
   had << in.rdbuf();
   const std::string want = to_yaml(cfg);
   if (had.str() == want) return "";
-  // Name the first line that differs (a key of the resolved config).
+  // Name the first line that differs (a key of the resolved config), or the end of one.
   std::istringstream a(had.str()), b(want);
   std::string la, lb;
-  while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+  for (;;) {
+    const bool more_a = static_cast<bool>(std::getline(a, la));
+    const bool more_b = static_cast<bool>(std::getline(b, lb));
+    if (!more_a) la = "(end of file)";
+    if (!more_b) lb = "(end of file)";
+    if (!more_a || !more_b || la != lb) break;
   }
   const auto trim = [](std::string& t) {
     t.erase(0, t.find_first_not_of(' '));
@@ -149,8 +158,8 @@ int run_run(const RunOptions& opt) {
             dir);
       else if (const long pid = RunLock::holder(dir))
         fs_error = fmt::format(
-            "{}: another dtrain process (pid {}) is writing this run; wait for it to finish",
-            dir, pid);
+            "{}: another dtrain process{} is writing this run; wait for it to finish", dir,
+            pid > 0 ? fmt::format(" (pid {})", pid) : "");
       skip[i] = status == "done" || status == "diverged";
       // A finished run is only reused for the same experiment, never for a changed one.
       if (skip[i] && fs_error.empty()) fs_error = differs_from_finished(dir, r.config);
@@ -206,12 +215,13 @@ int run_run(const RunOptions& opt) {
       continue;
     }
     // Held for the whole run: no other command writes, moves or resumes this folder meanwhile.
+    // (The status is read before the lock is taken: once this process holds it, an unfinished
+    // run would read as running instead of interrupted.)
+    const std::string earlier = leader ? read_run_status(dirs[i]) : "";
     std::unique_ptr<RunLock> lock;
     if (leader) lock = std::make_unique<RunLock>(dirs[i]);
-    if (leader && opt.resume && fs::exists(dirs[i])) {
-      const auto st = read_run_status(dirs[i]);
-      move_aside(dirs[i], st.empty() ? "incomplete" : st);
-    }
+    if (leader && opt.resume && fs::exists(dirs[i]))
+      move_aside(dirs[i], earlier.empty() ? "incomplete" : earlier);
     if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
     std::unique_ptr<RunRecorder> rec;
     if (leader)

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <thread>
 
 #include "dtrain/device.hpp"
 #include "dtrain/error.hpp"
@@ -122,9 +123,21 @@ long read_pid(int fd) {
 }  // namespace
 
 RunLock::RunLock(const std::string& run_dir) : fd_(open_lock(run_dir)) {
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  // A few tries: holder() takes the lock shared for an instant to look (report, a resume).
+  int rc = -1;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    rc = ::flock(fd_, LOCK_EX | LOCK_NB);
+    if (rc == 0 || errno != EWOULDBLOCK) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (rc != 0) {
+    const int err = errno;
     const long pid = read_pid(fd_);
     ::close(fd_);
+    if (err != EWOULDBLOCK)  // ENOLCK on some network file systems, say
+      throw UserError(fmt::format("{}: cannot lock the run ({}); dtrain needs flock() on the "
+                                  "results folder's file system",
+                                  run_dir, std::strerror(err)));
     throw UserError(fmt::format(
         "{}: another dtrain process{} is writing this run; wait for it to finish, or pick "
         "another --tag",
@@ -143,7 +156,10 @@ long RunLock::holder(const std::string& run_dir) {
   const int fd = ::open(lock_path(run_dir).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return 0;
   long pid = 0;
-  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) pid = std::max(1L, read_pid(fd));
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    pid = read_pid(fd);
+    if (pid <= 0) pid = -1;  // held, by a process that has not written its pid yet
+  }
   ::close(fd);
   return pid;
 }

@@ -29,7 +29,8 @@ class RunLock {
   ~RunLock();
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
-  // The pid of the process holding `run_dir`, or 0 if none does.
+  // The pid of the process holding `run_dir`, -1 if it is held by a process not yet known, or 0
+  // if none holds it.
   static long holder(const std::string& run_dir);
 
  private:
