@@ -201,10 +201,8 @@ TEST_CASE("YAML that is not one plain config is refused with one line", "[config
         "exp.yaml:2: a quoted string is not closed before the end of the file");
   CHECK_THAT(error_of("name: 'x"), Catch::Contains("malformed YAML"));
   // Nesting deep enough to exhaust the stack is refused, not followed.
-  std::string deep = "train: ";
-  for (int i = 0; i < 200; ++i) deep += "[";
-  CHECK_THAT(error_of(deep + "\n"), Catch::Contains("malformed YAML") ||
-                                        Catch::Contains("nested more than 64 levels deep"));
+  CHECK(error_of("train: " + std::string(100, '[') + std::string(100, ']') + "\n") ==
+        "exp.yaml:1: nested more than 64 levels deep");
   // Valid configs stay valid: a quote closed on the last line, a comment after the last key.
   CHECK(error_of("name: \"x\"") == "");
   CHECK(error_of("name: x # \"an open quote in a comment\n") == "");

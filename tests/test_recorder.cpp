@@ -188,6 +188,11 @@ TEST_CASE("resuming refuses a finished run whose config differs", "[recorder][cl
   CHECK(changed.code == 2);
   CHECK_THAT(changed.out, Catch::Contains("finished with another config") &&
                               Catch::Contains("lr: 0.2"));
+  // Nothing to compare with: refused too, rather than trusted.
+  fs::remove(s.path / "res" / "tiny" / "t-g1" / "config.resolved.yaml");
+  const auto unknown = dtrain_cli(cmd + " --resume");
+  CHECK(unknown.code == 2);
+  CHECK_THAT(unknown.out, Catch::Contains("has no config.resolved.yaml to compare with"));
 }
 
 TEST_CASE("a tag must make a visible folder name of sane length", "[cli][errors]") {
