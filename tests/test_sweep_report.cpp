@@ -111,6 +111,10 @@ TEST_CASE("report regenerates tables from fixture folders and names the broken o
   put(root / "fx" / "g16" / "summary.json", "{\"gpus\": 16,");     // corrupt
   put(root / "fx" / "g32" / "status", "running\n");                // killed: no summary
   put(root / "fx" / ".attempts" / "g2.1" / "status", "failed\n");  // hidden: ignored
+  // A link to a run folder elsewhere is not followed out of the tree.
+  TempDir elsewhere("elsewhere");
+  fixture_run(elsewhere.path, "g64", 64, "done", 100, 0.90);
+  fs::create_directory_symlink(elsewhere.path / "fx" / "g64", root / "fx" / "g64-link");
   const auto out = root / "report";
 
   const auto r = dtrain_cli("report " + root.string() + " --out " + out.string());
@@ -126,6 +130,7 @@ TEST_CASE("report regenerates tables from fixture folders and names the broken o
                      Catch::Contains("unreadable (interrupted)"));
   CHECK_THAT(md, Catch::Contains("2.5s"));  // time to target
   CHECK_THAT(md, !Catch::Contains("g2.1"));
+  CHECK_THAT(md, !Catch::Contains("g64"));
   const auto j = json::parse(slurp(out / "fx.json"));
   REQUIRE(j["runs"].size() == 6);
   int unreadable = 0;

@@ -276,7 +276,8 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
     auto it = fs::recursive_directory_iterator(p);
     for (; it != fs::recursive_directory_iterator(); ++it) {
       const auto& e = *it;
-      if (!e.is_directory()) continue;
+      // A link is not followed out of the tree: a report covers the folders under its paths.
+      if (e.is_symlink() || !e.is_directory()) continue;
       if (e.path().filename().string().rfind('.', 0) == 0) {
         it.disable_recursion_pending();  // hidden: .attempts/ and the like
         continue;
