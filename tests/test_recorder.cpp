@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -206,4 +207,21 @@ TEST_CASE("a tag must make a visible folder name of sane length", "[cli][errors]
   }
   CHECK(!fs::exists(s.path / "res" / "tiny"));
   CHECK(dtrain_cli(run + " --tag " + std::string(100, 'x')).code == 0);
+}
+
+TEST_CASE("SIGTERM ends dtrain validate at once", "[cli]") {
+  TempDir s("term");
+  // Generating this much synthetic data takes seconds: long enough to be interrupted.
+  const auto cfg = s.write("big.yaml", R"(name: big
+data:
+  dataset: synthetic
+  synthetic: {train_size: 4000000, test_size: 1000, shape: [64], classes: 3}
+)");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = shell("exec " + dtrain_binary() + " validate " + cfg +
+                       " & pid=$!; sleep 0.3; kill -TERM $pid; wait $pid");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  INFO(r.out);
+  CHECK(r.code == 128 + SIGTERM);  // the shell's code for a child killed by SIGTERM
+  CHECK(took < std::chrono::seconds(3));
 }

@@ -80,8 +80,12 @@ int run_main(int argc, char** argv) {
     return 2;
   }
 
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
+  // Only `run` stops at a step boundary and records what it has; the other commands write
+  // nothing half-done, so Ctrl-C and SIGTERM end them at once.
+  if (*run_cmd) {
+    std::signal(SIGINT, on_interrupt);
+    std::signal(SIGTERM, on_interrupt);
+  }
   try {
     if (*run_cmd) return dtrain::cli::run_run(run_opt);
     if (*validate_cmd) return dtrain::cli::run_validate(validate_opt);
