@@ -37,6 +37,14 @@ bool valid_utf8(const std::string& s) {
   }
   return true;
 }
+
+// The product of `factors`, or -1 where it would pass `cap` (or wrap around) on the way.
+int64_t bounded_product(const std::vector<int64_t>& factors, int64_t cap) {
+  int64_t p = 1;
+  for (const int64_t f : factors)
+    if (__builtin_mul_overflow(p, f, &p) || p > cap) return -1;
+  return p;
+}
 }  // namespace
 
 namespace {
@@ -495,12 +503,11 @@ Config decode(const YAML::Node& root, const Source& src) {
 
   // Cross-field rules. Products of user numbers are checked: none may wrap around.
   constexpr int64_t kMaxBatch = int64_t{1} << 31;
-  const auto product = [&](std::initializer_list<int64_t> factors, const std::string& what) {
-    int64_t p = 1;
-    for (const int64_t f : factors)
-      if (__builtin_mul_overflow(p, f, &p) || p > kMaxBatch)
-        throw UserError(fmt::format("{}: {} is over {}; use smaller values", src.file, what,
-                                    kMaxBatch));
+  const auto product = [&](const std::vector<int64_t>& factors, const std::string& what) {
+    const int64_t p = bounded_product(factors, kMaxBatch);
+    if (p < 0)
+      throw UserError(fmt::format("{}: {} is over {}; use smaller values", src.file, what,
+                                  kMaxBatch));
     return p;
   };
   const int64_t split = product({c.gpus, c.train.accumulation_steps},
@@ -511,12 +518,10 @@ Config decode(const YAML::Node& root, const Source& src) {
                         "accumulation_steps={})",
                         *c.train.per_replica_batch, c.gpus, c.train.accumulation_steps));
   if (c.data.dataset == DatasetKind::synthetic) {
-    int64_t features = 1;
-    for (const int64_t d : c.data.synthetic.shape)
-      if (__builtin_mul_overflow(features, d, &features) || features > (int64_t{1} << 28))
-        throw UserError(fmt::format("{}: data.synthetic.shape: {} features in all is over {}",
-                                    src.file, fmt::join(c.data.synthetic.shape, " x "),
-                                    int64_t{1} << 28));
+    if (bounded_product(c.data.synthetic.shape, int64_t{1} << 28) < 0)
+      throw UserError(fmt::format("{}: data.synthetic.shape: {} features in all is over {}",
+                                  src.file, fmt::join(c.data.synthetic.shape, " x "),
+                                  int64_t{1} << 28));
   }
   if (c.train.global_batch && *c.train.global_batch % split != 0) {
     const int64_t g = *c.train.global_batch;
@@ -602,31 +607,23 @@ struct DocumentContent : YAML::EventHandler {
 };
 
 // yaml-cpp reads a double quote left open at the end of a file as a string that runs to the
-// end of the file. Every double-quoted scalar must find its closing quote in the text.
-void check_quotes_closed(const YAML::Node& n, const std::string& text,
-                         const std::string& source_name) {
-  if (n.IsMap()) {
-    for (const auto& kv : n) {
-      check_quotes_closed(kv.first, text, source_name);
-      check_quotes_closed(kv.second, text, source_name);
-    }
-  } else if (n.IsSequence()) {
-    for (const auto& v : n) check_quotes_closed(v, text, source_name);
-  } else if (n.IsScalar()) {
-    const auto pos = static_cast<size_t>(std::max(0, n.Mark().pos));
-    if (n.Mark().is_null() || pos >= text.size() || text[pos] != '"') return;
-    for (size_t i = pos + 1; i < text.size(); ++i) {
-      if (text[i] == '\\') ++i;
-      else if (text[i] == '"') return;
-    }
-    throw UserError(fmt::format("{}:{}: a quoted string is not closed before the end of the file",
-                                source_name, n.Mark().line + 1));
+// end of the file. A double-quoted scalar must find its closing quote in the text.
+void check_quote_closed(const YAML::Node& scalar, const std::string& text,
+                        const std::string& source_name) {
+  const auto pos = static_cast<size_t>(std::max(0, scalar.Mark().pos));
+  if (scalar.Mark().is_null() || pos >= text.size() || text[pos] != '"') return;
+  for (size_t i = pos + 1; i < text.size(); ++i) {
+    if (text[i] == '\\') ++i;
+    else if (text[i] == '"') return;
   }
+  throw UserError(fmt::format("{}:{}: a quoted string is not closed before the end of the file",
+                              source_name, scalar.Mark().line + 1));
 }
 
-// Every key of every mapping must be a plain name: YAML's complex keys (`? [a, b]: 1`) and
-// aliases used as keys have no meaning in a config.
-void check_keys(const YAML::Node& n, const std::string& source_name, int depth = 0) {
+// One walk over the parsed tree: bounded depth, every key of every mapping a plain name (YAML's
+// complex keys, `? [a, b]: 1`, have no meaning in a config), every quoted string closed.
+void check_tree(const YAML::Node& n, const std::string& text, const std::string& source_name,
+                int depth = 0) {
   if (depth > 64)
     throw UserError(fmt::format("{}:{}: nested more than 64 levels deep", source_name,
                                 n.Mark().line + 1));
@@ -636,10 +633,13 @@ void check_keys(const YAML::Node& n, const std::string& source_name, int depth =
         throw UserError(fmt::format("{}:{}: a key must be a plain name, not a {}", source_name,
                                     kv.first.Mark().line + 1,
                                     kv.first.IsMap() ? "mapping" : "list or null"));
-      check_keys(kv.second, source_name, depth + 1);
+      check_quote_closed(kv.first, text, source_name);
+      check_tree(kv.second, text, source_name, depth + 1);
     }
   } else if (n.IsSequence()) {
-    for (const auto& v : n) check_keys(v, source_name, depth + 1);
+    for (const auto& v : n) check_tree(v, text, source_name, depth + 1);
+  } else if (n.IsScalar()) {
+    check_quote_closed(n, text, source_name);
   }
 }
 }  // namespace
@@ -664,8 +664,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   } catch (const YAML::Exception& e) {
     throw UserError(fmt::format("{}: malformed YAML: {}", source_name, e.msg));
   }
-  check_keys(root, source_name);
-  check_quotes_closed(root, yaml_text, source_name);
+  check_tree(root, yaml_text, source_name);
   if (!root || root.IsNull())
     log().warn("{} holds no settings: every value not overridden is a default", source_name);
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
