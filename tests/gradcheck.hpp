@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "dtrain/model.hpp"
+#include "dtrain/nn/model.hpp"
 
 namespace dtrain::test {
 

@@ -12,11 +12,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "dtrain/config.hpp"
-#include "dtrain/data.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/rng.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/rng.hpp"
+#include "dtrain/train/trainer.hpp"
 
 namespace dtrain::test {
 

@@ -7,10 +7,10 @@
 #include <limits>
 #include <vector>
 
-#include "dtrain/bf16.hpp"
-#include "dtrain/device.hpp"
-#include "dtrain/rng.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/base/bf16.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/rng.hpp"
+#include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

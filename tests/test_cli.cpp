@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "dtrain/gpu.hpp"
+#include "dtrain/backend/gpu.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;

@@ -2,10 +2,10 @@
 #include <chrono>
 #include <thread>
 
-#include "dtrain/comm.hpp"
-#include "dtrain/data.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/dist/comm.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

@@ -1,9 +1,9 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 
-#include "dtrain/config.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/plan.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/config/plan.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "dtrain/device.hpp"
-#include "dtrain/rng.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/rng.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

@@ -11,11 +11,12 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/device.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/gpu.hpp"
-#include "dtrain/rng.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/backend/gpu.hpp"
+#include "dtrain/base/abort_gate.hpp"
+#include "dtrain/base/rng.hpp"
+#include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

@@ -9,10 +9,10 @@
 #include <numeric>
 #include <set>
 
-#include "dtrain/data.hpp"
-#include "dtrain/device.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/rng.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/rng.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

@@ -2,8 +2,8 @@
 // 1 replica x batch N*B on the same global order, step by step.
 #include <catch2/catch.hpp>
 
-#include "dtrain/data.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

@@ -1,8 +1,8 @@
 // Gradient buckets: which ranges are reduced when, and that bucketing never changes a result.
 #include <catch2/catch.hpp>
 
-#include "dtrain/exchange.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/dist/exchange.hpp"
+#include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

@@ -3,9 +3,9 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
-#include "dtrain/config.hpp"
-#include "dtrain/data.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;

@@ -2,9 +2,9 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "dtrain/device.hpp"
-#include "dtrain/model.hpp"
-#include "dtrain/rng.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/nn/model.hpp"
+#include "dtrain/base/rng.hpp"
 #include "gradcheck.hpp"
 
 using namespace dtrain;

@@ -4,11 +4,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "dtrain/config.hpp"
-#include "dtrain/data.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/model.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/nn/model.hpp"
+#include "dtrain/train/trainer.hpp"
 #include "gradcheck.hpp"
 #include "helpers.hpp"
 

@@ -12,8 +12,8 @@
 #include <functional>
 #include <string>
 
-#include "dtrain/error.hpp"
-#include "dtrain/recorder.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/results/recorder.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;

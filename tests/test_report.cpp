@@ -2,9 +2,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "dtrain/error.hpp"
-#include "dtrain/recorder.hpp"
-#include "dtrain/report.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/results/recorder.hpp"
+#include "dtrain/results/report.hpp"
 
 using namespace dtrain;
 namespace fs = std::filesystem;

@@ -3,7 +3,7 @@
 #include <numeric>
 #include <set>
 
-#include "dtrain/sampler.hpp"
+#include "dtrain/data/sampler.hpp"
 
 using namespace dtrain;
 

@@ -1,7 +1,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "dtrain/schedule.hpp"
+#include "dtrain/nn/schedule.hpp"
 
 using namespace dtrain;
 

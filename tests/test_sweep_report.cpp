@@ -13,8 +13,9 @@
 #include <sstream>
 #include <thread>
 
-#include "dtrain/plan.hpp"
-#include "dtrain/plots.hpp"
+#include "dtrain/base/files.hpp"
+#include "dtrain/config/plan.hpp"
+#include "dtrain/results/plots.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;

@@ -5,8 +5,8 @@
 #include <thread>
 
 #include "commands.hpp"
-#include "dtrain/device.hpp"
-#include "dtrain/gpu.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/backend/gpu.hpp"
 
 namespace dtrain::cli {
 

@@ -5,11 +5,11 @@
 #include <map>
 
 #include "commands.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/plan.hpp"
-#include "dtrain/plots.hpp"
-#include "dtrain/recorder.hpp"
-#include "dtrain/report.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/config/plan.hpp"
+#include "dtrain/results/plots.hpp"
+#include "dtrain/results/recorder.hpp"
+#include "dtrain/results/report.hpp"
 
 namespace dtrain::cli {
 

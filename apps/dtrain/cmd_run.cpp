@@ -10,15 +10,16 @@
 #include <sstream>
 
 #include "commands.hpp"
-#include "dtrain/comm.hpp"
-#include "dtrain/data.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/log.hpp"
-#include "dtrain/mpi.hpp"
-#include "dtrain/plan.hpp"
-#include "dtrain/recorder.hpp"
-#include "dtrain/report.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/base/stop.hpp"
+#include "dtrain/dist/comm.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/log.hpp"
+#include "dtrain/dist/mpi.hpp"
+#include "dtrain/config/plan.hpp"
+#include "dtrain/results/recorder.hpp"
+#include "dtrain/results/report.hpp"
+#include "dtrain/train/trainer.hpp"
 
 namespace dtrain::cli {
 

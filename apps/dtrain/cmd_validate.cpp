@@ -1,9 +1,9 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
-#include "dtrain/data.hpp"
-#include "dtrain/plan.hpp"
-#include "dtrain/trainer.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/config/plan.hpp"
+#include "dtrain/train/trainer.hpp"
 
 namespace dtrain::cli {
 

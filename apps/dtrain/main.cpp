@@ -4,11 +4,12 @@
 #include <exception>
 
 #include "commands.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/log.hpp"
-#include "dtrain/mpi.hpp"
-#include "dtrain/trainer.hpp"
-#include "dtrain/version.hpp"
+#include "dtrain/base/stop.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/log.hpp"
+#include "dtrain/dist/mpi.hpp"
+#include "dtrain/train/trainer.hpp"
+#include "dtrain/base/version.hpp"
 
 int run_main(int argc, char** argv);
 

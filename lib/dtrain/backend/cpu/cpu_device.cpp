@@ -1,0 +1,875 @@
+// The CPU backend: OpenBLAS for GEMMs, oneDNN for convolutions (where built with it), and
+// OpenMP loops for everything else. One OpenMP team per replica does all the work: OpenBLAS
+// runs single-threaded inside it, so no second pool of threads spins against the first.
+#include <cblas.h>
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "dtrain/base/bf16.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/hash.hpp"
+
+#if DTRAIN_HAVE_DNNL
+#include <dnnl.hpp>
+#endif
+
+namespace dtrain {
+
+namespace {
+
+// The BatchNorm statistics of channel ch (the CUDA backend's kernel runs the same arithmetic).
+void bn_prepare_one(const double* moments, double count, double eps, double momentum,
+                    float* running, float* stats, int64_t c, int64_t ch) {
+  if (!moments) {
+    stats[ch] = running[ch];
+    stats[c + ch] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running[c + ch]) + eps));
+    return;
+  }
+  const double mean = moments[ch] / count;
+  const double var = std::max(0.0, moments[c + ch] / count - mean * mean);
+  stats[ch] = static_cast<float>(mean);
+  stats[c + ch] = static_cast<float>(1.0 / std::sqrt(var + eps));
+  const double unbiased = count > 1 ? var * count / (count - 1) : var;
+  running[ch] = static_cast<float>((1 - momentum) * running[ch] + momentum * mean);
+  running[c + ch] = static_cast<float>((1 - momentum) * running[c + ch] + momentum * unbiased);
+}
+
+// Loops below this many elements stay on the calling thread: a parallel region costs a few
+// microseconds.
+constexpr int64_t kParallelMin = 1 << 15;
+
+inline float gelu(float x) {
+  // tanh approximation (Hendrycks and Gimpel 2016), as GPT-2 and llm.c use.
+  constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+inline float gelu_grad(float x) {
+  constexpr float k = 0.7978845608028654f;
+  const float u = k * (x + 0.044715f * x * x * x);
+  const float t = std::tanh(u);
+  const float du = k * (1.f + 3.f * 0.044715f * x * x);
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+}
+
+// ---- im2col convolution: the reference and the fallback ----
+
+void im2col(const float* x, const ConvGeom& g, float* col, int64_t ld) {
+  const int64_t ho = g.ho(), wo = g.wo(), k = g.k, h = g.h, w = g.w;
+  for (int64_t ch = 0; ch < g.c; ++ch)
+    for (int64_t ki = 0; ki < k; ++ki)
+      for (int64_t kj = 0; kj < k; ++kj) {
+        float* row = col + ((ch * k + ki) * k + kj) * ld;
+        for (int64_t oi = 0; oi < ho; ++oi) {
+          const int64_t ii = oi * g.stride - g.pad + ki;
+          float* out = row + oi * wo;
+          if (ii < 0 || ii >= h) {
+            std::fill_n(out, wo, 0.f);
+            continue;
+          }
+          const float* in = x + (ch * h + ii) * w;
+          if (g.stride == 1) {
+            // Columns [lo, hi) read in[oj - pad + kj] inside the image; the rest are zero.
+            const int64_t lo = std::clamp<int64_t>(g.pad - kj, 0, wo);
+            const int64_t hi = std::clamp<int64_t>(w + g.pad - kj, lo, wo);
+            std::fill_n(out, lo, 0.f);
+            std::copy(in + lo - g.pad + kj, in + hi - g.pad + kj, out + lo);
+            std::fill(out + hi, out + wo, 0.f);
+          } else {
+            for (int64_t oj = 0; oj < wo; ++oj) {
+              const int64_t jj = oj * g.stride - g.pad + kj;
+              out[oj] = (jj >= 0 && jj < w) ? in[jj] : 0.f;
+            }
+          }
+        }
+      }
+}
+
+void col2im(const float* col, int64_t ld, const ConvGeom& g, float* dx) {
+  const int64_t ho = g.ho(), wo = g.wo(), k = g.k, h = g.h, w = g.w;
+  for (int64_t ch = 0; ch < g.c; ++ch)
+    for (int64_t ki = 0; ki < k; ++ki)
+      for (int64_t kj = 0; kj < k; ++kj) {
+        const float* row = col + ((ch * k + ki) * k + kj) * ld;
+        for (int64_t oi = 0; oi < ho; ++oi) {
+          const int64_t ii = oi * g.stride - g.pad + ki;
+          if (ii < 0 || ii >= h) continue;
+          float* out = dx + (ch * h + ii) * w;
+          for (int64_t oj = 0; oj < wo; ++oj) {
+            const int64_t jj = oj * g.stride - g.pad + kj;
+            if (jj >= 0 && jj < w) out[jj] += row[oi * wo + oj];
+          }
+        }
+      }
+}
+
+// Samples per GEMM: as many as keep the column matrix near 256K floats (1 MB, about one
+// core's L2 cache); larger chunks measured slower, the im2col traffic leaving the cache.
+int64_t conv_chunk(int64_t ckk, int64_t p) {
+  return std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, ckk * p));
+}
+
+// One thread's scratch for the im2col path.
+struct ConvScratch {
+  std::vector<float> col, out;
+};
+
+#if DTRAIN_HAVE_DNNL
+// oneDNN convolution primitives for one geometry and batch size, with the buffers and reorders
+// that move between dtrain's NCHW/OIHW tensors and the blocked layouts oneDNN prefers.
+class DnnlConv {
+ public:
+  DnnlConv(const dnnl::engine& eng, const ConvGeom& g, int64_t n) : eng_(eng) {
+    using dnnl::memory;
+    using tag = memory::format_tag;
+    const auto f32 = memory::data_type::f32;
+    const memory::dims src{n, g.c, g.h, g.w}, wei{g.oc, g.c, g.k, g.k},
+        dst{n, g.oc, g.ho(), g.wo()};
+    const memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
+    user_src_ = memory::desc(src, f32, tag::nchw);
+    user_wei_ = memory::desc(wei, f32, tag::oihw);
+    user_dst_ = memory::desc(dst, f32, tag::nchw);
+    bias_ = memory::desc({g.oc}, f32, tag::x);
+    const memory::desc any_src(src, f32, tag::any), any_wei(wei, f32, tag::any),
+        any_dst(dst, f32, tag::any);
+    const auto algo = dnnl::algorithm::convolution_direct;
+    fwd_pd_ = dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_src, any_wei,
+                                        bias_, any_dst, strides, pad, pad),
+        eng_);
+    bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(algo, any_src, any_wei, any_dst, strides, pad, pad),
+        eng_, fwd_pd_);
+    bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(algo, any_src, any_wei, bias_, any_dst, strides,
+                                                 pad, pad),
+        eng_, fwd_pd_);
+    fwd_ = dnnl::convolution_forward(fwd_pd_);
+    bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
+    bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
+    dw_.assign(static_cast<size_t>(g.oc * g.c * g.k * g.k), 0.f);
+    db_.assign(static_cast<size_t>(g.oc), 0.f);
+  }
+
+  void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y) {
+    auto src = in(s, fwd_src_, fwd_pd_.src_desc(), user_src_, x);
+    auto wei = in(s, fwd_wei_, fwd_pd_.weights_desc(), user_wei_, w);
+    dnnl::memory bias(bias_, eng_, const_cast<float*>(b));
+    auto dst = out(fwd_dst_, fwd_pd_.dst_desc(), user_dst_, y);
+    fwd_.execute(
+        s,
+        {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, dst}});
+    finish(s, fwd_dst_, dst, y);
+  }
+
+  void backward(dnnl::stream& s, const float* x, const float* w, const float* dy, float* dw,
+                float* db, float* dx) {
+    if (dx) {
+      auto ddst = in(s, bd_ddst_, bwd_data_pd_.diff_dst_desc(), user_dst_, dy);
+      auto wei = in(s, bd_wei_, bwd_data_pd_.weights_desc(), user_wei_, w);
+      auto dsrc = out(bd_dsrc_, bwd_data_pd_.diff_src_desc(), user_src_, dx);
+      bwd_data_.execute(
+          s, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
+      finish(s, bd_dsrc_, dsrc, dx);
+    }
+    auto src = in(s, bw_src_, bwd_w_pd_.src_desc(), user_src_, x);
+    auto ddst = in(s, bw_ddst_, bwd_w_pd_.diff_dst_desc(), user_dst_, dy);
+    auto dwei = out(bw_dwei_, bwd_w_pd_.diff_weights_desc(), user_wei_, dw_.data());
+    dnnl::memory dbias(bias_, eng_, db_.data());
+    bwd_w_.execute(s, {{DNNL_ARG_SRC, src},
+                       {DNNL_ARG_DIFF_DST, ddst},
+                       {DNNL_ARG_DIFF_WEIGHTS, dwei},
+                       {DNNL_ARG_DIFF_BIAS, dbias}});
+    finish(s, bw_dwei_, dwei, dw_.data());
+    s.wait();
+    // oneDNN overwrites weight gradients; dtrain accumulates them (micro-steps).
+    for (size_t i = 0; i < dw_.size(); ++i) dw[i] += dw_[i];
+    for (size_t i = 0; i < db_.size(); ++i) db[i] += db_[i];
+  }
+
+ private:
+  // A tensor in the layout a primitive wants: dtrain's own memory when the layouts agree, else
+  // a buffer of the primitive's layout and the reorders to and from dtrain's.
+  struct Staged {
+    bool init = false, same = false;
+    dnnl::memory::desc user;
+    dnnl::memory buf;
+    dnnl::reorder to, from;
+  };
+  void prepare(Staged& st, const dnnl::memory::desc& want, const dnnl::memory::desc& user,
+               bool input) {
+    if (st.init) return;
+    st.init = true;
+    st.user = user;
+    st.same = want == user;
+    if (st.same) return;
+    st.buf = dnnl::memory(want, eng_);
+    dnnl::memory u(user, eng_, DNNL_MEMORY_NONE);
+    if (input)
+      st.to = dnnl::reorder(u, st.buf);
+    else
+      st.from = dnnl::reorder(st.buf, u);
+  }
+  dnnl::memory in(dnnl::stream& s, Staged& st, const dnnl::memory::desc& want,
+                  const dnnl::memory::desc& user, const float* p) {
+    prepare(st, want, user, true);
+    dnnl::memory u(user, eng_, const_cast<float*>(p));
+    if (st.same) return u;
+    st.to.execute(s, u, st.buf);
+    return st.buf;
+  }
+  dnnl::memory out(Staged& st, const dnnl::memory::desc& want, const dnnl::memory::desc& user,
+                   float* p) {
+    prepare(st, want, user, false);
+    return st.same ? dnnl::memory(user, eng_, p) : st.buf;
+  }
+  void finish(dnnl::stream& s, Staged& st, dnnl::memory& m, float* p) {
+    if (st.same) return;
+    dnnl::memory u(st.user, eng_, p);
+    st.from.execute(s, m, u);
+  }
+
+  dnnl::engine eng_;
+  dnnl::memory::desc user_src_, user_wei_, user_dst_, bias_;
+  dnnl::convolution_forward::primitive_desc fwd_pd_;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
+  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd_;
+  dnnl::convolution_forward fwd_;
+  dnnl::convolution_backward_data bwd_data_;
+  dnnl::convolution_backward_weights bwd_w_;
+  Staged fwd_src_, fwd_wei_, fwd_dst_, bd_ddst_, bd_wei_, bd_dsrc_, bw_src_, bw_ddst_, bw_dwei_;
+  std::vector<float> dw_, db_;
+};
+#endif
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(const CpuOptions& opt)
+      : threads_(std::max(1, opt.threads)), conv_(opt.conv), bf16_(opt.bf16) {
+#if DTRAIN_HAVE_DNNL
+    if (conv_ == CpuConv::onednn) {
+      eng_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
+      stream_ = dnnl::stream(eng_);
+    }
+#else
+    conv_ = CpuConv::im2col;
+#endif
+  }
+  std::string name() const override {
+    return fmt::format("cpu ({} thread{}, conv {}{})", threads_, threads_ == 1 ? "" : "s",
+                       to_string(conv_), bf16_ ? ", bf16 emulated" : "");
+  }
+
+  void* alloc_bytes(size_t bytes) override {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) DTRAIN_THROW_SYSTEM("out of host memory");
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void free_bytes(void* p) override {
+    std::free(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    std::memset(p, 0, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void fill(float* x, size_t n, float v) override {
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) x[i] = v;
+  }
+
+  // Large products are cut into row (or column) blocks of C, one single-threaded OpenBLAS call
+  // per thread. Each element of C is computed by one call in the same order of k, so the result
+  // does not depend on the thread count.
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
+    if (m == 0 || n == 0) return;
+    if (bf16_ && k > 0) {  // the operands as the stored matrices (rows x cols, leading dim)
+      a = rounded(a, ta ? k : m, ta ? m : k, lda, a16_);
+      b = rounded(b, tb ? n : k, tb ? k : n, ldb, b16_);
+    }
+    const int parts = (threads_ > 1 && m * n * k >= (int64_t{1} << 18))
+                          ? static_cast<int>(std::min<int64_t>(threads_, std::max(m, n) / 16))
+                          : 1;
+    if (parts <= 1) {
+      sgemm1(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    const bool by_rows = m >= n;
+    const int64_t len = by_rows ? m : n;
+    const int64_t block = ((len + parts - 1) / parts + 63) / 64 * 64;
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int t = 0; t < parts; ++t) {
+      const int64_t lo = t * block, hi = std::min(len, lo + block);
+      if (lo >= hi) continue;
+      if (by_rows)
+        sgemm1(ta, tb, hi - lo, n, k, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta,
+               c + lo * ldc, ldc);
+      else
+        sgemm1(ta, tb, m, hi - lo, k, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c + lo,
+               ldc);
+    }
+  }
+
+  void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) override {
+#pragma omp parallel for num_threads(threads_) if (rows * cols >= kParallelMin) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = y + r * cols;
+      for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+    }
+  }
+
+  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate) override {
+    if (!accumulate) std::fill_n(db, cols, 0.f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = dy + r * cols;
+      for (int64_t c = 0; c < cols; ++c) db[c] += row[c];
+    }
+  }
+
+  void activation_forward(Activation a, const float* x, float* y, size_t n) override {
+    const auto len = static_cast<int64_t>(n);
+    const int nt = len >= kParallelMin ? threads_ : 1;
+    switch (a) {
+      case Activation::relu:
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+        break;
+      case Activation::tanh:
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) y[i] = std::tanh(x[i]);
+        break;
+      case Activation::sigmoid:
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) y[i] = 1.f / (1.f + std::exp(-x[i]));
+        break;
+      case Activation::gelu:
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) y[i] = gelu(x[i]);
+        break;
+    }
+  }
+
+  void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
+                           size_t n) override {
+    const auto len = static_cast<int64_t>(n);
+    const int nt = len >= kParallelMin ? threads_ : 1;
+    switch (a) {
+      case Activation::relu:
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) {
+          const float g = dy[i];  // loaded unconditionally, so the loop vectorises
+          dx[i] = x[i] > 0.f ? g : 0.f;
+        }
+        break;
+      case Activation::tanh:
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * (1.f - y[i] * y[i]);
+        break;
+      case Activation::sigmoid:
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * y[i] * (1.f - y[i]);
+        break;
+      case Activation::gelu:
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * gelu_grad(x[i]);
+        break;
+    }
+  }
+  void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
+                    float grad_scale, float* dlogits, double* stats) override {
+    double loss = 0.0, correct = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* z = logits + r * classes;
+      const int32_t y = labels[r];
+      float mx = z[0];
+      int64_t arg = 0;
+      for (int64_t c = 1; c < classes; ++c)
+        if (z[c] > mx) {
+          mx = z[c];
+          arg = c;
+        }
+      double sum = 0.0;
+      for (int64_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(z[c] - mx));
+      const double log_sum = std::log(sum);
+      loss += log_sum - static_cast<double>(z[y] - mx);
+      correct += (arg == y) ? 1.0 : 0.0;
+      if (dlogits) {
+        float* d = dlogits + r * classes;
+        for (int64_t c = 0; c < classes; ++c) {
+          const double p = std::exp(static_cast<double>(z[c] - mx) - log_sum);
+          d[c] = grad_scale * static_cast<float>(p - (c == y ? 1.0 : 0.0));
+        }
+      }
+    }
+    stats[0] += loss;
+    stats[1] += correct;
+  }
+
+  void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
+              int64_t count, float* dst, int32_t* dst_labels) override {
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(dst + i * features, src + idx[i] * features,
+                  static_cast<size_t>(features) * sizeof(float));
+      dst_labels[i] = src_labels[idx[i]];
+    }
+  }
+
+  void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
+                    float* y) override {
+    if (n == 0) return;
+    if (!bf16_) return conv_forward_f32(g, n, x, w, b, y);
+    // cuDNN's bfloat16 convolution: bf16 input and weights, fp32 accumulation, a bf16 output;
+    // the bias is added to that in fp32.
+    const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k, p = g.ho() * g.wo();
+    const float* xr = rounded(x, 1, in, in, x16_);
+    const float* wr = rounded(w, 1, nw, nw, w16_);
+    zero_bias_.assign(static_cast<size_t>(g.oc), 0.f);
+    conv_forward_f32(g, n, xr, wr, zero_bias_.data(), y);
+    round_in_place(y, n * g.oc * p);
+    add_channel_bias(y, b, n, g.oc, p);
+  }
+  void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
+                     float* dw, float* db, float* dx) override {
+    if (n == 0) return;
+    if (!bf16_) return conv_backward_f32(g, n, x, w, dy, dw, db, dx);
+    // bf16 operands; dx and the weight gradient come out in bf16 (the latter added to the
+    // fp32 gradient); the bias gradient sums the fp32 dy.
+    const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k, p = g.ho() * g.wo();
+    const float* xr = rounded(x, 1, in, in, x16_);
+    const float* wr = rounded(w, 1, nw, nw, w16_);
+    const float* dyr = rounded(dy, 1, n * g.oc * p, n * g.oc * p, dy16_);
+    dw16_.assign(static_cast<size_t>(nw), 0.f);
+    zero_bias_.assign(static_cast<size_t>(g.oc), 0.f);
+    conv_backward_f32(g, n, xr, wr, dyr, dw16_.data(), zero_bias_.data(), dx);
+    if (dx) round_in_place(dx, in);
+    for (int64_t i = 0; i < nw; ++i) dw[i] += round_bf16(dw16_[static_cast<size_t>(i)]);
+    add_conv_bias_grad(dy, n, g.oc, p, db);
+  }
+
+ private:
+  // A copy of the stored rows x cols matrix (leading dimension ld) rounded to bfloat16.
+  const float* rounded(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                       std::vector<float>& dst) {
+    dst.resize(static_cast<size_t>((rows - 1) * ld + cols));
+    float* d = dst.data();
+#pragma omp parallel for num_threads(threads_) if (rows * cols >= kParallelMin) schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) d[r * ld + c] = round_bf16(src[r * ld + c]);
+    return d;
+  }
+  void round_in_place(float* x, int64_t n) {
+#pragma omp parallel for num_threads(threads_) if (n >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+  }
+  // db[o] += the sum of dy over samples and positions of channel o.
+  static void add_conv_bias_grad(const float* dy, int64_t n, int64_t c, int64_t p, float* db) {
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t o = 0; o < c; ++o) {
+        const float* q = dy + (s * c + o) * p;
+        float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < p; ++i) acc += q[i];
+        db[o] += acc;
+      }
+  }
+  static void add_channel_bias(float* y, const float* b, int64_t n, int64_t c, int64_t p) {
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t o = 0; o < c; ++o) {
+        float* q = y + (s * c + o) * p;
+        for (int64_t i = 0; i < p; ++i) q[i] += b[o];
+      }
+  }
+  void conv_forward_f32(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                        const float* b, float* y) {
+#if DTRAIN_HAVE_DNNL
+    if (conv_ == CpuConv::onednn) {
+      omp_set_num_threads(threads_);
+      dnnl_conv(g, n).forward(stream_, x, w, b, y);
+      stream_.wait();
+      return;
+    }
+#endif
+    // Chunks of samples side by side in one [C*k*k, nb*P] column matrix: one GEMM per chunk,
+    // W [OC x C*k*k] times the columns, then reordered to NCHW. Chunks run in parallel.
+    const int64_t ckk = g.c * g.k * g.k, p = g.ho() * g.wo(), in_size = g.c * g.h * g.w;
+    const int64_t chunk = std::min(n, conv_chunk(ckk, p));
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    scratch_.resize(static_cast<size_t>(threads_));
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads_, chunks))) \
+    schedule(static)
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      auto& sc = scratch_[static_cast<size_t>(omp_get_thread_num())];
+      const int64_t n0 = ci * chunk, nb = std::min(chunk, n - n0), ld = nb * p;
+      sc.col.resize(static_cast<size_t>(ckk * ld));
+      sc.out.resize(static_cast<size_t>(g.oc * ld));
+      for (int64_t s = 0; s < nb; ++s) im2col(x + (n0 + s) * in_size, g, sc.col.data() + s * p, ld);
+      sgemm1(false, false, g.oc, ld, ckk, 1.f, w, ckk, sc.col.data(), ld, 0.f, sc.out.data(), ld);
+      for (int64_t o = 0; o < g.oc; ++o)
+        for (int64_t s = 0; s < nb; ++s) {
+          const float* src = sc.out.data() + o * ld + s * p;
+          float* dst = y + ((n0 + s) * g.oc + o) * p;
+          for (int64_t i = 0; i < p; ++i) dst[i] = src[i] + b[o];
+        }
+    }
+  }
+
+  void conv_backward_f32(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                         const float* dy, float* dw, float* db, float* dx) {
+#if DTRAIN_HAVE_DNNL
+    if (conv_ == CpuConv::onednn) {
+      omp_set_num_threads(threads_);
+      dnnl_conv(g, n).backward(stream_, x, w, dy, dw, db, dx);
+      return;
+    }
+#endif
+    const int64_t ckk = g.c * g.k * g.k, p = g.ho() * g.wo(), in_size = g.c * g.h * g.w;
+    const int64_t chunk = std::min(n, conv_chunk(ckk, p));
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    // Each chunk's weight gradient goes to its own slot and the slots are summed in chunk
+    // order, so the result does not depend on the thread count.
+    const auto nw = static_cast<size_t>(g.oc * ckk);
+    partial_dw_.assign(nw * static_cast<size_t>(chunks), 0.f);
+    scratch_.resize(static_cast<size_t>(threads_));
+#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(threads_, chunks))) \
+    schedule(static)
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      auto& sc = scratch_[static_cast<size_t>(omp_get_thread_num())];
+      const int64_t n0 = ci * chunk, nb = std::min(chunk, n - n0), ld = nb * p;
+      sc.col.resize(static_cast<size_t>(ckk * ld));
+      sc.out.resize(static_cast<size_t>(g.oc * ld));
+      for (int64_t o = 0; o < g.oc; ++o)  // dy of the chunk as [OC, nb*P]
+        for (int64_t s = 0; s < nb; ++s)
+          std::memcpy(sc.out.data() + o * ld + s * p, dy + ((n0 + s) * g.oc + o) * p,
+                      static_cast<size_t>(p) * sizeof(float));
+      for (int64_t s = 0; s < nb; ++s) im2col(x + (n0 + s) * in_size, g, sc.col.data() + s * p, ld);
+      sgemm1(false, true, g.oc, ckk, ld, 1.f, sc.out.data(), ld, sc.col.data(), ld, 0.f,
+             partial_dw_.data() + static_cast<size_t>(ci) * nw, ckk);
+      if (dx) {
+        sgemm1(true, false, ckk, ld, g.oc, 1.f, w, ckk, sc.out.data(), ld, 0.f, sc.col.data(), ld);
+        for (int64_t s = 0; s < nb; ++s) {
+          float* d = dx + (n0 + s) * in_size;
+          std::fill_n(d, in_size, 0.f);
+          col2im(sc.col.data() + s * p, ld, g, d);
+        }
+      }
+    }
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      const float* pd = partial_dw_.data() + static_cast<size_t>(ci) * nw;
+      for (size_t i = 0; i < nw; ++i) dw[i] += pd[i];
+    }
+    add_conv_bias_grad(dy, n, g.oc, p, db);
+  }
+
+ public:
+  void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
+                       int64_t stride, float* y, int32_t* argmax) override {
+    const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+#pragma omp parallel for num_threads(threads_) if (n * c * h * w >= kParallelMin) schedule(static)
+    for (int64_t p = 0; p < n * c; ++p) {
+      const float* xp = x + p * h * w;
+      if (k == 2 && stride == 2) {  // the common case, unrolled; same tie rule as below
+        for (int64_t oi = 0; oi < ho; ++oi) {
+          const float* r0 = xp + 2 * oi * w;
+          const float* r1 = r0 + w;
+          float* yo = y + (p * ho + oi) * wo;
+          int32_t* ao = argmax + (p * ho + oi) * wo;
+          const auto top = static_cast<int32_t>(2 * oi * w), bottom = static_cast<int32_t>(top + w);
+          for (int64_t oj = 0; oj < wo; ++oj) {
+            // Selects instead of branches: ReLU outputs are often tied at zero, which makes
+            // branches unpredictable. Ties keep the earlier position, as below.
+            const auto j = static_cast<int32_t>(2 * oj);
+            const float a = r0[j], b = r0[j + 1], c2 = r1[j], d2 = r1[j + 1];
+            const bool gb = b > a;
+            const float ab = gb ? b : a;
+            const int32_t iab = gb ? top + j + 1 : top + j;
+            const bool gd = d2 > c2;
+            const float cd = gd ? d2 : c2;
+            const int32_t icd = gd ? bottom + j + 1 : bottom + j;
+            const bool g = cd > ab;
+            yo[oj] = g ? cd : ab;
+            ao[oj] = g ? icd : iab;
+          }
+        }
+        continue;
+      }
+      for (int64_t oi = 0; oi < ho; ++oi)
+        for (int64_t oj = 0; oj < wo; ++oj) {
+          int64_t best = (oi * stride) * w + oj * stride;
+          float bv = xp[best];
+          for (int64_t ki = 0; ki < k; ++ki)
+            for (int64_t kj = 0; kj < k; ++kj) {
+              const int64_t idx = (oi * stride + ki) * w + oj * stride + kj;
+              const float v = xp[idx];
+              const bool gt = v > bv;  // first maximum wins, as before
+              bv = gt ? v : bv;
+              best = gt ? idx : best;
+            }
+          y[(p * ho + oi) * wo + oj] = bv;
+          argmax[(p * ho + oi) * wo + oj] = static_cast<int32_t>(best);
+        }
+    }
+  }
+
+  void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
+                        int64_t w, int64_t k, int64_t stride, float* dx) override {
+    const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+#pragma omp parallel for num_threads(threads_) if (n * c * h * w >= kParallelMin) schedule(static)
+    for (int64_t p = 0; p < n * c; ++p) {
+      float* d = dx + p * h * w;
+      std::fill_n(d, h * w, 0.f);
+      for (int64_t o = 0; o < ho * wo; ++o) d[argmax[p * ho * wo + o]] += dy[p * ho * wo + o];
+    }
+  }
+
+  // Per-channel reductions run in parallel over channels, each summing its samples in order:
+  // the same result for every thread count.
+  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                       double* moments) override {
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double sa = 0, sb = 0;
+      for (int64_t s = 0; s < n; ++s) {
+        const float* p = x + (s * c + ch) * spatial;
+        // float inside a sample's positions (at most a few thousand terms), double across.
+        float a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+        for (int64_t i = 0; i < spatial; ++i) {
+          a += p[i];
+          b += p[i] * p[i];
+        }
+        sa += a;
+        sb += b;
+      }
+      moments[ch] = sa;
+      moments[c + ch] = sb;
+    }
+  }
+
+  void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
+                  float* stats, int64_t c) override {
+    for (int64_t ch = 0; ch < c; ++ch)
+      bn_prepare_one(moments, count, eps, momentum, running, stats, c, ch);
+  }
+
+  void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
+                int64_t n, int64_t c, int64_t spatial, float* y) override {
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t sc = 0; sc < n * c; ++sc) {
+      const int64_t ch = sc % c;
+      const float* p = x + sc * spatial;
+      float* q = y + sc * spatial;
+      const float a = gamma[ch] * stats[c + ch], b = beta[ch] - a * stats[ch];
+      for (int64_t i = 0; i < spatial; ++i) q[i] = a * p[i] + b;
+    }
+  }
+
+  void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
+                        int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
+                        float* dbeta) override {
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double t1 = 0, t2 = 0;
+      const float m = stats[ch], is = stats[c + ch];
+      for (int64_t s = 0; s < n; ++s) {
+        const float* p = x + (s * c + ch) * spatial;
+        const float* g = dy + (s * c + ch) * spatial;
+        float a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+        for (int64_t i = 0; i < spatial; ++i) {
+          a += g[i];
+          b += g[i] * ((p[i] - m) * is);
+        }
+        t1 += a;
+        t2 += b;
+      }
+      dbeta[ch] += static_cast<float>(t1);
+      dgamma[ch] += static_cast<float>(t2);
+      sums[ch] = t1 * gamma[ch];
+      sums[c + ch] = t2 * gamma[ch];
+    }
+  }
+
+  void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
+                      const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
+                      float* dx) override {
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t sc = 0; sc < n * c; ++sc) {
+      const int64_t ch = sc % c;
+      const float* p = x + sc * spatial;
+      const float* g = dy + sc * spatial;
+      float* q = dx + sc * spatial;
+      // dx = k * (m * gamma * dy - s1 - xhat * s2) = a * dy + b * x + c0, in float.
+      const double is = stats[c + ch], kk = is / m;
+      const auto a = static_cast<float>(kk * m * gamma[ch]);
+      const auto bx = static_cast<float>(-kk * sums[c + ch] * is);
+      const auto c0 = static_cast<float>(kk * (-sums[ch] + double(stats[ch]) * is * sums[c + ch]));
+      for (int64_t i = 0; i < spatial; ++i) q[i] = a * g[i] + bx * p[i] + c0;
+    }
+  }
+
+  void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w, int64_t pad,
+               bool flip, uint64_t seed) override {
+    const int64_t f = c * h * w;
+#pragma omp parallel for num_threads(threads_) if (rows * f >= kParallelMin) schedule(static)
+    for (int64_t n = 0; n < rows; ++n) {
+      const AugmentDraw a = augment_draw(seed, n, pad, flip);
+      for (int64_t ch = 0; ch < c; ++ch)
+        for (int64_t i = 0; i < h; ++i)
+          for (int64_t j = 0; j < w; ++j) {
+            const int64_t src = augment_source(a, ch, i, j, h, w);
+            y[n * f + (ch * h + i) * w + j] = src >= 0 ? x[n * f + src] : 0.f;
+          }
+    }
+  }
+
+  void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override {
+    const auto len = static_cast<int64_t>(n);
+    const auto keep = static_cast<float>(1.0 / (1.0 - p));
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i)
+      mask[i] = dropout_value(seed, static_cast<uint64_t>(i), p, keep);
+  }
+
+  void multiply(const float* x, const float* mask, float* y, size_t n) override {
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) y[i] = x[i] * mask[i];
+  }
+
+  void scale(float* x, size_t n, float a) override {
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) x[i] *= a;
+  }
+
+  void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
+                  float wd, bool nesterov) override {
+    // PyTorch's SGD semantics: coupled weight decay, momentum buffer without dampening.
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) {
+      float d = g[i] + wd * p[i];
+      if (momentum != 0.f) {
+        buf[i] = momentum * buf[i] + d;
+        d = nesterov ? d + momentum * buf[i] : buf[i];
+      }
+      p[i] -= lr * d;
+    }
+  }
+
+  void adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
+                   float b2, float eps, float wd, bool decoupled, int64_t step) override {
+    const float bc1 = 1.f - std::pow(b1, static_cast<float>(step));
+    const float bc2 = 1.f - std::pow(b2, static_cast<float>(step));
+    const float bc2_sqrt = std::sqrt(bc2);
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) {
+      float d = g[i];
+      if (decoupled)
+        p[i] *= 1.f - lr * wd;  // AdamW (Loshchilov and Hutter 2019)
+      else
+        d += wd * p[i];  // Adam with L2 penalty
+      m[i] = b1 * m[i] + (1.f - b1) * d;
+      v[i] = b2 * v[i] + (1.f - b2) * d * d;
+      const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+      p[i] -= (lr / bc1) * m[i] / denom;
+    }
+  }
+
+ private:
+  static void sgemm1(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                static_cast<blasint>(ldc));
+  }
+
+#if DTRAIN_HAVE_DNNL
+  DnnlConv& dnnl_conv(const ConvGeom& g, int64_t n) {
+    const auto key = std::make_pair(g, n);
+    auto it = convs_.find(key);
+    if (it == convs_.end()) {
+      try {
+        it = convs_.emplace(key, std::make_unique<DnnlConv>(eng_, g, n)).first;
+      } catch (const dnnl::error& e) {
+        DTRAIN_THROW_SYSTEM(fmt::format("oneDNN convolution setup failed: {}", e.what()));
+      }
+    }
+    return *it->second;
+  }
+  dnnl::engine eng_;
+  dnnl::stream stream_;
+  std::map<std::pair<ConvGeom, int64_t>, std::unique_ptr<DnnlConv>> convs_;
+#endif
+  int threads_;
+  CpuConv conv_;
+  bool bf16_;
+  std::vector<float> a16_, b16_, x16_, w16_, dy16_, dw16_, zero_bias_;  // bf16 emulation
+  std::vector<ConvScratch> scratch_;
+  std::vector<float> partial_dw_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(const CpuOptions& opt) {
+  return std::make_unique<CpuDevice>(opt);
+}
+
+bool have_onednn() {
+  return DTRAIN_HAVE_DNNL != 0;
+}
+
+CpuConv CpuOptions::default_cpu_conv() {
+  return have_onednn() ? CpuConv::onednn : CpuConv::im2col;
+}
+
+const char* to_string(CpuConv c) {
+  return c == CpuConv::onednn ? "onednn" : "im2col";
+}
+
+CpuConv cpu_conv_from_env() {
+  const char* v = std::getenv("DTRAIN_CPU_CONV");
+  if (!v || !*v) return CpuOptions::default_cpu_conv();
+  const std::string s(v);
+  if (s == "im2col") return CpuConv::im2col;
+  if (s == "onednn") {
+    if (!have_onednn())
+      throw UserError(
+          "DTRAIN_CPU_CONV=onednn, but this dtrain was built without oneDNN "
+          "(install libdnnl-dev and rebuild)");
+    return CpuConv::onednn;
+  }
+  throw UserError(fmt::format("DTRAIN_CPU_CONV={}: valid values are onednn and im2col", s));
+}
+
+void set_blas_threads(int n) {
+  openblas_set_num_threads(std::max(1, n));
+}
+
+std::string blas_description() {
+  return std::string(openblas_get_config()) + " (core " + openblas_get_corename() + ")";
+}
+
+}  // namespace dtrain

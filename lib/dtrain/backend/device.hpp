@@ -1,0 +1,227 @@
+#pragma once
+// A compute device: memory and the kernels the training core needs, on device pointers.
+// The CPU implementation is the reference ("CPU twin") every other backend is tested against.
+// All matrices are row-major.
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dtrain/base/kinds.hpp"
+
+namespace dtrain {
+
+class AbortGate;  // gpu.hpp
+
+// A convolution's geometry: input c x h x w, oc output channels, a square k x k kernel.
+struct ConvGeom {
+  int64_t c = 1, h = 1, w = 1, oc = 1, k = 1, stride = 1, pad = 0;
+  int64_t ho() const { return (h + 2 * pad - k) / stride + 1; }
+  int64_t wo() const { return (w + 2 * pad - k) / stride + 1; }
+  auto operator<=>(const ConvGeom&) const = default;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+  // True where device pointers are host pointers (the CPU), so host code may read them.
+  virtual bool host_memory() const { return true; }
+  // Waits for all work queued on the device (no-op on the CPU).
+  virtual void synchronize() {}
+  // The device's work queue (a cudaStream_t on the CUDA backend), for communicators that order
+  // their work against it; nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
+  // Step timing on the device (CUDA events; the CPU has none and is timed by host clocks).
+  // step_mark(0) at a step's start, 1 once its compute is queued, 2 after the gradient
+  // exchange, 3 after the optimizer. take_step_times adds, for every step finished on the
+  // device (all of them when `wait`), [compute, exchange not hidden, optimizer] seconds to
+  // `seconds` and returns how many steps it read.
+  virtual bool timed_on_device() const { return false; }
+  virtual void step_mark(int /*phase*/) {}
+  virtual int take_step_times(double* /*seconds*/, bool /*wait*/) { return 0; }
+  // Kernels (and library calls) launched so far, for the launch-latency floor; 0 on the CPU.
+  virtual int64_t launches() const { return 0; }
+
+  virtual void* alloc_bytes(size_t bytes) = 0;
+  virtual void free_bytes(void* p) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill(float* x, size_t n, float v) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+
+  // CUDA graphs of the steady-state step (the CPU has none: every call here is a no-op).
+  // The trainer brackets each full-size training step with graph_step_begin() and
+  // graph_step_end(). A step runs as
+  //   eager:   op by op (graphs off, or a warm-up step after memory changed);
+  //   capture: the calls that follow are recorded, not run; end() instantiates the graph and
+  //            launches it;
+  //   replay:  the calls only stage their per-step values (batch indices, random seeds, the
+  //            learning rate) in pinned memory; end() copies them to the device and launches
+  //            the graph recorded for this step.
+  // Whether a step is captured must be the same on every rank (NCCL's rule for captured
+  // collectives), so the choice is made in two steps: graph_step_propose() says what this
+  // device would do, the ranks agree (agree_graph_mode in trainer.hpp), and
+  // graph_step_begin(agreed) does it. An agreed eager step drops the graphs this device still
+  // holds, so that after it all ranks capture again together.
+  // Shapes and device buffers must not change between capture and replay: any free of device
+  // memory drops the graphs (they are captured again after one eager step).
+  enum class GraphMode { eager, capture, replay };
+  // `staging_bytes`: room for one step's staged values. `gate` (may be null): the abort gate
+  // of the communicators the graphs hold NCCL calls of; every graph launch passes it.
+  virtual void enable_graphs(bool /*on*/, size_t /*staging_bytes*/, AbortGate* /*gate*/) {}
+  virtual GraphMode graph_step_propose() const { return GraphMode::eager; }
+  virtual GraphMode graph_step_begin(GraphMode /*agreed*/) { return GraphMode::eager; }
+  virtual void graph_step_end() {}
+  virtual void graph_step_abort() noexcept {}  // after an error between begin and end
+  virtual GraphMode graph_mode() const { return GraphMode::eager; }
+  virtual int64_t graph_launches() const { return 0; }
+
+  // C = alpha * op(A) * op(B) + beta * C, op(A) is m x k, op(B) is k x n.
+  virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) = 0;
+  virtual void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) = 0;
+  // db (+)= column sums of dy.
+  virtual void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
+                         bool accumulate) = 0;
+  virtual void activation_forward(Activation a, const float* x, float* y, size_t n) = 0;
+  // dx = dy * f'(x); x is the activation's input, y its output.
+  virtual void activation_backward(Activation a, const float* x, const float* y, const float* dy,
+                                   float* dx, size_t n) = 0;
+  // Softmax cross-entropy over rows of logits. Writes dlogits = grad_scale * (softmax - onehot)
+  // (if dlogits is non-null) and adds the summed loss and the number of correct argmax
+  // predictions to stats[0] and stats[1] (device memory: nothing returns to the host here).
+  virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
+                            int64_t classes, float grad_scale, float* dlogits, double* stats) = 0;
+  // dst rows i = src rows idx[i] (idx on the host); labels likewise.
+  virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
+                      const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
+
+  // 2-D convolution of n samples in NCHW layout; weights [oc, c, k, k], bias [oc].
+  virtual void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                            const float* b, float* y) = 0;
+  // Gradients of conv_forward: dw (+)= and db (+)= (accumulated), dx = (overwritten; skipped
+  // when null).
+  virtual void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                             const float* dy, float* dw, float* db, float* dx) = 0;
+  // Max pooling over k x k windows; argmax (per output) records the winning input index.
+  virtual void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                               int64_t k, int64_t stride, float* y, int32_t* argmax) = 0;
+  virtual void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c,
+                                int64_t h, int64_t w, int64_t k, int64_t stride, float* dx) = 0;
+  // BatchNorm. Every pointer is device memory; `stats` is [mean (c), inv_std (c)] and the
+  // double buffers are [first (c), second (c)].
+  // moments = per-channel [sum, sum of squares] over samples and positions.
+  virtual void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                               double* moments) = 0;
+  // Training: stats from moments over `count` values per channel, and running = [mean, var]
+  // moved towards them by `momentum` (unbiased variance, as PyTorch). Evaluation (moments
+  // null): stats from the running statistics.
+  virtual void bn_prepare(const double* moments, double count, double eps, double momentum,
+                          float* running, float* stats, int64_t c) = 0;
+  // y = gamma * (x - mean) * inv_std + beta, per channel.
+  virtual void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
+                        int64_t n, int64_t c, int64_t spatial, float* y) = 0;
+  // sums = [sum(dy * gamma), sum(dy * gamma * xhat)] per channel; dgamma, dbeta (+)=.
+  virtual void bn_backward_sums(const float* x, const float* dy, const float* stats,
+                                const float* gamma, int64_t n, int64_t c, int64_t spatial,
+                                double* sums, float* dgamma, float* dbeta) = 0;
+  // dx = inv_std / m * (m * dy * gamma - s1 - xhat * s2), m = the (global) element count.
+  virtual void bn_backward_dx(const float* x, const float* dy, const float* stats,
+                              const float* gamma, const double* sums, double m, int64_t n,
+                              int64_t c, int64_t spatial, float* dx) = 0;
+  // Inverted-dropout mask: 0 with probability p, else 1/(1-p); element i depends only on
+  // (seed, i) through a counter-based hash, so every backend draws the same mask.
+  virtual void dropout_mask(float* mask, size_t n, double p, uint64_t seed) = 0;
+  // Augmentation of `rows` c x h x w samples from x into y (not in place): a random crop with
+  // `pad` pixels of zero padding and, if `flip`, a horizontal flip with probability 1/2, drawn per
+  // sample from (seed, sample) by the counter-based hash (the same on every backend).
+  virtual void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w,
+                       int64_t pad, bool flip, uint64_t seed) = 0;
+  // y = x * mask, mask holding 0 or 1/(1-p).
+  virtual void multiply(const float* x, const float* mask, float* y, size_t n) = 0;
+
+  virtual void scale(float* x, size_t n, float a) = 0;  // x *= a
+  virtual void sgd_update(float* p, const float* g, float* momentum_buf, size_t n, float lr,
+                          float momentum, float weight_decay, bool nesterov) = 0;
+  virtual void adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr,
+                           float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                           int64_t step) = 0;
+};
+
+// How the CPU backend convolves: oneDNN's primitives (the default where dtrain was built with
+// oneDNN) or im2col + OpenBLAS GEMM (always available; the reference in tests).
+enum class CpuConv { onednn, im2col };
+struct CpuOptions {
+  int threads = 1;  // worker threads of this replica (OpenMP), used by every kernel
+  CpuConv conv = default_cpu_conv();
+  // precision: bf16 emulated: GEMM and convolution inputs rounded to bfloat16 exactly as the
+  // CUDA backend rounds them (see bf16.hpp), so this device is also the bf16 twin in tests.
+  bool bf16 = false;
+  static CpuConv default_cpu_conv();
+};
+bool have_onednn();
+// The conv implementation named by DTRAIN_CPU_CONV (onednn | im2col), else the default.
+// Throws UserError for another value.
+CpuConv cpu_conv_from_env();
+const char* to_string(CpuConv c);
+
+// The CPU backend: every kernel runs on `threads` OpenMP threads of the calling thread, GEMMs as
+// row or column blocks through single-threaded OpenBLAS calls, so that one thread pool (the
+// same that oneDNN uses) does all the work.
+std::unique_ptr<Device> make_cpu_device(const CpuOptions& opt = {});
+void set_blas_threads(int n);
+// OpenBLAS build and the kernel family it picked, e.g. "OpenBLAS 0.3.21 ... (core SkylakeX)".
+std::string blas_description();
+
+// Owning device buffer of T.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device& d, size_t n) { resize(d, n); }
+  ~Buffer() { release(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      dev_ = o.dev_;
+      p_ = o.p_;
+      n_ = o.n_;
+      o.p_ = nullptr;
+      o.n_ = 0;
+    }
+    return *this;
+  }
+  // Grows to at least n elements (contents are not kept).
+  void resize(Device& d, size_t n) {
+    if (n <= n_ && dev_ == &d) return;
+    release();
+    dev_ = &d;
+    p_ = static_cast<T*>(d.alloc_bytes(n * sizeof(T)));
+    n_ = n;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void release() {
+    if (p_ && dev_) dev_->free_bytes(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  Device* dev_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace dtrain

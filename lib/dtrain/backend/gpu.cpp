@@ -1,0 +1,104 @@
+// What GPUs the machine has. Built with the CUDA toolkit's headers and runtime where CMake found
+// them; otherwise every query says there are none, and why. Also the GPU code's parts that need
+// no GPU: the abort gate of NCCL groups and the choice among cuDNN's algorithms.
+#include "dtrain/backend/gpu.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/log.hpp"
+
+#if DTRAIN_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <nccl.h>  // version only
+#endif
+
+namespace dtrain {
+
+#if DTRAIN_HAVE_CUDA
+namespace {
+std::string version_string(int v, int major_div, int minor_div) {
+  return fmt::format("{}.{}", v / major_div, (v % major_div) / minor_div);
+}
+}  // namespace
+#endif
+
+int pick_algorithm(const std::vector<AlgoOption>& best_first, bool* deterministic) {
+  int first = -1;
+  for (size_t i = 0; i < best_first.size(); ++i) {
+    if (!best_first[i].supported) continue;
+    if (best_first[i].deterministic) {
+      *deterministic = true;
+      return static_cast<int>(i);
+    }
+    if (first < 0) first = static_cast<int>(i);
+  }
+  *deterministic = false;
+  return first;
+}
+
+void gpu_warn(const std::string& line) {
+  log().warn("{}", line);
+}
+
+bool cuda_built() {
+  return DTRAIN_HAVE_CUDA != 0;
+}
+
+GpuSystem query_gpus() {
+  GpuSystem s;
+#if DTRAIN_HAVE_CUDA
+  s.built_with_cuda = true;
+  int rt = 0;
+  cudaRuntimeGetVersion(&rt);
+  s.runtime = version_string(rt, 1000, 10);
+  const size_t dnn = cudnnGetVersion();  // e.g. 91900 for 9.19.0
+  s.cudnn = fmt::format("{}.{}.{}", dnn / 10000, (dnn % 10000) / 100, dnn % 100);
+  int nccl = 0;
+  ncclGetVersion(&nccl);  // e.g. 22804 for 2.28.4
+  s.nccl = fmt::format("{}.{}.{}", nccl / 10000, (nccl % 10000) / 100, nccl % 100);
+  s.cublas = fmt::format("{}", static_cast<long>(cublasGetCudartVersion()));
+  int drv = 0;
+  if (cudaDriverGetVersion(&drv) != cudaSuccess || drv == 0) {
+    s.driver = "none";
+    s.none_reason = "no NVIDIA driver is loaded on this machine";
+    return s;
+  }
+  s.driver = version_string(drv, 1000, 10);
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    s.none_reason =
+        fmt::format("the CUDA driver reports no usable GPU ({})", cudaGetErrorString(e));
+    cudaGetLastError();  // clear the sticky error
+    return s;
+  }
+  if (n == 0) s.none_reason = "the CUDA driver reports 0 GPUs";
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    s.gpus.push_back({i, p.name, p.totalGlobalMem, p.major, p.minor, p.multiProcessorCount});
+  }
+#else
+  s.none_reason = "this dtrain was built without the CUDA toolkit";
+  s.driver = "-";
+#endif
+  return s;
+}
+
+#if !DTRAIN_HAVE_CUDA
+GpuFloors measure_gpu(int) {
+  DTRAIN_THROW_SYSTEM("the CUDA backend is not available in this build");
+}
+std::unique_ptr<Device> make_cuda_device(int, int rank, Precision) {
+  DTRAIN_THROW_SYSTEM(
+      fmt::format("rank {}: the CUDA backend is not available in this build", rank));
+}
+#endif
+
+}  // namespace dtrain

@@ -1,0 +1,90 @@
+// Files the way dtrain writes them: whole or not at all, never through a planted link.
+#include "dtrain/base/files.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "dtrain/base/error.hpp"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+// errno values that mean the storage, not the user's choice of folder, failed.
+bool storage_failure(int err) {
+  return err == ENOSPC || err == EDQUOT || err == EIO || err == EFBIG;
+}
+[[noreturn]] void throw_write_error(const std::string& path, const char* step, int err) {
+  const std::string dir = fs::path(path).parent_path().string();
+  const std::string what = fmt::format("{}: cannot {} {}: {}{}", dir.empty() ? "." : dir, step,
+                                       fs::path(path).filename().string(), std::strerror(err),
+                                       err == ENOSPC || err == EDQUOT ? " (disk full)" : "");
+  if (storage_failure(err)) DTRAIN_THROW_SYSTEM(what);
+  throw UserError(what);
+}
+}  // namespace
+
+// Written to PATH.tmp.PID, flushed to the disk, renamed over PATH, and the folder flushed, so
+// that after a crash PATH holds either the old or the new content, never a mix. The temporary
+// file is created exclusively and never through a symbolic link: a link planted at its name is
+// removed, not followed.
+void write_file_atomic(const std::string& path, const std::string& content) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(tmp.c_str(), flags, 0644);
+  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0) fd = ::open(tmp.c_str(), flags, 0644);
+  if (fd < 0) throw_write_error(path, "create a temporary file for", errno);
+  const auto fail = [&](const char* step) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw_write_error(path, step, err);
+  };
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("write");
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("flush");
+  const int rc = ::close(fd);
+  fd = -1;
+  if (rc != 0) fail("close");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("replace");
+  // The rename is durable once the folder's entry is on the disk.
+  const std::string dir = fs::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void ensure_dir(const std::string& dir, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw UserError(fmt::format("{}: cannot create the {} folder: {}", dir, what,
+                                ec ? ec.message() : "not a folder"));
+}
+
+std::string slug(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' ||
+                    ch == '-' || ch == '+';
+    out += ok ? ch : '_';
+  }
+  return out;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,15 @@
+#pragma once
+// Writing results: files replaced whole, folders created with a clear error, safe names.
+#include <string>
+
+namespace dtrain {
+
+// Replaces `path` atomically and durably (temporary file, fsync, rename, fsync of the folder).
+// A full disk or an I/O error is a SystemError; a folder the user cannot write is a UserError.
+void write_file_atomic(const std::string& path, const std::string& content);
+// Creates `dir` and its parents; a failure is a UserError naming the folder and `what` it is for.
+void ensure_dir(const std::string& dir, const std::string& what);
+// A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.
+std::string slug(const std::string& s);
+
+}  // namespace dtrain

@@ -1,0 +1,66 @@
+#include "dtrain/base/log.hpp"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+
+namespace dtrain {
+
+namespace {
+std::mutex g_progress_mu;
+bool g_progress_shown = false;
+}  // namespace
+
+spdlog::logger& log() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+    auto l = std::make_shared<spdlog::logger>("dtrain", sink);
+    l->set_pattern("[%H:%M:%S] %^%l%$ %v");
+    l->set_level(spdlog::level::info);
+    return l;
+  }();
+  return *logger;
+}
+
+void set_verbosity(bool quiet) {
+  log().set_level(quiet ? spdlog::level::warn : spdlog::level::info);
+}
+
+RunLogFile::RunLogFile(const std::string& path) {
+  sink_ = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, false);
+  sink_->set_pattern("[%Y-%m-%d %H:%M:%S.%e] %l %v");
+  sink_->set_level(spdlog::level::info);
+  log().sinks().push_back(sink_);
+}
+
+RunLogFile::~RunLogFile() {
+  auto& sinks = log().sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+}
+
+bool stderr_is_terminal() {
+  static const bool tty = isatty(STDERR_FILENO) == 1;
+  return tty;
+}
+
+void show_progress(const std::string& line) {
+  if (!stderr_is_terminal()) return;
+  std::lock_guard lk(g_progress_mu);
+  std::fprintf(stderr, "\r\033[2K%s", line.c_str());
+  std::fflush(stderr);
+  g_progress_shown = true;
+}
+
+void clear_progress() {
+  std::lock_guard lk(g_progress_mu);
+  if (!g_progress_shown) return;
+  std::fprintf(stderr, "\r\033[2K");
+  std::fflush(stderr);
+  g_progress_shown = false;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,181 @@
+#pragma once
+// The experiment configuration: one struct, every default written once (the member
+// initialisers below), parsed and validated in config.cpp and nowhere else.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/base/kinds.hpp"
+
+namespace YAML {
+class Node;
+}
+
+namespace dtrain {
+
+enum class Backend { auto_, cpu, cuda };
+enum class DatasetKind { fashion_mnist, mnist, idx, synthetic };
+enum class Shuffle { sample, batch, none };
+enum class Sharding { interleaved, contiguous };
+enum class Reduction { mean, sum };
+enum class OptimizerType { sgd, adam, adamw };
+enum class LrScaling { none, linear, sqrt };
+enum class Schedule { constant, step, cosine };
+enum class ModelType { mlp, lenet5, cnn, layers };
+enum class BatchNormMode { local, sync };
+enum class LayerType {
+  dense,
+  conv,
+  maxpool,
+  global_avg_pool,
+  batchnorm,
+  dropout,
+  flatten,
+  relu,
+  tanh,
+  sigmoid,
+  gelu
+};
+
+struct SyntheticConfig {
+  int64_t train_size = 4096;
+  int64_t test_size = 1024;
+  std::vector<int64_t> shape = {32};  // per-sample shape, e.g. [784] or [1, 28, 28]
+  int classes = 10;
+  double noise = 1.0;  // std of the per-sample noise around each class prototype
+};
+
+// Training-time augmentation of image data, drawn from each replica's own random stream.
+struct AugmentConfig {
+  int64_t crop_padding = 0;  // random crop of the original size from the zero-padded image
+  bool flip = false;         // random horizontal flip with probability 1/2
+  bool enabled() const { return crop_padding > 0 || flip; }
+};
+
+struct DataConfig {
+  DatasetKind dataset = DatasetKind::fashion_mnist;
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  Shuffle shuffle = Shuffle::sample;
+  Sharding sharding = Sharding::interleaved;
+  bool drop_remainder = true;
+  bool sort_by_label = false;  // reorder training data by label (the sharding pitfall)
+  bool normalize = true;       // scale to [0,1], then standardise with the training set's stats
+  int64_t train_limit = 0;     // use only the first N training samples (0 = all)
+  int64_t test_limit = 0;      // use only the first N test samples (0 = all)
+  SyntheticConfig synthetic;
+  AugmentConfig augment;
+};
+
+// One entry of `model.layers` (type: layers). Fields a type does not use stay at defaults.
+struct LayerSpec {
+  LayerType type = LayerType::relu;
+  int64_t units = 0;     // dense
+  int64_t channels = 0;  // conv
+  int64_t kernel = 3;    // conv, maxpool (window)
+  int64_t stride = 0;    // conv (0 = 1), maxpool (0 = the window)
+  int64_t padding = 0;   // conv
+  double p = 0.5;        // dropout
+  bool operator==(const LayerSpec&) const = default;
+};
+
+struct ModelConfig {
+  ModelType type = ModelType::mlp;
+  std::vector<int64_t> hidden = {256, 128};  // mlp
+  Activation activation = Activation::relu;  // mlp, lenet5, cnn
+  BatchNormMode batchnorm = BatchNormMode::local;
+  double dropout = 0.0;           // mlp: after each hidden layer; cnn: before the classifier
+  std::vector<LayerSpec> layers;  // type: layers (the classifier layer is appended)
+};
+
+struct TrainConfig {
+  int epochs = 10;
+  // Exactly one of the two may be given; per_replica_batch = 64 when neither is.
+  std::optional<int64_t> per_replica_batch;
+  std::optional<int64_t> global_batch;
+  Reduction reduction = Reduction::mean;
+  int accumulation_steps = 1;
+  uint64_t seed = 1;
+  double target_accuracy = 0.85;  // 0 disables time-to-target
+  int64_t eval_batch = 1000;
+  // Multi-process runs: give up on a collective that makes no progress for this long.
+  double collective_timeout_s = 300.0;
+  // Gradient buckets: each is all-reduced as soon as backward has finished it (0 = one
+  // all-reduce after backward). 25 MB is PyTorch DDP's default.
+  double bucket_mb = 25.0;
+  // CUDA backend: capture the steady-state training step in a CUDA graph and replay it (one
+  // launch per step instead of one per kernel). Ignored on the CPU.
+  bool cuda_graph = true;
+};
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::sgd;
+  double lr = 0.05;
+  int64_t base_batch = 64;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  LrScaling lr_scaling = LrScaling::linear;
+  double warmup_epochs = 0.0;
+  Schedule schedule = Schedule::constant;
+  double step_size = 30.0;  // epochs between decays (schedule: step)
+  double gamma = 0.1;       // decay factor (schedule: step)
+  double min_lr = 0.0;      // floor of the cosine schedule
+};
+
+struct Config {
+  std::string name = "experiment";
+  Backend backend = Backend::auto_;
+  int gpus = 1;
+  int threads = 0;               // CPU threads for the whole run; 0 = all hardware threads
+  std::vector<int64_t> devices;  // GPU indices to use (cuda); empty = 0, 1, ... gpus-1
+  bool colocate = false;         // cuda: allow several replicas per GPU when gpus > devices
+  Precision precision = Precision::fp32;
+  DataConfig data;
+  ModelConfig model;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+
+  // Derived (not keys).
+  int64_t micro_batch() const;   // samples per replica per micro-step
+  int64_t global_batch() const;  // samples per optimizer step, all replicas and micro-steps
+};
+
+// One `key=value` from the command line. `value` is YAML (so `model.hidden=[512,256]` works).
+struct Override {
+  std::string key;
+  std::string value;
+  std::string text() const { return key + "=" + value; }
+};
+
+// Parse `key=value`; throws UserError naming the text if malformed.
+Override parse_override(const std::string& text);
+
+// Load a YAML file, apply overrides, validate. Errors are UserError with file:line and key.
+Config load_config(const std::string& path, const std::vector<Override>& overrides = {});
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<Override>& overrides = {});
+
+// Every value in force, defaults included, as YAML that load_config reads back to the same Config.
+std::string to_yaml(const Config& c);
+
+// Names for enums (the same spelling the YAML uses).
+const char* to_string(Backend v);
+const char* to_string(DatasetKind v);
+const char* to_string(Shuffle v);
+const char* to_string(Sharding v);
+const char* to_string(Reduction v);
+const char* to_string(OptimizerType v);
+const char* to_string(LrScaling v);
+const char* to_string(Schedule v);
+const char* to_string(ModelType v);
+const char* to_string(BatchNormMode v);
+const char* to_string(LayerType v);
+
+// Closest candidate by edit distance, or "" when nothing is close.
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace dtrain

@@ -1,0 +1,88 @@
+#include "dtrain/config/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+
+namespace dtrain {
+
+std::vector<std::string> split_values(const std::string& value) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  char quote = 0;
+  for (char ch : value) {
+    if (quote) {
+      if (ch == quote) quote = 0;
+    } else if (ch == '"' || ch == '\'') {
+      quote = ch;
+    } else if (ch == '[' || ch == '{') {
+      ++depth;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    } else if (ch == ',' && depth == 0) {
+      out.push_back(cur);
+      cur.clear();
+      continue;
+    }
+    cur += ch;
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::vector<PlannedRun> plan_runs(const std::string& config_path,
+                                  const std::vector<std::string>& override_texts) {
+  struct Axis {
+    std::string key;
+    std::vector<std::string> values;
+  };
+  std::vector<Axis> axes;
+  std::set<std::string> keys;
+  for (const auto& text : override_texts) {
+    const Override o = parse_override(text);
+    if (!keys.insert(o.key).second)
+      throw UserError(fmt::format("override '{}': key '{}' given twice", text, o.key));
+    auto values = split_values(o.value);
+    for (const auto& v : values)
+      if (v.empty())
+        throw UserError(fmt::format("override '{}': empty value in the comma list", text));
+    axes.push_back({o.key, std::move(values)});
+  }
+  std::vector<PlannedRun> runs(1);
+  for (const auto& axis : axes) {
+    std::vector<PlannedRun> next;
+    for (const auto& r : runs) {
+      for (const auto& v : axis.values) {
+        PlannedRun n = r;
+        n.overrides.push_back({axis.key, v});
+        if (axis.key != "gpus") {
+          const auto dot = axis.key.rfind('.');
+          const std::string leaf = dot == std::string::npos ? axis.key : axis.key.substr(dot + 1);
+          const std::string part = slug(leaf + v);
+          if (!n.group.empty()) n.group += "-";
+          n.group += part;
+          if (axis.values.size() > 1) {
+            if (!n.label.empty()) n.label += "-";
+            n.label += part;
+          }
+        }
+        next.push_back(std::move(n));
+      }
+    }
+    runs = std::move(next);
+  }
+  for (auto& r : runs) r.config = load_config(config_path, r.overrides);
+  return runs;
+}
+
+std::string run_id(const std::string& tag, const PlannedRun& run) {
+  std::string id = fmt::format("{}-g{}", tag, run.config.gpus);
+  if (!run.label.empty()) id += "-" + run.label;
+  return id;
+}
+
+}  // namespace dtrain

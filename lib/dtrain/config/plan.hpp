@@ -1,0 +1,30 @@
+#pragma once
+// Turns command-line overrides into a list of runs: a comma list (`gpus=1,2,4`) runs each value,
+// several comma lists run their cartesian product (first key outermost).
+#include <string>
+#include <vector>
+
+#include "dtrain/config/config.hpp"
+
+namespace dtrain {
+
+struct PlannedRun {
+  std::vector<Override> overrides;  // one value per key
+  std::string label;                // swept keys and values, e.g. "lr0.1" ("" if none)
+  // Every override but gpus, e.g. "lr0.1-reductionsum": the settings a run shares with the
+  // baseline it is compared with (see report.hpp).
+  std::string group;
+  Config config;
+};
+
+// Splits `value` on commas outside brackets and quotes.
+std::vector<std::string> split_values(const std::string& value);
+
+// Parses and validates every run up front, so a typo in the last one fails before any training.
+std::vector<PlannedRun> plan_runs(const std::string& config_path,
+                                  const std::vector<std::string>& override_texts);
+
+// Run folder name: "<tag>-g<gpus>[-<label>]".
+std::string run_id(const std::string& tag, const PlannedRun& run);
+
+}  // namespace dtrain

@@ -1,0 +1,272 @@
+#include "dtrain/data/data.hpp"
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/rng.hpp"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+int64_t Dataset::features() const {
+  int64_t f = 1;
+  for (auto s : shape) f *= s;
+  return f;
+}
+
+namespace {
+
+// gzread reads plain files too, so one path serves raw and .gz.
+class GzFile {
+ public:
+  explicit GzFile(const std::string& path) : path_(path) {
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (!fs::exists(st)) throw UserError(fmt::format("{}: file not found", path));
+    // A FIFO or a device would block or never end: only regular files are data.
+    if (!fs::is_regular_file(st))
+      throw UserError(fmt::format("{}: not a regular file (a data file must be one)", path));
+    f_ = gzopen(path.c_str(), "rb");
+    if (!f_) throw UserError(fmt::format("{}: cannot open", path));
+    gzbuffer(f_, 1 << 20);
+    // Uncompressed files tell their size; compressed ones are read in growing chunks instead.
+    if (gzdirect(f_)) raw_size_ = static_cast<int64_t>(fs::file_size(path, ec));
+  }
+  ~GzFile() {
+    if (f_) gzclose(f_);
+  }
+  GzFile(const GzFile&) = delete;
+  GzFile& operator=(const GzFile&) = delete;
+
+  // `before`: bytes of the same item read by earlier calls, for the message.
+  void read(void* dst, size_t n, const char* what, size_t before = 0) {
+    auto* p = static_cast<uint8_t*>(dst);
+    size_t done = 0;
+    while (done < n) {
+      const auto chunk = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
+      const int got = gzread(f_, p + done, chunk);
+      if (got < 0) {
+        int err = 0;
+        const char* msg = gzerror(f_, &err);
+        throw UserError(fmt::format("{}: corrupt or unreadable while reading {}: {}", path_, what,
+                                    msg ? msg : "unknown error"));
+      }
+      if (got == 0)
+        throw UserError(fmt::format("{}: truncated: {} ended after {} bytes", path_, what,
+                                    before + done));
+      done += static_cast<size_t>(got);
+    }
+  }
+  // Reads n claimed bytes into a vector that grows only as data arrives, so a header that
+  // claims more than the file holds costs no more memory than the file's real content.
+  std::vector<uint8_t> read_claimed(uint64_t n, int64_t header_bytes, const std::string& what) {
+    if (raw_size_ >= 0 && static_cast<uint64_t>(raw_size_ - header_bytes) < n)
+      throw UserError(fmt::format("{}: truncated: expected {} bytes of {} (as the header "
+                                  "claims), the file holds {}",
+                                  path_, n, what, raw_size_ - header_bytes));
+    constexpr uint64_t kChunk = 64u << 20;
+    std::vector<uint8_t> out;
+    out.reserve(static_cast<size_t>(std::min(n, kChunk)));
+    while (out.size() < n) {
+      const size_t done = out.size();
+      const auto step = static_cast<size_t>(std::min<uint64_t>(n - done, kChunk));
+      if (out.capacity() < done + step) out.reserve(std::max(done + step, 2 * done));
+      out.resize(done + step);
+      read(out.data() + done, step, what.c_str(), done);
+    }
+    return out;
+  }
+  uint32_t read_be32(const char* what) {
+    uint8_t b[4];
+    read(b, 4, what);
+    return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
+  }
+  bool at_end() {
+    uint8_t b;
+    return gzread(f_, &b, 1) == 0;
+  }
+
+ private:
+  std::string path_;
+  gzFile f_ = nullptr;
+  int64_t raw_size_ = -1;  // file size where it is not compressed
+};
+
+constexpr uint32_t kImagesMagic = 0x00000803;  // unsigned byte, 3 dimensions
+constexpr uint32_t kLabelsMagic = 0x00000801;  // unsigned byte, 1 dimension
+
+// Finds NAME or NAME.gz in dir.
+std::string find_idx(const std::string& dir, const std::string& name) {
+  for (const auto& cand : {name, name + ".gz"}) {
+    const auto p = fs::path(dir) / cand;
+    if (fs::exists(p)) return p.string();
+  }
+  throw UserError(
+      fmt::format("{}: missing {} (or {}.gz); data.path must hold the four IDX files "
+                  "train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                  "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
+                  dir, name, name));
+}
+
+Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path) {
+  const auto img = read_idx_images(images_path);
+  const auto lab = read_idx_labels(labels_path);
+  if (static_cast<int64_t>(lab.size()) != img.count)
+    throw UserError(fmt::format("{} has {} images but {} has {} labels; they must match",
+                                images_path, img.count, labels_path, lab.size()));
+  Dataset d;
+  d.shape = {1, img.rows, img.cols};
+  d.x.resize(img.pixels.size());
+  for (size_t i = 0; i < img.pixels.size(); ++i) d.x[i] = static_cast<float>(img.pixels[i]) / 255.f;
+  d.y.assign(lab.begin(), lab.end());
+  int max_label = 0;
+  for (auto v : d.y) max_label = std::max<int>(max_label, v);
+  d.classes = max_label + 1;
+  return d;
+}
+
+void truncate(Dataset& d, int64_t limit) {
+  if (limit <= 0 || limit >= d.size()) return;
+  d.y.resize(static_cast<size_t>(limit));
+  d.x.resize(static_cast<size_t>(limit * d.features()));
+}
+
+}  // namespace
+
+IdxImages read_idx_images(const std::string& path) {
+  GzFile f(path);
+  const uint32_t magic = f.read_be32("the header");
+  if (magic != kImagesMagic)
+    throw UserError(fmt::format(
+        "{}: not an IDX image file (magic 0x{:08x}, expected 0x{:08x} for 3-D unsigned bytes)",
+        path, magic, kImagesMagic));
+  IdxImages out;
+  out.count = f.read_be32("the header");
+  out.rows = f.read_be32("the header");
+  out.cols = f.read_be32("the header");
+  // Each factor is checked before the product, so it cannot overflow.
+  if (out.rows <= 0 || out.cols <= 0 || out.rows > (1 << 12) || out.cols > (1 << 12))
+    throw UserError(fmt::format("{}: implausible image size {}x{} (at most 4096x4096)", path,
+                                out.rows, out.cols));
+  const auto bytes = static_cast<uint64_t>(out.count) * static_cast<uint64_t>(out.rows * out.cols);
+  out.pixels = f.read_claimed(bytes, 16, fmt::format("{} images of {}x{}", out.count, out.rows,
+                                                     out.cols));
+  return out;
+}
+
+std::vector<uint8_t> read_idx_labels(const std::string& path) {
+  GzFile f(path);
+  const uint32_t magic = f.read_be32("the header");
+  if (magic != kLabelsMagic)
+    throw UserError(fmt::format(
+        "{}: not an IDX label file (magic 0x{:08x}, expected 0x{:08x} for 1-D unsigned bytes)",
+        path, magic, kLabelsMagic));
+  const uint32_t count = f.read_be32("the header");
+  return f.read_claimed(count, 8, fmt::format("{} labels", count));
+}
+
+Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream) {
+  Dataset d;
+  d.shape = cfg.shape;
+  d.classes = cfg.classes;
+  const int64_t f = d.features();
+  // Prototypes depend on the seed only, so train and test share them.
+  Rng proto_rng(stream_key(seed, 0x5157, 0));
+  std::vector<float> protos(static_cast<size_t>(cfg.classes * f));
+  for (auto& p : protos) p = static_cast<float>(proto_rng.normal());
+  Rng rng(stream_key(seed, 0x5157, stream));
+  d.x.resize(static_cast<size_t>(n * f));
+  d.y.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const auto label = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.classes)));
+    d.y[static_cast<size_t>(i)] = label;
+    const float* p = protos.data() + label * f;
+    float* x = d.x.data() + i * f;
+    for (int64_t j = 0; j < f; ++j) x[j] = p[j] + static_cast<float>(cfg.noise * rng.normal());
+  }
+  return d;
+}
+
+void sort_by_label(Dataset& d) {
+  std::vector<int64_t> idx(static_cast<size_t>(d.size()));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+    return d.y[static_cast<size_t>(a)] < d.y[static_cast<size_t>(b)];
+  });
+  const int64_t f = d.features();
+  std::vector<float> x(d.x.size());
+  std::vector<int32_t> y(d.y.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    y[i] = d.y[static_cast<size_t>(idx[i])];
+    std::copy_n(d.x.begin() + idx[i] * f, f, x.begin() + static_cast<int64_t>(i) * f);
+  }
+  d.x = std::move(x);
+  d.y = std::move(y);
+}
+
+std::string data_identity(const DataConfig& c, uint64_t seed) {
+  // Augmentation, shuffling and sharding act on loaded data, so they are not part of the key.
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", to_string(c.dataset), c.path,
+                     c.normalize, c.sort_by_label, c.train_limit, c.test_limit,
+                     c.synthetic.train_size, c.synthetic.test_size,
+                     fmt::join(c.synthetic.shape, "x"), c.synthetic.classes, c.synthetic.noise,
+                     c.dataset == DatasetKind::synthetic ? seed : 0);
+}
+
+DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
+  DataSplit s;
+  if (cfg.dataset == DatasetKind::synthetic) {
+    s.train = make_synthetic(cfg.synthetic, cfg.synthetic.train_size, seed, 1);
+    s.test = make_synthetic(cfg.synthetic, cfg.synthetic.test_size, seed, 2);
+  } else {
+    if (!fs::is_directory(cfg.path))
+      throw UserError(
+          fmt::format("data.path: '{}' is not a folder (it must hold the IDX files)", cfg.path));
+    // Looked up in a fixed order so the first missing file is the one named.
+    const auto train_images = find_idx(cfg.path, "train-images-idx3-ubyte");
+    const auto train_labels = find_idx(cfg.path, "train-labels-idx1-ubyte");
+    const auto test_images = find_idx(cfg.path, "t10k-images-idx3-ubyte");
+    const auto test_labels = find_idx(cfg.path, "t10k-labels-idx1-ubyte");
+    s.train = load_idx_pair(train_images, train_labels);
+    s.test = load_idx_pair(test_images, test_labels);
+    if (s.train.shape != s.test.shape)
+      throw UserError(fmt::format("{}: training and test images differ in size", cfg.path));
+    s.test.classes = s.train.classes = std::max(s.train.classes, s.test.classes);
+    // The named datasets have ten classes; a label past them is a corrupt or different file.
+    if (cfg.dataset != DatasetKind::idx && s.train.classes > 10)
+      throw UserError(fmt::format("{}: labels go up to {}, but {} has 10 classes (0 to 9); use "
+                                  "data.dataset: idx for other label sets",
+                                  cfg.path, s.train.classes - 1, to_string(cfg.dataset)));
+  }
+  truncate(s.train, cfg.train_limit);
+  truncate(s.test, cfg.test_limit);
+
+  if (cfg.normalize) {
+    // Standardise with the training set's statistics (one mean and std over all features).
+    double sum = 0, sq = 0;
+    for (float v : s.train.x) {
+      sum += v;
+      sq += double(v) * v;
+    }
+    const double n = static_cast<double>(s.train.x.size());
+    const double mean = sum / n;
+    const double sd = std::sqrt(std::max(1e-12, sq / n - mean * mean));
+    for (auto* d : {&s.train, &s.test})
+      for (auto& v : d->x) v = static_cast<float>((v - mean) / sd);
+  }
+  if (cfg.sort_by_label) sort_by_label(s.train);
+  s.description =
+      fmt::format("{} train={} test={} shape=[{}] classes={}{}", to_string(cfg.dataset),
+                  s.train.size(), s.test.size(), fmt::join(s.train.shape, ","), s.train.classes,
+                  cfg.dataset == DatasetKind::synthetic ? "" : " from " + cfg.path);
+  return s;
+}
+
+}  // namespace dtrain

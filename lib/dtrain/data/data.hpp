@@ -1,0 +1,49 @@
+#pragma once
+// Datasets in memory: float features (row-major, one row per sample) and int labels.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/config/config.hpp"
+
+namespace dtrain {
+
+struct Dataset {
+  std::vector<float> x;        // size() * features()
+  std::vector<int32_t> y;      // size()
+  std::vector<int64_t> shape;  // per-sample shape, e.g. {1, 28, 28}
+  int classes = 0;
+  int64_t size() const { return static_cast<int64_t>(y.size()); }
+  int64_t features() const;
+};
+
+struct DataSplit {
+  Dataset train;
+  Dataset test;
+  std::string description;  // for logs: "fashion-mnist 60000/10000 from /usr/share/..."
+};
+
+// IDX files (LeCun's MNIST format), raw or gzip-compressed; errors name the file.
+struct IdxImages {
+  int64_t count = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<uint8_t> pixels;  // count * rows * cols
+};
+IdxImages read_idx_images(const std::string& path);
+std::vector<uint8_t> read_idx_labels(const std::string& path);
+
+// A key that is equal exactly when two configurations load the same data (the data section,
+// and the seed for synthetic data), so a multi-run command loads each dataset once.
+std::string data_identity(const DataConfig& cfg, uint64_t seed);
+
+// Loads the configured dataset: files or synthetic, limits, normalisation, label sorting.
+DataSplit load_data(const DataConfig& cfg, uint64_t seed);
+
+// A learnable synthetic task: Gaussian clusters around per-class prototypes.
+Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream);
+
+// Stable reorder of samples by label (0s first), the worst case for contiguous sharding.
+void sort_by_label(Dataset& d);
+
+}  // namespace dtrain

@@ -1,0 +1,299 @@
+#include "dtrain/dist/mpi.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/stop.hpp"
+
+#ifdef DTRAIN_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace dtrain::mpi {
+
+namespace {
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  try {
+    return std::stoi(v);
+  } catch (const std::exception&) {
+    return fallback;
+  }
+}
+}  // namespace
+
+Launch detect() {
+  Launch l;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    l.launcher = "mpirun (Open MPI)";
+    l.size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    l.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+    l.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+  } else if (std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK")) {
+    l.launcher = "PMI";
+    l.size = env_int("PMI_SIZE", 1);
+    l.rank = env_int("PMI_RANK", env_int("PMIX_RANK", 0));
+    l.local_rank = env_int("MPI_LOCALRANKID", 0);
+  } else if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_STEP_ID")) {
+    // Inside an srun job step (sbatch alone sets SLURM_PROCID too, but no step).
+    l.launcher = "srun (Slurm)";
+    l.size = env_int("SLURM_NTASKS", env_int("SLURM_NPROCS", 1));
+    l.rank = env_int("SLURM_PROCID", 0);
+    l.local_rank = env_int("SLURM_LOCALID", 0);
+  } else {
+    return l;
+  }
+  l.active = true;
+  return l;
+}
+
+#ifdef DTRAIN_HAVE_MPI
+
+#define MPI_CHECK(call)                                                                    \
+  do {                                                                                     \
+    const int mpi_rc_ = (call);                                                            \
+    if (mpi_rc_ != MPI_SUCCESS) {                                                          \
+      char mpi_msg_[MPI_MAX_ERROR_STRING];                                                 \
+      int mpi_len_ = 0;                                                                    \
+      MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                      \
+      throw ::dtrain::SystemError(fmt::format("{} failed: {}", #call, mpi_msg_), __FILE__, \
+                                  __LINE__, ::dtrain::mpi::rank());                        \
+    }                                                                                      \
+  } while (0)
+
+namespace {
+
+constexpr int kTagAbort = 7301;
+constexpr int kTagAck = 7302;
+bool g_initialized = false;
+int g_rank = 0, g_size = 1;
+
+template <class T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() {
+  return MPI_FLOAT;
+}
+template <>
+MPI_Datatype mpi_type<double>() {
+  return MPI_DOUBLE;
+}
+
+class MpiComm final : public Communicator {
+ public:
+  explicit MpiComm(double timeout_s) : timeout_s_(timeout_s) {}
+  int rank() const override { return g_rank; }
+  int size() const override { return g_size; }
+  std::string kind() const override { return "mpi"; }
+
+  void allreduce(float* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
+  void allreduce(double* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
+
+  void abort(const std::string& why) override {
+    // Tell every other rank, without blocking on any of them (one may be dead).
+    const std::string text = fmt::format("rank {} failed: {}", g_rank, why);
+    std::vector<MPI_Request> reqs;
+    for (int r = 0; r < g_size; ++r) {
+      if (r == g_rank) continue;
+      MPI_Request req;
+      if (MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, r, kTagAbort,
+                    MPI_COMM_WORLD, &req) == MPI_SUCCESS)
+        reqs.push_back(req);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    int done = 0;
+    while (!done && std::chrono::steady_clock::now() < until) {
+      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+ private:
+  // Owner-computes all-reduce with the in-process communicator's arithmetic: rank r receives
+  // chunk r of every rank's buffer (all-to-all), adds them in rank order, and the reduced
+  // chunks are gathered back to everyone. Bandwidth is that of reduce-scatter + all-gather.
+  template <class T>
+  void reduce(T* data, size_t n, ReduceOp op) {
+    const int p = g_size;
+    if (p == 1) return;
+    std::vector<int> counts(static_cast<size_t>(p)), displs(static_cast<size_t>(p));
+    for (int r = 0; r < p; ++r) {
+      const size_t lo = n * static_cast<size_t>(r) / static_cast<size_t>(p);
+      const size_t hi = n * static_cast<size_t>(r + 1) / static_cast<size_t>(p);
+      counts[static_cast<size_t>(r)] = static_cast<int>(hi - lo);
+      displs[static_cast<size_t>(r)] = static_cast<int>(lo);
+    }
+    const int mine = counts[static_cast<size_t>(g_rank)];
+    std::vector<T>& recv = scratch<T>();
+    recv.resize(static_cast<size_t>(mine) * static_cast<size_t>(p));
+    std::vector<int> rcounts(static_cast<size_t>(p), mine), rdispls(static_cast<size_t>(p));
+    for (int r = 0; r < p; ++r) rdispls[static_cast<size_t>(r)] = r * mine;
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoallv(data, counts.data(), displs.data(), mpi_type<T>(), recv.data(),
+                             rcounts.data(), rdispls.data(), mpi_type<T>(), MPI_COMM_WORLD, &req));
+    wait(req, "gradient all-reduce (all-to-all)");
+    T* out = data + displs[static_cast<size_t>(g_rank)];
+    const T inv = T(1) / static_cast<T>(p);
+    for (int i = 0; i < mine; ++i) {
+      T acc = recv[static_cast<size_t>(i)];
+      for (int q = 1; q < p; ++q) acc += recv[static_cast<size_t>(q * mine + i)];
+      if (op == ReduceOp::mean) acc *= inv;
+      out[i] = acc;
+    }
+    MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, mpi_type<T>(), data, counts.data(), displs.data(),
+                              mpi_type<T>(), MPI_COMM_WORLD, &req));
+    wait(req, "gradient all-reduce (all-gather)");
+  }
+
+  template <class T>
+  std::vector<T>& scratch() {
+    if constexpr (std::is_same_v<T, float>)
+      return scratch_f_;
+    else
+      return scratch_d_;
+  }
+
+  // Polls the request, watching for a failure report from another rank, a stop request
+  // (Ctrl-C, or SIGTERM from the launcher when a rank died) and the timeout.
+  void wait(MPI_Request& req, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    int spins = 0;
+    for (;;) {
+      int done = 0;
+      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      int flag = 0;
+      MPI_Status st;
+      MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTagAbort, MPI_COMM_WORLD, &flag, &st));
+      if (flag) {
+        int len = 0;
+        MPI_Get_count(&st, MPI_CHAR, &len);
+        std::string text(static_cast<size_t>(len), '\0');
+        MPI_Recv(text.data(), len, MPI_CHAR, st.MPI_SOURCE, kTagAbort, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+        throw Aborted(text);
+      }
+      if (stop_requested())
+        throw Aborted(
+            fmt::format("rank {}: stopped while waiting in the {} (interrupted, or the "
+                        "launcher is ending the job because another rank died)",
+                        g_rank, what));
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_s_)
+        throw Aborted(
+            fmt::format("rank {}: no progress in the {} for {:.0f} s (another rank is "
+                        "hung or gone; train.collective_timeout_s)",
+                        g_rank, what, waited));
+      // Spin briefly for latency, then yield the core: ranks may share few cores.
+      if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  double timeout_s_;
+  std::vector<float> scratch_f_;
+  std::vector<double> scratch_d_;
+};
+
+}  // namespace
+
+bool available() {
+  return true;
+}
+
+void init(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  g_initialized = true;
+  // Errors come back as codes (and become exceptions) instead of aborting inside MPI.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g_size));
+}
+
+void finalize() {
+  if (g_initialized) MPI_Finalize();
+  g_initialized = false;
+}
+
+bool initialized() {
+  return g_initialized;
+}
+int rank() {
+  return g_rank;
+}
+int size() {
+  return g_size;
+}
+
+std::unique_ptr<Communicator> world(double timeout_s) {
+  return std::make_unique<MpiComm>(timeout_s);
+}
+
+void broadcast(std::string& text) {
+  int len = static_cast<int>(text.size());
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  text.resize(static_cast<size_t>(len));
+  MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD));
+}
+
+void end_job_after_failure(int exit_code, double grace_s) {
+  if (g_rank == 0) {
+    char ack = 1;
+    std::vector<MPI_Request> reqs;
+    for (int r = 1; r < g_size; ++r) {
+      MPI_Request req;
+      if (MPI_Isend(&ack, 1, MPI_CHAR, r, kTagAck, MPI_COMM_WORLD, &req) == MPI_SUCCESS)
+        reqs.push_back(req);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  } else {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+    int flag = 0;
+    while (!flag && std::chrono::steady_clock::now() < until) {
+      MPI_Iprobe(0, kTagAck, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+      if (!flag) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+#else  // no MPI in this build
+
+bool available() {
+  return false;
+}
+void init(int*, char***) {
+  throw UserError(
+      "this dtrain was built without MPI but was started by a launcher (mpirun/srun); install "
+      "libopenmpi-dev and rebuild");
+}
+void finalize() {}
+bool initialized() {
+  return false;
+}
+int rank() {
+  return 0;
+}
+int size() {
+  return 1;
+}
+std::unique_ptr<Communicator> world(double) {
+  DTRAIN_THROW_SYSTEM("MPI is not built in");
+}
+void broadcast(std::string&) {}
+void end_job_after_failure(int exit_code, double) {
+  std::_Exit(exit_code);
+}
+
+#endif
+
+}  // namespace dtrain::mpi

@@ -1,0 +1,350 @@
+#include "dtrain/nn/model.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "dtrain/dist/comm.hpp"
+#include "dtrain/base/error.hpp"
+
+namespace dtrain {
+
+const float* Layer::forward(Device& d, const float* x, int64_t rows) {
+  if (rows < 0) DTRAIN_THROW_SYSTEM("negative batch");
+  y_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * out_));
+  x_ = x;
+  rows_ = rows;
+  // Called with zero rows too: a synchronised layer must join its collective even when this
+  // replica's share of a short last batch is empty.
+  forward_impl(d, x, y_.data(), rows);
+  return y_.data();
+}
+
+const float* Layer::backward(Device& d, const float* dy, int64_t rows, bool need_dx) {
+  if (rows != rows_)
+    DTRAIN_THROW_SYSTEM(
+        fmt::format("{}: backward for {} rows after forward of {}", describe(), rows, rows_));
+  float* dx = nullptr;
+  if (need_dx) {
+    dx_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * in_));
+    dx = dx_.data();
+  }
+  backward_impl(d, x_, y_.data(), dy, dx, rows);
+  return dx;
+}
+
+std::string Dense::describe() const {
+  return fmt::format("dense({}->{})", in_features(), out_features());
+}
+
+void Dense::bind(float* params, float* grads) {
+  w_ = params;
+  b_ = params + in_features() * out_features();
+  dw_ = grads;
+  db_ = grads + in_features() * out_features();
+}
+
+void Dense::init(Rng& rng, float* params) const {
+  // U(-1/sqrt(in), 1/sqrt(in)) for weights and bias: the default of PyTorch's nn.Linear,
+  // so recipes tuned there carry over.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features()));
+  for (int64_t i = 0; i < param_count(); ++i)
+    params[i] = static_cast<float>(rng.uniform(-bound, bound));
+}
+
+void Dense::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  const int64_t in = in_features(), out = out_features();
+  d.gemm(false, false, rows, out, in, 1.f, x, in, w_, out, 0.f, y, out);
+  d.add_bias(y, b_, rows, out);
+}
+
+void Dense::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
+                          int64_t rows) {
+  const int64_t in = in_features(), out = out_features();
+  // Gradients accumulate (beta = 1) so accumulation steps need no extra buffer.
+  d.gemm(true, false, in, out, rows, 1.f, x, in, dy, out, 1.f, dw_, out);
+  d.bias_grad(dy, db_, rows, out, true);
+  if (dx) d.gemm(false, true, rows, in, out, 1.f, dy, out, w_, out, 0.f, dx, in);
+}
+
+std::string ActivationLayer::describe() const {
+  return to_string(act_);
+}
+
+void ActivationLayer::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  d.activation_forward(act_, x, y, static_cast<size_t>(rows * in_features()));
+}
+
+void ActivationLayer::backward_impl(Device& d, const float* x, const float* y, const float* dy,
+                                    float* dx, int64_t rows) {
+  // No parameters: when the caller needs no dL/dx (this is the model's first layer) there is
+  // nothing to compute, and the device kernels would write through a null dx.
+  if (!dx) return;
+  d.activation_backward(act_, x, y, dy, dx, static_cast<size_t>(rows * in_features()));
+}
+
+Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes)
+    : dev_(d), layers_(std::move(layers)), classes_(classes) {
+  if (layers_.empty()) DTRAIN_THROW_SYSTEM("model has no layers");
+  if (layers_.back()->out_features() != classes)
+    DTRAIN_THROW_SYSTEM("last layer does not produce one logit per class");
+  for (const auto& l : layers_) n_params_ += l->param_count();
+  params_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
+  grads_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
+  int64_t off = 0;
+  for (auto& l : layers_) {
+    offsets_.push_back(off);
+    l->bind(params_.data() + off, grads_.data() + off);
+    l->setup(d);
+    l->attach(&ctx_);
+    off += l->param_count();
+  }
+}
+
+void Model::set_context(Communicator* comm, Rng* rng) {
+  ctx_.comm = comm;
+  ctx_.rng = rng;
+}
+
+void Model::average_state(Communicator& comm) {
+  std::vector<float> all;
+  for (auto& l : layers_)
+    if (auto* st = l->state()) {
+      const size_t at = all.size();
+      all.resize(at + st->size());
+      dev_.download(all.data() + at, st->data(), st->size() * sizeof(float));
+    }
+  if (all.empty()) return;
+  comm.allreduce(all.data(), all.size(), ReduceOp::mean);
+  size_t off = 0;
+  for (auto& l : layers_)
+    if (auto* st = l->state()) {
+      dev_.upload(st->data(), all.data() + off, st->size() * sizeof(float));
+      off += st->size();
+    }
+}
+
+std::string Model::describe() const {
+  std::string s;
+  for (const auto& l : layers_) {
+    if (!s.empty()) s += " -> ";
+    s += l->describe();
+  }
+  return fmt::format("{} ({} parameters)", s, n_params_);
+}
+
+void Model::init(uint64_t seed) {
+  Rng rng(stream_key(seed, 0x1417));
+  std::vector<float> host(static_cast<size_t>(n_params_));
+  int64_t off = 0;
+  for (const auto& l : layers_) {
+    l->init(rng, host.data() + off);
+    off += l->param_count();
+  }
+  dev_.upload(params_.data(), host.data(), host.size() * sizeof(float));
+  zero_grads();
+}
+
+void Model::zero_grads() {
+  dev_.fill(grads_.data(), static_cast<size_t>(n_params_), 0.f);
+}
+
+const float* Model::forward(const float* x, int64_t rows, bool train) {
+  ctx_.train = train;
+  const float* h = x;
+  for (auto& l : layers_) h = l->forward(dev_, h, rows);
+  logits_ = h;
+  rows_ = rows;
+  return h;
+}
+
+void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats,
+                          const GradsReady& ready) {
+  if (rows != rows_) DTRAIN_THROW_SYSTEM("loss_backward: batch differs from the last forward");
+  // No early return for rows == 0: synchronised layers still take part in their collectives.
+  dlogits_.resize(dev_, static_cast<size_t>(std::max<int64_t>(rows, 1) * classes_));
+  dev_.softmax_xent(logits_, labels, rows, classes_, grad_scale, dlogits_.data(), stats);
+  const float* g = dlogits_.data();
+  for (size_t i = layers_.size(); i-- > 0;) {
+    g = layers_[i]->backward(dev_, g, rows, i > 0);
+    if (ready && layers_[i]->param_count() > 0)
+      ready(static_cast<size_t>(offsets_[i]), static_cast<size_t>(layers_[i]->param_count()));
+  }
+}
+
+void Model::loss_only(const int32_t* labels, int64_t rows, double* stats) {
+  if (rows == 0) return;
+  dev_.softmax_xent(logits_, labels, rows, classes_, 0.f, nullptr, stats);
+}
+
+std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
+  const auto act = [&] {
+    LayerSpec l;
+    switch (cfg.activation) {
+      case Activation::relu:
+        l.type = LayerType::relu;
+        break;
+      case Activation::tanh:
+        l.type = LayerType::tanh;
+        break;
+      case Activation::sigmoid:
+        l.type = LayerType::sigmoid;
+        break;
+      case Activation::gelu:
+        l.type = LayerType::gelu;
+        break;
+    }
+    return l;
+  };
+  const auto dense = [](int64_t units) {
+    LayerSpec l;
+    l.type = LayerType::dense;
+    l.units = units;
+    return l;
+  };
+  const auto conv = [](int64_t channels, int64_t kernel, int64_t padding) {
+    LayerSpec l;
+    l.type = LayerType::conv;
+    l.channels = channels;
+    l.kernel = kernel;
+    l.padding = padding;
+    return l;
+  };
+  const auto simple = [](LayerType t) {
+    LayerSpec l;
+    l.type = t;
+    return l;
+  };
+  const auto pool = [] {
+    LayerSpec l;
+    l.type = LayerType::maxpool;
+    l.kernel = 2;
+    return l;
+  };
+  const auto dropout = [&] {
+    LayerSpec l;
+    l.type = LayerType::dropout;
+    l.p = cfg.dropout;
+    return l;
+  };
+  std::vector<LayerSpec> out;
+  switch (cfg.type) {
+    case ModelType::layers:
+      return cfg.layers;
+    case ModelType::mlp:
+      out.push_back(simple(LayerType::flatten));
+      for (int64_t h : cfg.hidden) {
+        out.push_back(dense(h));
+        out.push_back(act());
+        if (cfg.dropout > 0) out.push_back(dropout());
+      }
+      return out;
+    case ModelType::lenet5:
+      // LeCun et al. 1998, with max pooling and the configured activation.
+      out = {conv(6, 5, 2),
+             act(),
+             pool(),
+             conv(16, 5, 0),
+             act(),
+             pool(),
+             simple(LayerType::flatten),
+             dense(120),
+             act(),
+             dense(84),
+             act()};
+      return out;
+    case ModelType::cnn:
+      // Two conv-BN-activation-pool blocks and two dense layers.
+      out = {conv(32, 3, 1),
+             simple(LayerType::batchnorm),
+             act(),
+             pool(),
+             conv(64, 3, 1),
+             simple(LayerType::batchnorm),
+             act(),
+             pool(),
+             simple(LayerType::flatten),
+             dense(128),
+             act()};
+      if (cfg.dropout > 0) out.push_back(dropout());
+      return out;
+  }
+  return out;
+}
+
+std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
+                                   const std::vector<int64_t>& input_shape, int classes) {
+  MapShape cur;
+  if (input_shape.size() == 3)
+    cur = {input_shape[0], input_shape[1], input_shape[2]};
+  else if (input_shape.size() == 2)
+    cur = {1, input_shape[0], input_shape[1]};
+  else {
+    int64_t n = 1;
+    for (auto v : input_shape) n *= v;
+    cur = {n, 1, 1};
+  }
+  const bool sync = cfg.batchnorm == BatchNormMode::sync;
+  std::vector<std::unique_ptr<Layer>> layers;
+  const auto spatial = [&](const char* what) {
+    if (cur.h == 1 && cur.w == 1 && cur.c > 1)
+      throw UserError(
+          fmt::format("model: {} needs an image input (channels x height x width) but "
+                      "gets {} flat features; put it before flatten/dense, or give "
+                      "the data a [c, h, w] shape",
+                      what, cur.c));
+  };
+  for (const auto& l : expand_layers(cfg)) {
+    switch (l.type) {
+      case LayerType::dense:
+        layers.push_back(std::make_unique<Dense>(cur.size(), l.units));
+        cur = {l.units, 1, 1};
+        break;
+      case LayerType::conv: {
+        spatial("conv");
+        const int64_t stride = l.stride > 0 ? l.stride : 1;
+        layers.push_back(std::make_unique<Conv2d>(cur, l.channels, l.kernel, stride, l.padding));
+        cur = Conv2d::output_shape(cur, l.channels, l.kernel, stride, l.padding);
+        break;
+      }
+      case LayerType::maxpool: {
+        spatial("maxpool");
+        const int64_t stride = l.stride > 0 ? l.stride : l.kernel;
+        layers.push_back(std::make_unique<MaxPool2d>(cur, l.kernel, stride));
+        cur = MaxPool2d::output_shape(cur, l.kernel, stride);
+        break;
+      }
+      case LayerType::global_avg_pool:
+        spatial("global_avg_pool");
+        layers.push_back(std::make_unique<GlobalAvgPool>(cur));
+        cur = {cur.c, 1, 1};
+        break;
+      case LayerType::batchnorm:
+        layers.push_back(std::make_unique<BatchNorm>(cur, sync));
+        break;
+      case LayerType::dropout:
+        layers.push_back(std::make_unique<Dropout>(cur.size(), l.p));
+        break;
+      case LayerType::flatten:
+        cur = {cur.size(), 1, 1};  // NCHW is already contiguous: no copy needed
+        break;
+      case LayerType::relu:
+        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::relu));
+        break;
+      case LayerType::tanh:
+        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::tanh));
+        break;
+      case LayerType::sigmoid:
+        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::sigmoid));
+        break;
+      case LayerType::gelu:
+        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::gelu));
+        break;
+    }
+  }
+  layers.push_back(std::make_unique<Dense>(cur.size(), classes));
+  return std::make_unique<Model>(d, std::move(layers), classes);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,269 @@
+#pragma once
+// Layers and models. A layer's public forward/backward are non-virtual: they check shapes and
+// then call the *_impl hooks. Parameters and gradients of a whole model live in one flat buffer
+// each, so the gradient exchange is a single contiguous all-reduce.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/config/config.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/rng.hpp"
+
+namespace dtrain {
+
+class Communicator;
+
+// What layers that depend on more than their input see: training or evaluation, the replica
+// group (synchronised BatchNorm), and a per-replica random stream (dropout).
+struct LayerContext {
+  bool train = true;
+  Communicator* comm = nullptr;
+  Rng* rng = nullptr;
+};
+
+// Per-sample feature map shape (CHW); dense layers use {features, 1, 1}.
+struct MapShape {
+  int64_t c = 1, h = 1, w = 1;
+  int64_t size() const { return c * h * w; }
+};
+
+class Layer {
+ public:
+  Layer(int64_t in, int64_t out) : in_(in), out_(out) {}
+  virtual ~Layer() = default;
+  virtual std::string describe() const = 0;
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  virtual int64_t param_count() const { return 0; }
+  // Points the layer at its slice of the model's flat parameter and gradient buffers.
+  virtual void bind(float* /*params*/, float* /*grads*/) {}
+  // Fills host memory `params` (param_count() floats) with initial values.
+  virtual void init(Rng& /*rng*/, float* /*params*/) const {}
+  // Allocates the layer's device buffers (called once by Model).
+  virtual void setup(Device& /*d*/) {}
+  // Non-trained state that evaluation uses (BatchNorm running statistics, in device memory),
+  // or nullptr.
+  virtual Buffer<float>* state() { return nullptr; }
+  void attach(const LayerContext* ctx) { ctx_ = ctx; }
+
+  // y = f(x) for `rows` samples; x must stay valid until backward.
+  const float* forward(Device& d, const float* x, int64_t rows);
+  // Given dL/dy, accumulates parameter gradients and returns dL/dx (nullptr if !need_dx).
+  const float* backward(Device& d, const float* dy, int64_t rows, bool need_dx);
+
+ protected:
+  virtual void forward_impl(Device& d, const float* x, float* y, int64_t rows) = 0;
+  virtual void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                             int64_t rows) = 0;
+  bool training() const { return !ctx_ || ctx_->train; }
+  const LayerContext* ctx_ = nullptr;
+
+ private:
+  int64_t in_, out_;
+  const float* x_ = nullptr;
+  int64_t rows_ = -1;
+  Buffer<float> y_, dx_;
+};
+
+// y = x W + b, W stored as [in x out].
+class Dense final : public Layer {
+ public:
+  Dense(int64_t in, int64_t out) : Layer(in, out) {}
+  std::string describe() const override;
+  int64_t param_count() const override { return in_features() * out_features() + out_features(); }
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng, float* params) const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
+};
+
+class ActivationLayer final : public Layer {
+ public:
+  ActivationLayer(int64_t features, Activation a) : Layer(features, features), act_(a) {}
+  std::string describe() const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  Activation act_;
+};
+
+// 2-D convolution (square kernel, stride, zero padding); the device does the arithmetic.
+// Weights [out_c x (in_c*k*k)], bias [out_c]; He-uniform init like PyTorch's default.
+class Conv2d final : public Layer {
+ public:
+  Conv2d(MapShape in, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad);
+  static MapShape output_shape(MapShape in, int64_t out_channels, int64_t kernel, int64_t stride,
+                               int64_t pad);
+  std::string describe() const override;
+  int64_t param_count() const override { return oc_ * in_.c * k_ * k_ + oc_; }
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng, float* params) const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  ConvGeom geom() const;
+  MapShape in_, out_;
+  int64_t oc_, k_, stride_, pad_;
+  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
+};
+
+class MaxPool2d final : public Layer {
+ public:
+  MaxPool2d(MapShape in, int64_t kernel, int64_t stride);
+  static MapShape output_shape(MapShape in, int64_t kernel, int64_t stride);
+  std::string describe() const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  MapShape in_;
+  int64_t k_, stride_;
+  Buffer<int32_t> argmax_;
+};
+
+// Mean over each channel's positions: [c, h, w] -> [c].
+class GlobalAvgPool final : public Layer {
+ public:
+  explicit GlobalAvgPool(MapShape in) : Layer(in.size(), in.c), in_(in) {}
+  std::string describe() const override { return "global-avg-pool"; }
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  MapShape in_;
+  Buffer<float> ones_;  // a column of 1/(h*w)
+};
+
+// Batch normalisation over samples and positions, per channel (Ioffe and Szegedy 2015).
+// `sync`: statistics and their gradients are summed over all replicas (SyncBatchNorm), so N
+// replicas x B behave as 1 x N*B; otherwise each replica uses its own micro-batch.
+class BatchNorm final : public Layer {
+ public:
+  BatchNorm(MapShape in, bool sync, double momentum = 0.1, double eps = 1e-5);
+  std::string describe() const override;
+  int64_t param_count() const override { return 2 * in_.c; }
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng, float* params) const override;
+  void setup(Device& d) override;
+  Buffer<float>* state() override { return &running_; }  // [mean (c), var (c)]
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  MapShape in_;
+  bool sync_;
+  double momentum_, eps_;
+  float *gamma_ = nullptr, *beta_ = nullptr, *dgamma_ = nullptr, *dbeta_ = nullptr;
+  void all_reduce_over_replicas(Device& d, Buffer<double>& v, double* count);
+  // Device buffers: running [mean, var]; stats [mean, inv_std] of the last forward; the
+  // per-channel double sums of forward (moments) and backward (sums).
+  Buffer<float> running_, stats_;
+  Buffer<double> moments_, sums_;
+  std::vector<double> host_;  // staging for the synchronised all-reduce
+  double count_ = 0;          // elements per channel behind stats_ (all replicas if sync)
+};
+
+// Inverted dropout: zeroes a fraction p in training and scales the rest by 1/(1-p); identity
+// in evaluation. The mask comes from the replica's own random stream.
+class Dropout final : public Layer {
+ public:
+  Dropout(int64_t features, double p) : Layer(features, features), p_(p) {}
+  std::string describe() const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  double p_;
+  Buffer<float> mask_;
+};
+
+class Model {
+ public:
+  Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes);
+  Device& device() { return dev_; }
+  int64_t param_count() const { return n_params_; }
+  int64_t in_features() const { return layers_.front()->in_features(); }
+  int classes() const { return classes_; }
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  std::string describe() const;
+  // Whether any layer keeps running statistics (BatchNorm).
+  bool has_batchnorm() const {
+    for (const auto& l : layers_)
+      if (l->state()) return true;
+    return false;
+  }
+
+  // Initialises all parameters from `seed` (same values on every replica).
+  void init(uint64_t seed);
+  void zero_grads();
+  // Forward pass; returns logits [rows x classes]. `train` selects batch statistics and
+  // dropout (true) or running statistics and no dropout (false).
+  const float* forward(const float* x, int64_t rows, bool train = true);
+  // The replica group (for synchronised BatchNorm) and the replica's random stream.
+  void set_context(Communicator* comm, Rng* rng);
+  // Averages evaluation state (BatchNorm running statistics) over replicas, so every replica
+  // evaluates the same model. No-op for models without such state.
+  void average_state(Communicator& comm);
+  // Softmax cross-entropy on the last forward's logits; accumulates parameter gradients of
+  // grad_scale * summed loss. stats[0] += loss sum, stats[1] += correct count. When `ready` is
+  // given, it is called after each layer's backward with the range [offset, offset + count) of
+  // the flat gradient buffer that layer has just finished (ranges arrive from the end of the
+  // buffer towards its start), so the exchange can start before backward ends.
+  using GradsReady = std::function<void(size_t offset, size_t count)>;
+  void loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats,
+                     const GradsReady& ready = {});
+  // Loss and accuracy only (evaluation).
+  void loss_only(const int32_t* labels, int64_t rows, double* stats);
+
+ private:
+  Device& dev_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<int64_t> offsets_;  // each layer's first parameter in the flat buffers
+  int classes_;
+  int64_t n_params_ = 0;
+  Buffer<float> params_, grads_, dlogits_;
+  const float* logits_ = nullptr;
+  int64_t rows_ = 0;
+  LayerContext ctx_;
+};
+
+// The layer list a preset stands for (mlp, lenet5, cnn), or cfg.layers for type: layers.
+// The classifier (a dense layer to the class count) is not in the list; build_model adds it.
+std::vector<LayerSpec> expand_layers(const ModelConfig& cfg);
+
+// Builds the configured model for samples of `input_shape` (e.g. {1, 28, 28} or {784}) and
+// `classes` outputs. Throws UserError when a layer does not fit its input.
+std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
+                                   const std::vector<int64_t>& input_shape, int classes);
+
+}  // namespace dtrain

@@ -1,0 +1,26 @@
+#pragma once
+// Optimizers over a model's flat parameter buffer. The learning rate is passed per step, so the
+// schedule lives in one place (schedule.hpp).
+#include <cstdint>
+#include <memory>
+
+#include "dtrain/config/config.hpp"
+#include "dtrain/backend/device.hpp"
+
+namespace dtrain {
+
+class Optimizer {
+ public:
+  Optimizer(Device& d, const OptimizerConfig& cfg, size_t n);
+  void step(float* params, const float* grads, double lr);
+  int64_t steps_taken() const { return t_; }
+
+ private:
+  Device& dev_;
+  OptimizerConfig cfg_;
+  size_t n_;
+  int64_t t_ = 0;
+  Buffer<float> m_, v_;
+};
+
+}  // namespace dtrain

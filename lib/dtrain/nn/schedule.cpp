@@ -1,0 +1,42 @@
+#include "dtrain/nn/schedule.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace dtrain {
+
+double scaled_lr(const OptimizerConfig& o, int64_t global_batch) {
+  const double ratio = static_cast<double>(global_batch) / static_cast<double>(o.base_batch);
+  switch (o.lr_scaling) {
+    case LrScaling::none:
+      return o.lr;
+    case LrScaling::linear:
+      return o.lr * ratio;
+    case LrScaling::sqrt:
+      return o.lr * std::sqrt(ratio);
+  }
+  return o.lr;
+}
+
+double lr_at(const OptimizerConfig& o, int total_epochs, int64_t global_batch, double epoch_pos) {
+  const double peak = scaled_lr(o, global_batch);
+  const double w = o.warmup_epochs;
+  if (w > 0 && epoch_pos < w) return o.lr + (peak - o.lr) * (epoch_pos / w);
+  const double t = epoch_pos - w;
+  const double span = std::max(1e-12, static_cast<double>(total_epochs) - w);
+  switch (o.schedule) {
+    case Schedule::constant:
+      return peak;
+    case Schedule::step:
+      return peak * std::pow(o.gamma, std::floor(t / o.step_size + 1e-9));
+    case Schedule::cosine: {
+      const double frac = std::clamp(t / span, 0.0, 1.0);
+      const double floor_lr = std::min(o.min_lr, peak);
+      return floor_lr + (peak - floor_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * frac));
+    }
+  }
+  return peak;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,45 @@
+#include "dtrain/results/metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dtrain {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+RunStats summarize(const std::vector<EpochMetrics>& epochs, double target) {
+  RunStats s;
+  if (epochs.empty()) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    s.final_test_acc = s.best_test_acc = s.final_train_loss = s.final_test_loss = nan;
+    s.median_epoch_time_s = s.median_samples_per_s = nan;
+    return s;
+  }
+  std::vector<double> times, rates;
+  double elapsed = 0;
+  for (const auto& e : epochs) {
+    times.push_back(e.epoch_time_s);
+    rates.push_back(e.samples_per_s);
+    elapsed += e.epoch_time_s;
+    s.best_test_acc = std::max(s.best_test_acc, e.test_acc);
+    if (target > 0 && !s.time_to_target_s && e.test_acc >= target) {
+      s.time_to_target_s = elapsed;
+      s.epochs_to_target = e.epoch;
+    }
+  }
+  s.total_train_time_s = elapsed;
+  s.final_test_acc = epochs.back().test_acc;
+  s.final_train_loss = epochs.back().train_loss;
+  s.final_test_loss = epochs.back().test_loss;
+  s.median_epoch_time_s = median(times);
+  s.median_samples_per_s = median(rates);
+  return s;
+}
+
+}  // namespace dtrain

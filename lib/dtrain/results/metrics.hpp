@@ -1,0 +1,22 @@
+#pragma once
+// Run-level numbers derived from per-epoch metrics, computed in one place.
+#include <optional>
+#include <vector>
+
+#include "dtrain/train/trainer.hpp"
+
+namespace dtrain {
+
+struct RunStats {
+  double final_test_acc = 0, best_test_acc = 0, final_train_loss = 0, final_test_loss = 0;
+  double median_epoch_time_s = 0, median_samples_per_s = 0, total_train_time_s = 0;
+  // Training time (evaluation excluded) up to the end of the first epoch whose test accuracy
+  // reaches the target; empty if never reached or the target is 0.
+  std::optional<double> time_to_target_s;
+  std::optional<int> epochs_to_target;
+};
+
+RunStats summarize(const std::vector<EpochMetrics>& epochs, double target_accuracy);
+double median(std::vector<double> v);
+
+}  // namespace dtrain

@@ -1,0 +1,405 @@
+#include "dtrain/results/plots.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string num(double v) {
+  return std::isfinite(v) ? fmt::format("{:.9g}", v) : "?";
+}
+
+// Every file name written into a gnuplot script is one of ours: a slug() of a name plus a fixed
+// suffix. Checked here so that no quote, newline or other code can ever get into a script
+// that way, whatever slug() becomes.
+const std::string& script_name(const std::string& name) {
+  const bool ok = !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '.' || ch == '_' || ch == '-' || ch == '+';
+  });
+  if (!ok) DTRAIN_THROW_SYSTEM(fmt::format("unsafe file name for a gnuplot script: {}", name));
+  return name;
+}
+
+// Writes a data file into `dir`; returns how a script run in `dir` names it.
+std::string data_file(const fs::path& dir, const std::string& name, const std::string& text) {
+  write_file_atomic((dir / script_name(name)).string(), text);
+  return "'" + name + "'";
+}
+
+// gnuplot on PATH. Relative entries (and the empty one, meaning the current folder) are
+// skipped: a report often runs inside a results folder that someone else wrote.
+std::string find_gnuplot() {
+  const char* env = std::getenv("PATH");
+  const std::string path = env ? env : "";
+  for (size_t start = 0; start <= path.size();) {
+    const size_t end = std::min(path.find(':', start), path.size());
+    const std::string dir = path.substr(start, end - start);
+    if (!dir.empty() && dir[0] == '/') {
+      const std::string exe = dir + "/gnuplot";
+      std::error_code ec;
+      if (fs::is_regular_file(exe, ec) && ::access(exe.c_str(), X_OK) == 0) return exe;
+    }
+    start = end + 1;
+  }
+  return "";
+}
+
+// Runs `exe ./script` inside `dir` with an argv, never through a shell. Returns the exit code,
+// 128 + signal when killed, or -1 when it could not be started.
+int run_gnuplot(const std::string& exe, const fs::path& dir, const std::string& script) {
+  const std::string cwd = dir.string();
+  const std::string arg = "./" + script;  // "./": a name starting with '-' is not an option
+  std::vector<char*> argv = {const_cast<char*>(exe.c_str()), const_cast<char*>(arg.c_str()),
+                             nullptr};
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    const int null_in = ::open("/dev/null", O_RDONLY);
+    if (null_in >= 0) ::dup2(null_in, 0);
+    ::dup2(2, 1);  // gnuplot's messages go to stderr; stdout keeps the tables alone
+    if (::chdir(cwd.c_str()) != 0) ::_exit(126);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// One figure, drawn from data/STEM.gp into data/STEM.png and .svg, then moved next to the
+// tables. Its strings (titles and legend entries, which hold experiment, group and status
+// names from summary.json) never enter the script: they go to data/STEM.strings, one block
+// per string with one byte per line as a decimal code, and the script rebuilds them into
+// variables s0, s1, ... with `stats`. gnuplot reads them as numbers, so quotes, backquotes,
+// @macros and newlines in a name stay characters.
+class Figure {
+ public:
+  Figure(fs::path dir, const std::string& stem) : dir_(std::move(dir)), stem_(script_name(stem)) {}
+
+  const std::string& stem() const { return stem_; }
+
+  // The gnuplot variable that will hold `s`.
+  std::string text(const std::string& s) {
+    strings_.push_back(s);
+    return fmt::format("s{}", strings_.size() - 1);
+  }
+
+  // Renders `setup` and `plot` (gnuplot commands made only of our own text, numbers, data file
+  // names and the variables from text()) to PNG and SVG in out_dir. Returns "" or what failed.
+  std::string render(const std::string& gnuplot, const fs::path& out_dir, const std::string& setup,
+                     const std::string& plot) const {
+    std::string codes = "# strings of " + stem_ + ".gp: one block per string, one byte per line\n";
+    std::string script = fmt::format(
+        "# {0}, drawn by dtrain report; to restyle, edit and run in this folder: gnuplot {0}.gp\n"
+        "# Titles are read as data from {0}.strings into s0, s1, ...\n",
+        stem_);
+    const std::string strings_file = stem_ + ".strings";
+    for (size_t k = 0; k < strings_.size(); ++k) {
+      if (k) codes += "\n\n";
+      codes += "0\n";  // every block has a line, also for an empty string; 0 adds nothing
+      for (const char ch : strings_[k]) {
+        const auto b = static_cast<unsigned char>(ch);
+        // Control characters (other than newline) would make the SVG invalid XML.
+        codes += fmt::format("{}\n", (b < 0x20 && b != '\n') || b == 0x7f ? ' ' : b);
+      }
+      script += fmt::format(
+          "s{0} = \"\"\nstats '{1}' index {0} using (s{0} = s{0} . ($1 > 0 ? sprintf(\"%c\", "
+          "int($1)) : \"\"), 0) nooutput\n",
+          k, strings_file);
+    }
+    if (!strings_.empty()) data_file(dir_, strings_file, codes);
+    const std::string png = stem_ + ".png", svg = stem_ + ".svg";
+    script += fmt::format(
+        "set datafile missing '?'\n"
+        "set terminal pngcairo size 1100,600 font 'sans,11' noenhanced\n"
+        "set output '{}'\n{}\n{}\nset output\n"
+        "set terminal svg size 1100,600 font 'sans,11' noenhanced\n"
+        "set output '{}'\n{}\n{}\nset output\n",
+        png, setup, plot, svg, setup, plot);
+    const std::string script_file = stem_ + ".gp";
+    data_file(dir_, script_file, script);
+    std::error_code ec;
+    for (const auto& f : {png, svg}) fs::remove(dir_ / f, ec);
+    const int rc = run_gnuplot(gnuplot, dir_, script_file);
+    if (rc != 0)
+      return fmt::format("gnuplot {} on {}",
+                         rc < 0 ? "could not be started" : fmt::format("exited with {}", rc),
+                         (dir_ / script_file).string());
+    for (const auto& f : {png, svg}) {
+      fs::rename(dir_ / f, out_dir / f, ec);
+      if (ec) return fmt::format("gnuplot left no {} ({})", (dir_ / f).string(), ec.message());
+    }
+    return "";
+  }
+
+ private:
+  fs::path dir_;
+  std::string stem_;
+  std::vector<std::string> strings_;
+};
+
+std::string series_title(const RunRecord& r) {
+  std::string t = fmt::format("{} replica{}", r.gpus, r.gpus == 1 ? "" : "s");
+  if (r.status != "done") t += " (" + r.status + ")";
+  return t;
+}
+
+// A panel with nothing to plot: a note in its middle instead of gnuplot failing on an empty
+// range. `what` is our own text.
+std::string empty_panel(const std::string& what) {
+  return fmt::format(
+      "set label 1 '{}' at graph 0.5, 0.5 center\nset xrange [0:1]\nset yrange [0:1]\n"
+      "unset xtics\nunset ytics\nplot -1 notitle\n"
+      "unset label 1\nset xrange [*:*]\nset yrange [*:*]\nset xtics\nset ytics",
+      what);
+}
+
+}  // namespace
+
+bool gnuplot_available() {
+  return !find_gnuplot().empty();
+}
+
+Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
+                  const std::string& out_dir) {
+  const std::string gnuplot = find_gnuplot();
+  if (gnuplot.empty())
+    throw UserError(
+        "--plots needs gnuplot; install it with: apt-get install gnuplot-nox "
+        "(scripts/install-deps.sh "
+        "does)");
+  const fs::path data = fs::path(out_dir) / "data";
+  fs::create_directories(data);
+  const std::string exp = slug(c.experiment.empty() ? "experiment" : c.experiment);
+  Plots out;
+  auto draw = [&](const Figure& f, const std::string& setup, const std::string& plot) {
+    const std::string error = f.render(gnuplot, out_dir, setup, plot);
+    if (error.empty())
+      out.stems.push_back(f.stem());
+    else
+      out.failures.push_back(fmt::format("figure {} not drawn: {}", f.stem(), error));
+  };
+
+  // Groups in order of first appearance.
+  std::vector<std::string> groups;
+  for (const auto& row : c.rows)
+    if (std::find(groups.begin(), groups.end(), row.run.group) == groups.end())
+      groups.push_back(row.run.group);
+
+  // 1. Test accuracy and train loss against epoch, one line per replica count, per group.
+  //    A run (a diverged one, say) adds a line only to the panels where it has finite values.
+  for (const auto& g : groups) {
+    std::vector<const ComparisonRow*> rows;
+    for (const auto& row : c.rows)
+      if (row.run.group == g && metrics.count(row.run.dir)) rows.push_back(&row);
+    if (rows.empty()) continue;
+    std::sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
+    std::string stem = exp + "-curves";
+    if (!g.empty()) stem += '-' + slug(g);
+    Figure fig(data, stem);
+    std::string acc_plot, loss_plot;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i]->run;
+      std::string text = "# epoch test_acc_percent train_loss\n";
+      bool has_acc = false, has_loss = false;
+      for (const auto& e : metrics.at(r.dir)) {
+        text += fmt::format("{} {} {}\n", e.epoch, num(100 * e.test_acc), num(e.train_loss));
+        has_acc = has_acc || std::isfinite(e.test_acc);
+        has_loss = has_loss || (std::isfinite(e.train_loss) && e.train_loss > 0);  // log scale
+      }
+      const std::string file = data_file(data, fmt::format("{}-{}.dat", stem, i), text);
+      // A fixed line type per run keeps its colour the same in both panels.
+      const std::string style =
+          fmt::format("with linespoints lt {} lw 2 title {}", i + 1, fig.text(series_title(r)));
+      if (has_acc)
+        acc_plot +=
+            fmt::format("{}{} using 1:2 {}", acc_plot.empty() ? "plot " : ", ", file, style);
+      if (has_loss)
+        loss_plot +=
+            fmt::format("{}{} using 1:3 {}", loss_plot.empty() ? "plot " : ", ", file, style);
+    }
+    if (acc_plot.empty() && loss_plot.empty()) {
+      out.notes.push_back(fmt::format(
+          "figure {} not drawn: no run has a finite test accuracy or train loss", stem));
+      continue;
+    }
+    if (acc_plot.empty()) {
+      out.notes.push_back(fmt::format("figure {}: no run has a finite test accuracy", stem));
+      acc_plot = empty_panel("no finite test accuracy");
+    }
+    if (loss_plot.empty()) {
+      out.notes.push_back(fmt::format("figure {}: no run has a finite, positive train loss", stem));
+      loss_plot = empty_panel("no finite train loss");
+    } else {
+      loss_plot = "set logscale y\n" + loss_plot + "\nunset logscale y";
+    }
+    const std::string title =
+        fig.text(fmt::format("{}{}", c.experiment, g.empty() ? "" : " (" + g + ")"));
+    draw(fig,
+         fmt::format("set multiplot layout 1,2 title {}\nset grid\nset key bottom right\n"
+                     "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'",
+                     title),
+         acc_plot + "\nset key top right\nset ylabel 'train loss (log scale)'\n" + loss_plot +
+             "\nunset multiplot");
+  }
+
+  // 2 and 3. Speedup and efficiency against replica count, one line per group.
+  const auto scalable = [](const ComparisonRow& r) {
+    return r.speedup && r.efficiency && std::isfinite(*r.speedup) && *r.speedup > 0 &&
+           std::isfinite(*r.efficiency) && r.run.gpus > 0;
+  };
+  std::set<int> all_gpus;
+  for (const auto& row : c.rows)
+    if (scalable(row)) all_gpus.insert(row.run.gpus);
+  if (all_gpus.size() >= 2) {
+    Figure sp(data, exp + "-speedup"), eff(data, exp + "-efficiency");
+    std::string sp_plot, eff_plot;
+    int series = 0;
+    // The ideal line starts at the smallest baseline replica count among the rows.
+    int base_gpus = 0;
+    for (const auto& row : c.rows)
+      for (const auto& b : c.rows)
+        if (scalable(row) && b.run.run_id == row.baseline && b.run.gpus > 0 &&
+            (base_gpus == 0 || b.run.gpus < base_gpus))
+          base_gpus = b.run.gpus;
+    if (base_gpus == 0) base_gpus = *all_gpus.begin();
+    for (const auto& g : groups) {
+      std::vector<const ComparisonRow*> rows;
+      for (const auto& row : c.rows)
+        if (row.run.group == g && scalable(row)) rows.push_back(&row);
+      if (rows.size() < 2) continue;
+      std::sort(rows.begin(), rows.end(),
+                [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
+      std::string text = "# replicas speedup efficiency_percent\n";
+      for (const auto* r : rows)
+        text += fmt::format("{} {} {}\n", r->run.gpus, num(*r->speedup), num(100 * *r->efficiency));
+      const std::string file = data_file(data, fmt::format("{}-scaling-{}.dat", exp, series), text);
+      const std::string t = g.empty() ? "measured" : g;
+      sp_plot +=
+          fmt::format(", {} using 1:2 with linespoints lw 2 pt 7 title {}", file, sp.text(t));
+      eff_plot +=
+          fmt::format(", {} using 1:3 with linespoints lw 2 pt 7 title {}", file, eff.text(t));
+      ++series;
+    }
+    if (series > 0) {
+      const int lo = *all_gpus.begin(), hi = *all_gpus.rbegin();
+      const std::string xaxis = fmt::format(
+          "set grid\nset logscale x 2\nset xrange [{}:{}]\nset xlabel 'replicas'\n"
+          "set key outside right top\n",
+          lo / 1.2, hi * 1.2);
+      const std::string sp_title = sp.text(
+          fmt::format("{}: speedup (training samples/s against the baseline)", c.experiment));
+      draw(sp,
+           xaxis + fmt::format("set title {}\nset ylabel 'speedup'\nset logscale y 2", sp_title),
+           fmt::format("plot x/{} with lines dt 2 lc 'gray' title 'ideal'", base_gpus) + sp_plot);
+      const std::string eff_title = eff.text(c.experiment + ": scaling efficiency");
+      draw(eff,
+           xaxis + fmt::format("set title {}\nset ylabel 'efficiency (%)'\nset yrange [0:*]",
+                               eff_title),
+           "plot 100 with lines dt 2 lc 'gray' title 'ideal'" + eff_plot);
+    } else {
+      out.notes.push_back(fmt::format(
+          "figures {0}-speedup and {0}-efficiency not drawn: no group has two finished runs "
+          "with different replica counts",
+          exp));
+    }
+  }
+
+  // 4. Final test accuracy over LR x replica count, one heatmap per LR rule and reduction
+  //    (runs that differ in anything else would share cells). One box per cell with a value,
+  //    so a grid with holes (or a single column) still draws.
+  std::set<std::pair<std::string, std::string>> kinds;
+  for (const auto& row : c.rows) kinds.insert({row.run.lr_scaling, row.run.reduction});
+  for (const auto& kind : kinds) {
+    // Plain references: clang 14 does not let a lambda capture structured bindings.
+    const std::string& rule = kind.first;
+    const std::string& reduction = kind.second;
+    auto in_kind = [&](const RunRecord& r) {
+      return r.lr_scaling == rule && r.reduction == reduction;
+    };
+    std::set<double> lrs;
+    std::set<int> gpus;
+    for (const auto& row : c.rows)
+      if (in_kind(row.run)) {
+        lrs.insert(row.run.lr);
+        gpus.insert(row.run.gpus);
+      }
+    if (lrs.size() < 2) continue;
+    const std::vector<double> lr_v(lrs.begin(), lrs.end());
+    const std::vector<int> g_v(gpus.begin(), gpus.end());
+    const std::string stem = exp + "-lr-heatmap-" + slug(rule) + "-" + slug(reduction);
+    std::string text = "# replica_index lr_index final_test_acc_percent\n", missing;
+    bool any = false;
+    for (size_t yi = 0; yi < lr_v.size(); ++yi) {
+      for (size_t xi = 0; xi < g_v.size(); ++xi) {
+        double acc = std::nan("");
+        for (const auto& row : c.rows)
+          if (in_kind(row.run) && row.run.lr == lr_v[yi] && row.run.gpus == g_v[xi] &&
+              row.run.final_test_acc)
+            acc = 100 * *row.run.final_test_acc;
+        text += fmt::format("{} {} {}\n", xi, yi, num(acc));
+        if (std::isfinite(acc))
+          any = true;
+        else
+          missing += fmt::format("{} {}\n", xi, yi);
+      }
+      text += "\n";
+    }
+    if (!any) {
+      out.notes.push_back(
+          fmt::format("figure {} not drawn: no run has a final test accuracy", stem));
+      continue;
+    }
+    Figure fig(data, stem);
+    const std::string file = data_file(data, stem + ".dat", text);
+    std::string xtics, ytics;
+    for (size_t i = 0; i < g_v.size(); ++i)
+      xtics += fmt::format("{}'{}' {}", i ? ", " : "", g_v[i], i);
+    for (size_t i = 0; i < lr_v.size(); ++i)
+      ytics += fmt::format("{}'{}' {}", i ? ", " : "", num(lr_v[i]), i);
+    std::string plot = fmt::format(
+        "plot {0} using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder fc palette "
+        "notitle, {0} using 1:2:(sprintf('%.1f', $3)) with labels font 'sans,12' notitle",
+        file);
+    if (!missing.empty())
+      plot += fmt::format(
+          ", {} using 1:2:('no result') with labels font 'sans,10' textcolor 'gray40' notitle",
+          data_file(data, stem + "-missing.dat", missing));
+    const std::string title = fig.text(fmt::format(
+        "{}: final test accuracy (%), lr_scaling {}, reduction {}", c.experiment, rule, reduction));
+    draw(fig,
+         fmt::format("set title {}\n"
+                     "set xlabel 'replicas'\nset ylabel 'lr at base batch'\n"
+                     "set xtics ({})\nset ytics ({})\nset xrange [-0.5:{}]\nset yrange "
+                     "[-0.5:{}]\nset cblabel 'test accuracy (%)'\nset palette defined (0 "
+                     "'#b2182b', 50 '#fddbc7', 100 '#2166ac')\nset cbrange [*:*]",
+                     title, xtics, ytics, static_cast<double>(g_v.size()) - 0.5,
+                     static_cast<double>(lr_v.size()) - 0.5),
+         plot);
+  }
+  return out;
+}
+
+}  // namespace dtrain

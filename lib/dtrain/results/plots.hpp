@@ -1,0 +1,32 @@
+#pragma once
+// Figures of a comparison, drawn by gnuplot (Debian's gnuplot-nox) as PNG and SVG.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dtrain/results/report.hpp"
+
+namespace dtrain {
+
+// Whether a gnuplot executable is on PATH (absolute PATH entries only).
+bool gnuplot_available();
+
+struct Plots {
+  std::vector<std::string> stems;     // figures drawn (file names without .png/.svg)
+  std::vector<std::string> notes;     // one line each: a figure or panel with nothing to draw
+  std::vector<std::string> failures;  // one line each: a figure gnuplot could not draw
+};
+
+// Writes the figures of one experiment into out_dir: accuracy and loss curves per group,
+// speedup and efficiency against replica count, and an LR x replicas heatmap per LR rule and
+// reduction when several LRs were run. A figure without finite data is left out with a note;
+// the others are still drawn.
+// `metrics` maps run folder -> its per-epoch rows. Data files and gnuplot scripts are kept
+// in out_dir/data/ so a figure can be restyled by hand (run gnuplot from that folder).
+// Security: no string from a run folder, a folder name or the command line is ever written into
+// a gnuplot script or a command line; titles travel as data (see plots.cpp), gnuplot runs
+// without a shell, and figures are drawn under fixed names in data/ and then moved.
+Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
+                  const std::string& out_dir);
+
+}  // namespace dtrain

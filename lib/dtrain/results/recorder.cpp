@@ -1,0 +1,294 @@
+#include "dtrain/results/recorder.hpp"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <system_error>
+#include <thread>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/log.hpp"
+#include "dtrain/results/metrics.hpp"
+#include "dtrain/base/version.hpp"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", tm);
+}
+nlohmann::json number_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+}  // namespace
+
+
+namespace {
+std::string lock_path(const std::string& run_dir) {
+  const fs::path p(run_dir);
+  return (p.parent_path() / ("." + p.filename().string() + ".lock")).string();
+}
+// Opens the lock file of `run_dir` (created if needed, never through a link).
+int open_lock(const std::string& run_dir) {
+  ensure_dir(fs::path(run_dir).parent_path().string(), "results");
+  const auto path = lock_path(run_dir);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw UserError(fmt::format("{}: cannot open the run's lock file: {}", path,
+                                std::strerror(errno)));
+  return fd;
+}
+long read_pid(int fd) {
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  return n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+}
+}  // namespace
+
+RunLock::RunLock(const std::string& run_dir) : fd_(open_lock(run_dir)) {
+  // A few tries: holder() takes the lock shared for an instant to look (report, a resume).
+  int rc = -1;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    rc = ::flock(fd_, LOCK_EX | LOCK_NB);
+    if (rc == 0 || errno != EWOULDBLOCK) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (rc != 0) {
+    const int err = errno;
+    const long pid = read_pid(fd_);
+    ::close(fd_);
+    if (err != EWOULDBLOCK)  // ENOLCK on some network file systems, say
+      throw UserError(fmt::format("{}: cannot lock the run ({}); dtrain needs flock() on the "
+                                  "results folder's file system",
+                                  run_dir, std::strerror(err)));
+    throw UserError(fmt::format(
+        "{}: another dtrain process{} is writing this run; wait for it to finish, or pick "
+        "another --tag",
+        run_dir, pid > 0 ? fmt::format(" (pid {})", pid) : ""));
+  }
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0)
+    log().warn("{}: could not record this process in the lock file", lock_path(run_dir));
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+long RunLock::holder(const std::string& run_dir) {
+  const int fd = ::open(lock_path(run_dir).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return 0;
+  long pid = 0;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    pid = read_pid(fd);
+    if (pid <= 0) pid = -1;  // held, by a process that has not written its pid yet
+  }
+  ::close(fd);
+  return pid;
+}
+
+std::string read_run_status(const std::string& dir) {
+  // summary.json is written before status, so a final status there wins over a `status` file
+  // that a crash or a full disk kept from being updated.
+  std::ifstream js(fs::path(dir) / "summary.json");
+  if (js) {
+    const auto j = nlohmann::json::parse(js, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("status") && j["status"].is_string()) {
+      const auto st = j["status"].get<std::string>();
+      if (st == "done" || st == "diverged" || st == "failed") return st;
+    }
+  }
+  std::ifstream in(fs::path(dir) / "status");
+  std::string line;
+  if (!in || !std::getline(in, line)) return "";
+  // A run nobody holds is not running any more: its process died or was stopped.
+  if (line == "running" && RunLock::holder(dir) == 0) return "interrupted";
+  return line;
+}
+
+std::string metrics_csv_header() {
+  return "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s,"
+         "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
+         "rank_busy_max_s,slowest_rank,exchange_exposed_s\n";
+}
+
+std::string metrics_csv_row(const EpochMetrics& m) {
+  return fmt::format(
+      "{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
+      "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f}\n",
+      m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_time_s,
+      m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s, m.optimizer_s, m.eval_s,
+      m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank, m.exchange_exposed_s);
+}
+
+RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
+                         const std::vector<Override>& overrides)
+    : dir_(std::move(dir)), run_id_(std::move(run_id)), group_(std::move(group)), cfg_(cfg) {
+  ensure_dir(fs::path(dir_).parent_path().string(), "results");
+  std::error_code ec;
+  if (!fs::create_directory(dir_, ec)) {
+    if (ec) throw UserError(fmt::format("{}: cannot create run folder: {}", dir_, ec.message()));
+    throw UserError(
+        fmt::format("{}: run folder already exists; runs are never overwritten "
+                    "(pick another --tag or --results folder, or remove it)",
+                    dir_));
+  }
+  started_at_ = utc_now();
+  t_start_ = std::chrono::steady_clock::now();
+  write_file_atomic(dir_ + "/status", "running\n");
+  write_file_atomic(dir_ + "/config.resolved.yaml", to_yaml(cfg_));
+  std::string ov;
+  for (const auto& o : overrides) ov += o.text() + "\n";
+  write_file_atomic(dir_ + "/overrides.txt", ov);
+  csv_ = metrics_csv_header();
+  write_file_atomic(dir_ + "/metrics.csv", csv_);
+  log_file_ = std::make_unique<RunLogFile>(dir_ + "/log");
+}
+
+RunRecorder::~RunRecorder() = default;
+
+void RunRecorder::on_start(const RunInfo& info) {
+  info_ = info;
+  log().info("run {}: {}", run_id_, dir_);
+  log().info("  data    {}", info.data);
+  log().info("  model   {}", info.model);
+  log().info("  devices {}", info.devices);
+  log().info("  batch   {} per replica x {} replicas x {} accumulation = {} global; {} steps/epoch",
+             info.micro_batch, cfg_.gpus, cfg_.train.accumulation_steps, info.global_batch,
+             info.steps_per_epoch);
+  log().info("  lr      {} at batch {}, {} scaling -> peak {:.6g}, warmup {} epochs, {} schedule",
+             cfg_.optimizer.lr, cfg_.optimizer.base_batch, to_string(cfg_.optimizer.lr_scaling),
+             info.peak_lr, cfg_.optimizer.warmup_epochs, to_string(cfg_.optimizer.schedule));
+}
+
+void RunRecorder::on_step(int epoch, int64_t step, int64_t steps) {
+  if (!stderr_is_terminal()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (step != steps && now - t_last_progress_ < std::chrono::milliseconds(200)) return;
+  t_last_progress_ = now;
+  const int width = 30;
+  const auto filled = static_cast<int>(width * step / std::max<int64_t>(steps, 1));
+  const double elapsed = std::chrono::duration<double>(now - t_start_).count();
+  show_progress(fmt::format("  epoch {}/{} [{}{}] step {}/{}  {:.1f}s", epoch, cfg_.train.epochs,
+                            std::string(static_cast<size_t>(filled), '#'),
+                            std::string(static_cast<size_t>(width - filled), '.'), step, steps,
+                            elapsed));
+}
+
+void RunRecorder::on_epoch(const EpochMetrics& m) {
+  clear_progress();
+  epochs_.push_back(m);
+  csv_ += metrics_csv_row(m);
+  write_file_atomic(dir_ + "/metrics.csv", csv_);
+  log().info(
+      "epoch {:>3}/{}  lr {:.5f}  train loss {:.4f} acc {:6.2f}%  test loss {:.4f} acc "
+      "{:6.2f}%  {:.2f}s ({:.0f} samples/s; compute {:.2f} exchange {:.2f} opt {:.2f} "
+      "data {:.2f})",
+      m.epoch, cfg_.train.epochs, m.lr, m.train_loss, 100 * m.train_acc, m.test_loss,
+      100 * m.test_acc, m.epoch_time_s, m.samples_per_s, m.compute_s, m.exchange_s, m.optimizer_s,
+      m.data_s);
+  if (cfg_.gpus > 1)
+    log().info("           replicas busy {:.2f}-{:.2f}s, slowest rank {}", m.rank_busy_min_s,
+               m.rank_busy_max_s, m.slowest_rank);
+}
+
+void RunRecorder::write_summary(const std::string& status, const std::string& error) {
+  const RunStats st = summarize(epochs_, cfg_.train.target_accuracy);
+  nlohmann::json j;
+  j["run_id"] = run_id_;
+  j["experiment"] = cfg_.name;
+  j["group"] = group_;
+  j["status"] = status;
+  if (!error.empty()) j["error"] = error;
+  j["final_test_accuracy"] = number_or_null(st.final_test_acc);
+  j["best_test_accuracy"] = number_or_null(st.best_test_acc);
+  j["final_train_loss"] = number_or_null(st.final_train_loss);
+  j["final_test_loss"] = number_or_null(st.final_test_loss);
+  j["median_epoch_time_s"] = number_or_null(st.median_epoch_time_s);
+  j["samples_per_s"] = number_or_null(st.median_samples_per_s);
+  j["total_train_time_s"] = number_or_null(st.total_train_time_s);
+  j["target_accuracy"] = cfg_.train.target_accuracy;
+  j["time_to_target_s"] = st.time_to_target_s ? nlohmann::json(*st.time_to_target_s) : nullptr;
+  j["epochs_to_target"] = st.epochs_to_target ? nlohmann::json(*st.epochs_to_target) : nullptr;
+  j["epochs_completed"] = epochs_.size();
+  j["epochs_planned"] = cfg_.train.epochs;
+  j["gpus"] = cfg_.gpus;
+  j["per_replica_batch"] = cfg_.micro_batch();
+  j["accumulation_steps"] = cfg_.train.accumulation_steps;
+  j["global_batch"] = cfg_.global_batch();
+  j["lr"] = cfg_.optimizer.lr;
+  j["base_batch"] = cfg_.optimizer.base_batch;
+  j["lr_scaling"] = to_string(cfg_.optimizer.lr_scaling);
+  j["peak_lr"] = info_.peak_lr;
+  j["warmup_epochs"] = cfg_.optimizer.warmup_epochs;
+  j["schedule"] = to_string(cfg_.optimizer.schedule);
+  j["optimizer"] = to_string(cfg_.optimizer.type);
+  j["reduction"] = to_string(cfg_.train.reduction);
+  j["shuffle"] = to_string(cfg_.data.shuffle);
+  j["sharding"] = to_string(cfg_.data.sharding);
+  j["sort_by_label"] = cfg_.data.sort_by_label;
+  j["seed"] = cfg_.train.seed;
+  j["backend"] = info_.backend;
+  j["precision"] = info_.precision;
+  if (info_.launches_per_step > 0) j["launches_per_step"] = info_.launches_per_step;
+  if (!info_.cuda_graph.empty()) {
+    j["cuda_graph"] = info_.cuda_graph;
+    j["cuda_graph_steps"] = info_.cuda_graph_steps;
+  }
+  j["devices"] = info_.devices;
+  j["blas"] = info_.blas;
+  j["model"] = info_.model;
+  j["data"] = info_.data;
+  j["steps_per_epoch"] = info_.steps_per_epoch;
+  j["git_sha"] = kGitSha;
+  j["dtrain_version"] = kVersion;
+  j["started_at"] = started_at_;
+  j["finished_at"] = utc_now();
+  j["wall_time_s"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+  // The summary first: readers trust its status over the `status` file (read_run_status).
+  write_file_atomic(dir_ + "/summary.json", j.dump(2) + "\n");
+  write_file_atomic(dir_ + "/status", status + "\n");
+}
+
+void RunRecorder::finish(const TrainResult& r) {
+  info_ = r.info;
+  const std::string status = r.status == RunStatus::diverged ? "diverged" : "done";
+  write_summary(status, "");
+  if (r.status == RunStatus::diverged)
+    log().warn("run {} diverged (non-finite loss) after {} epochs", run_id_, r.epochs.size());
+}
+
+void RunRecorder::fail(const std::string& error) {
+  clear_progress();
+  try {
+    write_summary("failed", error);
+  } catch (const std::exception& e) {
+    log().error("could not record the failure in {}: {}", dir_, e.what());
+    // With a full disk the summary may not fit, but a one-word status usually does, and
+    // it keeps the folder from saying `running` forever.
+    try {
+      write_file_atomic(dir_ + "/status", "failed\n");
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+}  // namespace dtrain

@@ -1,0 +1,73 @@
+#pragma once
+// Writes one run folder: results/<experiment>/<run-id>/ with config.resolved.yaml,
+// overrides.txt, metrics.csv, summary.json, status and log. Files are replaced atomically
+// (temp file, then rename); an existing run folder is never reused.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/base/files.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/train/trainer.hpp"
+
+namespace dtrain {
+
+// The run's status: "done", "diverged" or "failed" from summary.json, else DIR/status's first
+// line ("running"; "interrupted" when no process holds the run), or "" if neither exists.
+std::string read_run_status(const std::string& dir);
+
+// Ownership of one run folder: an exclusive flock on <parent>/.<run-id>.lock, held while the
+// object lives. Two commands never write, move or resume the same run at once; a process that
+// dies releases its lock with it, so a `running` folder without a holder was interrupted.
+class RunLock {
+ public:
+  // Throws UserError naming the folder (and the holder's pid) if another process holds it.
+  explicit RunLock(const std::string& run_dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+  // The pid of the process holding `run_dir`, -1 if it is held by a process not yet known, or 0
+  // if none holds it.
+  static long holder(const std::string& run_dir);
+
+ private:
+  int fd_ = -1;
+};
+
+// The metrics.csv header; one row per epoch follows.
+std::string metrics_csv_header();
+std::string metrics_csv_row(const EpochMetrics& m);
+
+class RunLogFile;
+
+class RunRecorder : public TrainObserver {
+ public:
+  // Creates `dir`; throws UserError if it exists already.
+  // `group` names the settings this run shares with its baseline (see report.hpp).
+  RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
+              const std::vector<Override>& overrides);
+  ~RunRecorder() override;
+  const std::string& dir() const { return dir_; }
+
+  void on_start(const RunInfo& info) override;
+  void on_step(int epoch, int64_t step, int64_t steps) override;
+  void on_epoch(const EpochMetrics& m) override;
+
+  void finish(const TrainResult& r);
+  void fail(const std::string& error);
+
+ private:
+  void write_summary(const std::string& status, const std::string& error);
+
+  std::string dir_, run_id_, group_;
+  Config cfg_;
+  RunInfo info_;
+  std::vector<EpochMetrics> epochs_;
+  std::string csv_;
+  std::string started_at_;
+  std::chrono::steady_clock::time_point t_start_, t_last_progress_;
+  std::unique_ptr<RunLogFile> log_file_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,350 @@
+#include "dtrain/results/report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "dtrain/base/error.hpp"
+
+namespace dtrain {
+
+namespace {
+
+std::optional<double> opt_number(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  if (!j[key].is_number()) return std::nullopt;
+  return j[key].get<double>();
+}
+
+std::string fmt_opt(const std::optional<double>& v, const char* spec) {
+  return v ? fmt::format(fmt::runtime(spec), *v) : std::string("-");
+}
+
+std::string pct(const std::optional<double>& v) {
+  return v ? fmt::format("{:.2f}%", 100 * *v) : std::string("-");
+}
+
+struct Column {
+  const char* title;
+  std::string (*cell)(const ComparisonRow&);
+};
+
+const std::vector<Column>& columns() {
+  static const std::vector<Column> cols = {
+      {"run", [](const ComparisonRow& r) { return r.run.run_id; }},
+      {"gpus", [](const ComparisonRow& r) { return std::to_string(r.run.gpus); }},
+      {"per-replica batch",
+       [](const ComparisonRow& r) { return std::to_string(r.run.per_replica_batch); }},
+      {"global batch", [](const ComparisonRow& r) { return std::to_string(r.run.global_batch); }},
+      {"lr rule", [](const ComparisonRow& r) { return r.run.lr_scaling; }},
+      {"peak lr", [](const ComparisonRow& r) { return fmt::format("{:.4g}", r.run.peak_lr); }},
+      {"reduction", [](const ComparisonRow& r) { return r.run.reduction; }},
+      {"shuffle", [](const ComparisonRow& r) { return r.run.shuffle; }},
+      {"sharding", [](const ComparisonRow& r) { return r.run.sharding; }},
+      {"final test acc", [](const ComparisonRow& r) { return pct(r.run.final_test_acc); }},
+      {"best test acc", [](const ComparisonRow& r) { return pct(r.run.best_test_acc); }},
+      {"acc delta (pts)",
+       [](const ComparisonRow& r) { return fmt_opt(r.acc_delta_points, "{:+.2f}"); }},
+      {"final train loss",
+       [](const ComparisonRow& r) { return fmt_opt(r.run.final_train_loss, "{:.4f}"); }},
+      {"median epoch s",
+       [](const ComparisonRow& r) { return fmt_opt(r.run.median_epoch_time_s, "{:.3f}"); }},
+      {"samples/s", [](const ComparisonRow& r) { return fmt_opt(r.run.samples_per_s, "{:.0f}"); }},
+      {"speedup", [](const ComparisonRow& r) { return fmt_opt(r.speedup, "{:.2f}x"); }},
+      {"efficiency",
+       [](const ComparisonRow& r) {
+         return r.efficiency ? fmt::format("{:.0f}%", 100 * *r.efficiency) : std::string("-");
+       }},
+      {"time to target",
+       [](const ComparisonRow& r) {
+         if (r.run.target_accuracy <= 0) return std::string("-");
+         return r.run.time_to_target_s ? fmt::format("{:.1f}s", *r.run.time_to_target_s)
+                                       : std::string("not reached");
+       }},
+      {"status", [](const ComparisonRow& r) { return r.run.status; }},
+  };
+  return cols;
+}
+
+std::string csv_escape(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char ch : s) out += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return out + "\"";
+}
+
+}  // namespace
+
+RunRecord load_run(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "summary.json").string();
+  std::ifstream in(path);
+  if (!in)
+    throw UserError(fmt::format("{}: missing (the run may still be running or was killed)", path));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: corrupt JSON: {}", path, e.what()));
+  }
+  RunRecord r;
+  r.dir = dir;
+  try {
+    r.run_id = j.value("run_id", std::filesystem::path(dir).filename().string());
+    r.experiment = j.value("experiment", std::string());
+    r.status = j.value("status", std::string("unknown"));
+    r.error = j.value("error", std::string());
+    r.group = j.value("group", std::string());
+    r.gpus = j.at("gpus").get<int>();
+    // Speedup, efficiency and the figures divide by it.
+    if (r.gpus < 1)
+      throw UserError(fmt::format("{}: gpus is {}, expected 1 or more", path, r.gpus));
+    r.per_replica_batch = j.value("per_replica_batch", 0LL);
+    r.global_batch = j.value("global_batch", 0LL);
+    r.accumulation_steps = j.value("accumulation_steps", 1);
+    r.lr_scaling = j.value("lr_scaling", std::string());
+    r.reduction = j.value("reduction", std::string());
+    r.shuffle = j.value("shuffle", std::string());
+    r.sharding = j.value("sharding", std::string());
+    r.peak_lr = j.value("peak_lr", 0.0);
+    r.lr = j.value("lr", 0.0);
+    r.target_accuracy = j.value("target_accuracy", 0.0);
+    r.epochs_completed = j.value("epochs_completed", 0);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: unexpected content: {}", path, e.what()));
+  }
+  r.final_test_acc = opt_number(j, "final_test_accuracy");
+  r.best_test_acc = opt_number(j, "best_test_accuracy");
+  r.final_train_loss = opt_number(j, "final_train_loss");
+  r.median_epoch_time_s = opt_number(j, "median_epoch_time_s");
+  r.samples_per_s = opt_number(j, "samples_per_s");
+  r.time_to_target_s = opt_number(j, "time_to_target_s");
+  return r;
+}
+
+Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseline) {
+  Comparison c;
+  if (!runs.empty()) c.experiment = runs.front().experiment;
+  const RunRecord* fixed = nullptr;
+  if (!baseline.empty()) {
+    for (const auto& b : runs)
+      if (b.run_id == baseline) fixed = &b;
+    if (!fixed)
+      throw UserError(fmt::format("--baseline {}: no such run among the {} runs of '{}'", baseline,
+                                  runs.size(), c.experiment));
+  }
+  for (const auto& r : runs) {
+    const RunRecord* base = fixed;
+    for (const auto& b : runs) {
+      if (fixed) break;
+      if (b.status != "done" || b.group != r.group || b.experiment != r.experiment) continue;
+      if (!base || b.gpus < base->gpus) base = &b;
+    }
+    ComparisonRow row{r, base ? base->run_id : "", {}, {}, {}};
+    if (base && r.status == "done") {
+      if (base->samples_per_s && r.samples_per_s && *base->samples_per_s > 0) {
+        row.speedup = *r.samples_per_s / *base->samples_per_s;
+        row.efficiency = *row.speedup / (static_cast<double>(r.gpus) / base->gpus);
+      }
+      if (base->final_test_acc && r.final_test_acc)
+        row.acc_delta_points = 100 * (*r.final_test_acc - *base->final_test_acc);
+    }
+    c.rows.push_back(std::move(row));
+  }
+  return c;
+}
+
+std::string to_markdown(const Comparison& c) {
+  const auto& cols = columns();
+  std::vector<std::vector<std::string>> cells;
+  std::vector<size_t> width;
+  for (const auto& col : cols) width.push_back(std::string(col.title).size());
+  for (const auto& row : c.rows) {
+    std::vector<std::string> line;
+    for (size_t i = 0; i < cols.size(); ++i) {
+      line.push_back(cols[i].cell(row));
+      width[i] = std::max(width[i], line.back().size());
+    }
+    cells.push_back(std::move(line));
+  }
+  std::ostringstream out;
+  auto emit = [&](const std::vector<std::string>& line) {
+    out << "|";
+    for (size_t i = 0; i < line.size(); ++i)
+      out << " " << fmt::format("{:<{}}", line[i], width[i]) << " |";
+    out << "\n";
+  };
+  std::vector<std::string> head;
+  for (const auto& col : cols) head.push_back(col.title);
+  emit(head);
+  out << "|";
+  for (size_t w : width) out << std::string(w + 2, '-') << "|";
+  out << "\n";
+  for (const auto& line : cells) emit(line);
+  // One line per distinct baseline, naming the runs it serves.
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
+  for (const auto& row : c.rows) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == row.baseline; });
+    if (it == groups.end()) {
+      groups.push_back({row.baseline, {}});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(row.run.run_id);
+  }
+  out << "\nSpeedup is the ratio of training samples per second; efficiency is speedup divided "
+         "by the ratio of replica counts.\n";
+  for (const auto& [base, ids] : groups) {
+    if (base.empty())
+      out << "No finished run to compare with for: " << fmt::format("{}", fmt::join(ids, ", "))
+          << ".\n";
+    else
+      out << "Baseline " << base << " for: " << fmt::format("{}", fmt::join(ids, ", ")) << ".\n";
+  }
+  return out.str();
+}
+
+std::string to_csv(const Comparison& c) {
+  const auto& cols = columns();
+  std::string out;
+  for (size_t i = 0; i < cols.size(); ++i) {
+    if (i) out += ",";
+    out += csv_escape(cols[i].title);
+  }
+  out += "\n";
+  for (const auto& row : c.rows) {
+    for (size_t i = 0; i < cols.size(); ++i) {
+      if (i) out += ",";
+      out += csv_escape(cols[i].cell(row));
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string to_json(const Comparison& c) {
+  nlohmann::json rows = nlohmann::json::array();
+  auto opt = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  for (const auto& row : c.rows) {
+    const auto& r = row.run;
+    rows.push_back({{"run_id", r.run_id},
+                    {"dir", r.dir},
+                    {"group", r.group},
+                    {"status", r.status},
+                    {"error", r.error},
+                    {"gpus", r.gpus},
+                    {"per_replica_batch", r.per_replica_batch},
+                    {"global_batch", r.global_batch},
+                    {"lr", r.lr},
+                    {"lr_scaling", r.lr_scaling},
+                    {"peak_lr", r.peak_lr},
+                    {"reduction", r.reduction},
+                    {"shuffle", r.shuffle},
+                    {"sharding", r.sharding},
+                    {"final_test_accuracy", opt(r.final_test_acc)},
+                    {"best_test_accuracy", opt(r.best_test_acc)},
+                    {"final_train_loss", opt(r.final_train_loss)},
+                    {"median_epoch_time_s", opt(r.median_epoch_time_s)},
+                    {"samples_per_s", opt(r.samples_per_s)},
+                    {"time_to_target_s", opt(r.time_to_target_s)},
+                    {"target_accuracy", r.target_accuracy},
+                    {"baseline", row.baseline},
+                    {"speedup", opt(row.speedup)},
+                    {"efficiency", opt(row.efficiency)},
+                    {"acc_delta_points", opt(row.acc_delta_points)}});
+  }
+  nlohmann::json j{{"experiment", c.experiment}, {"runs", rows}};
+  return j.dump(2) + "\n";
+}
+
+std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  for (const auto& p : paths) {
+    if (!fs::is_directory(p)) throw UserError(fmt::format("{}: no such folder", p));
+    if (fs::exists(fs::path(p) / "status")) {
+      out.push_back(p);
+      continue;
+    }
+    auto it = fs::recursive_directory_iterator(p);
+    for (; it != fs::recursive_directory_iterator(); ++it) {
+      const auto& e = *it;
+      // A link is not followed out of the tree: a report covers the folders under its paths.
+      if (e.is_symlink() || !e.is_directory()) continue;
+      if (e.path().filename().string().rfind('.', 0) == 0) {
+        it.disable_recursion_pending();  // hidden: .attempts/ and the like
+        continue;
+      }
+      if (fs::exists(e.path() / "status")) {
+        out.push_back(e.path().string());
+        it.disable_recursion_pending();
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<EpochRow> load_metrics(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "metrics.csv").string();
+  std::ifstream in(path);
+  if (!in) throw UserError(fmt::format("{}: missing", path));
+  std::string line;
+  if (!std::getline(in, line)) throw UserError(fmt::format("{}: empty", path));
+  std::vector<std::string> head;
+  {
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) head.push_back(cell);
+  }
+  auto col = [&](const char* name) {
+    const auto it = std::find(head.begin(), head.end(), name);
+    if (it == head.end()) throw UserError(fmt::format("{}: no column '{}'", path, name));
+    return static_cast<size_t>(it - head.begin());
+  };
+  const size_t c_epoch = col("epoch"), c_lr = col("lr"), c_tl = col("train_loss"),
+               c_ta = col("train_acc"), c_vl = col("test_loss"), c_va = col("test_acc"),
+               c_t = col("epoch_time_s");
+  std::vector<EpochRow> rows;
+  int line_no = 1;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty()) continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) cells.push_back(cell);
+    if (cells.size() != head.size())
+      throw UserError(
+          fmt::format("{}:{}: {} cells, header has {}", path, line_no, cells.size(), head.size()));
+    auto num = [&](size_t i) {
+      try {
+        return std::stod(cells[i]);
+      } catch (const std::exception&) {
+        if (cells[i].find("nan") != std::string::npos || cells[i].find("inf") != std::string::npos)
+          return std::numeric_limits<double>::quiet_NaN();
+        throw UserError(fmt::format("{}:{}: '{}' is not a number", path, line_no, cells[i]));
+      }
+    };
+    EpochRow r;
+    r.epoch = static_cast<int>(num(c_epoch));
+    r.lr = num(c_lr);
+    r.train_loss = num(c_tl);
+    r.train_acc = num(c_ta);
+    r.test_loss = num(c_vl);
+    r.test_acc = num(c_va);
+    r.epoch_time_s = num(c_t);
+    for (double* v : {&r.train_loss, &r.train_acc, &r.test_loss, &r.test_acc})
+      if (!std::isfinite(*v)) *v = std::numeric_limits<double>::quiet_NaN();
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,120 @@
+#pragma once
+// The training loop and the in-process launcher: N replica workers (threads), each with its own
+// device, model copy, optimizer and sampler shard, exchanging gradients through a Communicator.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/backend/device.hpp"
+
+namespace dtrain {
+
+struct EpochMetrics {
+  int epoch = 0;      // 1-based
+  double lr = 0;      // LR at the epoch's first step
+  double lr_end = 0;  // LR at its last step
+  double train_loss = 0, train_acc = 0;
+  double test_loss = 0, test_acc = 0;
+  double epoch_time_s = 0;  // wall time of the training steps (evaluation excluded)
+  double samples_per_s = 0;
+  int64_t samples = 0;
+  // Rank 0's split of epoch_time_s (the rest is loop overhead and the epoch-end stats exchange).
+  double data_s = 0, compute_s = 0, exchange_s = 0, optimizer_s = 0;
+  // The part of exchange_s that compute did not hide (equal to it where the exchange is
+  // synchronous, as on the CPU).
+  double exchange_exposed_s = 0;
+  double eval_s = 0;
+  // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
+  double rank_busy_min_s = 0, rank_busy_max_s = 0;
+  int slowest_rank = 0;
+};
+
+struct RunInfo {
+  std::string model;
+  std::string data;
+  std::string devices;  // e.g. "cpu: 4 replicas as threads, 1 BLAS thread each"
+  int64_t steps_per_epoch = 0;
+  int64_t global_batch = 0;
+  int64_t micro_batch = 0;
+  double peak_lr = 0;
+  int64_t param_count = 0;
+  std::string backend = "cpu";  // where the replicas ran: cpu or cuda
+  std::string precision = "fp32";
+  std::string blas;  // the OpenBLAS build and kernel family (see blas_description)
+  int64_t launches_per_step = 0;  // GPU kernels and library calls in one training step
+  std::string cuda_graph;         // "on", or "off: <why>" (empty on the CPU)
+  int64_t cuda_graph_steps = 0;   // steps launched as CUDA graphs (rank 0)
+};
+
+enum class RunStatus { done, diverged };
+
+struct TrainResult {
+  RunInfo info;
+  std::vector<EpochMetrics> epochs;
+  std::vector<double> step_losses;  // global mean loss of every optimizer step, in order
+  RunStatus status = RunStatus::done;
+};
+
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_start(const RunInfo&) {}
+  // Called by rank 0 after every optimizer step.
+  virtual void on_step(int /*epoch*/, int64_t /*step*/, int64_t /*steps*/) {}
+  virtual void on_epoch(const EpochMetrics&) {}
+};
+
+// Runs the whole training. Throws UserError for impossible configurations (checked before any
+// worker starts) and rethrows the first worker failure after every worker has stopped.
+TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer = nullptr);
+
+class Communicator;
+
+// Runs this process's replica with an external communicator (one process per replica, e.g.
+// MPI). The observer is used on rank 0 only.
+TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& comm,
+                       TrainObserver* observer = nullptr);
+
+// Checks that `cfg` can run on this data and machine (batch versus dataset size, backend and
+// GPUs). Throws UserError.
+void check_plan(const Config& cfg, const DataSplit& data);
+
+// Where the replicas run: the CPU, or GPU indices per replica (several replicas share a GPU
+// only with colocate: true). `local_ranks` is the number of replicas this process places
+// (gpus in-process; under mpirun, the processes on this node). Throws UserError with the
+// reason when the config asks for something this machine cannot do.
+struct Placement {
+  Backend backend = Backend::cpu;
+  std::vector<int> gpu_of_replica;  // cuda only
+  bool colocated = false;
+  std::string describe() const;
+};
+Placement place_replicas(const Config& cfg, int local_ranks);
+
+// Decisions of the training loop, as pure functions (tested without a GPU).
+
+// "on", or "off: <why>": whether a CUDA run captures its steps in graphs. `nccl`: gradients go
+// through NCCL (not the host); `gpus_in_process`: GPUs this process drives (one per rank
+// in-process, 1 under a launcher).
+std::string cuda_graph_state(bool requested, bool nccl, int gpus_in_process, bool sync_batchnorm);
+
+// Whether a step is captured must be the same on every rank (NCCL's rule for captured
+// collectives). From the ranks' proposals (how many proposed each mode): capture or replay
+// where every rank proposed it, else eager (then every rank drops its graphs; see Device).
+Device::GraphMode agree_graph_mode(int eager_votes, int capture_votes, int replay_votes);
+
+// An epoch's split of the step time, as metrics.csv reports it.
+struct PhaseSeconds {
+  double compute = 0, exchange = 0, exchange_exposed = 0, optimizer = 0;
+};
+// `host`: measured by host clocks (exchange: the time inside the exchange's calls). `device`:
+// [compute, exposed exchange, optimizer] from device events, or null where the device is not
+// timed by events (the CPU). `exchange_device_s`: the exchange's own time on its stream, or
+// negative where it has none. `exchange_on_host`: the exchange runs on the host (host copies and
+// the host communicator), so the device idles while it runs.
+PhaseSeconds split_phases(const PhaseSeconds& host, const double* device, double exchange_device_s,
+                          bool exchange_on_host);
+
+}  // namespace dtrain
