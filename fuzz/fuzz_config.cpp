@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/config.hpp"
-#include "dtrain/error.hpp"
-#include "dtrain/log.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/log.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const bool quiet = [] {

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <string>
 
-#include "dtrain/data.hpp"
-#include "dtrain/error.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/base/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // In memory where possible: the file is rewritten for every input.
