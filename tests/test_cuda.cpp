@@ -126,7 +126,7 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     float* db = mr.in(random_vec(rng, n));
     const auto bias = std::vector<float>(C0.begin(), C0.begin() + n);
     d.add_bias(y, mr.in(bias), m, n);
-    d.bias_grad(y, db, m, n, true);
+    d.bias_grad(y, db, m, n, Accumulate::add);
     return Outs{mr.out(y, C0.size()), mr.out(db, n)};
   });
 
@@ -467,7 +467,7 @@ TEST_CASE("CUDA kernels cover data larger than their grid", "[cuda][big]") {
     Buffer<float> dy(d, 2 * un), db(d, un);
     d.fill(dy.data(), 2 * un, 1.5f);
     d.fill(db.data(), un, 9.f);
-    d.bias_grad(dy.data(), db.data(), 2, n, /*accumulate=*/false);
+    d.bias_grad(dy.data(), db.data(), 2, n, Accumulate::overwrite);
     all_equal(db.data(), un, 3.f, "bias_grad");
   }
   {  // softmax cross-entropy: n rows of one class, so every row has loss 0 and is a hit

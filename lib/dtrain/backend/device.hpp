@@ -12,7 +12,7 @@
 
 namespace dtrain {
 
-class AbortGate;  // gpu.hpp
+class AbortGate;  // base/abort_gate.hpp
 
 // A convolution's geometry: input c x h x w, oc output channels, a square k x k kernel.
 struct ConvGeom {
@@ -22,27 +22,69 @@ struct ConvGeom {
   auto operator<=>(const ConvGeom&) const = default;
 };
 
+// What a gradient kernel does with its output: overwrite it, or add to it (gradients that
+// accumulate over micro-batches).
+enum class Accumulate { overwrite, add };
+
+// How a training step runs on a device that records CUDA graphs (see DeviceQueue):
+//   eager:   op by op (graphs off, or a warm-up step after memory changed);
+//   capture: the calls that follow are recorded, not run; graph_step_end() instantiates the
+//            graph and launches it;
+//   replay:  the calls only stage their per-step values (batch indices, random seeds, the
+//            learning rate) in pinned memory; graph_step_end() copies them to the device and
+//            launches the graph recorded for this step.
+enum class GraphMode { eager, capture, replay };
+
+// The optional capability of a device that queues its work instead of finishing each call
+// (the CUDA backend): the queue itself, step timing by device events, and CUDA graphs of the
+// steady-state step. The CPU finishes every call before returning and has none of this:
+// Device::queue() returns null there.
+class DeviceQueue {
+ public:
+  virtual ~DeviceQueue() = default;
+  // Waits for all work queued so far.
+  virtual void synchronize() = 0;
+  // The queue itself (a cudaStream_t), for communicators that order their work against it.
+  virtual void* native_stream() = 0;
+  // Kernels (and library calls) launched so far, for the launch-latency floor.
+  virtual int64_t launches() const = 0;
+
+  // Step timing by events: step_mark(0) at a step's start, 1 once its compute is queued, 2
+  // after the gradient exchange, 3 after the optimizer. take_step_times adds, for every step
+  // finished on the device (all of them when `wait`), [compute, exchange not hidden,
+  // optimizer] seconds to `seconds` and returns how many steps it read.
+  virtual void step_mark(int phase) = 0;
+  virtual int take_step_times(double* seconds, bool wait) = 0;
+
+  // CUDA graphs. The trainer brackets each full-size training step with graph_step_begin()
+  // and graph_step_end(). Whether a step is captured must be the same on every rank (NCCL's
+  // rule for captured collectives), so the choice is made in two steps: graph_step_propose()
+  // says what this device would do, the ranks agree (agree_graph_mode in trainer.hpp), and
+  // graph_step_begin(agreed) does it. An agreed eager step drops the graphs this device still
+  // holds, so that after it all ranks capture again together. Shapes and device buffers must
+  // not change between capture and replay: any free of device memory drops the graphs (they
+  // are captured again after one eager step).
+  // `staging_bytes`: room for one step's staged values. `gate` (may be null): the abort gate
+  // of the communicators the graphs hold NCCL calls of; every graph launch passes it.
+  virtual void enable_graphs(bool on, size_t staging_bytes, AbortGate* gate) = 0;
+  virtual GraphMode graph_step_propose() const = 0;
+  virtual GraphMode graph_step_begin(GraphMode agreed) = 0;
+  virtual void graph_step_end() = 0;
+  virtual void graph_step_abort() noexcept = 0;  // after an error between begin and end
+  virtual GraphMode graph_mode() const = 0;
+  virtual int64_t graph_launches() const = 0;
+};
+
+// Memory and the compute operations of the training core, nothing else.
 class Device {
  public:
+  using GraphMode = dtrain::GraphMode;
   virtual ~Device() = default;
   virtual std::string name() const = 0;
   // True where device pointers are host pointers (the CPU), so host code may read them.
   virtual bool host_memory() const { return true; }
-  // Waits for all work queued on the device (no-op on the CPU).
-  virtual void synchronize() {}
-  // The device's work queue (a cudaStream_t on the CUDA backend), for communicators that order
-  // their work against it; nullptr on the CPU.
-  virtual void* native_stream() { return nullptr; }
-  // Step timing on the device (CUDA events; the CPU has none and is timed by host clocks).
-  // step_mark(0) at a step's start, 1 once its compute is queued, 2 after the gradient
-  // exchange, 3 after the optimizer. take_step_times adds, for every step finished on the
-  // device (all of them when `wait`), [compute, exchange not hidden, optimizer] seconds to
-  // `seconds` and returns how many steps it read.
-  virtual bool timed_on_device() const { return false; }
-  virtual void step_mark(int /*phase*/) {}
-  virtual int take_step_times(double* /*seconds*/, bool /*wait*/) { return 0; }
-  // Kernels (and library calls) launched so far, for the launch-latency floor; 0 on the CPU.
-  virtual int64_t launches() const { return 0; }
+  // The queue, event timing and graphs of an asynchronous device; null on the CPU.
+  virtual DeviceQueue* queue() { return nullptr; }
 
   virtual void* alloc_bytes(size_t bytes) = 0;
   virtual void free_bytes(void* p) = 0;
@@ -52,32 +94,6 @@ class Device {
   virtual void zero(void* p, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
 
-  // CUDA graphs of the steady-state step (the CPU has none: every call here is a no-op).
-  // The trainer brackets each full-size training step with graph_step_begin() and
-  // graph_step_end(). A step runs as
-  //   eager:   op by op (graphs off, or a warm-up step after memory changed);
-  //   capture: the calls that follow are recorded, not run; end() instantiates the graph and
-  //            launches it;
-  //   replay:  the calls only stage their per-step values (batch indices, random seeds, the
-  //            learning rate) in pinned memory; end() copies them to the device and launches
-  //            the graph recorded for this step.
-  // Whether a step is captured must be the same on every rank (NCCL's rule for captured
-  // collectives), so the choice is made in two steps: graph_step_propose() says what this
-  // device would do, the ranks agree (agree_graph_mode in trainer.hpp), and
-  // graph_step_begin(agreed) does it. An agreed eager step drops the graphs this device still
-  // holds, so that after it all ranks capture again together.
-  // Shapes and device buffers must not change between capture and replay: any free of device
-  // memory drops the graphs (they are captured again after one eager step).
-  enum class GraphMode { eager, capture, replay };
-  // `staging_bytes`: room for one step's staged values. `gate` (may be null): the abort gate
-  // of the communicators the graphs hold NCCL calls of; every graph launch passes it.
-  virtual void enable_graphs(bool /*on*/, size_t /*staging_bytes*/, AbortGate* /*gate*/) {}
-  virtual GraphMode graph_step_propose() const { return GraphMode::eager; }
-  virtual GraphMode graph_step_begin(GraphMode /*agreed*/) { return GraphMode::eager; }
-  virtual void graph_step_end() {}
-  virtual void graph_step_abort() noexcept {}  // after an error between begin and end
-  virtual GraphMode graph_mode() const { return GraphMode::eager; }
-  virtual int64_t graph_launches() const { return 0; }
 
   // C = alpha * op(A) * op(B) + beta * C, op(A) is m x k, op(B) is k x n.
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -86,7 +102,7 @@ class Device {
   virtual void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) = 0;
   // db (+)= column sums of dy.
   virtual void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
-                         bool accumulate) = 0;
+                         Accumulate mode) = 0;
   virtual void activation_forward(Activation a, const float* x, float* y, size_t n) = 0;
   // dx = dy * f'(x); x is the activation's input, y its output.
   virtual void activation_backward(Activation a, const float* x, const float* y, const float* dy,

@@ -53,8 +53,8 @@ class NcclExchange final : public GradExchange {
         gate_(gate),
         rank_(rank),
         gpu_(gpu),
-        dev_(dev),
-        compute_(static_cast<cudaStream_t>(dev.native_stream())),
+        queue_(dev.queue()),
+        compute_(queue_ ? static_cast<cudaStream_t>(queue_->native_stream()) : nullptr),
         op_(op == ReduceOp::mean ? ncclAvg : ncclSum) {
     if (!compute_) DTRAIN_THROW_SYSTEM("NCCL exchange needs a CUDA device");
     DT_CUDA_R(cudaSetDevice(gpu_), rank_);
@@ -93,11 +93,11 @@ class NcclExchange final : public GradExchange {
   // Inside a CUDA-graph capture the same calls fork the communication stream into the graph
   // and join it back; a replay queues nothing (the graph holds it all).
   void reduce(float* data, size_t n) override {
-    const auto mode = dev_.graph_mode();
-    if (mode == Device::GraphMode::replay) return;
+    const auto mode = queue_->graph_mode();
+    if (mode == GraphMode::replay) return;
     DT_CUDA_R(cudaEventRecord(ready_, compute_), rank_);
     DT_CUDA_R(cudaStreamWaitEvent(comm_stream_, ready_, 0), rank_);
-    if (mode == Device::GraphMode::capture) {
+    if (mode == GraphMode::capture) {
       untimed_ = true;
     } else if (buckets_launched() == 0) {  // the step's first bucket: start its timing slot
       cur_ = (cur_ + 1) % kSlots;
@@ -112,8 +112,8 @@ class NcclExchange final : public GradExchange {
   }
   // The optimizer (on the compute stream) waits for the last bucket; the host does not.
   void wait() override {
-    const auto mode = dev_.graph_mode();
-    if (mode == Device::GraphMode::replay) {
+    const auto mode = queue_->graph_mode();
+    if (mode == GraphMode::replay) {
       untimed_ = true;
       return;
     }
@@ -149,7 +149,7 @@ class NcclExchange final : public GradExchange {
   ncclComm_t comm_;
   AbortGate& gate_;
   int rank_, gpu_;
-  Device& dev_;
+  DeviceQueue* queue_;  // the compute device's queue (never null: checked at construction)
   cudaStream_t compute_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;

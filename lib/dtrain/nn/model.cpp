@@ -64,7 +64,7 @@ void Dense::backward_impl(Device& d, const float* x, const float*, const float* 
   const int64_t in = in_features(), out = out_features();
   // Gradients accumulate (beta = 1) so accumulation steps need no extra buffer.
   d.gemm(true, false, in, out, rows, 1.f, x, in, dy, out, 1.f, dw_, out);
-  d.bias_grad(dy, db_, rows, out, true);
+  d.bias_grad(dy, db_, rows, out, Accumulate::add);
   if (dx) d.gemm(false, true, rows, in, out, 1.f, dy, out, w_, out, 0.f, dx, in);
 }
 

@@ -78,6 +78,7 @@ void worker(Shared& sh, Communicator& comm) {
           ? make_cuda_device(sh.place.gpu_of_replica[static_cast<size_t>(rank)], rank,
                              cfg.precision)
           : make_cpu_device(sh.cpu);
+  DeviceQueue* const queue = dev->queue();  // null on the CPU
   // On a GPU the training set is uploaded once and batches are gathered there.
   const float* train_x = train.x.data();
   const int32_t* train_y = train.y.data();
@@ -135,7 +136,7 @@ void worker(Shared& sh, Communicator& comm) {
   const bool wait_before_exchange = exchange_on_host && !dev->host_memory();
   const Model::GradsReady on_ready = [&](size_t off, size_t count) {
     // Only before a bucket goes out: a wait per layer would stall the device for nothing.
-    if (wait_before_exchange && exchange->would_launch(off)) dev->synchronize();
+    if (wait_before_exchange && exchange->would_launch(off)) queue->synchronize();
     exchange->ready(off, count);
   };
 
@@ -147,7 +148,7 @@ void worker(Shared& sh, Communicator& comm) {
         cuda_graph_state(cfg.train.cuda_graph, sh.nccl != nullptr, sh.gpus_in_process,
                          cfg.model.batchnorm == BatchNormMode::sync && model->has_batchnorm());
     const auto staging = static_cast<size_t>(accum * micro) * sizeof(int64_t) + 4096;
-    dev->enable_graphs(graph_state == "on", staging, sh.nccl ? &sh.nccl->gate() : nullptr);
+    queue->enable_graphs(graph_state == "on", staging, sh.nccl ? &sh.nccl->gate() : nullptr);
   }
   const bool graphs_on = graph_state == "on";
   // A graph step's (loss, correct) sums, at the fixed address the graph was captured with.
@@ -207,7 +208,7 @@ void worker(Shared& sh, Communicator& comm) {
       if (s == 0) lr_first = lr;
       const int64_t g_total = plan.batch_size(s);
       // Kernels per step, counted on the second step (the first sets things up).
-      const int64_t launches_before = dev->launches();
+      const int64_t launches_before = queue ? queue->launches() : 0;
       // Local gradients are scaled so that a mean over replicas is the mean over the whole
       // global batch (exact also for a short last batch); `sum` then gives N times that.
       const float grad_scale = static_cast<float>(replicas) / static_cast<float>(g_total);
@@ -215,7 +216,7 @@ void worker(Shared& sh, Communicator& comm) {
       // Full-size steps may run as graphs, the same way on every rank.
       Device::GraphMode gm = Device::GraphMode::eager;
       if (graphs_on && g_total == gbatch) {
-        Device::GraphMode mine = dev->graph_step_propose();
+        Device::GraphMode mine = queue->graph_step_propose();
         if (replicas > 1) {
           double votes[3] = {0, 0, 0};
           votes[static_cast<int>(mine)] = 1;
@@ -223,12 +224,12 @@ void worker(Shared& sh, Communicator& comm) {
           mine = agree_graph_mode(static_cast<int>(votes[0]), static_cast<int>(votes[1]),
                                   static_cast<int>(votes[2]));
         }
-        gm = dev->graph_step_begin(mine);
+        gm = queue->graph_step_begin(mine);
       }
       const bool in_graph = gm != Device::GraphMode::eager;
       double* st_dev = in_graph ? graph_stats.data() : dev_stats.data() + s * 2;
       try {
-        dev->step_mark(0);
+        if (queue) queue->step_mark(0);
         if (in_graph) dev->zero(st_dev, 2 * sizeof(double));
         model->zero_grads();
         for (int k = 0; k < accum; ++k) {
@@ -254,35 +255,35 @@ void worker(Shared& sh, Communicator& comm) {
           t_data += std::chrono::duration<double>(t1 - t0).count();
           t_compute += seconds_since(t1);
         }
-        dev->step_mark(1);
+        if (queue) queue->step_mark(1);
         // Buckets reduced during backward ran on this thread: their time is exchange, not
         // compute.
         const double during_backward = exchange->seconds();
-        if (wait_before_exchange) dev->synchronize();  // see on_ready
+        if (wait_before_exchange) queue->synchronize();  // see on_ready
         auto t2 = Clock::now();
         exchange->finish();
         auto t3 = Clock::now();
         t_compute -= during_backward;
         t_exchange += during_backward + std::chrono::duration<double>(t3 - t2).count();
-        dev->step_mark(2);
+        if (queue) queue->step_mark(2);
         opt.step(model->params(), model->grads(), lr);
-        dev->step_mark(3);
+        if (queue) queue->step_mark(3);
         t_opt += seconds_since(t3);
-        if (in_graph) dev->graph_step_end();
+        if (in_graph) queue->graph_step_end();
       } catch (const SystemError& e) {
         if (!in_graph) throw;
-        dev->graph_step_abort();
+        queue->graph_step_abort();
         throw SystemError(fmt::format("{} (in a CUDA-graph step; train.cuda_graph: false runs "
                                       "without graphs)",
                                       e.what()),
                           e.file(), e.line(), e.rank());
       } catch (...) {
-        if (in_graph) dev->graph_step_abort();
+        if (in_graph) queue->graph_step_abort();
         throw;
       }
       if (in_graph) dev->copy(dev_stats.data() + s * 2, st_dev, 2 * sizeof(double));
       if (rank == 0 && epoch == 0 && s == 1)
-        sh.result.info.launches_per_step = dev->launches() - launches_before;
+        sh.result.info.launches_per_step = (queue ? queue->launches() : 0) - launches_before;
       if (rank == 0 && sh.observer) sh.observer->on_step(epoch + 1, s + 1, steps);
     }
     // The epoch's only wait for the device; then one exchange turns local per-step stats into
@@ -299,8 +300,8 @@ void worker(Shared& sh, Communicator& comm) {
     double t_exposed = t_exchange;
     {
       double dt[3] = {0, 0, 0};
-      const bool on_device = dev->timed_on_device();
-      if (on_device) dev->take_step_times(dt, /*wait=*/true);
+      const bool on_device = queue != nullptr;
+      if (on_device) queue->take_step_times(dt, /*wait=*/true);
       const double comm_s = on_device ? exchange->take_device_seconds(/*wait=*/true) : -1.0;
       const PhaseSeconds p = split_phases({t_compute, t_exchange, t_exchange, t_opt},
                                           on_device ? dt : nullptr, comm_s, exchange_on_host);
@@ -373,7 +374,7 @@ void worker(Shared& sh, Communicator& comm) {
     // Every rank sees the same reduced numbers, so all stop together.
     if (diverged) break;
   }
-  if (rank == 0) sh.result.info.cuda_graph_steps = dev->graph_launches();
+  if (rank == 0) sh.result.info.cuda_graph_steps = queue ? queue->graph_launches() : 0;
 }
 
 }  // namespace

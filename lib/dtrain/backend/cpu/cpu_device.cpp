@@ -338,8 +338,9 @@ class CpuDevice final : public Device {
     }
   }
 
-  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate) override {
-    if (!accumulate) std::fill_n(db, cols, 0.f);
+  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
+                 Accumulate mode) override {
+    if (mode == Accumulate::overwrite) std::fill_n(db, cols, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = dy + r * cols;
       for (int64_t c = 0; c < cols; ++c) db[c] += row[c];

@@ -452,7 +452,7 @@ struct ConvPlan {
   size_t workspace = 0;
 };
 
-class CudaDevice final : public Device {
+class CudaDevice final : public Device, public DeviceQueue {
  public:
   CudaDevice(int index, int rank, Precision precision)
       : index_(index),
@@ -496,13 +496,13 @@ class CudaDevice final : public Device {
 
   std::string name() const override { return name_; }
   bool host_memory() const override { return false; }
+  DeviceQueue* queue() override { return this; }
   void synchronize() override { DT_CUDA(cudaStreamSynchronize(stream_)); }
   void* native_stream() override { return stream_; }
   int64_t launches() const override { return launches_; }
 
   // Step phases timed by events on the stream. Slots form a ring, so the host can run a few
   // steps ahead; a slot is read (waiting for it if need be) before it is reused.
-  bool timed_on_device() const override { return true; }
   // Inside a CUDA graph the events are graph nodes (one graph per slot, so each records its
   // own slot's events); a replay only keeps the ring's books.
   void step_mark(int phase) override {
@@ -605,10 +605,11 @@ class CudaDevice final : public Device {
     k_add_bias<<<blocks_for(n), kThreads, 0, stream_>>>(y, bias, rows, cols);
     check_launch();
   }
-  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate) override {
+  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
+                 Accumulate mode) override {
     if (replaying()) return;
     if (cols == 0) return;
-    k_bias_grad<<<blocks_for(cols), kThreads, 0, stream_>>>(dy, db, rows, cols, accumulate);
+    k_bias_grad<<<blocks_for(cols), kThreads, 0, stream_>>>(dy, db, rows, cols, mode == Accumulate::add);
     check_launch();
   }
   void activation_forward(Activation a, const float* x, float* y, size_t n) override {
