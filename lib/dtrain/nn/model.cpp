@@ -178,53 +178,49 @@ void Model::loss_only(const int32_t* labels, int64_t rows, double* stats) {
   dev_.softmax_xent(logits_, labels, rows, classes_, 0.f, nullptr, stats);
 }
 
+namespace {
+// Layer specs of the built-in models.
+LayerSpec layer(LayerType t) {
+  LayerSpec l;
+  l.type = t;
+  return l;
+}
+LayerSpec dense(int64_t units) {
+  LayerSpec l = layer(LayerType::dense);
+  l.units = units;
+  return l;
+}
+LayerSpec conv(int64_t channels, int64_t kernel, int64_t padding) {
+  LayerSpec l = layer(LayerType::conv);
+  l.channels = channels;
+  l.kernel = kernel;
+  l.padding = padding;
+  return l;
+}
+LayerSpec pool() {
+  LayerSpec l = layer(LayerType::maxpool);
+  l.kernel = 2;
+  return l;
+}
+LayerType activation_layer(Activation a) {
+  switch (a) {
+    case Activation::relu:
+      return LayerType::relu;
+    case Activation::tanh:
+      return LayerType::tanh;
+    case Activation::sigmoid:
+      return LayerType::sigmoid;
+    case Activation::gelu:
+      return LayerType::gelu;
+  }
+  return LayerType::relu;
+}
+}  // namespace
+
 std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
-  const auto act = [&] {
-    LayerSpec l;
-    switch (cfg.activation) {
-      case Activation::relu:
-        l.type = LayerType::relu;
-        break;
-      case Activation::tanh:
-        l.type = LayerType::tanh;
-        break;
-      case Activation::sigmoid:
-        l.type = LayerType::sigmoid;
-        break;
-      case Activation::gelu:
-        l.type = LayerType::gelu;
-        break;
-    }
-    return l;
-  };
-  const auto dense = [](int64_t units) {
-    LayerSpec l;
-    l.type = LayerType::dense;
-    l.units = units;
-    return l;
-  };
-  const auto conv = [](int64_t channels, int64_t kernel, int64_t padding) {
-    LayerSpec l;
-    l.type = LayerType::conv;
-    l.channels = channels;
-    l.kernel = kernel;
-    l.padding = padding;
-    return l;
-  };
-  const auto simple = [](LayerType t) {
-    LayerSpec l;
-    l.type = t;
-    return l;
-  };
-  const auto pool = [] {
-    LayerSpec l;
-    l.type = LayerType::maxpool;
-    l.kernel = 2;
-    return l;
-  };
+  const auto act = [&] { return layer(activation_layer(cfg.activation)); };
   const auto dropout = [&] {
-    LayerSpec l;
-    l.type = LayerType::dropout;
+    LayerSpec l = layer(LayerType::dropout);
     l.p = cfg.dropout;
     return l;
   };
@@ -233,7 +229,7 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
     case ModelType::layers:
       return cfg.layers;
     case ModelType::mlp:
-      out.push_back(simple(LayerType::flatten));
+      out.push_back(layer(LayerType::flatten));
       for (int64_t h : cfg.hidden) {
         out.push_back(dense(h));
         out.push_back(act());
@@ -248,7 +244,7 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
              conv(16, 5, 0),
              act(),
              pool(),
-             simple(LayerType::flatten),
+             layer(LayerType::flatten),
              dense(120),
              act(),
              dense(84),
@@ -257,14 +253,14 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
     case ModelType::cnn:
       // Two conv-BN-activation-pool blocks and two dense layers.
       out = {conv(32, 3, 1),
-             simple(LayerType::batchnorm),
+             layer(LayerType::batchnorm),
              act(),
              pool(),
              conv(64, 3, 1),
-             simple(LayerType::batchnorm),
+             layer(LayerType::batchnorm),
              act(),
              pool(),
-             simple(LayerType::flatten),
+             layer(LayerType::flatten),
              dense(128),
              act()};
       if (cfg.dropout > 0) out.push_back(dropout());

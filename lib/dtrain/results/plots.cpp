@@ -182,6 +182,212 @@ bool gnuplot_available() {
   return !find_gnuplot().empty();
 }
 
+namespace {
+
+// One call of write_plots: where figures go, and what came of each.
+struct PlotSet {
+  const Comparison& c;
+  const std::map<std::string, std::vector<EpochRow>>& metrics;
+  std::string gnuplot, out_dir;
+  fs::path data;
+  std::string exp;  // the experiment's name as a file-name stem
+  Plots out;
+
+  void draw(const Figure& f, const std::string& setup, const std::string& plot) {
+    const std::string error = f.render(gnuplot, out_dir, setup, plot);
+    if (error.empty())
+      out.stems.push_back(f.stem());
+    else
+      out.failures.push_back(fmt::format("figure {} not drawn: {}", f.stem(), error));
+  }
+  void curves(const std::string& g);
+  void scaling(const std::vector<std::string>& groups);
+  void heatmap(const std::string& rule, const std::string& reduction);
+};
+
+// 1. Test accuracy and train loss against epoch, one line per replica count, per group.
+//    A run (a diverged one, say) adds a line only to the panels where it has finite values.
+void PlotSet::curves(const std::string& g) {
+  std::vector<const ComparisonRow*> rows;
+  for (const auto& row : c.rows)
+    if (row.run.group == g && metrics.count(row.run.dir)) rows.push_back(&row);
+  if (rows.empty()) return;
+  std::sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
+  std::string stem = exp + "-curves";
+  if (!g.empty()) stem += '-' + slug(g);
+  Figure fig(data, stem);
+  std::string acc_plot, loss_plot;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i]->run;
+    std::string text = "# epoch test_acc_percent train_loss\n";
+    bool has_acc = false, has_loss = false;
+    for (const auto& e : metrics.at(r.dir)) {
+      text += fmt::format("{} {} {}\n", e.epoch, num(100 * e.test_acc), num(e.train_loss));
+      has_acc = has_acc || std::isfinite(e.test_acc);
+      has_loss = has_loss || (std::isfinite(e.train_loss) && e.train_loss > 0);  // log scale
+    }
+    const std::string file = data_file(data, fmt::format("{}-{}.dat", stem, i), text);
+    // A fixed line type per run keeps its colour the same in both panels.
+    const std::string style =
+        fmt::format("with linespoints lt {} lw 2 title {}", i + 1, fig.text(series_title(r)));
+    if (has_acc)
+      acc_plot += fmt::format("{}{} using 1:2 {}", acc_plot.empty() ? "plot " : ", ", file, style);
+    if (has_loss)
+      loss_plot +=
+          fmt::format("{}{} using 1:3 {}", loss_plot.empty() ? "plot " : ", ", file, style);
+  }
+  if (acc_plot.empty() && loss_plot.empty()) {
+    out.notes.push_back(
+        fmt::format("figure {} not drawn: no run has a finite test accuracy or train loss", stem));
+    return;
+  }
+  if (acc_plot.empty()) {
+    out.notes.push_back(fmt::format("figure {}: no run has a finite test accuracy", stem));
+    acc_plot = empty_panel("no finite test accuracy");
+  }
+  if (loss_plot.empty()) {
+    out.notes.push_back(fmt::format("figure {}: no run has a finite, positive train loss", stem));
+    loss_plot = empty_panel("no finite train loss");
+  } else {
+    loss_plot = "set logscale y\n" + loss_plot + "\nunset logscale y";
+  }
+  const std::string title =
+      fig.text(fmt::format("{}{}", c.experiment, g.empty() ? "" : " (" + g + ")"));
+  draw(fig,
+       fmt::format("set multiplot layout 1,2 title {}\nset grid\nset key bottom right\n"
+                   "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'",
+                   title),
+       acc_plot + "\nset key top right\nset ylabel 'train loss (log scale)'\n" + loss_plot +
+           "\nunset multiplot");
+}
+
+// 2 and 3. Speedup and efficiency against replica count, one line per group.
+void PlotSet::scaling(const std::vector<std::string>& groups) {
+  const auto scalable = [](const ComparisonRow& r) {
+    return r.speedup && r.efficiency && std::isfinite(*r.speedup) && *r.speedup > 0 &&
+           std::isfinite(*r.efficiency) && r.run.gpus > 0;
+  };
+  std::set<int> all_gpus;
+  for (const auto& row : c.rows)
+    if (scalable(row)) all_gpus.insert(row.run.gpus);
+  if (all_gpus.size() < 2) return;
+  Figure sp(data, exp + "-speedup"), eff(data, exp + "-efficiency");
+  std::string sp_plot, eff_plot;
+  int series = 0;
+  // The ideal line starts at the smallest baseline replica count among the rows.
+  int base_gpus = 0;
+  for (const auto& row : c.rows)
+    for (const auto& b : c.rows)
+      if (scalable(row) && b.run.run_id == row.baseline && b.run.gpus > 0 &&
+          (base_gpus == 0 || b.run.gpus < base_gpus))
+        base_gpus = b.run.gpus;
+  if (base_gpus == 0) base_gpus = *all_gpus.begin();
+  for (const auto& g : groups) {
+    std::vector<const ComparisonRow*> rows;
+    for (const auto& row : c.rows)
+      if (row.run.group == g && scalable(row)) rows.push_back(&row);
+    if (rows.size() < 2) continue;
+    std::sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
+    std::string text = "# replicas speedup efficiency_percent\n";
+    for (const auto* r : rows)
+      text += fmt::format("{} {} {}\n", r->run.gpus, num(*r->speedup), num(100 * *r->efficiency));
+    const std::string file = data_file(data, fmt::format("{}-scaling-{}.dat", exp, series), text);
+    const std::string t = g.empty() ? "measured" : g;
+    sp_plot += fmt::format(", {} using 1:2 with linespoints lw 2 pt 7 title {}", file, sp.text(t));
+    eff_plot +=
+        fmt::format(", {} using 1:3 with linespoints lw 2 pt 7 title {}", file, eff.text(t));
+    ++series;
+  }
+  if (series > 0) {
+    const int lo = *all_gpus.begin(), hi = *all_gpus.rbegin();
+    const std::string xaxis = fmt::format(
+        "set grid\nset logscale x 2\nset xrange [{}:{}]\nset xlabel 'replicas'\n"
+        "set key outside right top\n",
+        lo / 1.2, hi * 1.2);
+    const std::string sp_title =
+        sp.text(fmt::format("{}: speedup (training samples/s against the baseline)", c.experiment));
+    draw(sp, xaxis + fmt::format("set title {}\nset ylabel 'speedup'\nset logscale y 2", sp_title),
+         fmt::format("plot x/{} with lines dt 2 lc 'gray' title 'ideal'", base_gpus) + sp_plot);
+    const std::string eff_title = eff.text(c.experiment + ": scaling efficiency");
+    draw(eff,
+         xaxis +
+             fmt::format("set title {}\nset ylabel 'efficiency (%)'\nset yrange [0:*]", eff_title),
+         "plot 100 with lines dt 2 lc 'gray' title 'ideal'" + eff_plot);
+  } else {
+    out.notes.push_back(fmt::format(
+        "figures {0}-speedup and {0}-efficiency not drawn: no group has two finished runs "
+        "with different replica counts",
+        exp));
+  }
+}
+
+// 4. Final test accuracy over LR x replica count for one LR rule and reduction.
+void PlotSet::heatmap(const std::string& rule, const std::string& reduction) {
+  auto in_kind = [&](const RunRecord& r) {
+    return r.lr_scaling == rule && r.reduction == reduction;
+  };
+  std::set<double> lrs;
+  std::set<int> gpus;
+  for (const auto& row : c.rows)
+    if (in_kind(row.run)) {
+      lrs.insert(row.run.lr);
+      gpus.insert(row.run.gpus);
+    }
+  if (lrs.size() < 2) return;
+  const std::vector<double> lr_v(lrs.begin(), lrs.end());
+  const std::vector<int> g_v(gpus.begin(), gpus.end());
+  const std::string stem = exp + "-lr-heatmap-" + slug(rule) + "-" + slug(reduction);
+  std::string text = "# replica_index lr_index final_test_acc_percent\n", missing;
+  bool any = false;
+  for (size_t yi = 0; yi < lr_v.size(); ++yi) {
+    for (size_t xi = 0; xi < g_v.size(); ++xi) {
+      double acc = std::nan("");
+      for (const auto& row : c.rows)
+        if (in_kind(row.run) && row.run.lr == lr_v[yi] && row.run.gpus == g_v[xi] &&
+            row.run.final_test_acc)
+          acc = 100 * *row.run.final_test_acc;
+      text += fmt::format("{} {} {}\n", xi, yi, num(acc));
+      if (std::isfinite(acc))
+        any = true;
+      else
+        missing += fmt::format("{} {}\n", xi, yi);
+    }
+    text += "\n";
+  }
+  if (!any) {
+    out.notes.push_back(fmt::format("figure {} not drawn: no run has a final test accuracy", stem));
+    return;
+  }
+  Figure fig(data, stem);
+  const std::string file = data_file(data, stem + ".dat", text);
+  std::string xtics, ytics;
+  for (size_t i = 0; i < g_v.size(); ++i)
+    xtics += fmt::format("{}'{}' {}", i ? ", " : "", g_v[i], i);
+  for (size_t i = 0; i < lr_v.size(); ++i)
+    ytics += fmt::format("{}'{}' {}", i ? ", " : "", num(lr_v[i]), i);
+  std::string plot = fmt::format(
+      "plot {0} using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder fc palette "
+      "notitle, {0} using 1:2:(sprintf('%.1f', $3)) with labels font 'sans,12' notitle",
+      file);
+  if (!missing.empty())
+    plot += fmt::format(
+        ", {} using 1:2:('no result') with labels font 'sans,10' textcolor 'gray40' notitle",
+        data_file(data, stem + "-missing.dat", missing));
+  const std::string title = fig.text(fmt::format(
+      "{}: final test accuracy (%), lr_scaling {}, reduction {}", c.experiment, rule, reduction));
+  draw(fig,
+       fmt::format("set title {}\n"
+                   "set xlabel 'replicas'\nset ylabel 'lr at base batch'\n"
+                   "set xtics ({})\nset ytics ({})\nset xrange [-0.5:{}]\nset yrange "
+                   "[-0.5:{}]\nset cblabel 'test accuracy (%)'\nset palette defined (0 "
+                   "'#b2182b', 50 '#fddbc7', 100 '#2166ac')\nset cbrange [*:*]",
+                   title, xtics, ytics, static_cast<double>(g_v.size()) - 0.5,
+                   static_cast<double>(lr_v.size()) - 0.5),
+       plot);
+}
+
+}  // namespace
+
 Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
                   const std::string& out_dir) {
   const std::string gnuplot = find_gnuplot();
@@ -192,214 +398,24 @@ Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<E
         "does)");
   const fs::path data = fs::path(out_dir) / "data";
   fs::create_directories(data);
-  const std::string exp = slug(c.experiment.empty() ? "experiment" : c.experiment);
-  Plots out;
-  auto draw = [&](const Figure& f, const std::string& setup, const std::string& plot) {
-    const std::string error = f.render(gnuplot, out_dir, setup, plot);
-    if (error.empty())
-      out.stems.push_back(f.stem());
-    else
-      out.failures.push_back(fmt::format("figure {} not drawn: {}", f.stem(), error));
-  };
+  PlotSet set{c,       metrics, gnuplot,
+              out_dir, data,    slug(c.experiment.empty() ? "experiment" : c.experiment),
+              {}};
 
   // Groups in order of first appearance.
   std::vector<std::string> groups;
   for (const auto& row : c.rows)
     if (std::find(groups.begin(), groups.end(), row.run.group) == groups.end())
       groups.push_back(row.run.group);
-
-  // 1. Test accuracy and train loss against epoch, one line per replica count, per group.
-  //    A run (a diverged one, say) adds a line only to the panels where it has finite values.
-  for (const auto& g : groups) {
-    std::vector<const ComparisonRow*> rows;
-    for (const auto& row : c.rows)
-      if (row.run.group == g && metrics.count(row.run.dir)) rows.push_back(&row);
-    if (rows.empty()) continue;
-    std::sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
-    std::string stem = exp + "-curves";
-    if (!g.empty()) stem += '-' + slug(g);
-    Figure fig(data, stem);
-    std::string acc_plot, loss_plot;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const auto& r = rows[i]->run;
-      std::string text = "# epoch test_acc_percent train_loss\n";
-      bool has_acc = false, has_loss = false;
-      for (const auto& e : metrics.at(r.dir)) {
-        text += fmt::format("{} {} {}\n", e.epoch, num(100 * e.test_acc), num(e.train_loss));
-        has_acc = has_acc || std::isfinite(e.test_acc);
-        has_loss = has_loss || (std::isfinite(e.train_loss) && e.train_loss > 0);  // log scale
-      }
-      const std::string file = data_file(data, fmt::format("{}-{}.dat", stem, i), text);
-      // A fixed line type per run keeps its colour the same in both panels.
-      const std::string style =
-          fmt::format("with linespoints lt {} lw 2 title {}", i + 1, fig.text(series_title(r)));
-      if (has_acc)
-        acc_plot +=
-            fmt::format("{}{} using 1:2 {}", acc_plot.empty() ? "plot " : ", ", file, style);
-      if (has_loss)
-        loss_plot +=
-            fmt::format("{}{} using 1:3 {}", loss_plot.empty() ? "plot " : ", ", file, style);
-    }
-    if (acc_plot.empty() && loss_plot.empty()) {
-      out.notes.push_back(fmt::format(
-          "figure {} not drawn: no run has a finite test accuracy or train loss", stem));
-      continue;
-    }
-    if (acc_plot.empty()) {
-      out.notes.push_back(fmt::format("figure {}: no run has a finite test accuracy", stem));
-      acc_plot = empty_panel("no finite test accuracy");
-    }
-    if (loss_plot.empty()) {
-      out.notes.push_back(fmt::format("figure {}: no run has a finite, positive train loss", stem));
-      loss_plot = empty_panel("no finite train loss");
-    } else {
-      loss_plot = "set logscale y\n" + loss_plot + "\nunset logscale y";
-    }
-    const std::string title =
-        fig.text(fmt::format("{}{}", c.experiment, g.empty() ? "" : " (" + g + ")"));
-    draw(fig,
-         fmt::format("set multiplot layout 1,2 title {}\nset grid\nset key bottom right\n"
-                     "set xlabel 'epoch'\nset ylabel 'test accuracy (%)'",
-                     title),
-         acc_plot + "\nset key top right\nset ylabel 'train loss (log scale)'\n" + loss_plot +
-             "\nunset multiplot");
-  }
-
-  // 2 and 3. Speedup and efficiency against replica count, one line per group.
-  const auto scalable = [](const ComparisonRow& r) {
-    return r.speedup && r.efficiency && std::isfinite(*r.speedup) && *r.speedup > 0 &&
-           std::isfinite(*r.efficiency) && r.run.gpus > 0;
-  };
-  std::set<int> all_gpus;
-  for (const auto& row : c.rows)
-    if (scalable(row)) all_gpus.insert(row.run.gpus);
-  if (all_gpus.size() >= 2) {
-    Figure sp(data, exp + "-speedup"), eff(data, exp + "-efficiency");
-    std::string sp_plot, eff_plot;
-    int series = 0;
-    // The ideal line starts at the smallest baseline replica count among the rows.
-    int base_gpus = 0;
-    for (const auto& row : c.rows)
-      for (const auto& b : c.rows)
-        if (scalable(row) && b.run.run_id == row.baseline && b.run.gpus > 0 &&
-            (base_gpus == 0 || b.run.gpus < base_gpus))
-          base_gpus = b.run.gpus;
-    if (base_gpus == 0) base_gpus = *all_gpus.begin();
-    for (const auto& g : groups) {
-      std::vector<const ComparisonRow*> rows;
-      for (const auto& row : c.rows)
-        if (row.run.group == g && scalable(row)) rows.push_back(&row);
-      if (rows.size() < 2) continue;
-      std::sort(rows.begin(), rows.end(),
-                [](auto* a, auto* b) { return a->run.gpus < b->run.gpus; });
-      std::string text = "# replicas speedup efficiency_percent\n";
-      for (const auto* r : rows)
-        text += fmt::format("{} {} {}\n", r->run.gpus, num(*r->speedup), num(100 * *r->efficiency));
-      const std::string file = data_file(data, fmt::format("{}-scaling-{}.dat", exp, series), text);
-      const std::string t = g.empty() ? "measured" : g;
-      sp_plot +=
-          fmt::format(", {} using 1:2 with linespoints lw 2 pt 7 title {}", file, sp.text(t));
-      eff_plot +=
-          fmt::format(", {} using 1:3 with linespoints lw 2 pt 7 title {}", file, eff.text(t));
-      ++series;
-    }
-    if (series > 0) {
-      const int lo = *all_gpus.begin(), hi = *all_gpus.rbegin();
-      const std::string xaxis = fmt::format(
-          "set grid\nset logscale x 2\nset xrange [{}:{}]\nset xlabel 'replicas'\n"
-          "set key outside right top\n",
-          lo / 1.2, hi * 1.2);
-      const std::string sp_title = sp.text(
-          fmt::format("{}: speedup (training samples/s against the baseline)", c.experiment));
-      draw(sp,
-           xaxis + fmt::format("set title {}\nset ylabel 'speedup'\nset logscale y 2", sp_title),
-           fmt::format("plot x/{} with lines dt 2 lc 'gray' title 'ideal'", base_gpus) + sp_plot);
-      const std::string eff_title = eff.text(c.experiment + ": scaling efficiency");
-      draw(eff,
-           xaxis + fmt::format("set title {}\nset ylabel 'efficiency (%)'\nset yrange [0:*]",
-                               eff_title),
-           "plot 100 with lines dt 2 lc 'gray' title 'ideal'" + eff_plot);
-    } else {
-      out.notes.push_back(fmt::format(
-          "figures {0}-speedup and {0}-efficiency not drawn: no group has two finished runs "
-          "with different replica counts",
-          exp));
-    }
-  }
-
-  // 4. Final test accuracy over LR x replica count, one heatmap per LR rule and reduction
-  //    (runs that differ in anything else would share cells). One box per cell with a value,
-  //    so a grid with holes (or a single column) still draws.
+  for (const auto& g : groups) set.curves(g);
+  set.scaling(groups);
+  // One heatmap per LR rule and reduction (runs that differ in anything else would share
+  // cells). One box per cell with a value, so a grid with holes (or a single column) still
+  // draws.
   std::set<std::pair<std::string, std::string>> kinds;
   for (const auto& row : c.rows) kinds.insert({row.run.lr_scaling, row.run.reduction});
-  for (const auto& kind : kinds) {
-    // Plain references: clang 14 does not let a lambda capture structured bindings.
-    const std::string& rule = kind.first;
-    const std::string& reduction = kind.second;
-    auto in_kind = [&](const RunRecord& r) {
-      return r.lr_scaling == rule && r.reduction == reduction;
-    };
-    std::set<double> lrs;
-    std::set<int> gpus;
-    for (const auto& row : c.rows)
-      if (in_kind(row.run)) {
-        lrs.insert(row.run.lr);
-        gpus.insert(row.run.gpus);
-      }
-    if (lrs.size() < 2) continue;
-    const std::vector<double> lr_v(lrs.begin(), lrs.end());
-    const std::vector<int> g_v(gpus.begin(), gpus.end());
-    const std::string stem = exp + "-lr-heatmap-" + slug(rule) + "-" + slug(reduction);
-    std::string text = "# replica_index lr_index final_test_acc_percent\n", missing;
-    bool any = false;
-    for (size_t yi = 0; yi < lr_v.size(); ++yi) {
-      for (size_t xi = 0; xi < g_v.size(); ++xi) {
-        double acc = std::nan("");
-        for (const auto& row : c.rows)
-          if (in_kind(row.run) && row.run.lr == lr_v[yi] && row.run.gpus == g_v[xi] &&
-              row.run.final_test_acc)
-            acc = 100 * *row.run.final_test_acc;
-        text += fmt::format("{} {} {}\n", xi, yi, num(acc));
-        if (std::isfinite(acc))
-          any = true;
-        else
-          missing += fmt::format("{} {}\n", xi, yi);
-      }
-      text += "\n";
-    }
-    if (!any) {
-      out.notes.push_back(
-          fmt::format("figure {} not drawn: no run has a final test accuracy", stem));
-      continue;
-    }
-    Figure fig(data, stem);
-    const std::string file = data_file(data, stem + ".dat", text);
-    std::string xtics, ytics;
-    for (size_t i = 0; i < g_v.size(); ++i)
-      xtics += fmt::format("{}'{}' {}", i ? ", " : "", g_v[i], i);
-    for (size_t i = 0; i < lr_v.size(); ++i)
-      ytics += fmt::format("{}'{}' {}", i ? ", " : "", num(lr_v[i]), i);
-    std::string plot = fmt::format(
-        "plot {0} using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder fc palette "
-        "notitle, {0} using 1:2:(sprintf('%.1f', $3)) with labels font 'sans,12' notitle",
-        file);
-    if (!missing.empty())
-      plot += fmt::format(
-          ", {} using 1:2:('no result') with labels font 'sans,10' textcolor 'gray40' notitle",
-          data_file(data, stem + "-missing.dat", missing));
-    const std::string title = fig.text(fmt::format(
-        "{}: final test accuracy (%), lr_scaling {}, reduction {}", c.experiment, rule, reduction));
-    draw(fig,
-         fmt::format("set title {}\n"
-                     "set xlabel 'replicas'\nset ylabel 'lr at base batch'\n"
-                     "set xtics ({})\nset ytics ({})\nset xrange [-0.5:{}]\nset yrange "
-                     "[-0.5:{}]\nset cblabel 'test accuracy (%)'\nset palette defined (0 "
-                     "'#b2182b', 50 '#fddbc7', 100 '#2166ac')\nset cbrange [*:*]",
-                     title, xtics, ytics, static_cast<double>(g_v.size()) - 0.5,
-                     static_cast<double>(lr_v.size()) - 0.5),
-         plot);
-  }
-  return out;
+  for (const auto& [rule, reduction] : kinds) set.heatmap(rule, reduction);
+  return std::move(set.out);
 }
 
 }  // namespace dtrain

@@ -1,0 +1,366 @@
+#include "dtrain/train/replica.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "dtrain/backend/gpu.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/stop.hpp"
+#include "dtrain/dist/nccl.hpp"
+#include "dtrain/nn/schedule.hpp"
+
+namespace dtrain {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+size_t at_least_one(int64_t n) {
+  return static_cast<size_t>(std::max<int64_t>(1, n));
+}
+}  // namespace
+
+Replica::AbortOnUnwind::~AbortOnUnwind() {
+  if (group && std::uncaught_exceptions() > uncaught) group->abort();
+}
+
+Replica::Replica(RunContext& run, Communicator& comm)
+    : run_(run),
+      cfg_(run.cfg),
+      comm_(comm),
+      rank_(comm.rank()),
+      replicas_(comm.size()),
+      train_(run.data.train),
+      test_(run.data.test),
+      features_(run.data.train.features()),
+      micro_(run.cfg.micro_batch()),
+      gbatch_(run.cfg.global_batch()),
+      accum_(run.cfg.train.accumulation_steps),
+      replica_rng_(stream_key(run.cfg.train.seed, 0xD209, static_cast<uint64_t>(comm.rank()))),
+      sampler_(run.data.train.size(), run.cfg.global_batch(), comm.size(),
+               run.cfg.train.accumulation_steps, run.cfg.data.shuffle, run.cfg.data.sharding,
+               run.cfg.data.drop_remainder, run.cfg.train.seed),
+      abort_on_unwind_{run.nccl.get()} {
+  dev_ = run.place.backend == Backend::cuda
+             ? make_cuda_device(run.place.gpu_of_replica[static_cast<size_t>(rank_)], rank_,
+                                cfg_.precision)
+             : make_cpu_device(run.cpu);
+  queue_ = dev_->queue();
+  upload_training_set();
+  if (cfg_.data.augment.enabled()) xa_.resize(*dev_, at_least_one(micro_ * features_));
+  model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes);
+  model_->init(cfg_.train.seed);
+  // Each replica's own stream for dropout (and augmentation): results differ with the replica
+  // count whenever these are used, as they do in every framework.
+  model_->set_context(&comm_, &replica_rng_);
+  const auto n_params = static_cast<size_t>(model_->param_count());
+  opt_ = std::make_unique<Optimizer>(*dev_, cfg_.optimizer, n_params);
+  steps_ = sampler_.steps_per_epoch();
+
+  // Batch buffers hold a full micro-batch or an evaluation chunk, whichever is larger.
+  const int64_t cap = std::max(micro_, cfg_.train.eval_batch);
+  xb_.resize(*dev_, static_cast<size_t>(cap * features_));
+  yb_.resize(*dev_, static_cast<size_t>(cap));
+  idx_.reserve(static_cast<size_t>(cap));
+
+  make_exchange(n_params);
+  enable_graphs();
+  graph_stats_.resize(*dev_, 2);
+  dev_stats_.resize(*dev_, at_least_one(steps_ * 2));
+  dev_test_.resize(*dev_, 2);
+
+  read_fault_injection();
+  if (rank_ == 0) report_start();
+}
+
+Replica::~Replica() = default;
+
+void Replica::upload_training_set() {
+  train_x_ = train_.x.data();
+  train_y_ = train_.y.data();
+  if (dev_->host_memory()) return;
+  // On a GPU the training set is uploaded once and batches are gathered there.
+  dev_train_x_.resize(*dev_, std::max<size_t>(1, train_.x.size()));
+  dev_train_y_.resize(*dev_, std::max<size_t>(1, train_.y.size()));
+  dev_->upload(dev_train_x_.data(), train_.x.data(), train_.x.size() * sizeof(float));
+  dev_->upload(dev_train_y_.data(), train_.y.data(), train_.y.size() * sizeof(int32_t));
+  train_x_ = dev_train_x_.data();
+  train_y_ = dev_train_y_.data();
+}
+
+void Replica::make_exchange(size_t n_params) {
+  const auto bucket_elems = static_cast<size_t>(cfg_.train.bucket_mb * 1024 * 1024 / sizeof(float));
+  const ReduceOp op = cfg_.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
+  exchange_ = run_.nccl ? run_.nccl->exchange(run_.nccl_per_process ? 0 : rank_, *dev_, op,
+                                              n_params, bucket_elems)
+                        : make_host_exchange(comm_, *dev_, op, n_params, bucket_elems);
+  // A host exchange on a GPU (colocated replicas) copies each bucket to the host, which waits
+  // for the device first. That wait is compute still queued, not exchange: it is waited out
+  // before the exchange is timed, so that the host clocks measure the exchange alone.
+  exchange_on_host_ = !run_.nccl;
+  wait_before_exchange_ = exchange_on_host_ && !dev_->host_memory();
+  on_ready_ = [this](size_t off, size_t count) {
+    // Only before a bucket goes out: a wait per layer would stall the device for nothing.
+    if (wait_before_exchange_ && exchange_->would_launch(off)) queue_->synchronize();
+    exchange_->ready(off, count);
+  };
+}
+
+void Replica::enable_graphs() {
+  // CUDA graphs for full-size steps, where nothing in a step waits for the host (see
+  // cuda_graph_state).
+  if (run_.place.backend != Backend::cuda) return;
+  graph_state_ =
+      cuda_graph_state(cfg_.train.cuda_graph, run_.nccl != nullptr, run_.gpus_in_process,
+                       cfg_.model.batchnorm == BatchNormMode::sync && model_->has_batchnorm());
+  const auto staging = static_cast<size_t>(accum_ * micro_) * sizeof(int64_t) + 4096;
+  queue_->enable_graphs(graph_state_ == "on", staging, run_.nccl ? &run_.nccl->gate() : nullptr);
+}
+
+void Replica::read_fault_injection() {
+  // Fault injection for testing failure handling: DTRAIN_FAULT=RANK:STEP makes that rank throw
+  // at that (global, 1-based) step.
+  if (const char* f = std::getenv("DTRAIN_FAULT")) {
+    int fr = -1;
+    long long fs = -1;
+    if (std::sscanf(f, "%d:%lld", &fr, &fs) == 2 && fr == rank_) fault_step_ = fs;
+  }
+}
+
+void Replica::report_start() {
+  RunInfo& info = run_.result.info;
+  info.model = model_->describe();
+  info.data = run_.data.description;
+  info.steps_per_epoch = steps_;
+  info.global_batch = gbatch_;
+  info.micro_batch = micro_;
+  info.peak_lr = scaled_lr(cfg_.optimizer, gbatch_);
+  info.param_count = model_->param_count();
+  info.backend = to_string(run_.place.backend);
+  info.precision = to_string(cfg_.precision);
+  info.blas = blas_description();
+  info.cuda_graph = graph_state_;
+  if (!graph_state_.empty()) info.devices += "; CUDA graphs " + graph_state_;
+  if (run_.observer) run_.observer->on_start(info);
+}
+
+void Replica::run() {
+  for (int epoch = 0; epoch < cfg_.train.epochs; ++epoch) {
+    const EpochTotals tr = train_epoch(epoch);
+    const auto t_eval = Clock::now();
+    const std::vector<double> test = evaluate();
+    const EpochMetrics m = epoch_metrics(epoch, tr, test, seconds_since(t_eval));
+    const bool diverged = !std::isfinite(m.train_loss) || !std::isfinite(m.test_loss);
+    if (rank_ == 0) {
+      for (int64_t s = 0; s < steps_; ++s) {
+        const double n = step_stats_[static_cast<size_t>(s * 3 + 2)];
+        run_.result.step_losses.push_back(n > 0 ? step_stats_[static_cast<size_t>(s * 3)] / n
+                                                : 0.0);
+      }
+      run_.result.epochs.push_back(m);
+      if (diverged) run_.result.status = RunStatus::diverged;
+      if (run_.observer) run_.observer->on_epoch(m);
+    }
+    if (diverged) break;  // every rank sees the same reduced numbers, so all stop together
+  }
+  if (rank_ == 0) run_.result.info.cuda_graph_steps = queue_ ? queue_->graph_launches() : 0;
+}
+
+Replica::EpochTotals Replica::train_epoch(int epoch) {
+  const EpochPlan plan = sampler_.plan(epoch);
+  step_stats_.assign(static_cast<size_t>(steps_ * 3), 0.0);
+  dev_->zero(dev_stats_.data(), dev_stats_.size() * sizeof(double));
+  EpochTotals out;
+  EpochTimes& t = out.times;
+  const auto t_epoch = Clock::now();
+  for (int64_t s = 0; s < steps_; ++s) {
+    const double lr = lr_at(cfg_.optimizer, cfg_.train.epochs, gbatch_,
+                            epoch + static_cast<double>(s) / static_cast<double>(steps_));
+    if (s == 0) out.lr_first = lr;
+    out.lr_last = lr;
+    // Kernels per step, counted on the second step (the first sets things up).
+    const int64_t launches_before = queue_ ? queue_->launches() : 0;
+    train_step(plan, s, lr, t);
+    if (rank_ == 0 && epoch == 0 && s == 1)
+      run_.result.info.launches_per_step = (queue_ ? queue_->launches() : 0) - launches_before;
+    if (rank_ == 0 && run_.observer) run_.observer->on_step(epoch + 1, s + 1, steps_);
+  }
+  // The epoch's only wait for the device; then one exchange turns local per-step stats into
+  // global ones.
+  std::vector<double> host(dev_stats_.size());
+  dev_->download(host.data(), dev_stats_.data(), host.size() * sizeof(double));
+  for (size_t s = 0; s < static_cast<size_t>(steps_); ++s) {
+    step_stats_[s * 3] = host[s * 2];
+    step_stats_[s * 3 + 1] = host[s * 2 + 1];
+  }
+  comm_.allreduce(step_stats_.data(), step_stats_.size(), ReduceOp::sum);
+  t.total = seconds_since(t_epoch);
+  // On a GPU the host only queues work: the split comes from device events instead (but for
+  // an exchange that runs on the host).
+  double dt[3] = {0, 0, 0};
+  if (queue_) queue_->take_step_times(dt, /*wait=*/true);
+  const double comm_s = queue_ ? exchange_->take_device_seconds(/*wait=*/true) : -1.0;
+  const PhaseSeconds p = split_phases({t.compute, t.exchange, t.exchange, t.optimizer},
+                                      queue_ ? dt : nullptr, comm_s, exchange_on_host_);
+  t.compute = p.compute;
+  t.exchange = p.exchange;
+  t.exposed = p.exchange_exposed;
+  t.optimizer = p.optimizer;
+  for (size_t s = 0; s < static_cast<size_t>(steps_); ++s) {
+    out.loss_sum += step_stats_[s * 3];
+    out.correct += step_stats_[s * 3 + 1];
+    out.seen += step_stats_[s * 3 + 2];
+  }
+  return out;
+}
+
+void Replica::check_fault() {
+  if (stop_requested()) throw Aborted("interrupted by the user");
+  if (++global_step_ == fault_step_)
+    DTRAIN_THROW_SYSTEM(
+        fmt::format("injected fault (DTRAIN_FAULT) on rank {} at step {}", rank_, global_step_));
+}
+
+void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes& t) {
+  check_fault();
+  const bool in_graph = graph_policy(plan.batch_size(s)) != GraphMode::eager;
+  double* stats = in_graph ? graph_stats_.data() : dev_stats_.data() + s * 2;
+  try {
+    mark(0);
+    if (in_graph) dev_->zero(stats, 2 * sizeof(double));
+    forward_backward(plan, s, stats, t);  // the last backward starts reducing gradients
+    mark(1);
+    reduce_gradients(t);
+    mark(2);
+    const auto t0 = Clock::now();
+    opt_->step(model_->params(), model_->grads(), lr);
+    mark(3);
+    t.optimizer += seconds_since(t0);
+    if (in_graph) queue_->graph_step_end();
+  } catch (const SystemError& e) {
+    if (!in_graph) throw;
+    queue_->graph_step_abort();
+    throw SystemError(fmt::format("{} (in a CUDA-graph step; train.cuda_graph: false runs "
+                                  "without graphs)",
+                                  e.what()),
+                      e.file(), e.line(), e.rank());
+  } catch (...) {
+    if (in_graph) queue_->graph_step_abort();
+    throw;
+  }
+  if (in_graph) dev_->copy(dev_stats_.data() + s * 2, stats, 2 * sizeof(double));
+}
+
+void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t) {
+  // Local gradients are scaled so that a mean over replicas is the mean over the whole global
+  // batch (exact also for a short last batch); `sum` then gives N times that.
+  const float grad_scale = static_cast<float>(replicas_) / static_cast<float>(plan.batch_size(s));
+  model_->zero_grads();
+  for (int k = 0; k < accum_; ++k) {
+    const auto t0 = Clock::now();
+    sampler_.micro_batch(plan, s, k, rank_, idx_);
+    const auto rows = static_cast<int64_t>(idx_.size());
+    dev_->gather(train_x_, train_y_, features_, idx_.data(), rows, xb_.data(), yb_.data());
+    const float* batch = xb_.data();
+    if (cfg_.data.augment.enabled()) {  // on the device, from one draw of the replica's stream
+      const auto& shape = train_.shape;
+      dev_->augment(xb_.data(), xa_.data(), rows, shape[0], shape[1], shape[2],
+                    cfg_.data.augment.crop_padding, cfg_.data.augment.flip, replica_rng_.next());
+      batch = xa_.data();
+    }
+    const auto t1 = Clock::now();
+    model_->forward(batch, rows);
+    const bool last = k == accum_ - 1;
+    if (last) exchange_->begin(model_->grads());
+    model_->loss_backward(yb_.data(), rows, grad_scale, stats,
+                          last ? on_ready_ : Model::GradsReady{});
+    step_stats_[static_cast<size_t>(s * 3 + 2)] += static_cast<double>(rows);
+    t.data += std::chrono::duration<double>(t1 - t0).count();
+    t.compute += seconds_since(t1);
+  }
+}
+
+void Replica::reduce_gradients(EpochTimes& t) {
+  // Buckets reduced during backward ran on this thread: their time is exchange, not compute.
+  const double during_backward = exchange_->seconds();
+  if (wait_before_exchange_) queue_->synchronize();  // see on_ready_
+  const auto t0 = Clock::now();
+  exchange_->finish();
+  t.compute -= during_backward;
+  t.exchange += during_backward + seconds_since(t0);
+}
+
+GraphMode Replica::graph_policy(int64_t global_rows) {
+  if (graph_state_ != "on" || global_rows != gbatch_) return GraphMode::eager;
+  GraphMode mine = queue_->graph_step_propose();
+  if (replicas_ > 1) {
+    double votes[3] = {0, 0, 0};
+    votes[static_cast<int>(mine)] = 1;
+    comm_.allreduce(votes, 3, ReduceOp::sum);  // host only: the device does not wait
+    mine = agree_graph_mode(static_cast<int>(votes[0]), static_cast<int>(votes[1]),
+                            static_cast<int>(votes[2]));
+  }
+  return queue_->graph_step_begin(mine);
+}
+
+std::vector<double> Replica::evaluate() {
+  // With per-replica BatchNorm the running statistics differ between replicas, so they are
+  // averaged first.
+  if (cfg_.model.batchnorm == BatchNormMode::local) model_->average_state(comm_);
+  const int64_t lo_end = test_.size() * rank_ / replicas_;  // this replica's contiguous slice
+  const int64_t hi_end = test_.size() * (rank_ + 1) / replicas_;
+  dev_->zero(dev_test_.data(), 2 * sizeof(double));
+  for (int64_t lo = lo_end; lo < hi_end; lo += cfg_.train.eval_batch) {
+    const int64_t rows = std::min(cfg_.train.eval_batch, hi_end - lo);
+    dev_->upload(xb_.data(), test_.x.data() + lo * features_,
+                 static_cast<size_t>(rows * features_) * sizeof(float));
+    dev_->upload(yb_.data(), test_.y.data() + lo, static_cast<size_t>(rows) * sizeof(int32_t));
+    model_->forward(xb_.data(), rows, /*train=*/false);
+    model_->loss_only(yb_.data(), rows, dev_test_.data());
+  }
+  std::vector<double> stats(2, 0.0);
+  dev_->download(stats.data(), dev_test_.data(), 2 * sizeof(double));
+  comm_.allreduce(stats.data(), 2, ReduceOp::sum);
+  return stats;
+}
+
+EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
+                                    const std::vector<double>& test, double eval_s) {
+  const EpochTimes& t = tr.times;
+  // Each rank's busy time (waiting excluded): stragglers show here.
+  std::vector<double> busy(static_cast<size_t>(replicas_), 0.0);
+  busy[static_cast<size_t>(rank_)] = t.data + t.compute + t.optimizer;
+  comm_.allreduce(busy.data(), busy.size(), ReduceOp::sum);
+
+  EpochMetrics m;
+  m.epoch = epoch + 1;
+  m.lr = tr.lr_first;
+  m.lr_end = tr.lr_last;
+  m.samples = static_cast<int64_t>(tr.seen);
+  m.train_loss = tr.seen > 0 ? tr.loss_sum / tr.seen : 0.0;
+  m.train_acc = tr.seen > 0 ? tr.correct / tr.seen : 0.0;
+  const auto n_test = static_cast<double>(test_.size());
+  m.test_loss = n_test > 0 ? test[0] / n_test : 0.0;
+  m.test_acc = n_test > 0 ? test[1] / n_test : 0.0;
+  m.epoch_time_s = t.total;
+  m.samples_per_s = tr.seen / t.total;
+  m.data_s = t.data;
+  m.compute_s = t.compute;
+  m.exchange_s = t.exchange;
+  m.exchange_exposed_s = t.exposed;
+  m.optimizer_s = t.optimizer;
+  m.eval_s = eval_s;
+  const auto [lo_it, hi_it] = std::minmax_element(busy.begin(), busy.end());
+  m.rank_busy_min_s = *lo_it;
+  m.rank_busy_max_s = *hi_it;
+  m.slowest_rank = static_cast<int>(hi_it - busy.begin());
+  return m;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,129 @@
+#pragma once
+// One replica of a run: its device, model, optimizer, gradient exchange, sampler shard and
+// buffers. run() trains every epoch; a training step reads top to bottom in train_step():
+// forward and backward over the micro-batches (buckets are reduced while backward runs), the
+// rest of the reduction, the optimizer update.
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/rng.hpp"
+#include "dtrain/data/sampler.hpp"
+#include "dtrain/dist/comm.hpp"
+#include "dtrain/dist/exchange.hpp"
+#include "dtrain/nn/model.hpp"
+#include "dtrain/nn/optimizer.hpp"
+#include "dtrain/train/trainer.hpp"
+
+namespace dtrain {
+
+class NcclGroup;
+
+// What the replicas of one run share: read-only, but for `result`, which rank 0 fills.
+struct RunContext {
+  const Config& cfg;
+  const DataSplit& data;
+  TrainObserver* observer;  // rank 0's only
+  TrainResult result;
+  CpuOptions cpu{};
+  Placement place{};
+  std::shared_ptr<NcclGroup> nccl{};  // gradients of GPU replicas, where not colocated
+  bool nccl_per_process = false;      // one replica per process: its communicator is index 0
+  int gpus_in_process = 1;            // GPUs this process drives
+};
+
+class Replica {
+ public:
+  Replica(RunContext& run, Communicator& comm);
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  // Trains every epoch, or until the loss diverges (every rank sees the same reduced numbers,
+  // so all stop together). Rank 0 reports to the observer and fills the run's result.
+  void run();
+
+ private:
+  // One epoch's training steps, as this rank measured them.
+  struct EpochTimes {
+    double data = 0, compute = 0, exchange = 0, exposed = 0, optimizer = 0, total = 0;
+  };
+  struct EpochTotals {  // reduced over all ranks
+    double loss_sum = 0, correct = 0, seen = 0;
+    double lr_first = 0, lr_last = 0;
+    EpochTimes times;
+  };
+
+  EpochTotals train_epoch(int epoch);
+  // forward, backward and reduce, update; step_stats gets this rank's [loss, correct, rows]
+  // (loss and correct on the device, in dev_stats_).
+  void train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes& t);
+  void forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t);
+  void reduce_gradients(EpochTimes& t);
+  // The mode of this step, agreed by every rank: CUDA graphs for full-size steps where on.
+  GraphMode graph_policy(int64_t global_rows);
+  // Test loss sum and correct predictions over the whole test set (every rank scores its
+  // shard; the counts are summed).
+  std::vector<double> evaluate();
+  EpochMetrics epoch_metrics(int epoch, const EpochTotals& tr, const std::vector<double>& test,
+                             double eval_s);
+  void upload_training_set();
+  void make_exchange(size_t n_params);
+  void enable_graphs();
+  void read_fault_injection();
+  void report_start();
+  void check_fault();
+  void mark(int phase) {
+    if (queue_) queue_->step_mark(phase);
+  }
+
+  RunContext& run_;
+  const Config& cfg_;
+  Communicator& comm_;
+  const int rank_, replicas_;
+  const Dataset& train_;
+  const Dataset& test_;
+  const int64_t features_, micro_, gbatch_;
+  const int accum_;
+
+  std::unique_ptr<Device> dev_;
+  DeviceQueue* queue_ = nullptr;  // null on the CPU
+  Buffer<float> dev_train_x_;     // on a GPU the training set is uploaded once
+  Buffer<int32_t> dev_train_y_;
+  const float* train_x_ = nullptr;
+  const int32_t* train_y_ = nullptr;
+  std::unique_ptr<Model> model_;
+  Rng replica_rng_;
+  std::unique_ptr<Optimizer> opt_;
+  Sampler sampler_;
+  int64_t steps_ = 0;
+  std::unique_ptr<GradExchange> exchange_;
+  bool exchange_on_host_ = false;
+  bool wait_before_exchange_ = false;
+  Model::GradsReady on_ready_;
+  std::string graph_state_;  // "on", "off: <why>", or empty on the CPU
+
+  Buffer<float> xb_, xa_;  // batch (or evaluation chunk) and its augmented copy
+  Buffer<int32_t> yb_;
+  std::vector<int64_t> idx_;
+  Buffer<double> dev_stats_;    // per step [loss sum, correct], on the device all epoch
+  Buffer<double> graph_stats_;  // a graph step's sums, at the address it was captured with
+  Buffer<double> dev_test_;
+  std::vector<double> step_stats_;  // per step: loss sum, correct, rows
+  int64_t global_step_ = 0;
+  int64_t fault_step_ = -1;  // DTRAIN_FAULT
+
+  // Declared last, so destroyed first: a failure in this replica aborts NCCL before anything
+  // that waits on its streams unwinds (the exchange's and the device's destructors), or a
+  // peer's queued collective would keep this rank from ever getting to the abort.
+  struct AbortOnUnwind {
+    NcclGroup* group = nullptr;
+    int uncaught = std::uncaught_exceptions();
+    ~AbortOnUnwind();
+  } abort_on_unwind_;
+};
+
+}  // namespace dtrain
