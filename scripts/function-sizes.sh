@@ -14,9 +14,13 @@ while [ $# -gt 0 ]; do
     *) dir=$1; shift ;;
   esac
 done
-command -v ctags >/dev/null || { echo "function-sizes: needs Universal Ctags (apt install universal-ctags)" >&2; exit 2; }
+ctags=$(command -v ctags-universal || command -v ctags || true)
+if [ -z "$ctags" ] || ! "$ctags" --version 2>/dev/null | grep -q "Universal Ctags"; then
+  echo "function-sizes: needs Universal Ctags (apt-get install universal-ctags)" >&2
+  exit 2
+fi
 [ -d "$dir" ] || { echo "function-sizes: no such folder: $dir" >&2; exit 2; }
-sizes=$(ctags -R --languages=C++ --langmap=C++:+.cu.cuh --kinds-C++=f --fields=+ne -o - "$dir" |
+sizes=$("$ctags" -R --languages=C++ --langmap=C++:+.cu.cuh --kinds-C++=f --fields=+ne -o - "$dir" |
   awk -F'\t' '{
     line = ""; end = "";
     for (i = 4; i <= NF; i++) {

@@ -160,7 +160,9 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
   // Convolution (cuDNN against oneDNN or im2col), pooling and BatchNorm on NCHW maps.
   for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
     conv_twin("conv", 1e-5, g, 3, rng, Precision::fp32);
-  for (auto [k2, s2] : {std::pair{2, 2}, std::pair{3, 2}}) {
+  // Named variables, not a structured binding: clang 14 cannot capture one in a lambda.
+  for (const auto& window : {std::pair{2, 2}, std::pair{3, 2}}) {
+    const int64_t k2 = window.first, s2 = window.second;
     const int64_t ns = 2, c = 3, h = 9, w = 8;
     const int64_t ho = (h - k2) / s2 + 1, wo = (w - k2) / s2 + 1;
     const auto x = random_vec(rng, ns * c * h * w), dy = random_vec(rng, ns * c * ho * wo);
