@@ -15,6 +15,6 @@ for seed in $seeds; do
   "$bin" run configs/fmnist-cnn.yaml gpus=8 train.per_replica_batch=32,8 \
     model.batchnorm=local,sync train.seed="$seed" --results "$out" --tag "s$seed" --resume --quiet
 done
-"$bin" report "$out" --plots
-python3 scripts/bench/bn_table.py "$out" > "$out/seeds.md"
-cat "$out/seeds.md"
+# The seeds of each setting aggregated into one row: mean, standard deviation and the values.
+"$bin" report "$out" --plots --by train.seed
+cp "$out/report/fmnist-cnn-by-train.seed.md" "$out/seeds.md"

@@ -218,6 +218,23 @@ gpu_runs=(
   "configs/quickstart.yaml|colocate=true gpus=1,4 train.epochs=2|mlp-colocated"
 )
 
+# One line per run from its summary.json, which dtrain writes one top-level key per line,
+# indented by two spaces (nested objects are indented further and not read here).
+summary_line() {
+  awk -v file="$1" '
+    /^  "[a-z_]+": / {
+      k = $1; gsub(/[":]/, "", k)
+      v = substr($0, index($0, ": ") + 2); sub(/,$/, "", v); gsub(/^"|"$/, "", v)
+      d[k] = v
+    }
+    function get(k) { return (k in d) ? d[k] : "?" }
+    END {
+      printf "%s: %s, %s, graphs %s (%s steps), %.3f s/epoch, %.2f%%\n", file, get("devices"),
+        get("precision"), get("cuda_graph"), get("cuda_graph_steps"), get("median_epoch_time_s"),
+        100 * get("final_test_accuracy")
+    }' "$1"
+}
+
 stage_runs() {
   local b rc=0 spec cfg over tag
   b=$(bin_dir) || return 2
@@ -241,7 +258,7 @@ stage_runs() {
     return $rc
   fi
   for s in "$sdir"/*/*/summary.json; do
-    [ -f "$s" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%s: %s, %s, graphs %s (%s steps), %.3f s/epoch, %.2f%%' % (sys.argv[1], d.get('devices','?'), d.get('precision','?'), d.get('cuda_graph','?'), d.get('cuda_graph_steps','?'), d['median_epoch_time_s'], 100*d['final_test_accuracy']))" "$s"
+    [ -f "$s" ] && summary_line "$s"
   done
   return $rc
 }

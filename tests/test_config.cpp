@@ -233,3 +233,40 @@ TEST_CASE("names and paths are UTF-8 text and names are visible folder names", "
              Catch::Contains("1 to 200 bytes"));
   CHECK(error_of("name: " + std::string(200, 'x') + "\n") == "");
 }
+
+TEST_CASE("the per-replica batch default is a member initialiser, used until a batch is given",
+          "[config]") {
+  const Config d;
+  CHECK(d.train.per_replica_batch == 64);
+  CHECK_FALSE(d.train.global_batch);
+  CHECK(d.micro_batch() == 64);
+  // A given global batch defines the run; null clears a per-replica batch the file gave.
+  const Config g = parse_config("gpus: 4\ntrain: {per_replica_batch: 8}\n", "exp.yaml",
+                                {{"train.global_batch", "64"}, {"train.per_replica_batch", "null"}});
+  CHECK(g.micro_batch() == 16);
+  CHECK(g.global_batch() == 64);
+  CHECK_THAT(to_yaml(g), Catch::Contains("global_batch: 64") &&
+                             !Catch::Contains("per_replica_batch:"));
+}
+
+TEST_CASE("batch products are taken in 64 bits and checked", "[config][errors]") {
+  // 65536 x 65536 passes 2^31: an int product would wrap, the 64-bit one does not.
+  Config c;
+  c.gpus = 65536;
+  c.train.accumulation_steps = 65536;
+  c.train.per_replica_batch = 1;
+  CHECK(c.global_batch() == int64_t{1} << 32);
+  c.train.global_batch = int64_t{1} << 33;
+  CHECK(c.micro_batch() == 2);
+  // Past 64 bits is an error, not a wrapped number.
+  c.train.global_batch.reset();
+  c.train.per_replica_batch = int64_t{1} << 40;
+  CHECK_THROWS_WITH(c.global_batch(), Catch::Contains("is not a positive 64-bit integer"));
+  c.gpus = 0;
+  c.train.global_batch = 64;
+  CHECK_THROWS_AS(c.micro_batch(), UserError);
+  // The decoder holds the default batch to the same limit as a given one.
+  CHECK_THAT(error_of("gpus: 4096\ntrain: {accumulation_steps: 65536}\n"),
+             Catch::Contains("the global batch (train.per_replica_batch=64 x gpus=4096 x "
+                             "accumulation_steps=65536) is over 2147483648"));
+}

@@ -15,33 +15,12 @@ namespace dtrain::cli {
 
 namespace fs = std::filesystem;
 
-void setup_report(CLI::App& app, ReportOptions& opt) {
-  app.add_option("paths", opt.paths,
-                 "Run folders, experiment folders or results roots (searched recursively)")
-      ->required();
-  app.add_option("--out", opt.out, "Where to write the report (default: FIRST_PATH/report)");
-  app.add_option("--baseline", opt.baseline,
-                 "Run id to compare every run of its experiment with (default: the run with the "
-                 "fewest replicas among those sharing the swept settings)");
-  app.add_flag("--plots", opt.plots, "Also draw PNG and SVG figures (needs gnuplot)");
-}
+namespace {
+using RunsByExperiment = std::map<std::string, std::vector<RunRecord>>;
 
-int run_report(const ReportOptions& opt) {
-  // Before anything is written: a missing gnuplot is the user's to fix, not a half report.
-  if (opt.plots && !gnuplot_available())
-    throw UserError(
-        "--plots needs gnuplot; install it with: apt-get install gnuplot-nox "
-        "(scripts/install-deps.sh does)");
-  const auto dirs = find_run_dirs(opt.paths);
-  if (dirs.empty())
-    throw UserError(fmt::format("no run folders (folders with a 'status' file) under {}",
-                                fmt::join(opt.paths, ", ")));
-  const std::string out =
-      opt.out.empty() ? (fs::path(opt.paths.front()) / "report").string() : opt.out;
-
-  // Read everything; a broken run is reported, named, and does not stop the others.
-  std::map<std::string, std::vector<RunRecord>> by_experiment;
-  int unreadable = 0, plot_failures = 0;
+// Reads every run folder; a broken run is reported, named, and does not stop the others.
+RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable) {
+  RunsByExperiment by_experiment;
   for (const auto& d : dirs) {
     try {
       auto r = load_run(d);
@@ -60,6 +39,128 @@ int run_report(const ReportOptions& opt) {
       by_experiment[r.experiment].push_back(std::move(r));
     }
   }
+  return by_experiment;
+}
+
+// A previous report in the same place is replaced as a whole: the files it listed go first.
+void remove_previous_report(const std::string& out, const fs::path& manifest) {
+  std::ifstream old(manifest);
+  if (!old) return;
+  // The manifest lies in a folder that may come from elsewhere: only plain files (or links)
+  // directly in `out` are removed, never a folder.
+  for (std::string f; std::getline(old, f);) {
+    if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos) continue;
+    std::error_code ec;
+    const auto st = fs::symlink_status(fs::path(out) / f, ec);
+    if (!ec && (fs::is_regular_file(st) || fs::is_symlink(st))) fs::remove(fs::path(out) / f, ec);
+  }
+  fs::remove_all(fs::path(out) / "data");
+}
+
+// Draws the figures of one experiment; returns how many could not be drawn.
+int write_figures(const Comparison& cmp, const std::string& out, std::string& index,
+                  std::vector<std::string>& written) {
+  std::map<std::string, std::vector<EpochRow>> metrics;
+  for (const auto& row : cmp.rows) {
+    if (row.run.status.rfind("unreadable", 0) == 0) continue;
+    try {
+      metrics[row.run.dir] = load_metrics(row.run.dir);
+    } catch (const UserError& e) {
+      std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
+    }
+  }
+  const Plots plots = write_plots(cmp, metrics, out);
+  for (const auto& s : plots.stems) {
+    index += fmt::format("\n![{0}]({0}.png)\n", s);
+    written.push_back(s + ".png");
+    written.push_back(s + ".svg");
+  }
+  // Figures with nothing to draw are skipped, not fatal; a gnuplot failure is reported like an
+  // unreadable run: the rest is written and the exit code says 1.
+  for (const auto& n : plots.notes) {
+    std::fprintf(stderr, "dtrain: note: %s\n", n.c_str());
+    index += "\n" + n + ".\n";
+  }
+  for (const auto& f : plots.failures) {
+    std::fprintf(stderr, "dtrain: warning: %s\n", f.c_str());
+    index += "\n" + f + ".\n";
+  }
+  return static_cast<int>(plots.failures.size());
+}
+
+// The `--by` table of one experiment, beside its comparison table.
+void write_aggregate(const std::string& name, const std::vector<RunRecord>& runs,
+                     const std::vector<std::string>& by, const std::string& out,
+                     std::string& index, std::vector<std::string>& written) {
+  const Aggregate agg = aggregate(runs, by);
+  const std::string file = slug(name) + "-by-" + slug(fmt::format("{}", fmt::join(by, "+")));
+  const std::string stem = (fs::path(out) / file).string();
+  const std::string md = to_markdown(agg);
+  const std::string title = fmt::format("{}, by {}", name, fmt::join(by, " and "));
+  write_file_atomic(stem + ".md", "# " + title + "\n\n" + md);
+  write_file_atomic(stem + ".csv", to_csv(agg));
+  write_file_atomic(stem + ".json", to_json(agg));
+  for (const char* ext : {".md", ".csv", ".json"}) written.push_back(file + ext);
+  fmt::print("\n## {}\n\n{}", title, md);
+  index +=
+      fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
+                  title, md, file, file, file, file, file, file);
+}
+
+// Writes one experiment's tables (and figures); returns how many figures failed.
+int write_experiment(const std::string& name, const std::vector<RunRecord>& runs,
+                     const ReportOptions& opt, const std::string& out, std::string& index,
+                     std::vector<std::string>& written) {
+  bool has_baseline = false;
+  for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
+  const auto cmp = compare(runs, has_baseline ? opt.baseline : "");
+  const std::string stem = (fs::path(out) / slug(name)).string();
+  const std::string md = to_markdown(cmp);
+  write_file_atomic(stem + ".md", "# " + name + "\n\n" + md);
+  write_file_atomic(stem + ".csv", to_csv(cmp));
+  write_file_atomic(stem + ".json", to_json(cmp));
+  for (const char* ext : {".md", ".csv", ".json"}) written.push_back(slug(name) + ext);
+  fmt::print("\n## {}\n\n{}", name, md);
+  index +=
+      fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
+                  name, md, slug(name), slug(name), slug(name), slug(name), slug(name), slug(name));
+  if (!opt.by.empty()) write_aggregate(name, runs, opt.by, out, index, written);
+  return opt.plots ? write_figures(cmp, out, index, written) : 0;
+}
+}  // namespace
+
+void setup_report(CLI::App& app, ReportOptions& opt) {
+  app.add_option("paths", opt.paths,
+                 "Run folders, experiment folders or results roots (searched recursively)")
+      ->required();
+  app.add_option("--out", opt.out, "Where to write the report (default: FIRST_PATH/report)");
+  app.add_option("--baseline", opt.baseline,
+                 "Run id to compare every run of its experiment with (default: the run with the "
+                 "fewest replicas among those sharing the swept settings)");
+  app.add_flag("--plots", opt.plots, "Also draw PNG and SVG figures (needs gnuplot)");
+  app.add_option("--by", opt.by,
+                 "Config key to aggregate over, e.g. train.seed (repeatable): runs that differ "
+                 "only in it form one row, with the mean and standard deviation of their results")
+      ->allow_extra_args(false);
+}
+
+int run_report(const ReportOptions& opt) {
+  // Before anything is written: a missing gnuplot or an unknown key is the user's to fix, not a
+  // half report.
+  if (opt.plots && !gnuplot_available())
+    throw UserError(
+        "--plots needs gnuplot; install it with: apt-get install gnuplot-nox "
+        "(scripts/install-deps.sh does)");
+  check_by_keys(opt.by);
+  const auto dirs = find_run_dirs(opt.paths);
+  if (dirs.empty())
+    throw UserError(fmt::format("no run folders (folders with a 'status' file) under {}",
+                                fmt::join(opt.paths, ", ")));
+  const std::string out =
+      opt.out.empty() ? (fs::path(opt.paths.front()) / "report").string() : opt.out;
+
+  int unreadable = 0, plot_failures = 0;
+  const RunsByExperiment by_experiment = read_runs(dirs, unreadable);
   if (!opt.baseline.empty()) {
     bool found = false;
     for (const auto& [name, runs] : by_experiment)
@@ -69,66 +170,14 @@ int run_report(const ReportOptions& opt) {
                                   fmt::join(opt.paths, ", ")));
   }
 
-  // A previous report in the same place is replaced as a whole: the files it listed go first.
   ensure_dir(out, "report");
   const fs::path manifest = fs::path(out) / ".manifest";
-  if (std::ifstream old(manifest); old) {
-    // The manifest lies in a folder that may come from elsewhere: only plain files (or links)
-    // directly in `out` are removed, never a folder.
-    for (std::string f; std::getline(old, f);) {
-      if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos) continue;
-      std::error_code ec;
-      const auto st = fs::symlink_status(fs::path(out) / f, ec);
-      if (!ec && (fs::is_regular_file(st) || fs::is_symlink(st))) fs::remove(fs::path(out) / f, ec);
-    }
-    fs::remove_all(fs::path(out) / "data");
-  }
+  remove_previous_report(out, manifest);
   std::vector<std::string> written = {"index.md"};
   std::string index = "# dtrain report\n\nRegenerated from " + std::to_string(dirs.size()) +
                       " run folders under " + fmt::format("{}", fmt::join(opt.paths, ", ")) + ".\n";
-  for (const auto& [name, runs] : by_experiment) {
-    bool has_baseline = false;
-    for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
-    const auto cmp = compare(runs, has_baseline ? opt.baseline : "");
-    const std::string stem = (fs::path(out) / slug(name)).string();
-    const std::string md = to_markdown(cmp);
-    write_file_atomic(stem + ".md", "# " + name + "\n\n" + md);
-    write_file_atomic(stem + ".csv", to_csv(cmp));
-    write_file_atomic(stem + ".json", to_json(cmp));
-    for (const char* ext : {".md", ".csv", ".json"}) written.push_back(slug(name) + ext);
-    fmt::print("\n## {}\n\n{}", name, md);
-    index += fmt::format(
-        "\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n", name, md,
-        slug(name), slug(name), slug(name), slug(name), slug(name), slug(name));
-    if (opt.plots) {
-      std::map<std::string, std::vector<EpochRow>> metrics;
-      for (const auto& row : cmp.rows) {
-        if (row.run.status.rfind("unreadable", 0) == 0) continue;
-        try {
-          metrics[row.run.dir] = load_metrics(row.run.dir);
-        } catch (const UserError& e) {
-          std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
-        }
-      }
-      const Plots plots = write_plots(cmp, metrics, out);
-      for (const auto& s : plots.stems) {
-        index += fmt::format("\n![{0}]({0}.png)\n", s);
-        written.push_back(s + ".png");
-        written.push_back(s + ".svg");
-      }
-      // Figures with nothing to draw are skipped, not fatal; a gnuplot failure is reported
-      // like an unreadable run: the rest is written and the exit code says 1.
-      for (const auto& n : plots.notes) {
-        std::fprintf(stderr, "dtrain: note: %s\n", n.c_str());
-        index += "\n" + n + ".\n";
-      }
-      for (const auto& f : plots.failures) {
-        std::fprintf(stderr, "dtrain: warning: %s\n", f.c_str());
-        index += "\n" + f + ".\n";
-      }
-      plot_failures += static_cast<int>(plots.failures.size());
-    }
-  }
+  for (const auto& [name, runs] : by_experiment)
+    plot_failures += write_experiment(name, runs, opt, out, index, written);
   write_file_atomic((fs::path(out) / "index.md").string(), index);
   write_file_atomic(manifest.string(), fmt::format("{}\n", fmt::join(written, "\n")));
   fmt::print("\n(report written to {}/)\n", out);

@@ -19,6 +19,7 @@
 #include "dtrain/config/plan.hpp"
 #include "dtrain/results/recorder.hpp"
 #include "dtrain/results/report.hpp"
+#include "dtrain/train/doctor.hpp"
 #include "dtrain/train/trainer.hpp"
 
 namespace dtrain::cli {
@@ -227,6 +228,9 @@ int run_run(const RunOptions& opt) {
     std::unique_ptr<RunRecorder> rec;
     if (leader)
       rec = std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
+    // The known pitfalls of this config, in the run's log (dtrain doctor prints the same).
+    for (const auto& f : diagnose(r.config, data_cache[data_key(r.config)].get()))
+      log().warn("{}", to_line(f));
     index[i].status = "running";
     save_index();
     const DataSplit& data = *data_cache[data_key(r.config)];

@@ -27,6 +27,14 @@ struct ValidateOptions {
 void setup_validate(CLI::App& app, ValidateOptions& opt);
 int run_validate(const ValidateOptions& opt);
 
+struct DoctorOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool skip_data = false;
+};
+void setup_doctor(CLI::App& app, DoctorOptions& opt);
+int run_doctor(const DoctorOptions& opt);
+
 }  // namespace dtrain::cli
 
 namespace dtrain::cli {
@@ -36,6 +44,7 @@ struct ReportOptions {
   std::string out;
   std::string baseline;
   bool plots = false;
+  std::vector<std::string> by;  // config keys to aggregate over (--by)
 };
 void setup_report(CLI::App& app, ReportOptions& opt);
 int run_report(const ReportOptions& opt);

@@ -44,6 +44,7 @@ int run_main(int argc, char** argv) {
       "  dtrain run configs/quickstart.yaml\n"
       "  dtrain run configs/quickstart.yaml gpus=1,2,4 optimizer.lr_scaling=sqrt\n"
       "  dtrain validate configs/pitfall-sum-reduction.yaml\n"
+      "  dtrain doctor configs/quickstart.yaml gpus=8\n"
       "  dtrain report results/pitfalls --plots",
       "dtrain"};
   app.require_subcommand(1);
@@ -59,6 +60,10 @@ int run_main(int argc, char** argv) {
   auto* validate_cmd =
       app.add_subcommand("validate", "Check a config (and its data) without training");
   dtrain::cli::setup_validate(*validate_cmd, validate_opt);
+  dtrain::cli::DoctorOptions doctor_opt;
+  auto* doctor_cmd = app.add_subcommand(
+      "doctor", "Name the known reasons N replicas train worse than 1, before any training");
+  dtrain::cli::setup_doctor(*doctor_cmd, doctor_opt);
   dtrain::cli::ReportOptions report_opt;
   auto* report_cmd =
       app.add_subcommand("report", "Regenerate comparison tables (and figures) from run folders");
@@ -90,6 +95,7 @@ int run_main(int argc, char** argv) {
   try {
     if (*run_cmd) return dtrain::cli::run_run(run_opt);
     if (*validate_cmd) return dtrain::cli::run_validate(validate_opt);
+    if (*doctor_cmd) return dtrain::cli::run_doctor(doctor_opt);
     if (*report_cmd) return dtrain::cli::run_report(report_opt);
     if (*devices_cmd) return dtrain::cli::run_devices(devices_opt);
   } catch (const dtrain::UserError& e) {

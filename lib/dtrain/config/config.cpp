@@ -6,13 +6,17 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
+#include "dtrain/config/schema.hpp"
 
 namespace dtrain {
 
@@ -48,9 +52,6 @@ int64_t bounded_product(const std::vector<int64_t>& factors, int64_t cap) {
 }  // namespace
 
 namespace {
-
-template <class E>
-using EnumTable = std::vector<std::pair<const char*, E>>;
 
 const EnumTable<Precision> kPrecisions = {
     {"fp32", Precision::fp32}, {"tf32", Precision::tf32}, {"bf16", Precision::bf16}};
@@ -131,16 +132,105 @@ struct Source {
   std::map<std::string, std::string> overrides;  // full key -> "key=value"
 };
 
-// Reads one YAML mapping, remembers which keys were consumed, and rejects the rest.
+LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Source& src);
+
+// The decoder: a schema visitor that reads one YAML mapping, remembers which keys were
+// consumed, and rejects the rest.
 class MapReader {
  public:
   MapReader(const YAML::Node& node, std::string prefix, const Source& src)
       : node_(node), prefix_(std::move(prefix)), src_(src) {}
 
+  template <class T>
+  void operator()(const Key& k, T& out) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      text(k, out);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      scalar(k.name, out, "true or false");
+    } else if constexpr (std::is_enum_v<T>) {
+      choice(k.name, out, choices(T{}));
+    } else if constexpr (std::is_integral_v<T>) {
+      integer(k, out);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      number(k.name, out, k.min, k.max);
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      int_list(k.name, out, k.lo);
+    } else {
+      static_assert(std::is_same_v<T, std::vector<LayerSpec>>, "no decoder for this key's type");
+      layers(k.name, out);
+    }
+  }
+
+  template <class S>
+  void section(const Key& k, S& s) {
+    YAML::Node n = take(k.name);
+    if (n && !n.IsNull() && !n.IsMap())
+      fail(k.name, n, fmt::format("expected a mapping of keys, got {}", show(n)));
+    MapReader r = at(k.name);
+    visit(s, r);
+    r.finish();
+  }
+
+  // A null value leaves a key unset (its default stands), so an override can clear the key a
+  // config file gave: `train.global_batch=96 train.per_replica_batch=null`.
+  void either(const Key& a, int64_t& first, const Key& b, std::optional<int64_t>& second) {
+    seen_.insert(a.name);
+    seen_.insert(b.name);
+    if (given(a.name)) (*this)(a, first);
+    if (given(b.name)) {
+      int64_t v = 0;
+      (*this)(b, v);
+      second = v;
+    }
+    if (given(a.name) && given(b.name))
+      throw UserError(fmt::format("{}: {}: give exactly one of {} and {}, not both", src_.file,
+                                  prefix_, a.name, b.name));
+  }
+
   std::string full(const std::string& key) const {
     return prefix_.empty() ? key : prefix_ + "." + key;
   }
 
+  // The reader of the mapping at `key` (an empty one where there is none), without taking it.
+  MapReader at(const std::string& key) const {
+    const YAML::Node n = node(key);
+    return MapReader(n && n.IsMap() ? n : YAML::Node(), full(key), src_);
+  }
+
+  // Read-only lookup: a const operator[] never inserts into the mapping.
+  YAML::Node node(const std::string& key) const {
+    if (!node_ || !node_.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& cn = node_;
+    return cn[key];
+  }
+
+  [[noreturn]] void fail(const std::string& key, const YAML::Node& n,
+                         const std::string& msg) const {
+    throw UserError(fmt::format("{}: {}: {}", where(key, n), full(key), msg));
+  }
+
+  // Every key present must have been taken.
+  void finish() const {
+    if (!node_ || !node_.IsMap()) return;
+    std::vector<std::string> valid(seen_.begin(), seen_.end());
+    for (const auto& kv : node_) {
+      const auto key = kv.first.as<std::string>();
+      if (seen_.count(key)) continue;
+      const auto guess = closest_match(key, valid);
+      std::string valid_list;
+      for (const auto& v : valid) valid_list += (valid_list.empty() ? "" : ", ") + v;
+      const std::string hint = guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess);
+      const auto* ov = override_for(key);
+      const std::string loc = ov ? fmt::format("override '{}'", *ov)
+                              : kv.first.Mark().is_null()
+                                  ? src_.file
+                                  : fmt::format("{}:{}", src_.file, kv.first.Mark().line + 1);
+      throw UserError(fmt::format("{}: unknown key '{}'{}; valid keys{}: {}", loc, full(key), hint,
+                                  prefix_.empty() ? "" : " in '" + prefix_ + "'", valid_list));
+    }
+  }
+
+ private:
   // The override that set `key` or a key below it, if any.
   const std::string* override_for(const std::string& key) const {
     const std::string f = full(key);
@@ -155,11 +245,6 @@ class MapReader {
     return src_.file;
   }
 
-  [[noreturn]] void fail(const std::string& key, const YAML::Node& n,
-                         const std::string& msg) const {
-    throw UserError(fmt::format("{}: {}: {}", where(key, n), full(key), msg));
-  }
-
   static std::string show(const YAML::Node& n) {
     if (n.IsScalar()) return "'" + n.Scalar() + "'";
     if (n.IsSequence()) return "a list";
@@ -167,17 +252,15 @@ class MapReader {
     return "nothing";
   }
 
+  bool given(const std::string& key) const {
+    const YAML::Node n = node(key);
+    return n && !n.IsNull();
+  }
+
   // Returns the node for `key` (marking it used), or an undefined node.
   YAML::Node take(const std::string& key) {
     seen_.insert(key);
     return node(key);
-  }
-
-  // Read-only lookup: a const operator[] never inserts into the mapping.
-  YAML::Node node(const std::string& key) const {
-    if (!node_ || !node_.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
-    const YAML::Node& cn = node_;
-    return cn[key];
   }
 
   template <class T>
@@ -192,41 +275,44 @@ class MapReader {
     }
   }
 
-  void integer(const std::string& key, int64_t& out, int64_t lo, int64_t hi = INT64_MAX) {
-    if (!node(key)) {
-      seen_.insert(key);  // absent: the default stands
+  // Any integer member; its own type bounds the range (an int key cannot take 2^31).
+  template <class I>
+  void integer(const Key& k, I& out) {
+    int64_t hi = k.hi;
+    if constexpr (sizeof(I) < sizeof(int64_t))
+      hi = std::min<int64_t>(hi, std::numeric_limits<I>::max());
+    auto v = static_cast<int64_t>(out);
+    if (!node(k.name)) {
+      seen_.insert(k.name);  // absent: the default stands
       return;
     }
-    scalar(key, out, "an integer");
-    check_range(key, out, lo, hi);
+    scalar(k.name, v, "an integer");
+    check_range(k.name, v, k.lo, hi);
+    out = static_cast<I>(v);
   }
-  void integer(const std::string& key, int& out, int64_t lo, int64_t hi = INT32_MAX) {
-    int64_t v = out;
-    integer(key, v, lo, hi);
-    out = static_cast<int>(v);
-  }
-  void optional_integer(const std::string& key, std::optional<int64_t>& out, int64_t lo) {
-    YAML::Node n = node(key);
-    if (!n || n.IsNull()) {
-      seen_.insert(key);
-      return;
+
+  void check_range(const std::string& key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) {
+      if (hi == INT64_MAX || hi == INT32_MAX)
+        fail(key, node(key), fmt::format("must be >= {}, got {}", lo, v));
+      fail(key, node(key), fmt::format("must be in [{}, {}], got {}", lo, hi, v));
     }
-    int64_t v = 0;
-    integer(key, v, lo);
-    out = v;
   }
+
   void number(const std::string& key, double& out, double lo, double hi) {
     scalar(key, out, "a number");
     if (!(out >= lo && out <= hi)) {
       fail(key, node(key), fmt::format("must be in [{}, {}], got {}", lo, hi, out));
     }
   }
-  void boolean(const std::string& key, bool& out) { scalar(key, out, "true or false"); }
-  void string(const std::string& key, std::string& out) {
-    scalar(key, out, "a string");
+
+  void text(const Key& k, std::string& out) {
+    scalar(k.name, out, "a string");
     // Strings end up in summary.json and file names: JSON needs UTF-8, folders need no NUL.
     if (!valid_utf8(out) || out.find('\0') != std::string::npos)
-      fail(key, node(key), "must be UTF-8 text without NUL bytes");
+      fail(k.name, node(k.name), "must be UTF-8 text without NUL bytes");
+    if (k.rule)
+      if (const char* why = k.rule(out)) fail(k.name, node(k.name), why);
   }
 
   template <class E>
@@ -262,43 +348,16 @@ class MapReader {
     out = std::move(v);
   }
 
-  MapReader section(const std::string& key) {
-    YAML::Node n = take(key);
-    if (n && !n.IsNull() && !n.IsMap())
-      fail(key, n, fmt::format("expected a mapping of keys, got {}", show(n)));
-    return MapReader(n && n.IsMap() ? n : YAML::Node(), full(key), src_);
+  void layers(const std::string& key, std::vector<LayerSpec>& out) {
+    const YAML::Node n = take(key);
+    if (!n || n.IsNull()) return;
+    if (!n.IsSequence())
+      fail(key, n, "expected a list of layers, e.g. [{conv: {channels: 32}}, relu]");
+    out.clear();
+    for (size_t i = 0; i < n.size(); ++i)
+      out.push_back(decode_layer(n[i], fmt::format("{}[{}]", full(key), i), src_));
   }
 
-  // Every key present must have been taken.
-  void finish() const {
-    if (!node_ || !node_.IsMap()) return;
-    std::vector<std::string> valid(seen_.begin(), seen_.end());
-    for (const auto& kv : node_) {
-      const auto key = kv.first.as<std::string>();
-      if (seen_.count(key)) continue;
-      const auto guess = closest_match(key, valid);
-      std::string valid_list;
-      for (const auto& v : valid) valid_list += (valid_list.empty() ? "" : ", ") + v;
-      const std::string hint = guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess);
-      const auto* ov = override_for(key);
-      const std::string loc = ov ? fmt::format("override '{}'", *ov)
-                              : kv.first.Mark().is_null()
-                                  ? src_.file
-                                  : fmt::format("{}:{}", src_.file, kv.first.Mark().line + 1);
-      throw UserError(fmt::format("{}: unknown key '{}'{}; valid keys{}: {}", loc, full(key), hint,
-                                  prefix_.empty() ? "" : " in '" + prefix_ + "'", valid_list));
-    }
-  }
-
-  void check_range(const std::string& key, int64_t v, int64_t lo, int64_t hi) {
-    if (v < lo || v > hi) {
-      if (hi == INT64_MAX || hi == INT32_MAX)
-        fail(key, node(key), fmt::format("must be >= {}, got {}", lo, v));
-      fail(key, node(key), fmt::format("must be in [{}, {}], got {}", lo, hi, v));
-    }
-  }
-
- private:
   YAML::Node node_;
   std::string prefix_;
   const Source& src_;
@@ -328,6 +387,8 @@ void apply_override(YAML::Node& root, const Override& ov) {
   }
   cur[parts.back()] = value;
 }
+
+// One layer: either a bare name ("relu") or a one-key mapping ({conv: {channels: 32}}).
 
 // One layer: either a bare name ("relu") or a one-key mapping ({conv: {channels: 32}}).
 LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Source& src) {
@@ -360,32 +421,14 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Sour
                                 guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess),
                                 enum_choices(kLayerTypes)));
   }
+  // LayerSpec::kernel serves conv (3 by default) and maxpool, whose window defaults to 2.
+  if (l.type == LayerType::maxpool) l.kernel = 2;
   MapReader r(params && params.IsMap() ? params : YAML::Node(YAML::NodeType::Undefined),
               where + "." + name, src);
   if (params && !params.IsNull() && !params.IsMap())
     throw UserError(fmt::format("{}:{}: {}.{}: expected a mapping of parameters", src.file,
                                 n.Mark().line + 1, where, name));
-  switch (l.type) {
-    case LayerType::dense:
-      r.integer("units", l.units, 1);
-      break;
-    case LayerType::conv:
-      r.integer("channels", l.channels, 1);
-      r.integer("kernel", l.kernel, 1, 64);
-      r.integer("stride", l.stride, 0, 64);
-      r.integer("padding", l.padding, 0, 64);
-      break;
-    case LayerType::maxpool:
-      l.kernel = 2;
-      r.integer("size", l.kernel, 1, 64);
-      r.integer("stride", l.stride, 0, 64);
-      break;
-    case LayerType::dropout:
-      r.number("p", l.p, 0.0, 0.99);
-      break;
-    default:
-      break;
-  }
+  visit(l, r);
   r.finish();
   if (l.type == LayerType::dense && l.units == 0)
     throw UserError(
@@ -396,112 +439,9 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Sour
   return l;
 }
 
-Config decode(const YAML::Node& root, const Source& src) {
-  Config c;
-  if (root && !root.IsNull() && !root.IsMap())
-    throw UserError(fmt::format("{}: expected a mapping of keys at the top level", src.file));
-  MapReader top(root, "", src);
-  top.string("name", c.name);
-  // The name is a folder: visible (report skips hidden ones), short enough for a file system.
-  if (c.name.empty() || c.name.find('/') != std::string::npos || c.name.front() == '.' ||
-      c.name.size() > 200)
-    top.fail("name", top.node("name"),
-             "must be a folder name of 1 to 200 bytes without '/', not starting with '.'");
-  top.choice("backend", c.backend, kBackends);
-  top.choice("precision", c.precision, kPrecisions);
-  if (c.precision == Precision::tf32 && c.backend == Backend::cpu)
-    top.fail("precision", top.node("precision"),
-             "the CPU backend has no TF32; tf32 needs backend: cuda or auto (fp32 and bf16, "
-             "emulated, run on the CPU)");
-  top.integer("gpus", c.gpus, 1, 4096);
-  top.integer("threads", c.threads, 0, 4096);
-  top.int_list("devices", c.devices, 0);
-  top.boolean("colocate", c.colocate);
-
-  {
-    auto d = top.section("data");
-    d.choice("dataset", c.data.dataset, kDatasets);
-    d.string("path", c.data.path);
-    d.choice("shuffle", c.data.shuffle, kShuffles);
-    d.choice("sharding", c.data.sharding, kShardings);
-    d.boolean("drop_remainder", c.data.drop_remainder);
-    d.boolean("sort_by_label", c.data.sort_by_label);
-    d.boolean("normalize", c.data.normalize);
-    d.integer("train_limit", c.data.train_limit, 0);
-    d.integer("test_limit", c.data.test_limit, 0);
-    auto s = d.section("synthetic");
-    s.integer("train_size", c.data.synthetic.train_size, 1);
-    s.integer("test_size", c.data.synthetic.test_size, 1);
-    s.int_list("shape", c.data.synthetic.shape, 1);
-    s.integer("classes", c.data.synthetic.classes, 2, 100000);
-    s.number("noise", c.data.synthetic.noise, 0.0, 1e6);
-    s.finish();
-    auto a = d.section("augment");
-    a.integer("crop_padding", c.data.augment.crop_padding, 0, 64);
-    a.boolean("flip", c.data.augment.flip);
-    a.finish();
-    d.finish();
-  }
-  {
-    auto m = top.section("model");
-    m.choice("type", c.model.type, kModelTypes);
-    m.int_list("hidden", c.model.hidden, 1);
-    m.choice("activation", c.model.activation, kActivations);
-    m.choice("batchnorm", c.model.batchnorm, kBatchNormModes);
-    m.number("dropout", c.model.dropout, 0.0, 0.99);
-    const YAML::Node layers = m.take("layers");
-    if (layers && !layers.IsNull()) {
-      if (!layers.IsSequence())
-        m.fail("layers", layers, "expected a list of layers, e.g. [{conv: {channels: 32}}, relu]");
-      for (size_t i = 0; i < layers.size(); ++i)
-        c.model.layers.push_back(decode_layer(layers[i], fmt::format("model.layers[{}]", i), src));
-    }
-    if (c.model.type == ModelType::layers && c.model.layers.empty())
-      m.fail("layers", m.node("layers"), "type: layers needs a non-empty list of layers");
-    m.finish();
-  }
-  {
-    auto t = top.section("train");
-    t.integer("epochs", c.train.epochs, 1, 100000);
-    t.optional_integer("per_replica_batch", c.train.per_replica_batch, 1);
-    t.optional_integer("global_batch", c.train.global_batch, 1);
-    t.choice("reduction", c.train.reduction, kReductions);
-    t.integer("accumulation_steps", c.train.accumulation_steps, 1, 1 << 20);
-    int64_t seed = static_cast<int64_t>(c.train.seed);
-    t.integer("seed", seed, 0);
-    c.train.seed = static_cast<uint64_t>(seed);
-    t.number("target_accuracy", c.train.target_accuracy, 0.0, 1.0);
-    t.integer("eval_batch", c.train.eval_batch, 1);
-    t.number("collective_timeout_s", c.train.collective_timeout_s, 1.0, 1e7);
-    t.number("bucket_mb", c.train.bucket_mb, 0.0, 1e6);
-    t.boolean("cuda_graph", c.train.cuda_graph);
-    t.finish();
-    if (c.train.per_replica_batch && c.train.global_batch)
-      throw UserError(fmt::format(
-          "{}: train: give exactly one of per_replica_batch and global_batch, not both", src.file));
-  }
-  {
-    auto o = top.section("optimizer");
-    o.choice("type", c.optimizer.type, kOptimizers);
-    o.number("lr", c.optimizer.lr, 0.0, 1e6);
-    o.integer("base_batch", c.optimizer.base_batch, 1);
-    o.number("momentum", c.optimizer.momentum, 0.0, 0.999999);
-    o.boolean("nesterov", c.optimizer.nesterov);
-    o.number("weight_decay", c.optimizer.weight_decay, 0.0, 10.0);
-    o.number("beta1", c.optimizer.beta1, 0.0, 0.999999);
-    o.number("beta2", c.optimizer.beta2, 0.0, 0.99999999);
-    o.number("eps", c.optimizer.eps, 0.0, 1.0);
-    o.choice("lr_scaling", c.optimizer.lr_scaling, kScalings);
-    o.number("warmup_epochs", c.optimizer.warmup_epochs, 0.0, 1e6);
-    o.choice("schedule", c.optimizer.schedule, kSchedules);
-    o.number("step_size", c.optimizer.step_size, 1e-9, 1e6);
-    o.number("gamma", c.optimizer.gamma, 0.0, 1.0);
-    o.number("min_lr", c.optimizer.min_lr, 0.0, 1e6);
-    o.finish();
-  }
-  top.finish();
-
-  // Cross-field rules. Products of user numbers are checked: none may wrap around.
+// Rules that span keys, checked once every key has been read. Products of user numbers are
+// checked: none may wrap around.
+void check_batches(const Config& c, const Source& src) {
   constexpr int64_t kMaxBatch = int64_t{1} << 31;
   const auto product = [&](const std::vector<int64_t>& factors, const std::string& what) {
     const int64_t p = bounded_product(factors, kMaxBatch);
@@ -512,17 +452,11 @@ Config decode(const YAML::Node& root, const Source& src) {
   };
   const int64_t split = product({c.gpus, c.train.accumulation_steps},
                                 "gpus x train.accumulation_steps");
-  if (c.train.per_replica_batch)
-    product({*c.train.per_replica_batch, c.gpus, c.train.accumulation_steps},
+  if (!c.train.global_batch)
+    product({c.train.per_replica_batch, c.gpus, c.train.accumulation_steps},
             fmt::format("the global batch (train.per_replica_batch={} x gpus={} x "
                         "accumulation_steps={})",
-                        *c.train.per_replica_batch, c.gpus, c.train.accumulation_steps));
-  if (c.data.dataset == DatasetKind::synthetic) {
-    if (bounded_product(c.data.synthetic.shape, int64_t{1} << 28) < 0)
-      throw UserError(fmt::format("{}: data.synthetic.shape: {} features in all is over {}",
-                                  src.file, fmt::join(c.data.synthetic.shape, " x "),
-                                  int64_t{1} << 28));
-  }
+                        c.train.per_replica_batch, c.gpus, c.train.accumulation_steps));
   if (c.train.global_batch && *c.train.global_batch % split != 0) {
     const int64_t g = *c.train.global_batch;
     const int64_t lo = std::max<int64_t>(split, g / split * split);
@@ -531,22 +465,71 @@ Config decode(const YAML::Node& root, const Source& src) {
         "use a multiple of {} (e.g. {} or {}), or give train.per_replica_batch instead",
         src.file, g, c.gpus, c.train.accumulation_steps, split, lo, lo + split));
   }
+}
+
+void check_rules(const Config& c, const MapReader& top, const Source& src) {
+  if (c.precision == Precision::tf32 && c.backend == Backend::cpu)
+    top.fail("precision", top.node("precision"),
+             "the CPU backend has no TF32; tf32 needs backend: cuda or auto (fp32 and bf16, "
+             "emulated, run on the CPU)");
+  if (c.model.type == ModelType::layers && c.model.layers.empty()) {
+    const MapReader m = top.at("model");
+    m.fail("layers", m.node("layers"), "type: layers needs a non-empty list of layers");
+  }
+  check_batches(c, src);
+  if (c.data.dataset == DatasetKind::synthetic) {
+    if (bounded_product(c.data.synthetic.shape, int64_t{1} << 28) < 0)
+      throw UserError(fmt::format("{}: data.synthetic.shape: {} features in all is over {}",
+                                  src.file, fmt::join(c.data.synthetic.shape, " x "),
+                                  int64_t{1} << 28));
+  }
   if (c.optimizer.warmup_epochs > c.train.epochs)
     throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
                                 c.optimizer.warmup_epochs, c.train.epochs));
+}
+
+Config decode(const YAML::Node& root, const Source& src) {
+  Config c;
+  if (root && !root.IsNull() && !root.IsMap())
+    throw UserError(fmt::format("{}: expected a mapping of keys at the top level", src.file));
+  MapReader top(root, "", src);
+  visit(c, top);
+  top.finish();
+  check_rules(c, top, src);
   return c;
 }
 
 }  // namespace
 
+const char* folder_name_rule(const std::string& name) {
+  // The name is a folder: visible (report skips hidden ones), short enough for a file system.
+  if (name.empty() || name.find('/') != std::string::npos || name.front() == '.' ||
+      name.size() > 200)
+    return "must be a folder name of 1 to 200 bytes without '/', not starting with '.'";
+  return nullptr;
+}
+
+namespace {
+// A product of config numbers in 64 bits, for a config built in code (decoded ones are checked
+// against smaller limits already).
+int64_t checked_product(const std::vector<int64_t>& factors, const char* what) {
+  const int64_t p = bounded_product(factors, INT64_MAX);
+  if (p < 1)
+    throw UserError(
+        fmt::format("{} ({}) is not a positive 64-bit integer", what, fmt::join(factors, " x ")));
+  return p;
+}
+}  // namespace
+
 int64_t Config::micro_batch() const {
-  const int64_t split = int64_t{gpus} * train.accumulation_steps;
-  if (train.global_batch) return *train.global_batch / split;
-  return train.per_replica_batch.value_or(64);
+  if (!train.global_batch) return train.per_replica_batch;
+  return *train.global_batch /
+         checked_product({gpus, train.accumulation_steps}, "gpus x train.accumulation_steps");
 }
 
 int64_t Config::global_batch() const {
-  return micro_batch() * int64_t{gpus} * train.accumulation_steps;  // validated not to overflow
+  return checked_product({micro_batch(), gpus, train.accumulation_steps},
+                         "per-replica batch x gpus x train.accumulation_steps");
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
@@ -686,113 +669,283 @@ Config load_config(const std::string& path, const std::vector<Override>& overrid
   return parse_config(ss.str(), path, overrides);
 }
 
+
+namespace {
+
+// Writes config.resolved.yaml: a schema visitor over a const config.
+class YamlWriter {
+ public:
+  YamlWriter(YAML::Emitter& e, const Config& root) : e_(e), root_(root) {}
+
+  template <class T>
+  void operator()(const Key& k, const T& v) {
+    if constexpr (std::is_same_v<T, std::vector<LayerSpec>>) {
+      if (!v.empty()) layers(k, v);  // an empty list is the default: no key at all
+    } else {
+      e_ << YAML::Key << k.name << YAML::Value;
+      if constexpr (std::is_enum_v<T>)
+        e_ << to_string(v);
+      else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+        e_ << YAML::Flow << v;
+      else
+        e_ << v;
+    }
+  }
+
+  template <class S>
+  void section(const Key& k, const S& s) {
+    e_ << YAML::Key << k.name << YAML::Value << YAML::BeginMap;
+    visit(s, *this);
+    e_ << YAML::EndMap;
+  }
+
+  void either(const Key& a, const int64_t&, const Key& b, const std::optional<int64_t>& second) {
+    // Both batch sizes are resolved; only the one that defines the run is written as a key.
+    if (second)
+      e_ << YAML::Key << b.name << YAML::Value << *second;
+    else
+      e_ << YAML::Key << a.name << YAML::Value << root_.micro_batch();
+    e_ << YAML::Comment(fmt::format("per-replica micro-batch {}, global batch {}",
+                                    root_.micro_batch(), root_.global_batch()));
+  }
+
+ private:
+  void layers(const Key& k, const std::vector<LayerSpec>& list) {
+    e_ << YAML::Key << k.name << YAML::Value << YAML::BeginSeq;
+    for (const auto& l : list) {
+      e_ << YAML::Flow << YAML::BeginMap << YAML::Key << to_string(l.type) << YAML::Value
+         << YAML::BeginMap;
+      visit(l, *this);
+      e_ << YAML::EndMap << YAML::EndMap;
+    }
+    e_ << YAML::EndSeq;
+  }
+
+  YAML::Emitter& e_;
+  const Config& root_;
+};
+
+// The JSON view (summary.json's "config"): the same keys and nesting as the YAML.
+class JsonWriter {
+ public:
+  JsonWriter(nlohmann::json& out, const Config& root) : out_(out), root_(root) {}
+
+  template <class T>
+  void operator()(const Key& k, const T& v) {
+    if constexpr (std::is_enum_v<T>) {
+      out_[k.name] = to_string(v);
+    } else if constexpr (std::is_same_v<T, std::vector<LayerSpec>>) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& l : v) {
+        nlohmann::json params = nlohmann::json::object(), entry = nlohmann::json::object();
+        JsonWriter w(params, root_);
+        visit(l, w);
+        entry[to_string(l.type)] = std::move(params);
+        list.push_back(std::move(entry));
+      }
+      out_[k.name] = std::move(list);
+    } else {
+      out_[k.name] = v;
+    }
+  }
+
+  template <class S>
+  void section(const Key& k, const S& s) {
+    nlohmann::json sub = nlohmann::json::object();
+    JsonWriter w(sub, root_);
+    visit(s, w);
+    out_[k.name] = std::move(sub);
+  }
+
+  // The per-replica batch in force, whichever key defined it; the global batch as given.
+  void either(const Key& a, const int64_t&, const Key& b, const std::optional<int64_t>& second) {
+    out_[a.name] = root_.micro_batch();
+    out_[b.name] = second ? nlohmann::json(*second) : nlohmann::json(nullptr);
+  }
+
+ private:
+  nlohmann::json& out_;
+  const Config& root_;
+};
+
+// Lists the keys, with defaults taken from a default-constructed Config.
+class KeyLister {
+ public:
+  KeyLister(std::vector<KeyInfo>& out, std::string prefix,
+            const std::map<std::string, std::string>& defaults, bool after_load)
+      : out_(out), prefix_(std::move(prefix)), defaults_(defaults), after_load_(after_load) {}
+
+  template <class T>
+  void operator()(const Key& k, const T&) {
+    KeyInfo i = info(k);
+    if constexpr (std::is_same_v<T, std::string>) {
+      i.kind = KeyKind::text;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      i.kind = KeyKind::boolean;
+    } else if constexpr (std::is_enum_v<T>) {
+      i.kind = KeyKind::choice;
+      for (const auto& [name, value] : choices(T{})) i.choices.push_back(name);
+    } else if constexpr (std::is_integral_v<T>) {
+      i.kind = KeyKind::integer;
+      if constexpr (sizeof(T) < sizeof(int64_t))
+        i.hi = std::min<int64_t>(i.hi, std::numeric_limits<T>::max());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      i.kind = KeyKind::number;
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      i.kind = KeyKind::int_list;
+    } else {
+      i.kind = KeyKind::layers;
+    }
+    out_.push_back(std::move(i));
+  }
+
+  template <class S>
+  void section(const Key& k, const S& s) {
+    KeyLister sub(out_, prefix_ + k.name + ".", defaults_, after_load_ || k.after_load);
+    visit(s, sub);
+  }
+
+  void either(const Key& a, const int64_t& first, const Key& b, const std::optional<int64_t>&) {
+    (*this)(a, first);
+    KeyInfo i = info(b);
+    i.kind = KeyKind::integer;
+    i.optional = true;
+    out_.push_back(std::move(i));
+  }
+
+ private:
+  KeyInfo info(const Key& k) const {
+    KeyInfo i;
+    i.key = prefix_ + k.name;
+    const auto it = defaults_.find(i.key);
+    if (it != defaults_.end()) i.default_value = it->second;
+    i.lo = k.lo;
+    i.hi = k.hi;
+    i.min = k.min;
+    i.max = k.max;
+    i.after_load = after_load_ || k.after_load;
+    return i;
+  }
+
+  std::vector<KeyInfo>& out_;
+  std::string prefix_;
+  const std::map<std::string, std::string>& defaults_;
+  bool after_load_;
+};
+
+void flatten(const nlohmann::json& j, const std::string& prefix,
+             std::map<std::string, std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string key = prefix + it.key();
+    if (it->is_object())
+      flatten(*it, key + ".", out);
+    else
+      out[key] = it->is_string() ? it->get<std::string>() : it->dump();
+  }
+}
+
+}  // namespace
+
 std::string to_yaml(const Config& c) {
   YAML::Emitter e;
   e << YAML::BeginMap;
-  e << YAML::Key << "name" << YAML::Value << c.name;
-  e << YAML::Key << "backend" << YAML::Value << to_string(c.backend);
-  e << YAML::Key << "gpus" << YAML::Value << c.gpus;
-  e << YAML::Key << "threads" << YAML::Value << c.threads;
-  e << YAML::Key << "devices" << YAML::Value << YAML::Flow << c.devices;
-  e << YAML::Key << "colocate" << YAML::Value << c.colocate;
-  e << YAML::Key << "precision" << YAML::Value << to_string(c.precision);
-
-  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "dataset" << YAML::Value << to_string(c.data.dataset);
-  e << YAML::Key << "path" << YAML::Value << c.data.path;
-  e << YAML::Key << "shuffle" << YAML::Value << to_string(c.data.shuffle);
-  e << YAML::Key << "sharding" << YAML::Value << to_string(c.data.sharding);
-  e << YAML::Key << "drop_remainder" << YAML::Value << c.data.drop_remainder;
-  e << YAML::Key << "sort_by_label" << YAML::Value << c.data.sort_by_label;
-  e << YAML::Key << "normalize" << YAML::Value << c.data.normalize;
-  e << YAML::Key << "train_limit" << YAML::Value << c.data.train_limit;
-  e << YAML::Key << "test_limit" << YAML::Value << c.data.test_limit;
-  e << YAML::Key << "synthetic" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "train_size" << YAML::Value << c.data.synthetic.train_size;
-  e << YAML::Key << "test_size" << YAML::Value << c.data.synthetic.test_size;
-  e << YAML::Key << "shape" << YAML::Value << YAML::Flow << c.data.synthetic.shape;
-  e << YAML::Key << "classes" << YAML::Value << c.data.synthetic.classes;
-  e << YAML::Key << "noise" << YAML::Value << c.data.synthetic.noise;
-  e << YAML::EndMap;
-  e << YAML::Key << "augment" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "crop_padding" << YAML::Value << c.data.augment.crop_padding;
-  e << YAML::Key << "flip" << YAML::Value << c.data.augment.flip;
-  e << YAML::EndMap << YAML::EndMap;
-
-  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "type" << YAML::Value << to_string(c.model.type);
-  e << YAML::Key << "hidden" << YAML::Value << YAML::Flow << c.model.hidden;
-  e << YAML::Key << "activation" << YAML::Value << to_string(c.model.activation);
-  e << YAML::Key << "batchnorm" << YAML::Value << to_string(c.model.batchnorm);
-  e << YAML::Key << "dropout" << YAML::Value << c.model.dropout;
-  if (!c.model.layers.empty()) {
-    e << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
-    for (const auto& l : c.model.layers) {
-      e << YAML::Flow << YAML::BeginMap << YAML::Key << to_string(l.type) << YAML::Value
-        << YAML::BeginMap;
-      switch (l.type) {
-        case LayerType::dense:
-          e << YAML::Key << "units" << YAML::Value << l.units;
-          break;
-        case LayerType::conv:
-          e << YAML::Key << "channels" << YAML::Value << l.channels << YAML::Key << "kernel"
-            << YAML::Value << l.kernel << YAML::Key << "stride" << YAML::Value << l.stride
-            << YAML::Key << "padding" << YAML::Value << l.padding;
-          break;
-        case LayerType::maxpool:
-          e << YAML::Key << "size" << YAML::Value << l.kernel << YAML::Key << "stride"
-            << YAML::Value << l.stride;
-          break;
-        case LayerType::dropout:
-          e << YAML::Key << "p" << YAML::Value << l.p;
-          break;
-        default:
-          break;
-      }
-      e << YAML::EndMap << YAML::EndMap;
-    }
-    e << YAML::EndSeq;
-  }
-  e << YAML::EndMap;
-
-  e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "epochs" << YAML::Value << c.train.epochs;
-  // Both batch sizes are resolved; only the one that defines the run is written as a key.
-  if (c.train.global_batch)
-    e << YAML::Key << "global_batch" << YAML::Value << *c.train.global_batch;
-  else
-    e << YAML::Key << "per_replica_batch" << YAML::Value << c.micro_batch();
-  e << YAML::Comment(fmt::format("per-replica micro-batch {}, global batch {}", c.micro_batch(),
-                                 c.global_batch()));
-  e << YAML::Key << "reduction" << YAML::Value << to_string(c.train.reduction);
-  e << YAML::Key << "accumulation_steps" << YAML::Value << c.train.accumulation_steps;
-  e << YAML::Key << "seed" << YAML::Value << c.train.seed;
-  e << YAML::Key << "target_accuracy" << YAML::Value << c.train.target_accuracy;
-  e << YAML::Key << "eval_batch" << YAML::Value << c.train.eval_batch;
-  e << YAML::Key << "collective_timeout_s" << YAML::Value << c.train.collective_timeout_s;
-  e << YAML::Key << "bucket_mb" << YAML::Value << c.train.bucket_mb;
-  e << YAML::Key << "cuda_graph" << YAML::Value << c.train.cuda_graph;
-  e << YAML::EndMap;
-
-  e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "type" << YAML::Value << to_string(c.optimizer.type);
-  e << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
-  e << YAML::Key << "base_batch" << YAML::Value << c.optimizer.base_batch;
-  e << YAML::Key << "momentum" << YAML::Value << c.optimizer.momentum;
-  e << YAML::Key << "nesterov" << YAML::Value << c.optimizer.nesterov;
-  e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
-  e << YAML::Key << "beta1" << YAML::Value << c.optimizer.beta1;
-  e << YAML::Key << "beta2" << YAML::Value << c.optimizer.beta2;
-  e << YAML::Key << "eps" << YAML::Value << c.optimizer.eps;
-  e << YAML::Key << "lr_scaling" << YAML::Value << to_string(c.optimizer.lr_scaling);
-  e << YAML::Key << "warmup_epochs" << YAML::Value << c.optimizer.warmup_epochs;
-  e << YAML::Key << "schedule" << YAML::Value << to_string(c.optimizer.schedule);
-  e << YAML::Key << "step_size" << YAML::Value << c.optimizer.step_size;
-  e << YAML::Key << "gamma" << YAML::Value << c.optimizer.gamma;
-  e << YAML::Key << "min_lr" << YAML::Value << c.optimizer.min_lr;
-  e << YAML::EndMap;
+  YamlWriter w(e, c);
+  visit(c, w);
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
+}
+
+nlohmann::json config_to_json(const Config& c) {
+  nlohmann::json j = nlohmann::json::object();
+  JsonWriter w(j, c);
+  visit(c, w);
+  return j;
+}
+
+std::map<std::string, std::string> config_values(const nlohmann::json& view) {
+  std::map<std::string, std::string> out;
+  if (view.is_object()) flatten(view, "", out);
+  return out;
+}
+
+std::map<std::string, std::string> config_values(const Config& c) {
+  return config_values(config_to_json(c));
+}
+
+const std::vector<KeyInfo>& schema_keys() {
+  static const std::vector<KeyInfo> keys = [] {
+    const Config defaults;
+    const auto values = config_values(defaults);
+    std::vector<KeyInfo> out;
+    KeyLister lister(out, "", values, false);
+    visit(defaults, lister);
+    return out;
+  }();
+  return keys;
+}
+
+std::string KeyInfo::valid() const {
+  switch (kind) {
+    case KeyKind::text:
+      return "text";
+    case KeyKind::boolean:
+      return "true | false";
+    case KeyKind::choice:
+      return fmt::format("{}", fmt::join(choices, " | "));
+    case KeyKind::integer: {
+      const std::string range = hi == INT64_MAX || hi == INT32_MAX
+                                    ? fmt::format("an integer >= {}", lo)
+                                    : fmt::format("an integer in [{}, {}]", lo, hi);
+      return optional ? range + ", or null" : range;
+    }
+    case KeyKind::number:
+      return fmt::format("a number in [{}, {}]", min, max);
+    case KeyKind::int_list:
+      return fmt::format("a list of integers >= {}", lo);
+    case KeyKind::layers:
+      return "a list of layers";
+  }
+  return "";
+}
+
+const EnumTable<Backend>& choices(Backend) {
+  return kBackends;
+}
+const EnumTable<Precision>& choices(Precision) {
+  return kPrecisions;
+}
+const EnumTable<DatasetKind>& choices(DatasetKind) {
+  return kDatasets;
+}
+const EnumTable<Shuffle>& choices(Shuffle) {
+  return kShuffles;
+}
+const EnumTable<Sharding>& choices(Sharding) {
+  return kShardings;
+}
+const EnumTable<Activation>& choices(Activation) {
+  return kActivations;
+}
+const EnumTable<Reduction>& choices(Reduction) {
+  return kReductions;
+}
+const EnumTable<OptimizerType>& choices(OptimizerType) {
+  return kOptimizers;
+}
+const EnumTable<LrScaling>& choices(LrScaling) {
+  return kScalings;
+}
+const EnumTable<Schedule>& choices(Schedule) {
+  return kSchedules;
+}
+const EnumTable<ModelType>& choices(ModelType) {
+  return kModelTypes;
+}
+const EnumTable<BatchNormMode>& choices(BatchNormMode) {
+  return kBatchNormModes;
+}
+const EnumTable<LayerType>& choices(LayerType) {
+  return kLayerTypes;
 }
 
 const char* to_string(Backend v) {

@@ -1,6 +1,7 @@
 #pragma once
 // The experiment configuration: one struct, every default written once (the member
-// initialisers below), parsed and validated in config.cpp and nowhere else.
+// initialisers below). The keys, their YAML names and valid values are listed once, in
+// schema.hpp; config.cpp parses, validates and writes configs through that list.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -90,8 +91,10 @@ struct ModelConfig {
 
 struct TrainConfig {
   int epochs = 10;
-  // Exactly one of the two may be given; per_replica_batch = 64 when neither is.
-  std::optional<int64_t> per_replica_batch;
+  // A config gives at most one of the two. A given global_batch defines the run (the
+  // per-replica batch is then global_batch / (gpus x accumulation_steps), see micro_batch());
+  // otherwise per_replica_batch does.
+  int64_t per_replica_batch = 64;
   std::optional<int64_t> global_batch;
   Reduction reduction = Reduction::mean;
   int accumulation_steps = 1;
@@ -139,7 +142,8 @@ struct Config {
   TrainConfig train;
   OptimizerConfig optimizer;
 
-  // Derived (not keys).
+  // Derived (not keys). Products are taken in 64 bits and checked: a config built in code has
+  // not been through the decoder's limits, so an overflow throws UserError.
   int64_t micro_batch() const;   // samples per replica per micro-step
   int64_t global_batch() const;  // samples per optimizer step, all replicas and micro-steps
 };

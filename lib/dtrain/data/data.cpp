@@ -7,9 +7,11 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <type_traits>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/rng.hpp"
+#include "dtrain/config/schema.hpp"
 
 namespace dtrain {
 
@@ -211,13 +213,46 @@ void sort_by_label(Dataset& d) {
   d.y = std::move(y);
 }
 
+namespace {
+// Writes the data section's keys as `name=value;`, skipping the keys marked as acting after
+// the load. A key added to the schema joins the identity unless marked: forgetting the mark
+// costs a needless reload, never two configs sharing data they should not.
+class IdentityWriter {
+ public:
+  std::string key;
+
+  template <class T>
+  void operator()(const Key& k, const T& v) {
+    if (k.after_load) return;
+    key += k.name;
+    key += '=';
+    if constexpr (std::is_enum_v<T>)
+      key += to_string(v);
+    else if constexpr (std::is_same_v<T, std::string>)
+      key += fmt::format("{}:{}", v.size(), v);  // length first: any byte may follow
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+      key += fmt::format("[{}]", fmt::join(v, ","));
+    else
+      key += fmt::format("{}", v);
+    key += ';';
+  }
+
+  template <class S>
+  void section(const Key& k, const S& s) {
+    if (k.after_load) return;
+    key += fmt::format("{}{{", k.name);
+    visit(s, *this);
+    key += "};";
+  }
+};
+}  // namespace
+
 std::string data_identity(const DataConfig& c, uint64_t seed) {
-  // Augmentation, shuffling and sharding act on loaded data, so they are not part of the key.
-  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", to_string(c.dataset), c.path,
-                     c.normalize, c.sort_by_label, c.train_limit, c.test_limit,
-                     c.synthetic.train_size, c.synthetic.test_size,
-                     fmt::join(c.synthetic.shape, "x"), c.synthetic.classes, c.synthetic.noise,
-                     c.dataset == DatasetKind::synthetic ? seed : 0);
+  IdentityWriter w;
+  visit(c, w);
+  // Synthetic data is drawn from the seed; files are not.
+  if (c.dataset == DatasetKind::synthetic) w.key += fmt::format("seed={};", seed);
+  return w.key;
 }
 
 DataSplit load_data(const DataConfig& cfg, uint64_t seed) {

@@ -33,8 +33,9 @@ struct IdxImages {
 IdxImages read_idx_images(const std::string& path);
 std::vector<uint8_t> read_idx_labels(const std::string& path);
 
-// A key that is equal exactly when two configurations load the same data (the data section,
-// and the seed for synthetic data), so a multi-run command loads each dataset once.
+// A key that is equal exactly when two configurations load the same data (the data section's
+// keys but those schema.hpp marks as acting after the load, and the seed for synthetic data),
+// so a multi-run command loads each dataset once.
 std::string data_identity(const DataConfig& cfg, uint64_t seed);
 
 // Loads the configured dataset: files or synthetic, limits, normalisation, label sorting.

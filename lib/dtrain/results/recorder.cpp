@@ -22,6 +22,7 @@
 #include "dtrain/base/log.hpp"
 #include "dtrain/results/metrics.hpp"
 #include "dtrain/base/version.hpp"
+#include "dtrain/config/schema.hpp"
 
 namespace dtrain {
 
@@ -257,6 +258,9 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["model"] = info_.model;
   j["data"] = info_.data;
   j["steps_per_epoch"] = info_.steps_per_epoch;
+  // Every value in force, through the same schema as config.resolved.yaml: the keys above stay
+  // for the scripts that read them, `report --by` reads any key from here.
+  j["config"] = config_to_json(cfg_);
   j["git_sha"] = kGitSha;
   j["dtrain_version"] = kVersion;
   j["started_at"] = started_at_;

@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/config/schema.hpp"
 
 namespace dtrain {
 
@@ -124,6 +126,7 @@ RunRecord load_run(const std::string& dir) {
   r.median_epoch_time_s = opt_number(j, "median_epoch_time_s");
   r.samples_per_s = opt_number(j, "samples_per_s");
   r.time_to_target_s = opt_number(j, "time_to_target_s");
+  if (j.contains("config") && j["config"].is_object()) r.config = config_values(j["config"]);
   return r;
 }
 
@@ -261,6 +264,241 @@ std::string to_json(const Comparison& c) {
                     {"acc_delta_points", opt(row.acc_delta_points)}});
   }
   nlohmann::json j{{"experiment", c.experiment}, {"runs", rows}};
+  return j.dump(2) + "\n";
+}
+
+void check_by_keys(const std::vector<std::string>& keys) {
+  std::vector<std::string> valid;
+  for (const auto& k : schema_keys()) valid.push_back(k.key);
+  for (const auto& key : keys) {
+    if (std::find(valid.begin(), valid.end(), key) != valid.end()) continue;
+    const auto guess = closest_match(key, valid);
+    throw UserError(fmt::format("--by {}: unknown config key{}; valid keys: {}", key,
+                                guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess),
+                                fmt::join(valid, ", ")));
+  }
+}
+
+std::map<std::string, std::string> run_config_values(const RunRecord& r) {
+  if (!r.config.empty()) return r.config;
+  // Written before summary.json carried the config: the resolved YAML has every value.
+  return config_values(
+      load_config((std::filesystem::path(r.dir) / "config.resolved.yaml").string()));
+}
+
+Stat stat_of(const std::vector<double>& values) {
+  Stat s;
+  double sum = 0;
+  for (double v : values)
+    if (std::isfinite(v)) {
+      sum += v;
+      ++s.n;
+    }
+  if (s.n == 0) return s;
+  s.mean = sum / s.n;
+  if (s.n < 2) return s;
+  double sq = 0;
+  for (double v : values)
+    if (std::isfinite(v)) sq += (v - *s.mean) * (v - *s.mean);
+  s.sd = std::sqrt(sq / (s.n - 1));
+  return s;
+}
+
+namespace {
+
+struct AggregateInput {
+  const RunRecord* run;
+  std::map<std::string, std::string> config;
+};
+
+std::string value_or_empty(const std::map<std::string, std::string>& m, const std::string& k) {
+  const auto it = m.find(k);
+  return it == m.end() ? "" : it->second;
+}
+
+// The keys, in schema order, whose values differ between the rows' first runs.
+std::vector<std::string> distinguishing_keys(const std::vector<const AggregateInput*>& firsts,
+                                             const std::vector<std::string>& by) {
+  std::vector<std::string> keys;
+  for (const auto& k : schema_keys()) {
+    if (std::find(by.begin(), by.end(), k.key) != by.end()) continue;
+    const std::string first = value_or_empty(firsts.front()->config, k.key);
+    for (const auto* f : firsts)
+      if (value_or_empty(f->config, k.key) != first) {
+        keys.push_back(k.key);
+        break;
+      }
+  }
+  return keys;
+}
+
+// Runs that may join a row: finished, with a readable config. The others are named.
+std::vector<AggregateInput> aggregate_inputs(const std::vector<RunRecord>& runs,
+                                             std::vector<std::string>& left_out) {
+  std::vector<AggregateInput> in;
+  for (const auto& r : runs) {
+    if (r.status != "done" && r.status != "diverged") {
+      left_out.push_back(fmt::format("{} ({})", r.run_id, r.status));
+      continue;
+    }
+    try {
+      in.push_back({&r, run_config_values(r)});
+    } catch (const UserError& e) {
+      left_out.push_back(fmt::format("{} (no config: {})", r.run_id, e.what()));
+    }
+  }
+  return in;
+}
+
+}  // namespace
+
+Aggregate aggregate(const std::vector<RunRecord>& runs, const std::vector<std::string>& by) {
+  Aggregate a;
+  if (!runs.empty()) a.experiment = runs.front().experiment;
+  a.by = by;
+  const auto in = aggregate_inputs(runs, a.left_out);
+  // A row is every config value but the --by keys'; rows keep the order of their first run.
+  std::vector<std::string> row_keys;
+  std::vector<std::vector<const AggregateInput*>> members;
+  for (const auto& r : in) {
+    std::string key;
+    for (const auto& [k, v] : r.config)
+      if (std::find(by.begin(), by.end(), k) == by.end()) key += k + '\n' + v + '\n';
+    const auto it = std::find(row_keys.begin(), row_keys.end(), key);
+    if (it == row_keys.end()) {
+      row_keys.push_back(key);
+      members.push_back({&r});
+    } else {
+      members[static_cast<size_t>(it - row_keys.begin())].push_back(&r);
+    }
+  }
+  std::vector<const AggregateInput*> firsts;
+  for (const auto& m : members) firsts.push_back(m.front());
+  if (!firsts.empty()) a.settings = distinguishing_keys(firsts, by);
+  for (const auto& m : members) {
+    AggregateRow row;
+    for (const auto& k : a.settings) row.settings.push_back(value_or_empty(m.front()->config, k));
+    row.by_values.resize(by.size());
+    std::vector<double> acc, best, loss, time;
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (const auto* r : m) {
+      row.run_ids.push_back(r->run->run_id);
+      for (size_t i = 0; i < by.size(); ++i)
+        row.by_values[i].push_back(value_or_empty(r->config, by[i]));
+      acc.push_back(r->run->final_test_acc.value_or(nan));
+      best.push_back(r->run->best_test_acc.value_or(nan));
+      loss.push_back(r->run->final_train_loss.value_or(nan));
+      time.push_back(r->run->median_epoch_time_s.value_or(nan));
+    }
+    row.final_test_acc = stat_of(acc);
+    row.best_test_acc = stat_of(best);
+    row.final_train_loss = stat_of(loss);
+    row.median_epoch_time_s = stat_of(time);
+    a.rows.push_back(std::move(row));
+  }
+  return a;
+}
+
+namespace {
+
+// One cell of an aggregate row: the text writers (Markdown, CSV) use title and text, the JSON
+// writer key and value, so every format shows the same fields.
+struct Field {
+  std::string title, key, text;
+  nlohmann::json value;
+};
+
+nlohmann::json opt_json(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+void add_stat(std::vector<Field>& f, const std::string& title, const std::string& key,
+              const Stat& s, double scale, const char* spec, const char* unit) {
+  const auto text = [&](const std::optional<double>& v) {
+    return v ? fmt::format(fmt::runtime(spec), scale * *v) + unit : std::string("-");
+  };
+  f.push_back({title + " mean", key + "_mean", text(s.mean), opt_json(s.mean)});
+  f.push_back({title + " sd", key + "_sd",
+               s.sd ? fmt::format(fmt::runtime(spec), scale * *s.sd) : std::string("-"),
+               opt_json(s.sd)});
+}
+
+std::vector<Field> aggregate_fields(const Aggregate& a, const AggregateRow& r) {
+  std::vector<Field> f;
+  for (size_t i = 0; i < a.settings.size(); ++i)
+    f.push_back({a.settings[i], a.settings[i], r.settings[i], r.settings[i]});
+  f.push_back({"runs", "count", std::to_string(r.run_ids.size()), r.run_ids.size()});
+  for (size_t i = 0; i < a.by.size(); ++i)
+    f.push_back(
+        {a.by[i], a.by[i], fmt::format("{}", fmt::join(r.by_values[i], ", ")), r.by_values[i]});
+  // Accuracies in percent, their standard deviations in percentage points.
+  add_stat(f, "final test acc", "final_test_accuracy", r.final_test_acc, 100, "{:.2f}", "%");
+  add_stat(f, "best test acc", "best_test_accuracy", r.best_test_acc, 100, "{:.2f}", "%");
+  add_stat(f, "final train loss", "final_train_loss", r.final_train_loss, 1, "{:.4f}", "");
+  add_stat(f, "median epoch s", "median_epoch_time_s", r.median_epoch_time_s, 1, "{:.3f}", "");
+  f.push_back({"run ids", "run_ids", fmt::format("{}", fmt::join(r.run_ids, ", ")), r.run_ids});
+  return f;
+}
+
+// The titles of a table's columns: those of a row, or of an empty one.
+std::vector<std::string> aggregate_titles(const Aggregate& a) {
+  AggregateRow empty;
+  empty.settings.resize(a.settings.size());
+  empty.by_values.resize(a.by.size());
+  std::vector<std::string> titles;
+  for (const auto& f : aggregate_fields(a, a.rows.empty() ? empty : a.rows.front()))
+    titles.push_back(f.title);
+  return titles;
+}
+
+}  // namespace
+
+std::string to_markdown(const Aggregate& a) {
+  std::ostringstream out;
+  const auto titles = aggregate_titles(a);
+  out << "| " << fmt::format("{}", fmt::join(titles, " | ")) << " |\n|";
+  for (size_t i = 0; i < titles.size(); ++i) out << "---|";
+  out << "\n";
+  for (const auto& row : a.rows) {
+    std::vector<std::string> cells;
+    for (const auto& f : aggregate_fields(a, row)) cells.push_back(f.text);
+    out << "| " << fmt::format("{}", fmt::join(cells, " | ")) << " |\n";
+  }
+  out << fmt::format(
+      "\nRuns that differ only in {} form one row: mean and sample standard deviation (sd; "
+      "accuracies in percentage points) over its runs.\n",
+      fmt::join(a.by, " and "));
+  if (!a.left_out.empty()) out << fmt::format("Left out: {}.\n", fmt::join(a.left_out, "; "));
+  return out.str();
+}
+
+std::string to_csv(const Aggregate& a) {
+  std::string out;
+  const auto line = [&](const std::vector<std::string>& cells) {
+    for (size_t i = 0; i < cells.size(); ++i) out += (i ? "," : "") + csv_escape(cells[i]);
+    out += "\n";
+  };
+  line(aggregate_titles(a));
+  for (const auto& row : a.rows) {
+    std::vector<std::string> cells;
+    for (const auto& f : aggregate_fields(a, row)) cells.push_back(f.text);
+    line(cells);
+  }
+  return out;
+}
+
+std::string to_json(const Aggregate& a) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& row : a.rows) {
+    nlohmann::json j = nlohmann::json::object();
+    for (auto& f : aggregate_fields(a, row)) j[f.key] = std::move(f.value);
+    rows.push_back(std::move(j));
+  }
+  const nlohmann::json j{{"experiment", a.experiment},
+                         {"by", a.by},
+                         {"settings", a.settings},
+                         {"rows", rows},
+                         {"left_out", a.left_out}};
   return j.dump(2) + "\n";
 }
 

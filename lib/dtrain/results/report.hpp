@@ -1,5 +1,6 @@
 #pragma once
 // Comparison tables of runs, always built from run folders (summary.json), never from memory.
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,9 @@ struct RunRecord {
       samples_per_s, time_to_target_s;
   double target_accuracy = 0;
   int epochs_completed = 0;
+  // The resolved config by dotted key, from summary.json's "config"; empty for run folders
+  // written before summary.json carried it (run_config_values reads those).
+  std::map<std::string, std::string> config;
 };
 
 // Reads DIR/summary.json; throws UserError naming the file when it is missing or corrupt.
@@ -56,5 +60,43 @@ Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseli
 std::string to_markdown(const Comparison& c);
 std::string to_csv(const Comparison& c);
 std::string to_json(const Comparison& c);
+
+// `report --by`: runs aggregated over config keys.
+
+// Throws UserError for a `--by` key that is not a config key, naming it and the valid keys.
+void check_by_keys(const std::vector<std::string>& keys);
+
+// The run's resolved config by dotted key: summary.json's "config", or for older run folders
+// config.resolved.yaml read through the config schema. Throws UserError naming the file.
+std::map<std::string, std::string> run_config_values(const RunRecord& r);
+
+// Mean and sample standard deviation of the finite values among a row's runs.
+struct Stat {
+  int n = 0;
+  std::optional<double> mean, sd;  // sd needs two values
+};
+Stat stat_of(const std::vector<double>& values);
+
+struct AggregateRow {
+  std::vector<std::string> settings;  // this row's value of each Aggregate::settings key
+  std::vector<std::string> run_ids;
+  std::vector<std::vector<std::string>> by_values;  // per --by key, each run's value
+  Stat final_test_acc, best_test_acc, final_train_loss, median_epoch_time_s;
+};
+
+struct Aggregate {
+  std::string experiment;
+  std::vector<std::string> by;
+  std::vector<std::string> settings;  // the keys whose values tell the rows apart
+  std::vector<AggregateRow> rows;
+  std::vector<std::string> left_out;  // runs not aggregated, each with the reason
+};
+
+// Finished runs (done or diverged) that differ only in the `by` keys form one row.
+Aggregate aggregate(const std::vector<RunRecord>& runs, const std::vector<std::string>& by);
+
+std::string to_markdown(const Aggregate& a);
+std::string to_csv(const Aggregate& a);
+std::string to_json(const Aggregate& a);
 
 }  // namespace dtrain

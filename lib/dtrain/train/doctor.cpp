@@ -1,0 +1,172 @@
+#include "dtrain/train/doctor.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "dtrain/nn/model.hpp"
+
+namespace dtrain {
+
+namespace {
+
+// Below this many samples per BatchNorm statistic, normalisation error grows quickly (Wu & He
+// 2018, Group Normalization, figure 1: ResNet-50 on ImageNet loses 1 point at 8 samples per
+// GPU and 11 points at 2).
+constexpr int64_t kSmallBnBatch = 16;
+// Linear scaling this far past base_batch wants a warmup (Goyal et al. 2017 warm up over 5
+// epochs at 8k; dtrain's own run at 8x without warmup stuck at chance, see README).
+constexpr double kFarPastBase = 4.0;
+
+struct Context {
+  const Config& cfg;
+  const DataSplit* data;
+  int64_t global = 0, micro = 0;
+  double scale = 1.0;  // global batch / base_batch
+  bool batchnorm = false;
+  std::vector<Finding> out;
+
+  void add(const char* rule, std::string message) { out.push_back({rule, std::move(message)}); }
+};
+
+bool has_batchnorm(const ModelConfig& m) {
+  const auto layers = expand_layers(m);
+  return std::any_of(layers.begin(), layers.end(),
+                     [](const LayerSpec& l) { return l.type == LayerType::batchnorm; });
+}
+
+// Training samples per epoch, where known without reading files.
+int64_t train_size(const Context& c) {
+  if (c.data) return c.data->train.size();
+  const DataConfig& d = c.cfg.data;
+  if (d.dataset == DatasetKind::synthetic)
+    return d.train_limit > 0 ? std::min(d.train_limit, d.synthetic.train_size)
+                             : d.synthetic.train_size;
+  return 0;
+}
+
+// The fraction of neighbouring training samples with the same label: about 1/classes for
+// shuffled data, near 1 for data stored class by class.
+double label_runs(const Dataset& d) {
+  if (d.size() < 2) return 0;
+  int64_t same = 0;
+  for (size_t i = 1; i < d.y.size(); ++i) same += d.y[i] == d.y[i - 1];
+  return static_cast<double>(same) / static_cast<double>(d.size() - 1);
+}
+
+void check_reduction(Context& c) {
+  const Config& cfg = c.cfg;
+  if (cfg.train.reduction != Reduction::sum || cfg.gpus < 2) return;
+  c.add("sum-reduction",
+        fmt::format("train.reduction: sum adds the gradients of {0} replicas, so every step is {0}x "
+                    "the 1-replica step on top of the LR rule (unless optimizer.lr was already "
+                    "divided by {0}); fix: train.reduction: mean",
+                    cfg.gpus));
+}
+
+void check_lr_rule(Context& c) {
+  const OptimizerConfig& o = c.cfg.optimizer;
+  if (o.lr_scaling == LrScaling::none && c.scale > 1.0)
+    c.add("unscaled-lr",
+          fmt::format("the global batch {} is {:g}x optimizer.base_batch {} but lr_scaling: none "
+                      "keeps lr {:g}, so an epoch makes {:g}x fewer steps of the same size; fix: "
+                      "optimizer.lr_scaling: linear (with warmup) or sqrt",
+                      c.global, c.scale, o.base_batch, o.lr, c.scale));
+  if (o.lr_scaling == LrScaling::linear && c.scale >= kFarPastBase && o.warmup_epochs <= 0)
+    c.add("linear-no-warmup",
+          fmt::format("linear scaling multiplies lr by {:g} (global batch {} over base_batch {}) "
+                      "from the first step, with no warmup; fix: optimizer.warmup_epochs: 2 to 5, "
+                      "or lr_scaling: sqrt",
+                      c.scale, c.global, o.base_batch));
+  if (o.lr_scaling == LrScaling::linear && c.scale > 1.0 && o.type != OptimizerType::sgd)
+    c.add("linear-adam",
+          fmt::format("optimizer.type: {} with lr_scaling: linear; adaptive optimizers follow a "
+                      "square-root rule, not a linear one; fix: optimizer.lr_scaling: sqrt",
+                      to_string(o.type)));
+  if (o.warmup_epochs > c.cfg.train.epochs / 5.0)
+    c.add("long-warmup",
+          fmt::format("optimizer.warmup_epochs {:g} is more than a fifth of train.epochs {}, so "
+                      "much of the run trains below its peak lr; fix: warmup_epochs at most {:g}",
+                      o.warmup_epochs, c.cfg.train.epochs, c.cfg.train.epochs / 5.0));
+}
+
+void check_data_order(Context& c) {
+  const DataConfig& d = c.cfg.data;
+  if (d.shuffle == Shuffle::sample) return;
+  const double runs = c.data ? label_runs(c.data->train) : 0.0;
+  if (!d.sort_by_label && runs <= 0.5) return;
+  const std::string how =
+      d.sort_by_label ? "data.sort_by_label orders the training set by label"
+                      : fmt::format("{:.0f}% of neighbouring training samples share a label",
+                                    100 * runs);
+  c.add("ordered-data",
+        fmt::format("{}, and data.shuffle: {} keeps the stored order inside each batch{}; fix: "
+                    "data.shuffle: sample",
+                    how, to_string(d.shuffle),
+                    d.sharding == Sharding::contiguous && c.cfg.gpus > 1
+                        ? ", while sharding: contiguous gives each replica a slice of few classes"
+                        : ""));
+}
+
+void check_batchnorm(Context& c) {
+  if (!c.batchnorm) return;
+  const Config& cfg = c.cfg;
+  const int64_t per_stat =
+      cfg.model.batchnorm == BatchNormMode::sync ? c.micro * cfg.gpus : c.micro;
+  if (per_stat < kSmallBnBatch)
+    c.add("small-bn-batch",
+          fmt::format("BatchNorm statistics come from {} samples (model.batchnorm: {}, {} per "
+                      "replica); below {} they are noisy and accuracy drops; fix: "
+                      "model.batchnorm: sync, or a larger per-replica batch",
+                      per_stat, to_string(cfg.model.batchnorm), c.micro, kSmallBnBatch));
+  if (cfg.train.accumulation_steps > 1)
+    c.add("accumulation-bn",
+          fmt::format("train.accumulation_steps: {} with BatchNorm: its statistics come from each "
+                      "micro-batch of {}, not from the global batch {}; fix: fewer accumulation "
+                      "steps, or a model without BatchNorm",
+                      cfg.train.accumulation_steps, c.micro, c.global));
+}
+
+void check_dropped(Context& c) {
+  const int64_t n = train_size(c);
+  if (!c.cfg.data.drop_remainder || n <= 0 || c.global <= 0) return;
+  const int64_t dropped = n % c.global;
+  if (dropped == 0) return;
+  c.add("dropped-samples",
+        fmt::format("data.drop_remainder drops {} of {} training samples every epoch (global batch "
+                    "{}){}; fix: data.drop_remainder: false, or a global batch that divides {}",
+                    dropped, n, c.global,
+                    c.cfg.data.shuffle == Shuffle::sample ? " (different ones each epoch)"
+                                                          : " (the same ones every epoch)",
+                    n));
+}
+
+}  // namespace
+
+const std::vector<std::string>& doctor_rules() {
+  static const std::vector<std::string> rules = {
+      "sum-reduction",   "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
+      "ordered-data",    "small-bn-batch", "accumulation-bn",  "dropped-samples"};
+  return rules;
+}
+
+std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data) {
+  Context c{cfg, data};
+  c.global = cfg.global_batch();
+  c.micro = cfg.micro_batch();
+  c.scale = static_cast<double>(c.global) / static_cast<double>(cfg.optimizer.base_batch);
+  c.batchnorm = has_batchnorm(cfg.model);
+  check_reduction(c);
+  check_lr_rule(c);
+  check_data_order(c);
+  check_batchnorm(c);
+  check_dropped(c);
+  return std::move(c.out);
+}
+
+std::string to_line(const Finding& f) {
+  return fmt::format("doctor: [{}] {}", f.rule, f.message);
+}
+
+}  // namespace dtrain

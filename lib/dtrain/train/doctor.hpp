@@ -1,0 +1,29 @@
+#pragma once
+// dtrain doctor: the known reasons an N-replica run trains worse than the 1-replica run, read
+// from a config (and its data) before any training. Each finding is one line: what is wrong,
+// why it matters, and the fix. The README ("Pitfalls the doctor knows") gives each rule's
+// source or the dtrain measurement behind it.
+#include <string>
+#include <vector>
+
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+
+namespace dtrain {
+
+struct Finding {
+  std::string rule;     // a stable name, e.g. "sum-reduction"
+  std::string message;  // "<what and why>; fix: <what to change>"
+};
+
+// Every rule that fires for `cfg`. `data` (may be null) adds the rules that need the data:
+// samples dropped per epoch and label-ordered training data.
+std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data);
+
+// "doctor: [rule] message", the line `dtrain doctor` prints and `dtrain run` logs.
+std::string to_line(const Finding& f);
+
+// The rule names, in the order diagnose checks them.
+const std::vector<std::string>& doctor_rules();
+
+}  // namespace dtrain

@@ -1,0 +1,235 @@
+// The config schema drives the decoder, to_yaml, summary.json's "config", the data identity and
+// `report --by`: each test walks schema_keys(), so a key added to the schema is covered.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "dtrain/config/schema.hpp"
+#include "dtrain/data/data.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+using nlohmann::json;
+
+namespace {
+
+// A valid value for `k` other than its default, as a command-line override value.
+std::string non_default(const KeyInfo& k) {
+  switch (k.kind) {
+    case KeyKind::text:
+      return "other";
+    case KeyKind::boolean:
+      return k.default_value == "true" ? "false" : "true";
+    case KeyKind::choice:
+      for (const auto& c : k.choices)
+        if (c != k.default_value) return c;
+      break;
+    case KeyKind::integer: {
+      if (k.default_value == "null") return std::to_string(k.lo);
+      const int64_t d = std::stoll(k.default_value);
+      return std::to_string(d < k.hi ? d + 1 : d - 1);
+    }
+    case KeyKind::number: {
+      const double d = std::stod(k.default_value);
+      return fmt::format("{}", d != 0 ? d / 2 : k.min + (k.max - k.min) * 1e-6);
+    }
+    case KeyKind::int_list:
+      return "[3, 5]";
+    case KeyKind::layers:
+      return "[{conv: {channels: 4}}, relu, {maxpool: {size: 3}}, {dropout: {p: 0.3}}]";
+  }
+  FAIL("no non-default value for " << k.key);
+  return "";
+}
+
+Config with(const std::string& key, const std::string& value) {
+  return parse_config("name: base\n", "exp.yaml", {{key, value}});
+}
+
+std::string tiny_config(const std::string& name) {
+  return "name: " + name + R"(
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 512, test_size: 128, shape: [8], classes: 3, noise: 1.0}
+model: {hidden: [16]}
+train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0}
+optimizer: {lr: 0.05, base_batch: 16}
+)";
+}
+
+json read_json(const fs::path& p) {
+  return json::parse(slurp(p));
+}
+
+}  // namespace
+
+TEST_CASE("the schema lists every key once, with its default from the member initialisers",
+          "[config][schema]") {
+  const auto& keys = schema_keys();
+  std::set<std::string> names;
+  for (const auto& k : keys) CHECK(names.insert(k.key).second);
+  // Every value of the JSON view is a key of the schema, and the other way round.
+  const auto values = config_values(Config{});
+  CHECK(values.size() == keys.size());
+  for (const auto& k : keys) {
+    INFO(k.key);
+    REQUIRE(values.count(k.key) == 1);
+    CHECK(values.at(k.key) == k.default_value);
+  }
+  CHECK(values.at("train.per_replica_batch") == "64");
+  CHECK(values.at("train.global_batch") == "null");
+  CHECK(values.at("data.path") == "/usr/share/datasets/fashion-mnist");
+}
+
+TEST_CASE("every schema key round-trips through to_yaml and load_config with a non-default value",
+          "[config][schema]") {
+  const auto defaults = config_values(Config{});
+  for (const auto& k : schema_keys()) {
+    const std::string value = non_default(k);
+    INFO(k.key << "=" << value);
+    const Config c = with(k.key, value);
+    const auto got = config_values(c);
+    CHECK(got.at(k.key) != defaults.at(k.key));
+    TempDir tmp("schema");
+    const Config back = load_config(tmp.write("resolved.yaml", to_yaml(c)));
+    CHECK(config_to_json(back) == config_to_json(c));
+    CHECK(to_yaml(back) == to_yaml(c));
+  }
+}
+
+TEST_CASE("the decoder enforces each key's range and spellings as the schema states them",
+          "[config][schema][errors]") {
+  int checked = 0;
+  for (const auto& k : schema_keys()) {
+    std::vector<std::string> bad;
+    if (k.kind == KeyKind::integer) {
+      if (k.lo > INT64_MIN) bad.push_back(std::to_string(k.lo - 1));
+      if (k.hi < INT32_MAX) bad.push_back(std::to_string(k.hi + 1));
+    } else if (k.kind == KeyKind::number) {
+      bad.push_back(fmt::format("{}", k.min - 1));
+      bad.push_back(fmt::format("{}", k.max * 2 + 1));
+    } else if (k.kind == KeyKind::choice || k.kind == KeyKind::boolean) {
+      bad.push_back("bogus");
+    } else if (k.kind == KeyKind::int_list) {
+      bad.push_back(fmt::format("[{}]", k.lo - 1));
+    }
+    for (const auto& v : bad) {
+      INFO(k.key << "=" << v);
+      const auto e = config_error("name: base\n", {{k.key, v}});
+      CHECK_THAT(e, Catch::StartsWith("override '" + k.key + "=" + v + "': " + k.key + ": "));
+      if (k.kind == KeyKind::choice)
+        CHECK_THAT(e, Catch::Contains("expected one of " + k.valid() + ", got 'bogus'"));
+      ++checked;
+    }
+  }
+  CHECK(checked > 60);
+}
+
+TEST_CASE("data_identity changes with every data key but those acting after the load",
+          "[data][schema]") {
+  const Config base = with("name", "base");
+  const std::string id = data_identity(base.data, base.train.seed);
+  int keys = 0;
+  for (const auto& k : schema_keys()) {
+    if (k.key.rfind("data.", 0) != 0) continue;
+    INFO(k.key);
+    const Config c = with(k.key, non_default(k));
+    CHECK((data_identity(c.data, c.train.seed) != id) == !k.after_load);
+    ++keys;
+  }
+  CHECK(keys == 16);
+  // The seed draws synthetic data, never files.
+  CHECK(data_identity(base.data, 7) == id);
+  const Config syn = with("data.dataset", "synthetic");
+  CHECK(data_identity(syn.data, 1) != data_identity(syn.data, 2));
+}
+
+TEST_CASE("summary.json carries the resolved config as the schema's JSON view",
+          "[recorder][schema][cli]") {
+  TempDir tmp("summary-config");
+  const auto cfg = tmp.write("cfg.yaml", tiny_config("sc"));
+  const auto r = dtrain_cli("run " + cfg +
+                            " gpus=2 train.global_batch=32 "
+                            "train.per_replica_batch=null --quiet --tag t --results " +
+                            (tmp.path / "res").string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const fs::path run = tmp.path / "res" / "sc" / "t-g2";
+  const json j = read_json(run / "summary.json");
+  REQUIRE(j.contains("config"));
+  const Config resolved = load_config((run / "config.resolved.yaml").string());
+  CHECK(j["config"] == config_to_json(resolved));
+  CHECK(config_values(j["config"]).size() == schema_keys().size());
+  CHECK(j["config"]["train"]["per_replica_batch"] == 16);  // in force, from the global batch
+  CHECK(j["config"]["train"]["global_batch"] == 32);
+  CHECK(j["config"]["data"]["synthetic"]["shape"] == json::array({8}));
+  // The keys summary.json had before stay.
+  for (const char* key : {"gpus", "per_replica_batch", "global_batch", "seed", "lr_scaling",
+                          "final_test_accuracy", "median_epoch_time_s", "status"})
+    CHECK(j.contains(key));
+}
+
+TEST_CASE("report --by train.seed aggregates runs over seeds", "[report][cli][schema]") {
+  TempDir tmp("report-by");
+  const auto cfg = tmp.write("cfg.yaml", tiny_config("seeds"));
+  const auto res = tmp.path / "res";
+  const auto run =
+      dtrain_cli("run " + cfg + " train.seed=1,2,3 --quiet --tag t --results " + res.string());
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  // The statistics, computed here from the runs' own summary.json files.
+  std::vector<double> acc;
+  for (const char* id : {"t-g1-seed1", "t-g1-seed2", "t-g1-seed3"})
+    acc.push_back(read_json(res / "seeds" / id / "summary.json")["final_test_accuracy"]);
+  const double mean = (acc[0] + acc[1] + acc[2]) / 3;
+  double sq = 0;
+  for (double a : acc) sq += (a - mean) * (a - mean);
+  const double sd = std::sqrt(sq / 2);
+
+  const auto check_report = [&](const fs::path& out) {
+    const auto r = dtrain_cli("report --by train.seed " + res.string() + " --out " + out.string());
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    const json j = read_json(out / "seeds-by-train.seed.json");
+    REQUIRE(j["rows"].size() == 1);
+    const json& row = j["rows"][0];
+    CHECK(row["count"] == 3);
+    CHECK(row["train.seed"] == json::array({"1", "2", "3"}));
+    CHECK(row["final_test_accuracy_mean"].get<double>() == Approx(mean));
+    CHECK(row["final_test_accuracy_sd"].get<double>() == Approx(sd));
+    CHECK(row["best_test_accuracy_sd"].is_number());
+    CHECK_THAT(slurp(out / "seeds-by-train.seed.md"),
+               Catch::Contains("| 3 | 1, 2, 3 | " + fmt::format("{:.2f}%", 100 * mean)));
+    CHECK(count_lines(slurp(out / "seeds-by-train.seed.csv")) == 2);
+    CHECK_THAT(slurp(out / ".manifest"), Catch::Contains("seeds-by-train.seed.json"));
+    CHECK_THAT(r.out, Catch::Contains("## seeds, by train.seed"));
+  };
+  check_report(tmp.path / "r1");
+  // Run folders from before summary.json had "config": read from config.resolved.yaml.
+  for (const auto& e : fs::directory_iterator(res / "seeds")) {
+    if (!fs::exists(e.path() / "summary.json")) continue;
+    json s = read_json(e.path() / "summary.json");
+    s.erase("config");
+    put(e.path() / "summary.json", s.dump(2));
+  }
+  check_report(tmp.path / "r2");
+}
+
+TEST_CASE("report --by an unknown key exits 2 with one line naming it and the valid keys",
+          "[report][cli][errors]") {
+  TempDir tmp("report-by-bad");
+  const auto r = dtrain_cli("report " + tmp.path.string() + " --by train.sed");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.out) == 1);
+  CHECK_THAT(r.out, Catch::StartsWith("dtrain: error: --by train.sed: unknown config key (did "
+                                      "you mean 'train.seed'?); valid keys: name, backend, gpus"));
+  CHECK_THAT(r.out, Catch::Contains("model.batchnorm") && Catch::Contains("optimizer.min_lr"));
+}
