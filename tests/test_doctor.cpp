@@ -166,6 +166,10 @@ TEST_CASE("doctor: samples dropped every epoch, counted", "[doctor]") {
   c.data.drop_remainder = true;
   c.data.synthetic.train_size = 1024;
   CHECK_FALSE(fires("dropped-samples", c));
+  c.data.synthetic.train_size = 128 * 100 + 64;  // 0.5%, different samples each epoch
+  CHECK_FALSE(fires("dropped-samples", c));
+  c.data.shuffle = Shuffle::none;  // the same 64 samples never seen
+  CHECK(fires("dropped-samples", c));
 }
 
 TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {

@@ -132,14 +132,15 @@ void check_dropped(Context& c) {
   const int64_t n = train_size(c);
   if (!c.cfg.data.drop_remainder || n <= 0 || c.global <= 0) return;
   const int64_t dropped = n % c.global;
-  if (dropped == 0) return;
+  // With a per-sample shuffle other samples are dropped each epoch: only a large share matters.
+  // With a fixed order the same samples are never seen at all.
+  const bool fixed = c.cfg.data.shuffle != Shuffle::sample;
+  if (dropped == 0 || (!fixed && dropped * 100 < n)) return;
   c.add("dropped-samples",
         fmt::format("data.drop_remainder drops {} of {} training samples every epoch (global batch "
-                    "{}){}; fix: data.drop_remainder: false, or a global batch that divides {}",
+                    "{}; {}); fix: data.drop_remainder: false, or a global batch that divides {}",
                     dropped, n, c.global,
-                    c.cfg.data.shuffle == Shuffle::sample ? " (different ones each epoch)"
-                                                          : " (the same ones every epoch)",
-                    n));
+                    fixed ? "the same ones every epoch" : "different ones each epoch", n));
 }
 
 }  // namespace
