@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "dtrain/backend/device.hpp"
+#include "dtrain/backend/math.hpp"
 #include "dtrain/base/rng.hpp"
 #include "helpers.hpp"
 
@@ -133,4 +134,212 @@ TEST_CASE("DTRAIN_CPU_CONV names the convolution and rejects other values", "[co
   CHECK_THROWS_WITH(cpu_conv_from_env(), Catch::Contains("onednn and im2col"));
   ::unsetenv("DTRAIN_CPU_CONV");
   CHECK(cpu_conv_from_env() == CpuOptions::default_cpu_conv());
+}
+
+// ---- math.hpp: the per-element arithmetic both backends run, against independent formulas ----
+
+namespace {
+// The GELU of math.hpp in double, for finite differences.
+double gelu_double(double x) {
+  const double k = std::sqrt(2.0 / 3.141592653589793);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+double central_difference(double (*f)(double), double x) {
+  const double h = 1e-5;
+  return (f(x + h) - f(x - h)) / (2 * h);
+}
+double sigmoid_double(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+}  // namespace
+
+TEST_CASE("math.hpp activations agree with double-precision formulas and derivatives",
+          "[math]") {
+  for (double xd = -8; xd <= 8; xd += 0.0625) {
+    const auto x = static_cast<float>(xd);
+    INFO("x = " << x);
+    CHECK(math::gelu(x) == Approx(gelu_double(xd)).margin(1e-6).epsilon(1e-5));
+    CHECK(math::gelu_grad(x) ==
+          Approx(central_difference(gelu_double, xd)).margin(1e-5).epsilon(1e-4));
+    CHECK(math::gelu_backward(x, 0.5f) == Approx(0.5 * math::gelu_grad(x)).epsilon(1e-6));
+    CHECK(math::sigmoid(x) == Approx(sigmoid_double(xd)).margin(1e-7).epsilon(1e-6));
+    // Backward from the output y: f'(x) = y (1 - y) for the sigmoid, 1 - y^2 for tanh.
+    const float ys = math::sigmoid(x), yt = std::tanh(x);
+    CHECK(math::sigmoid_backward(ys, 2.f) ==
+          Approx(2 * central_difference(sigmoid_double, xd)).margin(1e-6).epsilon(1e-4));
+    CHECK(math::tanh_backward(yt, 2.f) ==
+          Approx(2 * central_difference([](double v) { return std::tanh(v); }, xd))
+              .margin(1e-6)
+              .epsilon(1e-4));
+    CHECK(math::relu(x) == (xd > 0 ? x : 0.f));
+    CHECK(math::relu_backward(x, 3.f) == (xd > 0 ? 3.f : 0.f));
+  }
+}
+
+TEST_CASE("math.hpp softmax cross-entropy of a row agrees with a direct log-sum-exp",
+          "[math]") {
+  Rng rng(17);
+  for (int64_t classes : {1, 2, 7, 100}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const auto z = random_vec(rng, static_cast<size_t>(classes), -20, 20);
+      const auto y = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
+      std::vector<float> d(z.size(), 7.f);
+      const math::XentRow row = math::softmax_xent_row(z.data(), y, classes, 0.25f, d.data());
+      // Direct: log(sum exp(z_c)) - z_y in long double, no shift by the maximum. The row's
+      // differences z_c - max are float, so it agrees to float rounding of the logits.
+      long double sum = 0;
+      for (float v : z) sum += std::exp(static_cast<long double>(v));
+      const double loss = static_cast<double>(std::log(sum) - static_cast<long double>(z[y]));
+      INFO(classes << " classes, trial " << trial);
+      CHECK(row.loss == Approx(loss).margin(1e-5).epsilon(1e-6));
+      const auto first_max = std::max_element(z.begin(), z.end()) - z.begin();
+      CHECK(row.hit == (first_max == y));
+      for (int64_t c = 0; c < classes; ++c) {
+        const double p =
+            static_cast<double>(std::exp(static_cast<long double>(z[c])) / sum) - (c == y);
+        CHECK(d[c] == Approx(0.25 * p).margin(1e-8).epsilon(1e-6));
+      }
+      // Without a gradient only the loss and the hit come back.
+      const math::XentRow again = math::softmax_xent_row(z.data(), y, classes, 0.25f, nullptr);
+      CHECK(again.loss == row.loss);
+      CHECK(again.hit == row.hit);
+    }
+  }
+  // Ties: the first maximum is the prediction.
+  const std::vector<float> tied{1.f, 3.f, 3.f};
+  CHECK(math::softmax_xent_row(tied.data(), 1, 3, 1.f, nullptr).hit);
+  CHECK_FALSE(math::softmax_xent_row(tied.data(), 2, 3, 1.f, nullptr).hit);
+}
+
+TEST_CASE("math.hpp max-pooling window finds the first maximum", "[math]") {
+  Rng rng(23);
+  const int64_t h = 9, w = 7;
+  auto plane = random_vec(rng, static_cast<size_t>(h * w));
+  for (size_t i = 0; i < plane.size(); i += 4) plane[i] = 0.5f;  // ties
+  for (auto [k, stride] : {std::pair<int64_t, int64_t>{2, 2}, {3, 2}, {3, 1}})
+    for (int64_t oi = 0; oi < (h - k) / stride + 1; ++oi)
+      for (int64_t oj = 0; oj < (w - k) / stride + 1; ++oj) {
+        float best = -2;
+        int64_t at = -1;
+        for (int64_t ki = 0; ki < k; ++ki)
+          for (int64_t kj = 0; kj < k; ++kj) {
+            const int64_t i = (oi * stride + ki) * w + oj * stride + kj;
+            if (plane[static_cast<size_t>(i)] > best) best = plane[static_cast<size_t>(i)], at = i;
+          }
+        const math::PoolMax m = math::maxpool_window(plane.data(), w, k, stride, oi, oj);
+        CHECK(m.value == best);
+        CHECK(m.index == at);
+      }
+}
+
+TEST_CASE("math.hpp BatchNorm agrees with the textbook formulas in double", "[math]") {
+  Rng rng(29);
+  const int64_t count = 500;
+  const auto x = random_vec(rng, static_cast<size_t>(count), -2, 4);
+  double s = 0, ss = 0;
+  for (float v : x) s += v, ss += double(v) * v;
+  double mean = 0, var = 0;
+  for (float v : x) mean += v / double(count);
+  for (float v : x) var += (v - mean) * (v - mean) / double(count);
+  // Training: statistics from the moments, running statistics moved by the momentum.
+  const double moments[2] = {s, ss}, eps = 1e-5, momentum = 0.1;
+  float running[2] = {0.5f, 2.f}, stats[2] = {0, 0};
+  math::bn_prepare_channel(moments, double(count), eps, momentum, running, stats, 1, 0);
+  CHECK(stats[0] == Approx(mean).epsilon(1e-6));
+  CHECK(stats[1] == Approx(1 / std::sqrt(var + eps)).epsilon(1e-6));
+  CHECK(running[0] == Approx(0.9 * 0.5 + 0.1 * mean).epsilon(1e-6));
+  CHECK(running[1] == Approx(0.9 * 2 + 0.1 * var * count / (count - 1)).epsilon(1e-6));
+  // Evaluation: from the running statistics.
+  float eval[2] = {0, 0};
+  math::bn_prepare_channel(nullptr, 0, eps, 0, running, eval, 1, 0);
+  CHECK(eval[0] == running[0]);
+  CHECK(eval[1] == Approx(1 / std::sqrt(double(running[1]) + eps)).epsilon(1e-6));
+  // Apply, and the input gradient dx = inv_std / m * (m * gamma * dy - s1 - xhat * s2) with
+  // s1 = sum(gamma * dy), s2 = sum(gamma * dy * xhat).
+  const float gamma = 1.3f, beta = -0.4f;
+  const auto dy = random_vec(rng, static_cast<size_t>(count));
+  double t1 = 0, t2 = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double xhat = (x[i] - double(stats[0])) * stats[1];
+    t1 += dy[i];
+    t2 += dy[i] * xhat;
+  }
+  double sums[2] = {0, 0};
+  float dgamma = 0.5f, dbeta = 0.25f;
+  math::bn_backward_totals(t1, t2, &gamma, 1, 0, sums, &dgamma, &dbeta);
+  CHECK(dbeta == Approx(0.25 + t1).epsilon(1e-6));
+  CHECK(dgamma == Approx(0.5 + t2).epsilon(1e-6));
+  const math::BnAffine t = math::bn_affine(gamma, beta, stats[0], stats[1]);
+  const math::BnDx k = math::bn_dx_coeffs(stats[0], stats[1], gamma, sums[0], sums[1], count);
+  for (int64_t i = 0; i < count; i += 7) {
+    const double xhat = (x[i] - double(stats[0])) * stats[1];
+    CHECK(math::bn_xhat(x[i], stats[0], stats[1]) == Approx(xhat).epsilon(1e-5).margin(1e-6));
+    CHECK(math::bn_apply_one(t, x[i]) == Approx(gamma * xhat + beta).epsilon(1e-5).margin(1e-5));
+    const double dx = stats[1] / double(count) *
+                      (count * gamma * dy[i] - gamma * t1 - xhat * gamma * t2);
+    CHECK(math::bn_dx_one(k, dy[i], x[i]) == Approx(dx).epsilon(1e-4).margin(1e-5));
+  }
+}
+
+TEST_CASE("math.hpp optimizer steps agree with PyTorch's update rules in double", "[math]") {
+  Rng rng(31);
+  const auto g = random_vec(rng, 50), p0 = random_vec(rng, 50);
+  const double lr = 0.1, mom = 0.9, wd = 5e-4;
+  for (bool nesterov : {false, true})
+    for (size_t i = 0; i < g.size(); ++i) {
+      float p = p0[i], buf = 0.f;
+      double pd = p0[i], bd = 0;
+      for (int step = 0; step < 3; ++step) {
+        math::sgd_step(p, g[i], buf, float(lr), float(mom), float(wd), nesterov);
+        const double d = g[i] + wd * pd;
+        bd = mom * bd + d;
+        pd -= lr * (nesterov ? d + mom * bd : bd);
+      }
+      CHECK(p == Approx(pd).epsilon(1e-5).margin(1e-6));
+      CHECK(buf == Approx(bd).epsilon(1e-5).margin(1e-6));
+    }
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8, alr = 1e-3, awd = 0.01;
+  for (bool decoupled : {false, true})
+    for (size_t i = 0; i < g.size(); ++i) {
+      float p = p0[i], m = 0, v = 0;
+      double pd = p0[i], md = 0, vd = 0;
+      for (int64_t step = 1; step <= 5; ++step) {
+        const math::AdamFactors f = math::adam_factors(float(alr), float(b1), float(b2), step);
+        CHECK(f.bc1 == Approx(1 - std::pow(b1, step)).epsilon(1e-5));
+        CHECK(f.bc2_sqrt == Approx(std::sqrt(1 - std::pow(b2, step))).epsilon(1e-4));
+        math::adam_step(p, g[i], m, v, f, float(b1), float(b2), float(eps), float(awd), decoupled);
+        double d = g[i];
+        if (decoupled)
+          pd *= 1 - alr * awd;
+        else
+          d += awd * pd;
+        md = b1 * md + (1 - b1) * d;
+        vd = b2 * vd + (1 - b2) * d * d;
+        const double mhat = md / (1 - std::pow(b1, step)), vhat = vd / (1 - std::pow(b2, step));
+        pd -= alr * mhat / (std::sqrt(vhat) + eps);
+      }
+      CHECK(p == Approx(pd).epsilon(1e-4).margin(1e-6));
+    }
+}
+
+TEST_CASE("CPU sum_squares adds the squared norm in double, the same bits for any thread count",
+          "[cpu][norms]") {
+  Rng rng(5);
+  for (size_t n : {size_t{0}, size_t{3}, size_t{4096}, size_t{100003}}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = static_cast<float>(rng.uniform(-2, 2));
+    long double ref = 0.25L;
+    for (float v : x) ref += static_cast<long double>(v) * v;
+    std::vector<double> got;
+    for (int threads : {1, 2, 3}) {
+      auto d = make_cpu_device({threads, CpuConv::im2col});
+      double acc = 0.25;  // host memory is device memory on the CPU
+      d->sum_squares(x.data(), n, &acc);
+      got.push_back(acc);
+    }
+    INFO("n " << n);
+    CHECK(std::abs(got[0] - static_cast<double>(ref)) <= 1e-13 * static_cast<double>(ref));
+    CHECK(got[1] == got[0]);
+    CHECK(got[2] == got[0]);
+  }
 }

@@ -802,3 +802,31 @@ TEST_CASE("a host exchange on a GPU keeps its host-measured time", "[gpu-logic][
   const double idle[3] = {0.1, 0.0, 0.3};
   CHECK(split_phases(host, idle, -1, true).compute == 0.0);
 }
+
+TEST_CASE("CUDA sum_squares matches the CPU twin and gives the same bits every call",
+          "[cuda][norms]") {
+  if (!gpu_or_skip()) return;
+  auto cpu = make_cpu_device({});
+  auto gpu = make_cuda_device(0, 0);
+  Rng rng(77);
+  // One block, a partial grid, and more elements than the fixed grid covers in one pass.
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{65535} * 8 * 256 + 777}) {
+    const auto x = random_vec(rng, n);
+    const auto on = [&](Device& d) {
+      Buffer<float> xd(d, n);
+      Buffer<double> acc(d, 1);
+      d.upload(xd.data(), x.data(), n * sizeof(float));
+      const double start = 0.5;  // sum_squares adds to what is there
+      d.upload(acc.data(), &start, sizeof(double));
+      d.sum_squares(xd.data(), n, acc.data());
+      d.sum_squares(xd.data(), n, acc.data());
+      double out = 0;
+      d.download(&out, acc.data(), sizeof(double));
+      return out;
+    };
+    const double c = on(*cpu), g1 = on(*gpu), g2 = on(*gpu);
+    INFO("n " << n << ": cpu " << c << ", gpu " << g1);
+    CHECK(std::abs(g1 - c) <= 1e-12 * std::abs(c));
+    CHECK(g1 == g2);
+  }
+}

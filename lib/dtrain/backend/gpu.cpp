@@ -1,12 +1,9 @@
 // What GPUs the machine has. Built with the CUDA toolkit's headers and runtime where CMake found
 // them; otherwise every query says there are none, and why. Also the GPU code's parts that need
-// no GPU: the abort gate of NCCL groups and the choice among cuDNN's algorithms.
+// no GPU: the choice among cuDNN's algorithms and the log's warnings.
 #include "dtrain/backend/gpu.hpp"
 
 #include <fmt/format.h>
-
-#include <algorithm>
-#include <chrono>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"

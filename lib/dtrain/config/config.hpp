@@ -109,6 +109,9 @@ struct TrainConfig {
   // CUDA backend: capture the steady-state training step in a CUDA graph and replay it (one
   // launch per step instead of one per kernel). Ignored on the CPU.
   bool cuda_graph = true;
+  // Gradient noise scale (McCandlish et al. 2018) from the squared gradient norms before and
+  // after the exchange, with more than one replica: metrics.csv and summary.json.
+  bool noise_scale = true;
 };
 
 struct OptimizerConfig {

@@ -173,6 +173,7 @@ void visit(C& t, V& v) {
   v(Key("collective_timeout_s").within(1.0, 1e7), t.collective_timeout_s);
   v(Key("bucket_mb").within(0.0, 1e6), t.bucket_mb);
   v(Key("cuda_graph"), t.cuda_graph);
+  v(Key("noise_scale"), t.noise_scale);
 }
 
 template <ConfigPart<OptimizerConfig> C, class V>

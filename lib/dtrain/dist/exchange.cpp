@@ -64,7 +64,10 @@ void GradExchange::ready(size_t offset, size_t count) {
 void GradExchange::launch_ready() {
   const auto t0 = Clock::now();
   while (next_ < starts_.size() && low_ <= starts_[next_]) {
-    reduce(grads_ + starts_[next_], ends_[next_] - starts_[next_]);
+    float* bucket = grads_ + starts_[next_];
+    const size_t n = ends_[next_] - starts_[next_];
+    if (norms_) norm_dev_->sum_squares(bucket, n, norms_);  // queued before the reduction
+    reduce(bucket, n);
     ++next_;
   }
   seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -76,6 +79,7 @@ void GradExchange::finish() {
   launch_ready();
   const auto t0 = Clock::now();
   wait();
+  if (norms_) norm_dev_->sum_squares(grads_, n_, norms_ + 1);
   seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
   grads_ = nullptr;
 }

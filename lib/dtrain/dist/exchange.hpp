@@ -35,6 +35,14 @@ class GradExchange {
   // for all work queued after this call on the device's stream).
   void finish();
 
+  // Squared gradient norms for the noise scale, for the step begun next: each bucket's local
+  // values are added to norms[0] just before the bucket is reduced, and the whole reduced
+  // buffer to norms[1] once finish() has waited. `norms` is memory of `dev`; null turns it off.
+  void measure_norms(Device* dev, double* norms) {
+    norm_dev_ = dev;
+    norms_ = norms;
+  }
+
   // Device seconds the exchange itself took (first bucket to last, on its own stream) over the
   // steps since the last call, waiting for them when `wait`; negative where the exchange runs
   // on the host (then seconds() is the measure).
@@ -59,6 +67,8 @@ class GradExchange {
   size_t next_ = 0;  // first bucket not yet launched
   double seconds_ = 0;
   bool single_ = false;  // one bucket, reduced in finish()
+  Device* norm_dev_ = nullptr;
+  double* norms_ = nullptr;
 };
 
 // All-reduce through a host Communicator (in-process threads or MPI). On a device whose memory

@@ -17,6 +17,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/backend/gpu.hpp"
+#include "dtrain/backend/gpu_check.hpp"
 #include "dtrain/dist/nccl.hpp"
 #include "dtrain/dist/mpi.hpp"
 
@@ -24,24 +25,21 @@ namespace dtrain {
 
 namespace {
 
-#define DT_NCCL(call, rank)                                                              \
-  do {                                                                                   \
-    const ncclResult_t r_ = (call);                                                      \
-    if (r_ != ncclSuccess && r_ != ncclInProgress)                                       \
-      throw ::dtrain::SystemError(                                                       \
-          fmt::format("rank {}: NCCL: {} ({}{})", (rank), #call, ncclGetErrorString(r_), \
-                      r_ == ncclSystemError || r_ == ncclRemoteError                     \
-                          ? fmt::format("; {}", ncclGetLastError(nullptr))               \
-                          : ""),                                                         \
-          __FILE__, __LINE__);                                                           \
-  } while (0)
-#define DT_CUDA_R(call, rank)                                                                     \
-  do {                                                                                            \
-    const cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess)                                                                        \
-      throw ::dtrain::SystemError(                                                                \
-          fmt::format("rank {}: CUDA: {} ({})", (rank), #call, cudaGetErrorString(e_)), __FILE__, \
-          __LINE__);                                                                              \
+// NCCL's message, and for system and remote errors its last error's text.
+std::string nccl_detail(ncclResult_t r) {
+  return fmt::format("{}{}", ncclGetErrorString(r),
+                     r == ncclSystemError || r == ncclRemoteError
+                         ? fmt::format("; {}", ncclGetLastError(nullptr))
+                         : "");
+}
+
+// Like DT_CUDA (gpu_check.hpp); ncclInProgress is no error (nonblocking communicators).
+#define DT_NCCL(expr, rank)                                                             \
+  do {                                                                                  \
+    const ncclResult_t dt_nccl_ = (expr);                                               \
+    if (dt_nccl_ != ncclSuccess && dt_nccl_ != ncclInProgress)                          \
+      ::dtrain::throw_gpu_error((rank), "NCCL", #expr, nccl_detail(dt_nccl_), __FILE__, \
+                                __LINE__);                                              \
   } while (0)
 
 class NcclExchange final : public GradExchange {
@@ -57,10 +55,10 @@ class NcclExchange final : public GradExchange {
         compute_(queue_ ? static_cast<cudaStream_t>(queue_->native_stream()) : nullptr),
         op_(op == ReduceOp::mean ? ncclAvg : ncclSum) {
     if (!compute_) DTRAIN_THROW_SYSTEM("NCCL exchange needs a CUDA device");
-    DT_CUDA_R(cudaSetDevice(gpu_), rank_);
-    DT_CUDA_R(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), rank_);
-    DT_CUDA_R(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), rank_);
-    DT_CUDA_R(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), rank_);
+    DT_CUDA(cudaSetDevice(gpu_), rank_);
+    DT_CUDA(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), rank_);
+    DT_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), rank_);
+    DT_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), rank_);
   }
   ~NcclExchange() override {
     cudaSetDevice(gpu_);
@@ -95,16 +93,16 @@ class NcclExchange final : public GradExchange {
   void reduce(float* data, size_t n) override {
     const auto mode = queue_->graph_mode();
     if (mode == GraphMode::replay) return;
-    DT_CUDA_R(cudaEventRecord(ready_, compute_), rank_);
-    DT_CUDA_R(cudaStreamWaitEvent(comm_stream_, ready_, 0), rank_);
+    DT_CUDA(cudaEventRecord(ready_, compute_), rank_);
+    DT_CUDA(cudaStreamWaitEvent(comm_stream_, ready_, 0), rank_);
     if (mode == GraphMode::capture) {
       untimed_ = true;
     } else if (buckets_launched() == 0) {  // the step's first bucket: start its timing slot
       cur_ = (cur_ + 1) % kSlots;
       if (slots_[cur_].recorded) read(slots_[cur_], true);
       for (auto*& e : slots_[cur_].ev)
-        if (!e) DT_CUDA_R(cudaEventCreate(&e), rank_);
-      DT_CUDA_R(cudaEventRecord(slots_[cur_].ev[0], comm_stream_), rank_);
+        if (!e) DT_CUDA(cudaEventCreate(&e), rank_);
+      DT_CUDA(cudaEventRecord(slots_[cur_].ev[0], comm_stream_), rank_);
       started_ = true;
     }
     const AbortGate::Pass pass = gate_.enter("NCCL all-reduce");
@@ -118,12 +116,12 @@ class NcclExchange final : public GradExchange {
       return;
     }
     if (started_) {
-      DT_CUDA_R(cudaEventRecord(slots_[cur_].ev[1], comm_stream_), rank_);
+      DT_CUDA(cudaEventRecord(slots_[cur_].ev[1], comm_stream_), rank_);
       slots_[cur_].recorded = true;
       started_ = false;
     }
-    DT_CUDA_R(cudaEventRecord(done_, comm_stream_), rank_);
-    DT_CUDA_R(cudaStreamWaitEvent(compute_, done_, 0), rank_);
+    DT_CUDA(cudaEventRecord(done_, comm_stream_), rank_);
+    DT_CUDA(cudaStreamWaitEvent(compute_, done_, 0), rank_);
   }
 
  private:
@@ -134,9 +132,9 @@ class NcclExchange final : public GradExchange {
   };
   void read(Slot& sl, bool wait) {
     if (!wait && cudaEventQuery(sl.ev[1]) == cudaErrorNotReady) return;
-    DT_CUDA_R(cudaEventSynchronize(sl.ev[1]), rank_);
+    DT_CUDA(cudaEventSynchronize(sl.ev[1]), rank_);
     float ms = 0;
-    DT_CUDA_R(cudaEventElapsedTime(&ms, sl.ev[0], sl.ev[1]), rank_);
+    DT_CUDA(cudaEventElapsedTime(&ms, sl.ev[0], sl.ev[1]), rank_);
     taken_ += ms * 1e-3;
     sl.recorded = false;
   }
@@ -216,7 +214,7 @@ std::shared_ptr<NcclGroup> NcclGroup::over_mpi(int gpu, int rank, int size) {
     DTRAIN_THROW_SYSTEM(
         fmt::format("rank {}: NCCL unique id of {} bytes received", rank, bytes.size()));
   std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(&id));
-  DT_CUDA_R(cudaSetDevice(gpu), rank);
+  DT_CUDA(cudaSetDevice(gpu), rank);
   ncclComm_t comm = nullptr;
   DT_NCCL(ncclCommInitRank(&comm, size, id, rank), rank);
   return std::make_shared<Group>(std::vector<ncclComm_t>{comm}, std::vector<int>{gpu},

@@ -127,16 +127,18 @@ std::string read_run_status(const std::string& dir) {
 std::string metrics_csv_header() {
   return "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s,"
          "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
-         "rank_busy_max_s,slowest_rank,exchange_exposed_s\n";
+         "rank_busy_max_s,slowest_rank,exchange_exposed_s,noise_b_simple,noise_grad_sq,"
+         "noise_trace\n";
 }
 
 std::string metrics_csv_row(const EpochMetrics& m) {
   return fmt::format(
       "{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
-      "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f}\n",
+      "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f},{:.6g},{:.6g},{:.6g}\n",
       m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_time_s,
       m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s, m.optimizer_s, m.eval_s,
-      m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank, m.exchange_exposed_s);
+      m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank, m.exchange_exposed_s,
+      m.noise_b_simple, m.noise_g2, m.noise_trace);
 }
 
 RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
@@ -210,6 +212,27 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
                m.rank_busy_max_s, m.slowest_rank);
 }
 
+// The last epoch's gradient noise scale and what it says about more replicas: to first order
+// (McCandlish et al. 2018), steps shrink in proportion to the global batch below B_simple and
+// stop shrinking well above it. Null where it was not measured.
+static nlohmann::json noise_scale_json(const std::vector<EpochMetrics>& epochs, const Config& cfg) {
+  if (epochs.empty() || !std::isfinite(epochs.back().noise_b_simple)) return nullptr;
+  const EpochMetrics& m = epochs.back();
+  const double per_replica = static_cast<double>(cfg.global_batch()) / cfg.gpus;
+  const double replicas = m.noise_b_simple / per_replica;
+  nlohmann::json j;
+  j["b_simple"] = m.noise_b_simple;
+  j["gradient_sq_norm"] = number_or_null(m.noise_g2);
+  j["trace_covariance"] = number_or_null(m.noise_trace);
+  j["critical_replicas"] = number_or_null(replicas);
+  j["advice"] = fmt::format(
+      "B_simple {:.0f}: up to a global batch of about {:.0f} ({:.1f} replicas of {:g}), more "
+      "replicas cut the steps to a given loss nearly in proportion; well beyond it they stop "
+      "paying (the estimate grows as training goes on)",
+      m.noise_b_simple, m.noise_b_simple, replicas, per_replica);
+  return j;
+}
+
 void RunRecorder::write_summary(const std::string& status, const std::string& error) {
   const RunStats st = summarize(epochs_, cfg_.train.target_accuracy);
   nlohmann::json j;
@@ -258,6 +281,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["model"] = info_.model;
   j["data"] = info_.data;
   j["steps_per_epoch"] = info_.steps_per_epoch;
+  j["noise_scale"] = noise_scale_json(epochs_, cfg_);
   // Every value in force, through the same schema as config.resolved.yaml: the keys above stay
   // for the scripts that read them, `report --by` reads any key from here.
   j["config"] = config_to_json(cfg_);

@@ -69,6 +69,8 @@ const std::vector<Column>& columns() {
          return r.run.time_to_target_s ? fmt::format("{:.1f}s", *r.run.time_to_target_s)
                                        : std::string("not reached");
        }},
+      {"noise scale",
+       [](const ComparisonRow& r) { return fmt_opt(r.run.noise_b_simple, "{:.0f}"); }},
       {"status", [](const ComparisonRow& r) { return r.run.status; }},
   };
   return cols;
@@ -126,6 +128,8 @@ RunRecord load_run(const std::string& dir) {
   r.median_epoch_time_s = opt_number(j, "median_epoch_time_s");
   r.samples_per_s = opt_number(j, "samples_per_s");
   r.time_to_target_s = opt_number(j, "time_to_target_s");
+  if (j.contains("noise_scale") && j["noise_scale"].is_object())
+    r.noise_b_simple = opt_number(j["noise_scale"], "b_simple");
   if (j.contains("config") && j["config"].is_object()) r.config = config_values(j["config"]);
   return r;
 }
@@ -257,6 +261,7 @@ std::string to_json(const Comparison& c) {
                     {"median_epoch_time_s", opt(r.median_epoch_time_s)},
                     {"samples_per_s", opt(r.samples_per_s)},
                     {"time_to_target_s", opt(r.time_to_target_s)},
+                    {"noise_b_simple", opt(r.noise_b_simple)},
                     {"target_accuracy", r.target_accuracy},
                     {"baseline", row.baseline},
                     {"speedup", opt(row.speedup)},

@@ -71,8 +71,10 @@ Replica::Replica(RunContext& run, Communicator& comm)
 
   make_exchange(n_params);
   enable_graphs();
-  graph_stats_.resize(*dev_, 2);
-  dev_stats_.resize(*dev_, at_least_one(steps_ * 2));
+  graph_stats_.resize(*dev_, kDev);
+  dev_stats_.resize(*dev_, at_least_one(steps_ * kDev));
+  // The noise scale needs a smaller batch to compare with: more than one replica.
+  measure_noise_ = cfg_.train.noise_scale && replicas_ > 1;
   dev_test_.resize(*dev_, 2);
 
   read_fault_injection();
@@ -159,9 +161,8 @@ void Replica::run() {
     const bool diverged = !std::isfinite(m.train_loss) || !std::isfinite(m.test_loss);
     if (rank_ == 0) {
       for (int64_t s = 0; s < steps_; ++s) {
-        const double n = step_stats_[static_cast<size_t>(s * 3 + 2)];
-        run_.result.step_losses.push_back(n > 0 ? step_stats_[static_cast<size_t>(s * 3)] / n
-                                                : 0.0);
+        const double* st = step_stats_.data() + s * kHost;
+        run_.result.step_losses.push_back(st[kRows] > 0 ? st[kLoss] / st[kRows] : 0.0);
       }
       run_.result.epochs.push_back(m);
       if (diverged) run_.result.status = RunStatus::diverged;
@@ -174,7 +175,7 @@ void Replica::run() {
 
 Replica::EpochTotals Replica::train_epoch(int epoch) {
   const EpochPlan plan = sampler_.plan(epoch);
-  step_stats_.assign(static_cast<size_t>(steps_ * 3), 0.0);
+  step_stats_.assign(static_cast<size_t>(steps_ * kHost), 0.0);
   dev_->zero(dev_stats_.data(), dev_stats_.size() * sizeof(double));
   EpochTotals out;
   EpochTimes& t = out.times;
@@ -196,8 +197,8 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   std::vector<double> host(dev_stats_.size());
   dev_->download(host.data(), dev_stats_.data(), host.size() * sizeof(double));
   for (size_t s = 0; s < static_cast<size_t>(steps_); ++s) {
-    step_stats_[s * 3] = host[s * 2];
-    step_stats_[s * 3 + 1] = host[s * 2 + 1];
+    for (size_t k : {kLoss, kCorrect, kLocalNorm, kReducedNorm})
+      step_stats_[s * kHost + k] = host[s * kDev + k];
   }
   comm_.allreduce(step_stats_.data(), step_stats_.size(), ReduceOp::sum);
   t.total = seconds_since(t_epoch);
@@ -213,11 +214,23 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   t.exposed = p.exchange_exposed;
   t.optimizer = p.optimizer;
   for (size_t s = 0; s < static_cast<size_t>(steps_); ++s) {
-    out.loss_sum += step_stats_[s * 3];
-    out.correct += step_stats_[s * 3 + 1];
-    out.seen += step_stats_[s * 3 + 2];
+    const double* st = step_stats_.data() + s * kHost;
+    out.loss_sum += st[kLoss];
+    out.correct += st[kCorrect];
+    out.seen += st[kRows];
+    if (measure_noise_) add_noise_step(st);
   }
   return out;
+}
+
+// One step's squared norms, summed over ranks: the local ones average to |G_small|^2 over the
+// replicas' B_small = B_big / N samples each; the reduced one is the same on every rank, and a
+// `sum` reduction makes it N^2 |G_big|^2.
+void Replica::add_noise_step(const double* st) {
+  const double n = replicas_;
+  const double b_big = st[kRows];
+  const double big_scale = cfg_.train.reduction == Reduction::sum ? n * n : 1.0;
+  noise_.add(b_big / n, b_big, st[kLocalNorm] / n, st[kReducedNorm] / n / big_scale);
 }
 
 void Replica::check_fault() {
@@ -230,10 +243,11 @@ void Replica::check_fault() {
 void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes& t) {
   check_fault();
   const bool in_graph = graph_policy(plan.batch_size(s)) != GraphMode::eager;
-  double* stats = in_graph ? graph_stats_.data() : dev_stats_.data() + s * 2;
+  double* stats = in_graph ? graph_stats_.data() : dev_stats_.data() + s * kDev;
+  if (measure_noise_) exchange_->measure_norms(dev_.get(), stats + kLocalNorm);
   try {
     mark(0);
-    if (in_graph) dev_->zero(stats, 2 * sizeof(double));
+    if (in_graph) dev_->zero(stats, kDev * sizeof(double));
     forward_backward(plan, s, stats, t);  // the last backward starts reducing gradients
     mark(1);
     reduce_gradients(t);
@@ -254,7 +268,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     if (in_graph) queue_->graph_step_abort();
     throw;
   }
-  if (in_graph) dev_->copy(dev_stats_.data() + s * 2, stats, 2 * sizeof(double));
+  if (in_graph) dev_->copy(dev_stats_.data() + s * kDev, stats, kDev * sizeof(double));
 }
 
 void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t) {
@@ -280,7 +294,7 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     if (last) exchange_->begin(model_->grads());
     model_->loss_backward(yb_.data(), rows, grad_scale, stats,
                           last ? on_ready_ : Model::GradsReady{});
-    step_stats_[static_cast<size_t>(s * 3 + 2)] += static_cast<double>(rows);
+    step_stats_[static_cast<size_t>(s * kHost) + kRows] += static_cast<double>(rows);
     t.data += std::chrono::duration<double>(t1 - t0).count();
     t.compute += seconds_since(t1);
   }
@@ -360,6 +374,11 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
   m.rank_busy_min_s = *lo_it;
   m.rank_busy_max_s = *hi_it;
   m.slowest_rank = static_cast<int>(hi_it - busy.begin());
+  if (noise_.steps() > 0) {
+    m.noise_g2 = noise_.g2();
+    m.noise_trace = noise_.trace();
+    m.noise_b_simple = noise_.b_simple();
+  }
   return m;
 }
 

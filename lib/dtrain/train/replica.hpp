@@ -16,6 +16,7 @@
 #include "dtrain/dist/exchange.hpp"
 #include "dtrain/nn/model.hpp"
 #include "dtrain/nn/optimizer.hpp"
+#include "dtrain/train/noise_scale.hpp"
 #include "dtrain/train/trainer.hpp"
 
 namespace dtrain {
@@ -76,6 +77,7 @@ class Replica {
   void read_fault_injection();
   void report_start();
   void check_fault();
+  void add_noise_step(const double* st);
   void mark(int phase) {
     if (queue_) queue_->step_mark(phase);
   }
@@ -112,7 +114,14 @@ class Replica {
   Buffer<double> dev_stats_;    // per step [loss sum, correct], on the device all epoch
   Buffer<double> graph_stats_;  // a graph step's sums, at the address it was captured with
   Buffer<double> dev_test_;
-  std::vector<double> step_stats_;  // per step: loss sum, correct, rows
+  // Per step on the device (kDev values) and, at the epoch's end, on the host summed over the
+  // ranks (kHost values): loss sum, correct predictions, and for the noise scale the squared
+  // gradient norm before and after the exchange; the host adds the step's rows.
+  static constexpr size_t kLoss = 0, kCorrect = 1, kLocalNorm = 2, kReducedNorm = 3, kRows = 4;
+  static constexpr size_t kDev = 4, kHost = 5;
+  std::vector<double> step_stats_;
+  bool measure_noise_ = false;
+  NoiseScale noise_;
   int64_t global_step_ = 0;
   int64_t fault_step_ = -1;  // DTRAIN_FAULT
 

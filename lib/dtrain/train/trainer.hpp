@@ -1,6 +1,7 @@
 #pragma once
 // The training loop and the in-process launcher: N replica workers (threads), each with its own
 // device, model copy, optimizer and sampler shard, exchanging gradients through a Communicator.
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct EpochMetrics {
   // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
   double rank_busy_min_s = 0, rank_busy_max_s = 0;
   int slowest_rank = 0;
+  // Gradient noise scale so far (moving averages; see noise_scale.hpp), NaN where not measured
+  // (one replica, or train.noise_scale: false).
+  double noise_g2 = std::nan(""), noise_trace = std::nan(""), noise_b_simple = std::nan("");
 };
 
 struct RunInfo {

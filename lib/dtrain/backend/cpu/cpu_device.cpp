@@ -16,6 +16,7 @@
 
 #include "dtrain/base/bf16.hpp"
 #include "dtrain/backend/device.hpp"
+#include "dtrain/backend/math.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/hash.hpp"
 
@@ -27,39 +28,9 @@ namespace dtrain {
 
 namespace {
 
-// The BatchNorm statistics of channel ch (the CUDA backend's kernel runs the same arithmetic).
-void bn_prepare_one(const double* moments, double count, double eps, double momentum,
-                    float* running, float* stats, int64_t c, int64_t ch) {
-  if (!moments) {
-    stats[ch] = running[ch];
-    stats[c + ch] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(running[c + ch]) + eps));
-    return;
-  }
-  const double mean = moments[ch] / count;
-  const double var = std::max(0.0, moments[c + ch] / count - mean * mean);
-  stats[ch] = static_cast<float>(mean);
-  stats[c + ch] = static_cast<float>(1.0 / std::sqrt(var + eps));
-  const double unbiased = count > 1 ? var * count / (count - 1) : var;
-  running[ch] = static_cast<float>((1 - momentum) * running[ch] + momentum * mean);
-  running[c + ch] = static_cast<float>((1 - momentum) * running[c + ch] + momentum * unbiased);
-}
-
 // Loops below this many elements stay on the calling thread: a parallel region costs a few
 // microseconds.
 constexpr int64_t kParallelMin = 1 << 15;
-
-inline float gelu(float x) {
-  // tanh approximation (Hendrycks and Gimpel 2016), as GPT-2 and llm.c use.
-  constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
-  return 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x)));
-}
-inline float gelu_grad(float x) {
-  constexpr float k = 0.7978845608028654f;
-  const float u = k * (x + 0.044715f * x * x * x);
-  const float t = std::tanh(u);
-  const float du = k * (1.f + 3.f * 0.044715f * x * x);
-  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
-}
 
 // ---- im2col convolution: the reference and the fallback ----
 
@@ -347,80 +318,37 @@ class CpuDevice final : public Device {
     }
   }
 
+  // One OpenMP loop per activation, the formula inlined into it (math.hpp), so that each
+  // loop vectorises.
   void activation_forward(Activation a, const float* x, float* y, size_t n) override {
-    const auto len = static_cast<int64_t>(n);
-    const int nt = len >= kParallelMin ? threads_ : 1;
     switch (a) {
-      case Activation::relu:
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < len; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
-        break;
-      case Activation::tanh:
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < len; ++i) y[i] = std::tanh(x[i]);
-        break;
-      case Activation::sigmoid:
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < len; ++i) y[i] = 1.f / (1.f + std::exp(-x[i]));
-        break;
-      case Activation::gelu:
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < len; ++i) y[i] = gelu(x[i]);
-        break;
+      case Activation::relu: return elementwise<math::relu>(x, y, n);
+      case Activation::tanh: return elementwise<math::tanh>(x, y, n);
+      case Activation::sigmoid: return elementwise<math::sigmoid>(x, y, n);
+      case Activation::gelu: return elementwise<math::gelu>(x, y, n);
     }
   }
 
+  // dx from dy and the activation's input x (ReLU, GELU) or output y (tanh, sigmoid).
   void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
                            size_t n) override {
-    const auto len = static_cast<int64_t>(n);
-    const int nt = len >= kParallelMin ? threads_ : 1;
     switch (a) {
-      case Activation::relu:
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < len; ++i) {
-          const float g = dy[i];  // loaded unconditionally, so the loop vectorises
-          dx[i] = x[i] > 0.f ? g : 0.f;
-        }
-        break;
-      case Activation::tanh:
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * (1.f - y[i] * y[i]);
-        break;
-      case Activation::sigmoid:
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * y[i] * (1.f - y[i]);
-        break;
-      case Activation::gelu:
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t i = 0; i < len; ++i) dx[i] = dy[i] * gelu_grad(x[i]);
-        break;
+      case Activation::relu: return elementwise<math::relu_backward>(x, dy, dx, n);
+      case Activation::tanh: return elementwise<math::tanh_backward>(y, dy, dx, n);
+      case Activation::sigmoid: return elementwise<math::sigmoid_backward>(y, dy, dx, n);
+      case Activation::gelu: return elementwise<math::gelu_backward>(x, dy, dx, n);
     }
   }
+
   void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
                     float grad_scale, float* dlogits, double* stats) override {
     double loss = 0.0, correct = 0.0;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* z = logits + r * classes;
-      const int32_t y = labels[r];
-      float mx = z[0];
-      int64_t arg = 0;
-      for (int64_t c = 1; c < classes; ++c)
-        if (z[c] > mx) {
-          mx = z[c];
-          arg = c;
-        }
-      double sum = 0.0;
-      for (int64_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(z[c] - mx));
-      const double log_sum = std::log(sum);
-      loss += log_sum - static_cast<double>(z[y] - mx);
-      correct += (arg == y) ? 1.0 : 0.0;
-      if (dlogits) {
-        float* d = dlogits + r * classes;
-        for (int64_t c = 0; c < classes; ++c) {
-          const double p = std::exp(static_cast<double>(z[c] - mx) - log_sum);
-          d[c] = grad_scale * static_cast<float>(p - (c == y ? 1.0 : 0.0));
-        }
-      }
+      const math::XentRow row = math::softmax_xent_row(logits + r * classes, labels[r], classes,
+                                                       grad_scale,
+                                                       dlogits ? dlogits + r * classes : nullptr);
+      loss += row.loss;
+      correct += row.hit ? 1.0 : 0.0;
     }
     stats[0] += loss;
     stats[1] += correct;
@@ -596,8 +524,8 @@ class CpuDevice final : public Device {
           int32_t* ao = argmax + (p * ho + oi) * wo;
           const auto top = static_cast<int32_t>(2 * oi * w), bottom = static_cast<int32_t>(top + w);
           for (int64_t oj = 0; oj < wo; ++oj) {
-            // Selects instead of branches: ReLU outputs are often tied at zero, which makes
-            // branches unpredictable. Ties keep the earlier position, as below.
+            // Selects instead of branches (see math::maxpool_window). Ties keep the earlier
+            // position, as there.
             const auto j = static_cast<int32_t>(2 * oj);
             const float a = r0[j], b = r0[j + 1], c2 = r1[j], d2 = r1[j + 1];
             const bool gb = b > a;
@@ -615,18 +543,9 @@ class CpuDevice final : public Device {
       }
       for (int64_t oi = 0; oi < ho; ++oi)
         for (int64_t oj = 0; oj < wo; ++oj) {
-          int64_t best = (oi * stride) * w + oj * stride;
-          float bv = xp[best];
-          for (int64_t ki = 0; ki < k; ++ki)
-            for (int64_t kj = 0; kj < k; ++kj) {
-              const int64_t idx = (oi * stride + ki) * w + oj * stride + kj;
-              const float v = xp[idx];
-              const bool gt = v > bv;  // first maximum wins, as before
-              bv = gt ? v : bv;
-              best = gt ? idx : best;
-            }
-          y[(p * ho + oi) * wo + oj] = bv;
-          argmax[(p * ho + oi) * wo + oj] = static_cast<int32_t>(best);
+          const math::PoolMax m = math::maxpool_window(xp, w, k, stride, oi, oj);
+          y[(p * ho + oi) * wo + oj] = m.value;
+          argmax[(p * ho + oi) * wo + oj] = static_cast<int32_t>(m.index);
         }
     }
   }
@@ -669,7 +588,7 @@ class CpuDevice final : public Device {
   void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
                   float* stats, int64_t c) override {
     for (int64_t ch = 0; ch < c; ++ch)
-      bn_prepare_one(moments, count, eps, momentum, running, stats, c, ch);
+      math::bn_prepare_channel(moments, count, eps, momentum, running, stats, c, ch);
   }
 
   void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
@@ -679,8 +598,8 @@ class CpuDevice final : public Device {
       const int64_t ch = sc % c;
       const float* p = x + sc * spatial;
       float* q = y + sc * spatial;
-      const float a = gamma[ch] * stats[c + ch], b = beta[ch] - a * stats[ch];
-      for (int64_t i = 0; i < spatial; ++i) q[i] = a * p[i] + b;
+      const math::BnAffine t = math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]);
+      for (int64_t i = 0; i < spatial; ++i) q[i] = math::bn_apply_one(t, p[i]);
     }
   }
 
@@ -698,15 +617,12 @@ class CpuDevice final : public Device {
 #pragma omp simd reduction(+ : a, b)
         for (int64_t i = 0; i < spatial; ++i) {
           a += g[i];
-          b += g[i] * ((p[i] - m) * is);
+          b += g[i] * math::bn_xhat(p[i], m, is);
         }
         t1 += a;
         t2 += b;
       }
-      dbeta[ch] += static_cast<float>(t1);
-      dgamma[ch] += static_cast<float>(t2);
-      sums[ch] = t1 * gamma[ch];
-      sums[c + ch] = t2 * gamma[ch];
+      math::bn_backward_totals(t1, t2, gamma, c, ch, sums, dgamma, dbeta);
     }
   }
 
@@ -719,12 +635,9 @@ class CpuDevice final : public Device {
       const float* p = x + sc * spatial;
       const float* g = dy + sc * spatial;
       float* q = dx + sc * spatial;
-      // dx = k * (m * gamma * dy - s1 - xhat * s2) = a * dy + b * x + c0, in float.
-      const double is = stats[c + ch], kk = is / m;
-      const auto a = static_cast<float>(kk * m * gamma[ch]);
-      const auto bx = static_cast<float>(-kk * sums[c + ch] * is);
-      const auto c0 = static_cast<float>(kk * (-sums[ch] + double(stats[ch]) * is * sums[c + ch]));
-      for (int64_t i = 0; i < spatial; ++i) q[i] = a * g[i] + bx * p[i] + c0;
+      const math::BnDx t =
+          math::bn_dx_coeffs(stats[ch], stats[c + ch], gamma[ch], sums[ch], sums[c + ch], m);
+      for (int64_t i = 0; i < spatial; ++i) q[i] = math::bn_dx_one(t, g[i], p[i]);
     }
   }
 
@@ -745,7 +658,7 @@ class CpuDevice final : public Device {
 
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override {
     const auto len = static_cast<int64_t>(n);
-    const auto keep = static_cast<float>(1.0 / (1.0 - p));
+    const float keep = math::dropout_keep(p);
 #pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
     for (int64_t i = 0; i < len; ++i)
       mask[i] = dropout_value(seed, static_cast<uint64_t>(i), p, keep);
@@ -763,42 +676,58 @@ class CpuDevice final : public Device {
     for (int64_t i = 0; i < len; ++i) x[i] *= a;
   }
 
+  // Fixed chunks, each summed in order, then the chunks in order: the same bits for any thread
+  // count.
+  void sum_squares(const float* x, size_t n, double* acc) override {
+    constexpr int64_t kChunk = 4096;
+    const auto len = static_cast<int64_t>(n);
+    const int64_t chunks = (len + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double sum = 0;
+      for (int64_t i = c * kChunk; i < std::min(len, (c + 1) * kChunk); ++i)
+        sum += static_cast<double>(x[i]) * x[i];
+      partial[static_cast<size_t>(c)] = sum;
+    }
+    for (double p : partial) *acc += p;
+  }
+
   void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
                   float wd, bool nesterov) override {
-    // PyTorch's SGD semantics: coupled weight decay, momentum buffer without dampening.
     const auto len = static_cast<int64_t>(n);
 #pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
-    for (int64_t i = 0; i < len; ++i) {
-      float d = g[i] + wd * p[i];
-      if (momentum != 0.f) {
-        buf[i] = momentum * buf[i] + d;
-        d = nesterov ? d + momentum * buf[i] : buf[i];
-      }
-      p[i] -= lr * d;
-    }
+    for (int64_t i = 0; i < len; ++i)
+      math::sgd_step(p[i], g[i], buf[i], lr, momentum, wd, nesterov);
   }
 
   void adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
                    float b2, float eps, float wd, bool decoupled, int64_t step) override {
-    const float bc1 = 1.f - std::pow(b1, static_cast<float>(step));
-    const float bc2 = 1.f - std::pow(b2, static_cast<float>(step));
-    const float bc2_sqrt = std::sqrt(bc2);
+    const math::AdamFactors f = math::adam_factors(lr, b1, b2, step);
     const auto len = static_cast<int64_t>(n);
 #pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
-    for (int64_t i = 0; i < len; ++i) {
-      float d = g[i];
-      if (decoupled)
-        p[i] *= 1.f - lr * wd;  // AdamW (Loshchilov and Hutter 2019)
-      else
-        d += wd * p[i];  // Adam with L2 penalty
-      m[i] = b1 * m[i] + (1.f - b1) * d;
-      v[i] = b2 * v[i] + (1.f - b2) * d * d;
-      const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-      p[i] -= (lr / bc1) * m[i] / denom;
-    }
+    for (int64_t i = 0; i < len; ++i)
+      math::adam_step(p[i], g[i], m[i], v[i], f, b1, b2, eps, wd, decoupled);
   }
 
  private:
+  // dst[i] = F(a[i]) and dst[i] = F(a[i], b[i]), on the replica's threads from kParallelMin
+  // elements. b is loaded unconditionally (an argument), so a select in F still vectorises.
+  template <float (*F)(float)>
+  void elementwise(const float* a, float* dst, size_t n) {
+    const auto len = static_cast<int64_t>(n);
+    const int nt = len >= kParallelMin ? threads_ : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < len; ++i) dst[i] = F(a[i]);
+  }
+  template <float (*F)(float, float)>
+  void elementwise(const float* a, const float* b, float* dst, size_t n) {
+    const auto len = static_cast<int64_t>(n);
+    const int nt = len >= kParallelMin ? threads_ : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < len; ++i) dst[i] = F(a[i], b[i]);
+  }
+
   static void sgemm1(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,

@@ -1,0 +1,399 @@
+// The CUDA backend's device (see cuda_device.hpp): memory, step timing, graph steps, cuBLAS
+// GEMMs and the dispatch of every other operation to its kernel launcher. Convolutions are in
+// cudnn_conv.cpp; the kernels in kernels/*.cuh.
+#include "dtrain/backend/cuda/cuda_device.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "dtrain/backend/gpu.hpp"
+#include "dtrain/backend/gpu_check.hpp"
+#include "dtrain/backend/math.hpp"
+#include "dtrain/base/error.hpp"
+
+namespace dtrain {
+
+namespace {
+cudaStream_t create_stream(int index, int rank) {
+  DT_CUDA(cudaSetDevice(index), rank);
+  cudaStream_t s = nullptr;
+  DT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), rank);
+  return s;
+}
+}  // namespace
+
+CudaDevice::CudaDevice(int index, int rank, Precision precision)
+    : index_(index),
+      rank_(rank),
+      tf32_(precision == Precision::tf32),
+      bf16_(precision == Precision::bf16),
+      stream_(create_stream(index, rank)),
+      graph_(stream_, rank) {
+  DT_CUBLAS(cublasCreate(&blas_), rank_);
+  DT_CUBLAS(cublasSetStream(blas_, stream_), rank_);
+  // fp32: plain FP32 GEMMs like the CPU twin; tf32: tensor cores with TF32 inputs; bf16:
+  // bfloat16 operands (converted by dtrain) on tensor cores, fp32 accumulation and output.
+  DT_CUBLAS(cublasSetMathMode(blas_, tf32_   ? CUBLAS_TF32_TENSOR_OP_MATH
+                                     : bf16_ ? CUBLAS_DEFAULT_MATH
+                                             : CUBLAS_PEDANTIC_MATH),
+            rank_);
+  // A workspace of our own, so that cuBLAS never allocates inside a CUDA graph capture.
+  DT_CUDA(cudaMalloc(&blas_ws_, kBlasWorkspace), rank_);
+  DT_CUBLAS(cublasSetWorkspace(blas_, blas_ws_, kBlasWorkspace), rank_);
+  DT_CUDNN(cudnnCreate(&dnn_), rank_);
+  DT_CUDNN(cudnnSetStream(dnn_, stream_), rank_);
+  cudaDeviceProp prop{};
+  DT_CUDA(cudaGetDeviceProperties(&prop, index_), rank_);
+  name_ = fmt::format("cuda:{} ({})", index_, prop.name);
+}
+
+CudaDevice::~CudaDevice() {
+  cudaSetDevice(index_);
+  for (auto& sl : slots_)
+    for (auto e : sl.ev)
+      if (e) cudaEventDestroy(e);
+  graph_.drop();
+  row_stats_ = Buffer<double>();  // while the stream still exists
+  norm_partials_ = Buffer<double>();
+  for (auto* b : {&a16_, &b16_, &x16_, &w16_, &y16_, &dy16_, &dw16_}) *b = Buffer<Bf16>();
+  graph_.release();  // the staging area
+  plans_.clear();    // their descriptors
+  if (workspace_) cudaFree(workspace_);
+  if (blas_ws_) cudaFree(blas_ws_);
+  cudnnDestroy(dnn_);
+  cublasDestroy(blas_);
+  cudaStreamDestroy(stream_);
+}
+
+std::unique_ptr<Device> make_cuda_device(int index, int rank, Precision precision) {
+  return std::make_unique<CudaDevice>(index, rank, precision);
+}
+
+// ---- queue, step timing and graph steps ----
+
+void CudaDevice::synchronize() {
+  DT_CUDA(cudaStreamSynchronize(stream_), rank_);
+}
+
+void CudaDevice::check_launch() {
+  ++launches_;
+  DT_CUDA(cudaGetLastError(), rank_);
+}
+
+void CudaDevice::select() {
+  DT_CUDA(cudaSetDevice(index_), rank_);
+}
+
+void CudaDevice::no_graph(const char* what) const {
+  if (graph_.mode() != GraphMode::eager)
+    throw SystemError(
+        fmt::format("rank {}: {} waits for the host inside a CUDA-graph step", rank_, what),
+        __FILE__, __LINE__);
+}
+
+// Step phases timed by events on the stream. Inside a CUDA graph the events are graph nodes
+// (one graph per slot, so each records its own slot's events); a replay only keeps the ring's
+// books.
+void CudaDevice::step_mark(int phase) {
+  if (phase == 0) {
+    cur_ = next_slot();
+    if (slots_[cur_].recorded) read_slot(slots_[cur_], true);
+  }
+  auto& sl = slots_[cur_];
+  const GraphMode mode = graph_.mode();
+  if (mode != GraphMode::replay) {
+    if (!sl.ev[phase]) DT_CUDA(cudaEventCreate(&sl.ev[phase]), rank_);
+    if (mode == GraphMode::capture)
+      DT_CUDA(cudaEventRecordWithFlags(sl.ev[phase], stream_, cudaEventRecordExternal), rank_);
+    else
+      DT_CUDA(cudaEventRecord(sl.ev[phase], stream_), rank_);
+  }
+  if (phase == 3) sl.recorded = true;
+}
+
+int CudaDevice::take_step_times(double* seconds, bool wait) {
+  for (auto& sl : slots_)
+    if (sl.recorded) read_slot(sl, wait);
+  for (int i = 0; i < 3; ++i) seconds[i] += taken_[i];
+  const int n = taken_steps_;
+  taken_[0] = taken_[1] = taken_[2] = 0;
+  taken_steps_ = 0;
+  return n;
+}
+
+void CudaDevice::read_slot(Slot& sl, bool wait) {
+  if (!wait && cudaEventQuery(sl.ev[3]) == cudaErrorNotReady) return;
+  DT_CUDA(cudaEventSynchronize(sl.ev[3]), rank_);
+  for (int i = 0; i < 3; ++i) {
+    float ms = 0;
+    DT_CUDA(cudaEventElapsedTime(&ms, sl.ev[i], sl.ev[i + 1]), rank_);
+    taken_[i] += ms * 1e-3;
+  }
+  ++taken_steps_;
+  sl.recorded = false;
+}
+
+void CudaDevice::enable_graphs(bool on, size_t staging_bytes, AbortGate* gate) {
+  graph_.enable(on, staging_bytes, gate);
+}
+
+// A step takes the graph of the timing slot step_mark(0) will take.
+GraphMode CudaDevice::graph_step_propose() const {
+  return graph_.propose(next_slot());
+}
+
+GraphMode CudaDevice::graph_step_begin(GraphMode agreed) {
+  const int k = next_slot();
+  // Wait for the slot's previous use here, not inside the capture.
+  return graph_.begin(agreed, k, [&] {
+    if (slots_[k].recorded) read_slot(slots_[k], true);
+  });
+}
+
+// ---- memory ----
+
+void* CudaDevice::alloc_bytes(size_t bytes) {
+  if (graph_.mode() != GraphMode::eager)
+    throw SystemError(fmt::format("rank {}: a GPU allocation of {} bytes inside a CUDA-graph "
+                                  "step (a step changed shape after warm-up)",
+                                  rank_, bytes),
+                      __FILE__, __LINE__);
+  select();
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (e != cudaSuccess)
+    throw SystemError(fmt::format("rank {}: out of GPU memory on cuda:{} allocating {} bytes ({})",
+                                  rank_, index_, bytes, cudaGetErrorString(e)),
+                      __FILE__, __LINE__);
+  DT_CUDA(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_), rank_);
+  return p;
+}
+
+void CudaDevice::free_bytes(void* p) {
+  cudaStreamSynchronize(stream_);
+  cudaFree(p);
+  graph_.drop();  // they may point into it
+}
+
+void CudaDevice::upload(void* dst, const void* src, size_t bytes) {
+  no_graph("upload");
+  DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), rank_);
+  synchronize();  // the host buffer may change as soon as this returns
+}
+
+void CudaDevice::download(void* dst, const void* src, size_t bytes) {
+  no_graph("download");
+  DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), rank_);
+  synchronize();
+}
+
+void CudaDevice::zero(void* p, size_t bytes) {
+  if (bytes == 0) return;
+  enqueue([&] { DT_CUDA(cudaMemsetAsync(p, 0, bytes, stream_), rank_); });
+}
+
+void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  enqueue(
+      [&] { DT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), rank_); });
+}
+
+void CudaDevice::fill(float* x, size_t n, float v) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::fill(x, n, v, s); });
+}
+
+// ---- GEMM (cuBLAS) ----
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+void CudaDevice::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  enqueue([&] {
+    const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (bf16_ && k > 0) {
+      const Bf16* a16 = to_bf16(a, ta ? k : m, ta ? m : k, lda, a16_);
+      const Bf16* b16 = to_bf16(b, tb ? n : k, tb ? k : n, ldb, b16_);
+      ++launches_;
+      DT_CUBLAS(cublasGemmEx(blas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                             static_cast<int>(k), &alpha, b16, CUDA_R_16BF, static_cast<int>(ldb),
+                             a16, CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                             static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                rank_);
+      return;
+    }
+    ++launches_;
+    DT_CUBLAS(cublasSgemm(blas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                          static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+                          static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+              rank_);
+  });
+}
+
+const kernels::Bf16* CudaDevice::to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                                         Buffer<Bf16>& buf) {
+  const auto need = static_cast<size_t>((rows - 1) * ld + cols);
+  if (buf.size() < need) buf.resize(*this, need);
+  launch([&](cudaStream_t s) { kernels::to_bf16(src, rows, cols, ld, buf.data(), s); });
+  return buf.data();
+}
+
+void CudaDevice::from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate) {
+  launch([&](cudaStream_t s) { kernels::from_bf16(src, dst, n, accumulate, s); });
+}
+
+// ---- dtrain's kernels ----
+
+void CudaDevice::add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
+  if (rows * cols == 0) return;
+  launch([&](cudaStream_t s) { kernels::add_bias(y, bias, rows, cols, s); });
+}
+
+void CudaDevice::bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
+                           Accumulate mode) {
+  if (cols == 0) return;
+  launch(
+      [&](cudaStream_t s) { kernels::bias_grad(dy, db, rows, cols, mode == Accumulate::add, s); });
+}
+
+void CudaDevice::activation_forward(Activation a, const float* x, float* y, size_t n) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::activation_forward(a, x, y, n, s); });
+}
+
+void CudaDevice::activation_backward(Activation a, const float* x, const float* y, const float* dy,
+                                     float* dx, size_t n) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::activation_backward(a, x, y, dy, dx, n, s); });
+}
+
+void CudaDevice::softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
+                              int64_t classes, float grad_scale, float* dlogits, double* stats) {
+  if (rows == 0) return;
+  enqueue([&] {
+    if (row_stats_.size() < static_cast<size_t>(2 * rows)) row_stats_.resize(*this, 2 * rows);
+    double* row_stats = row_stats_.data();
+    launch([&](cudaStream_t s) {
+      kernels::softmax_xent_rows(logits, labels, rows, classes, grad_scale, dlogits, row_stats, s);
+    });
+    launch([&](cudaStream_t s) { kernels::sum_pairs(row_stats, rows, stats, s); });
+  });
+}
+
+void CudaDevice::gather(const float* src, const int32_t* src_labels, int64_t features,
+                        const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) {
+  if (count == 0) return;
+  // The indices travel through pinned memory asynchronously (staged: see CudaGraph::stage).
+  const int64_t* didx = stage(idx, static_cast<size_t>(count));
+  launch([&](cudaStream_t s) {
+    kernels::gather(src, src_labels, features, didx, count, dst, dst_labels, s);
+  });
+}
+
+void CudaDevice::maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                                 int64_t k, int64_t stride, float* y, int32_t* argmax) {
+  const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+  if (n * c * ho * wo == 0) return;
+  launch([&](cudaStream_t s) {
+    kernels::maxpool_forward(x, n * c, h, w, k, stride, ho, wo, y, argmax, s);
+  });
+}
+
+void CudaDevice::maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c,
+                                  int64_t h, int64_t w, int64_t k, int64_t stride, float* dx) {
+  const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+  if (n * c * h * w == 0) return;
+  launch([&](cudaStream_t s) {
+    kernels::maxpool_backward(dy, argmax, n * c, h, w, k, stride, ho, wo, dx, s);
+  });
+}
+
+void CudaDevice::channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                                 double* moments) {
+  if (c == 0) return;
+  launch([&](cudaStream_t s) { kernels::channel_moments(x, n, c, spatial, moments, s); });
+}
+
+void CudaDevice::bn_prepare(const double* moments, double count, double eps, double momentum,
+                            float* running, float* stats, int64_t c) {
+  if (c == 0) return;
+  launch([&](cudaStream_t s) {
+    kernels::bn_prepare(moments, count, eps, momentum, running, stats, c, s);
+  });
+}
+
+void CudaDevice::bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
+                          int64_t n, int64_t c, int64_t spatial, float* y) {
+  if (n * c * spatial == 0) return;
+  launch([&](cudaStream_t s) { kernels::bn_apply(x, stats, gamma, beta, n, c, spatial, y, s); });
+}
+
+void CudaDevice::bn_backward_sums(const float* x, const float* dy, const float* stats,
+                                  const float* gamma, int64_t n, int64_t c, int64_t spatial,
+                                  double* sums, float* dgamma, float* dbeta) {
+  if (c == 0) return;
+  launch([&](cudaStream_t s) {
+    kernels::bn_backward_sums(x, dy, stats, gamma, n, c, spatial, sums, dgamma, dbeta, s);
+  });
+}
+
+void CudaDevice::bn_backward_dx(const float* x, const float* dy, const float* stats,
+                                const float* gamma, const double* sums, double m, int64_t n,
+                                int64_t c, int64_t spatial, float* dx) {
+  if (n * c * spatial == 0) return;
+  launch([&](cudaStream_t s) {
+    kernels::bn_backward_dx(x, dy, stats, gamma, sums, m, n, c, spatial, dx, s);
+  });
+}
+
+void CudaDevice::augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w,
+                         int64_t pad, bool flip, uint64_t seed) {
+  if (rows * c * h * w == 0) return;
+  const kernels::Param<uint64_t> sp = param(seed);
+  launch([&](cudaStream_t s) { kernels::augment(x, y, rows, c, h, w, pad, flip, sp, s); });
+}
+
+void CudaDevice::dropout_mask(float* mask, size_t n, double p, uint64_t seed) {
+  if (n == 0) return;
+  const kernels::Param<uint64_t> sp = param(seed);
+  launch([&](cudaStream_t s) { kernels::dropout_mask(mask, n, p, math::dropout_keep(p), sp, s); });
+}
+
+void CudaDevice::multiply(const float* x, const float* mask, float* y, size_t n) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::multiply(x, mask, y, n, s); });
+}
+
+void CudaDevice::scale(float* x, size_t n, float a) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::scale(x, n, a, s); });
+}
+
+void CudaDevice::sum_squares(const float* x, size_t n, double* acc) {
+  if (n == 0) return;
+  enqueue([&] {
+    if (norm_partials_.size() < 256) norm_partials_.resize(*this, 256);  // kernels::kThreads
+    double* partials = norm_partials_.data();
+    launch([&](cudaStream_t s) { kernels::sum_squares(x, n, acc, partials, s); });
+  });
+}
+
+void CudaDevice::sgd_update(float* p, const float* g, float* buf, size_t n, float lr,
+                            float momentum, float wd, bool nesterov) {
+  if (n == 0) return;
+  const kernels::Param<float> lp = param(lr);
+  launch([&](cudaStream_t s) { kernels::sgd(p, g, buf, n, lp, momentum, wd, nesterov, s); });
+}
+
+void CudaDevice::adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr,
+                             float b1, float b2, float eps, float wd, bool decoupled,
+                             int64_t step) {
+  if (n == 0) return;
+  const kernels::Param<math::AdamFactors> fp = param(math::adam_factors(lr, b1, b2, step));
+  launch([&](cudaStream_t s) { kernels::adam(p, g, m, v, n, fp, b1, b2, eps, wd, decoupled, s); });
+}
+
+}  // namespace dtrain

@@ -1,0 +1,182 @@
+#pragma once
+// The CUDA backend's device: cuBLAS GEMMs, cuDNN convolutions and dtrain's own kernels
+// (kernels.hpp), each the twin of a CpuDevice function (tests/test_cuda.cpp compares them).
+//
+// Everything runs in order on one stream per device, and a training step never waits for it:
+// loss sums, BatchNorm statistics and dropout masks live in device memory, and batch indices
+// are copied from pinned memory asynchronously. upload() and download() do synchronise (they
+// serve initialisation, evaluation and the once-per-epoch statistics).
+//
+// Every operation queues its work through enqueue() or launch(), which do nothing while a CUDA
+// graph replays (the graph holds that work); an operation with per-step values stages them
+// first (stage(), param()), so a replay still supplies this step's values (cuda_graph.hpp).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "dtrain/backend/cuda/cuda_graph.hpp"
+#include "dtrain/backend/cuda/cudnn_conv.hpp"
+#include "dtrain/backend/cuda/kernels.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/kinds.hpp"
+
+namespace dtrain {
+
+class CudaDevice final : public Device, public DeviceQueue {
+ public:
+  CudaDevice(int index, int rank, Precision precision);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  std::string name() const override { return name_; }
+  bool host_memory() const override { return false; }
+  DeviceQueue* queue() override { return this; }
+
+  // ---- DeviceQueue ----
+  void synchronize() override;
+  void* native_stream() override { return stream_; }
+  int64_t launches() const override { return launches_; }
+  void step_mark(int phase) override;
+  int take_step_times(double* seconds, bool wait) override;
+  void enable_graphs(bool on, size_t staging_bytes, AbortGate* gate) override;
+  GraphMode graph_step_propose() const override;
+  GraphMode graph_step_begin(GraphMode agreed) override;
+  void graph_step_end() override { graph_.end(); }
+  void graph_step_abort() noexcept override { graph_.abort(); }
+  GraphMode graph_mode() const override { return graph_.mode(); }
+  int64_t graph_launches() const override { return graph_.launches(); }
+
+  // ---- memory ----
+  void* alloc_bytes(size_t bytes) override;
+  void free_bytes(void* p) override;
+  void upload(void* dst, const void* src, size_t bytes) override;
+  void download(void* dst, const void* src, size_t bytes) override;
+  void zero(void* p, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void fill(float* x, size_t n, float v) override;
+
+  // ---- compute (cuda_device.cpp; convolutions in cudnn_conv.cpp) ----
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override;
+  void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) override;
+  void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, Accumulate mode) override;
+  void activation_forward(Activation a, const float* x, float* y, size_t n) override;
+  void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
+                           size_t n) override;
+  void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
+                    float grad_scale, float* dlogits, double* stats) override;
+  void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
+              int64_t count, float* dst, int32_t* dst_labels) override;
+  void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
+                    float* y) override;
+  void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
+                     float* dw, float* db, float* dx) override;
+  void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
+                       int64_t stride, float* y, int32_t* argmax) override;
+  void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
+                        int64_t w, int64_t k, int64_t stride, float* dx) override;
+  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+                       double* moments) override;
+  void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
+                  float* stats, int64_t c) override;
+  void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
+                int64_t n, int64_t c, int64_t spatial, float* y) override;
+  void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
+                        int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
+                        float* dbeta) override;
+  void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
+                      const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
+                      float* dx) override;
+  void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w, int64_t pad,
+               bool flip, uint64_t seed) override;
+  void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override;
+  void multiply(const float* x, const float* mask, float* y, size_t n) override;
+  void scale(float* x, size_t n, float a) override;
+  void sum_squares(const float* x, size_t n, double* acc) override;
+  void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
+                  float wd, bool nesterov) override;
+  void adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
+                   float b2, float eps, float wd, bool decoupled, int64_t step) override;
+
+ private:
+  using Bf16 = kernels::Bf16;
+  static constexpr int kSlots = CudaGraph::kSlots;  // timing slots, one graph each
+
+  // The work of an operation, queued on the stream; nothing during a graph replay, whose
+  // graph holds it.
+  template <class F>
+  void enqueue(F&& work) {
+    if (!graph_.replaying()) work();
+  }
+  // One kernel of kernels.hpp, launch(s) queuing it on stream s: enqueued, counted, checked.
+  template <class F>
+  void launch(F&& kernel) {
+    enqueue([&] {
+      kernel(stream_);
+      check_launch();
+    });
+  }
+  void check_launch();
+  // Per-step values (batch indices, seeds, the learning rate): see CudaGraph.
+  template <class T>
+  const T* stage(const T* src, size_t count) {
+    return graph_.stage(src, count);
+  }
+  template <class T>
+  kernels::Param<T> param(const T& v) {
+    return graph_.param(v);
+  }
+
+  void select();
+  void no_graph(const char* what) const;  // for the calls that wait for the host
+  // The stored rows x cols matrix (leading dimension ld) as bfloat16 in `buf`.
+  const Bf16* to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, Buffer<Bf16>& buf);
+  void from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate);
+  // Convolutions (cudnn_conv.cpp).
+  ConvPlan& plan(const ConvGeom& g, int64_t n);
+  void grow_workspace(size_t bytes);
+  void conv_backward_bf16(const ConvPlan& p, const ConvGeom& g, int64_t n, const float* x,
+                          const float* w, const float* dy, float* dw, float* db, float* dx);
+
+  // Step timing by events: a ring of slots, so the host can run a few steps ahead; a slot is
+  // read (waiting for it if need be) before it is reused.
+  struct Slot {
+    cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};
+    bool recorded = false;
+  };
+  void read_slot(Slot& sl, bool wait);
+  int next_slot() const { return (cur_ + 1) % kSlots; }
+
+  int index_, rank_;
+  bool tf32_, bf16_;
+  cudaStream_t stream_ = nullptr;
+  CudaGraph graph_;
+  Slot slots_[kSlots];
+  int cur_ = 0;
+  double taken_[3] = {0, 0, 0};
+  int taken_steps_ = 0;
+
+  Buffer<Bf16> a16_, b16_, x16_, w16_, y16_, dy16_, dw16_;  // bf16 operands
+  int64_t launches_ = 0;
+  std::string name_;
+  cublasHandle_t blas_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  Buffer<double> row_stats_;
+  Buffer<double> norm_partials_;  // sum_squares: one partial sum per block
+  void* blas_ws_ = nullptr;
+  static constexpr size_t kBlasWorkspace = size_t{32} << 20;
+  using PlanKey = std::array<int64_t, 8>;  // geometry and batch size
+  std::map<PlanKey, std::unique_ptr<ConvPlan>> plans_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,235 @@
+// Convolutions on the CUDA backend: cuDNN plans (cudnn_conv.hpp) and CudaDevice's convolution
+// operations. The legacy cuDNN convolution API is used on purpose (see cudnn_conv.hpp), so this
+// file is compiled without deprecation warnings.
+#include "dtrain/backend/cuda/cudnn_conv.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "dtrain/backend/cuda/cuda_device.hpp"
+#include "dtrain/backend/gpu.hpp"
+#include "dtrain/backend/gpu_check.hpp"
+#include "dtrain/base/error.hpp"
+
+namespace dtrain {
+
+ConvPlan::~ConvPlan() {
+  if (x) cudnnDestroyTensorDescriptor(x);
+  if (y) cudnnDestroyTensorDescriptor(y);
+  if (yf) cudnnDestroyTensorDescriptor(yf);
+  if (b) cudnnDestroyTensorDescriptor(b);
+  if (w) cudnnDestroyFilterDescriptor(w);
+  if (conv) cudnnDestroyConvolutionDescriptor(conv);
+}
+
+namespace {
+
+std::string describe(const ConvGeom& g, int64_t n) {
+  return fmt::format("a convolution of {} samples {}x{}x{} to {} channels, kernel {}", n, g.c, g.h,
+                     g.w, g.oc, g.k);
+}
+
+// cuDNN's heuristics list algorithms best first; the first supported deterministic one wins
+// (bit-identical reruns, and CUDA-graph steps equal to eager ones), else the first supported
+// one, with a warning (see pick_algorithm).
+template <class Perf>
+const Perf& pick(const Perf* perf, int count, const char* what, const ConvGeom& g, int64_t n,
+                 int rank) {
+  // Deterministic algorithms further down the list (FFT, say) can ask for gigabytes of
+  // workspace at evaluation batch sizes: those above 1 GiB count only when nothing else works.
+  constexpr size_t kMaxWorkspace = size_t(1) << 30;
+  bool deterministic = false;
+  int i = -1;
+  for (const size_t cap : {kMaxWorkspace, SIZE_MAX}) {
+    std::vector<AlgoOption> options;
+    for (int k = 0; k < count; ++k)
+      options.push_back({perf[k].status == CUDNN_STATUS_SUCCESS && perf[k].memory <= cap,
+                         perf[k].determinism == CUDNN_DETERMINISTIC});
+    i = pick_algorithm(options, &deterministic);
+    if (i >= 0) break;
+  }
+  if (i < 0)
+    throw SystemError(
+        fmt::format("rank {}: cuDNN offers no {} algorithm for {}", rank, what, describe(g, n)),
+        __FILE__, __LINE__);
+  if (!deterministic)
+    gpu_warn(
+        fmt::format("rank {}: cuDNN has no deterministic {} algorithm for {}; using "
+                    "algorithm {}, whose results may differ in the last bits from run to run",
+                    rank, what, describe(g, n), static_cast<int>(perf[i].algo)));
+  return perf[i];
+}
+
+// The descriptors of a plan: NCHW tensors in the compute type (fp32, or bf16: cuDNN's bfloat16
+// configuration, bf16 tensors with fp32 accumulation), y also as fp32 and the bias.
+void set_descriptors(ConvPlan& p, const ConvGeom& g, int64_t n, bool tf32, bool bf16, int rank) {
+  const auto i = [](int64_t v) { return static_cast<int>(v); };
+  DT_CUDNN(cudnnCreateTensorDescriptor(&p.x), rank);
+  DT_CUDNN(cudnnCreateTensorDescriptor(&p.y), rank);
+  DT_CUDNN(cudnnCreateTensorDescriptor(&p.yf), rank);
+  DT_CUDNN(cudnnCreateTensorDescriptor(&p.b), rank);
+  DT_CUDNN(cudnnCreateFilterDescriptor(&p.w), rank);
+  DT_CUDNN(cudnnCreateConvolutionDescriptor(&p.conv), rank);
+  const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  DT_CUDNN(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, i(n), i(g.c), i(g.h), i(g.w)),
+           rank);
+  DT_CUDNN(
+      cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, i(n), i(g.oc), i(g.ho()), i(g.wo())),
+      rank);
+  DT_CUDNN(cudnnSetTensor4dDescriptor(p.yf, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(n), i(g.oc),
+                                      i(g.ho()), i(g.wo())),
+           rank);
+  DT_CUDNN(cudnnSetTensor4dDescriptor(p.b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i(g.oc), 1, 1),
+           rank);
+  DT_CUDNN(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, i(g.oc), i(g.c), i(g.k), i(g.k)),
+           rank);
+  // Cross-correlation, as every framework (and the CPU twin) computes.
+  DT_CUDNN(cudnnSetConvolution2dDescriptor(p.conv, i(g.pad), i(g.pad), i(g.stride), i(g.stride), 1,
+                                           1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+           rank);
+  // FMA: FP32 arithmetic, no TF32; DEFAULT lets cuDNN use TF32 tensor cores for FP32 data.
+  DT_CUDNN(cudnnSetConvolutionMathType(p.conv, bf16   ? CUDNN_TENSOR_OP_MATH
+                                               : tf32 ? CUDNN_DEFAULT_MATH
+                                                      : CUDNN_FMA_MATH),
+           rank);
+}
+
+// The three algorithms of a plan and the workspace they need.
+void choose_algorithms(cudnnHandle_t dnn, ConvPlan& p, const ConvGeom& g, int64_t n, int rank) {
+  // Every algorithm, ranked, so that a deterministic one further down the list is seen.
+  int got = 0;
+  cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  DT_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(dnn, p.x, p.w, p.conv, p.y,
+                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd),
+           rank);
+  p.fwd = pick(fwd, got, "forward", g, n, rank).algo;
+  cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  DT_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+               dnn, p.w, p.y, p.conv, p.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bd),
+           rank);
+  p.bwd_data = pick(bd, got, "backward-data", g, n, rank).algo;
+  cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  DT_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+               dnn, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf),
+           rank);
+  p.bwd_filter = pick(bf, got, "backward-filter", g, n, rank).algo;
+  size_t w1 = 0, w2 = 0, w3 = 0;
+  DT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(dnn, p.x, p.w, p.conv, p.y, p.fwd, &w1), rank);
+  DT_CUDNN(
+      cudnnGetConvolutionBackwardDataWorkspaceSize(dnn, p.w, p.y, p.conv, p.x, p.bwd_data, &w2),
+      rank);
+  DT_CUDNN(
+      cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn, p.x, p.y, p.conv, p.w, p.bwd_filter, &w3),
+      rank);
+  p.workspace = std::max({w1, w2, w3});
+}
+
+}  // namespace
+
+std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t dnn, const ConvGeom& g, int64_t n, bool tf32,
+                                         bool bf16, int rank) {
+  auto p = std::make_unique<ConvPlan>();  // released if anything below throws
+  set_descriptors(*p, g, n, tf32, bf16, rank);
+  choose_algorithms(dnn, *p, g, n, rank);
+  return p;
+}
+
+// ---- CudaDevice's convolutions ----
+
+ConvPlan& CudaDevice::plan(const ConvGeom& g, int64_t n) {
+  const PlanKey key{g.c, g.h, g.w, g.oc, g.k, g.stride, g.pad, n};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+  auto owned = make_conv_plan(dnn_, g, n, tf32_, bf16_, rank_);
+  if (owned->workspace > workspace_bytes_) grow_workspace(owned->workspace);
+  return *plans_.emplace(key, std::move(owned)).first->second;
+}
+
+void CudaDevice::grow_workspace(size_t bytes) {
+  if (graph_.mode() != GraphMode::eager)
+    throw SystemError(
+        fmt::format("rank {}: a new convolution shape inside a CUDA-graph step", rank_), __FILE__,
+        __LINE__);
+  graph_.drop();
+  synchronize();
+  if (workspace_) DT_CUDA(cudaFree(workspace_), rank_);
+  workspace_ = nullptr;  // no dangling pointer if the allocation below fails
+  workspace_bytes_ = 0;
+  DT_CUDA(cudaMalloc(&workspace_, bytes), rank_);
+  workspace_bytes_ = bytes;
+}
+
+void CudaDevice::conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                              const float* b, float* y) {
+  if (n == 0) return;
+  enqueue([&] {
+    ConvPlan& p = plan(g, n);
+    const float one = 1.f, zero = 0.f;
+    launches_ += 2;
+    if (bf16_) {  // bf16 in, bf16 out (fp32 accumulation), then fp32 plus the bias
+      const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k;
+      const auto out = static_cast<size_t>(n * g.oc * g.ho() * g.wo());
+      const Bf16* x16 = to_bf16(x, 1, in, in, x16_);
+      const Bf16* w16 = to_bf16(w, 1, nw, nw, w16_);
+      if (y16_.size() < out) y16_.resize(*this, out);
+      DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x16, p.w, w16, p.conv, p.fwd, workspace_,
+                                       p.workspace, &zero, p.y, y16_.data()),
+               rank_);
+      from_bf16(y16_.data(), y, out, false);
+    } else {
+      DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x, p.w, w, p.conv, p.fwd, workspace_,
+                                       p.workspace, &zero, p.y, y),
+               rank_);
+    }
+    DT_CUDNN(cudnnAddTensor(dnn_, &one, p.b, b, &one, p.yf, y), rank_);
+  });
+}
+
+void CudaDevice::conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w,
+                               const float* dy, float* dw, float* db, float* dx) {
+  if (n == 0) return;
+  enqueue([&] {
+    const ConvPlan& p = plan(g, n);
+    const float one = 1.f, zero = 0.f;
+    launches_ += dx ? 3 : 2;
+    if (bf16_) return conv_backward_bf16(p, g, n, x, w, dy, dw, db, dx);
+    if (dx)
+      DT_CUDNN(cudnnConvolutionBackwardData(dnn_, &one, p.w, w, p.y, dy, p.conv, p.bwd_data,
+                                            workspace_, p.workspace, &zero, p.x, dx),
+               rank_);
+    DT_CUDNN(cudnnConvolutionBackwardFilter(dnn_, &one, p.x, x, p.y, dy, p.conv, p.bwd_filter,
+                                            workspace_, p.workspace, &one, p.w, dw),
+             rank_);
+    DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.yf, dy, &one, p.b, db), rank_);
+  });
+}
+
+// bf16 operands; dx and dw come out in bf16; db sums the fp32 dy.
+void CudaDevice::conv_backward_bf16(const ConvPlan& p, const ConvGeom& g, int64_t n, const float* x,
+                                    const float* w, const float* dy, float* dw, float* db,
+                                    float* dx) {
+  const float one = 1.f, zero = 0.f;
+  const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k;
+  const int64_t out = n * g.oc * g.ho() * g.wo();
+  const Bf16* dy16 = to_bf16(dy, 1, out, out, dy16_);
+  const Bf16* w16 = to_bf16(w, 1, nw, nw, w16_);
+  if (dx) {
+    if (y16_.size() < static_cast<size_t>(in)) y16_.resize(*this, static_cast<size_t>(in));
+    DT_CUDNN(cudnnConvolutionBackwardData(dnn_, &one, p.w, w16, p.y, dy16, p.conv, p.bwd_data,
+                                          workspace_, p.workspace, &zero, p.x, y16_.data()),
+             rank_);
+    from_bf16(y16_.data(), dx, static_cast<size_t>(in), false);
+  }
+  const Bf16* x16 = to_bf16(x, 1, in, in, x16_);
+  if (dw16_.size() < static_cast<size_t>(nw)) dw16_.resize(*this, static_cast<size_t>(nw));
+  DT_CUDNN(cudnnConvolutionBackwardFilter(dnn_, &one, p.x, x16, p.y, dy16, p.conv, p.bwd_filter,
+                                          workspace_, p.workspace, &zero, p.w, dw16_.data()),
+           rank_);
+  from_bf16(dw16_.data(), dw, static_cast<size_t>(nw), true);
+  DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.yf, dy, &one, p.b, db), rank_);
+}
+
+}  // namespace dtrain

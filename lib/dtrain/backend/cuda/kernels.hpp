@@ -1,0 +1,108 @@
+#pragma once
+// The launchers of dtrain's own CUDA kernels, for host code the host compiler builds. The
+// kernels and their launchers live in kernels/*.cuh, one operation family a file, compiled by
+// nvcc in kernels.cu; this header is plain C++ but for cudaStream_t.
+//
+// A launcher queues its kernel on `s` with the kernel's launch configuration and returns at
+// once. It neither checks for launch errors nor counts the launch: the caller (CudaDevice)
+// does both, one kernel per launcher call. Every pointer is device memory; sizes that are
+// zero are the caller's to skip (a grid of no blocks is a launch error).
+#include <cuda_runtime_api.h>  // cudaStream_t
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dtrain/backend/math.hpp"
+#include "dtrain/base/kinds.hpp"
+
+namespace dtrain::kernels {
+
+// A per-step value of a kernel: by value when the kernel is launched directly, or read from
+// device memory (staged there before each launch of a CUDA graph) when it is captured.
+template <class T>
+struct Param {
+  T value{};
+  const T* at = nullptr;
+};
+
+// bfloat16 as stored: CUDA's __nv_bfloat16 in the kernels, its bits on the host.
+using Bf16 = uint16_t;
+
+// ---- elementwise.cuh ----
+void fill(float* x, size_t n, float v, cudaStream_t s);
+void scale(float* x, size_t n, float a, cudaStream_t s);  // x *= a
+// *acc += sum of x[i]^2 in double; `scratch` holds kThreads (256) doubles of partial sums.
+void sum_squares(const float* x, size_t n, double* acc, double* scratch, cudaStream_t s);
+void multiply(const float* x, const float* mask, float* y, size_t n, cudaStream_t s);
+
+// ---- bias.cuh ----
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
+// db (+)= column sums of dy (rows in order, as on the CPU).
+void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate,
+               cudaStream_t s);
+
+// ---- activation.cuh ----
+void activation_forward(Activation a, const float* x, float* y, size_t n, cudaStream_t s);
+void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
+                         size_t n, cudaStream_t s);
+
+// ---- softmax_xent.cuh ----
+// Row r's loss and hit to row_stats[2r], [2r + 1], and its gradient (dlogits non-null).
+void softmax_xent_rows(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
+                       float grad_scale, float* dlogits, double* row_stats, cudaStream_t s);
+// Adds the sums of `rows` (loss, hit) pairs to out[0..1] (one block).
+void sum_pairs(const double* row_stats, int64_t rows, double* out, cudaStream_t s);
+
+// ---- gather_augment.cuh ----
+// dst rows i = src rows idx[i]; labels likewise.
+void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
+            int64_t count, float* dst, int32_t* dst_labels, cudaStream_t s);
+void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w, int64_t pad,
+             bool flip, Param<uint64_t> seed, cudaStream_t s);
+
+// ---- dropout.cuh ----
+void dropout_mask(float* mask, size_t n, double p, float keep, Param<uint64_t> seed,
+                  cudaStream_t s);
+
+// ---- pool.cuh ----
+// `planes` = samples * channels of h x w, output ho x wo.
+void maxpool_forward(const float* x, int64_t planes, int64_t h, int64_t w, int64_t k,
+                     int64_t stride, int64_t ho, int64_t wo, float* y, int32_t* argmax,
+                     cudaStream_t s);
+void maxpool_backward(const float* dy, const int32_t* argmax, int64_t planes, int64_t h, int64_t w,
+                      int64_t k, int64_t stride, int64_t ho, int64_t wo, float* dx, cudaStream_t s);
+
+// ---- batchnorm.cuh (the arguments of the Device functions of the same names) ----
+void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* moments,
+                     cudaStream_t s);
+void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
+                float* stats, int64_t c, cudaStream_t s);
+void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta, int64_t n,
+              int64_t c, int64_t spatial, float* y, cudaStream_t s);
+void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
+                      int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
+                      float* dbeta, cudaStream_t s);
+void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
+                    const double* sums, double m, int64_t n, int64_t c, int64_t spatial, float* dx,
+                    cudaStream_t s);
+
+// ---- optimizer.cuh ----
+void sgd(float* p, const float* g, float* buf, size_t n, Param<float> lr, float momentum, float wd,
+         bool nesterov, cudaStream_t s);
+void adam(float* p, const float* g, float* m, float* v, size_t n, Param<math::AdamFactors> f,
+          float b1, float b2, float eps, float wd, bool decoupled, cudaStream_t s);
+
+// ---- bf16_convert.cuh (precision: bf16) ----
+// The stored rows x cols matrix (leading dimension ld) to bfloat16, rounding to nearest even
+// like round_bf16 on the CPU.
+void to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, Bf16* dst, cudaStream_t s);
+// dst (+)= src.
+void from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate, cudaStream_t s);
+
+// ---- measure.cuh (measure_gpu's floors) ----
+// `count` empty kernels, back to back (no error check between them).
+void empty_kernels(int count, cudaStream_t s);
+// Uniform in [-1, 1) from the counter-based hash.
+void fill_uniform(float* x, size_t n, uint64_t seed, cudaStream_t s);
+
+}  // namespace dtrain::kernels

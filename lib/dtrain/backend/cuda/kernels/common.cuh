@@ -1,0 +1,50 @@
+#pragma once
+// What every kernel family shares: the block size, the grid of a launch, the grid-stride loop,
+// per-step values and a block reduction.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "dtrain/backend/cuda/kernels.hpp"
+
+namespace dtrain::kernels {
+
+constexpr int kThreads = 256;
+
+// Blocks of kThreads for n elements, capped at 65535 * 8: past that, kernels stride.
+inline unsigned blocks_for(size_t n) {
+  return static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, 65535 * 8));
+}
+
+#define GRID_STRIDE(i, n)                                                 \
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += size_t(gridDim.x) * blockDim.x)
+
+template <class T>
+__device__ T value_of(const Param<T>& p) {
+  return p.at ? *p.at : p.value;
+}
+
+namespace {
+
+// Block reduction of two doubles over the block; thread 0 gets the totals.
+__device__ void block_sum2(double& a, double& b) {
+  __shared__ double s0[kThreads], s1[kThreads];
+  s0[threadIdx.x] = a;
+  s1[threadIdx.x] = b;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) {
+      s0[threadIdx.x] += s0[threadIdx.x + w];
+      s1[threadIdx.x] += s1[threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  a = s0[0];
+  b = s1[0];
+}
+
+}  // namespace
+}  // namespace dtrain::kernels

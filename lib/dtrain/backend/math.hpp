@@ -1,0 +1,225 @@
+#pragma once
+// The per-element arithmetic of the compute operations, shared by the CPU backend's loops and
+// the CUDA backend's kernels (as hash.hpp and bf16.hpp share random numbers and rounding): each
+// twin is written once here, so the two backends differ in how they split and sum the work,
+// never in what one element computes.
+//
+// Each side compiles these expressions as it always has: the host compiler in ISO C++ mode,
+// which does not contract a * b + c into a fused multiply-add (the CPU results are the
+// reference the tests pin), and nvcc for the device, which does by default. Keep every
+// expression's operation order, its float and double types and its casts as they are: a
+// rewrite that is equal on paper may round differently on one side.
+#include <cmath>
+#include <cstdint>
+
+#include "dtrain/base/hash.hpp"  // DTRAIN_HD
+
+namespace dtrain::math {
+
+// ---- activations: forward from the input, backward from dy and the input or output ----
+
+DTRAIN_HD inline float relu(float x) {
+  return x > 0.f ? x : 0.f;
+}
+DTRAIN_HD inline float tanh(float x) {
+  return ::tanhf(x);
+}
+DTRAIN_HD inline float sigmoid(float x) {
+  return 1.f / (1.f + ::expf(-x));
+}
+// GELU, tanh approximation (Hendrycks and Gimpel 2016), as GPT-2 and llm.c use.
+DTRAIN_HD inline float gelu(float x) {
+  constexpr float k = 0.7978845608028654f;  // ::sqrt(2/pi)
+  return 0.5f * x * (1.f + ::tanhf(k * (x + 0.044715f * x * x * x)));
+}
+DTRAIN_HD inline float gelu_grad(float x) {
+  constexpr float k = 0.7978845608028654f;
+  const float u = k * (x + 0.044715f * x * x * x);
+  const float t = ::tanhf(u);
+  const float du = k * (1.f + 3.f * 0.044715f * x * x);
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+}
+DTRAIN_HD inline float relu_backward(float x, float dy) {
+  return x > 0.f ? dy : 0.f;
+}
+DTRAIN_HD inline float tanh_backward(float y, float dy) {
+  return dy * (1.f - y * y);
+}
+DTRAIN_HD inline float sigmoid_backward(float y, float dy) {
+  return dy * y * (1.f - y);
+}
+DTRAIN_HD inline float gelu_backward(float x, float dy) {
+  return dy * gelu_grad(x);
+}
+
+// ---- softmax cross-entropy ----
+
+struct XentRow {
+  double loss = 0;   // -log softmax(z)[y]
+  bool hit = false;  // the first maximum of z is at y
+};
+// One row z of `classes` logits with label y, in double: the maximum and its (first) position,
+// log-sum-exp, the loss, and, where d is non-null, d = grad_scale * (softmax(z) - onehot(y)).
+// The loss is read before d is written, so d may be z itself.
+DTRAIN_HD inline XentRow softmax_xent_row(const float* z, int32_t y, int64_t classes,
+                                          float grad_scale, float* d) {
+  float mx = z[0];
+  int64_t arg = 0;
+  for (int64_t c = 1; c < classes; ++c)
+    if (z[c] > mx) {
+      mx = z[c];
+      arg = c;
+    }
+  double sum = 0.0;
+  for (int64_t c = 0; c < classes; ++c) sum += ::exp(static_cast<double>(z[c] - mx));
+  const double log_sum = ::log(sum);
+  XentRow row;
+  row.loss = log_sum - static_cast<double>(z[y] - mx);
+  row.hit = arg == y;
+  if (d) {
+    for (int64_t c = 0; c < classes; ++c) {
+      const double p = ::exp(static_cast<double>(z[c] - mx) - log_sum);
+      d[c] = grad_scale * static_cast<float>(p - (c == y ? 1.0 : 0.0));
+    }
+  }
+  return row;
+}
+
+// ---- max pooling ----
+
+struct PoolMax {
+  float value = 0;
+  int64_t index = 0;  // in the plane
+};
+// The maximum of the k x k window of output (oi, oj) over an h x w plane (row length w): the
+// first maximum in row-major window order wins. Selects, not branches: ReLU outputs are often
+// tied at zero, which makes branches unpredictable.
+DTRAIN_HD inline PoolMax maxpool_window(const float* plane, int64_t w, int64_t k, int64_t stride,
+                                        int64_t oi, int64_t oj) {
+  int64_t best = (oi * stride) * w + oj * stride;
+  float bv = plane[best];
+  for (int64_t ki = 0; ki < k; ++ki)
+    for (int64_t kj = 0; kj < k; ++kj) {
+      const int64_t idx = (oi * stride + ki) * w + oj * stride + kj;
+      const float v = plane[idx];
+      const bool gt = v > bv;
+      bv = gt ? v : bv;
+      best = gt ? idx : best;
+    }
+  return {bv, best};
+}
+
+// ---- BatchNorm ----
+// `stats` is [mean (c), inv_std (c)], `running` [mean (c), var (c)], moments and sums
+// [first (c), second (c)].
+
+// The statistics of channel ch: from its moments over `count` values (training), with the
+// running statistics moved towards them by `momentum` (unbiased variance, as PyTorch), or from
+// the running statistics (evaluation: moments null).
+DTRAIN_HD inline void bn_prepare_channel(const double* moments, double count, double eps,
+                                         double momentum, float* running, float* stats, int64_t c,
+                                         int64_t ch) {
+  if (!moments) {
+    stats[ch] = running[ch];
+    const auto var = static_cast<double>(running[c + ch]);
+    stats[c + ch] = static_cast<float>(1.0 / ::sqrt(var + eps));
+    return;
+  }
+  const double mean = moments[ch] / count;
+  const double d = moments[c + ch] / count - mean * mean;
+  const double var = 0.0 < d ? d : 0.0;  // max(0, d); NaN gives 0
+  stats[ch] = static_cast<float>(mean);
+  stats[c + ch] = static_cast<float>(1.0 / ::sqrt(var + eps));
+  const double unbiased = count > 1 ? var * count / (count - 1) : var;
+  running[ch] = static_cast<float>((1 - momentum) * running[ch] + momentum * mean);
+  running[c + ch] = static_cast<float>((1 - momentum) * running[c + ch] + momentum * unbiased);
+}
+
+// y = gamma * (x - mean) * inv_std + beta as y = a * x + b, a and b per channel.
+struct BnAffine {
+  float a, b;
+};
+DTRAIN_HD inline BnAffine bn_affine(float gamma, float beta, float mean, float inv_std) {
+  const float a = gamma * inv_std;
+  return {a, beta - a * mean};
+}
+DTRAIN_HD inline float bn_apply_one(const BnAffine& t, float x) {
+  return t.a * x + t.b;
+}
+
+// The normalised input.
+DTRAIN_HD inline float bn_xhat(float x, float mean, float inv_std) {
+  return (x - mean) * inv_std;
+}
+// Channel ch's totals of the backward pass, t1 = sum(dy) and t2 = sum(dy * xhat): dbeta and
+// dgamma accumulate them, sums = [t1, t2] * gamma.
+DTRAIN_HD inline void bn_backward_totals(double t1, double t2, const float* gamma, int64_t c,
+                                         int64_t ch, double* sums, float* dgamma, float* dbeta) {
+  dbeta[ch] += static_cast<float>(t1);
+  dgamma[ch] += static_cast<float>(t2);
+  sums[ch] = t1 * gamma[ch];
+  sums[c + ch] = t2 * gamma[ch];
+}
+
+// dx = k * (m * gamma * dy - s1 - xhat * s2), k = inv_std / m, as dx = a * dy + bx * x + c0 in
+// float, the coefficients per channel in double (m: the (global) element count).
+struct BnDx {
+  float a, bx, c0;
+};
+DTRAIN_HD inline BnDx bn_dx_coeffs(float mean, float inv_std, float gamma, double s1, double s2,
+                                   double m) {
+  const double is = inv_std, kk = is / m;
+  BnDx t;
+  t.a = static_cast<float>(kk * m * gamma);
+  t.bx = static_cast<float>(-kk * s2 * is);
+  t.c0 = static_cast<float>(kk * (-s1 + double(mean) * is * s2));
+  return t;
+}
+DTRAIN_HD inline float bn_dx_one(const BnDx& t, float dy, float x) {
+  return t.a * dy + t.bx * x + t.c0;
+}
+
+// ---- dropout ----
+
+// The kept elements' scale, 1/(1-p).
+DTRAIN_HD inline float dropout_keep(double p) {
+  return static_cast<float>(1.0 / (1.0 - p));
+}
+
+// ---- optimizers ----
+
+// PyTorch's SGD semantics: coupled weight decay, momentum buffer without dampening.
+DTRAIN_HD inline void sgd_step(float& p, float g, float& buf, float lr, float momentum, float wd,
+                               bool nesterov) {
+  float d = g + wd * p;
+  if (momentum != 0.f) {
+    buf = momentum * buf + d;
+    d = nesterov ? d + momentum * buf : buf;
+  }
+  p -= lr * d;
+}
+
+// Adam's per-step factors: the learning rate and the bias corrections of step `step` (from 1).
+struct AdamFactors {
+  float lr, bc1, bc2_sqrt;
+};
+inline AdamFactors adam_factors(float lr, float b1, float b2, int64_t step) {
+  const float bc1 = 1.f - std::pow(b1, static_cast<float>(step));
+  const float bc2 = 1.f - std::pow(b2, static_cast<float>(step));
+  return {lr, bc1, std::sqrt(bc2)};
+}
+// `decoupled`: AdamW (Loshchilov and Hutter 2019), else Adam with an L2 penalty.
+DTRAIN_HD inline void adam_step(float& p, float g, float& m, float& v, const AdamFactors& f,
+                                float b1, float b2, float eps, float wd, bool decoupled) {
+  float d = g;
+  if (decoupled)
+    p *= 1.f - f.lr * wd;
+  else
+    d += wd * p;
+  m = b1 * m + (1.f - b1) * d;
+  v = b2 * v + (1.f - b2) * d * d;
+  const float denom = ::sqrtf(v) / f.bc2_sqrt + eps;
+  p -= (f.lr / f.bc1) * m / denom;
+}
+
+}  // namespace dtrain::math
