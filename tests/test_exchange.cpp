@@ -1,6 +1,8 @@
 // Gradient buckets: which ranges are reduced when, and that bucketing never changes a result.
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "dtrain/dist/exchange.hpp"
 #include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
@@ -86,4 +88,50 @@ TEST_CASE("on the CPU the whole exchange is exposed and timed apart from compute
   CHECK(m.exchange_exposed_s == m.exchange_s);
   CHECK(m.compute_s > 0);
   CHECK(m.data_s + m.compute_s + m.exchange_s + m.optimizer_s <= m.epoch_time_s * 1.01);
+}
+
+TEST_CASE("runs report the bytes each step exchanges and the bus bandwidth achieved",
+          "[exchange][busbw]") {
+  const TrainResult four = test::run_config(test::synthetic_config(4, 32));
+  for (const auto& m : four.epochs) {
+    INFO("epoch " << m.epoch << ": exchange " << m.exchange_s << " s, busbw " << m.busbw_gbps);
+    CHECK(m.exchange_bytes_per_step == four.info.param_count * 4);
+    // busbw = bytes per step / (exchange seconds per step) x 2(n-1)/n
+    const double per_step = m.exchange_s / static_cast<double>(four.info.steps_per_epoch);
+    CHECK(m.busbw_gbps ==
+          Approx(static_cast<double>(m.exchange_bytes_per_step) / per_step * 1.5 / 1e9));
+  }
+  const TrainResult one = test::run_config(test::synthetic_config(1, 128));
+  CHECK(std::isnan(one.epochs.back().busbw_gbps));  // nothing crosses a link
+}
+
+TEST_CASE("summary.json and the comparison table carry the exchange and the noise scale",
+          "[exchange][busbw][noise_scale][cli]") {
+  test::TempDir tmp("busbw");
+  const auto cfg = tmp.path / "x.yaml";
+  test::put(cfg,
+            "name: x\nthreads: 1\n"
+            "data: {dataset: synthetic, synthetic: {train_size: 2048, test_size: 128, shape: [8], "
+            "classes: 3}}\n"
+            "model: {hidden: [16]}\n"
+            "train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0}\n");
+  const auto r = test::dtrain_cli("run " + cfg.string() + " gpus=1,2 --tag t --quiet --results " +
+                                  (tmp.path / "res").string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto two = nlohmann::json::parse(test::slurp(tmp.path / "res" / "x" / "t-g2" / "summary.json"));
+  CHECK(two["param_count"].get<int64_t>() > 0);
+  CHECK(two["exchange_bytes_per_step"].get<int64_t>() == 4 * two["param_count"].get<int64_t>());
+  CHECK(two["busbw_gbps"].get<double>() > 0);
+  const double share = two["exposed_exchange_share"].get<double>();
+  CHECK(share >= 0);
+  CHECK(share <= 1);
+  CHECK(two["noise_scale"]["b_simple"].is_number());
+  CHECK(two["noise_scale"]["advice"].get<std::string>().find("replicas of 16") !=
+        std::string::npos);
+  const auto one = nlohmann::json::parse(test::slurp(tmp.path / "res" / "x" / "t-g1" / "summary.json"));
+  CHECK(one["busbw_gbps"].is_null());
+  CHECK(one["noise_scale"].is_null());
+  CHECK(r.out.find("exposed exchange") != std::string::npos);
+  CHECK(r.out.find("noise scale") != std::string::npos);
 }

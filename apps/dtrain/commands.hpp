@@ -57,3 +57,29 @@ void setup_devices(CLI::App& app, DevicesOptions& opt);
 int run_devices(const DevicesOptions& opt);
 
 }  // namespace dtrain::cli
+
+namespace dtrain::cli {
+
+struct BenchCommOptions {
+  std::string sizes = "4K:256M";
+  int iters = 20;
+  int warmup = 5;
+  int replicas = 2;  // in-process; under mpirun/srun the process count decides
+  std::string out;   // OUT.json and OUT.md; default results/bench-comm/<UTC time>
+};
+void setup_bench_comm(CLI::App& app, BenchCommOptions& opt);
+int run_bench_comm(const BenchCommOptions& opt);
+
+struct ProjectOptions {
+  std::string path;  // a 1-replica run folder (a config is refused with what to run first)
+  std::vector<int> gpus = {1, 2, 4, 8, 16, 64};
+  std::string link = "nvlink-h100";  // a preset, or measured:FILE (a bench-comm JSON)
+  double backward_fraction = 2.0 / 3.0;
+  double bucket_mb = -1;  // < 0: the run's train.bucket_mb
+  long long params = 0;   // 0: the run's parameter count
+  std::string out;        // OUT.md and OUT.json; default RUN_DIR/projection-<link>
+};
+void setup_project(CLI::App& app, ProjectOptions& opt);
+int run_project(const ProjectOptions& opt);
+
+}  // namespace dtrain::cli

@@ -72,6 +72,14 @@ int run_main(int argc, char** argv) {
   auto* devices_cmd = app.add_subcommand(
       "devices", "List the GPUs (and the CPU) dtrain can use, with driver and library versions");
   dtrain::cli::setup_devices(*devices_cmd, devices_opt);
+  dtrain::cli::BenchCommOptions bench_comm_opt;
+  auto* bench_comm_cmd = app.add_subcommand(
+      "bench-comm", "Time and check the all-reduce a run would use, over a range of sizes");
+  dtrain::cli::setup_bench_comm(*bench_comm_cmd, bench_comm_opt);
+  dtrain::cli::ProjectOptions project_opt;
+  auto* project_cmd = app.add_subcommand(
+      "project", "Project a 1-replica run's step to N GPUs over a link (a model, not a run)");
+  dtrain::cli::setup_project(*project_cmd, project_opt);
 
   try {
     app.parse(argc, argv);
@@ -98,6 +106,8 @@ int run_main(int argc, char** argv) {
     if (*doctor_cmd) return dtrain::cli::run_doctor(doctor_opt);
     if (*report_cmd) return dtrain::cli::run_report(report_opt);
     if (*devices_cmd) return dtrain::cli::run_devices(devices_opt);
+    if (*bench_comm_cmd) return dtrain::cli::run_bench_comm(bench_comm_opt);
+    if (*project_cmd) return dtrain::cli::run_project(project_opt);
   } catch (const dtrain::UserError& e) {
     dtrain::clear_progress();
     // Every rank sees the same mistake; one line is enough.

@@ -14,6 +14,9 @@ struct RunStats {
   // reaches the target; empty if never reached or the target is 0.
   std::optional<double> time_to_target_s;
   std::optional<int> epochs_to_target;
+  // Medians over epochs: the exchange's achieved bus bandwidth (NaN with one replica) and the
+  // share of the epoch that exchange not hidden by compute took.
+  double median_busbw_gbps = 0, median_exposed_share = 0;
 };
 
 RunStats summarize(const std::vector<EpochMetrics>& epochs, double target_accuracy);

@@ -128,17 +128,17 @@ std::string metrics_csv_header() {
   return "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s,"
          "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
          "rank_busy_max_s,slowest_rank,exchange_exposed_s,noise_b_simple,noise_grad_sq,"
-         "noise_trace\n";
+         "noise_trace,exchange_bytes_per_step,busbw_gbps\n";
 }
 
 std::string metrics_csv_row(const EpochMetrics& m) {
   return fmt::format(
       "{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
-      "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f},{:.6g},{:.6g},{:.6g}\n",
+      "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f},{:.6g},{:.6g},{:.6g},{},{:.6g}\n",
       m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_time_s,
       m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s, m.optimizer_s, m.eval_s,
       m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank, m.exchange_exposed_s,
-      m.noise_b_simple, m.noise_g2, m.noise_trace);
+      m.noise_b_simple, m.noise_g2, m.noise_trace, m.exchange_bytes_per_step, m.busbw_gbps);
 }
 
 RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
@@ -248,6 +248,9 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["median_epoch_time_s"] = number_or_null(st.median_epoch_time_s);
   j["samples_per_s"] = number_or_null(st.median_samples_per_s);
   j["total_train_time_s"] = number_or_null(st.total_train_time_s);
+  j["exchange_bytes_per_step"] = info_.param_count * static_cast<int64_t>(sizeof(float));
+  j["busbw_gbps"] = number_or_null(st.median_busbw_gbps);
+  j["exposed_exchange_share"] = number_or_null(st.median_exposed_share);
   j["target_accuracy"] = cfg_.train.target_accuracy;
   j["time_to_target_s"] = st.time_to_target_s ? nlohmann::json(*st.time_to_target_s) : nullptr;
   j["epochs_to_target"] = st.epochs_to_target ? nlohmann::json(*st.epochs_to_target) : nullptr;
@@ -279,6 +282,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j["devices"] = info_.devices;
   j["blas"] = info_.blas;
   j["model"] = info_.model;
+  j["param_count"] = info_.param_count;
   j["data"] = info_.data;
   j["steps_per_epoch"] = info_.steps_per_epoch;
   j["noise_scale"] = noise_scale_json(epochs_, cfg_);

@@ -69,6 +69,13 @@ const std::vector<Column>& columns() {
          return r.run.time_to_target_s ? fmt::format("{:.1f}s", *r.run.time_to_target_s)
                                        : std::string("not reached");
        }},
+      {"exposed exchange",
+       [](const ComparisonRow& r) {
+         return r.run.exposed_exchange_share
+                    ? fmt::format("{:.0f}%", 100 * *r.run.exposed_exchange_share)
+                    : std::string("-");
+       }},
+      {"busbw GB/s", [](const ComparisonRow& r) { return fmt_opt(r.run.busbw_gbps, "{:.2f}"); }},
       {"noise scale",
        [](const ComparisonRow& r) { return fmt_opt(r.run.noise_b_simple, "{:.0f}"); }},
       {"status", [](const ComparisonRow& r) { return r.run.status; }},
@@ -128,6 +135,8 @@ RunRecord load_run(const std::string& dir) {
   r.median_epoch_time_s = opt_number(j, "median_epoch_time_s");
   r.samples_per_s = opt_number(j, "samples_per_s");
   r.time_to_target_s = opt_number(j, "time_to_target_s");
+  r.busbw_gbps = opt_number(j, "busbw_gbps");
+  r.exposed_exchange_share = opt_number(j, "exposed_exchange_share");
   if (j.contains("noise_scale") && j["noise_scale"].is_object())
     r.noise_b_simple = opt_number(j["noise_scale"], "b_simple");
   if (j.contains("config") && j["config"].is_object()) r.config = config_values(j["config"]);
@@ -262,6 +271,8 @@ std::string to_json(const Comparison& c) {
                     {"samples_per_s", opt(r.samples_per_s)},
                     {"time_to_target_s", opt(r.time_to_target_s)},
                     {"noise_b_simple", opt(r.noise_b_simple)},
+                    {"busbw_gbps", opt(r.busbw_gbps)},
+                    {"exposed_exchange_share", opt(r.exposed_exchange_share)},
                     {"target_accuracy", r.target_accuracy},
                     {"baseline", row.baseline},
                     {"speedup", opt(row.speedup)},

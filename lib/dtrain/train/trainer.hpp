@@ -30,6 +30,11 @@ struct EpochMetrics {
   // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
   double rank_busy_min_s = 0, rank_busy_max_s = 0;
   int slowest_rank = 0;
+  // The gradient exchange: bytes all-reduced per optimizer step (the flat gradient buffer) and
+  // the bus bandwidth achieved, busbw = bytes / (exchange_s per step) x 2(n-1)/n (nccl-tests'
+  // definition: comparable across replica counts); NaN with one replica.
+  int64_t exchange_bytes_per_step = 0;
+  double busbw_gbps = std::nan("");
   // Gradient noise scale so far (moving averages; see noise_scale.hpp), NaN where not measured
   // (one replica, or train.noise_scale: false).
   double noise_g2 = std::nan(""), noise_trace = std::nan(""), noise_b_simple = std::nan("");

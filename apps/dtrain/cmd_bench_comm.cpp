@@ -1,0 +1,145 @@
+// dtrain bench-comm: the all-reduce of the communicator a run would use, timed and checked over
+// a range of sizes (in-process threads, or MPI under mpirun/srun).
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "commands.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+#include "dtrain/dist/bench_comm.hpp"
+#include "dtrain/dist/comm.hpp"
+#include "dtrain/dist/mpi.hpp"
+
+namespace dtrain::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string utc_stamp(const char* format) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return fmt::format(fmt::runtime(format), tm);
+}
+
+// --out PATH writes PATH.json and PATH.md (a .json or .md the user gave is not doubled).
+std::string out_stem(const std::string& out) {
+  fs::path p(out.empty() ? "results/bench-comm/" + utc_stamp("{:%Y%m%d-%H%M%S}") : out);
+  if (p.extension() == ".json" || p.extension() == ".md") p.replace_extension();
+  return p.string();
+}
+
+// One thread per replica, as `dtrain run` places in-process replicas. A rank that fails aborts
+// the group, so the others leave their collective instead of waiting for it forever.
+std::vector<SizeResult> bench_in_process(int replicas, const BenchSettings& s) {
+  InProcessGroup group(replicas);
+  std::vector<SizeResult> rows;
+  std::exception_ptr first;
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < replicas; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = group.communicator(r);
+        auto mine = bench_allreduce(*comm, s);
+        if (r == 0) rows = std::move(mine);
+      } catch (...) {
+        std::lock_guard lk(mu);
+        if (!first) first = std::current_exception();
+        group.abort(fmt::format("rank {} failed", r));
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+  return rows;
+}
+
+// One rank per process under mpirun/srun; every rank returns the same rows.
+std::vector<SizeResult> bench_mpi(const BenchSettings& s, std::string& kind) {
+  auto comm = mpi::world(300.0);
+  if (comm->size() < 2)
+    throw UserError("bench-comm under a launcher needs at least 2 processes (mpirun -np 2 ...)");
+  kind = comm->kind();
+  try {
+    return bench_allreduce(*comm, s);
+  } catch (const std::exception& e) {
+    if (!dynamic_cast<const Aborted*>(&e)) comm->abort(e.what());  // release the other ranks
+    std::fprintf(stderr, "dtrain: rank %d: bench-comm failed: %s\n", mpi::rank(), e.what());
+    mpi::end_job_after_failure(1);
+  }
+}
+
+}  // namespace
+
+void setup_bench_comm(CLI::App& app, BenchCommOptions& opt) {
+  app.footer(
+      "Under mpirun or srun it times MPI with one rank per process (--replicas is then the "
+      "process count); otherwise in-process replicas (threads). GPU all-reduce (NCCL) is not "
+      "timed here: runs time their own exchange (metrics.csv: exchange_s, exchange_exposed_s). "
+      "Exit 1 when any result is wrong.");
+  app.add_option("--sizes", opt.sizes,
+                 "MIN:MAX in bytes with K, M or G suffixes (powers of 1024); sizes double from "
+                 "MIN to MAX")
+      ->capture_default_str();
+  app.add_option("--iters", opt.iters, "Timed all-reduces per size")->capture_default_str();
+  app.add_option("--warmup", opt.warmup, "Untimed all-reduces per size before the timed ones")
+      ->capture_default_str();
+  app.add_option("--replicas", opt.replicas, "In-process replicas (threads)")
+      ->capture_default_str();
+  app.add_option("--out", opt.out,
+                 "Write OUT.json and OUT.md (default: results/bench-comm/<UTC time>)");
+}
+
+int run_bench_comm(const BenchCommOptions& opt) {
+  BenchSettings s;
+  s.sizes = parse_sizes(opt.sizes);
+  s.iters = opt.iters;
+  s.warmup = opt.warmup;
+  if (s.iters < 1 || s.warmup < 0)
+    throw UserError(
+        fmt::format("--iters {} --warmup {}: give at least 1 timed iteration and 0 "
+                    "or more warmup iterations",
+                    opt.iters, opt.warmup));
+  const bool multi = mpi::initialized();
+  if (!multi && (opt.replicas < 2 || opt.replicas > 1024))
+    throw UserError(
+        fmt::format("--replicas {}: give 2 to 1024 (one replica has nothing to "
+                    "exchange)",
+                    opt.replicas));
+  s.corrupt_rank = corrupt_rank_from_env();
+  BenchReport rep;
+  rep.communicator = "in-process";
+  rep.ranks = multi ? mpi::size() : opt.replicas;
+  rep.iters = s.iters;
+  rep.warmup = s.warmup;
+  rep.utc = utc_stamp("{:%Y-%m-%dT%H:%M:%SZ}");
+  const std::string stem = out_stem(opt.out);
+  if (!multi || mpi::rank() == 0)  // a folder that cannot be made fails before the timing
+    ensure_dir(fs::absolute(stem).parent_path().string(), "bench-comm output");
+  rep.rows = multi ? bench_mpi(s, rep.communicator) : bench_in_process(opt.replicas, s);
+  rep.fit = fit_link(rep.rows, rep.ranks);
+  const int64_t wrong = rep.wrong();
+  if (multi && mpi::rank() != 0) return wrong ? 1 : 0;
+  fmt::print("{}", to_text(rep));
+  write_file_atomic(stem + ".json", to_json(rep));
+  write_file_atomic(stem + ".md", to_markdown(rep));
+  fmt::print("# written to {}.json and {}.md\n", stem, stem);
+  if (wrong) {
+    std::fprintf(stderr,
+                 "dtrain: bench-comm: %lld wrong element%s: the %s all-reduce did not return "
+                 "the exact sum\n",
+                 static_cast<long long>(wrong), wrong == 1 ? "" : "s", rep.communicator.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace dtrain::cli

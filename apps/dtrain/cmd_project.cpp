@@ -1,0 +1,302 @@
+// dtrain project: a 1-replica run's measured step, projected to N GPUs over a link with the
+// ring all-reduce model of train/project.hpp. Projections, not measurements.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "commands.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+#include "dtrain/dist/bench_comm.hpp"
+#include "dtrain/results/report.hpp"
+#include "dtrain/train/project.hpp"
+
+namespace dtrain::cli {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// What the projection needs from a run folder.
+struct RunInput {
+  std::string dir;
+  ProjectionInput in;
+  int64_t params = 0;
+  double bucket_mb = 25;
+  int64_t steps_per_epoch = 0;
+  int epochs = 0;  // metrics.csv rows the medians come from
+};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Per-epoch medians of the named metrics.csv columns (totals over the epoch's steps).
+std::vector<double> metric_medians(const std::string& dir, const std::vector<std::string>& cols,
+                                   int& rows) {
+  const fs::path path = fs::path(dir) / "metrics.csv";
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line))
+    throw UserError(fmt::format("{}: cannot read it; the run folder is incomplete", path.string()));
+  const auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    for (std::string f; std::getline(ss, f, ',');) out.push_back(f);
+    return out;
+  };
+  const auto header = split(line);
+  std::vector<size_t> at;
+  for (const auto& c : cols) {
+    const auto it = std::find(header.begin(), header.end(), c);
+    if (it == header.end())
+      throw UserError(
+          fmt::format("{}: no column '{}' (written by an older dtrain?); rerun the "
+                      "1-replica run",
+                      path.string(), c));
+    at.push_back(static_cast<size_t>(it - header.begin()));
+  }
+  std::vector<std::vector<double>> values(cols.size());
+  rows = 0;
+  while (std::getline(in, line)) {
+    const auto f = split(line);
+    if (f.size() != header.size()) continue;
+    ++rows;
+    for (size_t k = 0; k < at.size(); ++k) {
+      const double v = std::strtod(f[at[k]].c_str(), nullptr);
+      if (std::isfinite(v)) values[k].push_back(v);
+    }
+  }
+  std::vector<double> out;
+  for (size_t k = 0; k < cols.size(); ++k) {
+    if (values[k].empty())
+      throw UserError(
+          fmt::format("{}: no finished epoch with a value of '{}'; the projection "
+                      "needs at least one",
+                      path.string(), cols[k]));
+    out.push_back(median_of(values[k]));
+  }
+  return out;
+}
+
+// The parameter count: summary.json's "param_count", or for run folders written before it was
+// there, the end of its model description ("... (421834 parameters)").
+int64_t params_of(const json& summary) {
+  if (summary.contains("param_count") && summary["param_count"].is_number_integer())
+    return summary["param_count"].get<int64_t>();
+  if (!summary.contains("model") || !summary["model"].is_string()) return 0;
+  static const std::regex re(R"(\((\d+) parameters\)\s*$)");
+  std::smatch m;
+  const std::string model = summary["model"].get<std::string>();
+  return std::regex_search(model, m, re) ? std::strtoll(m[1].str().c_str(), nullptr, 10) : 0;
+}
+
+void check_path(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec))
+    throw UserError(fmt::format(
+        "{}: this is a config, not a run folder; run it first at one replica (dtrain run {} "
+        "gpus=1) and give its folder, results/<name>/<run-id>/",
+        path, path));
+  if (!fs::is_directory(path, ec)) throw UserError(fmt::format("{}: no such run folder", path));
+  if (!fs::exists(fs::path(path) / "summary.json", ec))
+    throw UserError(
+        fmt::format("{}: no summary.json; give the folder of a finished 1-replica "
+                    "run (results/<name>/<run-id>/)",
+                    path));
+}
+
+RunInput read_run(const std::string& path) {
+  check_path(path);
+  const RunRecord rec = load_run(path);
+  if (rec.gpus != 1)
+    throw UserError(
+        fmt::format("{}: this run has gpus={}; the projection starts from a "
+                    "1-replica run (dtrain run CONFIG gpus=1)",
+                    path, rec.gpus));
+  std::ifstream js(fs::path(path) / "summary.json");
+  const json summary = json::parse(js, nullptr, /*allow_exceptions=*/false);
+  RunInput r;
+  r.dir = path;
+  r.steps_per_epoch = summary.is_object() ? summary.value("steps_per_epoch", int64_t{0}) : 0;
+  if (r.steps_per_epoch <= 0)
+    throw UserError(fmt::format("{}/summary.json: no steps_per_epoch", path));
+  r.params = params_of(summary);
+  const auto m = metric_medians(path, {"data_s", "compute_s", "optimizer_s", "samples"}, r.epochs);
+  const auto per_step = [&](double v) { return v / static_cast<double>(r.steps_per_epoch); };
+  r.in.split = {per_step(m[0]), per_step(m[1]), per_step(m[2])};
+  r.in.samples_per_epoch = static_cast<int64_t>(std::llround(m[3]));
+  r.in.global_batch = rec.global_batch;
+  r.in.accumulation_steps = rec.accumulation_steps;
+  const auto cfg = run_config_values(rec);
+  if (const auto it = cfg.find("train.bucket_mb"); it != cfg.end())
+    r.bucket_mb = std::strtod(it->second.c_str(), nullptr);
+  if (const auto it = cfg.find("data.drop_remainder"); it != cfg.end())
+    r.in.drop_remainder = it->second != "false";
+  return r;
+}
+
+Link parse_link(const std::string& spec) {
+  if (const Link* l = find_link_preset(spec)) return *l;
+  const std::string prefix = "measured:";
+  if (spec.rfind(prefix, 0) == 0 && spec.size() > prefix.size()) {
+    const std::string file = spec.substr(prefix.size());
+    const LinkFit f = load_bench_fit(file);
+    return {"measured", f.alpha_s, f.busbw, "dtrain bench-comm fit from " + file};
+  }
+  throw UserError(
+      fmt::format("--link '{}': give one of {}, or measured:FILE (a dtrain "
+                  "bench-comm JSON)",
+                  spec, fmt::join(link_preset_names(), ", ")));
+}
+
+std::string fmt_or_na(double v, const char* spec_fmt, double scale = 1) {
+  return std::isfinite(v) ? fmt::format(fmt::runtime(spec_fmt), v * scale) : "n/a";
+}
+
+std::string intro(const RunInput& r, const Link& link, double backward_fraction) {
+  const auto& s = r.in.split;
+  const size_t k = r.in.buckets.size();
+  const std::string buckets = r.bucket_mb > 0 ? fmt::format("{} bucket{} of at most {:g} MiB", k,
+                                                            k == 1 ? "" : "s", r.bucket_mb)
+                                              : std::string("one all-reduce after backward");
+  return fmt::format(
+      "Projection (a model, not a measurement) of the 1-replica run {} to N GPUs.\n"
+      "Link {}: alpha {:.2f} us per ring step, busbw {:.1f} GB/s ({}).\n"
+      "Measured step at 1 replica (medians of {} epochs): data {:.4g} ms + compute {:.4g} ms + "
+      "optimizer {:.4g} ms.\n"
+      "Gradients: {} parameters ({:.3g} MB) in {}; backward = {:.3g} of compute; per-replica "
+      "batch fixed (global batch {} x N).\n",
+      r.dir, link.name, link.alpha_s * 1e6, link.busbw / 1e9, link.source, r.epochs, s.data_s * 1e3,
+      s.compute_s * 1e3, s.optimizer_s * 1e3, r.params, 4e-6 * static_cast<double>(r.params),
+      buckets, backward_fraction, r.in.global_batch);
+}
+
+std::string to_markdown(const std::vector<ProjectionRow>& rows) {
+  std::string s =
+      "| gpus | step (ms) | epoch (s) | speedup | efficiency | all-reduce (ms) | exposed (ms) | "
+      "exposed share | dominant term |\n|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : rows)
+    s += fmt::format("| {} | {:.4g} | {} | {:.2f}x | {:.3g}% | {:.4g} | {:.4g} | {:.1f}% | {} |\n",
+                     r.gpus, r.step_s * 1e3, fmt_or_na(r.epoch_s, "{:.4g}"), r.speedup,
+                     100 * r.efficiency, r.exchange_s * 1e3, r.exchange.exposed_s * 1e3,
+                     100 * r.exposed_share, to_string(r.bound));
+  return s;
+}
+
+json num(double v) {
+  return std::isfinite(v) ? json(v) : json(nullptr);
+}
+
+std::string to_json(const RunInput& r, const Link& link, double backward_fraction,
+                    const std::vector<ProjectionRow>& rows) {
+  json out = json::array();
+  for (const auto& p : rows)
+    out.push_back({{"gpus", p.gpus},
+                   {"step_s", p.step_s},
+                   {"steps_per_epoch", p.steps_per_epoch},
+                   {"epoch_s", num(p.epoch_s)},
+                   {"speedup", p.speedup},
+                   {"efficiency", p.efficiency},
+                   {"allreduce_s", p.exchange_s},
+                   {"exposed_s", p.exchange.exposed_s},
+                   {"exposed_latency_s", p.exchange.exposed_latency_s},
+                   {"exposed_bandwidth_s", p.exchange.exposed_bandwidth_s},
+                   {"exposed_share", p.exposed_share},
+                   {"dominant", to_string(p.bound)}});
+  const json j = {{"kind", "projection (a model, not a measurement)"},
+                  {"run", r.dir},
+                  {"link",
+                   {{"name", link.name},
+                    {"alpha_s", link.alpha_s},
+                    {"busbw_Bps", num(link.busbw)},
+                    {"source", link.source}}},
+                  {"step_1_replica_s",
+                   {{"data", r.in.split.data_s},
+                    {"compute", r.in.split.compute_s},
+                    {"optimizer", r.in.split.optimizer_s}}},
+                  {"params", r.params},
+                  {"bucket_mb", r.bucket_mb},
+                  {"bucket_bytes", r.in.buckets},
+                  {"backward_fraction", backward_fraction},
+                  {"global_batch_1", r.in.global_batch},
+                  {"samples_per_epoch", r.in.samples_per_epoch},
+                  {"rows", out}};
+  return j.dump(2) + "\n";
+}
+
+void check_options(const ProjectOptions& opt) {
+  if (opt.gpus.empty()) throw UserError("--gpus: give at least one GPU count, e.g. 1,2,4,8");
+  for (int n : opt.gpus)
+    if (n < 1 || n > (1 << 20))
+      throw UserError(fmt::format("--gpus {}: each GPU count must be 1 to 1048576", n));
+  if (!(opt.backward_fraction > 0 && opt.backward_fraction <= 1))
+    throw UserError(fmt::format("--backward-fraction {}: give a share of compute in (0, 1]",
+                                opt.backward_fraction));
+}
+
+}  // namespace
+
+void setup_project(CLI::App& app, ProjectOptions& opt) {
+  app.add_option("run", opt.path, "Folder of a finished 1-replica run (results/<name>/<run-id>)")
+      ->required();
+  app.add_option("--gpus", opt.gpus, "GPU counts to project to")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--link", opt.link,
+                 "nvlink-h100 (450 GB/s, 5 us), pcie4 (20 GB/s, 10 us), ib-ndr400 (45 GB/s, "
+                 "10 us), or measured:FILE (alpha and busbw_fit of a dtrain bench-comm JSON)")
+      ->capture_default_str();
+  app.add_option("--backward-fraction", opt.backward_fraction,
+                 "Share of the measured compute that is backward (the exchange overlaps it)")
+      ->capture_default_str();
+  app.add_option("--bucket-mb", opt.bucket_mb,
+                 "Gradient bucket size in MiB (default: the run's train.bucket_mb; 0: one "
+                 "all-reduce after backward)");
+  app.add_option("--params", opt.params,
+                 "Parameter count (default: the one in the run's summary.json)");
+  app.add_option("--out", opt.out, "Write OUT.md and OUT.json (default: RUN/projection-<link>)");
+  app.footer(
+      "A model of the exchange on GPUs (ring all-reduce, see README \"Why N GPUs are not "
+      "N times faster\"); nothing runs on a GPU.");
+}
+
+int run_project(const ProjectOptions& opt) {
+  check_options(opt);
+  const Link link = parse_link(opt.link);
+  RunInput r = read_run(opt.path);
+  if (opt.params > 0) r.params = opt.params;
+  if (r.params <= 0)
+    throw UserError(
+        fmt::format("{}/summary.json: no parameter count in its model description; "
+                    "give --params N",
+                    opt.path));
+  if (opt.bucket_mb >= 0) r.bucket_mb = opt.bucket_mb;
+  r.in.buckets = bucket_bytes(r.params, r.bucket_mb);
+  r.in.backward_fraction = opt.backward_fraction;
+  const auto rows = project(r.in, opt.gpus, link);
+
+  const std::string head = intro(r, link, opt.backward_fraction);
+  const std::string md = to_markdown(rows);
+  fs::path stem =
+      opt.out.empty() ? fs::path(r.dir) / ("projection-" + slug(link.name)) : fs::path(opt.out);
+  if (stem.extension() == ".md" || stem.extension() == ".json") stem.replace_extension();
+  ensure_dir(fs::absolute(stem).parent_path().string(), "projection");
+  write_file_atomic(stem.string() + ".md",
+                    "# Projection: " + link.name + "\n\n" + head + "\n" + md);
+  write_file_atomic(stem.string() + ".json", to_json(r, link, opt.backward_fraction, rows));
+  fmt::print("{}\n{}\n(written to {}.md and .json)\n", head, md, stem.string());
+  return 0;
+}
+
+}  // namespace dtrain::cli

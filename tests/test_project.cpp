@@ -1,0 +1,207 @@
+// The projection model of train/project.hpp on closed forms, and `dtrain project` on a tiny run.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/train/project.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+Link link(double alpha_s, double busbw) {
+  return {"test", alpha_s, busbw, "test"};
+}
+
+ProjectionInput input(double compute_s, std::vector<double> buckets) {
+  ProjectionInput in;
+  in.split = {0.001, compute_s, 0.002};
+  in.buckets = std::move(buckets);
+  in.samples_per_epoch = 6400;
+  in.global_batch = 64;
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("buckets are cut like GradExchange cuts them, from the end", "[project]") {
+  CHECK(bucket_bytes(1000, 0) == std::vector<double>{4000});
+  // 1 MiB = 262144 floats; the remainder is the bucket at the start, finished last.
+  CHECK(bucket_bytes(300000, 1.0) == std::vector<double>{1048576, (300000 - 262144) * 4.0});
+  CHECK(bucket_bytes(0, 25).empty());
+}
+
+TEST_CASE("ring all-reduce time: 2(n-1) alpha + 2(n-1)/n bytes / busbw", "[project]") {
+  const RingCost c = ring_allreduce(1e6, 4, link(1e-6, 1e9));
+  CHECK(c.latency_s == Approx(6e-6));
+  CHECK(c.bandwidth_s == Approx(1.5e-3));
+  CHECK(ring_allreduce(1e6, 1, link(1e-6, 1e9)).total() == 0);  // nothing to exchange
+}
+
+TEST_CASE("zero latency: only bytes cost, however they are bucketed", "[project]") {
+  const Link l = link(0, 1e10);
+  const double bytes = 4e8, whole = 2.0 * 7 / 8 * bytes / 1e10;  // n = 8
+  const auto one = simulate_exchange({bytes}, 0.1, 8, l);
+  const auto four = simulate_exchange({1e8, 1e8, 1e8, 1e8}, 0.1, 8, l);
+  CHECK(one.total_s == Approx(whole));
+  CHECK(four.total_s == Approx(whole));
+  CHECK(one.exposed_latency_s == 0);
+  CHECK(four.exposed_latency_s == 0);
+  // No overlap is possible with one bucket: all of it is exposed.
+  CHECK(one.exposed_s == Approx(whole));
+  CHECK(one.exposed_bandwidth_s == Approx(whole));
+}
+
+TEST_CASE("infinite bandwidth: each bucket costs 2(n-1) alpha", "[project]") {
+  const Link l = link(1e-5, std::numeric_limits<double>::infinity());
+  const auto t = simulate_exchange({4e6, 4e6, 4e6}, 1.0, 4, l);  // long backward
+  CHECK(t.total_s == Approx(3 * 6e-5));
+  CHECK(t.exposed_s == Approx(6e-5));  // only the last bucket runs after backward
+  CHECK(t.exposed_bandwidth_s == 0);
+  auto in = input(1e-4, {4e6, 4e6, 4e6});
+  in.split.data_s = in.split.optimizer_s = 0;
+  // A short backward: the first bucket is ready after a third of it, the others queue behind
+  // it on the link, and all three run on past the end of backward.
+  const double bw = 2.0 / 3 * 1e-4;
+  const auto row = project_step(in, 4, l);
+  CHECK(row.exchange.exposed_s == Approx(bw / 3 + 3 * 6e-5 - bw));
+  CHECK(row.bound == Bound::latency);
+}
+
+TEST_CASE("perfect overlap: tiny buckets under slow compute expose the last bucket only",
+          "[project]") {
+  const Link l = link(1e-6, 100e9);
+  const std::vector<double> buckets(100, 1e6);
+  const double backward = 1.0;  // 10 ms between buckets, each a few tens of microseconds
+  const auto t = simulate_exchange(buckets, backward, 8, l);
+  const double last = ring_allreduce(1e6, 8, l).total();
+  CHECK(t.exposed_s == Approx(last));
+  CHECK(t.total_s == Approx(100 * last));
+  const auto row = project_step(input(1.5, buckets), 8, l);  // backward = 2/3 of 1.5 s
+  CHECK(row.exchange.exposed_s == Approx(last));
+  CHECK(row.bound == Bound::compute);
+  CHECK(row.efficiency > 0.999);
+}
+
+TEST_CASE("no overlap: one bucket exposes the whole all-reduce", "[project]") {
+  const Link l = link(5e-6, 20e9);
+  const double bytes = 100e6;
+  auto in = input(0.01, {bytes});
+  const auto row = project_step(in, 4, l);
+  const double whole = 6 * 5e-6 + 1.5 * bytes / 20e9;
+  CHECK(row.exchange.exposed_s == Approx(whole));
+  CHECK(row.step_s == Approx(0.001 + 0.01 + 0.002 + whole));
+  CHECK(row.bound == Bound::bandwidth);
+  CHECK(row.speedup == Approx(4 * 0.013 / row.step_s));
+  CHECK(row.efficiency == Approx(row.speedup / 4));
+  CHECK(row.exposed_share == Approx(whole / row.step_s));
+}
+
+TEST_CASE("one GPU: speedup 1 and nothing exposed, and epochs shrink with the global batch",
+          "[project]") {
+  auto in = input(0.01, {1e6, 1e6});
+  const auto rows = project(in, {1, 2, 4}, link(5e-6, 450e9));
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].speedup == 1);
+  CHECK(rows[0].exchange.exposed_s == 0);
+  CHECK(rows[0].bound == Bound::compute);
+  CHECK(rows[0].steps_per_epoch == 100);
+  CHECK(rows[1].steps_per_epoch == 50);
+  CHECK(rows[2].epoch_s == Approx(25 * rows[2].step_s));
+  in.samples_per_epoch = 6401;
+  CHECK(steps_per_epoch(in, 4) == 25);  // the short last batch dropped
+  in.drop_remainder = false;
+  CHECK(steps_per_epoch(in, 4) == 26);
+  in.global_batch = 10000;
+  CHECK(steps_per_epoch(in, 1) == 1);
+  CHECK(std::isnan(project_step(in, 8, link(0, 1e9)).epoch_s) == false);
+  in.drop_remainder = true;
+  CHECK(std::isnan(project_step(in, 8, link(0, 1e9)).epoch_s));  // batch larger than the epoch
+}
+
+TEST_CASE("link presets", "[project]") {
+  REQUIRE(find_link_preset("nvlink-h100"));
+  CHECK(find_link_preset("nvlink-h100")->busbw == 450e9);
+  CHECK(find_link_preset("pcie4")->busbw == 20e9);
+  CHECK(find_link_preset("ib-ndr400")->alpha_s == 10e-6);
+  CHECK(find_link_preset("ethernet") == nullptr);
+}
+
+TEST_CASE("dtrain project reads a 1-replica run folder and prints a row per GPU count",
+          "[project][cli]") {
+  TempDir t("project");
+  const std::string cfg = t.write("p.yaml", R"(name: proj
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 512, test_size: 128, shape: [8], classes: 3, noise: 1.0}
+model: {hidden: [16]}
+train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0, bucket_mb: 0.0001}
+optimizer: {lr: 0.05, base_batch: 16}
+)");
+  const std::string res = (t.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=1 --quiet --tag t --results " + res).code == 0);
+  const fs::path run = t.path / "res" / "proj" / "t-g1";
+
+  const auto r = dtrain_cli("project " + run.string() + " --gpus 1,2,4,8 --link pcie4");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("a model, not a measurement") != std::string::npos);
+  for (const char* row : {"| 1 |", "| 2 |", "| 4 |", "| 8 |"})
+    CHECK(r.out.find(row) != std::string::npos);
+  CHECK(r.out.find("| 1.00x | 100% |") != std::string::npos);
+  const auto j = nlohmann::json::parse(slurp(run / "projection-pcie4.json"));
+  REQUIRE(j["rows"].size() == 4);
+  CHECK(j["rows"][0]["speedup"].get<double>() == 1.0);
+  CHECK(j["params"].get<int>() == 8 * 16 + 16 + 16 * 3 + 3);
+  CHECK(j["bucket_bytes"].size() == 8);  // 0.0001 MiB: 26 floats per bucket, 195 floats
+  CHECK(fs::exists(run / "projection-pcie4.md"));
+
+  // measured:FILE reads the fit of a bench-comm JSON (written here: a measured fit would
+  // depend on the load of the machine).
+  const std::string bench = t.write("bench.json", R"({"fit": {"a_s": 2e-5, "b_s_per_byte": 1e-9,
+    "alpha_s": 1e-5, "busbw_Bps": 1e9}})");
+  const auto m = dtrain_cli("project " + run.string() + " --gpus 1,2 --link measured:" + bench +
+                            " --out " + (t.path / "m").string());
+  INFO(m.out);
+  CHECK(m.code == 0);
+  CHECK(m.out.find("alpha 10.00 us per ring step, busbw 1.0 GB/s") != std::string::npos);
+  CHECK(fs::exists(t.path / "m.json"));
+}
+
+TEST_CASE("dtrain project refuses a config, a multi-replica run and an unknown link",
+          "[project][cli]") {
+  TempDir t("project-bad");
+  const std::string cfg = t.write("c.yaml", "name: x\n");
+  const auto c = dtrain_cli("project " + cfg);
+  CHECK(c.code == 2);
+  CHECK(count_lines(c.out) == 1);
+  CHECK(c.out.find("gpus=1") != std::string::npos);
+
+  const std::string tiny = t.write("p.yaml", R"(name: proj
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 256, test_size: 64, shape: [8], classes: 3, noise: 1.0}
+model: {hidden: [8]}
+train: {epochs: 1, per_replica_batch: 16, target_accuracy: 0}
+)");
+  const std::string res = (t.path / "res").string();
+  REQUIRE(dtrain_cli("run " + tiny + " gpus=2 --quiet --tag t --results " + res).code == 0);
+  const auto two = dtrain_cli("project " + (t.path / "res" / "proj" / "t-g2").string());
+  CHECK(two.code == 2);
+  CHECK(two.out.find("gpus=2") != std::string::npos);
+
+  const auto link = dtrain_cli("project " + cfg + " --link ethernet");
+  CHECK(link.code == 2);
+  CHECK(count_lines(link.out) == 1);
+  CHECK(link.out.find("nvlink-h100") != std::string::npos);
+  const auto missing = dtrain_cli("project " + cfg + " --link measured:" + cfg + ".json");
+  CHECK(missing.code == 2);
+  CHECK(count_lines(missing.out) == 1);
+}
