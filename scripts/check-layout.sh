@@ -49,7 +49,7 @@ while IFS= read -r -d '' file; do
           complain "lib/dtrain/$rel:$line: only backend/$tsub/ may include dtrain/$target (the backends meet in backend/*.hpp)" ;;
     esac
   done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"dtrain/' "$file" | sed 's/^\([0-9]*\):.*\("dtrain\/[^"]*"\).*/\1:\2/')
-done < <(find "$lib" -type f \( -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' -o -name '*.in' \) -print0 | sort -z)
+done < <(find "$lib" -type f \( -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' -o -name '*.in' -o -name '*.h' -o -name '*.cc' -o -name '*.inl' \) -print0 | sort -z)
 
 if [ "$bad" -gt 0 ]; then
   echo "check-layout: $bad problem(s) in $lib"

@@ -826,7 +826,7 @@ TEST_CASE("CUDA sum_squares matches the CPU twin and gives the same bits every c
     };
     const double c = on(*cpu), g1 = on(*gpu), g2 = on(*gpu);
     INFO("n " << n << ": cpu " << c << ", gpu " << g1);
-    CHECK(std::abs(g1 - c) <= 1e-12 * std::abs(c));
+    CHECK(std::abs(g1 - c) <= 2e-5 * std::abs(c));  // the CPU adds runs in float lanes
     CHECK(g1 == g2);
   }
 }

@@ -141,6 +141,17 @@ TEST_CASE("doctor: local BatchNorm on a small per-replica batch", "[doctor]") {
   c.model.type = ModelType::mlp;  // no BatchNorm at all
   c.train.per_replica_batch = 8;
   CHECK_FALSE(fires("small-bn-batch", c));
+
+  // The README's CNN on 28 x 28 images: 8 samples x 14 x 14 positions per statistic, measured
+  // harmless; the same 8 samples after a dense layer are 8 values.
+  c = cnn(healthy());
+  c.data.synthetic.shape = {1, 28, 28};
+  c.train.per_replica_batch = 8;
+  CHECK_FALSE(fires("small-bn-batch", c));
+  c.model.type = ModelType::layers;
+  c.model.layers = {LayerSpec{LayerType::flatten}, LayerSpec{LayerType::dense, 32},
+                    LayerSpec{LayerType::batchnorm}, LayerSpec{LayerType::relu}};
+  CHECK(fires("small-bn-batch", c));
 }
 
 TEST_CASE("doctor: gradient accumulation with BatchNorm", "[doctor]") {

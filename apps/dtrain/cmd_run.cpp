@@ -229,8 +229,9 @@ int run_run(const RunOptions& opt) {
     if (leader)
       rec = std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
     // The known pitfalls of this config, in the run's log (dtrain doctor prints the same).
-    for (const auto& f : diagnose(r.config, data_cache[data_key(r.config)].get()))
-      log().warn("{}", to_line(f));
+    if (leader)
+      for (const auto& f : diagnose(r.config, data_cache[data_key(r.config)].get()))
+        log().warn("{}", to_line(f));
     index[i].status = "running";
     save_index();
     const DataSplit& data = *data_cache[data_key(r.config)];

@@ -35,12 +35,13 @@ class GradExchange {
   // for all work queued after this call on the device's stream).
   void finish();
 
-  // Squared gradient norms for the noise scale, for the step begun next: each bucket's local
-  // values are added to norms[0] just before the bucket is reduced, and the whole reduced
-  // buffer to norms[1] once finish() has waited. `norms` is memory of `dev`; null turns it off.
-  void measure_norms(Device* dev, double* norms) {
+  // The local squared gradient norm for the noise scale, for the step begun next: each
+  // bucket's values are added to *norm just before the bucket is reduced (the last moment they
+  // are this replica's own). `norm` is memory of `dev`; null turns it off. The time it takes is
+  // compute, not exchange: seconds() leaves it out.
+  void measure_norm(Device* dev, double* norm) {
     norm_dev_ = dev;
-    norms_ = norms;
+    norm_ = norm;
   }
 
   // Device seconds the exchange itself took (first bucket to last, on its own stream) over the
@@ -68,7 +69,7 @@ class GradExchange {
   double seconds_ = 0;
   bool single_ = false;  // one bucket, reduced in finish()
   Device* norm_dev_ = nullptr;
-  double* norms_ = nullptr;
+  double* norm_ = nullptr;
 };
 
 // All-reduce through a host Communicator (in-process threads or MPI). On a device whose memory

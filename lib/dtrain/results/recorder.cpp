@@ -216,7 +216,10 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
 // (McCandlish et al. 2018), steps shrink in proportion to the global batch below B_simple and
 // stop shrinking well above it. Null where it was not measured.
 static nlohmann::json noise_scale_json(const std::vector<EpochMetrics>& epochs, const Config& cfg) {
-  if (epochs.empty() || !std::isfinite(epochs.back().noise_b_simple)) return nullptr;
+  // Early in training, or on a noisy run, the averaged trace can still be negative: no advice.
+  if (epochs.empty() || !std::isfinite(epochs.back().noise_b_simple) ||
+      epochs.back().noise_b_simple <= 0)
+    return nullptr;
   const EpochMetrics& m = epochs.back();
   const double per_replica = static_cast<double>(cfg.global_batch()) / cfg.gpus;
   const double replicas = m.noise_b_simple / per_replica;

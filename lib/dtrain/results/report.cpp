@@ -139,6 +139,7 @@ RunRecord load_run(const std::string& dir) {
   r.exposed_exchange_share = opt_number(j, "exposed_exchange_share");
   if (j.contains("noise_scale") && j["noise_scale"].is_object())
     r.noise_b_simple = opt_number(j["noise_scale"], "b_simple");
+  if (r.noise_b_simple && *r.noise_b_simple <= 0) r.noise_b_simple.reset();
   if (j.contains("config") && j["config"].is_object()) r.config = config_values(j["config"]);
   return r;
 }

@@ -11,10 +11,13 @@ namespace dtrain {
 
 namespace {
 
-// Below this many samples per BatchNorm statistic, normalisation error grows quickly (Wu & He
-// 2018, Group Normalization, figure 1: ResNet-50 on ImageNet loses 1 point at 8 samples per
-// GPU and 11 points at 2).
+// BatchNorm statistics from fewer than 16 samples hurt (Wu & He 2018, Group Normalization,
+// figure 1: ResNet-50 on ImageNet loses 1.2 points at 8 samples per GPU and 11 at 2), unless
+// the statistic also pools enough positions of a feature map: dtrain's small CNN lost nothing
+// measurable at 8 samples x 14 x 14 positions (README), while ResNet-50's last stage pools
+// 8 x 7 x 7. So the rule needs both: few samples and few values per statistic.
 constexpr int64_t kSmallBnBatch = 16;
+constexpr int64_t kSmallBnValues = 1024;
 // Linear scaling this far past base_batch wants a warmup (Goyal et al. 2017 warm up over 5
 // epochs at 8k; dtrain's own run at 8x without warmup stuck at chance, see README).
 constexpr double kFarPastBase = 4.0;
@@ -24,16 +27,55 @@ struct Context {
   const DataSplit* data;
   int64_t global = 0, micro = 0;
   double scale = 1.0;  // global batch / base_batch
-  bool batchnorm = false;
+  int64_t bn_positions = 0;  // see bn_positions(); 0 without BatchNorm
   std::vector<Finding> out;
 
   void add(const char* rule, std::string message) { out.push_back({rule, std::move(message)}); }
 };
 
-bool has_batchnorm(const ModelConfig& m) {
-  const auto layers = expand_layers(m);
-  return std::any_of(layers.begin(), layers.end(),
-                     [](const LayerSpec& l) { return l.type == LayerType::batchnorm; });
+// The fewest positions any BatchNorm layer pools per channel (h x w of its input map, 1 after a
+// dense layer), following the shapes as build_model does; 0 without BatchNorm.
+int64_t bn_positions(const ModelConfig& m, const std::vector<int64_t>& input) {
+  bool spatial = input.size() == 3;
+  int64_t h = spatial ? input[1] : 1, w = spatial ? input[2] : 1, fewest = 0;
+  for (const LayerSpec& l : expand_layers(m)) {
+    switch (l.type) {
+      case LayerType::conv: {
+        const int64_t s = l.stride > 0 ? l.stride : 1;
+        h = (h + 2 * l.padding - l.kernel) / s + 1;
+        w = (w + 2 * l.padding - l.kernel) / s + 1;
+        break;
+      }
+      case LayerType::maxpool: {
+        const int64_t s = l.stride > 0 ? l.stride : l.kernel;
+        h = (h - l.kernel) / s + 1;
+        w = (w - l.kernel) / s + 1;
+        break;
+      }
+      case LayerType::global_avg_pool:
+        h = w = 1;
+        break;
+      case LayerType::flatten:
+      case LayerType::dense:
+        spatial = false;
+        break;
+      case LayerType::batchnorm: {
+        const int64_t p = spatial ? std::max<int64_t>(1, h * w) : 1;
+        fewest = fewest == 0 ? p : std::min(fewest, p);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return fewest;
+}
+
+// The per-sample input shape: the data's where loaded, else what the config says it will be.
+std::vector<int64_t> input_shape(const Context& c) {
+  if (c.data) return c.data->train.shape;
+  if (c.cfg.data.dataset == DatasetKind::synthetic) return c.cfg.data.synthetic.shape;
+  return {1, 28, 28};  // Fashion-MNIST, MNIST and IDX images
 }
 
 // Training samples per epoch, where known without reading files.
@@ -110,16 +152,18 @@ void check_data_order(Context& c) {
 }
 
 void check_batchnorm(Context& c) {
-  if (!c.batchnorm) return;
+  if (c.bn_positions == 0) return;
   const Config& cfg = c.cfg;
   const int64_t per_stat =
       cfg.model.batchnorm == BatchNormMode::sync ? c.micro * cfg.gpus : c.micro;
-  if (per_stat < kSmallBnBatch)
+  if (per_stat < kSmallBnBatch && per_stat * c.bn_positions < kSmallBnValues)
     c.add("small-bn-batch",
-          fmt::format("BatchNorm statistics come from {} samples (model.batchnorm: {}, {} per "
-                      "replica); below {} they are noisy and accuracy drops; fix: "
-                      "model.batchnorm: sync, or a larger per-replica batch",
-                      per_stat, to_string(cfg.model.batchnorm), c.micro, kSmallBnBatch));
+          fmt::format("BatchNorm statistics come from {} samples x {} positions = {} values "
+                      "(model.batchnorm: {}, {} per replica); below {} samples and {} values "
+                      "they are noisy and accuracy drops; fix: model.batchnorm: sync, or a larger "
+                      "per-replica batch",
+                      per_stat, c.bn_positions, per_stat * c.bn_positions,
+                      to_string(cfg.model.batchnorm), c.micro, kSmallBnBatch, kSmallBnValues));
   if (cfg.train.accumulation_steps > 1)
     c.add("accumulation-bn",
           fmt::format("train.accumulation_steps: {} with BatchNorm: its statistics come from each "
@@ -157,7 +201,7 @@ std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data) {
   c.global = cfg.global_batch();
   c.micro = cfg.micro_batch();
   c.scale = static_cast<double>(c.global) / static_cast<double>(cfg.optimizer.base_batch);
-  c.batchnorm = has_batchnorm(cfg.model);
+  c.bn_positions = bn_positions(cfg.model, input_shape(c));
   check_reduction(c);
   check_lr_rule(c);
   check_data_order(c);

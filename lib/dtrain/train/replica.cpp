@@ -146,7 +146,6 @@ void Replica::report_start() {
   info.param_count = model_->param_count();
   info.backend = to_string(run_.place.backend);
   info.precision = to_string(cfg_.precision);
-  info.blas = blas_description();
   info.cuda_graph = graph_state_;
   if (!graph_state_.empty()) info.devices += "; CUDA graphs " + graph_state_;
   if (run_.observer) run_.observer->on_start(info);
@@ -223,14 +222,27 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   return out;
 }
 
+// This rank's slice of the reduced gradients' squared norm (the optimizer only read them): the
+// reduced buffer is the same on every rank, so the slices add up to its whole norm over the
+// ranks, at 1/N of the cost. Outside the timed phases.
+void Replica::reduced_norm(double* out) {
+  const auto n = static_cast<size_t>(model_->param_count()), r = static_cast<size_t>(rank_);
+  const auto size = static_cast<size_t>(replicas_);
+  const size_t lo = n * r / size, hi = n * (r + 1) / size;
+  if (hi > lo) dev_->sum_squares(model_->grads() + lo, hi - lo, out);
+}
+
 // One step's squared norms, summed over ranks: the local ones average to |G_small|^2 over the
-// replicas' B_small = B_big / N samples each; the reduced one is the same on every rank, and a
-// `sum` reduction makes it N^2 |G_big|^2.
+// replicas' B_small = B_big / N samples each; the ranks' slices of the reduced buffer add up to
+// its whole norm, which a `sum` reduction makes N^2 |G_big|^2.
 void Replica::add_noise_step(const double* st) {
   const double n = replicas_;
   const double b_big = st[kRows];
+  // A short last step splits its rows unevenly (a rank may even get none): its local
+  // gradients are not means over B_big / N samples, so it is left out.
+  if (b_big != static_cast<double>(gbatch_)) return;
   const double big_scale = cfg_.train.reduction == Reduction::sum ? n * n : 1.0;
-  noise_.add(b_big / n, b_big, st[kLocalNorm] / n, st[kReducedNorm] / n / big_scale);
+  noise_.add(b_big / n, b_big, st[kLocalNorm] / n, st[kReducedNorm] / big_scale);
 }
 
 void Replica::check_fault() {
@@ -244,7 +256,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
   check_fault();
   const bool in_graph = graph_policy(plan.batch_size(s)) != GraphMode::eager;
   double* stats = in_graph ? graph_stats_.data() : dev_stats_.data() + s * kDev;
-  if (measure_noise_) exchange_->measure_norms(dev_.get(), stats + kLocalNorm);
+  if (measure_noise_) exchange_->measure_norm(dev_.get(), stats + kLocalNorm);
   try {
     mark(0);
     if (in_graph) dev_->zero(stats, kDev * sizeof(double));
@@ -256,6 +268,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     opt_->step(model_->params(), model_->grads(), lr);
     mark(3);
     t.optimizer += seconds_since(t0);
+    if (measure_noise_) reduced_norm(stats + kReducedNorm);
     if (in_graph) queue_->graph_step_end();
   } catch (const SystemError& e) {
     if (!in_graph) throw;

@@ -78,6 +78,7 @@ class Replica {
   void report_start();
   void check_fault();
   void add_noise_step(const double* st);
+  void reduced_norm(double* out);
   void mark(int phase) {
     if (queue_) queue_->step_mark(phase);
   }

@@ -193,6 +193,7 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                     comm.size(), comm.kind(), threads, threads == 1 ? "" : "s",
                     to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
   }
+  sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   try {
     run_replica(sh, comm);
   } catch (...) {
@@ -226,6 +227,7 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
           : fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}{}", cfg.gpus,
                         cfg.gpus == 1 ? "" : "s", per_replica, per_replica == 1 ? "" : "s",
                         to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
+  sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;
   std::exception_ptr first_error;

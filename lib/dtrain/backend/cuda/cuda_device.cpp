@@ -377,7 +377,9 @@ void CudaDevice::sum_squares(const float* x, size_t n, double* acc) {
   enqueue([&] {
     if (norm_partials_.size() < 256) norm_partials_.resize(*this, 256);  // kernels::kThreads
     double* partials = norm_partials_.data();
-    launch([&](cudaStream_t s) { kernels::sum_squares(x, n, acc, partials, s); });
+    launch([&](cudaStream_t s) { kernels::sum_squares_partial(x, n, partials, s); });
+    const unsigned count = kernels::sum_squares_blocks(n);
+    launch([&](cudaStream_t s) { kernels::add_partials(partials, count, acc, s); });
   });
 }
 

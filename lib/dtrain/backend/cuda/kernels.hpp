@@ -31,8 +31,11 @@ using Bf16 = uint16_t;
 // ---- elementwise.cuh ----
 void fill(float* x, size_t n, float v, cudaStream_t s);
 void scale(float* x, size_t n, float a, cudaStream_t s);  // x *= a
-// *acc += sum of x[i]^2 in double; `scratch` holds kThreads (256) doubles of partial sums.
-void sum_squares(const float* x, size_t n, double* acc, double* scratch, cudaStream_t s);
+// Squared norm in double, in two launches: sum_squares_partial writes sum_squares_blocks(n)
+// (at most 256) partial sums, add_partials adds them in order to *acc.
+unsigned sum_squares_blocks(size_t n);
+void sum_squares_partial(const float* x, size_t n, double* partial, cudaStream_t s);
+void add_partials(const double* partial, unsigned count, double* acc, cudaStream_t s);
 void multiply(const float* x, const float* mask, float* y, size_t n, cudaStream_t s);
 
 // ---- bias.cuh ----

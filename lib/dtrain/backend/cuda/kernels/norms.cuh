@@ -25,10 +25,16 @@ __global__ void k_add_partials(const double* partial, unsigned count, double* ac
 
 }  // namespace
 
-void sum_squares(const float* x, size_t n, double* acc, double* scratch, cudaStream_t s) {
-  const unsigned blocks = std::min<unsigned>(blocks_for(n), kThreads);
-  k_sum_squares_partial<<<blocks, kThreads, 0, s>>>(x, n, scratch);
-  k_add_partials<<<1, kThreads, 0, s>>>(scratch, blocks, acc);
+unsigned sum_squares_blocks(size_t n) {
+  return std::min<unsigned>(blocks_for(n), kThreads);
+}
+
+void sum_squares_partial(const float* x, size_t n, double* partial, cudaStream_t s) {
+  k_sum_squares_partial<<<sum_squares_blocks(n), kThreads, 0, s>>>(x, n, partial);
+}
+
+void add_partials(const double* partial, unsigned count, double* acc, cudaStream_t s) {
+  k_add_partials<<<1, kThreads, 0, s>>>(partial, count, acc);
 }
 
 }  // namespace dtrain::kernels
