@@ -62,6 +62,19 @@ inline Config synthetic_config(int gpus, int64_t per_replica_batch) {
   return c;
 }
 
+// A tiny synthetic experiment, as YAML, that dtrain runs in well under a second per run.
+inline std::string tiny_config(const std::string& name_yaml) {
+  return "name: " + name_yaml + R"(
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 512, test_size: 128, shape: [8], classes: 3, noise: 1.0}
+model: {hidden: [16]}
+train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0}
+optimizer: {lr: 0.05, base_batch: 16}
+)";
+}
+
 // Relative difference with a floor on the denominator.
 inline double rel_diff(double a, double b) {
   const double d = std::abs(a - b);

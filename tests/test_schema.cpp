@@ -52,18 +52,6 @@ Config with(const std::string& key, const std::string& value) {
   return parse_config("name: base\n", "exp.yaml", {{key, value}});
 }
 
-std::string tiny_config(const std::string& name) {
-  return "name: " + name + R"(
-threads: 1
-data:
-  dataset: synthetic
-  synthetic: {train_size: 512, test_size: 128, shape: [8], classes: 3, noise: 1.0}
-model: {hidden: [16]}
-train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0}
-optimizer: {lr: 0.05, base_batch: 16}
-)";
-}
-
 json read_json(const fs::path& p) {
   return json::parse(slurp(p));
 }

@@ -80,19 +80,6 @@ std::vector<std::string> pwned_files(const fs::path& root) {
   return found;
 }
 
-// A tiny synthetic experiment that dtrain runs in well under a second per run.
-std::string tiny_config(const std::string& name_yaml) {
-  return "name: " + name_yaml + R"(
-threads: 1
-data:
-  dataset: synthetic
-  synthetic: {train_size: 512, test_size: 128, shape: [8], classes: 3, noise: 1.0}
-model: {hidden: [16]}
-train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0}
-optimizer: {lr: 0.05, base_batch: 16}
-)";
-}
-
 bool is_png(const fs::path& p) {
   const auto png = slurp(p);
   return png.size() > 1000 && png.substr(1, 3) == "PNG";

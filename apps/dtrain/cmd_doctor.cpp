@@ -8,10 +8,7 @@
 namespace dtrain::cli {
 
 void setup_doctor(CLI::App& app, DoctorOptions& opt) {
-  app.add_option("config", opt.config, "Experiment YAML file")
-      ->required()
-      ->check(CLI::ExistingFile);
-  app.add_option("overrides", opt.overrides, "key=value overrides, as for `dtrain run`");
+  add_config_arguments(app, opt.config, opt.overrides);
   app.add_flag("--no-data", opt.skip_data,
                "Read the config only (the data rules, dropped samples and label order, need "
                "the data)");
@@ -19,22 +16,15 @@ void setup_doctor(CLI::App& app, DoctorOptions& opt) {
 
 int run_doctor(const DoctorOptions& opt) {
   const auto runs = plan_runs(opt.config, opt.overrides);
-  std::string data_key;
-  DataSplit data;
+  DataCache cache;
   size_t findings = 0;
   for (const auto& r : runs) {
-    if (!opt.skip_data) {
-      const std::string key = data_identity(r.config.data, r.config.train.seed);
-      if (key != data_key) {
-        data = load_data(r.config.data, r.config.train.seed);
-        data_key = key;
-      }
-    }
+    const DataSplit* data = opt.skip_data ? nullptr : &cache.get(r.config);
     const std::string who =
         runs.size() > 1
             ? fmt::format("gpus={}{}: ", r.config.gpus, r.label.empty() ? "" : " " + r.label)
             : "";
-    for (const auto& f : diagnose(r.config, opt.skip_data ? nullptr : &data)) {
+    for (const auto& f : diagnose(r.config, data)) {
       fmt::print("doctor: {}[{}] {}\n", who, f.rule, f.message);
       ++findings;
     }

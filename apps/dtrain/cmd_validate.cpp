@@ -8,31 +8,25 @@
 namespace dtrain::cli {
 
 void setup_validate(CLI::App& app, ValidateOptions& opt) {
-  app.add_option("config", opt.config, "Experiment YAML file")
-      ->required()
-      ->check(CLI::ExistingFile);
-  app.add_option("overrides", opt.overrides, "key=value overrides, as for `dtrain run`");
+  add_config_arguments(app, opt.config, opt.overrides);
   app.add_flag("--no-data", opt.skip_data, "Check the config only, not the data files");
   app.add_flag("--print", opt.print, "Print each run's resolved config");
 }
 
 int run_validate(const ValidateOptions& opt) {
   const auto runs = plan_runs(opt.config, opt.overrides);
-  std::string data_key;
-  DataSplit data;
+  DataCache cache;
+  std::string description;
   for (const auto& r : runs) {
     if (!opt.skip_data) {
-      const std::string key = data_identity(r.config.data, r.config.train.seed);
-      if (key != data_key) {
-        data = load_data(r.config.data, r.config.train.seed);
-        data_key = key;
-      }
+      const DataSplit& data = cache.get(r.config);
       check_plan(r.config, data);
+      description = data.description;
     }
     if (opt.print) fmt::print("# {}\n{}\n", run_id("TAG", r), to_yaml(r.config));
   }
   fmt::print("{}: valid ({} run{}{})\n", opt.config, runs.size(), runs.size() == 1 ? "" : "s",
-             opt.skip_data ? ", data not checked" : fmt::format("; data: {}", data.description));
+             opt.skip_data ? ", data not checked" : fmt::format("; data: {}", description));
   return 0;
 }
 

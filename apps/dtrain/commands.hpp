@@ -5,7 +5,24 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+
 namespace dtrain::cli {
+
+// The positional config file and key=value overrides of every command that reads a config.
+void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::string>& overrides);
+
+// The data of the runs of a sweep, loaded again only when a run's data identity changes (runs
+// of one sweep usually share it).
+class DataCache {
+ public:
+  const DataSplit& get(const Config& c);
+
+ private:
+  std::string key_;
+  DataSplit data_;
+};
 
 struct RunOptions {
   std::string config;
