@@ -279,7 +279,8 @@ int run_run(const RunOptions& opt) {
     const std::string base = (fs::path(opt.results) / name / ("comparison-" + tag)).string();
     write_file_atomic(base + ".md", to_markdown(cmp));
     write_file_atomic(base + ".csv", to_csv(cmp));
-    fmt::print("\n## {}\n\n{}\n(written to {}.md and .csv)\n", name, to_markdown(cmp), base);
+    if (opt.print_table)
+      fmt::print("\n## {}\n\n{}\n(written to {}.md and .csv)\n", name, to_markdown(cmp), base);
   }
   if (stop_requested()) {
     log().warn("interrupted");

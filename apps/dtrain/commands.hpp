@@ -31,6 +31,7 @@ struct RunOptions {
   std::string tag;
   bool resume = false;
   bool quiet = false;
+  bool print_table = true;  // false: the comparison table is written, not printed (explain)
 };
 void setup_run(CLI::App& app, RunOptions& opt);
 int run_run(const RunOptions& opt);
@@ -98,5 +99,22 @@ struct ProjectOptions {
 };
 void setup_project(CLI::App& app, ProjectOptions& opt);
 int run_project(const ProjectOptions& opt);
+
+}  // namespace dtrain::cli
+
+namespace dtrain::cli {
+
+struct ExplainOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  int seeds = 1;
+  std::string order;  // comma list of setting names; "" = the default order
+  std::string results = "results";
+  std::string tag;
+  bool resume = false;
+  bool quiet = false;
+};
+void setup_explain(CLI::App& app, ExplainOptions& opt);
+int run_explain(const ExplainOptions& opt);
 
 }  // namespace dtrain::cli

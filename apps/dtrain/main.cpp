@@ -45,6 +45,7 @@ int run_main(int argc, char** argv) {
       "  dtrain run configs/quickstart.yaml gpus=1,2,4 optimizer.lr_scaling=sqrt\n"
       "  dtrain validate configs/pitfall-sum-reduction.yaml\n"
       "  dtrain doctor configs/quickstart.yaml gpus=8\n"
+      "  dtrain explain configs/quickstart.yaml gpus=8 --seeds 3\n"
       "  dtrain report results/pitfalls --plots",
       "dtrain"};
   app.require_subcommand(1);
@@ -64,6 +65,10 @@ int run_main(int argc, char** argv) {
   auto* doctor_cmd = app.add_subcommand(
       "doctor", "Name the known reasons N replicas train worse than 1, before any training");
   dtrain::cli::setup_doctor(*doctor_cmd, doctor_opt);
+  dtrain::cli::ExplainOptions explain_opt;
+  auto* explain_cmd = app.add_subcommand(
+      "explain", "Attribute the accuracy gap of N replicas against 1, one setting per run");
+  dtrain::cli::setup_explain(*explain_cmd, explain_opt);
   dtrain::cli::ReportOptions report_opt;
   auto* report_cmd =
       app.add_subcommand("report", "Regenerate comparison tables (and figures) from run folders");
@@ -96,7 +101,7 @@ int run_main(int argc, char** argv) {
 
   // Only `run` stops at a step boundary and records what it has; the other commands write
   // nothing half-done, so Ctrl-C and SIGTERM end them at once.
-  if (*run_cmd) {
+  if (*run_cmd || *explain_cmd) {
     std::signal(SIGINT, on_interrupt);
     std::signal(SIGTERM, on_interrupt);
   }
@@ -104,6 +109,7 @@ int run_main(int argc, char** argv) {
     if (*run_cmd) return dtrain::cli::run_run(run_opt);
     if (*validate_cmd) return dtrain::cli::run_validate(validate_opt);
     if (*doctor_cmd) return dtrain::cli::run_doctor(doctor_opt);
+    if (*explain_cmd) return dtrain::cli::run_explain(explain_opt);
     if (*report_cmd) return dtrain::cli::run_report(report_opt);
     if (*devices_cmd) return dtrain::cli::run_devices(devices_opt);
     if (*bench_comm_cmd) return dtrain::cli::run_bench_comm(bench_comm_opt);

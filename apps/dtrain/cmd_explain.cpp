@@ -1,0 +1,254 @@
+// dtrain explain: the accuracy gap between a config's 1-replica and N-replica runs, attributed
+// one setting at a time. Every rung is a normal `dtrain run` (run_run) with its own tag.
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <optional>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+#include "dtrain/base/stop.hpp"
+#include "dtrain/config/plan.hpp"
+#include "dtrain/results/report.hpp"
+#include "dtrain/train/explain.hpp"
+
+namespace dtrain::cli {
+
+namespace fs = std::filesystem;
+
+void setup_explain(CLI::App& app, ExplainOptions& opt) {
+  add_config_arguments(app, opt.config, opt.overrides);
+  app.add_option("--seeds", opt.seeds, "Runs per rung, with train.seed=1..K (mean and sd)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--order", opt.order,
+                 "Order of the rungs after the equivalent, a comma list of global_batch, "
+                 "lr_rule, warmup, batchnorm, reduction, sharding, accumulation (settings not "
+                 "named follow in this order)");
+  app.add_option("--results", opt.results, "Results root, as for `dtrain run`")
+      ->capture_default_str();
+  app.add_option("--tag", opt.tag, "Name of this explanation (default: UTC date-time)");
+  app.add_flag("--resume", opt.resume,
+               "Continue an earlier explain with the same --tag: finished rungs are skipped");
+  app.add_flag("-q,--quiet", opt.quiet, "Only warnings, errors and the final table");
+}
+
+namespace {
+
+struct RungResult {
+  ExplainRung rung;
+  std::string tag;
+  std::vector<std::string> overrides;  // everything passed to run_run
+  std::vector<std::string> run_ids;
+  Stat acc, loss, time;
+};
+
+std::string utc_tag() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return fmt::format("{:%Y%m%d-%H%M%S}", tm);
+}
+
+// The user's overrides that explain does not set itself on every rung.
+std::vector<std::string> other_overrides(const ExplainOptions& opt) {
+  const auto& managed = explain_keys();
+  std::vector<std::string> out;
+  for (const auto& text : opt.overrides) {
+    const std::string key = parse_override(text).key;
+    if (key == "gpus" || (opt.seeds > 1 && key == "train.seed")) continue;
+    if (std::find(managed.begin(), managed.end(), key) != managed.end()) continue;
+    out.push_back(text);
+  }
+  return out;
+}
+
+std::vector<ExplainRung> plan_rungs(const ExplainOptions& opt, std::string& experiment) {
+  const auto order = parse_explain_order(opt.order);
+  const auto user = plan_runs(opt.config, opt.overrides);
+  if (user.size() != 1)
+    throw UserError("explain takes one value per key (no comma lists); --seeds K repeats "
+                    "each rung with seeds 1..K");
+  std::vector<std::string> base_ov;
+  for (const auto& text : opt.overrides)
+    if (parse_override(text).key != "gpus") base_ov.push_back(text);
+  base_ov.push_back("gpus=1");
+  const auto base = plan_runs(opt.config, base_ov);
+  experiment = user[0].config.name;
+  return plan_explain(base[0].config, user[0].config, order);
+}
+
+// Loads the finished runs of one rung and their statistics.
+void collect(const ExplainOptions& opt, const std::string& experiment, RungResult& rr) {
+  std::vector<double> acc, loss, time;
+  for (const auto& r : plan_runs(opt.config, rr.overrides)) {
+    const std::string id = run_id(rr.tag, r);
+    const fs::path dir = fs::path(opt.results) / experiment / id;
+    if (!fs::exists(dir / "summary.json")) continue;
+    const RunRecord rec = load_run(dir.string());
+    rr.run_ids.push_back(id);
+    acc.push_back(rec.final_test_acc.value_or(NAN));
+    loss.push_back(rec.final_train_loss.value_or(NAN));
+    time.push_back(rec.median_epoch_time_s.value_or(NAN));
+  }
+  rr.acc = stat_of(acc);
+  rr.loss = stat_of(loss);
+  rr.time = stat_of(time);
+}
+
+std::string stat_cell(const Stat& s, double scale, int digits) {
+  if (!s.mean) return "-";
+  if (!s.sd) return fmt::format("{:.{}f}", *s.mean * scale, digits);
+  return fmt::format("{:.{}f} ± {:.{}f}", *s.mean * scale, digits, *s.sd * scale, digits);
+}
+
+struct Delta {
+  std::optional<double> value;
+  bool noise = false;
+};
+
+Delta delta_of(const Stat& prev, const Stat& cur, double scale) {
+  Delta d;
+  if (!prev.mean || !cur.mean) return d;
+  d.value = (*cur.mean - *prev.mean) * scale;
+  const double sd = std::max(prev.sd.value_or(0), cur.sd.value_or(0)) * scale;
+  d.noise = sd > 0 && std::abs(*d.value) < sd;
+  return d;
+}
+
+std::string delta_cell(const Delta& d, int digits) {
+  if (!d.value) return "-";
+  return fmt::format("{:+.{}f}{}", *d.value, digits, d.noise ? " (noise)" : "");
+}
+
+// "matches the baseline" when the equivalent's final train loss is the baseline's (1e-4).
+bool equivalent_matches(const RungResult& base, const RungResult& eq) {
+  if (!base.loss.mean || !eq.loss.mean) return false;
+  const double a = *base.loss.mean, b = *eq.loss.mean;
+  return std::abs(a - b) <= 1e-4 * std::max({std::abs(a), std::abs(b), 1e-12});
+}
+
+}  // namespace
+
+namespace {
+
+const char* kOrderNote =
+    "The order of the rungs matters where settings interact: each rung's delta is measured "
+    "with the earlier rungs' changes in place (change it with --order, e.g. --order "
+    "reduction,global_batch).";
+
+std::string equivalence_line(const std::vector<RungResult>& rs) {
+  if (equivalent_matches(rs[0], rs[1]))
+    return "The equivalent run matches the baseline (final train loss within 1e-4): the "
+           "replica count alone costs nothing.";
+  return "The equivalent run DOES NOT match the baseline (final train loss differs by more "
+         "than 1e-4): the N-replica step is not the 1-replica step here.";
+}
+
+std::string to_markdown(const std::vector<RungResult>& rs) {
+  std::string md = std::string(kOrderNote) + "\n\n" + equivalence_line(rs) + "\n\n";
+  md += "| rung | setting changed | runs | final test acc (%) | delta acc (points) | final "
+        "train loss | delta loss | median epoch (s) |\n|---|---|---|---|---|---|---|---|\n";
+  const RungResult* prev = nullptr;
+  for (size_t k = 0; k < rs.size(); ++k) {
+    const auto& r = rs[k];
+    const std::string name = fmt::format("{} {}", k, r.rung.name);
+    if (r.rung.skipped) {
+      md += fmt::format("| {} | {} | 0 | | | | | |\n", name, r.rung.change);
+      continue;
+    }
+    const Delta da = prev ? delta_of(prev->acc, r.acc, 100) : Delta{};
+    const Delta dl = prev ? delta_of(prev->loss, r.loss, 1) : Delta{};
+    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", name, r.rung.change,
+                      r.run_ids.size(), stat_cell(r.acc, 100, 2), delta_cell(da, 2),
+                      stat_cell(r.loss, 1, 4), delta_cell(dl, 4), stat_cell(r.time, 1, 3));
+    prev = &r;
+  }
+  return md;
+}
+
+nlohmann::json stat_json(const Stat& s) {
+  nlohmann::json j = {{"n", s.n}, {"mean", nullptr}, {"sd", nullptr}};
+  if (s.mean) j["mean"] = *s.mean;
+  if (s.sd) j["sd"] = *s.sd;
+  return j;
+}
+
+nlohmann::json delta_json(const Delta& d) {
+  if (!d.value) return nullptr;
+  return {{"value", *d.value}, {"noise", d.noise}};
+}
+
+std::string to_json(const std::string& experiment, const std::vector<RungResult>& rs) {
+  nlohmann::json rungs = nlohmann::json::array();
+  const RungResult* prev = nullptr;
+  for (const auto& r : rs) {
+    nlohmann::json j = {{"name", r.rung.name},         {"setting", r.rung.setting},
+                        {"change", r.rung.change},     {"skipped", r.rung.skipped},
+                        {"overrides", r.overrides},    {"tag", r.tag},
+                        {"run_ids", r.run_ids},        {"final_test_acc", stat_json(r.acc)},
+                        {"final_train_loss", stat_json(r.loss)},
+                        {"median_epoch_time_s", stat_json(r.time)}};
+    if (!r.rung.skipped) {
+      j["delta_acc_points"] = prev ? delta_json(delta_of(prev->acc, r.acc, 100)) : nullptr;
+      j["delta_train_loss"] = prev ? delta_json(delta_of(prev->loss, r.loss, 1)) : nullptr;
+      prev = &r;
+    }
+    rungs.push_back(std::move(j));
+  }
+  const nlohmann::json out = {{"experiment", experiment},
+                              {"note", kOrderNote},
+                              {"equivalent_matches", equivalent_matches(rs[0], rs[1])},
+                              {"rungs", rungs}};
+  return out.dump(2) + "\n";
+}
+
+}  // namespace
+
+int run_explain(const ExplainOptions& opt) {
+  if (opt.resume && opt.tag.empty())
+    throw UserError("--resume needs --tag: it continues an earlier explain by name");
+  const std::string tag = opt.tag.empty() ? utc_tag() : slug(opt.tag);
+  std::string experiment;
+  const auto rungs = plan_rungs(opt, experiment);
+  const auto others = other_overrides(opt);
+  std::vector<RungResult> results;
+  int failed = 0;
+  for (size_t k = 0; k < rungs.size(); ++k) {
+    RungResult rr{rungs[k], fmt::format("explain-{}-rung{}", tag, k), others, {}, {}, {}, {}};
+    rr.overrides.insert(rr.overrides.end(), rungs[k].overrides.begin(), rungs[k].overrides.end());
+    if (opt.seeds > 1) {
+      std::vector<int> seeds(opt.seeds);
+      for (int s = 0; s < opt.seeds; ++s) seeds[s] = s + 1;
+      rr.overrides.push_back(fmt::format("train.seed={}", fmt::join(seeds, ",")));
+    }
+    if (rr.rung.skipped)
+      fmt::print("explain: rung {} ({}): {}\n", k, rr.rung.name, rr.rung.change);
+    if (!rr.rung.skipped && !stop_requested()) {
+      fmt::print("explain: rung {} ({}): {}\n", k, rr.rung.name, rr.rung.change);
+      std::fflush(stdout);
+      RunOptions ro{opt.config, rr.overrides, opt.results, rr.tag, opt.resume, opt.quiet, false};
+      const int code = run_run(ro);
+      if (code == 130) return 130;
+      failed += code != 0;
+    }
+    if (!rr.rung.skipped) collect(opt, experiment, rr);
+    results.push_back(std::move(rr));
+  }
+  const std::string md = to_markdown(results);
+  const std::string base = (fs::path(opt.results) / experiment / ("explain-" + tag)).string();
+  write_file_atomic(base + ".md", md);
+  write_file_atomic(base + ".json", to_json(experiment, results));
+  fmt::print("\n## {}: 1 replica against {}\n\n{}\n(written to {}.md and .json)\n", experiment,
+             rungs[1].overrides[0], md, base);
+  return failed ? 1 : 0;
+}
+
+}  // namespace dtrain::cli

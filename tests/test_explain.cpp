@@ -1,0 +1,174 @@
+// dtrain explain: the rungs from the 1-replica run to the N-replica run (planning only), and
+// one CLI run on a tiny synthetic config where the equivalent rung matches the baseline.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/config/plan.hpp"
+#include "dtrain/nn/schedule.hpp"
+#include "dtrain/train/explain.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+// One config file at gpus=1 (32 per replica, linear scaling from base_batch 128).
+Config base_config() {
+  Config c = synthetic_config(1, 32);
+  c.optimizer.lr_scaling = LrScaling::linear;
+  return c;
+}
+
+// The user's 4-replica run: the same per-replica batch (so a 4x global batch), linear
+// scaling, and sum instead of mean.
+Config user_config() {
+  Config c = base_config();
+  c.gpus = 4;
+  c.train.reduction = Reduction::sum;
+  return c;
+}
+
+// The config a rung's overrides give from `base` written as a file.
+Config apply(const Config& base, const ExplainRung& r) {
+  std::vector<Override> ov;
+  for (const auto& t : r.overrides) ov.push_back(parse_override(t));
+  return parse_config(to_yaml(base), "base.yaml", ov);
+}
+
+std::vector<std::string> names(const std::vector<ExplainRung>& rs, bool with_skipped) {
+  std::vector<std::string> out;
+  for (const auto& r : rs)
+    if (with_skipped || !r.skipped) out.push_back(r.name);
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("explain: the rungs for a user config that changes batch, LR rule and reduction",
+          "[explain]") {
+  const Config base = base_config(), user = user_config();
+  const auto rs = plan_explain(base, user, parse_explain_order(""));
+  CHECK(names(rs, true) == std::vector<std::string>{"baseline", "equivalent", "global_batch",
+                                                    "lr_rule", "warmup", "batchnorm",
+                                                    "reduction", "sharding", "accumulation"});
+  CHECK(names(rs, false) == std::vector<std::string>{"baseline", "equivalent", "global_batch",
+                                                     "lr_rule", "batchnorm", "reduction"});
+  CHECK(rs[2].change == "per_replica_batch 8 -> 32");
+  CHECK(rs[3].change == "lr_scaling none -> linear, lr 0.0125 -> 0.05");
+  CHECK(rs[6].change == "reduction mean -> sum");
+  CHECK(rs[4].change.find("unchanged") != std::string::npos);
+  // Rung 0 is the config at gpus=1; the last rung is exactly the user's config.
+  CHECK(to_yaml(apply(base, rs[0])) == to_yaml(base));
+  CHECK(to_yaml(apply(base, rs.back())) == to_yaml(user));
+}
+
+TEST_CASE("explain: the equivalent rung is the baseline's step on N replicas", "[explain]") {
+  const Config base = base_config(), user = user_config();
+  const Config eq = apply(base, plan_explain(base, user, parse_explain_order(""))[1]);
+  CHECK(eq.gpus == 4);
+  CHECK(eq.train.per_replica_batch == 8);
+  CHECK(eq.global_batch() == base.global_batch());
+  CHECK(eq.train.reduction == Reduction::mean);
+  CHECK(eq.model.batchnorm == BatchNormMode::sync);
+  CHECK(eq.optimizer.lr_scaling == LrScaling::none);
+  CHECK(scaled_lr(eq.optimizer, eq.global_batch()) ==
+        scaled_lr(base.optimizer, base.global_batch()));
+  CHECK(eq.optimizer.warmup_epochs == base.optimizer.warmup_epochs);
+  CHECK(eq.data.sharding == base.data.sharding);
+  CHECK(eq.data.shuffle == base.data.shuffle);
+  CHECK(eq.train.accumulation_steps == base.train.accumulation_steps);
+}
+
+TEST_CASE("explain: with warmup to a scaled LR the equivalent keeps the baseline's rule",
+          "[explain]") {
+  Config base = base_config();
+  base.optimizer.base_batch = 16;  // the 1-replica run scales 0.05 to 0.1, after a warmup
+  base.optimizer.warmup_epochs = 1;
+  Config user = user_config();
+  user.optimizer = base.optimizer;
+  const auto rs = plan_explain(base, user, explain_settings());
+  const Config eq = apply(base, rs[1]);
+  CHECK(eq.optimizer.lr_scaling == LrScaling::linear);
+  CHECK(eq.optimizer.lr == base.optimizer.lr);
+  CHECK(eq.global_batch() == base.global_batch());
+  CHECK(rs[1].change.find("LR rule and LR") != std::string::npos);
+}
+
+TEST_CASE("explain: --order is respected and unknown names are refused", "[explain]") {
+  const auto order = parse_explain_order("reduction,global_batch");
+  CHECK(order == std::vector<std::string>{"reduction", "global_batch", "lr_rule", "warmup",
+                                          "batchnorm", "sharding", "accumulation"});
+  const auto rs = plan_explain(base_config(), user_config(), order);
+  CHECK(names(rs, false) == std::vector<std::string>{"baseline", "equivalent", "reduction",
+                                                     "global_batch", "lr_rule", "batchnorm"});
+  CHECK(to_yaml(apply(base_config(), rs.back())) == to_yaml(user_config()));
+  CHECK(error_of([] { parse_explain_order("batch"); }).find("unknown setting 'batch'") !=
+        std::string::npos);
+  CHECK(error_of([] { parse_explain_order("warmup,warmup"); }).find("twice") !=
+        std::string::npos);
+}
+
+TEST_CASE("explain: refuses what has no exact equivalent", "[explain]") {
+  Config user = user_config();
+  user.gpus = 3;  // 32 does not divide by 3
+  CHECK(error_of([&] { plan_explain(base_config(), user, explain_settings()); })
+            .find("does not divide") != std::string::npos);
+  user.gpus = 1;
+  CHECK(error_of([&] { plan_explain(base_config(), user, explain_settings()); })
+            .find("N >= 2") != std::string::npos);
+  Config base = base_config();
+  base.train.global_batch = 32;
+  CHECK(error_of([&] { plan_explain(base, user_config(), explain_settings()); })
+            .find("global_batch") != std::string::npos);
+}
+
+TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", "[explain][cli]") {
+  TempDir dir("explain");
+  const auto cfg = dir.write("tiny.yaml", tiny_config("tiny"));
+  const auto res = (dir.path / "results").string();
+  // lr 0.4: large enough that summing 2 replicas' gradients visibly hurts.
+  const std::string args = cfg + " gpus=2 train.reduction=sum optimizer.lr=0.4";
+  const auto r = dtrain_cli("explain " + args + " -q --tag t --results " + res);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("matches the baseline") != std::string::npos);
+  CHECK(r.out.find("DOES NOT") == std::string::npos);
+  CHECK(r.out.find("order of the rungs matters") != std::string::npos);
+  const auto j = nlohmann::json::parse(slurp(dir.path / "results" / "tiny" / "explain-t.json"));
+  REQUIRE(j["equivalent_matches"].get<bool>());
+  // The rung with the largest |delta| in accuracy, and in train loss.
+  std::string by_acc, by_loss;
+  double best_acc = -1, best_loss = -1;
+  for (const auto& rung : j["rungs"]) {
+    if (rung["skipped"].get<bool>() || rung["name"] == "baseline") continue;
+    const auto& da = rung["delta_acc_points"];
+    const auto& dl = rung["delta_train_loss"];
+    if (!da.is_null() && std::abs(da["value"].get<double>()) > best_acc)
+      best_acc = std::abs(da["value"].get<double>()), by_acc = rung["name"];
+    if (!dl.is_null() && std::abs(dl["value"].get<double>()) > best_loss)
+      best_loss = std::abs(dl["value"].get<double>()), by_loss = rung["name"];
+  }
+  INFO("largest accuracy change: " << by_acc << ", largest loss change: " << by_loss);
+  CHECK((by_acc == "reduction" || by_loss == "reduction"));
+  // --resume with the same tag runs nothing again.
+  const auto again = dtrain_cli("explain " + args + " --tag t --resume --results " + res);
+  INFO(again.out);
+  CHECK(again.code == 0);
+  CHECK(again.out.find("already finished") != std::string::npos);
+  CHECK(dtrain_cli("explain " + cfg + " gpus=2 --order nope --results " + res).code == 2);
+}
