@@ -6,6 +6,7 @@
 #include <map>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/nn/model.hpp"
 #include "dtrain/nn/schedule.hpp"
 
 namespace dtrain {
@@ -68,6 +69,12 @@ void check_equivalent_possible(const Config& base, const Config& user) {
         "explain: the 1-replica per_replica_batch {} does not divide by gpus={}, so no "
         "{}-replica run has the same global batch; pick a batch or replica count that divides",
         base.train.per_replica_batch, n, n));
+}
+
+bool has_batchnorm(const ModelConfig& m) {
+  const auto layers = expand_layers(m);
+  return std::any_of(layers.begin(), layers.end(),
+                     [](const LayerSpec& l) { return l.type == LayerType::batchnorm; });
 }
 
 // The N-replica run that is by construction the baseline, step for step.
@@ -157,7 +164,10 @@ std::vector<ExplainRung> plan_explain(const Config& base, const Config& user,
     for (const auto& k : keys) next[k] = want.at(k);
     ExplainRung r{name, fmt::format("{}", fmt::join(keys, ", ")), overrides_of(n, next),
                   describe(keys, cur, next)};
-    if (next == cur) {
+    if (name == "batchnorm" && next != cur && !has_batchnorm(user.model)) {
+      r.skipped = true;  // the next rung carries the value: it changes nothing there either
+      r.change = fmt::format("{}: the model has no BatchNorm layer, skipped", r.change);
+    } else if (next == cur) {
       r.skipped = true;
       std::vector<std::string> vals;
       for (const auto& k : keys) vals.push_back(short_key(k) + " " + cur.at(k));
