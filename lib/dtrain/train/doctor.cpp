@@ -197,7 +197,7 @@ const std::vector<std::string>& doctor_rules() {
 }
 
 std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data) {
-  Context c{cfg, data};
+  Context c{cfg, data, 0, 0, 1.0, 0, {}};
   c.global = cfg.global_batch();
   c.micro = cfg.micro_batch();
   c.scale = static_cast<double>(c.global) / static_cast<double>(cfg.optimizer.base_batch);

@@ -390,7 +390,8 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
   m.exchange_bytes_per_step = model_->param_count() * static_cast<int64_t>(sizeof(float));
   if (replicas_ > 1 && t.exchange > 0 && steps_ > 0) {
     const double n = replicas_;
-    const double algbw = static_cast<double>(m.exchange_bytes_per_step) * steps_ / t.exchange;
+    const double algbw = static_cast<double>(m.exchange_bytes_per_step) *
+                         static_cast<double>(steps_) / t.exchange;
     m.busbw_gbps = algbw * 2 * (n - 1) / n / 1e9;
   }
   if (noise_.steps() > 0) {
