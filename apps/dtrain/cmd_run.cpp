@@ -221,22 +221,24 @@ int run_run(const RunOptions& opt) {
     // run would read as running instead of interrupted.)
     const std::string earlier = leader ? read_run_status(dirs[i]) : "";
     std::unique_ptr<RunLock> lock;
-    if (leader) lock = std::make_unique<RunLock>(dirs[i]);
-    if (leader && opt.resume && fs::exists(dirs[i]))
-      move_aside(dirs[i], earlier.empty() ? "incomplete" : earlier);
-    if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
     std::unique_ptr<RunRecorder> rec;
-    if (leader)
-      rec = std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
-    // The known pitfalls of this config, in the run's log (dtrain doctor prints the same).
-    if (leader)
-      for (const auto& f : diagnose(r.config, data_cache[data_key(r.config)].get()))
-        log().warn("{}", to_line(f));
-    index[i].status = "running";
-    save_index();
     const DataSplit& data = *data_cache[data_key(r.config)];
     std::unique_ptr<Communicator> comm;
+    // The leader's setup is inside the try as well: under mpirun a leader that fails here (a
+    // full disk, say) must end the job, not leave the other ranks waiting in a collective.
     try {
+      if (leader) lock = std::make_unique<RunLock>(dirs[i]);
+      if (leader && opt.resume && fs::exists(dirs[i]))
+        move_aside(dirs[i], earlier.empty() ? "incomplete" : earlier);
+      if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
+      if (leader)
+        rec =
+            std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
+      // The known pitfalls of this config, in the run's log (dtrain doctor prints the same).
+      if (leader)
+        for (const auto& f : diagnose(r.config, &data)) log().warn("{}", to_line(f));
+      index[i].status = "running";
+      save_index();
       TrainResult result;
       if (multi) {
         comm = mpi::world(r.config.train.collective_timeout_s);
