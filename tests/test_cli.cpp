@@ -173,3 +173,39 @@ TEST_CASE("a layer list that starts with an activation runs to the end", "[cli][
     }
   }
 }
+
+TEST_CASE("validate builds every model shape and estimates its memory before any run starts",
+          "[cli][errors][memory]") {
+  TempDir t("whole");
+  const auto cfg = t.path / "img.yaml";
+  put(cfg,
+      "name: img\nthreads: 1\n"
+      "data: {dataset: synthetic, synthetic: {train_size: 512, test_size: 128, shape: [1, 8, 8], "
+      "classes: 3}}\n"
+      "model: {type: layers, layers: [{conv: {channels: 4, kernel: 3}}, flatten]}\n"
+      "train: {epochs: 1, per_replica_batch: 16, target_accuracy: 0}\n");
+  const std::string res = " --results " + (t.path / "res").string();
+  // A 9x9 kernel on 8x8 maps: one line naming the layer, before any run folder exists.
+  const std::string k9 = " 'model.layers=[{conv: {channels: 4, kernel: 9}}, flatten]'";
+  auto r = dtrain_cli("validate " + cfg.string() + k9);
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.out) == 1);
+  CHECK(r.out.find("model.layers[0] (conv)") != std::string::npos);
+  r = dtrain_cli("run " + cfg.string() + " gpus=1,2" + k9 + res);
+  CHECK(r.code == 2);
+  CHECK_FALSE(std::filesystem::exists(t.path / "res" / "img"));
+  // A hidden layer no machine holds: the estimate names the keys to lower.
+  r = dtrain_cli("validate " + cfg.string() + " model.type=mlp model.hidden=[100000000]");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.out) == 1);
+  CHECK(r.out.find("GiB available") != std::string::npos);
+  CHECK(r.out.find("model.hidden") != std::string::npos);
+  // A batch or evaluation chunk larger than the data needs no more memory than the data.
+  r = dtrain_cli("run " + cfg.string() +
+                 " model.type=mlp train.per_replica_batch=100000000 data.drop_remainder=false "
+                 "train.eval_batch=100000000 --quiet" + res);
+  INFO(r.out);
+  CHECK(r.code == 0);
+}

@@ -4,9 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
-#include "dtrain/dist/comm.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/dist/comm.hpp"
 
 namespace dtrain {
 
@@ -269,20 +270,11 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
   return out;
 }
 
-std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
-                                   const std::vector<int64_t>& input_shape, int classes) {
-  MapShape cur;
-  if (input_shape.size() == 3)
-    cur = {input_shape[0], input_shape[1], input_shape[2]};
-  else if (input_shape.size() == 2)
-    cur = {1, input_shape[0], input_shape[1]};
-  else {
-    int64_t n = 1;
-    for (auto v : input_shape) n *= v;
-    cur = {n, 1, 1};
-  }
-  const bool sync = cfg.batchnorm == BatchNormMode::sync;
-  std::vector<std::unique_ptr<Layer>> layers;
+namespace {
+
+// One layer for input maps of shape `cur`, which it advances to the layer's output; null for
+// flatten (NCHW is already contiguous: no copy needed). Throws UserError when it does not fit.
+std::unique_ptr<Layer> make_layer(const LayerSpec& l, MapShape& cur, bool sync) {
   const auto spatial = [&](const char* what) {
     if (cur.h == 1 && cur.w == 1 && cur.c > 1)
       throw UserError(
@@ -291,56 +283,106 @@ std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
                       "the data a [c, h, w] shape",
                       what, cur.c));
   };
-  for (const auto& l : expand_layers(cfg)) {
-    switch (l.type) {
-      case LayerType::dense:
-        layers.push_back(std::make_unique<Dense>(cur.size(), l.units));
-        cur = {l.units, 1, 1};
-        break;
-      case LayerType::conv: {
-        spatial("conv");
-        const int64_t stride = l.stride > 0 ? l.stride : 1;
-        layers.push_back(std::make_unique<Conv2d>(cur, l.channels, l.kernel, stride, l.padding));
-        cur = Conv2d::output_shape(cur, l.channels, l.kernel, stride, l.padding);
-        break;
-      }
-      case LayerType::maxpool: {
-        spatial("maxpool");
-        const int64_t stride = l.stride > 0 ? l.stride : l.kernel;
-        layers.push_back(std::make_unique<MaxPool2d>(cur, l.kernel, stride));
-        cur = MaxPool2d::output_shape(cur, l.kernel, stride);
-        break;
-      }
-      case LayerType::global_avg_pool:
-        spatial("global_avg_pool");
-        layers.push_back(std::make_unique<GlobalAvgPool>(cur));
-        cur = {cur.c, 1, 1};
-        break;
-      case LayerType::batchnorm:
-        layers.push_back(std::make_unique<BatchNorm>(cur, sync));
-        break;
-      case LayerType::dropout:
-        layers.push_back(std::make_unique<Dropout>(cur.size(), l.p));
-        break;
-      case LayerType::flatten:
-        cur = {cur.size(), 1, 1};  // NCHW is already contiguous: no copy needed
-        break;
-      case LayerType::relu:
-        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::relu));
-        break;
-      case LayerType::tanh:
-        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::tanh));
-        break;
-      case LayerType::sigmoid:
-        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::sigmoid));
-        break;
-      case LayerType::gelu:
-        layers.push_back(std::make_unique<ActivationLayer>(cur.size(), Activation::gelu));
-        break;
+  std::unique_ptr<Layer> layer;
+  switch (l.type) {
+    case LayerType::dense:
+      if (l.units > 0 && cur.size() > (std::numeric_limits<int64_t>::max() - l.units) / l.units)
+        throw UserError(fmt::format("a dense layer of {} x {} weights is too large", cur.size(),
+                                    l.units));
+      layer = std::make_unique<Dense>(cur.size(), l.units);
+      cur = {l.units, 1, 1};
+      break;
+    case LayerType::conv: {
+      spatial("conv");
+      const int64_t stride = l.stride > 0 ? l.stride : 1;
+      layer = std::make_unique<Conv2d>(cur, l.channels, l.kernel, stride, l.padding);
+      cur = Conv2d::output_shape(cur, l.channels, l.kernel, stride, l.padding);
+      break;
+    }
+    case LayerType::maxpool: {
+      spatial("maxpool");
+      const int64_t stride = l.stride > 0 ? l.stride : l.kernel;
+      layer = std::make_unique<MaxPool2d>(cur, l.kernel, stride);
+      cur = MaxPool2d::output_shape(cur, l.kernel, stride);
+      break;
+    }
+    case LayerType::global_avg_pool:
+      spatial("global_avg_pool");
+      layer = std::make_unique<GlobalAvgPool>(cur);
+      cur = {cur.c, 1, 1};
+      break;
+    case LayerType::batchnorm:
+      layer = std::make_unique<BatchNorm>(cur, sync);
+      break;
+    case LayerType::dropout:
+      layer = std::make_unique<Dropout>(cur.size(), l.p);
+      break;
+    case LayerType::flatten:
+      cur = {cur.size(), 1, 1};  // NCHW is already contiguous: no copy needed
+      break;
+    case LayerType::relu:
+      layer = std::make_unique<ActivationLayer>(cur.size(), Activation::relu);
+      break;
+    case LayerType::tanh:
+      layer = std::make_unique<ActivationLayer>(cur.size(), Activation::tanh);
+      break;
+    case LayerType::sigmoid:
+      layer = std::make_unique<ActivationLayer>(cur.size(), Activation::sigmoid);
+      break;
+    case LayerType::gelu:
+      layer = std::make_unique<ActivationLayer>(cur.size(), Activation::gelu);
+      break;
+  }
+  return layer;
+}
+
+MapShape input_map(const std::vector<int64_t>& input_shape) {
+  if (input_shape.size() == 3) return {input_shape[0], input_shape[1], input_shape[2]};
+  if (input_shape.size() == 2) return {1, input_shape[0], input_shape[1]};
+  int64_t n = 1;
+  for (auto v : input_shape) n *= v;  // validated: the product is bounded (config.cpp)
+  return {n, 1, 1};
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg,
+                                                 const std::vector<int64_t>& input_shape,
+                                                 int classes) {
+  MapShape cur = input_map(input_shape);
+  const bool sync = cfg.batchnorm == BatchNormMode::sync;
+  std::vector<std::unique_ptr<Layer>> layers;
+  const auto specs = expand_layers(cfg);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const LayerSpec& l = specs[i];
+    try {
+      if (auto layer = make_layer(l, cur, sync)) layers.push_back(std::move(layer));
+    } catch (const UserError& e) {
+      // Name the layer: the user's list, or the preset that stands for it.
+      throw UserError(cfg.type == ModelType::layers
+                          ? fmt::format("model.layers[{}] ({}): {}", i, to_string(l.type), e.what())
+                          : fmt::format("model.type {} (its layer {}, {}): {}", to_string(cfg.type),
+                                        i, to_string(l.type), e.what()));
     }
   }
   layers.push_back(std::make_unique<Dense>(cur.size(), classes));
-  return std::make_unique<Model>(d, std::move(layers), classes);
+  return layers;
+}
+
+std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
+                                   const std::vector<int64_t>& input_shape, int classes) {
+  return std::make_unique<Model>(d, build_layers(cfg, input_shape, classes), classes);
+}
+
+ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_shape, int classes) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const auto add = [](int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; };
+  ModelSize s;
+  for (const auto& l : build_layers(cfg, input_shape, classes)) {
+    s.params = add(s.params, l->param_count());
+    s.activations_per_sample = add(s.activations_per_sample, l->out_features());
+  }
+  return s;
 }
 
 }  // namespace dtrain

@@ -266,4 +266,20 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg);
 std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
                                    const std::vector<int64_t>& input_shape, int classes);
 
+// The layers of that model, classifier included, without a device (nothing is allocated).
+// Throws UserError naming the layer (model.layers[i], or the preset's layer i) when one does
+// not fit its input.
+std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg,
+                                                 const std::vector<int64_t>& input_shape,
+                                                 int classes);
+
+// What one replica of the model holds, for a memory estimate before anything is allocated:
+// parameters, and the floats per sample that forward keeps for backward (every layer's output).
+// Saturates at INT64_MAX instead of overflowing.
+struct ModelSize {
+  int64_t params = 0;
+  int64_t activations_per_sample = 0;
+};
+ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_shape, int classes);
+
 }  // namespace dtrain

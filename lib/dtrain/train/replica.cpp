@@ -53,7 +53,11 @@ Replica::Replica(RunContext& run, Communicator& comm)
              : make_cpu_device(run.cpu);
   queue_ = dev_->queue();
   upload_training_set();
-  if (cfg_.data.augment.enabled()) xa_.resize(*dev_, at_least_one(micro_ * features_));
+  // A micro-batch never holds more rows than the training set (a batch larger than the data
+  // with drop_remainder: false), nor an evaluation chunk more than the test set.
+  const int64_t micro_rows = std::min(micro_, train_.size());
+  const int64_t eval_rows = std::min(cfg_.train.eval_batch, std::max<int64_t>(1, test_.size()));
+  if (cfg_.data.augment.enabled()) xa_.resize(*dev_, at_least_one(micro_rows * features_));
   model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes);
   model_->init(cfg_.train.seed);
   // Each replica's own stream for dropout (and augmentation): results differ with the replica
@@ -64,7 +68,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
   steps_ = sampler_.steps_per_epoch();
 
   // Batch buffers hold a full micro-batch or an evaluation chunk, whichever is larger.
-  const int64_t cap = std::max(micro_, cfg_.train.eval_batch);
+  const int64_t cap = std::max(micro_rows, eval_rows);
   xb_.resize(*dev_, static_cast<size_t>(cap * features_));
   yb_.resize(*dev_, static_cast<size_t>(cap));
   idx_.reserve(static_cast<size_t>(cap));
@@ -121,7 +125,8 @@ void Replica::enable_graphs() {
   graph_state_ =
       cuda_graph_state(cfg_.train.cuda_graph, run_.nccl != nullptr, run_.gpus_in_process,
                        cfg_.model.batchnorm == BatchNormMode::sync && model_->has_batchnorm());
-  const auto staging = static_cast<size_t>(accum_ * micro_) * sizeof(int64_t) + 4096;
+  const auto staging =
+      static_cast<size_t>(accum_ * std::min(micro_, train_.size())) * sizeof(int64_t) + 4096;
   queue_->enable_graphs(graph_state_ == "on", staging, run_.nccl ? &run_.nccl->gate() : nullptr);
 }
 

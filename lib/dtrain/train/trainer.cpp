@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -14,6 +17,7 @@
 #include "dtrain/dist/comm.hpp"
 #include "dtrain/dist/mpi.hpp"
 #include "dtrain/dist/nccl.hpp"
+#include "dtrain/nn/model.hpp"
 #include "dtrain/train/replica.hpp"
 
 namespace dtrain {
@@ -135,6 +139,80 @@ Placement place_replicas(const Config& cfg, int local_ranks) {
   return p;
 }
 
+namespace {
+
+// Bytes the kernel says it can still hand out (MemAvailable), or 0 where it does not say.
+double available_host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+// What one replica allocates, estimated from the model's shapes before anything exists:
+// weights, gradients and optimizer state, the layer outputs and their gradients for the larger
+// of a micro-batch and an evaluation chunk, and the batch buffers.
+struct ReplicaBytes {
+  double params = 0, activations = 0, rows = 0;
+  double total() const { return params + activations; }
+};
+ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data) {
+  const ModelSize m = model_size(cfg.model, data.train.shape, data.train.classes);
+  const double state = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;  // momentum; Adam m, v
+  // The rows the replica's buffers hold (see Replica: capped by the data's sizes).
+  const auto rows = static_cast<double>(
+      std::max(std::min(cfg.micro_batch(), data.train.size()),
+               std::min(cfg.train.eval_batch, std::max<int64_t>(1, data.test.size()))));
+  ReplicaBytes b;
+  b.params = 4.0 * static_cast<double>(m.params) * (2 + state);
+  b.rows = rows;
+  b.activations = 4.0 * rows *
+                  (2 * static_cast<double>(m.activations_per_sample) +
+                   static_cast<double>(data.train.features()));
+  return b;
+}
+
+// A model or batch too large for the machine is a user error before any run folder exists,
+// not "out of memory" after earlier runs of a sweep have trained.
+void check_memory(const Config& cfg, const DataSplit& data, const Placement& place,
+                  int local_ranks) {
+  const ReplicaBytes one = replica_bytes(cfg, data);
+  double have = 0, need = one.total() * local_ranks;
+  std::string where = "this machine has";
+  if (place.backend == Backend::cuda) {
+    // The GPU holding the most replicas (colocated ones share it), each with its copy of the
+    // training set.
+    std::map<int, int> on;
+    for (int g : place.gpu_of_replica) ++on[g];
+    const auto busiest = std::max_element(
+        on.begin(), on.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    const int gpu = busiest == on.end() ? 0 : busiest->first;
+    const int count = busiest == on.end() ? 1 : busiest->second;
+    const GpuSystem sys = query_gpus();
+    if (gpu < static_cast<int>(sys.gpus.size()))
+      have = static_cast<double>(sys.gpus[static_cast<size_t>(gpu)].memory_bytes);
+    need = (one.total() + 4.0 * static_cast<double>(data.train.x.size())) * count;
+    where = fmt::format("GPU {} has", gpu);
+  } else {
+    have = available_host_memory();
+  }
+  if (have <= 0 || need <= have) return;
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  throw UserError(fmt::format(
+      "model and batch need about {:.1f} GiB ({} replica{} x ({:.1f} GiB of parameters, "
+      "gradients and optimizer state + {:.1f} GiB of activations for {} rows)), but {} {:.1f} "
+      "GiB available; lower model.hidden (or the layers' units and channels), "
+      "train.per_replica_batch or train.eval_batch",
+      need / kGiB, local_ranks, local_ranks == 1 ? "" : "s", one.params / kGiB,
+      one.activations / kGiB, static_cast<int64_t>(one.rows), where,
+      have / kGiB));
+}
+
+}  // namespace
+
 void check_plan(const Config& cfg, const DataSplit& data) {
   const int64_t g = cfg.global_batch();
   if (data.train.size() < g && cfg.data.drop_remainder)
@@ -148,10 +226,12 @@ void check_plan(const Config& cfg, const DataSplit& data) {
     throw UserError(
         "data.augment: crops and flips need image data with a [c, h, w] shape (this data is "
         "flat; for synthetic data give data.synthetic.shape three dimensions)");
-  if (place_replicas(cfg, local_replica_count(cfg)).backend != Backend::cuda &&
-      cfg.precision == Precision::tf32)
+  const int local_ranks = local_replica_count(cfg);
+  const Placement place = place_replicas(cfg, local_ranks);
+  if (place.backend != Backend::cuda && cfg.precision == Precision::tf32)
     throw UserError(
         "precision: tf32 needs a GPU, and this run is on the CPU (fp32, or bf16 emulated)");
+  check_memory(cfg, data, place, local_ranks);  // builds every layer's shape first
   const int classes = data.train.classes;
   for (const auto* d : {&data.train, &data.test})
     for (auto y : d->y)
