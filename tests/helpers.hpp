@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -60,6 +61,16 @@ inline Config synthetic_config(int gpus, int64_t per_replica_batch) {
   c.optimizer.weight_decay = 0.0;
   c.optimizer.lr_scaling = LrScaling::none;
   return c;
+}
+
+// The UserError message of calling f, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // A tiny synthetic experiment, as YAML, that dtrain runs in well under a second per run.

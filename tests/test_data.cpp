@@ -16,6 +16,7 @@
 #include "helpers.hpp"
 
 using namespace dtrain;
+using dtrain::test::error_of;
 using dtrain::test::TempDir;
 namespace fs = std::filesystem;
 
@@ -63,15 +64,6 @@ void write_dataset(const fs::path& dir, uint32_t n_train, uint32_t n_test, bool 
   w(dir / ("train-labels-idx1-ubyte" + ext), idx_labels(n_train));
   w(dir / ("t10k-images-idx3-ubyte" + ext), idx_images(n_test, 4, 3));
   w(dir / ("t10k-labels-idx1-ubyte" + ext), idx_labels(n_test));
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

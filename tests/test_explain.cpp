@@ -48,15 +48,6 @@ std::vector<std::string> names(const std::vector<ExplainRung>& rs, bool with_ski
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("explain: the rungs for a user config that changes batch, LR rule and reduction",

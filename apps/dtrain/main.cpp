@@ -52,39 +52,44 @@ int run_main(int argc, char** argv) {
   app.set_version_flag("--version",
                        std::string("dtrain ") + dtrain::kVersion + " (" + dtrain::kGitSha + ")");
 
+  // One line per subcommand: its name, what it does, its options and their setup.
+  const auto add = [&app](const char* name, const char* what, auto& opt, auto setup) {
+    CLI::App* cmd = app.add_subcommand(name, what);
+    setup(*cmd, opt);
+    return cmd;
+  };
   dtrain::cli::RunOptions run_opt;
   dtrain::cli::ValidateOptions validate_opt;
-  auto* run_cmd = app.add_subcommand("run",
-                                     "Train one run, or one per value of comma-list "
-                                     "overrides, and print the comparison table");
-  dtrain::cli::setup_run(*run_cmd, run_opt);
-  auto* validate_cmd =
-      app.add_subcommand("validate", "Check a config (and its data) without training");
-  dtrain::cli::setup_validate(*validate_cmd, validate_opt);
   dtrain::cli::DoctorOptions doctor_opt;
-  auto* doctor_cmd = app.add_subcommand(
-      "doctor", "Name the known reasons N replicas train worse than 1, before any training");
-  dtrain::cli::setup_doctor(*doctor_cmd, doctor_opt);
   dtrain::cli::ExplainOptions explain_opt;
-  auto* explain_cmd = app.add_subcommand(
-      "explain", "Attribute the accuracy gap of N replicas against 1, one setting per run");
-  dtrain::cli::setup_explain(*explain_cmd, explain_opt);
   dtrain::cli::ReportOptions report_opt;
-  auto* report_cmd =
-      app.add_subcommand("report", "Regenerate comparison tables (and figures) from run folders");
-  dtrain::cli::setup_report(*report_cmd, report_opt);
   dtrain::cli::DevicesOptions devices_opt;
-  auto* devices_cmd = app.add_subcommand(
-      "devices", "List the GPUs (and the CPU) dtrain can use, with driver and library versions");
-  dtrain::cli::setup_devices(*devices_cmd, devices_opt);
   dtrain::cli::BenchCommOptions bench_comm_opt;
-  auto* bench_comm_cmd = app.add_subcommand(
-      "bench-comm", "Time and check the all-reduce a run would use, over a range of sizes");
-  dtrain::cli::setup_bench_comm(*bench_comm_cmd, bench_comm_opt);
   dtrain::cli::ProjectOptions project_opt;
-  auto* project_cmd = app.add_subcommand(
-      "project", "Project a 1-replica run's step to N GPUs over a link (a model, not a run)");
-  dtrain::cli::setup_project(*project_cmd, project_opt);
+  auto* run_cmd = add("run",
+                      "Train one run, or one per value of comma-list overrides, and print the "
+                      "comparison table",
+                      run_opt, dtrain::cli::setup_run);
+  auto* validate_cmd = add("validate", "Check a config (and its data) without training",
+                           validate_opt, dtrain::cli::setup_validate);
+  auto* doctor_cmd =
+      add("doctor", "Name the known reasons N replicas train worse than 1, before any training",
+          doctor_opt, dtrain::cli::setup_doctor);
+  auto* explain_cmd =
+      add("explain", "Attribute the accuracy gap of N replicas against 1, one setting per run",
+          explain_opt, dtrain::cli::setup_explain);
+  auto* report_cmd =
+      add("report", "Regenerate comparison tables (and figures) from run folders", report_opt,
+          dtrain::cli::setup_report);
+  auto* devices_cmd = add(
+      "devices", "List the GPUs (and the CPU) dtrain can use, with driver and library versions",
+      devices_opt, dtrain::cli::setup_devices);
+  auto* bench_comm_cmd =
+      add("bench-comm", "Time and check the all-reduce a run would use, over a range of sizes",
+          bench_comm_opt, dtrain::cli::setup_bench_comm);
+  auto* project_cmd =
+      add("project", "Project a 1-replica run's step to N GPUs over a link (a model, not a run)",
+          project_opt, dtrain::cli::setup_project);
 
   try {
     app.parse(argc, argv);
