@@ -1,4 +1,5 @@
 // End to end: the dtrain binary on small synthetic experiments and on bad input.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
@@ -208,4 +209,50 @@ TEST_CASE("validate builds every model shape and estimates its memory before any
                  "train.eval_batch=100000000 --quiet" + res);
   INFO(r.out);
   CHECK(r.code == 0);
+}
+
+TEST_CASE("hostile inputs to the newer commands end with one line and exit 2", "[cli][errors]") {
+  TempDir t("hostile2");
+  const auto cfg = t.path / "t.yaml";
+  put(cfg, tiny_config("t"));
+  // A FIFO where a config belongs: refused at once instead of blocking on open.
+  const auto fifo = t.path / "fifo.yaml";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const char* cmd : {"validate ", "doctor ", "explain "}) {
+    const auto r = shell("timeout 20 " + dtrain_binary() + " " + cmd + fifo.string() + " gpus=2");
+    INFO(cmd << r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("not a regular file") != std::string::npos);
+  }
+  const std::string res = " --results " + (t.path / "res").string();
+  // A batch validate refuses is an error for doctor too, not a pitfall.
+  auto r = dtrain_cli("doctor " + cfg.string() + " train.per_replica_batch=100000");
+  CHECK(r.code == 2);
+  // --seeds and train.seed together.
+  r = dtrain_cli("explain " + cfg.string() + " gpus=2 train.seed=5 --seeds 2" + res);
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("give either --seeds or train.seed") != std::string::npos);
+  // bench-comm: more memory than the machine, more iterations than allowed.
+  CHECK(dtrain_cli("bench-comm --sizes 64G:64G --out " + (t.path / "b").string()).code == 2);
+  CHECK(dtrain_cli("bench-comm --sizes 4K:4K --iters 2000000 --out " + (t.path / "b").string())
+            .code == 2);
+  // project: sizes that would make an unbounded bucket list.
+  REQUIRE(dtrain_cli("run " + cfg.string() + " --tag p --quiet" + res).code == 0);
+  const std::string run = (t.path / "res" / "t" / "p-g1").string();
+  for (const char* bad : {" --params 9223372036854775807", " --bucket-mb -5", " --bucket-mb nan",
+                          " --params 1000000000 --bucket-mb 0.000004"}) {
+    r = dtrain_cli("project " + run + bad);
+    INFO(bad << r.out);
+    CHECK(r.code == 2);
+  }
+  // report: names that slug the same keep their own tables.
+  REQUIRE(dtrain_cli("run " + cfg.string() + " 'name=x{' --tag a --quiet" + res).code == 0);
+  REQUIRE(dtrain_cli("run " + cfg.string() + " 'name=x}' --tag a --quiet" + res).code == 0);
+  r = dtrain_cli("report " + (t.path / "res").string() + " --out " + (t.path / "rep").string());
+  CHECK(r.code == 0);
+  CHECK(std::filesystem::exists(t.path / "rep" / "x_.md"));
+  CHECK(std::filesystem::exists(t.path / "rep" / "x_-2.md"));
+  CHECK(dtrain_cli("report " + (t.path / "res").string() + " --by train.seed --by train.seed")
+            .code == 2);
 }

@@ -143,7 +143,7 @@ TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", 
   CHECK(r.out.find("matches the baseline") != std::string::npos);
   CHECK(r.out.find("DOES NOT") == std::string::npos);
   CHECK(r.out.find("order of the rungs matters") != std::string::npos);
-  const auto j = nlohmann::json::parse(slurp(dir.path / "results" / "tiny" / "explain-t.json"));
+  const auto j = nlohmann::json::parse(slurp(dir.path / "results" / "tiny" / "explain-t-gpus_2.json"));
   REQUIRE(j["equivalent_matches"].get<bool>());
   // The rung with the largest |delta| in accuracy, and in train loss.
   std::string by_acc, by_loss;

@@ -2,7 +2,9 @@
 // a range of sizes (in-process threads, or MPI under mpirun/srun).
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <exception>
@@ -103,10 +105,10 @@ int run_bench_comm(const BenchCommOptions& opt) {
   s.sizes = parse_sizes(opt.sizes);
   s.iters = opt.iters;
   s.warmup = opt.warmup;
-  if (s.iters < 1 || s.warmup < 0)
+  if (s.iters < 1 || s.warmup < 0 || s.iters > 1000000 || s.warmup > 1000000)
     throw UserError(
-        fmt::format("--iters {} --warmup {}: give at least 1 timed iteration and 0 "
-                    "or more warmup iterations",
+        fmt::format("--iters {} --warmup {}: give 1 to 10^6 timed iterations and 0 to 10^6 "
+                    "warmup iterations",
                     opt.iters, opt.warmup));
   const bool multi = mpi::initialized();
   if (!multi && (opt.replicas < 2 || opt.replicas > 1024))
@@ -114,6 +116,18 @@ int run_bench_comm(const BenchCommOptions& opt) {
         fmt::format("--replicas {}: give 2 to 1024 (one replica has nothing to "
                     "exchange)",
                     opt.replicas));
+  // Every rank of this process holds the largest buffer and its reference: refuse what this
+  // machine cannot hold rather than meet the out-of-memory killer.
+  const double largest = static_cast<double>(*std::max_element(s.sizes.begin(), s.sizes.end()));
+  const double need = 2 * largest * (multi ? 1 : opt.replicas);
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                      static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && need > have / 2)
+    throw UserError(fmt::format(
+        "--sizes {}: {} replica(s) x 2 x {:.0f} MiB needs {:.1f} GiB, more than half of this "
+        "machine's {:.1f} GiB; give a smaller MAX or fewer --replicas",
+        opt.sizes, multi ? 1 : opt.replicas, largest / (1 << 20), need / (1 << 30),
+        have / (1 << 30)));
   s.corrupt_rank = corrupt_rank_from_env();
   BenchReport rep;
   rep.communicator = "in-process";

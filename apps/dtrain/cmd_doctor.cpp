@@ -4,6 +4,7 @@
 #include "dtrain/config/plan.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/train/doctor.hpp"
+#include "dtrain/train/trainer.hpp"
 
 namespace dtrain::cli {
 
@@ -20,6 +21,8 @@ int run_doctor(const DoctorOptions& opt) {
   size_t findings = 0;
   for (const auto& r : runs) {
     const DataSplit* data = opt.skip_data ? nullptr : &cache.get(r.config);
+    // What validate refuses is not a pitfall but an error: the same check, the same message.
+    if (data) check_plan(r.config, *data);
     const std::string who =
         runs.size() > 1
             ? fmt::format("gpus={}{}: ", r.config.gpus, r.label.empty() ? "" : " " + r.label)

@@ -63,7 +63,12 @@ std::vector<std::string> other_overrides(const ExplainOptions& opt) {
   std::vector<std::string> out;
   for (const auto& text : opt.overrides) {
     const std::string key = parse_override(text).key;
-    if (key == "gpus" || (opt.seeds > 1 && key == "train.seed")) continue;
+    if (opt.seeds > 1 && key == "train.seed")
+      throw UserError(fmt::format(
+          "{}: --seeds {} runs every rung with train.seed=1..{}; give either --seeds or "
+          "train.seed",
+          text, opt.seeds, opt.seeds));
+    if (key == "gpus") continue;
     if (std::find(managed.begin(), managed.end(), key) != managed.end()) continue;
     out.push_back(text);
   }
@@ -221,8 +226,11 @@ int run_explain(const ExplainOptions& opt) {
   const auto others = other_overrides(opt);
   std::vector<RungResult> results;
   int failed = 0;
+  // The replica count is part of every name ("gpus_4"), so an explanation at another N, even
+  // under the same --tag, never overwrites this one.
+  const std::string name = fmt::format("explain-{}-{}", tag, slug(rungs[1].overrides[0]));
   for (size_t k = 0; k < rungs.size(); ++k) {
-    RungResult rr{rungs[k], fmt::format("explain-{}-rung{}", tag, k), others, {}, {}, {}, {}};
+    RungResult rr{rungs[k], fmt::format("{}-rung{}", name, k), others, {}, {}, {}, {}};
     rr.overrides.insert(rr.overrides.end(), rungs[k].overrides.begin(), rungs[k].overrides.end());
     if (opt.seeds > 1) {
       std::vector<int> seeds(opt.seeds);
@@ -243,7 +251,7 @@ int run_explain(const ExplainOptions& opt) {
     results.push_back(std::move(rr));
   }
   const std::string md = to_markdown(results);
-  const std::string base = (fs::path(opt.results) / experiment / ("explain-" + tag)).string();
+  const std::string base = (fs::path(opt.results) / experiment / name).string();
   write_file_atomic(base + ".md", md);
   write_file_atomic(base + ".json", to_json(experiment, results));
   fmt::print("\n## {}: 1 replica against {}\n\n{}\n(written to {}.md and .json)\n", experiment,

@@ -45,7 +45,7 @@ double median_of(std::vector<double> v) {
 std::vector<double> metric_medians(const std::string& dir, const std::vector<std::string>& cols,
                                    int& rows) {
   const fs::path path = fs::path(dir) / "metrics.csv";
-  std::ifstream in(path);
+  std::istringstream in(read_text_file(path.string(), "metrics.csv"));
   std::string line;
   if (!in || !std::getline(in, line))
     throw UserError(fmt::format("{}: cannot read it; the run folder is incomplete", path.string()));
@@ -124,8 +124,9 @@ RunInput read_run(const std::string& path) {
         fmt::format("{}: this run has gpus={}; the projection starts from a "
                     "1-replica run (dtrain run CONFIG gpus=1)",
                     path, rec.gpus));
-  std::ifstream js(fs::path(path) / "summary.json");
-  const json summary = json::parse(js, nullptr, /*allow_exceptions=*/false);
+  const json summary =
+      json::parse(read_text_file((fs::path(path) / "summary.json").string(), "summary.json"),
+                  nullptr, /*allow_exceptions=*/false);
   RunInput r;
   r.dir = path;
   r.steps_per_epoch = summary.is_object() ? summary.value("steps_per_epoch", int64_t{0}) : 0;
@@ -245,6 +246,22 @@ void check_options(const ProjectOptions& opt) {
                                 opt.backward_fraction));
 }
 
+// Bounds that keep the model's bucket list small: at most 10^12 parameters and 10^6 buckets.
+// (--params 0 and --bucket-mb -1 are the defaults: the run's own values.)
+void check_sizes(const ProjectOptions& opt, int64_t params, double bucket_mb) {
+  if (opt.params < 0 || opt.params > int64_t{1000000000000})
+    throw UserError(fmt::format("--params {}: give 1 to 10^12 parameters", opt.params));
+  if (opt.bucket_mb != -1 && !(opt.bucket_mb >= 0 && opt.bucket_mb <= 1e6))
+    throw UserError(fmt::format("--bucket-mb {}: give 0 (one all-reduce) to 1e6 MiB", opt.bucket_mb));
+  if (params > int64_t{1000000000000})
+    throw UserError(fmt::format("the run's parameter count {} is past 10^12; give --params", params));
+  const double bucket_params = bucket_mb * 1024 * 1024 / 4;
+  if (bucket_mb > 0 && static_cast<double>(params) / std::max(1.0, bucket_params) > 1e6)
+    throw UserError(fmt::format(
+        "--bucket-mb {}: {} parameters would make more than 10^6 buckets; give a larger size",
+        bucket_mb, params));
+}
+
 }  // namespace
 
 void setup_project(CLI::App& app, ProjectOptions& opt) {
@@ -273,6 +290,7 @@ void setup_project(CLI::App& app, ProjectOptions& opt) {
 
 int run_project(const ProjectOptions& opt) {
   check_options(opt);
+  check_sizes(opt, 0, 0);  // the options alone, before any file is read
   const Link link = parse_link(opt.link);
   RunInput r = read_run(opt.path);
   if (opt.params > 0) r.params = opt.params;
@@ -282,6 +300,7 @@ int run_project(const ProjectOptions& opt) {
                     "give --params N",
                     opt.path));
   if (opt.bucket_mb >= 0) r.bucket_mb = opt.bucket_mb;
+  check_sizes(opt, r.params, r.bucket_mb);
   r.in.buckets = bucket_bytes(r.params, r.bucket_mb);
   r.in.backward_fraction = opt.backward_fraction;
   const auto rows = project(r.in, opt.gpus, link);

@@ -89,11 +89,12 @@ int write_figures(const Comparison& cmp, const std::string& out, std::string& in
 }
 
 // The `--by` table of one experiment, beside its comparison table.
-void write_aggregate(const std::string& name, const std::vector<RunRecord>& runs,
-                     const std::vector<std::string>& by, const std::string& out,
-                     std::string& index, std::vector<std::string>& written) {
+void write_aggregate(const std::string& name, const std::string& stem_name,
+                     const std::vector<RunRecord>& runs, const std::vector<std::string>& by,
+                     const std::string& out, std::string& index,
+                     std::vector<std::string>& written) {
   const Aggregate agg = aggregate(runs, by);
-  const std::string file = slug(name) + "-by-" + slug(fmt::format("{}", fmt::join(by, "+")));
+  const std::string file = stem_name + "-by-" + slug(fmt::format("{}", fmt::join(by, "+")));
   const std::string stem = (fs::path(out) / file).string();
   const std::string md = to_markdown(agg);
   const std::string title = fmt::format("{}, by {}", name, fmt::join(by, " and "));
@@ -107,24 +108,25 @@ void write_aggregate(const std::string& name, const std::vector<RunRecord>& runs
                   title, md, file, file, file, file, file, file);
 }
 
-// Writes one experiment's tables (and figures); returns how many figures failed.
-int write_experiment(const std::string& name, const std::vector<RunRecord>& runs,
-                     const ReportOptions& opt, const std::string& out, std::string& index,
+// Writes one experiment's tables (and figures) as STEM.*; returns how many figures failed.
+int write_experiment(const std::string& name, const std::string& stem_name,
+                     const std::vector<RunRecord>& runs, const ReportOptions& opt,
+                     const std::string& out, std::string& index,
                      std::vector<std::string>& written) {
   bool has_baseline = false;
   for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
   const auto cmp = compare(runs, has_baseline ? opt.baseline : "");
-  const std::string stem = (fs::path(out) / slug(name)).string();
+  const std::string stem = (fs::path(out) / stem_name).string();
   const std::string md = to_markdown(cmp);
   write_file_atomic(stem + ".md", "# " + name + "\n\n" + md);
   write_file_atomic(stem + ".csv", to_csv(cmp));
   write_file_atomic(stem + ".json", to_json(cmp));
-  for (const char* ext : {".md", ".csv", ".json"}) written.push_back(slug(name) + ext);
+  for (const char* ext : {".md", ".csv", ".json"}) written.push_back(stem_name + ext);
   fmt::print("\n## {}\n\n{}", name, md);
   index +=
       fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
-                  name, md, slug(name), slug(name), slug(name), slug(name), slug(name), slug(name));
-  if (!opt.by.empty()) write_aggregate(name, runs, opt.by, out, index, written);
+                  name, md, stem_name, stem_name, stem_name, stem_name, stem_name, stem_name);
+  if (!opt.by.empty()) write_aggregate(name, stem_name, runs, opt.by, out, index, written);
   return opt.plots ? write_figures(cmp, out, index, written) : 0;
 }
 }  // namespace
@@ -176,8 +178,14 @@ int run_report(const ReportOptions& opt) {
   std::vector<std::string> written = {"index.md"};
   std::string index = "# dtrain report\n\nRegenerated from " + std::to_string(dirs.size()) +
                       " run folders under " + fmt::format("{}", fmt::join(opt.paths, ", ")) + ".\n";
-  for (const auto& [name, runs] : by_experiment)
-    plot_failures += write_experiment(name, runs, opt, out, index, written);
+  // Names that differ but slug the same ("x{" and "x}") get their own files: x_, x_-2, ...
+  std::map<std::string, int> stems;
+  for (const auto& [name, runs] : by_experiment) {
+    const std::string base = slug(name);
+    const int n = ++stems[base];
+    const std::string stem_name = n == 1 ? base : fmt::format("{}-{}", base, n);
+    plot_failures += write_experiment(name, stem_name, runs, opt, out, index, written);
+  }
   write_file_atomic((fs::path(out) / "index.md").string(), index);
   write_file_atomic(manifest.string(), fmt::format("{}\n", fmt::join(written, "\n")));
   fmt::print("\n(report written to {}/)\n", out);

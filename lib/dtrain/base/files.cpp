@@ -77,6 +77,33 @@ void ensure_dir(const std::string& dir, const std::string& what) {
                                 ec ? ec.message() : "not a folder"));
 }
 
+std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);  // follows links: a link to a FIFO is a FIFO
+  if (ec || !fs::exists(st)) throw UserError(fmt::format("{}: no such {}", path, what));
+  if (!fs::is_regular_file(st))
+    throw UserError(fmt::format("{}: not a regular file (a {} must be one)", path, what));
+  const auto size = fs::file_size(path, ec);
+  if (ec) throw UserError(fmt::format("{}: cannot read {}: {}", path, what, ec.message()));
+  if (size > max_bytes)
+    throw UserError(fmt::format("{}: {} bytes, more than the {} bytes a {} may have", path, size,
+                                max_bytes, what));
+  // O_NONBLOCK: a file swapped for a FIFO between the check and the open still cannot block.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    throw UserError(fmt::format("{}: cannot open {}: {}", path, what, std::strerror(errno)));
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || out.size() + static_cast<size_t>(n) > max_bytes) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 std::string slug(const std::string& s) {
   std::string out;
   for (char ch : s) {

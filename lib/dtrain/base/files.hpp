@@ -1,5 +1,6 @@
 #pragma once
 // Writing results: files replaced whole, folders created with a clear error, safe names.
+#include <cstddef>
 #include <string>
 
 namespace dtrain {
@@ -9,6 +10,11 @@ namespace dtrain {
 void write_file_atomic(const std::string& path, const std::string& content);
 // Creates `dir` and its parents; a failure is a UserError naming the folder and `what` it is for.
 void ensure_dir(const std::string& dir, const std::string& what);
+// The contents of a regular file of at most `max_bytes`, for the small files dtrain reads (configs,
+// summaries, metrics). Anything else (missing, a folder, a FIFO or device, too large) is a
+// UserError naming the path and `what` it was read as; nothing blocks or reads without bound.
+std::string read_text_file(const std::string& path, const std::string& what,
+                           size_t max_bytes = size_t{64} << 20);
 // A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.
 std::string slug(const std::string& s);
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/config/schema.hpp"
 
@@ -662,11 +663,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 }
 
 Config load_config(const std::string& path, const std::vector<Override>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw UserError(fmt::format("{}: cannot open config file", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides);
+  return parse_config(read_text_file(path, "config file", size_t{1} << 20), path, overrides);
 }
 
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 #include "dtrain/base/version.hpp"
 
 namespace dtrain {
@@ -325,9 +326,8 @@ std::string to_json(const BenchReport& r) {
 }
 
 LinkFit load_bench_fit(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError(fmt::format("{}: cannot read this bench-comm file", path));
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto j = nlohmann::json::parse(read_text_file(path, "bench-comm JSON file"), nullptr,
+                                       /*allow_exceptions=*/false);
   const auto number = [&](const char* key) {
     if (!j.is_object() || !j.contains("fit") || !j["fit"].is_object() || !j["fit"].contains(key) ||
         !j["fit"][key].is_number())
@@ -335,7 +335,8 @@ LinkFit load_bench_fit(const std::string& path) {
     return j["fit"][key].get<double>();
   };
   LinkFit f{number("a_s"), number("b_s_per_byte"), number("alpha_s"), number("busbw_Bps")};
-  if (!(f.alpha_s >= 0) || !(f.busbw > 0))
+  // Bounds of any real link: latency under a second, bandwidth between 1 kB/s and 1 PB/s.
+  if (!(f.alpha_s >= 0 && f.alpha_s < 1) || !(f.busbw >= 1e3 && f.busbw <= 1e15))
     throw UserError(fmt::format(
         "{}: no usable fit (fit.alpha_s and fit.busbw_Bps) in this file; write one with "
         "dtrain bench-comm --out FILE over at least two sizes",

@@ -287,7 +287,11 @@ std::string to_json(const Comparison& c) {
 void check_by_keys(const std::vector<std::string>& keys) {
   std::vector<std::string> valid;
   for (const auto& k : schema_keys()) valid.push_back(k.key);
-  for (const auto& key : keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& key = keys[i];
+    if (std::find(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(i), key) !=
+        keys.begin() + static_cast<std::ptrdiff_t>(i))
+      throw UserError(fmt::format("--by {}: given twice", key));
     if (std::find(valid.begin(), valid.end(), key) != valid.end()) continue;
     const auto guess = closest_match(key, valid);
     throw UserError(fmt::format("--by {}: unknown config key{}; valid keys: {}", key,
