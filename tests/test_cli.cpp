@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -255,4 +256,24 @@ TEST_CASE("hostile inputs to the newer commands end with one line and exit 2", "
   CHECK(std::filesystem::exists(t.path / "rep" / "x_-2.md"));
   CHECK(dtrain_cli("report " + (t.path / "res").string() + " --by train.seed --by train.seed")
             .code == 2);
+}
+
+TEST_CASE("a sweep of a billion runs is refused at once, before any is planned",
+          "[cli][errors][sweep]") {
+  TempDir t("bigsweep");
+  const auto cfg = t.path / "t.yaml";
+  put(cfg, tiny_config("t"));
+  std::string list;
+  for (int i = 1; i <= 1000; ++i) list += (i > 1 ? "," : "") + std::to_string(i);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = dtrain_cli("validate " + cfg.string() + " train.seed=" + list +
+                            " train.epochs=" + list + " train.eval_batch=" + list);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.out) == 1);
+  CHECK(r.out.find("more than 10000 runs (1000 train.seed x 1000 train.epochs x 1000 "
+                   "train.eval_batch)") != std::string::npos);
+  CHECK(s < 10);
 }

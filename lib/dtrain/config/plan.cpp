@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 #include "dtrain/base/error.hpp"
@@ -52,6 +53,18 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
         throw UserError(fmt::format("override '{}': empty value in the comma list", text));
     axes.push_back({o.key, std::move(values)});
   }
+  // The product of the lists is counted before any run is built: a sweep of 1000 x 1000 x 1000
+  // values is refused at once instead of filling memory while it is planned.
+  int64_t count = 1;
+  std::string sizes;
+  for (const auto& axis : axes) {
+    count = std::min<int64_t>(count * static_cast<int64_t>(axis.values.size()), kMaxRuns + 1);
+    sizes += fmt::format("{}{} {}", sizes.empty() ? "" : " x ", axis.values.size(), axis.key);
+  }
+  if (count > kMaxRuns)
+    throw UserError(fmt::format(
+        "the comma lists make more than {} runs ({}); split the sweep into several commands",
+        kMaxRuns, sizes));
   std::vector<PlannedRun> runs(1);
   for (const auto& axis : axes) {
     std::vector<PlannedRun> next;

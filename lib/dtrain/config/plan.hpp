@@ -1,6 +1,7 @@
 #pragma once
 // Turns command-line overrides into a list of runs: a comma list (`gpus=1,2,4`) runs each value,
 // several comma lists run their cartesian product (first key outermost).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,11 @@ struct PlannedRun {
 // Splits `value` on commas outside brackets and quotes.
 std::vector<std::string> split_values(const std::string& value);
 
+// The most runs one command plans (the product of its comma lists).
+constexpr int64_t kMaxRuns = 10000;
+
 // Parses and validates every run up front, so a typo in the last one fails before any training.
+// More than kMaxRuns runs is a UserError, counted before any run is built.
 std::vector<PlannedRun> plan_runs(const std::string& config_path,
                                   const std::vector<std::string>& override_texts);
 
