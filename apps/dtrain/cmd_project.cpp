@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "commands.hpp"
@@ -89,18 +88,6 @@ std::vector<double> metric_medians(const std::string& dir, const std::vector<std
   return out;
 }
 
-// The parameter count: summary.json's "param_count", or for run folders written before it was
-// there, the end of its model description ("... (421834 parameters)").
-int64_t params_of(const json& summary) {
-  if (summary.contains("param_count") && summary["param_count"].is_number_integer())
-    return summary["param_count"].get<int64_t>();
-  if (!summary.contains("model") || !summary["model"].is_string()) return 0;
-  static const std::regex re(R"(\((\d+) parameters\)\s*$)");
-  std::smatch m;
-  const std::string model = summary["model"].get<std::string>();
-  return std::regex_search(model, m, re) ? std::strtoll(m[1].str().c_str(), nullptr, 10) : 0;
-}
-
 void check_path(const std::string& path) {
   std::error_code ec;
   if (fs::is_regular_file(path, ec))
@@ -124,15 +111,12 @@ RunInput read_run(const std::string& path) {
         fmt::format("{}: this run has gpus={}; the projection starts from a "
                     "1-replica run (dtrain run CONFIG gpus=1)",
                     path, rec.gpus));
-  const json summary =
-      json::parse(read_text_file((fs::path(path) / "summary.json").string(), "summary.json"),
-                  nullptr, /*allow_exceptions=*/false);
   RunInput r;
   r.dir = path;
-  r.steps_per_epoch = summary.is_object() ? summary.value("steps_per_epoch", int64_t{0}) : 0;
+  r.steps_per_epoch = rec.steps_per_epoch;
   if (r.steps_per_epoch <= 0)
     throw UserError(fmt::format("{}/summary.json: no steps_per_epoch", path));
-  r.params = params_of(summary);
+  r.params = rec.param_count;
   const auto m = metric_medians(path, {"data_s", "compute_s", "optimizer_s", "samples"}, r.epochs);
   const auto per_step = [&](double v) { return v / static_cast<double>(r.steps_per_epoch); };
   r.in.split = {per_step(m[0]), per_step(m[1]), per_step(m[2])};

@@ -88,24 +88,30 @@ int write_figures(const Comparison& cmp, const std::string& out, std::string& in
   return static_cast<int>(plots.failures.size());
 }
 
+// One table as FILE.md, .csv and .json under `out`, printed, and linked from the index.
+void write_tables(const std::string& title, const std::string& file, const std::string& md,
+                  const std::string& csv, const std::string& json, const std::string& out,
+                  std::string& index, std::vector<std::string>& written) {
+  const std::string stem = (fs::path(out) / file).string();
+  write_file_atomic(stem + ".md", "# " + title + "\n\n" + md);
+  write_file_atomic(stem + ".csv", csv);
+  write_file_atomic(stem + ".json", json);
+  for (const char* ext : {".md", ".csv", ".json"}) written.push_back(file + ext);
+  fmt::print("\n## {}\n\n{}", title, md);
+  index +=
+      fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
+                  title, md, file, file, file, file, file, file);
+}
+
 // The `--by` table of one experiment, beside its comparison table.
 void write_aggregate(const std::string& name, const std::string& stem_name,
                      const std::vector<RunRecord>& runs, const std::vector<std::string>& by,
                      const std::string& out, std::string& index,
                      std::vector<std::string>& written) {
   const Aggregate agg = aggregate(runs, by);
-  const std::string file = stem_name + "-by-" + slug(fmt::format("{}", fmt::join(by, "+")));
-  const std::string stem = (fs::path(out) / file).string();
-  const std::string md = to_markdown(agg);
-  const std::string title = fmt::format("{}, by {}", name, fmt::join(by, " and "));
-  write_file_atomic(stem + ".md", "# " + title + "\n\n" + md);
-  write_file_atomic(stem + ".csv", to_csv(agg));
-  write_file_atomic(stem + ".json", to_json(agg));
-  for (const char* ext : {".md", ".csv", ".json"}) written.push_back(file + ext);
-  fmt::print("\n## {}\n\n{}", title, md);
-  index +=
-      fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
-                  title, md, file, file, file, file, file, file);
+  write_tables(fmt::format("{}, by {}", name, fmt::join(by, " and ")),
+               stem_name + "-by-" + slug(fmt::format("{}", fmt::join(by, "+"))), to_markdown(agg),
+               to_csv(agg), to_json(agg), out, index, written);
 }
 
 // Writes one experiment's tables (and figures) as STEM.*; returns how many figures failed.
@@ -116,16 +122,7 @@ int write_experiment(const std::string& name, const std::string& stem_name,
   bool has_baseline = false;
   for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
   const auto cmp = compare(runs, has_baseline ? opt.baseline : "");
-  const std::string stem = (fs::path(out) / stem_name).string();
-  const std::string md = to_markdown(cmp);
-  write_file_atomic(stem + ".md", "# " + name + "\n\n" + md);
-  write_file_atomic(stem + ".csv", to_csv(cmp));
-  write_file_atomic(stem + ".json", to_json(cmp));
-  for (const char* ext : {".md", ".csv", ".json"}) written.push_back(stem_name + ext);
-  fmt::print("\n## {}\n\n{}", name, md);
-  index +=
-      fmt::format("\n## {}\n\n{}\nTables: [{}.md]({}.md), [{}.csv]({}.csv), [{}.json]({}.json)\n",
-                  name, md, stem_name, stem_name, stem_name, stem_name, stem_name, stem_name);
+  write_tables(name, stem_name, to_markdown(cmp), to_csv(cmp), to_json(cmp), out, index, written);
   if (!opt.by.empty()) write_aggregate(name, stem_name, runs, opt.by, out, index, written);
   return opt.plots ? write_figures(cmp, out, index, written) : 0;
 }

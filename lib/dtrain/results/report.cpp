@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "dtrain/base/error.hpp"
@@ -92,6 +93,18 @@ std::string csv_escape(const std::string& s) {
 
 }  // namespace
 
+namespace {
+int64_t param_count_of(const nlohmann::json& j) {
+  if (j.contains("param_count") && j["param_count"].is_number_integer())
+    return j["param_count"].get<int64_t>();
+  if (!j.contains("model") || !j["model"].is_string()) return 0;
+  static const std::regex re(R"(\((\d+) parameters\)\s*$)");
+  std::smatch m;
+  const std::string model = j["model"].get<std::string>();
+  return std::regex_search(model, m, re) ? std::strtoll(m[1].str().c_str(), nullptr, 10) : 0;
+}
+}  // namespace
+
 RunRecord load_run(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
   std::ifstream in(path);
@@ -126,6 +139,8 @@ RunRecord load_run(const std::string& dir) {
     r.lr = j.value("lr", 0.0);
     r.target_accuracy = j.value("target_accuracy", 0.0);
     r.epochs_completed = j.value("epochs_completed", 0);
+    r.steps_per_epoch = j.value("steps_per_epoch", int64_t{0});
+    r.param_count = param_count_of(j);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: unexpected content: {}", path, e.what()));
   }

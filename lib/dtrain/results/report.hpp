@@ -1,5 +1,6 @@
 #pragma once
 // Comparison tables of runs, always built from run folders (summary.json), never from memory.
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -23,6 +24,10 @@ struct RunRecord {
   std::optional<double> busbw_gbps, exposed_exchange_share;  // medians over epochs  // the gradient noise scale at the end (2+ replicas)
   double target_accuracy = 0;
   int epochs_completed = 0;
+  int64_t steps_per_epoch = 0;
+  // summary.json's "param_count", or for older folders the end of its model description
+  // ("... (421834 parameters)"); 0 where neither says.
+  int64_t param_count = 0;
   // The resolved config by dotted key, from summary.json's "config"; empty for run folders
   // written before summary.json carried it (run_config_values reads those).
   std::map<std::string, std::string> config;
