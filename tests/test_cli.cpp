@@ -277,3 +277,17 @@ TEST_CASE("a sweep of a billion runs is refused at once, before any is planned",
                    "train.eval_batch)") != std::string::npos);
   CHECK(s < 10);
 }
+
+TEST_CASE("a FIFO in a run folder is named as unreadable and never waited on", "[cli][errors][report]") {
+  TempDir t("fifo-run");
+  const auto run = t.path / "exp" / "r1";
+  std::filesystem::create_directories(run);
+  put(run / "status", "done\n");
+  REQUIRE(::mkfifo((run / "summary.json").c_str(), 0600) == 0);
+  const auto r = shell("timeout 20 " + dtrain_binary() + " report " + t.path.string() +
+                       " --out " + (t.path / "rep").string() + " 2>&1");
+  INFO(r.out);
+  CHECK(r.code == 1);  // a run could not be read; the report of the rest is written
+  CHECK(r.out.find("summary.json: not a regular file") != std::string::npos);
+  CHECK(r.out.find("unreadable (done)") != std::string::npos);
+}

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <sstream>
 #include <fstream>
 #include <map>
 
@@ -44,8 +45,9 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
 
 // A previous report in the same place is replaced as a whole: the files it listed go first.
 void remove_previous_report(const std::string& out, const fs::path& manifest) {
-  std::ifstream old(manifest);
-  if (!old) return;
+  const auto listed = try_read_text_file(manifest.string());
+  if (!listed) return;
+  std::istringstream old(*listed);
   // The manifest lies in a folder that may come from elsewhere: only plain files (or links)
   // directly in `out` are removed, never a folder.
   for (std::string f; std::getline(old, f);) {

@@ -74,17 +74,15 @@ void move_aside(const std::string& dir, const std::string& why) {
 
 // "" if the finished run in `dir` was run with `cfg`, else why --resume cannot reuse it.
 std::string differs_from_finished(const std::string& dir, const Config& cfg) {
-  std::ifstream in(fs::path(dir) / "config.resolved.yaml");
-  if (!in)
+  const auto had = try_read_text_file((fs::path(dir) / "config.resolved.yaml").string());
+  if (!had)
     return fmt::format("{}: --resume: this finished run has no config.resolved.yaml to compare "
                        "with; pick a new --tag",
                        dir);
-  std::stringstream had;
-  had << in.rdbuf();
   const std::string want = to_yaml(cfg);
-  if (had.str() == want) return "";
+  if (*had == want) return "";
   // Name the first line that differs (a key of the resolved config), or the end of one.
-  std::istringstream a(had.str()), b(want);
+  std::istringstream a(*had), b(want);
   std::string la, lb;
   for (;;) {
     const bool more_a = static_cast<bool>(std::getline(a, la));

@@ -104,6 +104,14 @@ std::string read_text_file(const std::string& path, const std::string& what, siz
   return out;
 }
 
+std::optional<std::string> try_read_text_file(const std::string& path, size_t max_bytes) {
+  try {
+    return read_text_file(path, "file", max_bytes);
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+}
+
 std::string slug(const std::string& s) {
   std::string out;
   for (char ch : s) {

@@ -1,6 +1,7 @@
 #pragma once
 // Writing results: files replaced whole, folders created with a clear error, safe names.
 #include <cstddef>
+#include <optional>
 #include <string>
 
 namespace dtrain {
@@ -15,6 +16,10 @@ void ensure_dir(const std::string& dir, const std::string& what);
 // UserError naming the path and `what` it was read as; nothing blocks or reads without bound.
 std::string read_text_file(const std::string& path, const std::string& what,
                            size_t max_bytes = size_t{64} << 20);
+// The same read for files that may be absent or broken without that being an error (a run's
+// status while it is written): nothing where read_text_file would throw.
+std::optional<std::string> try_read_text_file(const std::string& path,
+                                              size_t max_bytes = size_t{64} << 20);
 // A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.
 std::string slug(const std::string& s);
 

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -108,17 +109,18 @@ long RunLock::holder(const std::string& run_dir) {
 std::string read_run_status(const std::string& dir) {
   // summary.json is written before status, so a final status there wins over a `status` file
   // that a crash or a full disk kept from being updated.
-  std::ifstream js(fs::path(dir) / "summary.json");
-  if (js) {
-    const auto j = nlohmann::json::parse(js, nullptr, /*allow_exceptions=*/false);
+  if (const auto text = try_read_text_file((fs::path(dir) / "summary.json").string())) {
+    const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("status") && j["status"].is_string()) {
       const auto st = j["status"].get<std::string>();
       if (st == "done" || st == "diverged" || st == "failed") return st;
     }
   }
-  std::ifstream in(fs::path(dir) / "status");
+  const auto status = try_read_text_file((fs::path(dir) / "status").string(), 4096);
   std::string line;
-  if (!in || !std::getline(in, line)) return "";
+  if (!status) return "";
+  std::istringstream in(*status);
+  if (!std::getline(in, line)) return "";
   // A run nobody holds is not running any more: its process died or was stopped.
   if (line == "running" && RunLock::holder(dir) == 0) return "interrupted";
   return line;

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 #include "dtrain/config/schema.hpp"
 
 namespace dtrain {
@@ -107,12 +108,12 @@ int64_t param_count_of(const nlohmann::json& j) {
 
 RunRecord load_run(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
-  std::ifstream in(path);
-  if (!in)
+  if (!std::filesystem::exists(path))
     throw UserError(fmt::format("{}: missing (the run may still be running or was killed)", path));
+  const std::string text = read_text_file(path, "summary.json");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: corrupt JSON: {}", path, e.what()));
   }
@@ -569,8 +570,8 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
 
 std::vector<EpochRow> load_metrics(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "metrics.csv").string();
-  std::ifstream in(path);
-  if (!in) throw UserError(fmt::format("{}: missing", path));
+  if (!std::filesystem::exists(path)) throw UserError(fmt::format("{}: missing", path));
+  std::istringstream in(read_text_file(path, "metrics.csv"));
   std::string line;
   if (!std::getline(in, line)) throw UserError(fmt::format("{}: empty", path));
   std::vector<std::string> head;
