@@ -291,3 +291,21 @@ TEST_CASE("a FIFO in a run folder is named as unreadable and never waited on", "
   CHECK(r.out.find("summary.json: not a regular file") != std::string::npos);
   CHECK(r.out.find("unreadable (done)") != std::string::npos);
 }
+
+TEST_CASE("an oversized config file and an overflowing dense layer are one-line errors",
+          "[cli][errors]") {
+  TempDir t("oversized");
+  const auto cfg = t.path / "t.yaml";
+  put(cfg, tiny_config("t") + "# " + std::string(size_t{2} << 20, 'x') + "\n");
+  auto r = dtrain_cli("validate " + cfg.string());
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.out) == 1);
+  CHECK(r.out.find("more than the 1048576 bytes a config file may have") != std::string::npos);
+  put(cfg, tiny_config("t"));
+  r = dtrain_cli("validate " + cfg.string() + " 'model.hidden=[4000000000, 4000000000]'");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("model.type mlp (its layer 3, dense): a dense layer of 4000000000 x "
+                   "4000000000 weights is too large") != std::string::npos);
+}
