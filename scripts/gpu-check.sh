@@ -7,7 +7,7 @@
 #   scripts/gpu-check.sh                  # every stage in order
 #   scripts/gpu-check.sh build devices    # some stages (in separate calls, or several at once)
 #
-# Stages: probe, build, devices, tests, bench, runs. Evidence goes to
+# Stages: probe, build, devices, tests, bench, runs, sanitizer. Evidence goes to
 # ${OUT:-results/gpu}/<date>-<gpu>/ (one folder per day and GPU, so stages run in separate calls
 # share it): stages.md, a table with one row per stage run, and per stage its log and an archive
 # of its files (<stage>.log, <stage>.tar.gz; with OUT set the unpacked folder is removed, so that
@@ -30,7 +30,7 @@ self=$(readlink -f "$0")
 cd "$(dirname "$self")/.."
 root=$(pwd)
 rehearsal=${DTRAIN_GPU_CHECK_REHEARSAL:-0}
-all_stages=(probe build devices tests bench runs)
+all_stages=(probe build devices tests bench runs sanitizer)
 one_stage=""
 if [ "${1:-}" = --stage ]; then one_stage=$2; set --; fi  # a child running one stage
 [ $# -gt 0 ] && stages=("$@") || stages=("${all_stages[@]}")
@@ -259,6 +259,50 @@ stage_runs() {
   fi
   for s in "$sdir"/*/*/summary.json; do
     [ -f "$s" ] && summary_line "$s"
+  done
+  return $rc
+}
+
+# compute-sanitizer (memcheck, then racecheck) on short runs: the MLP and the CNN with CUDA graphs
+# on and off, and two colocated replicas; each run's log keeps the tool's summary line, and a run
+# passes on exit 0 with "ERROR SUMMARY: 0 errors" (memcheck) or "0 hazards" (racecheck).
+# memcheck runs with --report-api-errors no: NCCL's communicator setup probes its kernels with
+# cudaFuncGetAttributes and handles "no kernel image" itself, which memcheck would otherwise count
+# as errors; an API error in dtrain's own calls ends the run with a nonzero exit instead.
+sanitizer_runs=(
+  "configs/quickstart.yaml|gpus=1 train.cuda_graph=true|mlp-graph"
+  "configs/quickstart.yaml|gpus=1 train.cuda_graph=false|mlp-eager"
+  "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=true|cnn-graph"
+  "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=false|cnn-eager"
+  "configs/quickstart.yaml|gpus=2 colocate=true|mlp-colocated"
+)
+stage_sanitizer() {
+  if [ "$rehearsal" = 1 ]; then echo "gpu-check: rehearsal: the sanitizer needs a GPU"; return $skipped; fi
+  local b cs tool spec cfg over tag log rc=0 r line opts pass
+  b=$(bin_dir) || return 2
+  need_data || return 2
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  [ -x "$cs" ] || { echo "gpu-check: no compute-sanitizer here"; return 1; }
+  "$cs" --version | tail -n 1
+  # Few steps: every kernel launch under the sanitizer costs milliseconds.
+  local short=(train.epochs=1 optimizer.warmup_epochs=0 data.train_limit=512 data.test_limit=128)
+  for tool in memcheck racecheck; do
+    opts=(--tool "$tool" --error-exitcode 99)
+    pass='ERROR SUMMARY: 0 errors'
+    [ "$tool" = memcheck ] && opts+=(--report-api-errors no)
+    [ "$tool" = racecheck ] && pass='SUMMARY: 0 hazards'
+    for spec in "${sanitizer_runs[@]}"; do
+      IFS='|' read -r cfg over tag <<<"$spec"
+      read -ra over <<<"$over"
+      log="$sdir/$tool-$tag.log"
+      timeout -k 5 "${DTRAIN_SANITIZER_RUN_LIMIT:-120}" "$cs" "${opts[@]}" \
+        "$b/apps/dtrain" run "$cfg" backend=cuda "${over[@]}" "${short[@]}" data.path="$data" \
+        --results "$sdir/runs-$tool" --tag "$tag" --quiet > "$log" 2>&1
+      r=$?
+      line=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1)
+      echo "$tool $tag: exit $r; ${line:-no summary line}"
+      [ "$r" = 0 ] && grep -q "$pass" <<<"$line" || rc=1
+    done
   done
   return $rc
 }

@@ -158,6 +158,26 @@ inline ShellResult shell(const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// One mpirun invocation as CI can run it: as root, more ranks than cores, shared memory only.
+inline std::string mpirun(int np) {
+  return "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader "
+         "--mca btl_vader_single_copy_mechanism none -np " +
+         std::to_string(np) + " ";
+}
+
+// Why the tests that start dtrain under mpirun cannot run here, or "" when they can: they need
+// a dtrain built with MPI (the portable build has none) and a working mpirun.
+inline std::string mpirun_missing() {
+#ifndef DTRAIN_HAVE_MPI
+  return "this dtrain was built without MPI";
+#else
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0 ||
+      std::system((mpirun(1) + "true > /dev/null 2>&1").c_str()) != 0)
+    return "mpirun (openmpi-bin) is not available";
+  return "";
+#endif
+}
+
 // Runs the dtrain binary with `args`.
 inline ShellResult dtrain_cli(const std::string& args) {
   return shell(dtrain_binary() + " " + args);

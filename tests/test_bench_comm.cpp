@@ -167,17 +167,14 @@ TEST_CASE("dtrain bench-comm: a planted wrong result exits 1, bad input exits 2"
 }
 
 TEST_CASE("dtrain bench-comm under mpirun times MPI", "[bench-comm][mpi]") {
-  const std::string mpirun =
-      "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2 ";
-  if (std::system("command -v mpirun > /dev/null 2>&1") != 0 ||
-      std::system((mpirun + "true > /dev/null 2>&1").c_str()) != 0) {
-    WARN("SKIPPED: mpirun (openmpi-bin) is not available");
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
     return;
   }
   TempDir t("bench-comm-mpi");
   const std::string out = (t.path / "m").string();
   const auto r =
-      shell(mpirun + dtrain_binary() + " bench-comm --sizes 4K:16K --iters 2 --out " + out);
+      shell(mpirun(2) + dtrain_binary() + " bench-comm --sizes 4K:16K --iters 2 --out " + out);
   INFO(r.out);
   REQUIRE(r.code == 0);
   const auto j = nlohmann::json::parse(slurp(out + ".json"));

@@ -1,5 +1,6 @@
 // Multi-process runs under mpirun: equivalence with in-process replicas, a wrong process count,
-// and failure handling (a rank that throws, a rank that is killed). Skipped without mpirun.
+// and failure handling (a rank that throws, a rank that is killed). Skipped without mpirun or
+// without MPI in dtrain.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,18 +20,6 @@ namespace fs = std::filesystem;
 using namespace dtrain::test;
 
 namespace {
-
-// One mpirun invocation as CI can run it: as root, more ranks than cores, shared memory only.
-std::string mpirun(int np) {
-  return "mpirun --allow-run-as-root --oversubscribe --mca btl self,vader "
-         "--mca btl_vader_single_copy_mechanism none -np " +
-         std::to_string(np) + " ";
-}
-
-bool have_mpirun() {
-  return std::system("command -v mpirun > /dev/null 2>&1") == 0 &&
-         std::system((mpirun(1) + "true > /dev/null 2>&1").c_str()) == 0;
-}
 
 // The columns that depend on arithmetic only (not on timing).
 std::string numeric_columns(const fs::path& metrics) {
@@ -60,8 +49,8 @@ std::string write_config(const fs::path& dir, int epochs) {
 }  // namespace
 
 TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process run bit for bit", "[mpi]") {
-  if (!have_mpirun()) {
-    WARN("SKIPPED: mpirun (openmpi-bin) is not available");
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
     return;
   }
   TempDir d("mpi-equiv");
@@ -92,8 +81,8 @@ TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process run bit for bit", "[m
 }
 
 TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
-  if (!have_mpirun()) {
-    WARN("SKIPPED: mpirun (openmpi-bin) is not available");
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
     return;
   }
   TempDir d("mpi-count");
@@ -106,8 +95,8 @@ TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
 }
 
 TEST_CASE("a rank that throws ends every rank quickly and the run says failed", "[mpi]") {
-  if (!have_mpirun()) {
-    WARN("SKIPPED: mpirun (openmpi-bin) is not available");
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
     return;
   }
   TempDir d("mpi-throw");
@@ -130,8 +119,8 @@ TEST_CASE("a rank that throws ends every rank quickly and the run says failed", 
 }
 
 TEST_CASE("a killed rank makes the others exit within 30 seconds", "[mpi]") {
-  if (!have_mpirun()) {
-    WARN("SKIPPED: mpirun (openmpi-bin) is not available");
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
     return;
   }
   TempDir d("mpi-kill");

@@ -29,9 +29,11 @@ __device__ T value_of(const Param<T>& p) {
 
 namespace {
 
-// Block reduction of two doubles over the block; thread 0 gets the totals.
+// Block reduction of two doubles over a block of Threads (a power of two) threads, in a fixed
+// tree order; thread 0 gets the totals.
+template <int Threads = kThreads>
 __device__ void block_sum2(double& a, double& b) {
-  __shared__ double s0[kThreads], s1[kThreads];
+  __shared__ double s0[Threads], s1[Threads];
   s0[threadIdx.x] = a;
   s1[threadIdx.x] = b;
   __syncthreads();
