@@ -244,7 +244,7 @@ int run_explain(const ExplainOptions& opt) {
       std::fflush(stdout);
       RunOptions ro{opt.config, rr.overrides, opt.results, rr.tag, opt.resume, opt.quiet, false};
       const int code = run_run(ro);
-      if (code == 130) return 130;
+      if (stop_requested()) return code;  // 130 (Ctrl-C) or 143 (SIGTERM)
       failed += code != 0;
     }
     if (!rr.rung.skipped) collect(opt, experiment, rr);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "commands.hpp"
@@ -19,6 +20,7 @@
 #include "dtrain/config/plan.hpp"
 #include "dtrain/results/recorder.hpp"
 #include "dtrain/results/report.hpp"
+#include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/doctor.hpp"
 #include "dtrain/train/trainer.hpp"
 
@@ -59,7 +61,7 @@ void setup_run(CLI::App& app, RunOptions& opt) {
 namespace {
 
 // Moves an unfinished run folder aside (never deletes it) so the run can start afresh.
-void move_aside(const std::string& dir, const std::string& why) {
+std::string move_aside(const std::string& dir, const std::string& why) {
   const fs::path p(dir);
   const fs::path attic = p.parent_path() / ".attempts";
   ensure_dir(attic.string(), "attempts");
@@ -70,6 +72,19 @@ void move_aside(const std::string& dir, const std::string& why) {
   }
   fs::rename(p, dest);
   log().info("resume: {} was {}; moved to {}", dir, why, dest.string());
+  return dest.string();
+}
+
+// The checkpoint of an earlier attempt (moved to `attempt`) that this run can continue from:
+// none if it has none or it belongs to another config (then the run starts over, and says so).
+std::optional<Checkpoint> resumable(const std::string& attempt, const Config& cfg) {
+  auto c = load_checkpoint(attempt);
+  if (c && c->config_yaml != to_yaml(cfg)) {
+    log().warn("resume: the checkpoint in {} is of another config; the run starts over",
+               attempt);
+    return std::nullopt;
+  }
+  return c;
 }
 
 // "" if the finished run in `dir` was run with `cfg`, else why --resume cannot reuse it.
@@ -222,30 +237,51 @@ int run_run(const RunOptions& opt) {
     std::unique_ptr<RunRecorder> rec;
     const DataSplit& data = *data_cache[data_key(r.config)];
     std::unique_ptr<Communicator> comm;
+    std::optional<Checkpoint> resume_from;
     // The leader's setup is inside the try as well: under mpirun a leader that fails here (a
     // full disk, say) must end the job, not leave the other ranks waiting in a collective.
     try {
       if (leader) lock = std::make_unique<RunLock>(dirs[i]);
-      if (leader && opt.resume && fs::exists(dirs[i]))
-        move_aside(dirs[i], earlier.empty() ? "incomplete" : earlier);
+      std::string attempt;
+      if (leader && opt.resume && fs::exists(dirs[i])) {
+        attempt = move_aside(dirs[i], earlier.empty() ? "incomplete" : earlier);
+        resume_from = resumable(attempt, r.config);
+      }
+      if (multi) {  // every rank continues from rank 0's checkpoint
+        std::string bytes = resume_from ? encode_checkpoint(*resume_from) : "";
+        mpi::broadcast(bytes);
+        if (!leader && !bytes.empty()) resume_from = decode_checkpoint(bytes, "rank 0's checkpoint");
+      }
       if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
       if (leader)
         rec =
             std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
+      if (rec && resume_from) {
+        rec->resume(*resume_from);  // saved in the new folder before the old copy goes
+        std::error_code ec;
+        fs::remove(checkpoint_path(attempt), ec);
+      }
       // The known pitfalls of this config, in the run's log (dtrain doctor prints the same).
       if (leader)
         for (const auto& f : diagnose(r.config, &data)) log().warn("{}", to_line(f));
       index[i].status = "running";
       save_index();
       TrainResult result;
+      const Checkpoint* from = resume_from ? &*resume_from : nullptr;
       if (multi) {
         comm = mpi::world(r.config.train.collective_timeout_s);
-        result = train_rank(r.config, data, *comm, rec.get());
+        result = train_rank(r.config, data, *comm, rec.get(), from);
       } else {
-        result = train(r.config, data, rec.get());
+        result = train(r.config, data, rec.get(), from);
       }
       if (rec) rec->finish(result);
       index[i].status = result.status == RunStatus::diverged ? "diverged" : "done";
+    } catch (const Interrupted& e) {
+      // Every rank stopped at the same step, after the checkpoint was written.
+      if (rec) rec->interrupt(e.what());
+      index[i].status = "interrupted";
+      save_index();
+      break;
     } catch (const std::exception& e) {
       const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
       if (multi && comm && !remote) comm->abort(e.what());  // tell the other ranks first
@@ -264,7 +300,7 @@ int run_run(const RunOptions& opt) {
     }
     save_index();
   }
-  if (!leader) return 0;
+  if (!leader) return stop_requested() ? stop_exit_code() : 0;
   if (skipped) log().info("resume: {} of {} runs were already finished", skipped, runs.size());
 
   // The table is regenerated from the run folders, grouped by experiment.
@@ -284,7 +320,7 @@ int run_run(const RunOptions& opt) {
   }
   if (stop_requested()) {
     log().warn("interrupted");
-    return 130;
+    return stop_exit_code();
   }
   return failed ? 1 : 0;
 }

@@ -15,8 +15,8 @@ int run_main(int argc, char** argv);
 
 namespace {
 
-void on_interrupt(int) {
-  dtrain::request_stop();
+void on_interrupt(int signal) {
+  dtrain::request_stop(signal);
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
   std::signal(SIGTERM, SIG_DFL);
 }

@@ -31,6 +31,13 @@ class Aborted : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown by every replica of a run stopped on request (Ctrl-C, SIGTERM) at a step boundary,
+// after its checkpoint is written.
+class Interrupted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace dtrain
 
 #define DTRAIN_THROW_SYSTEM(msg) throw ::dtrain::SystemError((msg), __FILE__, __LINE__)

@@ -112,6 +112,10 @@ struct TrainConfig {
   // Gradient noise scale (McCandlish et al. 2018) from the squared gradient norms before and
   // after the exchange, with more than one replica: metrics.csv and summary.json.
   bool noise_scale = true;
+  // A checkpoint (checkpoint.bin in the run folder) is written at every epoch's end, when the
+  // run is stopped (Ctrl-C, SIGTERM), and every this many optimizer steps (0: not by steps).
+  // `dtrain run --resume` continues an unfinished run from it.
+  int64_t checkpoint_steps = 0;
 };
 
 struct OptimizerConfig {

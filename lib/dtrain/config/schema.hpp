@@ -174,6 +174,7 @@ void visit(C& t, V& v) {
   v(Key("bucket_mb").within(0.0, 1e6), t.bucket_mb);
   v(Key("cuda_graph"), t.cuda_graph);
   v(Key("noise_scale"), t.noise_scale);
+  v(Key("checkpoint_steps").at_least(0), t.checkpoint_steps);
 }
 
 template <ConfigPart<OptimizerConfig> C, class V>

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <optional>
 #include <cstdlib>
 #include <thread>
 
@@ -178,13 +179,19 @@ class MpiComm final : public Communicator {
                  MPI_STATUS_IGNORE);
         throw Aborted(text);
       }
-      if (stop_requested())
-        throw Aborted(
-            fmt::format("rank {}: stopped while waiting in the {} (interrupted, or the "
-                        "launcher is ending the job because another rank died)",
-                        g_rank, what));
-      const double waited =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const auto now = std::chrono::steady_clock::now();
+      // A stop request (Ctrl-C reaches every rank) lets the collective finish, so that all
+      // ranks stop together at the next step and save the run; one still pending after
+      // kStopGraceS has a peer that is gone (the launcher is ending the job).
+      if (stop_requested()) {
+        if (!stop_seen_) stop_seen_ = now;
+        if (std::chrono::duration<double>(now - *stop_seen_).count() > kStopGraceS)
+          throw Aborted(
+              fmt::format("rank {}: stopped while waiting in the {} (interrupted, or the "
+                          "launcher is ending the job because another rank died)",
+                          g_rank, what));
+      }
+      const double waited = std::chrono::duration<double>(now - start).count();
       if (waited > timeout_s_)
         throw Aborted(
             fmt::format("rank {}: no progress in the {} for {:.0f} s (another rank is "
@@ -195,6 +202,8 @@ class MpiComm final : public Communicator {
     }
   }
 
+  static constexpr double kStopGraceS = 0.5;
+  std::optional<std::chrono::steady_clock::time_point> stop_seen_;
   double timeout_s_;
   std::vector<float> scratch_f_;
   std::vector<double> scratch_d_;

@@ -109,6 +109,13 @@ void Model::set_context(Communicator* comm, Rng* rng) {
 }
 
 void Model::average_state(Communicator& comm) {
+  std::vector<float> all = download_state();
+  if (all.empty()) return;
+  comm.allreduce(all.data(), all.size(), ReduceOp::mean);
+  upload_state(all);
+}
+
+std::vector<float> Model::download_state() {
   std::vector<float> all;
   for (auto& l : layers_)
     if (auto* st = l->state()) {
@@ -116,14 +123,18 @@ void Model::average_state(Communicator& comm) {
       all.resize(at + st->size());
       dev_.download(all.data() + at, st->data(), st->size() * sizeof(float));
     }
-  if (all.empty()) return;
-  comm.allreduce(all.data(), all.size(), ReduceOp::mean);
+  return all;
+}
+
+void Model::upload_state(const std::vector<float>& all) {
   size_t off = 0;
   for (auto& l : layers_)
     if (auto* st = l->state()) {
+      if (off + st->size() > all.size()) throw UserError("checkpoint: BatchNorm state too short");
       dev_.upload(st->data(), all.data() + off, st->size() * sizeof(float));
       off += st->size();
     }
+  if (off != all.size()) throw UserError("checkpoint: BatchNorm state of another model");
 }
 
 std::string Model::describe() const {

@@ -234,6 +234,9 @@ class Model {
   // Averages evaluation state (BatchNorm running statistics) over replicas, so every replica
   // evaluates the same model. No-op for models without such state.
   void average_state(Communicator& comm);
+  // That state, every layer's in order, on the host (a checkpoint's), and back.
+  std::vector<float> download_state();
+  void upload_state(const std::vector<float>& all);
   // Softmax cross-entropy on the last forward's logits; accumulates parameter gradients of
   // grad_scale * summed loss. stats[0] += loss sum, stats[1] += correct count. When `ready` is
   // given, it is called after each layer's backward with the range [offset, offset + count) of

@@ -14,6 +14,12 @@ class Optimizer {
   Optimizer(Device& d, const OptimizerConfig& cfg, size_t n);
   void step(float* params, const float* grads, double lr);
   int64_t steps_taken() const { return t_; }
+  // The state a checkpoint keeps: the step count and the moments (m: SGD's momentum or Adam's
+  // first moment; v: Adam's second, empty for SGD), on the device.
+  void set_steps_taken(int64_t t) { t_ = t; }
+  Buffer<float>& first_moment() { return m_; }
+  Buffer<float>& second_moment() { return v_; }
+  size_t size() const { return n_; }
 
  private:
   Device& dev_;

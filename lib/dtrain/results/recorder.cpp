@@ -22,6 +22,7 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/results/metrics.hpp"
+#include "dtrain/train/checkpoint.hpp"
 #include "dtrain/base/version.hpp"
 #include "dtrain/config/schema.hpp"
 
@@ -113,7 +114,7 @@ std::string read_run_status(const std::string& dir) {
     const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("status") && j["status"].is_string()) {
       const auto st = j["status"].get<std::string>();
-      if (st == "done" || st == "diverged" || st == "failed") return st;
+      if (st == "done" || st == "diverged" || st == "failed" || st == "interrupted") return st;
     }
   }
   const auto status = try_read_text_file((fs::path(dir) / "status").string(), 4096);
@@ -305,10 +306,34 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   write_file_atomic(dir_ + "/status", status + "\n");
 }
 
+void RunRecorder::on_checkpoint(const Checkpoint& c) {
+  save_checkpoint(dir_, c);
+}
+
+void RunRecorder::resume(const Checkpoint& c) {
+  epochs_ = c.epochs;
+  csv_ = metrics_csv_header();
+  for (const auto& m : epochs_) csv_ += metrics_csv_row(m);
+  write_file_atomic(dir_ + "/metrics.csv", csv_);
+  save_checkpoint(dir_, c);
+  log().info("resume: continuing at epoch {}, step {} ({} epochs finished before)", c.epoch + 1,
+             c.step, c.epochs.size());
+}
+
+void RunRecorder::interrupt(const std::string& why) {
+  clear_progress();
+  write_summary("interrupted", why);
+  log().warn("run {} interrupted; `dtrain run --resume` with the same arguments continues it "
+             "from its checkpoint",
+             run_id_);
+}
+
 void RunRecorder::finish(const TrainResult& r) {
   info_ = r.info;
   const std::string status = r.status == RunStatus::diverged ? "diverged" : "done";
   write_summary(status, "");
+  std::error_code ec;  // nothing is left to resume
+  fs::remove(checkpoint_path(dir_), ec);
   if (r.status == RunStatus::diverged)
     log().warn("run {} diverged (non-finite loss) after {} epochs", run_id_, r.epochs.size());
 }

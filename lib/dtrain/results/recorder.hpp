@@ -53,9 +53,17 @@ class RunRecorder : public TrainObserver {
   void on_start(const RunInfo& info) override;
   void on_step(int epoch, int64_t step, int64_t steps) override;
   void on_epoch(const EpochMetrics& m) override;
+  // Saves the checkpoint in the run folder (checkpoint.bin).
+  void on_checkpoint(const Checkpoint& c) override;
 
+  // A run continued from `c`: its finished epochs go to metrics.csv, and the checkpoint is
+  // saved here at once, so that the folder can be resumed again before its next one.
+  void resume(const Checkpoint& c);
+  // The run is complete: the summary, then the checkpoint is removed.
   void finish(const TrainResult& r);
   void fail(const std::string& error);
+  // Stopped on request with its checkpoint saved: status `interrupted`; --resume continues it.
+  void interrupt(const std::string& why);
 
  private:
   void write_summary(const std::string& status, const std::string& error);

@@ -9,6 +9,7 @@
 // is averaged by its own exponential moving average, and B_simple = tr(S) / |G|^2 is taken
 // from the two averages: the batch size beyond which a larger batch stops cutting the number
 // of steps in proportion (the critical batch, to first order).
+#include <array>
 #include <cstdint>
 
 namespace dtrain {
@@ -24,6 +25,11 @@ class NoiseScale {
   double g2() const;         // |G|^2, averaged
   double trace() const;      // tr(S), averaged
   double b_simple() const;   // tr(S) / |G|^2; NaN before the first step or if |G|^2 <= 0
+  // The averages and the step count, for a checkpoint.
+  std::array<double, 4> save() const { return {g2_, trace_, weight_, static_cast<double>(steps_)}; }
+  void restore(const std::array<double, 4>& s) {
+    g2_ = s[0], trace_ = s[1], weight_ = s[2], steps_ = static_cast<int64_t>(s[3]);
+  }
 
  private:
   double decay_;

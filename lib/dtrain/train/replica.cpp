@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "dtrain/base/stop.hpp"
 #include "dtrain/dist/nccl.hpp"
 #include "dtrain/nn/schedule.hpp"
+#include "dtrain/train/checkpoint.hpp"
 
 namespace dtrain {
 
@@ -82,6 +84,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
   dev_test_.resize(*dev_, 2);
 
   read_fault_injection();
+  if (run.resume) restore(*run.resume);
   if (rank_ == 0) report_start();
 }
 
@@ -157,7 +160,7 @@ void Replica::report_start() {
 }
 
 void Replica::run() {
-  for (int epoch = 0; epoch < cfg_.train.epochs; ++epoch) {
+  for (int epoch = start_epoch_; epoch < cfg_.train.epochs; ++epoch) {
     const EpochTotals tr = train_epoch(epoch);
     const auto t_eval = Clock::now();
     const std::vector<double> test = evaluate();
@@ -173,6 +176,7 @@ void Replica::run() {
       if (run_.observer) run_.observer->on_epoch(m);
     }
     if (diverged) break;  // every rank sees the same reduced numbers, so all stop together
+    if (epoch + 1 < cfg_.train.epochs) checkpoint(epoch + 1, 0, nullptr);
   }
   if (rank_ == 0) run_.result.info.cuda_graph_steps = queue_ ? queue_->graph_launches() : 0;
 }
@@ -183,8 +187,17 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   dev_->zero(dev_stats_.data(), dev_stats_.size() * sizeof(double));
   EpochTotals out;
   EpochTimes& t = out.times;
+  const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
+  if (first > 0) restore_partial_epoch(out);
+  const double before = t.total;  // of a resumed epoch, the time before the stop
   const auto t_epoch = Clock::now();
-  for (int64_t s = 0; s < steps_; ++s) {
+  for (int64_t s = first; s < steps_; ++s) {
+    // A stop at a step boundary, agreed by every rank: the state is saved, then every rank ends.
+    if (stop_agreed()) {
+      t.total = before + seconds_since(t_epoch);
+      checkpoint(epoch, s, &out);
+      throw Interrupted("interrupted by the user");
+    }
     const double lr = lr_at(cfg_.optimizer, cfg_.train.epochs, gbatch_,
                             epoch + static_cast<double>(s) / static_cast<double>(steps_));
     if (s == 0) out.lr_first = lr;
@@ -195,6 +208,11 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     if (rank_ == 0 && epoch == 0 && s == 1)
       run_.result.info.launches_per_step = (queue_ ? queue_->launches() : 0) - launches_before;
     if (rank_ == 0 && run_.observer) run_.observer->on_step(epoch + 1, s + 1, steps_);
+    const int64_t every = cfg_.train.checkpoint_steps;
+    if (every > 0 && global_step_ % every == 0 && s + 1 < steps_) {
+      t.total = before + seconds_since(t_epoch);
+      checkpoint(epoch, s + 1, &out);
+    }
   }
   // The epoch's only wait for the device; then one exchange turns local per-step stats into
   // global ones.
@@ -205,7 +223,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
       step_stats_[s * kHost + k] = host[s * kDev + k];
   }
   comm_.allreduce(step_stats_.data(), step_stats_.size(), ReduceOp::sum);
-  t.total = seconds_since(t_epoch);
+  t.total = before + seconds_since(t_epoch);
   // On a GPU the host only queues work: the split comes from device events instead (but for
   // an exchange that runs on the host).
   double dt[3] = {0, 0, 0};
@@ -251,7 +269,6 @@ void Replica::add_noise_step(const double* st) {
 }
 
 void Replica::check_fault() {
-  if (stop_requested()) throw Aborted("interrupted by the user");
   if (++global_step_ == fault_step_)
     DTRAIN_THROW_SYSTEM(
         fmt::format("injected fault (DTRAIN_FAULT) on rank {} at step {}", rank_, global_step_));
@@ -326,6 +343,137 @@ void Replica::reduce_gradients(EpochTimes& t) {
   exchange_->finish();
   t.compute -= during_backward;
   t.exchange += during_backward + seconds_since(t0);
+}
+
+bool Replica::stop_agreed() {
+  double stop = stop_requested() ? 1 : 0;
+  if (replicas_ > 1) comm_.allreduce(&stop, 1, ReduceOp::sum);  // host only
+  return stop > 0;
+}
+
+std::vector<uint64_t> Replica::gather_words(const std::vector<uint64_t>& mine) {
+  const size_t n = mine.size();
+  std::vector<double> pieces(4 * n * static_cast<size_t>(replicas_), 0.0);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t p = 0; p < 4; ++p)
+      pieces[(static_cast<size_t>(rank_) * n + i) * 4 + p] =
+          static_cast<double>((mine[i] >> (16 * p)) & 0xffff);
+  comm_.allreduce(pieces.data(), pieces.size(), ReduceOp::sum);
+  std::vector<uint64_t> all(n * static_cast<size_t>(replicas_), 0);
+  for (size_t i = 0; i < all.size(); ++i)
+    for (size_t p = 0; p < 4; ++p)
+      all[i] |= static_cast<uint64_t>(pieces[i * 4 + p]) << (16 * p);
+  return all;
+}
+
+void Replica::checkpoint(int epoch, int64_t next_step, const EpochTotals* partial) {
+  if (global_step_ == last_checkpoint_) return;  // the same state as the last one
+  last_checkpoint_ = global_step_;
+  // Per rank: the random stream and the BatchNorm statistics (per replica with `local`).
+  std::vector<uint64_t> mine(4);
+  replica_rng_.get_state(mine.data());
+  const std::vector<float> bn = model_->download_state();
+  for (float v : bn) mine.push_back(std::bit_cast<uint32_t>(v));
+  const std::vector<uint64_t> all = gather_words(mine);
+  // The finished steps' sums, reduced over the ranks as at the epoch's end.
+  std::vector<double> part;
+  if (partial && next_step > 0) {
+    std::vector<double> host(static_cast<size_t>(next_step) * kDev);
+    dev_->download(host.data(), dev_stats_.data(), host.size() * sizeof(double));
+    part.assign(static_cast<size_t>(next_step) * kHost, 0.0);
+    for (size_t s = 0; s < static_cast<size_t>(next_step); ++s) {
+      for (size_t k : {kLoss, kCorrect, kLocalNorm, kReducedNorm})
+        part[s * kHost + k] = host[s * kDev + k];
+      part[s * kHost + kRows] = step_stats_[s * kHost + kRows];
+    }
+    comm_.allreduce(part.data(), part.size(), ReduceOp::sum);
+  }
+  if (rank_ != 0 || !run_.observer) return;
+  Checkpoint c;
+  c.config_yaml = to_yaml(cfg_);
+  c.replicas = replicas_;
+  c.epoch = epoch;
+  c.step = next_step;
+  c.global_step = global_step_;
+  c.params.resize(static_cast<size_t>(model_->param_count()));
+  dev_->download(c.params.data(), model_->params(), c.params.size() * sizeof(float));
+  auto take = [&](Buffer<float>& b, std::vector<float>& out) {
+    if (b.size() == 0) return;
+    out.resize(opt_->size());
+    dev_->download(out.data(), b.data(), out.size() * sizeof(float));
+  };
+  take(opt_->first_moment(), c.opt_m);
+  take(opt_->second_moment(), c.opt_v);
+  const size_t per = mine.size();
+  for (int r = 0; r < replicas_; ++r) {
+    const auto* w = all.data() + static_cast<size_t>(r) * per;
+    c.rng.insert(c.rng.end(), w, w + 4);
+    for (size_t i = 4; i < per; ++i)
+      c.bn_state.push_back(std::bit_cast<float>(static_cast<uint32_t>(w[i])));
+  }
+  c.noise = noise_.save();
+  c.partial_stats = std::move(part);
+  if (partial) {
+    const EpochTimes& t = partial->times;
+    c.partial_lr_first = partial->lr_first;
+    c.partial_times = {t.data, t.compute, t.exchange, t.exposed, t.optimizer, t.total};
+  }
+  c.epochs = run_.result.epochs;
+  c.step_losses = run_.result.step_losses;
+  c.launches_per_step = run_.result.info.launches_per_step;
+  run_.observer->on_checkpoint(c);
+}
+
+void Replica::restore(const Checkpoint& c) {
+  const auto n = static_cast<size_t>(model_->param_count());
+  if (c.replicas != replicas_ || c.params.size() != n)
+    throw UserError(fmt::format(
+        "checkpoint: it is of {} replica(s) and {} parameters, this run has {} and {}; delete "
+        "checkpoint.bin to start the run over",
+        c.replicas, c.params.size(), replicas_, n));
+  if (c.epoch >= cfg_.train.epochs || c.step >= steps_ ||
+      (c.step > 0) != !c.partial_stats.empty() ||
+      c.partial_stats.size() != static_cast<size_t>(c.step) * kHost)
+    throw UserError("checkpoint: its position is not a step of this run");
+  dev_->upload(model_->params(), c.params.data(), n * sizeof(float));
+  auto put = [&](Buffer<float>& b, const std::vector<float>& in) {
+    if (b.size() == 0) return;
+    if (in.size() != opt_->size()) throw UserError("checkpoint: optimizer state of another run");
+    dev_->upload(b.data(), in.data(), in.size() * sizeof(float));
+  };
+  put(opt_->first_moment(), c.opt_m);
+  put(opt_->second_moment(), c.opt_v);
+  opt_->set_steps_taken(c.global_step);
+  const size_t per_bn = c.bn_state.size() / static_cast<size_t>(replicas_);
+  const auto* bn = c.bn_state.data() + per_bn * static_cast<size_t>(rank_);
+  model_->upload_state(std::vector<float>(bn, bn + per_bn));
+  replica_rng_.set_state(c.rng.data() + 4 * static_cast<size_t>(rank_));
+  noise_.restore(c.noise);
+  global_step_ = last_checkpoint_ = c.global_step;
+  start_epoch_ = c.epoch;
+  start_step_ = c.step;
+  if (rank_ != 0) return;
+  run_.result.epochs = c.epochs;
+  run_.result.step_losses = c.step_losses;
+  run_.result.info.launches_per_step = c.launches_per_step;
+}
+
+// The first steps of a resumed epoch: their sums (already reduced, so rank 0 holds them and
+// the others zeros, which the epoch's reduction adds to the same bits) and rank 0's times.
+void Replica::restore_partial_epoch(EpochTotals& out) {
+  const Checkpoint& c = *run_.resume;
+  out.lr_first = c.partial_lr_first;
+  EpochTimes& t = out.times;
+  t.data = c.partial_times[0], t.compute = c.partial_times[1], t.exchange = c.partial_times[2];
+  t.exposed = c.partial_times[3], t.optimizer = c.partial_times[4], t.total = c.partial_times[5];
+  if (rank_ != 0) return;
+  std::vector<double> dev(static_cast<size_t>(c.step) * kDev);
+  for (size_t s = 0; s < static_cast<size_t>(c.step); ++s) {
+    for (size_t k : {kLoss, kCorrect, kLocalNorm, kReducedNorm})
+      dev[s * kDev + k] = c.partial_stats[s * kHost + k];
+    step_stats_[s * kHost + kRows] = c.partial_stats[s * kHost + kRows];
+  }
+  dev_->upload(dev_stats_.data(), dev.data(), dev.size() * sizeof(double));
 }
 
 GraphMode Replica::graph_policy(int64_t global_rows) {

@@ -34,6 +34,7 @@ struct RunContext {
   std::shared_ptr<NcclGroup> nccl{};  // gradients of GPU replicas, where not colocated
   bool nccl_per_process = false;      // one replica per process: its communicator is index 0
   int gpus_in_process = 1;            // GPUs this process drives
+  const Checkpoint* resume = nullptr;  // continue from here
 };
 
 class Replica {
@@ -79,6 +80,14 @@ class Replica {
   void check_fault();
   void add_noise_step(const double* st);
   void reduced_norm(double* out);
+  // Checkpoints (collective: every rank calls them at the same step). `partial`: the epoch in
+  // progress, of which `next_step` steps are done.
+  void checkpoint(int epoch, int64_t next_step, const EpochTotals* partial);
+  void restore(const Checkpoint& c);
+  void restore_partial_epoch(EpochTotals& out);
+  bool stop_agreed();
+  // Every rank's words, in rank order (sent in 16-bit pieces, which doubles hold exactly).
+  std::vector<uint64_t> gather_words(const std::vector<uint64_t>& mine);
   void mark(int phase) {
     if (queue_) queue_->step_mark(phase);
   }
@@ -125,6 +134,9 @@ class Replica {
   NoiseScale noise_;
   int64_t global_step_ = 0;
   int64_t fault_step_ = -1;  // DTRAIN_FAULT
+  int start_epoch_ = 0;      // where a resumed run continues
+  int64_t start_step_ = 0;
+  int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
 
   // Declared last, so destroyed first: a failure in this replica aborts NCCL before anything
   // that waits on its streams unwinds (the exchange's and the device's destructors), or a

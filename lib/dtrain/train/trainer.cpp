@@ -240,7 +240,7 @@ void check_plan(const Config& cfg, const DataSplit& data) {
 }
 
 TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& comm,
-                       TrainObserver* observer) {
+                       TrainObserver* observer, const Checkpoint* resume) {
   check_plan(cfg, data);
   if (comm.size() != cfg.gpus)
     throw UserError(
@@ -254,6 +254,7 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
         1, static_cast<int>(std::thread::hardware_concurrency()) / local_replica_count(cfg));
   }
   RunContext sh{cfg, data, comm.rank() == 0 ? observer : nullptr, {}};
+  sh.resume = resume;
   sh.cpu = cpu_options(threads, cfg.precision);
   sh.place = place_replicas(cfg, local_replica_count(cfg));
   if (sh.place.backend == Backend::cuda) {
@@ -285,12 +286,14 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
   return std::move(sh.result);
 }
 
-TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer) {
+TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer,
+                  const Checkpoint* resume) {
   check_plan(cfg, data);
   const int threads = resolve_threads(cfg);
   const int per_replica = std::max(1, threads / cfg.gpus);
 
   RunContext sh{cfg, data, observer, {}};
+  sh.resume = resume;
   sh.cpu = cpu_options(per_replica, cfg.precision);
   sh.place = place_replicas(cfg, cfg.gpus);
   // Colocated replicas share a GPU, which NCCL (before 2.30) does not allow: their gradients go
@@ -315,6 +318,10 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
     try {
       auto comm = group.communicator(rank);
       run_replica(sh, *comm);
+    } catch (const Interrupted&) {
+      // Every rank stops at the same step, after the checkpoint: nothing to release.
+      std::lock_guard lk(err_mu);
+      if (!first_error) first_error = std::current_exception();
     } catch (const Aborted&) {
       // Another rank failed first (its error is the one reported), or the user interrupted:
       // then release the ranks still blocked in a collective.

@@ -40,6 +40,8 @@ struct EpochMetrics {
   double noise_g2 = std::nan(""), noise_trace = std::nan(""), noise_b_simple = std::nan("");
 };
 
+struct Checkpoint;
+
 struct RunInfo {
   std::string model;
   std::string data;
@@ -73,18 +75,23 @@ class TrainObserver {
   // Called by rank 0 after every optimizer step.
   virtual void on_step(int /*epoch*/, int64_t /*step*/, int64_t /*steps*/) {}
   virtual void on_epoch(const EpochMetrics&) {}
+  // Called by rank 0 with the run's state at a step boundary (see checkpoint.hpp).
+  virtual void on_checkpoint(const Checkpoint&) {}
 };
 
-// Runs the whole training. Throws UserError for impossible configurations (checked before any
-// worker starts) and rethrows the first worker failure after every worker has stopped.
-TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer = nullptr);
+// Runs the whole training, or continues it from `resume` (a checkpoint of the same config).
+// Throws UserError for impossible configurations (checked before any worker starts),
+// Interrupted when stopped on request, and otherwise rethrows the first worker failure after
+// every worker has stopped.
+TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer = nullptr,
+                  const Checkpoint* resume = nullptr);
 
 class Communicator;
 
 // Runs this process's replica with an external communicator (one process per replica, e.g.
 // MPI). The observer is used on rank 0 only.
 TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& comm,
-                       TrainObserver* observer = nullptr);
+                       TrainObserver* observer = nullptr, const Checkpoint* resume = nullptr);
 
 // Checks that `cfg` can run on this data and machine (batch versus dataset size, backend and
 // GPUs). Throws UserError.

@@ -1,0 +1,52 @@
+#pragma once
+// A run's state at a step boundary, enough to continue it as if it had never stopped: the
+// weights, the optimizer's state and step count, BatchNorm's running statistics, every
+// replica's random stream, the position in the epoch (the sampler's order is a function of the
+// seed and the epoch), the noise-scale averages, and the metrics of the finished epochs. A
+// resumed run gives the same bits as an uninterrupted one (timings aside).
+//
+// The file (checkpoint.bin in the run folder) is binary: a magic line, the fields in order
+// (lengths first), then a CRC-32 of everything before it. Decoding checks every length against
+// what is left of the file before it allocates, so a truncated or hostile file is an error
+// naming the file, never a crash or a huge allocation.
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/train/trainer.hpp"
+
+namespace dtrain {
+
+struct Checkpoint {
+  std::string config_yaml;  // the resolved config it belongs to (to_yaml)
+  int replicas = 0;
+  int epoch = 0;            // 0-based epoch to continue
+  int64_t step = 0;         // its next step (0: the epoch starts)
+  int64_t global_step = 0;  // optimizer steps taken in the run
+  std::vector<float> params, opt_m, opt_v, bn_state;
+  std::vector<uint64_t> rng;            // 4 words per replica, in rank order
+  std::array<double, 4> noise{};        // NoiseScale::save()
+  // The epoch in progress: per finished step [loss, correct, local norm, reduced norm, rows],
+  // summed over the replicas, and rank 0's phase times so far.
+  std::vector<double> partial_stats;
+  double partial_lr_first = 0;
+  std::array<double, 6> partial_times{};  // data, compute, exchange, exposed, optimizer, total
+  std::vector<EpochMetrics> epochs;     // finished epochs
+  std::vector<double> step_losses;      // of every finished step
+  int64_t launches_per_step = 0;
+};
+
+std::string encode_checkpoint(const Checkpoint& c);
+// Throws UserError naming `what` (the file) if the bytes are not a whole, intact checkpoint.
+Checkpoint decode_checkpoint(const std::string& bytes, const std::string& what);
+
+// The checkpoint file of a run folder.
+std::string checkpoint_path(const std::string& run_dir);
+// Writes it atomically and durably (a crash leaves the old file or the new one, never a mix).
+void save_checkpoint(const std::string& run_dir, const Checkpoint& c);
+// The folder's checkpoint, or nothing if it has none. Throws UserError if it is damaged.
+std::optional<Checkpoint> load_checkpoint(const std::string& run_dir);
+
+}  // namespace dtrain

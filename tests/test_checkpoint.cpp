@@ -1,0 +1,298 @@
+// Checkpoints: a run continued from any of its checkpoints gives the same bits as one that was
+// never stopped; damaged files are refused; Ctrl-C, SIGTERM and SIGKILL (also halfway through
+// writing a checkpoint) followed by `dtrain run --resume` lose nothing.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/train/checkpoint.hpp"
+#include "dtrain/train/trainer.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+// Keeps every checkpoint, each through the file format (encoded, then decoded).
+struct Keep : TrainObserver {
+  std::vector<Checkpoint> all;
+  void on_checkpoint(const Checkpoint& c) override {
+    all.push_back(decode_checkpoint(encode_checkpoint(c), "test"));
+  }
+};
+
+// The numbers of a result that do not depend on timing, bit for bit.
+void require_same_numbers(const TrainResult& a, const TrainResult& b) {
+  REQUIRE(a.epochs.size() == b.epochs.size());
+  for (size_t e = 0; e < a.epochs.size(); ++e) {
+    INFO("epoch " << e + 1);
+    const auto &x = a.epochs[e], &y = b.epochs[e];
+    CHECK(std::memcmp(&x.train_loss, &y.train_loss, sizeof(double)) == 0);
+    CHECK(x.train_acc == y.train_acc);
+    CHECK(std::memcmp(&x.test_loss, &y.test_loss, sizeof(double)) == 0);
+    CHECK(x.test_acc == y.test_acc);
+    CHECK(x.lr == y.lr);
+    CHECK(x.lr_end == y.lr_end);
+    CHECK(x.samples == y.samples);
+    CHECK(std::memcmp(&x.noise_b_simple, &y.noise_b_simple, sizeof(double)) == 0);
+  }
+  REQUIRE(a.step_losses.size() == b.step_losses.size());
+  CHECK(std::memcmp(a.step_losses.data(), b.step_losses.data(),
+                    a.step_losses.size() * sizeof(double)) == 0);
+}
+
+// Two replicas with what has state beyond the weights: momentum or Adam's moments, dropout
+// (each replica's random stream), BatchNorm per replica, the noise scale, a short last step.
+Config stateful_config(OptimizerType opt) {
+  Config c = synthetic_config(2, 16);
+  c.data.synthetic.train_size = 16 * 2 * 12 + 7;  // 12 full steps and a short one
+  c.data.drop_remainder = false;
+  c.data.synthetic.shape = {2, 6, 6};
+  c.data.augment.flip = true;  // drawn from each replica's stream too
+  c.model.type = ModelType::layers;
+  auto layer = [](LayerType t) {
+    LayerSpec l;
+    l.type = t;
+    return l;
+  };
+  c.model.layers = {layer(LayerType::conv),  layer(LayerType::batchnorm), layer(LayerType::relu),
+                    layer(LayerType::flatten), layer(LayerType::dense),   layer(LayerType::relu),
+                    layer(LayerType::dropout)};
+  c.model.layers[0].channels = 4;
+  c.model.layers[0].padding = 1;
+  c.model.layers[4].units = 24;
+  c.model.layers[6].p = 0.3;
+  c.train.epochs = 3;
+  c.train.checkpoint_steps = 5;
+  c.optimizer.type = opt;
+  if (opt != OptimizerType::sgd) c.optimizer.lr = 0.003;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a run continued from any of its checkpoints gives the same bits", "[checkpoint]") {
+  for (auto opt : {OptimizerType::sgd, OptimizerType::adamw}) {
+    const Config cfg = stateful_config(opt);
+    const DataSplit data = load_data(cfg.data, cfg.train.seed);
+    Keep keep;
+    const TrainResult full = train(cfg, data, &keep);
+    // Every 5 steps (13 a epoch) and at the ends of epochs 1 and 2, each once.
+    REQUIRE(keep.all.size() == 9);
+    for (const auto& c : keep.all) {
+      INFO(to_string(opt) << ": from epoch " << c.epoch << " step " << c.step);
+      CHECK(c.config_yaml == to_yaml(cfg));
+      const TrainResult resumed = train(cfg, data, nullptr, &c);
+      require_same_numbers(full, resumed);
+    }
+  }
+}
+
+TEST_CASE("a checkpoint of another model or replica count is refused", "[checkpoint]") {
+  Config cfg = stateful_config(OptimizerType::sgd);
+  const DataSplit data = load_data(cfg.data, cfg.train.seed);
+  Keep keep;
+  train(cfg, data, &keep);
+  REQUIRE(!keep.all.empty());
+  Config other = cfg;
+  other.model.layers[4].units = 25;
+  CHECK(error_of([&] { train(other, data, nullptr, &keep.all[0]); })
+            .find("checkpoint: it is of 2 replica(s)") != std::string::npos);
+  other = cfg;
+  other.gpus = 1;
+  other.train.per_replica_batch = 32;
+  CHECK(!error_of([&] { train(other, data, nullptr, &keep.all[0]); }).empty());
+}
+
+TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[checkpoint]") {
+  Config cfg = stateful_config(OptimizerType::adamw);
+  const DataSplit data = load_data(cfg.data, cfg.train.seed);
+  Keep keep;
+  train(cfg, data, &keep);
+  const std::string good = encode_checkpoint(keep.all.back());
+  CHECK_NOTHROW(decode_checkpoint(good, "f"));
+  auto refused = [](const std::string& bytes) {
+    return error_of([&] { decode_checkpoint(bytes, "ck.bin"); });
+  };
+  CHECK(refused("").find("ck.bin: not a usable checkpoint") == 0);
+  CHECK(refused(good.substr(0, good.size() / 2)).find("checksum") != std::string::npos);
+  std::string flipped = good;
+  flipped[flipped.size() / 3] ^= 0x10;
+  CHECK(refused(flipped).find("checksum") != std::string::npos);
+  // A length claiming far more than the file holds, with a checksum that matches: refused
+  // before anything is allocated.
+  Checkpoint huge = keep.all.back();
+  std::string bytes = encode_checkpoint(huge);
+  const size_t len_at = std::string("dtrain checkpoint 1\n").size();
+  const uint64_t claim = uint64_t{1} << 60;
+  std::memcpy(bytes.data() + len_at, &claim, sizeof claim);
+  bytes.resize(bytes.size() - 4);
+  bytes += std::string(4, '\0');  // any checksum: the length check comes first or the sum fails
+  CHECK(!refused(bytes).empty());
+}
+
+namespace {
+
+std::string slow_config(const TempDir& d) {
+  return d.write("ck.yaml",
+                 "name: ck\nbackend: cpu\nthreads: 1\ngpus: 2\n"
+                 "data:\n  dataset: synthetic\n  synthetic: {train_size: 4000, test_size: 200, "
+                 "shape: [32], classes: 4, noise: 1.5}\n"
+                 "model: {hidden: [64, 32], dropout: 0.2}\n"
+                 "train: {epochs: 60, per_replica_batch: 8, target_accuracy: 0, "
+                 "checkpoint_steps: 40}\n"
+                 "optimizer: {lr: 0.02, base_batch: 16, momentum: 0.9, warmup_epochs: 1, "
+                 "schedule: cosine}\n");
+}
+
+// The metrics.csv columns that do not depend on timing.
+std::string numbers(const fs::path& metrics) {
+  std::stringstream in(slurp(metrics)), out;
+  for (std::string line; std::getline(in, line);) {
+    std::stringstream ls(line);
+    std::string cell;
+    for (int c = 0; c < 7 && std::getline(ls, cell, ','); ++c) out << cell << ',';
+    out << '\n';
+  }
+  return out.str();
+}
+
+// Starts `dtrain run` in the background; returns its pid.
+pid_t start(const std::string& args, const std::string& env = "") {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = env + " exec " + dtrain_binary() + " " + args + " > /dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits until `metrics` has at least `rows` epochs (or the process ended); true if it has.
+bool wait_rows(const fs::path& metrics, int rows, pid_t pid) {
+  for (int i = 0; i < 3000; ++i) {
+    if (count_lines(slurp(metrics)) > rows) return true;
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+int exit_code(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same bits",
+          "[checkpoint][cli]") {
+  TempDir d("ck-signal");
+  const std::string cfg = slow_config(d);
+  const auto ref = (d.path / "ref").string();
+  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
+  const std::string want = numbers(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+  for (const auto& [sig, code] : {std::pair{SIGINT, 130}, std::pair{SIGTERM, 143}}) {
+    INFO("signal " << sig);
+    const auto res = (d.path / ("r" + std::to_string(sig))).string();
+    const fs::path run = fs::path(res) / "ck" / "t-g2";
+    const pid_t pid = start("run " + cfg + " --results " + res + " --tag t");
+    REQUIRE(wait_rows(run / "metrics.csv", 3, pid));
+    kill(pid, sig);
+    CHECK(exit_code(pid) == code);
+    CHECK(slurp(run / "status") == "interrupted\n");
+    CHECK(slurp(run / "summary.json").find("\"status\": \"interrupted\"") != std::string::npos);
+    REQUIRE(fs::exists(run / "checkpoint.bin"));
+    const auto r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("resume: continuing at epoch") != std::string::npos);
+    CHECK(numbers(run / "metrics.csv") == want);
+    CHECK(!fs::exists(run / "checkpoint.bin"));  // done: nothing left to resume
+  }
+}
+
+TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: same bits",
+          "[checkpoint][cli]") {
+  TempDir d("ck-kill");
+  const std::string cfg = slow_config(d);
+  const auto ref = (d.path / "ref").string();
+  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
+  const std::string want = numbers(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+  const auto res = (d.path / "r").string();
+  const fs::path run = fs::path(res) / "ck" / "t-g2";
+  // Killed three times at different epochs, then halfway through writing a checkpoint, each
+  // time resumed; the last resume runs to the end.
+  int kills = 0;
+  for (int rows : {1, 6, 15}) {
+    const pid_t pid = start("run " + cfg + " --results " + res + " --tag t" +
+                            (kills ? " --resume" : ""));
+    if (!wait_rows(run / "metrics.csv", rows, pid)) break;
+    kill(pid, SIGKILL);
+    CHECK(exit_code(pid) == 137);
+    ++kills;
+  }
+  CHECK(kills == 3);
+  const pid_t pid = start("run " + cfg + " --results " + res + " --tag t --resume",
+                          "DTRAIN_CRASH_IN_CHECKPOINT=4");
+  CHECK(exit_code(pid) == 137);
+  CHECK(slurp(run / "status") == "running\n");  // as a crash leaves it; nobody holds it
+  const auto r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(numbers(run / "metrics.csv") == want);
+  // Every attempt is kept aside, none of them with a checkpoint any more.
+  int attempts = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(res) / "ck" / ".attempts")) {
+    ++attempts;
+    CHECK(!fs::exists(e.path() / "checkpoint.bin"));
+  }
+  CHECK(attempts == 4);
+}
+
+TEST_CASE("under mpirun, Ctrl-C saves the run on every rank and --resume continues it",
+          "[checkpoint][mpi]") {
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir d("ck-mpi");
+  const std::string cfg = slow_config(d);
+  const auto ref = (d.path / "ref").string();
+  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
+  const auto res = (d.path / "r").string();
+  const fs::path run = fs::path(res) / "ck" / "t-g2";
+  const std::string args = dtrain_binary() + " run " + cfg + " --results " + res + " --tag t";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // mpirun turns Ctrl-C into SIGTERM for every rank (Open MPI's documented behaviour).
+    const std::string cmd = "exec " + mpirun(2) + args + " > /dev/null 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  REQUIRE(wait_rows(run / "metrics.csv", 3, pid));
+  kill(pid, SIGINT);
+  exit_code(pid);  // mpirun's own code for a job it was told to stop (1 in Open MPI 4.1)
+  CHECK(slurp(run / "status") == "interrupted\n");
+  REQUIRE(fs::exists(run / "checkpoint.bin"));
+  const auto r = shell(mpirun(2) + args + " --resume");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume: continuing at epoch") != std::string::npos);
+  CHECK(numbers(run / "metrics.csv") ==
+        numbers(fs::path(ref) / "ck" / "t-g2" / "metrics.csv"));
+}
