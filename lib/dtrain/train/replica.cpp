@@ -193,7 +193,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   const auto t_epoch = Clock::now();
   for (int64_t s = first; s < steps_; ++s) {
     // A stop at a step boundary, agreed by every rank: the state is saved, then every rank ends.
-    if (stop_agreed()) {
+    if (stop_agreed(s)) {
       t.total = before + seconds_since(t_epoch);
       checkpoint(epoch, s, &out);
       throw Interrupted("interrupted by the user");
@@ -345,9 +345,14 @@ void Replica::reduce_gradients(EpochTimes& t) {
   t.exchange += during_backward + seconds_since(t0);
 }
 
-bool Replica::stop_agreed() {
+bool Replica::stop_agreed(int64_t step) {
+  if (replicas_ == 1) return stop_requested();
+  // The ranks vote every kStopVoteSteps steps: a vote is one more meeting of all replicas,
+  // which cost 6% of a 4-replica CPU run when held every step.
+  constexpr int64_t kStopVoteSteps = 8;
+  if (step % kStopVoteSteps != 0) return false;
   double stop = stop_requested() ? 1 : 0;
-  if (replicas_ > 1) comm_.allreduce(&stop, 1, ReduceOp::sum);  // host only
+  comm_.allreduce(&stop, 1, ReduceOp::sum);  // host only
   return stop > 0;
 }
 

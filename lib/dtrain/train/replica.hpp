@@ -85,7 +85,7 @@ class Replica {
   void checkpoint(int epoch, int64_t next_step, const EpochTotals* partial);
   void restore(const Checkpoint& c);
   void restore_partial_epoch(EpochTotals& out);
-  bool stop_agreed();
+  bool stop_agreed(int64_t step);
   // Every rank's words, in rank order (sent in 16-bit pieces, which doubles hold exactly).
   std::vector<uint64_t> gather_words(const std::vector<uint64_t>& mine);
   void mark(int phase) {
