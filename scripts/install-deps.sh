@@ -7,7 +7,7 @@ packages=(
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
   gnuplot-nox
-  universal-ctags
+  universal-ctags time
   dataset-fashion-mnist
 )
 missing=()

@@ -171,8 +171,13 @@ TEST_CASE("an IDX header claiming more than the file holds costs no memory", "[d
   write_gz(d.path / "labels.gz", header({0x801, 0xffffffffu}));
   CHECK_THAT(error_of([&] { read_idx_labels((d.path / "labels.gz").string()); }),
              Catch::Contains("truncated"));
-  // The reader reserves at most one 64 MiB chunk before data arrives.
+  // The reader reserves at most one 64 MiB chunk before data arrives. (AddressSanitizer's
+  // shadow memory and quarantine make RSS no measure of the reader's allocations.)
+#if defined(__SANITIZE_ADDRESS__)
+  WARN("peak memory not checked under AddressSanitizer (" << peak_rss_mib() - before << " MiB)");
+#else
   CHECK(peak_rss_mib() - before < 200);
+#endif
 }
 
 TEST_CASE("IDX image sizes whose product would overflow are refused", "[data][errors]") {

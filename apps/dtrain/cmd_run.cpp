@@ -75,13 +75,12 @@ std::string move_aside(const std::string& dir, const std::string& why) {
   return dest.string();
 }
 
-// The checkpoint of an earlier attempt (moved to `attempt`) that this run can continue from:
-// none if it has none or it belongs to another config (then the run starts over, and says so).
-std::optional<Checkpoint> resumable(const std::string& attempt, const Config& cfg) {
-  auto c = load_checkpoint(attempt);
+// The checkpoint of an unfinished run folder that this run can continue from: none if it has
+// none or it belongs to another config (then the run starts over, and says so).
+std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg) {
+  auto c = load_checkpoint(dir);
   if (c && c->config_yaml != to_yaml(cfg)) {
-    log().warn("resume: the checkpoint in {} is of another config; the run starts over",
-               attempt);
+    log().warn("resume: the checkpoint in {} is of another config; the run starts over", dir);
     return std::nullopt;
   }
   return c;
@@ -244,8 +243,8 @@ int run_run(const RunOptions& opt) {
       if (leader) lock = std::make_unique<RunLock>(dirs[i]);
       std::string attempt;
       if (leader && opt.resume && fs::exists(dirs[i])) {
+        resume_from = resumable(dirs[i], r.config);  // a damaged one stops here, nothing moved
         attempt = move_aside(dirs[i], earlier.empty() ? "incomplete" : earlier);
-        resume_from = resumable(attempt, r.config);
       }
       if (multi) {  // every rank continues from rank 0's checkpoint
         std::string bytes = resume_from ? encode_checkpoint(*resume_from) : "";
