@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds dtrain and its tests with clang, every warning an error (the CPU backend; nvcc builds
 # the CUDA sources with the host GCC in scripts/build.sh). Installs clang and the OpenMP
-# runtime it links against where they are missing. Usage: scripts/build-clang.sh [BUILD_DIR]
+# runtime it links against where they are missing.
+#   scripts/build-clang.sh [BUILD_DIR]     # default build-clang
+#   scripts/build-clang.sh --deps          # only install clang and the OpenMP runtime
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build-clang}
@@ -17,6 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
     "${missing[@]}" >"$log" 2>&1 || { tail -n 30 "$log"; exit 1; }
 fi
+[ "$dir" = --deps ] && exit 0
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cfg_log=$(mktemp)

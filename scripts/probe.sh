@@ -123,9 +123,11 @@ must_not_exist injected-out-no-code PWNED2
 
 # Run folders and checkpoints.
 probe finished-run-kept 2 "already exists" -- run ok.yaml --tag act --results res --quiet
-tiny "long" > long.yaml && sed -i 's/epochs: 2/epochs: 400/' long.yaml
+# A run that would take hours, stopped once its first checkpoint is written.
+tiny "long" > long.yaml && sed -i 's/epochs: 2/epochs: 100000/' long.yaml
 "$bin" run long.yaml --tag busy --results res --quiet >/dev/null 2>&1 & busy=$!
-for _ in $(seq 200); do [ -e res/long/busy-g1/metrics.csv ] && break; sleep 0.05; done
+for _ in $(seq 400); do [ -e res/long/busy-g1/checkpoint.bin ] && break; sleep 0.05; done
+kill -0 $busy 2>/dev/null || echo "probe: the long run ended early; the next cases will fail"
 probe folder-held-by-another 2 "another dtrain process" -- run long.yaml --tag busy --results res --resume
 kill -INT $busy; wait $busy; rc=$?
 total=$((total + 1))

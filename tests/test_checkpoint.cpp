@@ -5,8 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -130,16 +133,31 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   std::string flipped = good;
   flipped[flipped.size() / 3] ^= 0x10;
   CHECK(refused(flipped).find("checksum") != std::string::npos);
-  // A length claiming far more than the file holds, with a checksum that matches: refused
-  // before anything is allocated.
-  Checkpoint huge = keep.all.back();
-  std::string bytes = encode_checkpoint(huge);
+  // Fields that pass the checksum but not the reader: the checksum is recomputed after each
+  // change, so that the checks behind it are the ones tested.
+  auto resealed = [](std::string b) {
+    b.resize(b.size() - 4);
+    const auto crc = static_cast<uint32_t>(
+        crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(b.data()),
+              static_cast<uInt>(b.size())));
+    b.append(reinterpret_cast<const char*>(&crc), sizeof crc);
+    return b;
+  };
+  CHECK_NOTHROW(decode_checkpoint(resealed(good), "f"));
+  // The config text's length claims 2^60 bytes: refused before anything is allocated.
+  std::string bytes = good;
   const size_t len_at = std::string("dtrain checkpoint 1\n").size();
   const uint64_t claim = uint64_t{1} << 60;
   std::memcpy(bytes.data() + len_at, &claim, sizeof claim);
-  bytes.resize(bytes.size() - 4);
-  bytes += std::string(4, '\0');  // any checksum: the length check comes first or the sum fails
-  CHECK(!refused(bytes).empty());
+  CHECK(refused(resealed(bytes)).find("runs past the end") != std::string::npos);
+  // Cut inside a field, and a noise-scale step count that is not a whole number.
+  CHECK(refused(resealed(good.substr(0, good.size() / 2))).find("ck.bin") == 0);
+  Checkpoint odd = keep.all.back();
+  odd.noise[3] = std::nan("");
+  CHECK(refused(encode_checkpoint(odd)).find("inconsistent fields") != std::string::npos);
+  odd = keep.all.back();
+  odd.epochs.pop_back();
+  CHECK(refused(encode_checkpoint(odd)).find("inconsistent fields") != std::string::npos);
 }
 
 namespace {

@@ -121,7 +121,32 @@ TEST_CASE("runs with several replicas measure the noise scale without changing t
   const TrainResult sum = test::run_config(c);
   CHECK(sum.epochs.back().noise_b_simple ==
         Approx(on.epochs.back().noise_b_simple).epsilon(1e-3));
-  // One replica has no smaller batch to compare with.
+  // One replica without accumulation has no smaller batch to compare with.
   const TrainResult one = test::run_config(test::synthetic_config(1, 128));
   CHECK(std::isnan(one.epochs.back().noise_b_simple));
+}
+
+TEST_CASE("one replica with gradient accumulation measures the noise scale from its micro-batches",
+          "[noise_scale][train]") {
+  // 1 replica x 4 micro-batches of 32 against 4 replicas of 32: the same global batch, the same
+  // quantity estimated (the first from one small batch a step, the second from four).
+  Config acc = test::synthetic_config(1, 32);
+  acc.train.accumulation_steps = 4;
+  acc.train.epochs = 3;
+  const TrainResult a = test::run_config(acc);
+  Config rep = test::synthetic_config(4, 32);
+  rep.train.epochs = 3;
+  const TrainResult r = test::run_config(rep);
+  const double ba = a.epochs.back().noise_b_simple, br = r.epochs.back().noise_b_simple;
+  INFO("B_simple: accumulation " << ba << ", replicas " << br);
+  CHECK(std::isfinite(ba));
+  CHECK(a.epochs.back().noise_trace > 0);
+  CHECK(a.epochs.back().noise_g2 > 0);
+  CHECK(ba / br > 0.5);
+  CHECK(ba / br < 2.0);
+  // Read, never written: the same losses bit for bit with the measurement off.
+  acc.train.noise_scale = false;
+  const TrainResult off = test::run_config(acc);
+  CHECK(a.step_losses == off.step_losses);
+  CHECK(std::isnan(off.epochs.back().noise_b_simple));
 }

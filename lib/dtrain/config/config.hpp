@@ -110,7 +110,8 @@ struct TrainConfig {
   // launch per step instead of one per kernel). Ignored on the CPU.
   bool cuda_graph = true;
   // Gradient noise scale (McCandlish et al. 2018) from the squared gradient norms before and
-  // after the exchange, with more than one replica: metrics.csv and summary.json.
+  // after the exchange, with more than one replica (with one, from the first micro-batch and the
+  // accumulated batch, where accumulation_steps > 1): metrics.csv and summary.json.
   bool noise_scale = true;
   // A checkpoint (checkpoint.bin in the run folder) is written at every epoch's end, when the
   // run is stopped (Ctrl-C, SIGTERM), and every this many optimizer steps (0: not by steps).

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <cstdlib>
 #include <thread>
@@ -181,11 +183,13 @@ class MpiComm final : public Communicator {
       }
       const auto now = std::chrono::steady_clock::now();
       // A stop request (Ctrl-C reaches every rank) lets the collective finish, so that all
-      // ranks stop together at the next step and save the run; one still pending after
-      // kStopGraceS has a peer that is gone (the launcher is ending the job).
+      // ranks stop together at their next vote and save the run; one still pending kStopGraceS
+      // after the stop (or after it began, if later) has a peer that is gone (the launcher is
+      // ending the job).
       if (stop_requested()) {
         if (!stop_seen_) stop_seen_ = now;
-        if (std::chrono::duration<double>(now - *stop_seen_).count() > kStopGraceS)
+        const auto since = std::max(start, *stop_seen_);
+        if (std::chrono::duration<double>(now - since).count() > kStopGraceS)
           throw Aborted(
               fmt::format("rank {}: stopped while waiting in the {} (interrupted, or the "
                           "launcher is ending the job because another rank died)",
@@ -245,10 +249,15 @@ std::unique_ptr<Communicator> world(double timeout_s) {
 }
 
 void broadcast(std::string& text) {
-  int len = static_cast<int>(text.size());
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  // A 64-bit length, then chunks an int can count (a checkpoint may pass 2 GiB).
+  uint64_t len = text.size();
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
   text.resize(static_cast<size_t>(len));
-  MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD));
+  constexpr uint64_t kChunk = uint64_t{1} << 30;
+  for (uint64_t at = 0; at < len; at += kChunk) {
+    const auto n = static_cast<int>(std::min(kChunk, len - at));
+    MPI_CHECK(MPI_Bcast(text.data() + at, n, MPI_CHAR, 0, MPI_COMM_WORLD));
+  }
 }
 
 void end_job_after_failure(int exit_code, double grace_s) {

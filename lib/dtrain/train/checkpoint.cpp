@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <type_traits>
@@ -158,8 +159,11 @@ Checkpoint decode_checkpoint(const std::string& bytes, const std::string& what) 
   c.epochs.resize(r.count(epoch_bytes));
   for (auto& m : c.epochs) epoch_fields(m, [&](auto& v) { r.pod(v); });
   if (r.at() != body) r.bad("unexpected bytes after its fields");
+  const double noise_steps = c.noise[3];
   if (c.replicas < 1 || c.rng.size() != 4 * static_cast<size_t>(c.replicas) || c.epoch < 0 ||
-      c.step < 0 || c.global_step < 0 || c.partial_stats.size() % 5 != 0)
+      c.step < 0 || c.global_step < 0 || c.partial_stats.size() % 5 != 0 ||
+      c.epochs.size() != static_cast<size_t>(c.epoch) || !(noise_steps >= 0) ||
+      noise_steps > 0x1p53 || noise_steps != std::floor(noise_steps))
     r.bad("inconsistent fields");
   return c;
 }

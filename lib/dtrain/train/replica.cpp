@@ -79,8 +79,10 @@ Replica::Replica(RunContext& run, Communicator& comm)
   enable_graphs();
   graph_stats_.resize(*dev_, kDev);
   dev_stats_.resize(*dev_, at_least_one(steps_ * kDev));
-  // The noise scale needs a smaller batch to compare with: more than one replica.
-  measure_noise_ = cfg_.train.noise_scale && replicas_ > 1;
+  // The noise scale needs a smaller batch to compare with: each replica's, or with one replica
+  // and gradient accumulation, the first micro-batch's.
+  measure_noise_ = cfg_.train.noise_scale && (replicas_ > 1 || accum_ > 1);
+  noise_from_micro_ = measure_noise_ && replicas_ == 1;
   dev_test_.resize(*dev_, 2);
 
   read_fault_injection();
@@ -264,6 +266,13 @@ void Replica::add_noise_step(const double* st) {
   // A short last step splits its rows unevenly (a rank may even get none): its local
   // gradients are not means over B_big / N samples, so it is left out.
   if (b_big != static_cast<double>(gbatch_)) return;
+  if (noise_from_micro_) {
+    // Gradients are scaled by 1/B_big, so the first micro-batch's mean gradient was held
+    // scaled by B_small/B_big = 1/accumulation_steps.
+    const double a = accum_;
+    noise_.add(static_cast<double>(micro_), b_big, st[kLocalNorm] * a * a, st[kReducedNorm]);
+    return;
+  }
   const double big_scale = cfg_.train.reduction == Reduction::sum ? n * n : 1.0;
   noise_.add(b_big / n, b_big, st[kLocalNorm] / n, st[kReducedNorm] / big_scale);
 }
@@ -278,7 +287,8 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
   check_fault();
   const bool in_graph = graph_policy(plan.batch_size(s)) != GraphMode::eager;
   double* stats = in_graph ? graph_stats_.data() : dev_stats_.data() + s * kDev;
-  if (measure_noise_) exchange_->measure_norm(dev_.get(), stats + kLocalNorm);
+  if (measure_noise_ && !noise_from_micro_)
+    exchange_->measure_norm(dev_.get(), stats + kLocalNorm);
   try {
     mark(0);
     if (in_graph) dev_->zero(stats, kDev * sizeof(double));
@@ -329,6 +339,10 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     if (last) exchange_->begin(model_->grads());
     model_->loss_backward(yb_.data(), rows, grad_scale, stats,
                           last ? on_ready_ : Model::GradsReady{});
+    // One replica: the buffer now holds the first micro-batch's gradient, the small batch.
+    if (noise_from_micro_ && k == 0)
+      dev_->sum_squares(model_->grads(), static_cast<size_t>(model_->param_count()),
+                        stats + kLocalNorm);
     step_stats_[static_cast<size_t>(s * kHost) + kRows] += static_cast<double>(rows);
     t.data += std::chrono::duration<double>(t1 - t0).count();
     t.compute += seconds_since(t1);
@@ -438,7 +452,9 @@ void Replica::restore(const Checkpoint& c) {
         c.replicas, c.params.size(), replicas_, n));
   if (c.epoch >= cfg_.train.epochs || c.step >= steps_ ||
       (c.step > 0) != !c.partial_stats.empty() ||
-      c.partial_stats.size() != static_cast<size_t>(c.step) * kHost)
+      c.partial_stats.size() != static_cast<size_t>(c.step) * kHost ||
+      c.step_losses.size() != static_cast<size_t>(c.epoch) * static_cast<size_t>(steps_) ||
+      c.global_step != static_cast<int64_t>(c.epoch) * steps_ + c.step)
     throw UserError("checkpoint: its position is not a step of this run");
   dev_->upload(model_->params(), c.params.data(), n * sizeof(float));
   auto put = [&](Buffer<float>& b, const std::vector<float>& in) {

@@ -131,6 +131,7 @@ class Replica {
   static constexpr size_t kDev = 4, kHost = 5;
   std::vector<double> step_stats_;
   bool measure_noise_ = false;
+  bool noise_from_micro_ = false;  // one replica: the first micro-batch is the small batch
   NoiseScale noise_;
   int64_t global_step_ = 0;
   int64_t fault_step_ = -1;  // DTRAIN_FAULT

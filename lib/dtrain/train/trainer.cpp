@@ -313,15 +313,16 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;
-  std::exception_ptr first_error;
+  std::exception_ptr first_error, interrupted;
   auto run_rank = [&](int rank) {
     try {
       auto comm = group.communicator(rank);
       run_replica(sh, *comm);
     } catch (const Interrupted&) {
-      // Every rank stops at the same step, after the checkpoint: nothing to release.
+      // Every rank stops at the same step, after the checkpoint: nothing to release. Reported
+      // only if nothing failed (rank 0's checkpoint write may have).
       std::lock_guard lk(err_mu);
-      if (!first_error) first_error = std::current_exception();
+      if (!interrupted) interrupted = std::current_exception();
     } catch (const Aborted&) {
       // Another rank failed first (its error is the one reported), or the user interrupted:
       // then release the ranks still blocked in a collective.
@@ -347,6 +348,7 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   run_rank(0);
   for (auto& t : pool) t.join();
   if (first_error) std::rethrow_exception(first_error);
+  if (interrupted) std::rethrow_exception(interrupted);
   return std::move(sh.result);
 }
 
