@@ -190,6 +190,18 @@ inline std::string slurp(const std::filesystem::path& p) {
   return ss.str();
 }
 
+// The metrics.csv columns that depend on arithmetic only (not on timing).
+inline std::string numeric_columns(const std::filesystem::path& metrics) {
+  std::stringstream in(slurp(metrics)), out;
+  for (std::string line; std::getline(in, line);) {
+    std::stringstream ls(line);
+    std::string cell;
+    for (int c = 0; c < 7 && std::getline(ls, cell, ','); ++c) out << cell << ',';
+    out << '\n';
+  }
+  return out.str();
+}
+
 inline void put(const std::filesystem::path& p, const std::string& text) {
   std::filesystem::create_directories(p.parent_path());
   std::ofstream(p) << text;

@@ -36,7 +36,7 @@ struct Keep : TrainObserver {
 };
 
 // The numbers of a result that do not depend on timing, bit for bit.
-void require_same_numbers(const TrainResult& a, const TrainResult& b) {
+void require_same_numeric_columns(const TrainResult& a, const TrainResult& b) {
   REQUIRE(a.epochs.size() == b.epochs.size());
   for (size_t e = 0; e < a.epochs.size(); ++e) {
     INFO("epoch " << e + 1);
@@ -97,7 +97,7 @@ TEST_CASE("a run continued from any of its checkpoints gives the same bits", "[c
       INFO(to_string(opt) << ": from epoch " << c.epoch << " step " << c.step);
       CHECK(c.config_yaml == to_yaml(cfg));
       const TrainResult resumed = train(cfg, data, nullptr, &c);
-      require_same_numbers(full, resumed);
+      require_same_numeric_columns(full, resumed);
     }
   }
 }
@@ -174,23 +174,13 @@ std::string slow_config(const TempDir& d) {
                  "schedule: cosine}\n");
 }
 
-// The metrics.csv columns that do not depend on timing.
-std::string numbers(const fs::path& metrics) {
-  std::stringstream in(slurp(metrics)), out;
-  for (std::string line; std::getline(in, line);) {
-    std::stringstream ls(line);
-    std::string cell;
-    for (int c = 0; c < 7 && std::getline(ls, cell, ','); ++c) out << cell << ',';
-    out << '\n';
-  }
-  return out.str();
-}
-
-// Starts `dtrain run` in the background; returns its pid.
-pid_t start(const std::string& args, const std::string& env = "") {
+// Starts dtrain with `args` in the background (after `launcher`, e.g. mpirun); returns its pid.
+pid_t start(const std::string& args, const std::string& env = "",
+            const std::string& launcher = "") {
   const pid_t pid = fork();
   if (pid == 0) {
-    const std::string cmd = env + " exec " + dtrain_binary() + " " + args + " > /dev/null 2>&1";
+    const std::string cmd =
+        env + " exec " + launcher + dtrain_binary() + " " + args + " > /dev/null 2>&1";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -223,7 +213,7 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
   const std::string cfg = slow_config(d);
   const auto ref = (d.path / "ref").string();
   REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
-  const std::string want = numbers(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+  const std::string want = numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
   for (const auto& [sig, code] : {std::pair{SIGINT, 130}, std::pair{SIGTERM, 143}}) {
     INFO("signal " << sig);
     const auto res = (d.path / ("r" + std::to_string(sig))).string();
@@ -239,7 +229,7 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(r.out.find("resume: continuing at epoch") != std::string::npos);
-    CHECK(numbers(run / "metrics.csv") == want);
+    CHECK(numeric_columns(run / "metrics.csv") == want);
     CHECK(!fs::exists(run / "checkpoint.bin"));  // done: nothing left to resume
   }
 }
@@ -250,7 +240,7 @@ TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: 
   const std::string cfg = slow_config(d);
   const auto ref = (d.path / "ref").string();
   REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
-  const std::string want = numbers(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+  const std::string want = numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
   const auto res = (d.path / "r").string();
   const fs::path run = fs::path(res) / "ck" / "t-g2";
   // Killed three times at different epochs, then halfway through writing a checkpoint, each
@@ -272,7 +262,7 @@ TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: 
   const auto r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK(numbers(run / "metrics.csv") == want);
+  CHECK(numeric_columns(run / "metrics.csv") == want);
   // Every attempt is kept aside, none of them with a checkpoint any more.
   int attempts = 0;
   for (const auto& e : fs::directory_iterator(fs::path(res) / "ck" / ".attempts")) {
@@ -294,23 +284,18 @@ TEST_CASE("under mpirun, Ctrl-C saves the run on every rank and --resume continu
   REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
   const auto res = (d.path / "r").string();
   const fs::path run = fs::path(res) / "ck" / "t-g2";
-  const std::string args = dtrain_binary() + " run " + cfg + " --results " + res + " --tag t";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // mpirun turns Ctrl-C into SIGTERM for every rank (Open MPI's documented behaviour).
-    const std::string cmd = "exec " + mpirun(2) + args + " > /dev/null 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const std::string args = "run " + cfg + " --results " + res + " --tag t";
+  // mpirun turns Ctrl-C into SIGTERM for every rank (Open MPI's documented behaviour).
+  const pid_t pid = start(args, "", mpirun(2));
   REQUIRE(wait_rows(run / "metrics.csv", 3, pid));
   kill(pid, SIGINT);
   exit_code(pid);  // mpirun's own code for a job it was told to stop (1 in Open MPI 4.1)
   CHECK(slurp(run / "status") == "interrupted\n");
   REQUIRE(fs::exists(run / "checkpoint.bin"));
-  const auto r = shell(mpirun(2) + args + " --resume");
+  const auto r = shell(mpirun(2) + dtrain_binary() + " " + args + " --resume");
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("resume: continuing at epoch") != std::string::npos);
-  CHECK(numbers(run / "metrics.csv") ==
-        numbers(fs::path(ref) / "ck" / "t-g2" / "metrics.csv"));
+  CHECK(numeric_columns(run / "metrics.csv") ==
+        numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv"));
 }

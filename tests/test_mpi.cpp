@@ -21,18 +21,6 @@ using namespace dtrain::test;
 
 namespace {
 
-// The columns that depend on arithmetic only (not on timing).
-std::string numeric_columns(const fs::path& metrics) {
-  std::stringstream in(slurp(metrics)), out;
-  for (std::string line; std::getline(in, line);) {
-    std::stringstream ls(line);
-    std::string cell;
-    for (int c = 0; c < 7 && std::getline(ls, cell, ','); ++c) out << cell << ',';
-    out << '\n';
-  }
-  return out.str();
-}
-
 std::string write_config(const fs::path& dir, int epochs) {
   const auto p = dir / "mp.yaml";
   std::ofstream(p) << "name: mp\nthreads: 1\ndata:\n  dataset: synthetic\n"
