@@ -10,6 +10,7 @@
 #include "dtrain/config/plan.hpp"
 #include "dtrain/nn/schedule.hpp"
 #include "dtrain/train/explain.hpp"
+#include "dtrain/results/plots.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -159,6 +160,22 @@ TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", 
   }
   INFO("largest accuracy change: " << by_acc << ", largest loss change: " << by_loss);
   CHECK((by_acc == "reduction" || by_loss == "reduction"));
+  // The waterfall figure, where gnuplot is installed (install-deps.sh installs it): a bar per
+  // rung after the baseline, each labelled with its name in the script.
+  if (dtrain::gnuplot_available()) {
+    const auto tiny = dir.path / "results" / "tiny";
+    CHECK(std::filesystem::file_size(tiny / "explain-t-gpus_2.png") > 1000);
+    CHECK(std::filesystem::file_size(tiny / "explain-t-gpus_2.svg") > 1000);
+    const std::string script = slurp(tiny / "data" / "explain-t-gpus_2.gp");
+    CHECK(script.find("'reduction'") != std::string::npos);
+    int ran = 0;  // the rungs with a change from the one before: one bar each
+    for (const auto& rung : j["rungs"])
+      ran += rung.contains("delta_acc_points") && !rung["delta_acc_points"].is_null();
+    CHECK(ran >= 3);
+    CHECK(count_lines(slurp(tiny / "data" / "explain-t-gpus_2.dat")) == 1 + ran);
+  } else {
+    WARN("SKIPPED: no gnuplot, no figure to check");
+  }
   // --resume with the same tag runs nothing again.
   const auto again = dtrain_cli("explain " + args + " --tag t --resume --results " + res);
   INFO(again.out);

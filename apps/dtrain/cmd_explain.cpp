@@ -16,6 +16,8 @@
 #include "dtrain/base/files.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/config/plan.hpp"
+#include "dtrain/base/log.hpp"
+#include "dtrain/results/plots.hpp"
 #include "dtrain/results/report.hpp"
 #include "dtrain/train/explain.hpp"
 
@@ -217,6 +219,33 @@ std::string to_json(const std::string& experiment, const std::vector<RungResult>
 
 }  // namespace
 
+// The waterfall figure next to the table, where gnuplot is installed; a figure that cannot be
+// drawn is a warning, the table stands without it.
+void draw_figure(const std::vector<RungResult>& rs, const std::string& title,
+                 const std::string& dir, const std::string& stem) {
+  if (!gnuplot_available()) {
+    log().info("explain: no gnuplot, so no figure (apt-get install gnuplot-nox)");
+    return;
+  }
+  std::vector<WaterfallBar> bars;
+  const RungResult* prev = nullptr;
+  for (const auto& r : rs) {
+    if (r.rung.skipped) continue;
+    if (prev) {
+      const Delta d = delta_of(prev->acc, r.acc, 100);
+      const double sd = std::max(prev->acc.sd.value_or(0), r.acc.sd.value_or(0)) * 100;
+      if (d.value) bars.push_back({r.rung.name, *d.value, sd, d.noise});
+    }
+    prev = &r;
+  }
+  if (bars.empty()) return;
+  const std::string error = draw_waterfall(bars, title, dir, stem);
+  if (error.empty())
+    fmt::print("figure: {}.png and .svg\n", (fs::path(dir) / stem).string());
+  else
+    log().warn("explain: figure not drawn: {}", error);
+}
+
 int run_explain(const ExplainOptions& opt) {
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues an earlier explain by name");
@@ -256,6 +285,8 @@ int run_explain(const ExplainOptions& opt) {
   write_file_atomic(base + ".json", to_json(experiment, results));
   fmt::print("\n## {}: 1 replica against {}\n\n{}\n(written to {}.md and .json)\n", experiment,
              rungs[1].overrides[0], md, base);
+  draw_figure(results, fmt::format("{}: 1 replica -> {}", experiment, rungs[1].overrides[0]),
+              (fs::path(opt.results) / experiment).string(), slug(name));
   return failed ? 1 : 0;
 }
 

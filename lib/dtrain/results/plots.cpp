@@ -388,14 +388,52 @@ void PlotSet::heatmap(const std::string& rule, const std::string& reduction) {
 
 }  // namespace
 
-Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
-                  const std::string& out_dir) {
+namespace {
+
+std::string gnuplot_or_throw() {
   const std::string gnuplot = find_gnuplot();
   if (gnuplot.empty())
     throw UserError(
-        "--plots needs gnuplot; install it with: apt-get install gnuplot-nox "
-        "(scripts/install-deps.sh "
-        "does)");
+        "figures need gnuplot; install it with: apt-get install gnuplot-nox "
+        "(scripts/install-deps.sh does)");
+  return gnuplot;
+}
+
+}  // namespace
+
+std::string draw_waterfall(const std::vector<WaterfallBar>& bars, const std::string& title,
+                           const std::string& out_dir, const std::string& stem) {
+  const std::string gnuplot = gnuplot_or_throw();
+  const fs::path data = fs::path(out_dir) / "data";
+  fs::create_directories(data);
+  Figure f(data, stem);
+  // Columns: position, delta, sd, 1 for a noise bar; tic labels are rung names (our own
+  // identifiers, checked), placed in the script by position.
+  std::string rows = "# rung delta_points sd_points noise\n", tics;
+  for (size_t i = 0; i < bars.size(); ++i) {
+    rows += fmt::format("{} {} {} {}\n", i, num(bars[i].delta), num(bars[i].sd),
+                        bars[i].noise ? 1 : 0);
+    tics += fmt::format("{}'{}' {}", i ? ", " : "", script_name(bars[i].label), i);
+  }
+  const std::string file = data_file(data, f.stem() + ".dat", rows);
+  const std::string setup = fmt::format(
+      "set title {}\nset ylabel 'change in final test accuracy (points) from the rung before'\n"
+      "set xtics ({}) rotate by -30\nset xrange [-0.6:{}]\nset grid ytics\n"
+      "set style fill solid 0.7 border -1\nset boxwidth 0.6\nset key top right\n"
+      "set xzeroaxis lt -1",
+      f.text(title), tics, num(static_cast<double>(bars.size()) - 0.4));
+  const std::string plot = fmt::format(
+      "plot {0} using 1:($4 > 0 ? NaN : $2) with boxes lc rgb '#3465a4' title 'change', "
+      "{0} using 1:($4 > 0 ? $2 : NaN) with boxes fs pattern 4 lc rgb '#888a85' "
+      "title 'within the seed noise', "
+      "{0} using 1:2:3 with yerrorbars lc rgb 'black' pt 0 title 'seed sd'",
+      file);
+  return f.render(gnuplot, out_dir, setup, plot);
+}
+
+Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
+                  const std::string& out_dir) {
+  const std::string gnuplot = gnuplot_or_throw();
   const fs::path data = fs::path(out_dir) / "data";
   fs::create_directories(data);
   PlotSet set{c,       metrics, gnuplot,

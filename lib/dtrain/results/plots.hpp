@@ -29,4 +29,18 @@ struct Plots {
 Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
                   const std::string& out_dir);
 
+// One rung of a `dtrain explain` waterfall: the change in final test accuracy (points) from the
+// rung before, and the larger of the two rungs' seed standard deviations (0 with one seed).
+struct WaterfallBar {
+  std::string label;  // the rung's name: ours, [a-z_0-9]
+  double delta = 0, sd = 0;
+  bool noise = false;  // |delta| within the seed noise
+};
+
+// Draws the waterfall as out_dir/STEM.png and .svg (data and script in out_dir/data/): one bar
+// per rung, error bars where there were seeds, noise bars hatched. Returns "" or what failed;
+// throws UserError without gnuplot.
+std::string draw_waterfall(const std::vector<WaterfallBar>& bars, const std::string& title,
+                           const std::string& out_dir, const std::string& stem);
+
 }  // namespace dtrain
