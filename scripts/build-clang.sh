@@ -3,12 +3,14 @@
 # the CUDA sources with the host GCC in scripts/build.sh). Installs clang and the OpenMP
 # runtime it links against where they are missing.
 #   scripts/build-clang.sh [BUILD_DIR]     # default build-clang
-#   scripts/build-clang.sh --deps          # only install clang and the OpenMP runtime
+#   scripts/build-clang.sh --deps [PKG...] # only install clang, the OpenMP runtime and PKG...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build-clang}
+extra=()
+[ "$dir" = --deps ] && extra=("${@:2}")
 missing=()
-for p in clang libomp-dev; do
+for p in clang libomp-dev "${extra[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then

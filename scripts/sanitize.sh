@@ -16,7 +16,7 @@ elif [ $# -gt 0 ]; then
   echo "sanitize: unknown argument '$1' (valid: --fast)"; exit 2
 fi
 scripts/install-deps.sh
-scripts/build-clang.sh --deps
+scripts/build-clang.sh --deps libclang-rt-14-dev  # the sanitizers' runtime libraries
 command -v ninja >/dev/null && [ ! -f build-sanitize/Makefile ] && export CMAKE_GENERATOR=Ninja
 cmake --preset sanitize >/dev/null
 cmake --build --preset sanitize --parallel "$(nproc)"
