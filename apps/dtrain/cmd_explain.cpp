@@ -142,6 +142,14 @@ bool equivalent_matches(const RungResult& base, const RungResult& eq) {
   return std::abs(a - b) <= 1e-4 * std::max({std::abs(a), std::abs(b), 1e-12});
 }
 
+// Not within 1e-4, but within the seeds' spread in loss and accuracy: the N-replica sum rounds
+// differently, and over thousands of steps on real data that grows past 1e-4.
+bool equivalent_within_noise(const RungResult& base, const RungResult& eq) {
+  if (!base.loss.mean || !eq.loss.mean) return false;
+  const Delta dl = delta_of(base.loss, eq.loss, 1), da = delta_of(base.acc, eq.acc, 100);
+  return dl.noise && (!da.value || da.noise || *da.value == 0);
+}
+
 }  // namespace
 
 namespace {
@@ -155,6 +163,13 @@ std::string equivalence_line(const std::vector<RungResult>& rs) {
   if (equivalent_matches(rs[0], rs[1]))
     return "The equivalent run matches the baseline (final train loss within 1e-4): the "
            "replica count alone costs nothing.";
+  if (equivalent_within_noise(rs[0], rs[1]))
+    return fmt::format(
+        "The equivalent run matches the baseline within the seed noise (final train loss "
+        "differs by {:.1e}, less than the seeds' sd, but more than 1e-4): the N-replica sum "
+        "rounds differently and over many steps that shows; the replica count alone costs "
+        "nothing measurable.",
+        std::abs(*rs[1].loss.mean - *rs[0].loss.mean));
   return "The equivalent run DOES NOT match the baseline (final train loss differs by more "
          "than 1e-4): the N-replica step is not the 1-replica step here.";
 }
@@ -213,6 +228,7 @@ std::string to_json(const std::string& experiment, const std::vector<RungResult>
   const nlohmann::json out = {{"experiment", experiment},
                               {"note", kOrderNote},
                               {"equivalent_matches", equivalent_matches(rs[0], rs[1])},
+                              {"equivalent_within_noise", equivalent_within_noise(rs[0], rs[1])},
                               {"rungs", rungs}};
   return out.dump(2) + "\n";
 }
