@@ -218,12 +218,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   }
   // The epoch's only wait for the device; then one exchange turns local per-step stats into
   // global ones.
-  std::vector<double> host(dev_stats_.size());
-  dev_->download(host.data(), dev_stats_.data(), host.size() * sizeof(double));
-  for (size_t s = 0; s < static_cast<size_t>(steps_); ++s) {
-    for (size_t k : {kLoss, kCorrect, kLocalNorm, kReducedNorm})
-      step_stats_[s * kHost + k] = host[s * kDev + k];
-  }
+  pull_step_stats(steps_);
   comm_.allreduce(step_stats_.data(), step_stats_.size(), ReduceOp::sum);
   t.total = before + seconds_since(t_epoch);
   // On a GPU the host only queues work: the split comes from device events instead (but for
@@ -359,6 +354,14 @@ void Replica::reduce_gradients(EpochTimes& t) {
   t.exchange += during_backward + seconds_since(t0);
 }
 
+void Replica::pull_step_stats(int64_t steps) {
+  std::vector<double> host(static_cast<size_t>(steps) * kDev);
+  dev_->download(host.data(), dev_stats_.data(), host.size() * sizeof(double));
+  for (size_t s = 0; s < static_cast<size_t>(steps); ++s)
+    for (size_t k : {kLoss, kCorrect, kLocalNorm, kReducedNorm})
+      step_stats_[s * kHost + k] = host[s * kDev + k];
+}
+
 bool Replica::stop_agreed(int64_t step) {
   if (replicas_ == 1) return stop_requested();
   // The ranks vote every kStopVoteSteps steps: a vote is one more meeting of all replicas,
@@ -397,14 +400,9 @@ void Replica::checkpoint(int epoch, int64_t next_step, const EpochTotals* partia
   // The finished steps' sums, reduced over the ranks as at the epoch's end.
   std::vector<double> part;
   if (partial && next_step > 0) {
-    std::vector<double> host(static_cast<size_t>(next_step) * kDev);
-    dev_->download(host.data(), dev_stats_.data(), host.size() * sizeof(double));
-    part.assign(static_cast<size_t>(next_step) * kHost, 0.0);
-    for (size_t s = 0; s < static_cast<size_t>(next_step); ++s) {
-      for (size_t k : {kLoss, kCorrect, kLocalNorm, kReducedNorm})
-        part[s * kHost + k] = host[s * kDev + k];
-      part[s * kHost + kRows] = step_stats_[s * kHost + kRows];
-    }
+    pull_step_stats(next_step);  // the epoch's end pulls them again, with the later steps
+    part.assign(step_stats_.begin(),
+                step_stats_.begin() + static_cast<std::ptrdiff_t>(next_step * kHost));
     comm_.allreduce(part.data(), part.size(), ReduceOp::sum);
   }
   if (rank_ != 0 || !run_.observer) return;

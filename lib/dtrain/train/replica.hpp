@@ -86,6 +86,9 @@ class Replica {
   void restore(const Checkpoint& c);
   void restore_partial_epoch(EpochTotals& out);
   bool stop_agreed(int64_t step);
+  // Copies the device's per-step sums of the first `steps` steps into step_stats_ (whose rows
+  // the host counted).
+  void pull_step_stats(int64_t steps);
   // Every rank's words, in rank order (sent in 16-bit pieces, which doubles hold exactly).
   std::vector<uint64_t> gather_words(const std::vector<uint64_t>& mine);
   void mark(int phase) {
