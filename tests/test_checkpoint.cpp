@@ -116,6 +116,17 @@ TEST_CASE("a checkpoint of another model or replica count is refused", "[checkpo
   other.gpus = 1;
   other.train.per_replica_batch = 32;
   CHECK(!error_of([&] { train(other, data, nullptr, &keep.all[0]); }).empty());
+  // Fields that disagree with the run they are restored into, each named.
+  auto refused = [&](Checkpoint c) { return error_of([&] { train(cfg, data, nullptr, &c); }); };
+  Checkpoint c = keep.all[0];
+  c.global_step += 1;
+  CHECK(refused(c).find("checkpoint: its position is not a step of this run") == 0);
+  c = keep.all[0];
+  c.opt_m.pop_back();
+  CHECK(refused(c).find("checkpoint: optimizer state of another run") == 0);
+  c = keep.all[0];
+  c.bn_state.resize(c.bn_state.size() + 2);
+  CHECK(refused(c).find("checkpoint: BatchNorm state of another model") == 0);
 }
 
 TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[checkpoint]") {
