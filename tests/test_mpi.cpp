@@ -12,7 +12,10 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <optional>
+#include <vector>
 
+#include "dtrain/dist/mpi.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -97,13 +100,14 @@ TEST_CASE("a rank that throws ends every rank quickly and the run says failed", 
   INFO(r.out);
   CHECK(r.code != 0);
   CHECK(secs < 30);
-  // Every surviving rank names the failed one.
+  // Every surviving rank names the failed one, and its host.
+  const std::string host = shell("hostname").out.substr(0, shell("hostname").out.find('\n'));
   for (int rank : {0, 2, 3})
-    CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(rank) +
-                                      ": run t-g4 failed: rank 1 failed"));
+    CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(rank) + ": run t-g4 failed: rank 1 (" +
+                                      host + ") failed"));
   const fs::path run = d.path / "res" / "mp" / "t-g4";
   CHECK(slurp(run / "status") == "failed\n");
-  CHECK_THAT(slurp(run / "summary.json"), Catch::Contains("rank 1 failed: injected fault"));
+  CHECK_THAT(slurp(run / "summary.json"), Catch::Contains(") failed: injected fault"));
 }
 
 TEST_CASE("a killed rank makes the others exit within 30 seconds", "[mpi]") {
@@ -158,4 +162,81 @@ TEST_CASE("a killed rank makes the others exit within 30 seconds", "[mpi]") {
   CHECK(!(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0));
   CHECK_THAT(out, Catch::Contains("process rank 1"));
   CHECK(slurp(d.path / "res" / "mp" / "k-g4" / "status") == "failed\n");
+}
+
+// What the launchers set, as a real srun (Slurm 22.05 with PMIx) and mpirun set it; the
+// multi-node tests (scripts/testbed/test-multinode.sh) check the same under the real daemons.
+TEST_CASE("Slurm task lists give the tasks on each node", "[mpi][launch]") {
+  using dtrain::mpi::slurm_tasks_on_node;
+  CHECK(slurm_tasks_on_node("2,1", 0) == 2);
+  CHECK(slurm_tasks_on_node("2,1", 1) == 1);
+  CHECK(slurm_tasks_on_node("2,1", 2) == 0);
+  CHECK(slurm_tasks_on_node("4(x3),2", 0) == 4);
+  CHECK(slurm_tasks_on_node("4(x3),2", 2) == 4);
+  CHECK(slurm_tasks_on_node("4(x3),2", 3) == 2);
+  CHECK(slurm_tasks_on_node("8", 0) == 8);
+  CHECK(slurm_tasks_on_node("", 0) == 0);
+  CHECK(slurm_tasks_on_node("x", 0) == 0);
+  CHECK(slurm_tasks_on_node("2(x", 0) == 0);
+  CHECK(slurm_tasks_on_node("2(x0)", 0) == 0);
+}
+
+namespace {
+// Sets environment variables for one scope, restoring what was there.
+struct EnvScope {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  EnvScope(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                          "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_STEP_ID",
+                          "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID",
+                          "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "PMIX_RANK",
+                          "PMI_SIZE", "PMI_RANK"}) {
+      const char* old = std::getenv(v);
+      saved.emplace_back(v, old ? std::optional<std::string>(old) : std::nullopt);
+      ::unsetenv(v);
+    }
+    for (const auto& [k, val] : vars) ::setenv(k, val, 1);
+  }
+  ~EnvScope() {
+    for (const auto& [k, v] : saved)
+      if (v)
+        ::setenv(k.c_str(), v->c_str(), 1);
+      else
+        ::unsetenv(k.c_str());
+  }
+};
+}  // namespace
+
+TEST_CASE("srun under PMIx is recognised as Slurm with its task layout", "[mpi][launch]") {
+  // Rank 2 of `srun -N 2 -n 3`: srun sets PMIX_RANK but no PMI_SIZE.
+  const EnvScope env({{"SLURM_PROCID", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "3"},
+                      {"SLURM_STEP_NUM_TASKS", "3"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"},
+                      {"SLURM_STEP_TASKS_PER_NODE", "2,1"}, {"SLURM_TASKS_PER_NODE", "2,1"},
+                      {"PMIX_RANK", "2"}});
+  const auto l = dtrain::mpi::detect();
+  CHECK(l.active);
+  CHECK(l.launcher == "srun (Slurm)");
+  CHECK(l.size == 3);
+  CHECK(l.rank == 2);
+  CHECK(l.local_rank == 0);
+  CHECK(l.local_size == 1);
+}
+
+TEST_CASE("mpirun inside a Slurm allocation is recognised as mpirun", "[mpi][launch]") {
+  // Open MPI's daemons are started by srun, so its ranks inherit a step's SLURM_* variables.
+  const EnvScope env({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "1"}, {"SLURM_NTASKS", "2"},
+                      {"SLURM_LOCALID", "0"}, {"OMPI_COMM_WORLD_SIZE", "8"},
+                      {"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  const auto l = dtrain::mpi::detect();
+  CHECK(l.launcher == "mpirun (Open MPI)");
+  CHECK(l.size == 8);
+  CHECK(l.rank == 5);
+  CHECK(l.local_rank == 1);
+  CHECK(l.local_size == 4);
+}
+
+TEST_CASE("a batch script without a step is not a launch", "[mpi][launch]") {
+  const EnvScope env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}});
+  CHECK_FALSE(dtrain::mpi::detect().active);
 }

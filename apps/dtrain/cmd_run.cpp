@@ -1,6 +1,8 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -9,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "commands.hpp"
 #include "dtrain/base/stop.hpp"
@@ -29,6 +32,48 @@ namespace dtrain::cli {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Rank 0 under a launcher, while a run trains: once a stop signal has gone unanswered for
+// 0.7 s, records the run as failed from this thread. The launcher sends SIGTERM when a host
+// or rank is lost and SIGKILL soon after (Open MPI: 1 s later), and Open MPI can hold the main
+// thread meanwhile (reporting the lost peer to mpirun), so that the main thread's own record
+// (after at most 0.5 s of waiting in a collective) may never come. A run that ends normally,
+// or is interrupted in time, is left alone; a later record by the main thread replaces this.
+class LastWord {
+ public:
+  LastWord(RunRecorder* rec, std::string run) : rec_(rec), run_(std::move(run)) {
+    if (rec_) thread_ = std::thread([this] { watch(); });
+  }
+  ~LastWord() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  LastWord(const LastWord&) = delete;
+  LastWord& operator=(const LastWord&) = delete;
+
+ private:
+  void watch() {
+    std::optional<std::chrono::steady_clock::time_point> since;
+    while (!done_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (!stop_requested()) continue;
+      const auto now = std::chrono::steady_clock::now();
+      if (!since) since = now;
+      if (now - *since < std::chrono::milliseconds(700)) continue;
+      const std::string why =
+          "stopped by a signal while waiting for other ranks (the launcher is ending the job: "
+          "a rank or host was lost, or the job was cancelled)";
+      if (rec_->fail_if_running(why))
+        std::fprintf(stderr, "dtrain: rank 0: run %s failed: %s\n", run_.c_str(), why.c_str());
+      return;
+    }
+  }
+
+  RunRecorder* rec_;
+  std::string run_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
 std::string default_tag() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -269,6 +314,7 @@ int run_run(const RunOptions& opt) {
       const Checkpoint* from = resume_from ? &*resume_from : nullptr;
       if (multi) {
         comm = mpi::world(r.config.train.collective_timeout_s);
+        const LastWord last_word(rec.get(), run_id(tag, r));
         result = train_rank(r.config, data, *comm, rec.get(), from);
       } else {
         result = train(r.config, data, rec.get(), from);
@@ -282,12 +328,14 @@ int run_run(const RunOptions& opt) {
       save_index();
       break;
     } catch (const std::exception& e) {
-      const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
-      if (multi && comm && !remote) comm->abort(e.what());  // tell the other ranks first
+      // Rank 0 records the failure first: when a peer died, the launcher is about to kill
+      // every rank, and telling the others may take a moment.
       if (rec) rec->fail(e.what());
       index[i].status = "failed";
       ++failed;
       save_index();
+      const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
+      if (multi && comm && !remote) comm->abort(e.what());  // then tell the other ranks
       if (multi) {
         // A rank's failure ends the job: rank 0 has recorded it; every process exits now.
         std::fprintf(stderr, "dtrain: rank %d: run %s failed: %s\n", mpi::rank(),

@@ -6,7 +6,10 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <thread>
 
 #include "dtrain/base/error.hpp"
@@ -30,6 +33,29 @@ int env_int(const char* name, int fallback) {
 }
 }  // namespace
 
+int slurm_tasks_on_node(const std::string& spec, int node) {
+  // Entries "C" or "C(xR)", comma-separated: C tasks on each of R nodes.
+  size_t at = 0;
+  int seen = 0;
+  while (at < spec.size()) {
+    const size_t end = std::min(spec.find(',', at), spec.size());
+    const std::string item = spec.substr(at, end - at);
+    int count = 0, repeat = 1;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%d(x%d%c", &count, &repeat, &tail) == 3 && tail == ')') {
+    } else if (std::sscanf(item.c_str(), "%d%c", &count, &tail) == 1) {
+      repeat = 1;
+    } else {
+      return 0;
+    }
+    if (count < 0 || repeat < 1) return 0;
+    if (node < seen + repeat) return node >= seen ? count : 0;
+    seen += repeat;
+    at = end + 1;
+  }
+  return 0;
+}
+
 Launch detect() {
   Launch l;
   if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
@@ -37,17 +63,24 @@ Launch detect() {
     l.size = env_int("OMPI_COMM_WORLD_SIZE", 1);
     l.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
     l.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    l.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+  } else if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_STEP_ID")) {
+    // Inside an srun job step (sbatch alone sets SLURM_PROCID too, but no step). srun sets no
+    // PMI_SIZE under PMIx, so this comes before the PMI branch.
+    l.launcher = "srun (Slurm)";
+    l.size = env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", env_int("SLURM_NPROCS", 1)));
+    l.rank = env_int("SLURM_PROCID", 0);
+    l.local_rank = env_int("SLURM_LOCALID", 0);
+    const char* per_node = std::getenv("SLURM_STEP_TASKS_PER_NODE");
+    if (!per_node) per_node = std::getenv("SLURM_TASKS_PER_NODE");
+    l.local_size = per_node ? slurm_tasks_on_node(per_node, env_int("SLURM_NODEID", 0)) : 0;
+    if (l.local_size < 1) l.local_size = 1;
   } else if (std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK")) {
     l.launcher = "PMI";
     l.size = env_int("PMI_SIZE", 1);
     l.rank = env_int("PMI_RANK", env_int("PMIX_RANK", 0));
     l.local_rank = env_int("MPI_LOCALRANKID", 0);
-  } else if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_STEP_ID")) {
-    // Inside an srun job step (sbatch alone sets SLURM_PROCID too, but no step).
-    l.launcher = "srun (Slurm)";
-    l.size = env_int("SLURM_NTASKS", env_int("SLURM_NPROCS", 1));
-    l.rank = env_int("SLURM_PROCID", 0);
-    l.local_rank = env_int("SLURM_LOCALID", 0);
+    l.local_size = std::max(1, env_int("MPI_LOCALNRANKS", 1));
   } else {
     return l;
   }
@@ -73,8 +106,18 @@ namespace {
 
 constexpr int kTagAbort = 7301;
 constexpr int kTagAck = 7302;
+constexpr int kTagScatter = 7303;
+constexpr int kTagGather = 7304;
 bool g_initialized = false;
 int g_rank = 0, g_size = 1;
+std::vector<std::string> g_hosts;  // per rank
+std::vector<int> g_local_ranks;    // per rank, as the launcher numbered them on their host
+
+std::string who(int r) {
+  if (r >= 0 && static_cast<size_t>(r) < g_hosts.size())
+    return fmt::format("rank {} ({})", r, g_hosts[static_cast<size_t>(r)]);
+  return fmt::format("rank {}", r);
+}
 
 template <class T>
 MPI_Datatype mpi_type();
@@ -99,7 +142,7 @@ class MpiComm final : public Communicator {
 
   void abort(const std::string& why) override {
     // Tell every other rank, without blocking on any of them (one may be dead).
-    const std::string text = fmt::format("rank {} failed: {}", g_rank, why);
+    const std::string text = fmt::format("{} failed: {}", who(g_rank), why);
     std::vector<MPI_Request> reqs;
     for (int r = 0; r < g_size; ++r) {
       if (r == g_rank) continue;
@@ -118,29 +161,33 @@ class MpiComm final : public Communicator {
 
  private:
   // Owner-computes all-reduce with the in-process communicator's arithmetic: rank r receives
-  // chunk r of every rank's buffer (all-to-all), adds them in rank order, and the reduced
-  // chunks are gathered back to everyone. Bandwidth is that of reduce-scatter + all-gather.
+  // chunk r of every rank's buffer, adds them in rank order, and sends the reduced chunk back
+  // to everyone. The traffic is that of reduce-scatter + all-gather; point-to-point messages
+  // (not MPI_Ialltoallv) let a rank that waits too long name the peers it is waiting for.
   template <class T>
   void reduce(T* data, size_t n, ReduceOp op) {
     const int p = g_size;
     if (p == 1) return;
-    std::vector<int> counts(static_cast<size_t>(p)), displs(static_cast<size_t>(p));
-    for (int r = 0; r < p; ++r) {
-      const size_t lo = n * static_cast<size_t>(r) / static_cast<size_t>(p);
-      const size_t hi = n * static_cast<size_t>(r + 1) / static_cast<size_t>(p);
-      counts[static_cast<size_t>(r)] = static_cast<int>(hi - lo);
-      displs[static_cast<size_t>(r)] = static_cast<int>(lo);
-    }
-    const int mine = counts[static_cast<size_t>(g_rank)];
+    const auto lo = [&](int r) { return n * static_cast<size_t>(r) / static_cast<size_t>(p); };
+    const auto count = [&](int r) {
+      const size_t c = lo(r + 1) - lo(r);
+      if (c > static_cast<size_t>(std::numeric_limits<int>::max()))
+        DTRAIN_THROW_SYSTEM(fmt::format("all-reduce chunk of {} elements is too large for MPI", c));
+      return static_cast<int>(c);
+    };
+    const int mine = count(g_rank);
     std::vector<T>& recv = scratch<T>();
     recv.resize(static_cast<size_t>(mine) * static_cast<size_t>(p));
-    std::vector<int> rcounts(static_cast<size_t>(p), mine), rdispls(static_cast<size_t>(p));
-    for (int r = 0; r < p; ++r) rdispls[static_cast<size_t>(r)] = r * mine;
-    MPI_Request req;
-    MPI_CHECK(MPI_Ialltoallv(data, counts.data(), displs.data(), mpi_type<T>(), recv.data(),
-                             rcounts.data(), rdispls.data(), mpi_type<T>(), MPI_COMM_WORLD, &req));
-    wait(req, "gradient all-reduce (all-to-all)");
-    T* out = data + displs[static_cast<size_t>(g_rank)];
+    start_exchange();
+    for (int q = 0; q < p; ++q) {
+      if (q == g_rank) continue;
+      post_recv(recv.data() + static_cast<size_t>(q) * mine, mine, q, kTagScatter);
+      post_send(data + lo(q), count(q), q, kTagScatter);
+    }
+    std::copy(data + lo(g_rank), data + lo(g_rank) + mine,
+              recv.data() + static_cast<size_t>(g_rank) * mine);
+    wait_all("gradient all-reduce (reduce-scatter)");
+    T* out = data + lo(g_rank);
     const T inv = T(1) / static_cast<T>(p);
     for (int i = 0; i < mine; ++i) {
       T acc = recv[static_cast<size_t>(i)];
@@ -148,9 +195,13 @@ class MpiComm final : public Communicator {
       if (op == ReduceOp::mean) acc *= inv;
       out[i] = acc;
     }
-    MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, mpi_type<T>(), data, counts.data(), displs.data(),
-                              mpi_type<T>(), MPI_COMM_WORLD, &req));
-    wait(req, "gradient all-reduce (all-gather)");
+    start_exchange();
+    for (int q = 0; q < p; ++q) {
+      if (q == g_rank) continue;
+      post_recv(data + lo(q), count(q), q, kTagGather);
+      post_send(out, mine, q, kTagGather);
+    }
+    wait_all("gradient all-reduce (all-gather)");
   }
 
   template <class T>
@@ -161,15 +212,56 @@ class MpiComm final : public Communicator {
       return scratch_d_;
   }
 
-  // Polls the request, watching for a failure report from another rank, a stop request
-  // (Ctrl-C, or SIGTERM from the launcher when a rank died) and the timeout.
-  void wait(MPI_Request& req, const char* what) {
+  void start_exchange() {
+    reqs_.clear();
+    peer_.clear();
+    is_recv_.clear();
+  }
+  template <class T>
+  void post_recv(T* buf, int n, int from, int tag) {
+    reqs_.emplace_back();
+    MPI_CHECK(MPI_Irecv(buf, n, mpi_type<T>(), from, tag, MPI_COMM_WORLD, &reqs_.back()));
+    peer_.push_back(from);
+    is_recv_.push_back(1);
+  }
+  template <class T>
+  void post_send(const T* buf, int n, int to, int tag) {
+    reqs_.emplace_back();
+    MPI_CHECK(MPI_Isend(buf, n, mpi_type<T>(), to, tag, MPI_COMM_WORLD, &reqs_.back()));
+    peer_.push_back(to);
+    is_recv_.push_back(0);
+  }
+
+  // The peers whose data has not arrived (else: whose copy was not delivered), by rank.
+  std::string pending_peers() const {
+    for (const char want_recv : {char{1}, char{0}}) {
+      std::set<int> peers;
+      for (size_t i = 0; i < reqs_.size(); ++i)
+        if (reqs_[i] != MPI_REQUEST_NULL && is_recv_[i] == want_recv) peers.insert(peer_[i]);
+      if (peers.empty()) continue;
+      std::string out = want_recv ? "nothing from " : "nothing delivered to ";
+      for (int r : peers) out += (r == *peers.begin() ? "" : ", ") + who(r);
+      return out;
+    }
+    return "all messages done";
+  }
+
+  // Polls the posted requests, watching for a failure report from another rank, a stop
+  // request (Ctrl-C, or SIGTERM from the launcher when a rank died) and the timeout.
+  void wait_all(const char* what) {
     const auto start = std::chrono::steady_clock::now();
     int spins = 0;
     for (;;) {
       int done = 0;
-      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done,
+                            MPI_STATUSES_IGNORE));
       if (done) return;
+      // Testall completes nothing unless everything is done: find what is still pending.
+      for (auto& r : reqs_) {
+        if (r == MPI_REQUEST_NULL) continue;
+        int one = 0;
+        MPI_CHECK(MPI_Test(&r, &one, MPI_STATUS_IGNORE));
+      }
       int flag = 0;
       MPI_Status st;
       MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTagAbort, MPI_COMM_WORLD, &flag, &st));
@@ -191,16 +283,15 @@ class MpiComm final : public Communicator {
         const auto since = std::max(start, *stop_seen_);
         if (std::chrono::duration<double>(now - since).count() > kStopGraceS)
           throw Aborted(
-              fmt::format("rank {}: stopped while waiting in the {} (interrupted, or the "
+              fmt::format("{}: stopped while waiting in the {}, {} (interrupted, or the "
                           "launcher is ending the job because another rank died)",
-                          g_rank, what));
+                          who(g_rank), what, pending_peers()));
       }
       const double waited = std::chrono::duration<double>(now - start).count();
       if (waited > timeout_s_)
-        throw Aborted(
-            fmt::format("rank {}: no progress in the {} for {:.0f} s (another rank is "
-                        "hung or gone; train.collective_timeout_s)",
-                        g_rank, what, waited));
+        throw Aborted(fmt::format("{}: {} for {:.0f} s in the {} (hung, gone, or cut off from "
+                                  "this rank; train.collective_timeout_s)",
+                                  who(g_rank), pending_peers(), waited, what));
       // Spin briefly for latency, then yield the core: ranks may share few cores.
       if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -209,6 +300,9 @@ class MpiComm final : public Communicator {
   static constexpr double kStopGraceS = 0.5;
   std::optional<std::chrono::steady_clock::time_point> stop_seen_;
   double timeout_s_;
+  std::vector<MPI_Request> reqs_;
+  std::vector<int> peer_;
+  std::vector<char> is_recv_;
   std::vector<float> scratch_f_;
   std::vector<double> scratch_d_;
 };
@@ -227,6 +321,21 @@ void init(int* argc, char*** argv) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &g_rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &g_size));
+  // Every rank's host, for messages that name the one that stopped answering.
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_CHECK(MPI_Get_processor_name(name, &len));
+  std::vector<char> all(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME) * static_cast<size_t>(g_size));
+  MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                          MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD));
+  g_hosts.clear();
+  for (int r = 0; r < g_size; ++r) {
+    const char* h = all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    g_hosts.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+  }
+  int local = detect().local_rank;
+  g_local_ranks.assign(static_cast<size_t>(g_size), 0);
+  MPI_CHECK(MPI_Allgather(&local, 1, MPI_INT, g_local_ranks.data(), 1, MPI_INT, MPI_COMM_WORLD));
 }
 
 void finalize() {
@@ -242,6 +351,19 @@ int rank() {
 }
 int size() {
   return g_size;
+}
+std::string host_of(int rank) {
+  if (rank >= 0 && static_cast<size_t>(rank) < g_hosts.size())
+    return g_hosts[static_cast<size_t>(rank)];
+  return "this host";
+}
+std::string placement() {
+  std::string out;
+  for (size_t r = 0; r < g_hosts.size() && r < g_local_ranks.size(); ++r) {
+    if (r == 16) return out + ", ...";
+    out += fmt::format("{}{} {}/{}", r ? ", " : "", r, g_hosts[r], g_local_ranks[r]);
+  }
+  return out;
 }
 
 std::unique_ptr<Communicator> world(double timeout_s) {
@@ -303,6 +425,12 @@ int rank() {
 }
 int size() {
   return 1;
+}
+std::string host_of(int) {
+  return "this host";
+}
+std::string placement() {
+  return "";
 }
 std::unique_ptr<Communicator> world(double) {
   DTRAIN_THROW_SYSTEM("MPI is not built in");

@@ -13,10 +13,23 @@ struct Launch {
   bool active = false;   // started by a launcher with more than zero processes
   std::string launcher;  // "mpirun (Open MPI)", "srun (Slurm)", "PMI"
   int rank = 0, size = 1, local_rank = 0;
+  int local_size = 1;  // processes of this job on this host
 };
 
-// Reads the launcher's environment (Open MPI, PMI/PMIx, Slurm); does not touch MPI.
+// Reads the launcher's environment (Open MPI, Slurm, PMI/PMIx); does not touch MPI. Open MPI
+// comes first: under mpirun inside a Slurm allocation, the SLURM_* variables describe mpirun's
+// own daemons, not the ranks.
 Launch detect();
+
+// The number of tasks Slurm placed on node `node` (0-based), from a task-count list such as
+// SLURM_STEP_TASKS_PER_NODE ("2,1" or "2(x3),1"); 0 when the list is malformed or too short.
+int slurm_tasks_on_node(const std::string& spec, int node);
+
+// The host each rank runs on (MPI_Get_processor_name, gathered at init); "this host" without
+// MPI.
+std::string host_of(int rank);
+// "0 node0/0, 1 node0/1, 2 node1/0": rank, host and local rank (the launcher's), for the log.
+std::string placement();
 
 // True when this build has MPI.
 bool available();
@@ -30,7 +43,10 @@ int size();
 
 // The world communicator. Collectives are non-blocking underneath and polled, so a rank
 // notices within milliseconds when another rank reports a failure (Communicator::abort), and
-// gives up after `timeout_s` without progress; both throw Aborted naming the rank or the wait.
+// gives up after `timeout_s` without progress; both throw Aborted naming the rank, and for a
+// timeout the ranks (and hosts) whose data never came. The all-reduce is point-to-point
+// underneath (each rank owns a chunk: reduce-scatter, then all-gather), so that a rank knows
+// exactly which peers it is still waiting for.
 // The reduction adds ranks in ascending order, exactly like the in-process communicator, so
 // multi-process and in-process runs give bit-identical results.
 std::unique_ptr<Communicator> world(double timeout_s);

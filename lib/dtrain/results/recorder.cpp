@@ -171,11 +171,13 @@ RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group,
 RunRecorder::~RunRecorder() = default;
 
 void RunRecorder::on_start(const RunInfo& info) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
   info_ = info;
   log().info("run {}: {}", run_id_, dir_);
   log().info("  data    {}", info.data);
   log().info("  model   {}", info.model);
   log().info("  devices {}", info.devices);
+  if (!info.placement.empty()) log().info("  ranks   {}", info.placement);
   log().info("  batch   {} per replica x {} replicas x {} accumulation = {} global; {} steps/epoch",
              info.micro_batch, cfg_.gpus, cfg_.train.accumulation_steps, info.global_batch,
              info.steps_per_epoch);
@@ -185,6 +187,7 @@ void RunRecorder::on_start(const RunInfo& info) {
 }
 
 void RunRecorder::on_step(int epoch, int64_t step, int64_t steps) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
   if (!stderr_is_terminal()) return;
   const auto now = std::chrono::steady_clock::now();
   if (step != steps && now - t_last_progress_ < std::chrono::milliseconds(200)) return;
@@ -199,6 +202,7 @@ void RunRecorder::on_step(int epoch, int64_t step, int64_t steps) {
 }
 
 void RunRecorder::on_epoch(const EpochMetrics& m) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
   clear_progress();
   epochs_.push_back(m);
   csv_ += metrics_csv_row(m);
@@ -286,6 +290,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
     j["cuda_graph_steps"] = info_.cuda_graph_steps;
   }
   j["devices"] = info_.devices;
+  if (!info_.placement.empty()) j["placement"] = info_.placement;
   j["blas"] = info_.blas;
   j["model"] = info_.model;
   j["param_count"] = info_.param_count;
@@ -307,10 +312,12 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
 }
 
 void RunRecorder::on_checkpoint(const Checkpoint& c) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
   save_checkpoint(dir_, c);
 }
 
 void RunRecorder::resume(const Checkpoint& c) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
   epochs_ = c.epochs;
   csv_ = metrics_csv_header();
   for (const auto& m : epochs_) csv_ += metrics_csv_row(m);
@@ -321,24 +328,37 @@ void RunRecorder::resume(const Checkpoint& c) {
 }
 
 void RunRecorder::interrupt(const std::string& why) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
   clear_progress();
   write_summary("interrupted", why);
+  ended_ = true;
   log().warn("run {} interrupted; `dtrain run --resume` with the same arguments continues it "
              "from its checkpoint",
              run_id_);
 }
 
 void RunRecorder::finish(const TrainResult& r) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
   info_ = r.info;
   const std::string status = r.status == RunStatus::diverged ? "diverged" : "done";
   write_summary(status, "");
+  ended_ = true;
   std::error_code ec;  // nothing is left to resume
   fs::remove(checkpoint_path(dir_), ec);
   if (r.status == RunStatus::diverged)
     log().warn("run {} diverged (non-finite loss) after {} epochs", run_id_, r.epochs.size());
 }
 
+bool RunRecorder::fail_if_running(const std::string& error) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
+  if (ended_) return false;
+  fail(error);
+  return true;
+}
+
 void RunRecorder::fail(const std::string& error) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
+  ended_ = true;
   clear_progress();
   try {
     write_summary("failed", error);

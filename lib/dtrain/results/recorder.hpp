@@ -4,6 +4,7 @@
 // (temp file, then rename); an existing run folder is never reused.
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ class RunRecorder : public TrainObserver {
   // The run is complete: the summary, then the checkpoint is removed.
   void finish(const TrainResult& r);
   void fail(const std::string& error);
+  // fail() from another thread, unless the run has already ended (finish, fail, interrupt):
+  // for rank 0 when the launcher is ending the job while the main thread is held in MPI.
+  // Returns whether it recorded the failure.
+  bool fail_if_running(const std::string& error);
   // Stopped on request with its checkpoint saved: status `interrupted`; --resume continues it.
   void interrupt(const std::string& why);
 
@@ -76,6 +81,9 @@ class RunRecorder : public TrainObserver {
   std::string started_at_;
   std::chrono::steady_clock::time_point t_start_, t_last_progress_;
   std::unique_ptr<RunLogFile> log_file_;
+  // Every public method holds it: fail_if_running may come from another thread.
+  std::recursive_mutex mu_;
+  bool ended_ = false;
 };
 
 }  // namespace dtrain

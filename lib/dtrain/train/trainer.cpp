@@ -90,13 +90,24 @@ PhaseSeconds split_phases(const PhaseSeconds& host, const double* device, double
   return p;
 }
 
+// "; srun (Slurm), 2 hosts: node0 node1": who started the processes, and where they run.
+static std::string launch_description(int ranks) {
+  std::vector<std::string> hosts;
+  for (int r = 0; r < ranks; ++r)
+    if (std::find(hosts.begin(), hosts.end(), mpi::host_of(r)) == hosts.end())
+      hosts.push_back(mpi::host_of(r));
+  std::string names;
+  for (size_t i = 0; i < hosts.size() && i < 4; ++i) names += " " + hosts[i];
+  if (hosts.size() > 4) names += " ...";
+  return fmt::format("; {}, {} host{}:{}", mpi::detect().launcher, hosts.size(),
+                     hosts.size() == 1 ? "" : "s", names);
+}
+
 // Replicas placed by this process: all of them in-process, or one per process on this node
 // under a launcher.
 static int local_replica_count(const Config& cfg) {
-  if (!mpi::detect().active) return cfg.gpus;
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
-    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
-  return 1;
+  const mpi::Launch l = mpi::detect();
+  return l.active ? l.local_size : cfg.gpus;
 }
 
 std::string Placement::describe() const {
@@ -274,6 +285,8 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                     comm.size(), comm.kind(), threads, threads == 1 ? "" : "s",
                     to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
   }
+  sh.result.info.devices += launch_description(comm.size());
+  sh.result.info.placement = mpi::placement();
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   try {
     run_replica(sh, comm);

@@ -46,6 +46,7 @@ struct RunInfo {
   std::string model;
   std::string data;
   std::string devices;  // e.g. "cpu: 4 replicas as threads, 1 BLAS thread each"
+  std::string placement;  // under a launcher: each rank's host and local rank
   int64_t steps_per_epoch = 0;
   int64_t global_batch = 0;
   int64_t micro_batch = 0;
