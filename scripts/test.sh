@@ -12,6 +12,8 @@ skip=$(./tests/dtrain_tests "[cuda]" 2>&1 | grep -o "SKIPPED (no GPU): .*" | hea
 if [ -n "$skip" ]; then
   echo "test: the GPU tests were skipped ($skip); run scripts/gpu-check.sh on a GPU machine"
 fi
+# A test that skips says why in one line (exit 77, e.g. the multi-node tests without root).
+grep -hoE '^[a-z-]+: SKIPPED: .*' Testing/Temporary/LastTest.log 2>/dev/null | sed 's/^/test: skipped: /' || true
 # One plain closing line with the counts.
 counts=$(sed -nE 's/^[0-9]+% tests passed, ([0-9]+) tests failed out of ([0-9]+)$/\1 \2/p' ctest.log | tail -n 1)
 if [ -n "$counts" ]; then

@@ -23,7 +23,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -x "$dtrain" ] || { echo "multinode: no dtrain binary at $dtrain (build first, or give --dtrain)" >&2; exit 2; }
-ldd "$dtrain" | grep -q libmpi || { echo "multinode: SKIPPED: $dtrain is built without MPI"; exit 77; }
+libs=$(ldd "$dtrain")  # not piped into grep -q: under pipefail, ldd's SIGPIPE would fail it
+grep -q libmpi <<<"$libs" || { echo "multinode: SKIPPED: $dtrain is built without MPI"; exit 77; }
 if ! why=$("$tb" probe 2>&1); then
   echo "multinode: SKIPPED: no testbed here: $why"
   exit 77

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,13 @@ namespace dtrain {
 namespace fs = std::filesystem;
 
 namespace {
+// The process's peak resident memory so far, in MiB (Linux reports KiB).
+double peak_rss_mib() {
+  struct rusage ru {};
+  if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -291,6 +299,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   }
   j["devices"] = info_.devices;
   if (!info_.placement.empty()) j["placement"] = info_.placement;
+  j["peak_rss_mib"] = peak_rss_mib();
   j["blas"] = info_.blas;
   j["model"] = info_.model;
   j["param_count"] = info_.param_count;
