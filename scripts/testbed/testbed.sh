@@ -251,7 +251,10 @@ case ${1:-} in
     if [ "$3" = 0 ]; then
       ip netns exec "$2" tc qdisc del dev eth0 root 2>/dev/null || true
     else
-      ip netns exec "$2" tc qdisc replace dev eth0 root tbf rate "${3}kbit" burst 16kb latency 2s
+      # The bucket holds 10 ms at the rate (at least 16 KiB): a smaller one caps a fast rate.
+      burst=$(($3 * 1000 / 8 / 100))
+      [ "$burst" -ge 16384 ] || burst=16384
+      ip netns exec "$2" tc qdisc replace dev eth0 root tbf rate "${3}kbit" burst "$burst" latency 2s
     fi ;;
   revive)
     [ $# -eq 2 ] && [ -e "/run/netns/$2" ] || die "usage: revive HOST (hosts: $(hosts | tr '\n' ' '))"
