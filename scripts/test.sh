@@ -2,7 +2,7 @@
 # Installs dependencies, builds, and runs the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --testbed
 scripts/build.sh
 cd build
 rc=0

@@ -236,6 +236,17 @@ TEST_CASE("mpirun inside a Slurm allocation is recognised as mpirun", "[mpi][lau
   CHECK(l.local_size == 4);
 }
 
+TEST_CASE("an mpiexec of its own inside a Slurm allocation is recognised by PMI", "[mpi][launch]") {
+  // MPICH's or Intel MPI's mpiexec starts its proxies with srun, one per node: rank 5 runs under
+  // the proxy that is Slurm's task 1, so the SLURM_* variables describe the proxy.
+  const EnvScope env({{"SLURM_PROCID", "1"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "2"},
+                      {"SLURM_LOCALID", "0"}, {"PMI_SIZE", "8"}, {"PMI_RANK", "5"}});
+  const auto l = dtrain::mpi::detect();
+  CHECK(l.launcher == "PMI");
+  CHECK(l.size == 8);
+  CHECK(l.rank == 5);
+}
+
 TEST_CASE("a batch script without a step is not a launch", "[mpi][launch]") {
   const EnvScope env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}});
   CHECK_FALSE(dtrain::mpi::detect().active);

@@ -34,7 +34,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Rank 0 under a launcher, while a run trains: once a stop signal has gone unanswered for
-// 0.7 s, records the run as failed from this thread. The launcher sends SIGTERM when a host
+// 0.7 s while the main thread waits in an all-reduce, records the run as failed from here. The launcher sends SIGTERM when a host
 // or rank is lost and SIGKILL soon after (Open MPI: 1 s later), and Open MPI can hold the main
 // thread meanwhile (reporting the lost peer to mpirun), so that the main thread's own record
 // (after at most 0.5 s of waiting in a collective) may never come. A run that ends normally,
@@ -54,9 +54,15 @@ class LastWord {
  private:
   void watch() {
     std::optional<std::chrono::steady_clock::time_point> since;
-    while (!done_) {
+    for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (!stop_requested()) continue;
+      if (done_) return;
+      // Only a main thread held in an all-reduce: one that computes or writes (a long step or
+      // checkpoint after a plain Ctrl-C) will record the run itself.
+      if (!stop_requested() || !mpi::waiting_in_collective()) {
+        since.reset();
+        continue;
+      }
       const auto now = std::chrono::steady_clock::now();
       if (!since) since = now;
       if (now - *since < std::chrono::milliseconds(700)) continue;

@@ -83,6 +83,7 @@ run_test() {
     failures+=("$1")
     echo "not ok - $1 ($(secs "$t0" "$(now)") s)"
     sed 's/^/    /' <<<"$out" | tail -n 40
+    kill_job
   fi
 }
 # Each test runs in a subshell ($(...)): fail ends that test, and its EXIT trap undoes its fault.
@@ -106,11 +107,11 @@ tx_bytes() { ip -n dtrain-sw -s -j link show "dt-$1" | sed -E 's/.*"tx":\{"bytes
 
 t_mpirun() {
   local before after
-  before=$(tx_bytes node1)
+  before=$(tx_bytes node1) || fail "cannot read node1's link counters"
   "$tb" on node0 "${mpirun_hosts[@]}" -np 4 "$dtrain" run "$work/mn.yaml" gpus=4 --quiet \
     --tag mpirun --results "$work/res" >"$work/mpirun.out" 2>&1 ||
     fail "mpirun exited $?: $(tail -n 5 "$work/mpirun.out")"
-  after=$(tx_bytes node1)
+  after=$(tx_bytes node1) || fail "cannot read node1's link counters"
   local run=$work/res/mn/mpirun-g4
   same_as_threads "$run" 4
   grep -q "mpirun (Open MPI), 2 hosts: node0 node1" <<<"$(json_text "$run/summary.json" devices)" ||
@@ -183,6 +184,16 @@ dtrain_pids() {  # the dtrain processes still alive on the hosts (a zombie has e
     done
   done
 }
+# Every launcher, daemon of Open MPI and rank still running on the hosts (a test that failed
+# leaves none behind for the next).
+kill_job() {
+  local h p
+  for h in node0 node1; do
+    for p in $(ip netns pids "$h"); do
+      case $(cat "/proc/$p/comm" 2>/dev/null) in dtrain | mpirun | orted | srun) kill -9 "$p" 2>/dev/null || true ;; esac
+    done
+  done
+}
 # After a fault at $1: every rank must be gone within timeout + 10 s, the launcher soon after.
 expect_ranks_end() {
   local t_fault=$1 i
@@ -194,7 +205,7 @@ expect_ranks_end() {
   ranks_s=$(secs "$t_fault" "$(now)")
   for i in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$launcher" 2>/dev/null; then
-    kill "$launcher"
+    kill_job
     fail "every rank ended in $ranks_s s, but ${launch[0]} was still running 30 s later"
   fi
   wait "$launcher" && fail "${launch[0]} exited 0 after the fault" || true
@@ -213,13 +224,13 @@ t_slow_link() {
   if "$tb" delay node1 20 2>/dev/null; then
     how="netem delay 20 ms"
   else
-    "$tb" throttle node1 2000
+    "$tb" throttle node1 2000 || fail "cannot throttle node1's link"
     how="no netem in this kernel; tbf at 2 Mbit/s"
   fi
   "$tb" on node0 "${mpirun_hosts[@]}" -np 4 "$dtrain" run "$work/mn.yaml" gpus=4 \
     train.epochs=1 --quiet --tag slow --results "$work/res" >"$work/slow.out" 2>&1 ||
     fail "mpirun exited $? with node1's link slowed ($how): $(tail -n 5 "$work/slow.out")"
-  "$tb" delay node1 0
+  "$tb" delay node1 0 || fail "cannot restore node1's link"
   "$dtrain" run "$work/mn.yaml" gpus=4 train.epochs=1 --quiet --tag threads1 --results "$work/res" >/dev/null
   local run=$work/res/mn/slow-g4
   [ "$(cat "$run/status")" = done ] || fail "$run says $(cat "$run/status")"
@@ -228,6 +239,8 @@ t_slow_link() {
   local slow fast
   slow=$(json_number "$run/summary.json" median_epoch_time_s)
   fast=$(json_number "$work/res/mn/mpirun-g4/summary.json" median_epoch_time_s)
+  awk -v s="$slow" -v f="$fast" 'BEGIN { exit !(s > 2 * f) }' ||
+    fail "the slowed link did not slow the run: epoch $slow s against $fast s"
   echo "$how: same results, epoch $slow s against $fast s"
 }
 
@@ -237,9 +250,9 @@ t_link_down() {
   local t_fault
   t_fault=$(now)
   trap '"$tb" link node1 up' EXIT
-  "$tb" link node1 down
+  "$tb" link node1 down || fail "cannot take node1's link down"
   expect_ranks_end "$t_fault"
-  "$tb" link node1 up
+  "$tb" link node1 up || fail "cannot bring node1's link up"
   local run=$work/res/mn/linkdown-g4
   expect_failed_kept "$run" 2
   grep -qE "rank [01] \(node0\): nothing from rank [23] \(node1\)" "$work/linkdown.out" ||
@@ -259,7 +272,7 @@ kill_host() {  # TAG
   local run=$work/res/mn/$tag-g4
   expect_failed_kept "$run" 2
   grep -qE "node1" "$work/$tag.out" || fail "nothing names node1: $(tail -n 8 "$work/$tag.out")"
-  "$tb" revive node1
+  "$tb" revive node1 || fail "cannot revive node1"
   "$tb" on node0 "${launch[@]}" "$dtrain" run "$work/mn.yaml" gpus=4 train.epochs=60 \
     "train.collective_timeout_s=$timeout_s" --quiet --tag "$tag" --resume \
     --results "$work/res" >"$work/$tag-resume.out" 2>&1 ||
@@ -269,7 +282,7 @@ kill_host() {  # TAG
   [ "$(cat "$run/status")" = done ] || fail "resumed run says $(cat "$run/status")"
   diff <(numbers "$run") <(numbers "$work/res/mn/whole-g4") >/dev/null ||
     fail "the resumed run differs from an uninterrupted one: $(diff <(numbers "$run") <(numbers "$work/res/mn/whole-g4") | head -n 4)"
-  echo "ranks ended ${ranks_s} s after the kill; $(grep -m1 -oE 'rank 0[^;]*' "$work/$tag.out" | cut -c1-110); --resume gave the uninterrupted metrics"
+  echo "ranks ended ${ranks_s} s after the kill; $(grep -m1 -oE 'rank 0: run [^ ]* failed: [^;]*' "$work/$tag.out" | cut -c1-120); --resume gave the uninterrupted metrics"
 }
 t_kill_host_mpirun() { launch=("${mpirun_hosts[@]}" -np 4); kill_host killmpirun; }
 t_kill_host_srun() { launch=(srun -N 2 -n 4 --kill-on-bad-exit=1); kill_host killsrun; }

@@ -16,11 +16,19 @@
 #   scripts/testbed/testbed.sh probe            # exit 0 if a testbed can be made here, else why
 #
 # Needs root, iproute2, util-linux's unshare, and Debian's slurmd, slurmctld, slurm-client and
-# munge (`up` installs what is missing). State, logs and the Slurm config are under
+# munge (`scripts/install-deps.sh --testbed` installs them). It touches only what it made: the
+# namespaces it lists in its state folder, its switch namespace, and the munge daemon it
+# started. State, logs and the Slurm config are under
 # $DTRAIN_TESTBED_DIR (default /run/dtrain-testbed); SLURM_CONF points there for every command
 # run through `on`. Open MPI reaches the hosts through scripts/testbed/agent (its rsh agent),
 # which does what ssh does on a real cluster: run a command on another host.
 set -euo pipefail
+# Daemons started from here inherit no descriptor of the caller's (a lock, a pipe); 255 is
+# bash's own copy of this script.
+for fd in /proc/$$/fd/*; do
+  fd=${fd##*/}
+  [ "$fd" -gt 2 ] && [ "$fd" -lt 255 ] && eval "exec $fd>&-"
+done
 here=$(cd "$(dirname "$0")" && pwd)
 dir=${DTRAIN_TESTBED_DIR:-/run/dtrain-testbed}
 net=169.254.77
@@ -41,16 +49,8 @@ obstacle() {
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
-  if [ ${#missing[@]} -gt 0 ]; then
-    local log
-    log=$(mktemp "${TMPDIR:-/tmp}/dtrain-testbed-apt.XXXXXX.log")
-    # Debian's packages would start their services; the testbed starts its own.
-    { DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -q --no-install-recommends \
-        "${missing[@]}" ||
-      { apt-get update -q && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -q \
-        --no-install-recommends "${missing[@]}"; }; } >"$log" 2>&1 ||
-      { echo "apt-get could not install ${missing[*]} (log: $log)"; return; }
-  fi
+  [ ${#missing[@]} -eq 0 ] ||
+    { echo "${missing[*]} not installed (scripts/install-deps.sh --testbed installs them)"; return; }
   local t=dtrain-probe-$$
   ip netns add "$t" 2>/dev/null || { echo "no network namespace can be made here (ip netns add failed)"; return; }
   if ! ip -n "$t" link add probe0 type veth peer name probe1 2>/dev/null; then
@@ -133,8 +133,10 @@ up() {
   local why
   why=$(obstacle)
   [ -z "$why" ] || die "cannot make a testbed here: $why"
-  trap 'say "bringing the testbed up failed; tearing down what was made"; down quiet' ERR
+  # Whatever stops `up` half way (a failed command, or die), what it made goes again.
+  trap 'say "bringing the testbed up failed; tearing down what was made"; down quiet' EXIT
   mkdir -p "$dir/slurmctld"
+  touch "$dir/.dtrain-testbed"
   : >"$dir/hosts"
   # The switch: a bridge in its own namespace, no uplink.
   ip netns add "$switch"
@@ -143,7 +145,8 @@ up() {
   local i h
   for ((i = 0; i < k; i++)); do
     h=node$i
-    ip netns add "$h"
+    ip netns add "$h" || die "cannot make network namespace $h (is one of that name in use?)"
+    echo "$h" >>"$dir/hosts"
     mkdir -p "$dir/$h/tmp" && chmod 1777 "$dir/$h/tmp"
     ip -n "$h" link set lo up
     ip link add "dt-$h" netns "$switch" type veth peer name eth0 netns "$h"
@@ -151,7 +154,6 @@ up() {
     ip -n "$switch" link set "dt-$h" up
     ip -n "$h" addr add "$(addr_of "$h")/24" dev eth0
     ip -n "$h" link set eth0 up
-    echo "$h" >>"$dir/hosts"
   done
   # munge: one daemon serves every host (its socket is a file, shared by the namespaces).
   if ! munge -n </dev/null >/dev/null 2>&1; then
@@ -159,14 +161,14 @@ up() {
     mkdir -p /run/munge && chown munge:munge /run/munge /etc/munge/munge.key 2>/dev/null || true
     chmod 0400 /etc/munge/munge.key
     runuser -u munge -- munged 2>/dev/null || munged --force
-    echo started >"$dir/munged"
+    cp /run/munge/munged.pid "$dir/munged.pid"
   fi
   write_slurm_conf "$k"
   on node0 slurmctld -i
   for h in $(hosts); do on "$h" slurmd -N "$h"; done
   touch "$dir/up"
   wait_idle "$k"
-  trap - ERR
+  trap - EXIT
   say "up: $k hosts ($(hosts | tr '\n' ' ')) on $net.0/24, Slurm partition 'test'; SLURM_CONF=$dir/slurm.conf"
 }
 
@@ -195,21 +197,19 @@ pids_of() {  # daemon pid files written by Slurm
 
 down() {
   local quiet=${1:-}
-  local p h
-  # Slurm's daemons, then anything still running inside a host (a test's leftovers).
+  local p h ours
+  ours=$(hosts)
+  # Slurm's daemons, then anything still running inside one of our hosts (a test's leftovers).
   for p in $(pids_of); do kill "$p" 2>/dev/null || true; done
-  for h in $(ls /run/netns 2>/dev/null | grep -E '^node[0-9]+$' || true); do
+  for h in $ours; do
     for p in $(ip netns pids "$h" 2>/dev/null || true); do kill -9 "$p" 2>/dev/null || true; done
   done
   sleep 0.2
   for p in $(pids_of); do kill -9 "$p" 2>/dev/null || true; done
-  for h in $(ls /run/netns 2>/dev/null | grep -E '^node[0-9]+$' || true) "$switch"; do
-    ip netns del "$h" 2>/dev/null || true
-  done
-  if [ -f "$dir/munged" ]; then
-    pkill -x munged 2>/dev/null || true
-  fi
-  rm -rf "$dir"
+  for h in $ours "$switch"; do ip netns del "$h" 2>/dev/null || true; done
+  [ -f "$dir/munged.pid" ] && kill "$(cat "$dir/munged.pid")" 2>/dev/null || true
+  # The state folder goes only if it is one (DTRAIN_TESTBED_DIR may name any folder).
+  [ -f "$dir/.dtrain-testbed" ] && rm -rf "$dir"
   [ -n "$quiet" ] || say "down: hosts, links, Slurm and munge stopped, $dir removed"
 }
 

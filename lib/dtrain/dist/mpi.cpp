@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -64,9 +65,13 @@ Launch detect() {
     l.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
     l.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
     l.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
-  } else if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_STEP_ID")) {
+  } else if (std::getenv("SLURM_PROCID") && std::getenv("SLURM_STEP_ID") &&
+             (!std::getenv("PMI_SIZE") ||
+              env_int("PMI_RANK", -1) == env_int("SLURM_PROCID", -2))) {
     // Inside an srun job step (sbatch alone sets SLURM_PROCID too, but no step). srun sets no
-    // PMI_SIZE under PMIx, so this comes before the PMI branch.
+    // PMI_SIZE under PMIx, so this comes before the PMI branch; but a launcher of its own
+    // inside an allocation (MPICH's or Intel MPI's mpiexec) starts its ranks from srun-started
+    // proxies, whose SLURM_* describe the proxy: there PMI_RANK differs from SLURM_PROCID.
     l.launcher = "srun (Slurm)";
     l.size = env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", env_int("SLURM_NPROCS", 1)));
     l.rank = env_int("SLURM_PROCID", 0);
@@ -112,6 +117,7 @@ bool g_initialized = false;
 int g_rank = 0, g_size = 1;
 std::vector<std::string> g_hosts;  // per rank
 std::vector<int> g_local_ranks;    // per rank, as the launcher numbered them on their host
+std::atomic<bool> g_waiting{false};  // inside MpiComm::wait_all
 
 std::string who(int r) {
   if (r >= 0 && static_cast<size_t>(r) < g_hosts.size())
@@ -169,29 +175,31 @@ class MpiComm final : public Communicator {
     const int p = g_size;
     if (p == 1) return;
     const auto lo = [&](int r) { return n * static_cast<size_t>(r) / static_cast<size_t>(p); };
-    const auto count = [&](int r) {
-      const size_t c = lo(r + 1) - lo(r);
-      if (c > static_cast<size_t>(std::numeric_limits<int>::max()))
-        DTRAIN_THROW_SYSTEM(fmt::format("all-reduce chunk of {} elements is too large for MPI", c));
-      return static_cast<int>(c);
-    };
+    // No chunk is larger than n/p rounded up: checked before anything is posted.
+    const size_t largest = (n + static_cast<size_t>(p) - 1) / static_cast<size_t>(p);
+    if (largest > static_cast<size_t>(std::numeric_limits<int>::max()))
+      DTRAIN_THROW_SYSTEM(
+          fmt::format("all-reduce chunks of {} elements are too large for MPI", largest));
+    const auto count = [&](int r) { return static_cast<int>(lo(r + 1) - lo(r)); };
     const int mine = count(g_rank);
     std::vector<T>& recv = scratch<T>();
     recv.resize(static_cast<size_t>(mine) * static_cast<size_t>(p));
     start_exchange();
     for (int q = 0; q < p; ++q) {
       if (q == g_rank) continue;
-      post_recv(recv.data() + static_cast<size_t>(q) * mine, mine, q, kTagScatter);
+      post_recv(recv.data() + static_cast<size_t>(q) * static_cast<size_t>(mine), mine, q,
+                kTagScatter);
       post_send(data + lo(q), count(q), q, kTagScatter);
     }
     std::copy(data + lo(g_rank), data + lo(g_rank) + mine,
-              recv.data() + static_cast<size_t>(g_rank) * mine);
+              recv.data() + static_cast<size_t>(g_rank) * static_cast<size_t>(mine));
     wait_all("gradient all-reduce (reduce-scatter)");
     T* out = data + lo(g_rank);
     const T inv = T(1) / static_cast<T>(p);
     for (int i = 0; i < mine; ++i) {
       T acc = recv[static_cast<size_t>(i)];
-      for (int q = 1; q < p; ++q) acc += recv[static_cast<size_t>(q * mine + i)];
+      for (int q = 1; q < p; ++q)
+        acc += recv[static_cast<size_t>(q) * static_cast<size_t>(mine) + static_cast<size_t>(i)];
       if (op == ReduceOp::mean) acc *= inv;
       out[i] = acc;
     }
@@ -246,22 +254,40 @@ class MpiComm final : public Communicator {
     return "all messages done";
   }
 
+  // Gives up on the posted requests (they point into buffers that the unwinding frees; a late
+  // message must not land there) and throws.
+  [[noreturn]] void give_up(const std::string& why) {
+    for (auto& r : reqs_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+    throw Aborted(why);
+  }
+
+  // Marks the calling thread as waiting in a collective (waiting_in_collective()).
+  struct Waiting {
+    Waiting() { g_waiting = true; }
+    ~Waiting() { g_waiting = false; }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+  };
+
   // Polls the posted requests, watching for a failure report from another rank, a stop
   // request (Ctrl-C, or SIGTERM from the launcher when a rank died) and the timeout.
   void wait_all(const char* what) {
     const auto start = std::chrono::steady_clock::now();
+    const Waiting waiting;
     int spins = 0;
     for (;;) {
-      int done = 0;
-      MPI_CHECK(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done,
-                            MPI_STATUSES_IGNORE));
-      if (done) return;
-      // Testall completes nothing unless everything is done: find what is still pending.
+      bool done = true;
       for (auto& r : reqs_) {
         if (r == MPI_REQUEST_NULL) continue;
         int one = 0;
         MPI_CHECK(MPI_Test(&r, &one, MPI_STATUS_IGNORE));
+        done = done && one;
       }
+      if (done) return;
       int flag = 0;
       MPI_Status st;
       MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kTagAbort, MPI_COMM_WORLD, &flag, &st));
@@ -271,7 +297,7 @@ class MpiComm final : public Communicator {
         std::string text(static_cast<size_t>(len), '\0');
         MPI_Recv(text.data(), len, MPI_CHAR, st.MPI_SOURCE, kTagAbort, MPI_COMM_WORLD,
                  MPI_STATUS_IGNORE);
-        throw Aborted(text);
+        give_up(text);
       }
       const auto now = std::chrono::steady_clock::now();
       // A stop request (Ctrl-C reaches every rank) lets the collective finish, so that all
@@ -282,16 +308,15 @@ class MpiComm final : public Communicator {
         if (!stop_seen_) stop_seen_ = now;
         const auto since = std::max(start, *stop_seen_);
         if (std::chrono::duration<double>(now - since).count() > kStopGraceS)
-          throw Aborted(
-              fmt::format("{}: stopped while waiting in the {}, {} (interrupted, or the "
-                          "launcher is ending the job because another rank died)",
-                          who(g_rank), what, pending_peers()));
+          give_up(fmt::format("{}: stopped while waiting in the {}, {} (interrupted, or the "
+                              "launcher is ending the job because another rank died)",
+                              who(g_rank), what, pending_peers()));
       }
       const double waited = std::chrono::duration<double>(now - start).count();
       if (waited > timeout_s_)
-        throw Aborted(fmt::format("{}: {} for {:.0f} s in the {} (hung, gone, or cut off from "
-                                  "this rank; train.collective_timeout_s)",
-                                  who(g_rank), pending_peers(), waited, what));
+        give_up(fmt::format("{}: {} for {:.0f} s in the {} (hung, gone, or cut off from "
+                            "this rank; train.collective_timeout_s)",
+                            who(g_rank), pending_peers(), waited, what));
       // Spin briefly for latency, then yield the core: ranks may share few cores.
       if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -351,6 +376,9 @@ int rank() {
 }
 int size() {
   return g_size;
+}
+bool waiting_in_collective() {
+  return g_waiting;
 }
 std::string host_of(int rank) {
   if (rank >= 0 && static_cast<size_t>(rank) < g_hosts.size())
@@ -428,6 +456,9 @@ int size() {
 }
 std::string host_of(int) {
   return "this host";
+}
+bool waiting_in_collective() {
+  return false;
 }
 std::string placement() {
   return "";

@@ -28,6 +28,9 @@ int slurm_tasks_on_node(const std::string& spec, int node);
 // The host each rank runs on (MPI_Get_processor_name, gathered at init); "this host" without
 // MPI.
 std::string host_of(int rank);
+// Whether a thread of this process is waiting in an all-reduce (for a watchdog: a process
+// stopped by its launcher may be held there).
+bool waiting_in_collective();
 // "0 node0/0, 1 node0/1, 2 node1/0": rank, host and local rank (the launcher's), for the log.
 std::string placement();
 
