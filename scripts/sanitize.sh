@@ -5,13 +5,13 @@
 # fails the test it happens in. CI runs it with --fast (it is also CI's clang build).
 #
 #   scripts/sanitize.sh           # every test
-#   scripts/sanitize.sh --fast    # all but the slow ones (MPI, full Fashion-MNIST training) and
+#   scripts/sanitize.sh --fast    # all but the slow ones (MPI, multi-node, Fashion-MNIST training) and
 #                                 # the probe, whose memory bounds mean nothing under ASan
 set -euo pipefail
 cd "$(dirname "$0")/.."
 filter=()
 if [ "${1:-}" = --fast ]; then
-  filter=(-E "^probe$|mpirun|under mpirun|Fashion-MNIST|quickstart|fmnist|sweep script|killed rank|rank that throws")
+  filter=(-E "^probe$|^multinode$|mpirun|under mpirun|Fashion-MNIST|quickstart|fmnist|sweep script|killed rank|rank that throws")
 elif [ $# -gt 0 ]; then
   echo "sanitize: unknown argument '$1' (valid: --fast)"; exit 2
 fi

@@ -67,12 +67,15 @@ RingCost ring_allreduce(double bytes, int n, const Link& link) {
 ExchangeTiming simulate_exchange(const std::vector<double>& buckets, double backward_s, int n,
                                  const Link& link) {
   ExchangeTiming t;
+  if (n <= 1) return t;  // one replica exchanges nothing
   double total_bytes = 0;
   for (double b : buckets) total_bytes += b;
   double covered = 0, link_free = 0;
   for (double b : buckets) {
     covered += b;
-    const double ready = total_bytes > 0 ? backward_s * covered / total_bytes : backward_s;
+    // The fraction first: the last bucket is then ready at backward_s exactly (x * y / y need
+    // not be x).
+    const double ready = total_bytes > 0 ? backward_s * (covered / total_bytes) : backward_s;
     const RingCost c = ring_allreduce(b, n, link);
     const double start = std::max(ready, link_free);
     link_free = start + c.total();
