@@ -10,6 +10,7 @@
 #include <set>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <thread>
 
@@ -182,6 +183,7 @@ class MpiComm final : public Communicator {
           fmt::format("all-reduce chunks of {} elements are too large for MPI", largest));
     const auto count = [&](int r) { return static_cast<int>(lo(r + 1) - lo(r)); };
     const int mine = count(g_rank);
+    const CancelOnUnwind cancel{*this};
     std::vector<T>& recv = scratch<T>();
     recv.resize(static_cast<size_t>(mine) * static_cast<size_t>(p));
     start_exchange();
@@ -254,16 +256,23 @@ class MpiComm final : public Communicator {
     return "all messages done";
   }
 
-  // Gives up on the posted requests (they point into buffers that the unwinding frees; a late
-  // message must not land there) and throws.
-  [[noreturn]] void give_up(const std::string& why) {
-    for (auto& r : reqs_) {
-      if (r == MPI_REQUEST_NULL) continue;
-      MPI_Cancel(&r);
-      MPI_Request_free(&r);
+  [[noreturn]] void give_up(const std::string& why) { throw Aborted(why); }
+
+  // Whatever leaves reduce() by an exception (giving up, or an MPI error) first cancels and
+  // frees the requests still posted: they point into buffers that the unwinding frees, and a
+  // late message must not land there.
+  struct CancelOnUnwind {
+    MpiComm& comm;
+    const int uncaught = std::uncaught_exceptions();
+    ~CancelOnUnwind() {
+      if (std::uncaught_exceptions() <= uncaught) return;
+      for (auto& r : comm.reqs_) {
+        if (r == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&r);
+        MPI_Request_free(&r);
+      }
     }
-    throw Aborted(why);
-  }
+  };
 
   // Marks the calling thread as waiting in a collective (waiting_in_collective()).
   struct Waiting {
