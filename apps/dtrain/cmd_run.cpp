@@ -66,9 +66,11 @@ class LastWord {
       const auto now = std::chrono::steady_clock::now();
       if (!since) since = now;
       if (now - *since < std::chrono::milliseconds(700)) continue;
-      const std::string why =
-          "stopped by a signal while waiting for other ranks (the launcher is ending the job: "
-          "a rank or host was lost, or the job was cancelled)";
+      const std::string peers = mpi::waiting_for();
+      const std::string why = fmt::format(
+          "stopped by a signal while waiting for {} (the launcher is ending the job: a rank or "
+          "host was lost, or the job was cancelled)",
+          peers.empty() ? "other ranks" : peers);
       if (rec_->fail_if_running(why))
         std::fprintf(stderr, "dtrain: rank 0: run %s failed: %s\n", run_.c_str(), why.c_str());
       return;

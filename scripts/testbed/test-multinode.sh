@@ -267,11 +267,16 @@ kill_host() {  # TAG
   start_long "$tag" 2
   local t_fault
   t_fault=$(now)
+  trap '"$tb" revive node1 >/dev/null 2>&1 || true' EXIT  # the next test needs node1's slurmd
   ip netns pids node1 | xargs -r kill -9
   expect_ranks_end "$t_fault"
   local run=$work/res/mn/$tag-g4
   expect_failed_kept "$run" 2
-  grep -qE "node1" "$work/$tag.out" || fail "nothing names node1: $(tail -n 8 "$work/$tag.out")"
+  # The failure rank 0 recorded names the ranks it waited for, and their host.
+  local recorded
+  recorded=$(json_text "$run/summary.json" error)
+  grep -qE "rank [23] \(node1\)" <<<"$recorded" ||
+    fail "the recorded failure does not name node1's ranks: $recorded"
   "$tb" revive node1 || fail "cannot revive node1"
   "$tb" on node0 "${launch[@]}" "$dtrain" run "$work/mn.yaml" gpus=4 train.epochs=60 \
     "train.collective_timeout_s=$timeout_s" --quiet --tag "$tag" --resume \
@@ -282,7 +287,7 @@ kill_host() {  # TAG
   [ "$(cat "$run/status")" = done ] || fail "resumed run says $(cat "$run/status")"
   diff <(numbers "$run") <(numbers "$work/res/mn/whole-g4") >/dev/null ||
     fail "the resumed run differs from an uninterrupted one: $(diff <(numbers "$run") <(numbers "$work/res/mn/whole-g4") | head -n 4)"
-  echo "ranks ended ${ranks_s} s after the kill; $(grep -m1 -oE 'rank 0: run [^ ]* failed: [^;]*' "$work/$tag.out" | cut -c1-120); --resume gave the uninterrupted metrics"
+  echo "ranks ended ${ranks_s} s after the kill; recorded \"$(cut -c1-90 <<<"$recorded")...\"; --resume gave the uninterrupted metrics"
 }
 t_kill_host_mpirun() { launch=("${mpirun_hosts[@]}" -np 4); kill_host killmpirun; }
 t_kill_host_srun() { launch=(srun -N 2 -n 4 --kill-on-bad-exit=1); kill_host killsrun; }

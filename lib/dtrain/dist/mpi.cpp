@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <thread>
 
 #include "dtrain/base/error.hpp"
@@ -119,6 +120,9 @@ int g_rank = 0, g_size = 1;
 std::vector<std::string> g_hosts;  // per rank
 std::vector<int> g_local_ranks;    // per rank, as the launcher numbered them on their host
 std::atomic<bool> g_waiting{false};  // inside MpiComm::wait_all
+// Per rank: whether the all-reduce in progress still waits for its data. Atomics, so that a
+// watchdog thread can name the missing ranks while the main thread is held inside MPI.
+std::unique_ptr<std::atomic<char>[]> g_pending;
 
 std::string who(int r) {
   if (r >= 0 && static_cast<size_t>(r) < g_hosts.size())
@@ -226,6 +230,7 @@ class MpiComm final : public Communicator {
     reqs_.clear();
     peer_.clear();
     is_recv_.clear();
+    for (int q = 0; q < g_size; ++q) g_pending[q].store(0, std::memory_order_relaxed);
   }
   template <class T>
   void post_recv(T* buf, int n, int from, int tag) {
@@ -233,6 +238,7 @@ class MpiComm final : public Communicator {
     MPI_CHECK(MPI_Irecv(buf, n, mpi_type<T>(), from, tag, MPI_COMM_WORLD, &reqs_.back()));
     peer_.push_back(from);
     is_recv_.push_back(1);
+    g_pending[from].store(1, std::memory_order_relaxed);
   }
   template <class T>
   void post_send(const T* buf, int n, int to, int tag) {
@@ -290,11 +296,12 @@ class MpiComm final : public Communicator {
     int spins = 0;
     for (;;) {
       bool done = true;
-      for (auto& r : reqs_) {
-        if (r == MPI_REQUEST_NULL) continue;
+      for (size_t i = 0; i < reqs_.size(); ++i) {
+        if (reqs_[i] == MPI_REQUEST_NULL) continue;
         int one = 0;
-        MPI_CHECK(MPI_Test(&r, &one, MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Test(&reqs_[i], &one, MPI_STATUS_IGNORE));
         done = done && one;
+        if (one && is_recv_[i]) g_pending[peer_[i]].store(0, std::memory_order_relaxed);
       }
       if (done) return;
       int flag = 0;
@@ -368,6 +375,8 @@ void init(int* argc, char*** argv) {
     g_hosts.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
   }
   int local = detect().local_rank;
+  g_pending = std::make_unique<std::atomic<char>[]>(static_cast<size_t>(g_size));
+  for (int q = 0; q < g_size; ++q) g_pending[q] = 0;
   g_local_ranks.assign(static_cast<size_t>(g_size), 0);
   MPI_CHECK(MPI_Allgather(&local, 1, MPI_INT, g_local_ranks.data(), 1, MPI_INT, MPI_COMM_WORLD));
 }
@@ -388,6 +397,12 @@ int size() {
 }
 bool waiting_in_collective() {
   return g_waiting;
+}
+std::string waiting_for() {
+  std::string out;
+  for (int q = 0; g_pending && q < g_size; ++q)
+    if (g_pending[q].load(std::memory_order_relaxed)) out += (out.empty() ? "" : ", ") + who(q);
+  return out;
 }
 std::string host_of(int rank) {
   if (rank >= 0 && static_cast<size_t>(rank) < g_hosts.size())
@@ -468,6 +483,9 @@ std::string host_of(int) {
 }
 bool waiting_in_collective() {
   return false;
+}
+std::string waiting_for() {
+  return "";
 }
 std::string placement() {
   return "";

@@ -31,6 +31,9 @@ std::string host_of(int rank);
 // Whether a thread of this process is waiting in an all-reduce (for a watchdog: a process
 // stopped by its launcher may be held there).
 bool waiting_in_collective();
+// The ranks (and hosts) whose data that all-reduce still waits for, "rank 2 (node1), ..."; safe
+// from any thread.
+std::string waiting_for();
 // "0 node0/0, 1 node0/1, 2 node1/0": rank, host and local rank (the launcher's), for the log.
 std::string placement();
 
