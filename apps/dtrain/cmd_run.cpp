@@ -34,8 +34,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // Rank 0 under a launcher, while a run trains: once a stop signal has gone unanswered for
-// 0.7 s while the main thread waits in an all-reduce, records the run as failed from here. The launcher sends SIGTERM when a host
-// or rank is lost and SIGKILL soon after (Open MPI: 1 s later), and Open MPI can hold the main
+// 0.7 s while the main thread waits in an all-reduce, records the run as failed from here,
+// naming the ranks that all-reduce still waits for. The launcher sends SIGTERM when a host or
+// rank is lost and SIGKILL soon after (Open MPI: 1 s later), and Open MPI can hold the main
 // thread meanwhile (reporting the lost peer to mpirun), so that the main thread's own record
 // (after at most 0.5 s of waiting in a collective) may never come. A run that ends normally,
 // or is interrupted in time, is left alone; a later record by the main thread replaces this.
@@ -82,6 +83,7 @@ class LastWord {
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
+
 std::string default_tag() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
