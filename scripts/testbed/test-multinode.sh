@@ -6,8 +6,9 @@
 #   scripts/testbed/test-multinode.sh [--dtrain PATH] [--only NAME]...
 #
 # Tests: mpirun (2 hosts x 2 ranks, host file), srun (-n 2, -n 4), sbatch, and faults: a slow
-# link (the run finishes, same results), a link taken down (mpirun), every process of a host
-# killed (mpirun and srun; then --resume finishes the run with the uninterrupted results).
+# link (the run finishes, same results), a link taken down and every process of a host killed,
+# each under mpirun and srun (after a kill, --resume finishes the run with the uninterrupted
+# results).
 # Where no testbed can be made (not root, no namespaces, Slurm not installable) it prints one
 # line saying why and exits 77, which CTest reports as skipped.
 set -euo pipefail
@@ -244,21 +245,25 @@ t_slow_link() {
   echo "$how: same results, epoch $slow s against $fast s"
 }
 
-t_link_down() {
-  launch=("${mpirun_hosts[@]}" -np 4)
-  start_long linkdown 2
+# node1's link taken down mid-run: no process dies, nothing arrives any more.
+link_down() {  # TAG
+  local tag=$1
+  start_long "$tag" 2
   local t_fault
   t_fault=$(now)
   trap '"$tb" link node1 up' EXIT
   "$tb" link node1 down || fail "cannot take node1's link down"
   expect_ranks_end "$t_fault"
   "$tb" link node1 up || fail "cannot bring node1's link up"
-  local run=$work/res/mn/linkdown-g4
+  local run=$work/res/mn/$tag-g4 recorded
   expect_failed_kept "$run" 2
-  grep -qE "rank [01] \(node0\): nothing from rank [23] \(node1\)" "$work/linkdown.out" ||
-    fail "no rank on node0 named the ranks on node1: $(grep -m3 dtrain: "$work/linkdown.out")"
-  echo "ranks ended ${ranks_s} s after the link went down; $(grep -m1 -oE 'rank [01] \(node0\): nothing from [^(]*\(node1\)' "$work/linkdown.out")"
+  recorded=$(json_text "$run/summary.json" error)
+  grep -qE "rank [01] \(node0\): nothing from rank [23] \(node1\)" <<<"$recorded" ||
+    fail "rank 0 did not record the ranks on node1: $recorded"
+  echo "ranks ended ${ranks_s} s after the link went down; recorded \"$(cut -c1-60 <<<"$recorded")...\""
 }
+t_link_down_mpirun() { launch=("${mpirun_hosts[@]}" -np 4); link_down linkmpirun; }
+t_link_down_srun() { launch=(srun -N 2 -n 4 --kill-on-bad-exit=1); link_down linksrun; }
 
 # Every process of node1 killed (a host that crashed), under mpirun or srun; then the run is
 # continued with --resume and must end with the uninterrupted run's metrics.
@@ -297,7 +302,8 @@ run_test mpirun-2-hosts t_mpirun
 run_test srun t_srun
 run_test sbatch t_sbatch
 run_test slow-link t_slow_link
-run_test link-down t_link_down
+run_test link-down-mpirun t_link_down_mpirun
+run_test link-down-srun t_link_down_srun
 run_test kill-host-mpirun t_kill_host_mpirun
 run_test kill-host-srun t_kill_host_srun
 echo "multinode: $passed passed, $failed failed${failures:+ (${failures[*]})}"

@@ -454,6 +454,12 @@ void end_job_after_failure(int exit_code, double grace_s) {
   }
   std::fflush(stdout);
   std::fflush(stderr);
+  // MPI_Abort asks the launcher to end every process; on a host that is cut off it may wait
+  // for an answer that never comes (PMIx under srun does), so this process ends itself.
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
+    std::_Exit(exit_code);
+  }).detach();
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }

@@ -61,7 +61,11 @@ std::unique_ptr<Communicator> world(double timeout_s);
 void broadcast(std::string& text);
 
 // Ends the whole job after a failure, once rank 0 has had the chance to record it: rank 0
-// acknowledges to the others, which wait for that (at most `grace_s`) before MPI_Abort.
-[[noreturn]] void end_job_after_failure(int exit_code, double grace_s = 10.0);
+// acknowledges to the others, which wait for that (at most `grace_s`: rank 0 records before
+// it acknowledges, so this bounds only a rank 0 that is gone or cut off) before MPI_Abort.
+// A process whose MPI_Abort cannot reach its launcher (a host cut off) exits by itself
+// kAbortGraceS later, so every rank is gone within the collective timeout + grace_s + that.
+inline constexpr double kAbortGraceS = 2.0;
+[[noreturn]] void end_job_after_failure(int exit_code, double grace_s = 3.0);
 
 }  // namespace dtrain::mpi
