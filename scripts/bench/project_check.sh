@@ -14,8 +14,9 @@ epochs=${1:-3}
 dtrain=$(realpath "${DTRAIN:-build/apps/dtrain}")
 out=results/project-check
 rm -rf "$out" && mkdir -p "$out"
-common=(configs/quickstart.yaml threads=1 train.epochs="$epochs" optimizer.warmup_epochs=0
-        --results "$out/runs" --quiet)
+# Absolute paths: the runs on the testbed's hosts start in other namespaces.
+common=("$(realpath configs/quickstart.yaml)" threads=1 train.epochs="$epochs"
+        optimizer.warmup_epochs=0 --results "$(realpath "$out")/runs" --quiet)
 "$dtrain" run "${common[@]}" gpus=1 --tag one >/dev/null 2>&1
 "$dtrain" run "${common[@]}" gpus=2 --tag threads >/dev/null 2>&1
 "$dtrain" bench-comm --replicas 2 --sizes 64K:4M --out "$out/link-threads" >/dev/null
@@ -33,20 +34,17 @@ if "$tb" probe >/dev/null 2>&1; then
   "$tb" up --hosts 2 >/dev/null
   hostfile=$(mktemp /var/tmp/dtrain-hosts.XXXXXX)  # seen by every host, like a cluster's home
   trap '"$tb" down >/dev/null 2>&1 || true; rm -f "$hostfile"' EXIT
-  abs=$(realpath "$out")
   printf 'node0 slots=1\nnode1 slots=1\n' >"$hostfile"
   across=("$tb" on node0 mpirun --allow-run-as-root --hostfile "$hostfile" --map-by slot
           --mca plm_rsh_agent "$(realpath scripts/testbed/agent)" -np 2)
-  hosts_common=("$(realpath configs/quickstart.yaml)" threads=1 train.epochs="$epochs"
-                optimizer.warmup_epochs=0 --results "$abs/runs" --quiet)
   for rate in full 1000000; do
     tag=hosts label="mpi, 2 hosts over TCP (veth)"
     if [ "$rate" != full ]; then
       tag=hosts-1g label="mpi, 2 hosts, node1's link at 1 Gbit/s (tbf)"
       "$tb" throttle node1 "$rate"
     fi
-    "${across[@]}" "$dtrain" run "${hosts_common[@]}" gpus=2 --tag "$tag" >/dev/null 2>&1
-    "${across[@]}" "$dtrain" bench-comm --sizes 64K:4M --out "$abs/link-$tag" >/dev/null
+    "${across[@]}" "$dtrain" run "${common[@]}" gpus=2 --tag "$tag" >/dev/null 2>&1
+    "${across[@]}" "$dtrain" bench-comm --sizes 64K:4M --out "$(realpath "$out")/link-$tag" >/dev/null
     rows+=("$tag|$label|$out/link-$tag.json|$out/runs/fmnist-mlp/$tag-g2")
   done
   "$tb" throttle node1 0

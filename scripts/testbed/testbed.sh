@@ -33,24 +33,25 @@ here=$(cd "$(dirname "$0")" && pwd)
 dir=${DTRAIN_TESTBED_DIR:-/run/dtrain-testbed}
 net=169.254.77
 switch=dtrain-sw
-packages=(slurmd slurmctld slurm-client munge iproute2)
+# What the testbed runs (scripts/install-deps.sh --testbed names the packages that bring them).
+commands=(ip tc slurmctld slurmd sinfo srun sbatch munged munge mungekey)
 
 say() { echo "testbed: $*" >&2; }
 die() { say "$*"; exit 1; }
 
 hosts() { cat "$dir/hosts" 2>/dev/null || true; }
+# A host of this testbed: a name it made (nodeN, nothing that reaches outside /run/netns).
+is_host() { [[ $1 =~ ^node[0-9]+$ ]] && [ -e "/run/netns/$1" ]; }
 addr_of() { echo "$net.$((${1#node} + 1))"; }
 
 # Why no testbed can be made here, or nothing.
 obstacle() {
   [ "$(id -u)" -eq 0 ] || { echo "not root (namespaces, links and daemons need it)"; return; }
   command -v unshare >/dev/null || { echo "unshare (util-linux) is missing"; return; }
-  local missing=() p
-  for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
+  local missing=() c
+  for c in "${commands[@]}"; do command -v "$c" >/dev/null || missing+=("$c"); done
   [ ${#missing[@]} -eq 0 ] ||
-    { echo "${missing[*]} not installed (scripts/install-deps.sh --testbed installs them)"; return; }
+    { echo "${missing[*]} not found (scripts/install-deps.sh --testbed installs Slurm, munge and iproute2)"; return; }
   local t=dtrain-probe-$$
   ip netns add "$t" 2>/dev/null || { echo "no network namespace can be made here (ip netns add failed)"; return; }
   if ! ip -n "$t" link add probe0 type veth peer name probe1 2>/dev/null; then
@@ -64,7 +65,7 @@ obstacle() {
 # /tmp and the testbed's Slurm config.
 on() {
   local h=$1; shift
-  [ -e "/run/netns/$h" ] || die "no host $h (is the testbed up? hosts: $(hosts | tr '\n' ' '))"
+  is_host "$h" || die "no host $h (is the testbed up? hosts: $(hosts | tr '\n' ' '))"
   # `ip netns exec` gives the command a mount namespace of its own: /tmp is the host's own
   # there, as on a real machine (Slurm's PMIx server keeps per-step folders in it).
   SLURM_CONF=$dir/slurm.conf ip netns exec "$h" unshare --uts -- \
@@ -230,14 +231,14 @@ case ${1:-} in
   on) shift; [ $# -ge 2 ] || die "usage: on HOST CMD..."; on "$@" ;;
   link)
     [ $# -eq 3 ] && [[ $3 =~ ^(up|down)$ ]] || die "usage: link HOST up|down"
-    [ -e "/run/netns/$2" ] || die "no host $2"
+    is_host "$2" || die "no host '$2' (hosts: $(hosts | tr '\n' ' '))"
     ip -n "$switch" link set "dt-$2" "$3"
     # A repaired link: forget the neighbours that went unanswered meanwhile (an entry that
     # failed makes the next connection fail at once, for seconds).
     if [ "$3" = up ]; then for h in $(hosts); do ip -n "$h" neigh flush all 2>/dev/null || true; done; fi ;;
   delay)
     [ $# -eq 3 ] && [[ $3 =~ ^[0-9]+$ ]] || die "usage: delay HOST MS (0 removes the delay)"
-    [ -e "/run/netns/$2" ] || die "no host $2"
+    is_host "$2" || die "no host '$2' (hosts: $(hosts | tr '\n' ' '))"
     if [ "$3" = 0 ]; then
       ip netns exec "$2" tc qdisc del dev eth0 root 2>/dev/null || true
     elif ! err=$(ip netns exec "$2" tc qdisc replace dev eth0 root netem delay "${3}ms" 2>&1); then
@@ -247,7 +248,7 @@ case ${1:-} in
   throttle)
     # A token bucket: the link carries KBIT kilobits a second, the rest waits in its queue.
     [ $# -eq 3 ] && [[ $3 =~ ^[0-9]+$ ]] || die "usage: throttle HOST KBIT (0 removes the limit)"
-    [ -e "/run/netns/$2" ] || die "no host $2"
+    is_host "$2" || die "no host '$2' (hosts: $(hosts | tr '\n' ' '))"
     if [ "$3" = 0 ]; then
       ip netns exec "$2" tc qdisc del dev eth0 root 2>/dev/null || true
     else
@@ -257,7 +258,7 @@ case ${1:-} in
       ip netns exec "$2" tc qdisc replace dev eth0 root tbf rate "${3}kbit" burst "$burst" latency 2s
     fi ;;
   revive)
-    [ $# -eq 2 ] && [ -e "/run/netns/$2" ] || die "usage: revive HOST (hosts: $(hosts | tr '\n' ' '))"
+    [ $# -eq 2 ] && is_host "$2" || die "usage: revive HOST (hosts: $(hosts | tr '\n' ' '))"
     for p in $(ip netns pids "$2"); do kill -9 "$p" 2>/dev/null || true; done
     if [ "$2" = node0 ]; then on node0 slurmctld -i; fi
     on "$2" slurmd -N "$2"

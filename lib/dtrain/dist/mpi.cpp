@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -250,16 +249,12 @@ class MpiComm final : public Communicator {
 
   // The peers whose data has not arrived (else: whose copy was not delivered), by rank.
   std::string pending_peers() const {
-    for (const char want_recv : {char{1}, char{0}}) {
-      std::set<int> peers;
-      for (size_t i = 0; i < reqs_.size(); ++i)
-        if (reqs_[i] != MPI_REQUEST_NULL && is_recv_[i] == want_recv) peers.insert(peer_[i]);
-      if (peers.empty()) continue;
-      std::string out = want_recv ? "nothing from " : "nothing delivered to ";
-      for (int r : peers) out += (r == *peers.begin() ? "" : ", ") + who(r);
-      return out;
-    }
-    return "all messages done";
+    if (const std::string from = waiting_for(); !from.empty()) return "nothing from " + from;
+    std::string to;
+    for (size_t i = 0; i < reqs_.size(); ++i)  // one send per peer, posted in rank order
+      if (reqs_[i] != MPI_REQUEST_NULL && !is_recv_[i])
+        to += (to.empty() ? "" : ", ") + who(peer_[i]);
+    return to.empty() ? "all messages done" : "nothing delivered to " + to;
   }
 
   [[noreturn]] void give_up(const std::string& why) { throw Aborted(why); }
