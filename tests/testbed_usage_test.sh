@@ -23,6 +23,7 @@ expect 1 "usage: delay HOST MS" "$tb" delay node0 abc
 expect 1 "usage: throttle HOST KBIT" "$tb" throttle node0 fast
 expect 1 "no host ../x" "$tb" on ../x true
 expect 1 "no host 'node0;true'" "$tb" link 'node0;true' down
+expect 1 "usage: wait-idle [SECONDS]" "$tb" wait-idle soon
 expect 1 "usage: testbed.sh up [--hosts K]" "$tb" frobnicate
 expect 2 "unknown option '--bogus' (valid: --dtrain PATH, --only NAME)" \
   "$root/scripts/testbed/test-multinode.sh" --bogus

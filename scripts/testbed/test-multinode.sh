@@ -255,6 +255,8 @@ link_down() {  # TAG
   "$tb" link node1 down || fail "cannot take node1's link down"
   expect_ranks_end "$t_fault"
   "$tb" link node1 up || fail "cannot bring node1's link up"
+  # Slurm ends the cut-off host's job step once it can reach it again; the next test needs it.
+  "$tb" wait-idle 60 || fail "Slurm's nodes did not come back idle after the link came up"
   local run=$work/res/mn/$tag-g4 recorded
   expect_failed_kept "$run" 2
   recorded=$(json_text "$run/summary.json" error)

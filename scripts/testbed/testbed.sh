@@ -13,6 +13,7 @@
 #   scripts/testbed/testbed.sh delay HOST MS    # netem delay on the host's link (0 removes it)
 #   scripts/testbed/testbed.sh throttle HOST KBIT  # token-bucket rate limit instead (0 removes it)
 #   scripts/testbed/testbed.sh revive HOST      # restarts a host's Slurm daemon after a crash
+#   scripts/testbed/testbed.sh wait-idle [S]    # until every Slurm node is idle (60 s at most)
 #   scripts/testbed/testbed.sh probe            # exit 0 if a testbed can be made here, else why
 #
 # Needs root, iproute2, util-linux's unshare, and Debian's slurmd, slurmctld, slurm-client and
@@ -174,15 +175,15 @@ up() {
 }
 
 # Every node registered and idle (Slurm answers sinfo from node0).
-wait_idle() {
-  local k=$1 t
-  for t in $(seq 1 60); do
+wait_idle() {  # HOSTS [SECONDS]
+  local k=$1 limit=${2:-30} t
+  for t in $(seq 1 $((limit * 2))); do
     [ "$(on node0 sinfo -h -o '%t %D' 2>/dev/null | awk '$1=="idle"{n+=$2} END{print n+0}')" -eq "$k" ] && return
     sleep 0.5
   done
   on node0 sinfo 2>&1 | sed 's/^/testbed: /' >&2 || true
   tail -n 5 "$dir"/slurm*.log 2>/dev/null | sed 's/^/testbed: /' >&2 || true
-  die "Slurm's nodes did not come up idle within 30 s (logs in $dir)"
+  die "Slurm's nodes did not come up idle within $limit s (logs in $dir)"
 }
 
 check_up() {
@@ -257,6 +258,12 @@ case ${1:-} in
       [ "$burst" -ge 16384 ] || burst=16384
       ip netns exec "$2" tc qdisc replace dev eth0 root tbf rate "${3}kbit" burst "$burst" latency 2s
     fi ;;
+  wait-idle)
+    # Until Slurm has every node idle again: after a fault, a job on a host that was cut off
+    # stays `completing` until its node daemon can be told to end it.
+    [ $# -le 2 ] && [[ ${2:-60} =~ ^[0-9]+$ ]] || die "usage: wait-idle [SECONDS]"
+    check_up || die "the testbed is not up"
+    wait_idle "$(hosts | wc -l)" "${2:-60}" ;;
   revive)
     [ $# -eq 2 ] && is_host "$2" || die "usage: revive HOST (hosts: $(hosts | tr '\n' ' '))"
     for p in $(ip netns pids "$2"); do kill -9 "$p" 2>/dev/null || true; done
@@ -267,5 +274,5 @@ case ${1:-} in
     why=$(obstacle)
     [ -z "$why" ] || { echo "$why"; exit 1; }
     say "a testbed can be made here" ;;
-  *) die "usage: testbed.sh up [--hosts K] | down | status | on HOST CMD... | link HOST up|down | delay HOST MS | throttle HOST KBIT | revive HOST | probe" ;;
+  *) die "usage: testbed.sh up [--hosts K] | down | status | on HOST CMD... | link HOST up|down | delay HOST MS | throttle HOST KBIT | revive HOST | wait-idle [S] | probe" ;;
 esac
