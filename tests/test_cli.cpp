@@ -62,6 +62,12 @@ TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli
   }
   CHECK_THAT(r.out, Catch::Contains("| t-g4") && Catch::Contains("speedup"));
   CHECK(fs::exists(fs::path(res) / "tiny" / "comparison-t.md"));
+  // The 2- and 4-replica runs shared this machine's cores: the table says what their speedup is.
+  CHECK_THAT(slurp(fs::path(res) / "tiny" / "comparison-t.md"),
+             Catch::Contains("Simulated on one machine (replicas sharing its CPU cores, or one "
+                             "GPU): t-g2, t-g4."));
+  CHECK_THAT(slurp(fs::path(res) / "tiny" / "t-g4" / "summary.json"),
+             Catch::Contains("\"replica_mode\": \"shared\""));
   CHECK(count_lines(slurp(fs::path(res) / "tiny" / "comparison-t.csv")) == 4);
 
   // The same command again must not overwrite anything.

@@ -39,7 +39,7 @@ std::string write_config(const fs::path& dir, int epochs) {
 
 }  // namespace
 
-TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process run bit for bit", "[mpi]") {
+TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process runs bit for bit", "[mpi]") {
   if (const auto why = mpirun_missing(); !why.empty()) {
     WARN("SKIPPED: " << why);
     return;
@@ -54,14 +54,24 @@ TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process run bit for bit", "[m
         shell(mpirun(np) + bin + " run " + cfg + " " + g + " --quiet --tag mpi --results " + res);
     INFO(a.out);
     REQUIRE(a.code == 0);
-    const auto b = shell(bin + " run " + cfg + " " + g + " --quiet --tag threads --results " + res);
-    REQUIRE(b.code == 0);
+    // In-process replicas with their own weights, and sharing one copy.
+    for (const std::string mode : {"threads", "shared"}) {
+      const auto b = shell(bin + " run " + cfg + " " + g + " replicas=" + mode + " --quiet --tag " +
+                           mode + " --results " + res);
+      REQUIRE(b.code == 0);
+    }
     const fs::path mp = fs::path(res) / "mp" / ("mpi-g" + std::to_string(np));
-    const fs::path th = fs::path(res) / "mp" / ("threads-g" + std::to_string(np));
     CHECK(slurp(mp / "status") == "done\n");
     const auto m = numeric_columns(mp / "metrics.csv");
     CHECK(std::count(m.begin(), m.end(), '\n') == 4);
-    CHECK(m == numeric_columns(th / "metrics.csv"));
+    for (const std::string mode : {"threads", "shared"}) {
+      INFO(mode);
+      const fs::path in = fs::path(res) / "mp" / (mode + "-g" + std::to_string(np));
+      CHECK(m == numeric_columns(in / "metrics.csv"));
+      CHECK_THAT(slurp(in / "summary.json"),
+                 Catch::Contains("\"replica_mode\": \"" + mode + "\""));
+    }
+    CHECK_THAT(slurp(mp / "summary.json"), Catch::Contains("\"replica_mode\": \"processes\""));
     CHECK_THAT(slurp(mp / "summary.json"), Catch::Contains("as processes (mpi)"));
     // Straggler columns: busy times of every rank, min <= max.
     CHECK_THAT(slurp(mp / "metrics.csv"),

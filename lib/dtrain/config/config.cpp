@@ -84,6 +84,8 @@ const EnumTable<ModelType> kModelTypes = {{"mlp", ModelType::mlp},
                                           {"layers", ModelType::layers}};
 const EnumTable<BatchNormMode> kBatchNormModes = {{"local", BatchNormMode::local},
                                                   {"sync", BatchNormMode::sync}};
+const EnumTable<ReplicaMode> kReplicaModes = {
+    {"auto", ReplicaMode::auto_}, {"threads", ReplicaMode::threads}, {"shared", ReplicaMode::shared}};
 const EnumTable<LayerType> kLayerTypes = {{"dense", LayerType::dense},
                                           {"conv", LayerType::conv},
                                           {"maxpool", LayerType::maxpool},
@@ -941,6 +943,9 @@ const EnumTable<ModelType>& choices(ModelType) {
 const EnumTable<BatchNormMode>& choices(BatchNormMode) {
   return kBatchNormModes;
 }
+const EnumTable<ReplicaMode>& choices(ReplicaMode) {
+  return kReplicaModes;
+}
 const EnumTable<LayerType>& choices(LayerType) {
   return kLayerTypes;
 }
@@ -980,6 +985,9 @@ const char* to_string(ModelType v) {
 }
 const char* to_string(BatchNormMode v) {
   return enum_name(kBatchNormModes, v);
+}
+const char* to_string(ReplicaMode v) {
+  return enum_name(kReplicaModes, v);
 }
 const char* to_string(LayerType v) {
   return enum_name(kLayerTypes, v);

@@ -85,6 +85,7 @@ const EnumTable<LrScaling>& choices(LrScaling);
 const EnumTable<Schedule>& choices(Schedule);
 const EnumTable<ModelType>& choices(ModelType);
 const EnumTable<BatchNormMode>& choices(BatchNormMode);
+const EnumTable<ReplicaMode>& choices(ReplicaMode);
 const EnumTable<LayerType>& choices(LayerType);
 
 // nullptr for a name that can be the experiment's folder, else what a name must be.
@@ -205,6 +206,7 @@ void visit(C& c, V& v) {
   v(Key("threads").within(0, 4096), c.threads);
   v(Key("devices").at_least(0), c.devices);
   v(Key("colocate"), c.colocate);
+  v(Key("replicas"), c.replicas);
   v(Key("precision"), c.precision);
   v.section(Key("data"), c.data);
   v.section(Key("model"), c.model);

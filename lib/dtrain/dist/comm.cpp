@@ -1,6 +1,8 @@
 #include "dtrain/dist/comm.hpp"
 
+#include <algorithm>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -8,9 +10,36 @@
 
 namespace dtrain {
 
-// A reusable barrier that can be aborted (std::barrier cannot).
+namespace {
+// A counting semaphore that wakes exactly the one thread waiting on it.
+class Signal {
+ public:
+  void release() {
+    {
+      std::lock_guard lk(mu_);
+      ++count_;
+    }
+    cv_.notify_one();
+  }
+  void acquire() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return count_ > 0; });
+    --count_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t count_ = 0;
+};
+}  // namespace
+
+// A reusable barrier that can be aborted (std::barrier cannot), and the turns of an ordered
+// fold (reduce_shared): rank r may add its buffer once rank r - 1 has released turn[r].
 struct InProcessGroup::State {
-  explicit State(int n) : size(n), slots(static_cast<size_t>(n), nullptr) {}
+  explicit State(int n) : size(n), slots(static_cast<size_t>(n), nullptr) {
+    for (int r = 0; r < n; ++r) turn.push_back(std::make_unique<Signal>());
+  }
   int size;
   std::mutex mu;
   std::condition_variable cv;
@@ -19,6 +48,7 @@ struct InProcessGroup::State {
   bool aborted = false;
   std::string why;
   std::vector<void*> slots;  // each rank's buffer for the collective in flight
+  std::vector<std::unique_ptr<Signal>> turn;
 
   void wait() {
     std::unique_lock lk(mu);
@@ -38,8 +68,14 @@ struct InProcessGroup::State {
     if (!aborted) {
       aborted = true;
       why = reason;
+      for (auto& t : turn) t->release();  // a rank waiting for its turn wakes and throws
     }
     cv.notify_all();
+  }
+  void take_turn(int rank) {
+    if (rank > 0) turn[static_cast<size_t>(rank)]->acquire();
+    std::lock_guard lk(mu);
+    if (aborted) throw Aborted(why);
   }
 };
 
@@ -69,17 +105,60 @@ class InProcessComm final : public Communicator {
     // so no scratch space and no third barrier are needed.
     const size_t lo = n * static_cast<size_t>(rank_) / static_cast<size_t>(p);
     const size_t hi = n * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(p);
-    const T inv = T(1) / static_cast<T>(p);
     std::vector<T*> bufs(static_cast<size_t>(p));
     for (int q = 0; q < p; ++q)
       bufs[static_cast<size_t>(q)] = static_cast<T*>(s_->slots[static_cast<size_t>(q)]);
-    for (size_t i = lo; i < hi; ++i) {
-      T acc = bufs[0][i];
-      for (int q = 1; q < p; ++q) acc += bufs[static_cast<size_t>(q)][i];
-      if (op == ReduceOp::mean) acc *= inv;
-      for (int q = 0; q < p; ++q) bufs[static_cast<size_t>(q)][i] = acc;
-    }
+    reduce_chunk<T>(bufs, lo, hi, op, bufs);
     s_->wait();  // every chunk is reduced everywhere
+  }
+
+  void reduce_shared(const float* data, size_t n, ReduceOp op, float* out,
+                     const ChunkFn& then) override {
+    // An ordered fold: out = buffer 0, then out += buffer 1, ..., each rank adding its own as
+    // soon as the rank before it has, while its gradients are still in this core's cache.
+    // Per element that is reduce()'s arithmetic: acc = b0; acc += b1; ...; acc *= 1/p.
+    const int p = s_->size;
+    s_->take_turn(rank_);
+    const float inv = 1.0f / static_cast<float>(p);
+    const bool last = rank_ == p - 1;
+    const bool scale = last && op == ReduceOp::mean;
+    if (rank_ == 0 && !scale) {
+      std::copy_n(data, n, out);
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        float acc = rank_ == 0 ? data[i] : out[i] + data[i];
+        out[i] = scale ? acc * inv : acc;
+      }
+    }
+    if (last) {
+      if (then && n > 0) then(0, n);
+    } else {
+      s_->turn[static_cast<size_t>(rank_ + 1)]->release();
+    }
+    if (p > 1) s_->wait();  // the sum is whole and `then` has run
+  }
+
+  // out[i] = bufs[0][i] + bufs[1][i] + ... in that order (times 1/p for mean) for i in
+  // [lo, hi), into every buffer of `outs`. A block at a time, so that the adds run across
+  // elements in vector registers.
+  template <class T>
+  void reduce_chunk(const std::vector<T*>& bufs, size_t lo, size_t hi, ReduceOp op,
+                    const std::vector<T*>& outs) {
+    const size_t p = bufs.size();
+    const T inv = T(1) / static_cast<T>(p);
+    constexpr size_t kBlock = 512;
+    T acc[kBlock];
+    for (size_t b = lo; b < hi; b += kBlock) {
+      const size_t m = std::min(kBlock, hi - b);
+      std::copy_n(bufs[0] + b, m, acc);
+      for (size_t q = 1; q < p; ++q) {
+        const T* src = bufs[q] + b;
+        for (size_t j = 0; j < m; ++j) acc[j] += src[j];
+      }
+      if (op == ReduceOp::mean)
+        for (size_t j = 0; j < m; ++j) acc[j] *= inv;
+      for (T* o : outs) std::copy_n(acc, m, o + b);
+    }
   }
 
   std::shared_ptr<InProcessGroup::State> s_;
@@ -87,6 +166,10 @@ class InProcessComm final : public Communicator {
 };
 
 }  // namespace
+
+void Communicator::reduce_shared(const float*, size_t, ReduceOp, float*, const ChunkFn&) {
+  DTRAIN_THROW_SYSTEM(kind() + " communicator: no shared reduction (replicas in one process only)");
+}
 
 InProcessGroup::InProcessGroup(int size) : state_(std::make_shared<State>(size)) {}
 InProcessGroup::~InProcessGroup() = default;

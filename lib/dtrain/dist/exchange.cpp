@@ -36,6 +36,29 @@ class HostExchange final : public GradExchange {
   ReduceOp op_;
   std::vector<float> staging_;
 };
+class SharedExchange final : public GradExchange {
+ public:
+  SharedExchange(Communicator& comm, ReduceOp op, size_t n, size_t bucket,
+                 std::function<float*()> out, Communicator::ChunkFn then)
+      : GradExchange(n, bucket),
+        comm_(comm),
+        op_(op),
+        n_(n),
+        out_(std::move(out)),
+        then_(std::move(then)) {}
+  std::string kind() const override { return comm_.kind() + " into shared weights"; }
+
+ protected:
+  void reduce(float*, size_t) override {}  // the whole buffer goes in wait()
+  void wait() override { comm_.reduce_shared(buffer(), n_, op_, out_(), then_); }
+
+ private:
+  Communicator& comm_;
+  ReduceOp op_;
+  size_t n_;
+  std::function<float*()> out_;
+  Communicator::ChunkFn then_;
+};
 }  // namespace
 
 GradExchange::GradExchange(size_t n_params, size_t bucket_elems) : n_(n_params) {
@@ -90,6 +113,13 @@ void GradExchange::finish() {
 std::unique_ptr<GradExchange> make_host_exchange(Communicator& comm, Device& dev, ReduceOp op,
                                                  size_t n_params, size_t bucket_elems) {
   return std::make_unique<HostExchange>(comm, dev, op, n_params, bucket_elems);
+}
+
+std::unique_ptr<GradExchange> make_shared_exchange(Communicator& comm, ReduceOp op,
+                                                   size_t n_params, size_t bucket_elems,
+                                                   std::function<float*()> out,
+                                                   Communicator::ChunkFn then) {
+  return std::make_unique<SharedExchange>(comm, op, n_params, bucket_elems, out, std::move(then));
 }
 
 }  // namespace dtrain

@@ -7,6 +7,7 @@
 // result as one all-reduce of the whole buffer.
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,5 +77,14 @@ class GradExchange {
 // the host cannot read, each bucket goes through a host copy.
 std::unique_ptr<GradExchange> make_host_exchange(Communicator& comm, Device& dev, ReduceOp op,
                                                  size_t n_params, size_t bucket_elems);
+
+// For replicas that share one copy of the weights (in-process, host memory): buckets are not
+// reduced as they become ready (each replica's buffer is its own), and finish() reduces the
+// whole buffer into out() with Communicator::reduce_shared, which calls `then` once the sum
+// is whole.
+std::unique_ptr<GradExchange> make_shared_exchange(Communicator& comm, ReduceOp op,
+                                                   size_t n_params, size_t bucket_elems,
+                                                   std::function<float*()> out,
+                                                   Communicator::ChunkFn then);
 
 }  // namespace dtrain

@@ -154,8 +154,18 @@ void Model::init(uint64_t seed) {
     l->init(rng, host.data() + off);
     off += l->param_count();
   }
-  dev_.upload(params_.data(), host.data(), host.size() * sizeof(float));
+  dev_.upload(params(), host.data(), host.size() * sizeof(float));
   zero_grads();
+}
+
+void Model::share_params(float* shared) {
+  int64_t off = 0;
+  for (auto& l : layers_) {
+    l->bind(shared + off, grads_.data() + off);
+    off += l->param_count();
+  }
+  shared_params_ = shared;
+  params_ = Buffer<float>();
 }
 
 void Model::zero_grads() {

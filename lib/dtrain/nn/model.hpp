@@ -213,7 +213,7 @@ class Model {
   int64_t param_count() const { return n_params_; }
   int64_t in_features() const { return layers_.front()->in_features(); }
   int classes() const { return classes_; }
-  float* params() { return params_.data(); }
+  float* params() { return shared_params_ ? shared_params_ : params_.data(); }
   float* grads() { return grads_.data(); }
   std::string describe() const;
   // Whether any layer keeps running statistics (BatchNorm).
@@ -225,6 +225,9 @@ class Model {
 
   // Initialises all parameters from `seed` (same values on every replica).
   void init(uint64_t seed);
+  // From now on reads its weights from `shared` (param_count() floats that another Model of the
+  // same layers owns, and keeps alive) and frees its own; gradients stay its own.
+  void share_params(float* shared);
   void zero_grads();
   // Forward pass; returns logits [rows x classes]. `train` selects batch statistics and
   // dropout (true) or running statistics and no dropout (false).
@@ -255,6 +258,7 @@ class Model {
   int classes_;
   int64_t n_params_ = 0;
   Buffer<float> params_, grads_, dlogits_;
+  float* shared_params_ = nullptr;
   const float* logits_ = nullptr;
   int64_t rows_ = 0;
   LayerContext ctx_;

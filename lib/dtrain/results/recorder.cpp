@@ -298,6 +298,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
     j["cuda_graph_steps"] = info_.cuda_graph_steps;
   }
   j["devices"] = info_.devices;
+  if (!info_.replica_mode.empty()) j["replica_mode"] = info_.replica_mode;
   if (!info_.placement.empty()) j["placement"] = info_.placement;
   j["peak_rss_mib"] = peak_rss_mib();
   j["blas"] = info_.blas;

@@ -129,6 +129,10 @@ RunRecord load_run(const std::string& dir) {
     // Speedup, efficiency and the figures divide by it.
     if (r.gpus < 1)
       throw UserError(fmt::format("{}: gpus is {}, expected 1 or more", path, r.gpus));
+    const std::string mode = j.value("replica_mode", std::string());
+    r.simulated = r.gpus > 1 && (mode == "threads" || mode == "shared" ||
+                                 j.value("devices", std::string()).find("(colocated)") !=
+                                     std::string::npos);
     r.per_replica_batch = j.value("per_replica_batch", 0LL);
     r.global_batch = j.value("global_batch", 0LL);
     r.accumulation_steps = j.value("accumulation_steps", 1);
@@ -232,6 +236,14 @@ std::string to_markdown(const Comparison& c) {
   }
   out << "\nSpeedup is the ratio of training samples per second; efficiency is speedup divided "
          "by the ratio of replica counts.\n";
+  std::vector<std::string> simulated;
+  for (const auto& row : c.rows)
+    if (row.run.simulated) simulated.push_back(row.run.run_id);
+  if (!simulated.empty())
+    out << "Simulated on one machine (replicas sharing its CPU cores, or one GPU): "
+        << fmt::format("{}", fmt::join(simulated, ", "))
+        << ". Their speedup is what simulating N replicas costs here, not what N devices would "
+           "give; `dtrain project` predicts that.\n";
   for (const auto& [base, ids] : groups) {
     if (base.empty())
       out << "No finished run to compare with for: " << fmt::format("{}", fmt::join(ids, ", "))

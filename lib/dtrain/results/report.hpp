@@ -14,6 +14,9 @@ struct RunRecord {
   // settings other than gpus, e.g. "lr_scalingsqrt"); each group has its own baseline.
   std::string group;
   int gpus = 0;
+  // Its replicas shared one machine's CPU cores (in-process threads) or one GPU (colocated): a
+  // simulation of N devices, whose speedup is not N devices' speedup.
+  bool simulated = false;
   long long per_replica_batch = 0, global_batch = 0;
   int accumulation_steps = 1;
   std::string lr_scaling, reduction, shuffle, sharding;

@@ -61,12 +61,17 @@ Replica::Replica(RunContext& run, Communicator& comm)
   const int64_t eval_rows = std::min(cfg_.train.eval_batch, std::max<int64_t>(1, test_.size()));
   if (cfg_.data.augment.enabled()) xa_.resize(*dev_, at_least_one(micro_rows * features_));
   model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes);
-  model_->init(cfg_.train.seed);
+  if (run.shared) {
+    model_->share_params(run.shared->model->params());  // initialised once, by the trainer
+    model_->zero_grads();
+  } else {
+    model_->init(cfg_.train.seed);
+  }
   // Each replica's own stream for dropout (and augmentation): results differ with the replica
   // count whenever these are used, as they do in every framework.
   model_->set_context(&comm_, &replica_rng_);
   const auto n_params = static_cast<size_t>(model_->param_count());
-  opt_ = std::make_unique<Optimizer>(*dev_, cfg_.optimizer, n_params);
+  if (!run.shared) opt_ = std::make_unique<Optimizer>(*dev_, cfg_.optimizer, n_params);
   steps_ = sampler_.steps_per_epoch();
 
   // Batch buffers hold a full micro-batch or an evaluation chunk, whichever is larger.
@@ -87,6 +92,10 @@ Replica::Replica(RunContext& run, Communicator& comm)
 
   read_fault_injection();
   if (run.resume) restore(*run.resume);
+  if (run.shared && run.resume && replicas_ > 1) {
+    double restored = 0;  // no rank reads the shared weights before rank 0 has restored them
+    comm_.allreduce(&restored, 1, ReduceOp::sum);
+  }
   if (rank_ == 0) report_start();
 }
 
@@ -108,9 +117,15 @@ void Replica::upload_training_set() {
 void Replica::make_exchange(size_t n_params) {
   const auto bucket_elems = static_cast<size_t>(cfg_.train.bucket_mb * 1024 * 1024 / sizeof(float));
   const ReduceOp op = cfg_.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
-  exchange_ = run_.nccl ? run_.nccl->exchange(run_.nccl_per_process ? 0 : rank_, *dev_, op,
-                                              n_params, bucket_elems)
-                        : make_host_exchange(comm_, *dev_, op, n_params, bucket_elems);
+  if (run_.shared)
+    exchange_ = make_shared_exchange(
+        comm_, op, n_params, bucket_elems, [this] { return reduced_grads(); },
+        [this](size_t lo, size_t hi) { update_shared(lo, hi); });
+  else if (run_.nccl)
+    exchange_ = run_.nccl->exchange(run_.nccl_per_process ? 0 : rank_, *dev_, op, n_params,
+                                    bucket_elems);
+  else
+    exchange_ = make_host_exchange(comm_, *dev_, op, n_params, bucket_elems);
   // A host exchange on a GPU (colocated replicas) copies each bucket to the host, which waits
   // for the device first. That wait is compute still queued, not exchange: it is waited out
   // before the exchange is timed, so that the host clocks measure the exchange alone.
@@ -249,7 +264,7 @@ void Replica::reduced_norm(double* out) {
   const auto n = static_cast<size_t>(model_->param_count()), r = static_cast<size_t>(rank_);
   const auto size = static_cast<size_t>(replicas_);
   const size_t lo = n * r / size, hi = n * (r + 1) / size;
-  if (hi > lo) dev_->sum_squares(model_->grads() + lo, hi - lo, out);
+  if (hi > lo) dev_->sum_squares(reduced_grads() + lo, hi - lo, out);
 }
 
 // One step's squared norms, summed over ranks: the local ones average to |G_small|^2 over the
@@ -289,12 +304,19 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     if (in_graph) dev_->zero(stats, kDev * sizeof(double));
     forward_backward(plan, s, stats, t);  // the last backward starts reducing gradients
     mark(1);
-    reduce_gradients(t);
+    step_lr_ = lr;
+    reduce_gradients(t);  // shared weights: the last rank also runs the optimizer
     mark(2);
-    const auto t0 = Clock::now();
-    opt_->step(model_->params(), model_->grads(), lr);
+    if (run_.shared) {  // that update's time is the optimizer's on every rank
+      const double u = run_.shared->update_s[global_step_ & 1];
+      t.exchange -= u;
+      t.optimizer += u;
+    } else {
+      const auto t0 = Clock::now();
+      opt_->step(model_->params(), model_->grads(), lr);
+      t.optimizer += seconds_since(t0);
+    }
     mark(3);
-    t.optimizer += seconds_since(t0);
     if (measure_noise_) reduced_norm(stats + kReducedNorm);
     if (in_graph) queue_->graph_step_end();
   } catch (const SystemError& e) {
@@ -352,6 +374,14 @@ void Replica::reduce_gradients(EpochTimes& t) {
   exchange_->finish();
   t.compute -= during_backward;
   t.exchange += during_backward + seconds_since(t0);
+}
+
+void Replica::update_shared(size_t lo, size_t hi) {
+  const auto t0 = Clock::now();
+  SharedWeights& sw = *run_.shared;
+  // global_step_ counts this step already: it is the optimizer's 1-based step number.
+  sw.opt->update(*dev_, sw.model->params(), reduced_grads(), step_lr_, lo, hi, global_step_);
+  sw.update_s[global_step_ & 1] = seconds_since(t0);
 }
 
 void Replica::pull_step_stats(int64_t steps) {
@@ -416,11 +446,11 @@ void Replica::checkpoint(int epoch, int64_t next_step, const EpochTotals* partia
   dev_->download(c.params.data(), model_->params(), c.params.size() * sizeof(float));
   auto take = [&](Buffer<float>& b, std::vector<float>& out) {
     if (b.size() == 0) return;
-    out.resize(opt_->size());
+    out.resize(optimizer().size());
     dev_->download(out.data(), b.data(), out.size() * sizeof(float));
   };
-  take(opt_->first_moment(), c.opt_m);
-  take(opt_->second_moment(), c.opt_v);
+  take(optimizer().first_moment(), c.opt_m);
+  take(optimizer().second_moment(), c.opt_v);
   const size_t per = mine.size();
   for (int r = 0; r < replicas_; ++r) {
     const auto* w = all.data() + static_cast<size_t>(r) * per;
@@ -454,15 +484,18 @@ void Replica::restore(const Checkpoint& c) {
       c.step_losses.size() != static_cast<size_t>(c.epoch) * static_cast<size_t>(steps_) ||
       c.global_step != static_cast<int64_t>(c.epoch) * steps_ + c.step)
     throw UserError("checkpoint: its position is not a step of this run");
-  dev_->upload(model_->params(), c.params.data(), n * sizeof(float));
   auto put = [&](Buffer<float>& b, const std::vector<float>& in) {
     if (b.size() == 0) return;
-    if (in.size() != opt_->size()) throw UserError("checkpoint: optimizer state of another run");
+    if (in.size() != optimizer().size())
+      throw UserError("checkpoint: optimizer state of another run");
     dev_->upload(b.data(), in.data(), in.size() * sizeof(float));
   };
-  put(opt_->first_moment(), c.opt_m);
-  put(opt_->second_moment(), c.opt_v);
-  opt_->set_steps_taken(c.global_step);
+  if (!run_.shared || rank_ == 0) {  // shared weights: one copy, restored once
+    dev_->upload(model_->params(), c.params.data(), n * sizeof(float));
+    put(optimizer().first_moment(), c.opt_m);
+    put(optimizer().second_moment(), c.opt_v);
+    optimizer().set_steps_taken(c.global_step);
+  }
   const size_t per_bn = c.bn_state.size() / static_cast<size_t>(replicas_);
   const auto* bn = c.bn_state.data() + per_bn * static_cast<size_t>(rank_);
   model_->upload_state(std::vector<float>(bn, bn + per_bn));

@@ -23,7 +23,23 @@ namespace dtrain {
 
 class NcclGroup;
 
-// What the replicas of one run share: read-only, but for `result`, which rank 0 fills.
+// In-process CPU replicas that share one copy of the weights and optimizer state (replicas:
+// shared; replicas hold identical weights after every step, so one copy serves them all).
+// `model` owns the weights every replica reads. The ranks fold their gradients into
+// reduced[step % 2] (see Communicator::reduce_shared) and the last rank runs `opt`: two
+// buffers, so that a rank still reading step s's sum (the noise scale) is never overwritten by
+// a faster rank folding step s + 1. update_s: the seconds the update of a step took, also by
+// step parity.
+struct SharedWeights {
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> opt;
+  Buffer<float> reduced[2];
+  double update_s[2] = {0, 0};
+};
+
+// What the replicas of one run share: read-only, but for `result`, which rank 0 fills, and the
+// shared weights.
 struct RunContext {
   const Config& cfg;
   const DataSplit& data;
@@ -35,6 +51,7 @@ struct RunContext {
   bool nccl_per_process = false;      // one replica per process: its communicator is index 0
   int gpus_in_process = 1;            // GPUs this process drives
   const Checkpoint* resume = nullptr;  // continue from here
+  std::shared_ptr<SharedWeights> shared{};  // null: each replica has its own weights
 };
 
 class Replica {
@@ -65,6 +82,13 @@ class Replica {
   void train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes& t);
   void forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t);
   void reduce_gradients(EpochTimes& t);
+  // Shared weights: the optimizer step, called by the exchange on the last rank.
+  void update_shared(size_t lo, size_t hi);
+  Optimizer& optimizer() { return run_.shared ? *run_.shared->opt : *opt_; }
+  // The gradients after the exchange: this replica's buffer, or the shared one.
+  float* reduced_grads() {
+    return run_.shared ? run_.shared->reduced[global_step_ & 1].data() : model_->grads();
+  }
   // The mode of this step, agreed by every rank: CUDA graphs for full-size steps where on.
   GraphMode graph_policy(int64_t global_rows);
   // Test loss sum and correct predictions over the whole test set (every rank scores its
@@ -112,7 +136,8 @@ class Replica {
   const int32_t* train_y_ = nullptr;
   std::unique_ptr<Model> model_;
   Rng replica_rng_;
-  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<Optimizer> opt_;  // null where the weights are shared
+  double step_lr_ = 0;              // the LR of the step in progress (for update_shared)
   Sampler sampler_;
   int64_t steps_ = 0;
   std::unique_ptr<GradExchange> exchange_;

@@ -150,6 +150,11 @@ Placement place_replicas(const Config& cfg, int local_ranks) {
   return p;
 }
 
+bool shares_weights(const Config& cfg, const Placement& place) {
+  return cfg.gpus > 1 && place.backend == Backend::cpu && cfg.replicas != ReplicaMode::threads &&
+         !mpi::detect().active;
+}
+
 namespace {
 
 // Bytes the kernel says it can still hand out (MemAvailable), or 0 where it does not say.
@@ -168,6 +173,7 @@ double available_host_memory() {
 // of a micro-batch and an evaluation chunk, and the batch buffers.
 struct ReplicaBytes {
   double params = 0, activations = 0, rows = 0;
+  double grads = 0;  // of params: the gradient buffer alone
   double total() const { return params + activations; }
 };
 ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data) {
@@ -179,6 +185,7 @@ ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data) {
                std::min(cfg.train.eval_batch, std::max<int64_t>(1, data.test.size()))));
   ReplicaBytes b;
   b.params = 4.0 * static_cast<double>(m.params) * (2 + state);
+  b.grads = 4.0 * static_cast<double>(m.params);
   b.rows = rows;
   b.activations = 4.0 * rows *
                   (2 * static_cast<double>(m.activations_per_sample) +
@@ -192,6 +199,9 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
                   int local_ranks) {
   const ReplicaBytes one = replica_bytes(cfg, data);
   double have = 0, need = one.total() * local_ranks;
+  // Shared weights: one copy of weights, reduced gradients and optimizer state, and per
+  // replica its gradients and activations.
+  if (shares_weights(cfg, place)) need = one.params + (one.grads + one.activations) * local_ranks;
   std::string where = "this machine has";
   if (place.backend == Backend::cuda) {
     // The GPU holding the most replicas (colocated ones share it), each with its copy of the
@@ -242,6 +252,14 @@ void check_plan(const Config& cfg, const DataSplit& data) {
   if (place.backend != Backend::cuda && cfg.precision == Precision::tf32)
     throw UserError(
         "precision: tf32 needs a GPU, and this run is on the CPU (fp32, or bf16 emulated)");
+  if (cfg.replicas == ReplicaMode::shared && place.backend == Backend::cuda)
+    throw UserError(
+        "replicas: shared runs CPU replicas only (this run is on GPUs); use replicas: auto or "
+        "threads, or backend: cpu");
+  if (cfg.replicas == ReplicaMode::shared && mpi::detect().active)
+    throw UserError(
+        "replicas: shared keeps every replica in one process, but this run was started by a "
+        "launcher (one replica per process); use replicas: auto or threads");
   check_memory(cfg, data, place, local_ranks);  // builds every layer's shape first
   const int classes = data.train.classes;
   for (const auto* d : {&data.train, &data.test})
@@ -286,6 +304,7 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                     to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
   }
   sh.result.info.devices += launch_description(comm.size());
+  sh.result.info.replica_mode = comm.size() == 1 ? "one replica" : "processes";
   sh.result.info.placement = mpi::placement();
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   try {
@@ -316,13 +335,28 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
     sh.nccl = NcclGroup::local(sh.place.gpu_of_replica);
     sh.gpus_in_process = cfg.gpus;  // one GPU per replica
   }
+  const bool shared = shares_weights(cfg, sh.place);
+  if (shared) {
+    // One copy of the weights, initialised here as every replica would initialise its own.
+    auto sw = std::make_shared<SharedWeights>();
+    sw->dev = make_cpu_device(sh.cpu);
+    sw->model = build_model(*sw->dev, cfg.model, data.train.shape, data.train.classes);
+    sw->model->init(cfg.train.seed);
+    const auto n = static_cast<size_t>(sw->model->param_count());
+    sw->opt = std::make_unique<Optimizer>(*sw->dev, cfg.optimizer, n);
+    for (auto& b : sw->reduced) b.resize(*sw->dev, std::max<size_t>(n, 1));
+    sh.shared = std::move(sw);
+  }
+  sh.result.info.replica_mode = cfg.gpus == 1 ? "one replica" : shared ? "shared" : "threads";
   sh.result.info.devices =
       sh.place.backend == Backend::cuda
           ? fmt::format("{}; gradients {}", sh.place.describe(),
                         sh.nccl ? "by NCCL " + sh.nccl->version() : "through the host")
-          : fmt::format("cpu: {} replica{} as threads, {} thread{} each, conv {}{}", cfg.gpus,
-                        cfg.gpus == 1 ? "" : "s", per_replica, per_replica == 1 ? "" : "s",
-                        to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
+          : fmt::format("cpu: {} replica{} as threads{}, {} thread{} each, conv {}{}", cfg.gpus,
+                        cfg.gpus == 1 ? "" : "s",
+                        shared ? " sharing one copy of the weights" : "", per_replica,
+                        per_replica == 1 ? "" : "s", to_string(sh.cpu.conv),
+                        sh.cpu.bf16 ? ", bf16 emulated" : "");
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;

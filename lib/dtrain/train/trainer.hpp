@@ -47,6 +47,9 @@ struct RunInfo {
   std::string data;
   std::string devices;  // e.g. "cpu: 4 replicas as threads, 1 BLAS thread each"
   std::string placement;  // under a launcher: each rank's host and local rank
+  // How the replicas ran: "one replica", "threads" (each its own weights), "shared" (threads
+  // sharing one copy of the weights and optimizer state), "processes" (under a launcher).
+  std::string replica_mode;
   int64_t steps_per_epoch = 0;
   int64_t global_batch = 0;
   int64_t micro_batch = 0;
@@ -109,6 +112,10 @@ struct Placement {
   std::string describe() const;
 };
 Placement place_replicas(const Config& cfg, int local_ranks);
+
+// Whether the replicas share one copy of the weights and optimizer state: more than one
+// replica, on the CPU, in one process (no launcher), and `replicas` is not `threads`.
+bool shares_weights(const Config& cfg, const Placement& place);
 
 // Decisions of the training loop, as pure functions (tested without a GPU).
 

@@ -1,0 +1,166 @@
+// Replicas that share one copy of the weights (replicas: shared, the default for in-process CPU
+// replicas) train exactly like replicas with their own copies (replicas: threads): the same
+// bits in every step loss and every epoch metric, whatever has state beyond the weights.
+// (Against MPI processes: see test_mpi.cpp, which compares with both.)
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "dtrain/train/checkpoint.hpp"
+#include "dtrain/train/trainer.hpp"
+#include "helpers.hpp"
+
+using namespace dtrain;
+using dtrain::test::synthetic_config;
+constexpr auto run = dtrain::test::run_config;
+
+namespace {
+
+bool same_bits(double a, double b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// Every number both runs report, bit for bit (NaN equals NaN of the same bits).
+void check_same_training(const TrainResult& a, const TrainResult& b) {
+  REQUIRE(a.step_losses.size() == b.step_losses.size());
+  REQUIRE(!a.step_losses.empty());
+  size_t differing = 0;
+  for (size_t i = 0; i < a.step_losses.size(); ++i)
+    differing += same_bits(a.step_losses[i], b.step_losses[i]) ? 0 : 1;
+  CHECK(differing == 0);
+  REQUIRE(a.epochs.size() == b.epochs.size());
+  for (size_t e = 0; e < a.epochs.size(); ++e) {
+    const EpochMetrics &x = a.epochs[e], &y = b.epochs[e];
+    INFO("epoch " << e + 1);
+    CHECK(same_bits(x.train_loss, y.train_loss));
+    CHECK(same_bits(x.train_acc, y.train_acc));
+    CHECK(same_bits(x.test_loss, y.test_loss));
+    CHECK(same_bits(x.test_acc, y.test_acc));
+    CHECK(same_bits(x.lr, y.lr));
+    CHECK(same_bits(x.noise_g2, y.noise_g2));
+    CHECK(same_bits(x.noise_trace, y.noise_trace));
+    CHECK(x.samples == y.samples);
+  }
+}
+
+void check_modes_agree(Config c) {
+  c.replicas = ReplicaMode::threads;
+  const TrainResult threads = run(c);
+  c.replicas = ReplicaMode::shared;
+  const TrainResult shared = run(c);
+  CHECK(threads.info.replica_mode == "threads");
+  CHECK(shared.info.replica_mode == "shared");
+  check_same_training(threads, shared);
+  // The training really moved, so agreement is not agreement of constants.
+  CHECK(threads.step_losses.back() != threads.step_losses.front());
+}
+
+LayerSpec layer(LayerType t) {
+  LayerSpec l;
+  l.type = t;
+  return l;
+}
+
+// A small conv net with BatchNorm and dropout on images, with flips and crops.
+Config image_config(int gpus, BatchNormMode bn) {
+  Config c = synthetic_config(gpus, 8);
+  c.data.synthetic.train_size = 8 * gpus * 10 + 5;  // 10 full steps and a short one
+  c.data.drop_remainder = false;
+  c.data.synthetic.shape = {2, 6, 6};
+  c.data.augment.flip = true;
+  c.data.augment.crop_padding = 1;
+  c.model.type = ModelType::layers;
+  c.model.layers = {layer(LayerType::conv),    layer(LayerType::batchnorm),
+                    layer(LayerType::relu),    layer(LayerType::flatten),
+                    layer(LayerType::dense),   layer(LayerType::relu),
+                    layer(LayerType::dropout)};
+  c.model.layers[0].channels = 4;
+  c.model.layers[0].padding = 1;
+  c.model.layers[4].units = 24;
+  c.model.layers[6].p = 0.3;
+  c.model.batchnorm = bn;
+  c.train.epochs = 2;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("shared weights train like per-replica weights: mean, sum, momentum, Adam",
+          "[shared][equivalence]") {
+  SECTION("mean, SGD with momentum and weight decay, 4 replicas") {
+    Config c = synthetic_config(4, 16);
+    c.optimizer.weight_decay = 5e-4;
+    check_modes_agree(c);
+  }
+  SECTION("sum, nesterov, 3 replicas (chunks of unequal size), 2 threads") {
+    Config c = synthetic_config(3, 16);
+    c.train.reduction = Reduction::sum;
+    c.optimizer.nesterov = true;
+    c.optimizer.lr = 0.01;
+    c.threads = 2;
+    check_modes_agree(c);
+  }
+  SECTION("AdamW with warmup and cosine, a short last batch, 5 replicas") {
+    Config c = synthetic_config(5, 16);
+    c.train.epochs = 2;
+    c.data.drop_remainder = false;
+    c.data.synthetic.train_size = 16 * 5 * 20 + 13;
+    c.optimizer.type = OptimizerType::adamw;
+    c.optimizer.lr = 0.003;
+    c.optimizer.weight_decay = 0.01;
+    c.optimizer.warmup_epochs = 1;
+    c.optimizer.schedule = Schedule::cosine;
+    check_modes_agree(c);
+  }
+  SECTION("accumulation steps and small buckets (the noise scale's per-bucket norms)") {
+    Config c = synthetic_config(2, 16);
+    c.train.accumulation_steps = 3;
+    c.train.bucket_mb = 0.001;  // 262 floats: several buckets
+    check_modes_agree(c);
+  }
+}
+
+TEST_CASE("shared weights train like per-replica weights: BatchNorm, dropout, augmentation",
+          "[shared][equivalence]") {
+  SECTION("BatchNorm per replica") { check_modes_agree(image_config(3, BatchNormMode::local)); }
+  SECTION("synchronised BatchNorm") { check_modes_agree(image_config(3, BatchNormMode::sync)); }
+}
+
+TEST_CASE("the replica mode is chosen, reported and can be overridden", "[shared]") {
+  Config c = synthetic_config(2, 16);
+  const TrainResult a = run(c);  // replicas: auto
+  CHECK(a.info.replica_mode == "shared");
+  CHECK_THAT(a.info.devices, Catch::Contains("sharing one copy of the weights"));
+  c.replicas = ReplicaMode::threads;
+  const TrainResult b = run(c);
+  CHECK(b.info.replica_mode == "threads");
+  CHECK_THAT(b.info.devices, !Catch::Contains("sharing"));
+  c.gpus = 1;
+  c.replicas = ReplicaMode::shared;  // one replica: nothing to share, and no error
+  CHECK(run(c).info.replica_mode == "one replica");
+  // The YAML spelling, and a wrong value named with the valid ones.
+  CHECK(dtrain::test::config_error("replicas: shared\n").empty());
+  CHECK_THAT(dtrain::test::config_error("replicas: fibers\n"),
+             Catch::Contains("auto") && Catch::Contains("threads") && Catch::Contains("shared"));
+}
+
+TEST_CASE("a resumed run with shared weights continues to the same bits", "[shared][checkpoint]") {
+  // The checkpoint holds the one copy of the weights and optimizer state; rank 0 restores it
+  // before any replica reads it.
+  Config c = image_config(2, BatchNormMode::local);
+  c.train.epochs = 3;
+  c.train.checkpoint_steps = 4;  // inside epochs too
+  const TrainResult whole = run(c);
+  REQUIRE(whole.info.replica_mode == "shared");
+  struct Keep final : TrainObserver {
+    std::vector<Checkpoint> saved;
+    void on_checkpoint(const Checkpoint& k) override { saved.push_back(k); }
+  } keep;
+  const DataSplit data = load_data(c.data, c.train.seed);
+  (void)train(c, data, &keep);
+  REQUIRE(keep.saved.size() >= 4);
+  for (const Checkpoint& k : keep.saved) {
+    INFO("resumed at epoch " << k.epoch << " step " << k.step);
+    const TrainResult resumed = train(c, data, nullptr, &k);
+    check_same_training(whole, resumed);
+  }
+}
