@@ -69,9 +69,8 @@ Config image_config(int gpus, BatchNormMode bn) {
   c.data.augment.flip = true;
   c.data.augment.crop_padding = 1;
   c.model.type = ModelType::layers;
-  c.model.layers = {layer(LayerType::conv),    layer(LayerType::batchnorm),
-                    layer(LayerType::relu),    layer(LayerType::flatten),
-                    layer(LayerType::dense),   layer(LayerType::relu),
+  c.model.layers = {layer(LayerType::conv),    layer(LayerType::batchnorm), layer(LayerType::relu),
+                    layer(LayerType::flatten), layer(LayerType::dense),     layer(LayerType::relu),
                     layer(LayerType::dropout)};
   c.model.layers[0].channels = 4;
   c.model.layers[0].padding = 1;
@@ -121,8 +120,12 @@ TEST_CASE("shared weights train like per-replica weights: mean, sum, momentum, A
 
 TEST_CASE("shared weights train like per-replica weights: BatchNorm, dropout, augmentation",
           "[shared][equivalence]") {
-  SECTION("BatchNorm per replica") { check_modes_agree(image_config(3, BatchNormMode::local)); }
-  SECTION("synchronised BatchNorm") { check_modes_agree(image_config(3, BatchNormMode::sync)); }
+  SECTION("BatchNorm per replica") {
+    check_modes_agree(image_config(3, BatchNormMode::local));
+  }
+  SECTION("synchronised BatchNorm") {
+    check_modes_agree(image_config(3, BatchNormMode::sync));
+  }
 }
 
 TEST_CASE("the replica mode is chosen, reported and can be overridden", "[shared]") {

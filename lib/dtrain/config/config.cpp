@@ -85,7 +85,9 @@ const EnumTable<ModelType> kModelTypes = {{"mlp", ModelType::mlp},
 const EnumTable<BatchNormMode> kBatchNormModes = {{"local", BatchNormMode::local},
                                                   {"sync", BatchNormMode::sync}};
 const EnumTable<ReplicaMode> kReplicaModes = {
-    {"auto", ReplicaMode::auto_}, {"threads", ReplicaMode::threads}, {"shared", ReplicaMode::shared}};
+    {"auto", ReplicaMode::auto_},
+    {"threads", ReplicaMode::threads},
+    {"shared", ReplicaMode::shared}};
 const EnumTable<LayerType> kLayerTypes = {{"dense", LayerType::dense},
                                           {"conv", LayerType::conv},
                                           {"maxpool", LayerType::maxpool},

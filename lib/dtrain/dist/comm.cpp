@@ -7,11 +7,12 @@
 #include <vector>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/fibers.hpp"
 
 namespace dtrain {
 
 namespace {
-// A counting semaphore that wakes exactly the one thread waiting on it.
+// A counting semaphore that wakes exactly the one thread (or fiber) waiting on it.
 class Signal {
  public:
   void release() {
@@ -20,8 +21,18 @@ class Signal {
       ++count_;
     }
     cv_.notify_one();
+    fibers::notify();
   }
   void acquire() {
+    if (fibers::in_fiber()) {
+      // The rank before this one is on another core, about to finish: spin a little first.
+      fibers::wait_until(
+          [&] {
+            std::lock_guard lk(mu_);
+            return count_ > 0;
+          },
+          /*spin_us=*/200);
+    }
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return count_ > 0; });
     --count_;
@@ -58,9 +69,20 @@ struct InProcessGroup::State {
       arrived = 0;
       ++generation;
       cv.notify_all();
+      lk.unlock();
+      fibers::notify();
       return;
     }
-    cv.wait(lk, [&] { return generation != gen || aborted; });
+    const auto passed = [&] { return generation != gen || aborted; };
+    if (fibers::in_fiber()) {  // the worker runs its other fibers meanwhile
+      lk.unlock();
+      fibers::wait_until([&] {
+        std::lock_guard hold(mu);
+        return passed();
+      });
+      lk.lock();
+    }
+    cv.wait(lk, passed);
     if (aborted) throw Aborted(why);
   }
   void abort(const std::string& reason) {
@@ -71,6 +93,7 @@ struct InProcessGroup::State {
       for (auto& t : turn) t->release();  // a rank waiting for its turn wakes and throws
     }
     cv.notify_all();
+    fibers::notify();
   }
   void take_turn(int rank) {
     if (rank > 0) turn[static_cast<size_t>(rank)]->acquire();

@@ -13,6 +13,7 @@
 
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/fibers.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/dist/comm.hpp"
 #include "dtrain/dist/mpi.hpp"
@@ -38,6 +39,36 @@ CpuOptions cpu_options(int threads, Precision precision) {
 int resolve_threads(const Config& cfg) {
   if (cfg.threads > 0) return cfg.threads;
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// One copy of the weights for replicas that share it, initialised as every replica would
+// initialise its own.
+std::shared_ptr<SharedWeights> make_shared_weights(const RunContext& sh) {
+  const Config& cfg = sh.cfg;
+  auto sw = std::make_shared<SharedWeights>();
+  sw->dev = make_cpu_device(sh.cpu);
+  sw->model = build_model(*sw->dev, cfg.model, sh.data.train.shape, sh.data.train.classes);
+  sw->model->init(cfg.train.seed);
+  const auto n = static_cast<size_t>(sw->model->param_count());
+  sw->opt = std::make_unique<Optimizer>(*sw->dev, cfg.optimizer, n);
+  for (auto& b : sw->reduced) b.resize(*sw->dev, std::max<size_t>(n, 1));
+  return sw;
+}
+
+// The log's `devices` for replicas in this process, e.g. "cpu: 64 replicas in turn on 2
+// threads, sharing one copy of the weights, conv onednn". `workers` > 0: fibers on so many.
+std::string in_process_devices(const RunContext& sh, int per_replica, int workers) {
+  const int n = sh.cfg.gpus;
+  if (sh.place.backend == Backend::cuda)
+    return fmt::format("{}; gradients {}", sh.place.describe(),
+                       sh.nccl ? "by NCCL " + sh.nccl->version() : "through the host");
+  const auto plural = [](int k) { return k == 1 ? "" : "s"; };
+  std::string how =
+      workers > 0 ? fmt::format("in turn on {} thread{}", workers, plural(workers))
+                  : fmt::format("as threads, {} thread{} each", per_replica, plural(per_replica));
+  if (sh.shared) how += ", sharing one copy of the weights";
+  return fmt::format("cpu: {} replica{} {}, conv {}{}", n, plural(n), how,
+                     to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
 }
 
 // One replica's whole run, on this thread.
@@ -335,28 +366,13 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
     sh.nccl = NcclGroup::local(sh.place.gpu_of_replica);
     sh.gpus_in_process = cfg.gpus;  // one GPU per replica
   }
-  const bool shared = shares_weights(cfg, sh.place);
-  if (shared) {
-    // One copy of the weights, initialised here as every replica would initialise its own.
-    auto sw = std::make_shared<SharedWeights>();
-    sw->dev = make_cpu_device(sh.cpu);
-    sw->model = build_model(*sw->dev, cfg.model, data.train.shape, data.train.classes);
-    sw->model->init(cfg.train.seed);
-    const auto n = static_cast<size_t>(sw->model->param_count());
-    sw->opt = std::make_unique<Optimizer>(*sw->dev, cfg.optimizer, n);
-    for (auto& b : sw->reduced) b.resize(*sw->dev, std::max<size_t>(n, 1));
-    sh.shared = std::move(sw);
-  }
-  sh.result.info.replica_mode = cfg.gpus == 1 ? "one replica" : shared ? "shared" : "threads";
-  sh.result.info.devices =
-      sh.place.backend == Backend::cuda
-          ? fmt::format("{}; gradients {}", sh.place.describe(),
-                        sh.nccl ? "by NCCL " + sh.nccl->version() : "through the host")
-          : fmt::format("cpu: {} replica{} as threads{}, {} thread{} each, conv {}{}", cfg.gpus,
-                        cfg.gpus == 1 ? "" : "s",
-                        shared ? " sharing one copy of the weights" : "", per_replica,
-                        per_replica == 1 ? "" : "s", to_string(sh.cpu.conv),
-                        sh.cpu.bf16 ? ", bf16 emulated" : "");
+  if (shares_weights(cfg, sh.place)) sh.shared = make_shared_weights(sh);
+  // More replicas sharing weights than threads: they take turns on one worker thread per
+  // core (fibers), each replica's kernels on one thread as they would be as threads.
+  const bool in_turn = sh.shared && cfg.gpus > threads;
+  sh.result.info.replica_mode =
+      cfg.gpus == 1 ? "one replica" : sh.shared ? "shared" : "threads";
+  sh.result.info.devices = in_process_devices(sh, per_replica, in_turn ? threads : 0);
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;
@@ -390,10 +406,14 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
       if (sh.nccl) sh.nccl->abort();
     }
   };
-  std::vector<std::thread> pool;
-  for (int r = 1; r < cfg.gpus; ++r) pool.emplace_back(run_rank, r);
-  run_rank(0);
-  for (auto& t : pool) t.join();
+  if (in_turn) {
+    fibers::run(cfg.gpus, threads, run_rank);
+  } else {
+    std::vector<std::thread> pool;
+    for (int r = 1; r < cfg.gpus; ++r) pool.emplace_back(run_rank, r);
+    run_rank(0);
+    for (auto& t : pool) t.join();
+  }
   if (first_error) std::rethrow_exception(first_error);
   if (interrupted) std::rethrow_exception(interrupted);
   return std::move(sh.result);

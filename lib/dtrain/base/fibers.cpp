@@ -1,0 +1,231 @@
+#include "dtrain/base/fibers.hpp"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dtrain/base/error.hpp"
+
+// AddressSanitizer must be told when the stack changes under it.
+#if defined(__SANITIZE_ADDRESS__)
+#define DTRAIN_FIBERS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DTRAIN_FIBERS_ASAN 1
+#endif
+#endif
+#ifdef DTRAIN_FIBERS_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace dtrain::fibers {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Reserved, not committed: a fiber only uses the pages it touches. The lowest page is a guard.
+constexpr size_t kStackBytes = size_t{16} << 20;
+
+struct Fiber {
+  ucontext_t ctx{};
+  void* map = nullptr;  // the mapping, guard page included
+  size_t map_bytes = 0;
+  void* stack = nullptr;  // above the guard page
+  size_t stack_bytes = 0;
+  int index = 0;
+  bool done = false;
+  const std::function<bool()>* waiting = nullptr;  // set while suspended in wait_until
+  void* asan_fake = nullptr;
+};
+
+struct Worker {
+  ucontext_t home{};
+  std::vector<Fiber*> fibers;
+  Fiber* current = nullptr;
+  const std::function<void(int)>* body = nullptr;
+  const void* home_bottom = nullptr;  // the thread's own stack, for the sanitizer
+  size_t home_bytes = 0;
+  void* home_fake = nullptr;
+  std::exception_ptr error;
+};
+
+thread_local Worker* tl_worker = nullptr;
+
+// Bumped by notify(); a worker with nothing to run waits for it to move.
+std::atomic<uint64_t> g_kick{0};
+std::atomic<int> g_sleepers{0};
+std::mutex g_idle_mu;
+std::condition_variable g_idle_cv;
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Into fiber f, from its worker's own context; back when f waits or ends.
+void switch_into(Worker& w, Fiber* f) {
+  w.current = f;
+#ifdef DTRAIN_FIBERS_ASAN
+  __sanitizer_start_switch_fiber(&w.home_fake, f->stack, f->stack_bytes);
+#endif
+  swapcontext(&w.home, &f->ctx);
+#ifdef DTRAIN_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(w.home_fake, nullptr, nullptr);
+#endif
+  w.current = nullptr;
+}
+
+// From fiber f back to its worker (for good when f has ended).
+void switch_out(Worker& w, Fiber* f) {
+#ifdef DTRAIN_FIBERS_ASAN
+  __sanitizer_start_switch_fiber(f->done ? nullptr : &f->asan_fake, w.home_bottom, w.home_bytes);
+#endif
+  swapcontext(&f->ctx, &w.home);
+#ifdef DTRAIN_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(f->asan_fake, &w.home_bottom, &w.home_bytes);
+#endif
+}
+
+void entry() {
+  Worker& w = *tl_worker;
+  Fiber* f = w.current;
+#ifdef DTRAIN_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &w.home_bottom, &w.home_bytes);
+#endif
+  try {
+    (*w.body)(f->index);
+  } catch (...) {
+    if (!w.error) w.error = std::current_exception();
+  }
+  f->done = true;
+  switch_out(w, f);  // never resumed
+}
+
+// Nothing to run until g_kick moves past `seen`: spin a little (another core is about to
+// finish what the fibers wait for), then sleep (with a timeout, as a safety net).
+void idle(uint64_t seen) {
+  const auto spin_until = Clock::now() + std::chrono::microseconds(200);
+  while (Clock::now() < spin_until) {
+    if (g_kick.load() != seen) return;
+    for (int i = 0; i < 32; ++i) cpu_relax();
+  }
+  ++g_sleepers;
+  {
+    std::unique_lock lk(g_idle_mu);
+    g_idle_cv.wait_for(lk, std::chrono::milliseconds(2), [&] { return g_kick.load() != seen; });
+  }
+  --g_sleepers;
+}
+
+// Always the first fiber (in index order) that can go on: a fiber whose wait has ended goes
+// before one that has not started its work yet, so that work finishes in rank order.
+void work(Worker& w) {
+  tl_worker = &w;
+  for (;;) {
+    const uint64_t seen = g_kick.load();
+    bool left = false;
+    Fiber* next = nullptr;
+    for (Fiber* f : w.fibers) {
+      if (f->done) continue;
+      left = true;
+      if (f->waiting && !(*f->waiting)()) continue;
+      next = f;
+      break;
+    }
+    if (!left) break;
+    if (next)
+      switch_into(w, next);
+    else
+      idle(seen);
+  }
+  tl_worker = nullptr;
+}
+
+void make_fiber(Fiber& f, int index) {
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  f.index = index;
+  f.map_bytes = kStackBytes + page;
+  f.map = mmap(nullptr, f.map_bytes, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (f.map == MAP_FAILED) {
+    f.map = nullptr;
+    DTRAIN_THROW_SYSTEM("fibers: cannot reserve a replica's stack (mmap failed)");
+  }
+  if (mprotect(f.map, page, PROT_NONE) != 0)
+    DTRAIN_THROW_SYSTEM("fibers: cannot protect a stack's guard page");
+  f.stack = static_cast<char*>(f.map) + page;
+  f.stack_bytes = kStackBytes;
+  if (getcontext(&f.ctx) != 0) DTRAIN_THROW_SYSTEM("fibers: getcontext failed");
+  f.ctx.uc_stack.ss_sp = f.stack;
+  f.ctx.uc_stack.ss_size = f.stack_bytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, entry, 0);
+}
+
+}  // namespace
+
+void run(int n, int workers, const std::function<void(int)>& body) {
+  if (n <= 0) return;
+  workers = std::max(1, std::min(workers, n));
+  std::vector<Fiber> all(static_cast<size_t>(n));
+  struct Unmap {
+    std::vector<Fiber>& all;
+    ~Unmap() {
+      for (Fiber& f : all)
+        if (f.map) munmap(f.map, f.map_bytes);
+    }
+  } unmap{all};
+  for (int i = 0; i < n; ++i) make_fiber(all[static_cast<size_t>(i)], i);
+  std::vector<Worker> ws(static_cast<size_t>(workers));
+  for (int i = 0; i < n; ++i)
+    ws[static_cast<size_t>(i % workers)].fibers.push_back(&all[static_cast<size_t>(i)]);
+  for (Worker& w : ws) w.body = &body;
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < ws.size(); ++k) threads.emplace_back([&w = ws[k]] { work(w); });
+  work(ws[0]);
+  for (auto& t : threads) t.join();
+  for (Worker& w : ws)
+    if (w.error) std::rethrow_exception(w.error);
+}
+
+bool in_fiber() {
+  return tl_worker != nullptr && tl_worker->current != nullptr;
+}
+
+void wait_until(const std::function<bool()>& ready, int spin_us) {
+  if (ready()) return;
+  if (spin_us > 0) {
+    const auto until = Clock::now() + std::chrono::microseconds(spin_us);
+    while (Clock::now() < until) {
+      for (int i = 0; i < 16; ++i) cpu_relax();
+      if (ready()) return;
+    }
+  }
+  Worker& w = *tl_worker;
+  Fiber* f = w.current;
+  f->waiting = &ready;
+  switch_out(w, f);  // the worker resumes this fiber once ready() holds
+  f->waiting = nullptr;
+}
+
+void notify() {
+  ++g_kick;
+  if (g_sleepers.load() > 0) {
+    std::lock_guard lk(g_idle_mu);
+    g_idle_cv.notify_all();
+  }
+}
+
+}  // namespace dtrain::fibers
