@@ -4,7 +4,7 @@
 # sum reduction at lr 0.05. About 8 minutes on 2 cores; resumable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export RESULTS=results/study
+export RESULTS=${RESULTS:-results/study}
 TAG=lr scripts/sweep-lr.sh configs/quickstart.yaml
 TAG=sum scripts/sweep-gpus.sh configs/quickstart.yaml optimizer.lr_scaling=none,linear,sqrt \
   train.reduction=sum

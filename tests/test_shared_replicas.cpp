@@ -42,16 +42,26 @@ void check_same_training(const TrainResult& a, const TrainResult& b) {
   }
 }
 
+// Per-replica weights against shared weights run three ways: as fibers on one worker (replicas
+// strictly in turn), as fibers on two workers (two at a time, folding across cores), and as
+// one thread per replica (all at once). Each replica has one thread in every case.
 void check_modes_agree(Config c) {
   c.replicas = ReplicaMode::threads;
+  c.threads = c.gpus;
   const TrainResult threads = run(c);
-  c.replicas = ReplicaMode::shared;
-  const TrainResult shared = run(c);
   CHECK(threads.info.replica_mode == "threads");
-  CHECK(shared.info.replica_mode == "shared");
-  check_same_training(threads, shared);
   // The training really moved, so agreement is not agreement of constants.
   CHECK(threads.step_losses.back() != threads.step_losses.front());
+  c.replicas = ReplicaMode::shared;
+  for (int t : {1, 2, c.gpus}) {
+    c.threads = t;
+    const TrainResult shared = run(c);
+    INFO("shared weights, " << shared.info.devices);
+    CHECK(shared.info.replica_mode == "shared");
+    CHECK_THAT(shared.info.devices,
+               Catch::Contains(t < c.gpus ? "in turn on " + std::to_string(t) : "as threads"));
+    check_same_training(threads, shared);
+  }
 }
 
 LayerSpec layer(LayerType t) {
@@ -90,12 +100,11 @@ TEST_CASE("shared weights train like per-replica weights: mean, sum, momentum, A
     c.optimizer.weight_decay = 5e-4;
     check_modes_agree(c);
   }
-  SECTION("sum, nesterov, 3 replicas (chunks of unequal size), 2 threads") {
+  SECTION("sum, nesterov, 3 replicas") {
     Config c = synthetic_config(3, 16);
     c.train.reduction = Reduction::sum;
     c.optimizer.nesterov = true;
     c.optimizer.lr = 0.01;
-    c.threads = 2;
     check_modes_agree(c);
   }
   SECTION("AdamW with warmup and cosine, a short last batch, 5 replicas") {
@@ -111,7 +120,7 @@ TEST_CASE("shared weights train like per-replica weights: mean, sum, momentum, A
     check_modes_agree(c);
   }
   SECTION("accumulation steps and small buckets (the noise scale's per-bucket norms)") {
-    Config c = synthetic_config(2, 16);
+    Config c = synthetic_config(4, 16);
     c.train.accumulation_steps = 3;
     c.train.bucket_mb = 0.001;  // 262 floats: several buckets
     check_modes_agree(c);
@@ -148,22 +157,65 @@ TEST_CASE("the replica mode is chosen, reported and can be overridden", "[shared
 
 TEST_CASE("a resumed run with shared weights continues to the same bits", "[shared][checkpoint]") {
   // The checkpoint holds the one copy of the weights and optimizer state; rank 0 restores it
-  // before any replica reads it.
-  Config c = image_config(2, BatchNormMode::local);
+  // before any replica reads it. Checkpoints of per-replica weights continue as shared ones
+  // and back, on fibers and on threads.
+  Config c = image_config(3, BatchNormMode::local);
   c.train.epochs = 3;
   c.train.checkpoint_steps = 4;  // inside epochs too
+  c.replicas = ReplicaMode::threads;
+  c.threads = 3;
   const TrainResult whole = run(c);
-  REQUIRE(whole.info.replica_mode == "shared");
   struct Keep final : TrainObserver {
     std::vector<Checkpoint> saved;
     void on_checkpoint(const Checkpoint& k) override { saved.push_back(k); }
   } keep;
   const DataSplit data = load_data(c.data, c.train.seed);
-  (void)train(c, data, &keep);
-  REQUIRE(keep.saved.size() >= 4);
-  for (const Checkpoint& k : keep.saved) {
-    INFO("resumed at epoch " << k.epoch << " step " << k.step);
-    const TrainResult resumed = train(c, data, nullptr, &k);
-    check_same_training(whole, resumed);
+  for (auto mode : {ReplicaMode::threads, ReplicaMode::shared}) {
+    keep.saved.clear();
+    c.replicas = mode;
+    (void)train(c, data, &keep);
+    REQUIRE(keep.saved.size() >= 4);
+    for (auto resume_mode : {ReplicaMode::threads, ReplicaMode::shared}) {
+      for (int t : {1, 3}) {
+        Config r = c;
+        r.replicas = resume_mode;
+        r.threads = t;
+        for (const Checkpoint& k : keep.saved) {
+          INFO("saved by " << to_string(mode) << ", resumed by " << to_string(resume_mode) << " on "
+                           << t << " threads at epoch " << k.epoch << " step " << k.step);
+          check_same_training(whole, train(r, data, nullptr, &k));
+        }
+      }
+    }
   }
+}
+
+TEST_CASE("resume does not count the replica mode as part of a run", "[shared][cli]") {
+  // Run folders written before the `replicas` key lack it; switching between modes gives the
+  // same bits. Neither makes --resume redo or refuse a finished run.
+  using namespace dtrain::test;
+  namespace fs = std::filesystem;
+  TempDir tmp("resume-mode");
+  put(tmp.path / "t.yaml", tiny_config("rm"));
+  const std::string base = "run " + (tmp.path / "t.yaml").string() + " gpus=2 --quiet --results " +
+                           (tmp.path / "res").string() + " --tag t";
+  REQUIRE(dtrain_cli(base).code == 0);
+  const fs::path run_dir = tmp.path / "res" / "rm" / "t-g2";
+  // An older folder: its resolved config has no `replicas:` line.
+  std::string yaml = slurp(run_dir / "config.resolved.yaml");
+  const auto at = yaml.find("replicas: auto\n");
+  REQUIRE(at != std::string::npos);
+  yaml.erase(at, std::string("replicas: auto\n").size());
+  put(run_dir / "config.resolved.yaml", yaml);
+  const std::string summary = slurp(run_dir / "summary.json");
+  for (const std::string extra : {"", " replicas=threads", " replicas=shared"}) {
+    const auto r = dtrain_cli(base + extra + " --resume");
+    INFO(extra << ": " << r.out);
+    CHECK(r.code == 0);
+    CHECK(slurp(run_dir / "summary.json") == summary);  // skipped, not redone
+  }
+  // A key that does change the results still stops it, naming the line.
+  const auto seed = dtrain_cli(base + " train.seed=7 --resume");
+  CHECK(seed.code == 2);
+  CHECK_THAT(seed.out, Catch::Contains("seed: 7"));
 }

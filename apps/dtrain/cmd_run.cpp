@@ -130,11 +130,24 @@ std::string move_aside(const std::string& dir, const std::string& why) {
   return dest.string();
 }
 
+// A resolved config as --resume compares it: without `replicas`, which never changes a bit of
+// the results (and which run folders written before the key existed lack). Text that does not
+// read as a config is compared as it is.
+std::string resume_identity(const std::string& yaml) {
+  try {
+    Config c = parse_config(yaml, "config.resolved.yaml");
+    c.replicas = ReplicaMode::auto_;
+    return to_yaml(c);
+  } catch (const UserError&) {
+    return yaml;
+  }
+}
+
 // The checkpoint of an unfinished run folder that this run can continue from: none if it has
 // none or it belongs to another config (then the run starts over, and says so).
 std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg) {
   auto c = load_checkpoint(dir);
-  if (c && c->config_yaml != to_yaml(cfg)) {
+  if (c && resume_identity(c->config_yaml) != resume_identity(to_yaml(cfg))) {
     log().warn("resume: the checkpoint in {} is of another config; the run starts over", dir);
     return std::nullopt;
   }
@@ -148,10 +161,10 @@ std::string differs_from_finished(const std::string& dir, const Config& cfg) {
     return fmt::format("{}: --resume: this finished run has no config.resolved.yaml to compare "
                        "with; pick a new --tag",
                        dir);
-  const std::string want = to_yaml(cfg);
-  if (*had == want) return "";
+  const std::string want = resume_identity(to_yaml(cfg));
+  if (resume_identity(*had) == want) return "";
   // Name the first line that differs (a key of the resolved config), or the end of one.
-  std::istringstream a(*had), b(want);
+  std::istringstream a(resume_identity(*had)), b(want);
   std::string la, lb;
   for (;;) {
     const bool more_a = static_cast<bool>(std::getline(a, la));

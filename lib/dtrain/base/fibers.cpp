@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@
 #endif
 #endif
 #ifdef DTRAIN_FIBERS_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -33,7 +35,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Reserved, not committed: a fiber only uses the pages it touches. The lowest page is a guard.
-constexpr size_t kStackBytes = size_t{16} << 20;
+constexpr size_t kStackBytes = size_t{8} << 20;  // as a thread's default
 
 struct Fiber {
   ucontext_t ctx{};
@@ -49,6 +51,7 @@ struct Fiber {
 
 struct Worker {
   ucontext_t home{};
+  int workers = 1;  // of the run
   std::vector<Fiber*> fibers;
   Fiber* current = nullptr;
   const std::function<void(int)>* body = nullptr;
@@ -183,17 +186,53 @@ void run(int n, int workers, const std::function<void(int)>& body) {
   struct Unmap {
     std::vector<Fiber>& all;
     ~Unmap() {
-      for (Fiber& f : all)
-        if (f.map) munmap(f.map, f.map_bytes);
+      for (Fiber& f : all) {
+        if (!f.map) continue;
+#ifdef DTRAIN_FIBERS_ASAN
+        // A fiber's last frames never return: forget what the sanitizer knows of them.
+        ASAN_UNPOISON_MEMORY_REGION(f.stack, f.stack_bytes);
+#endif
+        munmap(f.map, f.map_bytes);
+      }
     }
   } unmap{all};
   for (int i = 0; i < n; ++i) make_fiber(all[static_cast<size_t>(i)], i);
   std::vector<Worker> ws(static_cast<size_t>(workers));
   for (int i = 0; i < n; ++i)
     ws[static_cast<size_t>(i % workers)].fibers.push_back(&all[static_cast<size_t>(i)]);
-  for (Worker& w : ws) w.body = &body;
+  for (Worker& w : ws) {
+    w.body = &body;
+    w.workers = workers;
+  }
+  // The workers start together or not at all: the fibers of a worker that never started would
+  // leave the others waiting for them.
+  std::mutex start_mu;
+  std::condition_variable start_cv;
+  int start = 0;  // 1: go, -1: give up
+  const auto begin = [&](int how) {
+    {
+      std::lock_guard lk(start_mu);
+      start = how;
+    }
+    start_cv.notify_all();
+  };
+  const auto worker = [&](Worker& w) {
+    {
+      std::unique_lock lk(start_mu);
+      start_cv.wait(lk, [&] { return start != 0; });
+      if (start < 0) return;
+    }
+    work(w);
+  };
   std::vector<std::thread> threads;
-  for (size_t k = 1; k < ws.size(); ++k) threads.emplace_back([&w = ws[k]] { work(w); });
+  try {
+    for (size_t k = 1; k < ws.size(); ++k) threads.emplace_back(worker, std::ref(ws[k]));
+  } catch (...) {
+    begin(-1);
+    for (auto& t : threads) t.join();
+    throw;
+  }
+  begin(1);
   work(ws[0]);
   for (auto& t : threads) t.join();
   for (Worker& w : ws)
@@ -206,18 +245,24 @@ bool in_fiber() {
 
 void wait_until(const std::function<bool()>& ready, int spin_us) {
   if (ready()) return;
-  if (spin_us > 0) {
+  Worker& w = *tl_worker;
+  if (spin_us > 0 && w.workers > 1) {
     const auto until = Clock::now() + std::chrono::microseconds(spin_us);
     while (Clock::now() < until) {
       for (int i = 0; i < 16; ++i) cpu_relax();
       if (ready()) return;
     }
   }
-  Worker& w = *tl_worker;
   Fiber* f = w.current;
   f->waiting = &ready;
   switch_out(w, f);  // the worker resumes this fiber once ready() holds
   f->waiting = nullptr;
+}
+
+void yield() {
+  if (!in_fiber()) return;
+  Worker& w = *tl_worker;
+  switch_out(w, w.current);  // the worker looks from its first fiber again
 }
 
 void notify() {

@@ -25,7 +25,8 @@ class Signal {
   }
   void acquire() {
     if (fibers::in_fiber()) {
-      // The rank before this one is on another core, about to finish: spin a little first.
+      // The rank before this one is often on another core, about to finish: spin a little
+      // first (fibers spin only where there is another worker).
       fibers::wait_until(
           [&] {
             std::lock_guard lk(mu_);
@@ -71,6 +72,7 @@ struct InProcessGroup::State {
       cv.notify_all();
       lk.unlock();
       fibers::notify();
+      fibers::yield();  // the worker's earlier fibers go on first, in rank order
       return;
     }
     const auto passed = [&] { return generation != gen || aborted; };

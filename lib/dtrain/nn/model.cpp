@@ -85,18 +85,19 @@ void ActivationLayer::backward_impl(Device& d, const float* x, const float* y, c
   d.activation_backward(act_, x, y, dy, dx, static_cast<size_t>(rows * in_features()));
 }
 
-Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes)
-    : dev_(d), layers_(std::move(layers)), classes_(classes) {
+Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes,
+             float* shared_params)
+    : dev_(d), layers_(std::move(layers)), classes_(classes), shared_params_(shared_params) {
   if (layers_.empty()) DTRAIN_THROW_SYSTEM("model has no layers");
   if (layers_.back()->out_features() != classes)
     DTRAIN_THROW_SYSTEM("last layer does not produce one logit per class");
   for (const auto& l : layers_) n_params_ += l->param_count();
-  params_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
+  if (!shared_params_) params_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
   grads_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
   int64_t off = 0;
   for (auto& l : layers_) {
     offsets_.push_back(off);
-    l->bind(params_.data() + off, grads_.data() + off);
+    l->bind(params() + off, grads_.data() + off);
     l->setup(d);
     l->attach(&ctx_);
     off += l->param_count();
@@ -156,16 +157,6 @@ void Model::init(uint64_t seed) {
   }
   dev_.upload(params(), host.data(), host.size() * sizeof(float));
   zero_grads();
-}
-
-void Model::share_params(float* shared) {
-  int64_t off = 0;
-  for (auto& l : layers_) {
-    l->bind(shared + off, grads_.data() + off);
-    off += l->param_count();
-  }
-  shared_params_ = shared;
-  params_ = Buffer<float>();
 }
 
 void Model::zero_grads() {
@@ -391,8 +382,10 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg,
 }
 
 std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
-                                   const std::vector<int64_t>& input_shape, int classes) {
-  return std::make_unique<Model>(d, build_layers(cfg, input_shape, classes), classes);
+                                   const std::vector<int64_t>& input_shape, int classes,
+                                   float* shared_params) {
+  return std::make_unique<Model>(d, build_layers(cfg, input_shape, classes), classes,
+                                 shared_params);
 }
 
 ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_shape, int classes) {

@@ -208,7 +208,11 @@ class Dropout final : public Layer {
 
 class Model {
  public:
-  Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes);
+  // `shared_params`: the model reads its weights from there (param_count() floats that another
+  // Model of the same layers owns and keeps alive) and allocates none of its own; gradients
+  // are always its own.
+  Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes,
+        float* shared_params = nullptr);
   Device& device() { return dev_; }
   int64_t param_count() const { return n_params_; }
   int64_t in_features() const { return layers_.front()->in_features(); }
@@ -225,9 +229,6 @@ class Model {
 
   // Initialises all parameters from `seed` (same values on every replica).
   void init(uint64_t seed);
-  // From now on reads its weights from `shared` (param_count() floats that another Model of the
-  // same layers owns, and keeps alive) and frees its own; gradients stay its own.
-  void share_params(float* shared);
   void zero_grads();
   // Forward pass; returns logits [rows x classes]. `train` selects batch statistics and
   // dropout (true) or running statistics and no dropout (false).
@@ -271,7 +272,8 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg);
 // Builds the configured model for samples of `input_shape` (e.g. {1, 28, 28} or {784}) and
 // `classes` outputs. Throws UserError when a layer does not fit its input.
 std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
-                                   const std::vector<int64_t>& input_shape, int classes);
+                                   const std::vector<int64_t>& input_shape, int classes,
+                                   float* shared_params = nullptr);
 
 // The layers of that model, classifier included, without a device (nothing is allocated).
 // Throws UserError naming the layer (model.layers[i], or the preset's layer i) when one does

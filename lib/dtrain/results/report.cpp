@@ -104,6 +104,22 @@ int64_t param_count_of(const nlohmann::json& j) {
   const std::string model = j["model"].get<std::string>();
   return std::regex_search(model, m, re) ? std::strtoll(m[1].str().c_str(), nullptr, 10) : 0;
 }
+
+// Whether a run's replicas shared one machine's CPU cores or one GPU: in-process CPU replicas
+// (threads or shared weights; folders from before `replica_mode` say "as threads"), CPU
+// processes on one host, or colocated GPU replicas.
+bool simulated_run(const nlohmann::json& j, int gpus) {
+  if (gpus <= 1) return false;
+  const std::string devices = j.value("devices", std::string());
+  const std::string mode = j.value("replica_mode", std::string());
+  const auto has = [&](const char* s) { return devices.find(s) != std::string::npos; };
+  if (has("(colocated)")) return true;
+  if (!devices.starts_with("cpu:")) return false;
+  if (mode == "threads" || mode == "shared" || has(" as threads")) return true;
+  // Processes: "; mpirun (Open MPI), 1 host: node0" on one machine.
+  return (mode == "processes" || has(" as processes")) && !has(" hosts:");
+}
+
 }  // namespace
 
 RunRecord load_run(const std::string& dir) {
@@ -129,10 +145,7 @@ RunRecord load_run(const std::string& dir) {
     // Speedup, efficiency and the figures divide by it.
     if (r.gpus < 1)
       throw UserError(fmt::format("{}: gpus is {}, expected 1 or more", path, r.gpus));
-    const std::string mode = j.value("replica_mode", std::string());
-    r.simulated = r.gpus > 1 && (mode == "threads" || mode == "shared" ||
-                                 j.value("devices", std::string()).find("(colocated)") !=
-                                     std::string::npos);
+    r.simulated = simulated_run(j, r.gpus);
     r.per_replica_batch = j.value("per_replica_batch", 0LL);
     r.global_batch = j.value("global_batch", 0LL);
     r.accumulation_steps = j.value("accumulation_steps", 1);

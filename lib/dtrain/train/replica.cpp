@@ -60,13 +60,13 @@ Replica::Replica(RunContext& run, Communicator& comm)
   const int64_t micro_rows = std::min(micro_, train_.size());
   const int64_t eval_rows = std::min(cfg_.train.eval_batch, std::max<int64_t>(1, test_.size()));
   if (cfg_.data.augment.enabled()) xa_.resize(*dev_, at_least_one(micro_rows * features_));
-  model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes);
-  if (run.shared) {
-    model_->share_params(run.shared->model->params());  // initialised once, by the trainer
+  // Shared weights: initialised once, by the trainer.
+  model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes,
+                       run.shared ? run.shared->model->params() : nullptr);
+  if (run.shared)
     model_->zero_grads();
-  } else {
+  else
     model_->init(cfg_.train.seed);
-  }
   // Each replica's own stream for dropout (and augmentation): results differ with the replica
   // count whenever these are used, as they do in every framework.
   model_->set_context(&comm_, &replica_rng_);
@@ -305,10 +305,12 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     forward_backward(plan, s, stats, t);  // the last backward starts reducing gradients
     mark(1);
     step_lr_ = lr;
+    const double exchange_before = t.exchange;
     reduce_gradients(t);  // shared weights: the last rank also runs the optimizer
     mark(2);
-    if (run_.shared) {  // that update's time is the optimizer's on every rank
-      const double u = run_.shared->update_s[global_step_ & 1];
+    if (run_.shared) {  // that update's time is the optimizer's on every rank that waited for it
+      const double u =
+          std::min(run_.shared->update_s[global_step_ & 1], t.exchange - exchange_before);
       t.exchange -= u;
       t.optimizer += u;
     } else {

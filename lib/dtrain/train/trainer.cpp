@@ -230,9 +230,11 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
                   int local_ranks) {
   const ReplicaBytes one = replica_bytes(cfg, data);
   double have = 0, need = one.total() * local_ranks;
-  // Shared weights: one copy of weights, reduced gradients and optimizer state, and per
-  // replica its gradients and activations.
-  if (shares_weights(cfg, place)) need = one.params + (one.grads + one.activations) * local_ranks;
+  // Shared weights: one copy of the weights, gradients and optimizer state, the two sum
+  // buffers, and per replica its gradients and activations.
+  const bool shared = shares_weights(cfg, place);
+  const double common = one.params + 2 * one.grads;
+  if (shared) need = common + (one.grads + one.activations) * local_ranks;
   std::string where = "this machine has";
   if (place.backend == Backend::cuda) {
     // The GPU holding the most replicas (colocated ones share it), each with its copy of the
@@ -253,14 +255,20 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
   }
   if (have <= 0 || need <= have) return;
   constexpr double kGiB = 1024.0 * 1024 * 1024;
+  const std::string split =
+      shared ? fmt::format("{:.1f} GiB of shared weights and optimizer state + {} replicas x "
+                           "({:.1f} GiB of gradients + {:.1f} GiB of activations for {} rows)",
+                           common / kGiB, local_ranks, one.grads / kGiB, one.activations / kGiB,
+                           static_cast<int64_t>(one.rows))
+             : fmt::format("{} replica{} x ({:.1f} GiB of parameters, gradients and optimizer "
+                           "state + {:.1f} GiB of activations for {} rows)",
+                           local_ranks, local_ranks == 1 ? "" : "s", one.params / kGiB,
+                           one.activations / kGiB, static_cast<int64_t>(one.rows));
   throw UserError(fmt::format(
-      "model and batch need about {:.1f} GiB ({} replica{} x ({:.1f} GiB of parameters, "
-      "gradients and optimizer state + {:.1f} GiB of activations for {} rows)), but {} {:.1f} "
-      "GiB available; lower model.hidden (or the layers' units and channels), "
-      "train.per_replica_batch or train.eval_batch",
-      need / kGiB, local_ranks, local_ranks == 1 ? "" : "s", one.params / kGiB,
-      one.activations / kGiB, static_cast<int64_t>(one.rows), where,
-      have / kGiB));
+      "model and batch need about {:.1f} GiB ({}), but {} {:.1f} GiB available; lower "
+      "model.hidden (or the layers' units and channels), train.per_replica_batch or "
+      "train.eval_batch",
+      need / kGiB, split, where, have / kGiB));
 }
 
 }  // namespace
