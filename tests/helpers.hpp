@@ -63,6 +63,29 @@ inline Config synthetic_config(int gpus, int64_t per_replica_batch) {
   return c;
 }
 
+// A small conv net on 2x6x6 synthetic images (conv to 4 channels, BatchNorm, ReLU, dense 24,
+// ReLU, dropout 0.3) with flips drawn from each replica's stream and no sample dropped: what
+// has state beyond the weights.
+inline Config small_image_config(int gpus, int64_t per_replica_batch, int64_t train_size) {
+  Config c = synthetic_config(gpus, per_replica_batch);
+  c.data.synthetic.train_size = train_size;
+  c.data.drop_remainder = false;
+  c.data.synthetic.shape = {2, 6, 6};
+  c.data.augment.flip = true;
+  c.model.type = ModelType::layers;
+  for (LayerType t : {LayerType::conv, LayerType::batchnorm, LayerType::relu, LayerType::flatten,
+                      LayerType::dense, LayerType::relu, LayerType::dropout}) {
+    LayerSpec l;
+    l.type = t;
+    c.model.layers.push_back(l);
+  }
+  c.model.layers[0].channels = 4;
+  c.model.layers[0].padding = 1;
+  c.model.layers[4].units = 24;
+  c.model.layers[6].p = 0.3;
+  return c;
+}
+
 // The UserError message of calling f, or "" when it throws none.
 inline std::string error_of(const std::function<void()>& f) {
   try {

@@ -58,24 +58,7 @@ void require_same_numeric_columns(const TrainResult& a, const TrainResult& b) {
 // Two replicas with what has state beyond the weights: momentum or Adam's moments, dropout
 // (each replica's random stream), BatchNorm per replica, the noise scale, a short last step.
 Config stateful_config(OptimizerType opt) {
-  Config c = synthetic_config(2, 16);
-  c.data.synthetic.train_size = 16 * 2 * 12 + 7;  // 12 full steps and a short one
-  c.data.drop_remainder = false;
-  c.data.synthetic.shape = {2, 6, 6};
-  c.data.augment.flip = true;  // drawn from each replica's stream too
-  c.model.type = ModelType::layers;
-  auto layer = [](LayerType t) {
-    LayerSpec l;
-    l.type = t;
-    return l;
-  };
-  c.model.layers = {layer(LayerType::conv),  layer(LayerType::batchnorm), layer(LayerType::relu),
-                    layer(LayerType::flatten), layer(LayerType::dense),   layer(LayerType::relu),
-                    layer(LayerType::dropout)};
-  c.model.layers[0].channels = 4;
-  c.model.layers[0].padding = 1;
-  c.model.layers[4].units = 24;
-  c.model.layers[6].p = 0.3;
+  Config c = test::small_image_config(2, 16, 16 * 2 * 12 + 7);  // 12 full steps and a short one
   c.train.epochs = 3;
   c.train.checkpoint_steps = 5;
   c.optimizer.type = opt;

@@ -64,28 +64,11 @@ void check_modes_agree(Config c) {
   }
 }
 
-LayerSpec layer(LayerType t) {
-  LayerSpec l;
-  l.type = t;
-  return l;
-}
-
 // A small conv net with BatchNorm and dropout on images, with flips and crops.
 Config image_config(int gpus, BatchNormMode bn) {
-  Config c = synthetic_config(gpus, 8);
-  c.data.synthetic.train_size = 8 * gpus * 10 + 5;  // 10 full steps and a short one
-  c.data.drop_remainder = false;
-  c.data.synthetic.shape = {2, 6, 6};
-  c.data.augment.flip = true;
+  // 10 full steps and a short one
+  Config c = dtrain::test::small_image_config(gpus, 8, 8 * gpus * 10 + 5);
   c.data.augment.crop_padding = 1;
-  c.model.type = ModelType::layers;
-  c.model.layers = {layer(LayerType::conv),    layer(LayerType::batchnorm), layer(LayerType::relu),
-                    layer(LayerType::flatten), layer(LayerType::dense),     layer(LayerType::relu),
-                    layer(LayerType::dropout)};
-  c.model.layers[0].channels = 4;
-  c.model.layers[0].padding = 1;
-  c.model.layers[4].units = 24;
-  c.model.layers[6].p = 0.3;
   c.model.batchnorm = bn;
   c.train.epochs = 2;
   return c;
