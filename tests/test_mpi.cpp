@@ -81,6 +81,62 @@ TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process runs bit for bit", "[
   }
 }
 
+TEST_CASE("mpirun reproduces replicas sharing weights with BatchNorm, dropout and augmentation",
+          "[mpi][shared]") {
+  // What has state beyond the weights, every way the replicas can run: 3 processes, 3 threads
+  // with their own weights, and shared weights on 1 and 2 worker threads (fibers) and on 3.
+  // Synchronised BatchNorm, dropout, flips and crops, `sum`, 2 accumulation steps, a short
+  // last batch.
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir d("mpi-stateful");
+  const auto cfg = d.path / "st.yaml";
+  std::ofstream(cfg) << R"(name: st
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 221, test_size: 90, shape: [2, 6, 6], classes: 3, noise: 1.5}
+  drop_remainder: false
+  augment: {flip: true, crop_padding: 1}
+model:
+  type: layers
+  batchnorm: sync
+  layers:
+    - {conv: {channels: 4, kernel: 3, padding: 1}}
+    - batchnorm
+    - relu
+    - flatten
+    - {dropout: {p: 0.3}}
+    - {dense: {units: 16}}
+    - relu
+train: {epochs: 3, per_replica_batch: 6, accumulation_steps: 2, reduction: sum,
+        target_accuracy: 0}
+optimizer: {lr: 0.01, base_batch: 36, momentum: 0.9}
+)";
+  const auto bin = dtrain::test::dtrain_binary();
+  const auto res = (d.path / "res").string();
+  const auto a = shell(mpirun(3) + bin + " run " + cfg.string() +
+                       " gpus=3 --quiet --tag mpi --results " + res);
+  INFO(a.out);
+  REQUIRE(a.code == 0);
+  const auto m = numeric_columns(fs::path(res) / "st" / "mpi-g3" / "metrics.csv");
+  REQUIRE(std::count(m.begin(), m.end(), '\n') == 4);
+  int k = 0;
+  for (const std::string how :
+       {"replicas=threads threads=3", "replicas=shared threads=1", "replicas=shared threads=2",
+        "replicas=shared threads=3"}) {
+    const std::string tag = "in" + std::to_string(k++);
+    const auto b =
+        shell(bin + " run " + cfg.string() + " gpus=3 " + how + " --quiet --tag " + tag +
+              " --results " + res);
+    INFO(how << ": " << b.out);
+    REQUIRE(b.code == 0);
+    CHECK(m == numeric_columns(fs::path(res) / "st" / (tag + "-g3") / "metrics.csv"));
+  }
+}
+
 TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
   if (const auto why = mpirun_missing(); !why.empty()) {
     WARN("SKIPPED: " << why);
