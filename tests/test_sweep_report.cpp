@@ -164,6 +164,35 @@ TEST_CASE("report --plots draws PNG and SVG figures", "[report][plots]") {
     CHECK_THAT(slurp(out / (std::string(stem) + ".svg")), Catch::Contains("<svg"));
   }
   CHECK_THAT(slurp(out / "index.md"), Catch::Contains("![fx-speedup](fx-speedup.png)"));
+  // Real replicas (their devices say nothing of simulation): the title says nothing either.
+  CHECK_THAT(slurp(out / "fx-speedup.svg"), !Catch::Contains("simulated"));
+}
+
+TEST_CASE("speedup tables and figures say when replicas were simulated on one machine",
+          "[report][plots]") {
+  TempDir tmp("plots-sim");
+  const auto root = tmp.path;
+  const json cpu_threads = {{"devices", "cpu: 4 replicas in turn on 2 threads, sharing one copy "
+                                        "of the weights, conv onednn"},
+                            {"replica_mode", "shared"}};
+  const json two_hosts = {{"devices", "cpu: 2 replicas as processes (mpi), 1 thread each, conv "
+                                      "onednn; mpirun (Open MPI), 2 hosts: node0 node1"},
+                          {"replica_mode", "processes"}};
+  fixture_run(root, "g1", 1, "done", 100, 0.90);
+  fixture_run(root, "g2", 2, "done", 180, 0.89, two_hosts);
+  fixture_run(root, "g4", 4, "done", 300, 0.88, cpu_threads);
+  const auto out = root / "report";
+  const auto r = dtrain_cli("report " + root.string() + " --plots --out " + out.string());
+  INFO(r.out);
+  CHECK(r.code == 0);
+  // The table names the simulated run, and only it.
+  CHECK_THAT(r.out, Catch::Contains("Simulated on one machine (replicas sharing its CPU cores, "
+                                    "or one GPU): g4. Their speedup"));
+  if (!dtrain::gnuplot_available()) {
+    WARN("SKIPPED (figures): gnuplot is not installed (apt-get install gnuplot-nox)");
+    return;
+  }
+  CHECK_THAT(slurp(out / "fx-speedup.svg"), Catch::Contains("simulated on one machine"));
 }
 
 TEST_CASE("report --plots runs no code from names, statuses or the output folder",

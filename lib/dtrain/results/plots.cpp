@@ -304,8 +304,13 @@ void PlotSet::scaling(const std::vector<std::string>& groups) {
         "set grid\nset logscale x 2\nset xrange [{}:{}]\nset xlabel 'replicas'\n"
         "set key outside right top\n",
         lo / 1.2, hi * 1.2);
-    const std::string sp_title =
-        sp.text(fmt::format("{}: speedup (training samples/s against the baseline)", c.experiment));
+    // Replicas that shared one machine measure what simulating them costs, not N devices.
+    const bool simulated = std::any_of(c.rows.begin(), c.rows.end(), [&](const auto& r) {
+      return scalable(r) && r.run.simulated;
+    });
+    const std::string sp_title = sp.text(
+        fmt::format("{}: speedup (training samples/s against the baseline{})", c.experiment,
+                    simulated ? "; replicas simulated on one machine, not N devices" : ""));
     draw(sp, xaxis + fmt::format("set title {}\nset ylabel 'speedup'\nset logscale y 2", sp_title),
          fmt::format("plot x/{} with lines dt 2 lc 'gray' title 'ideal'", base_gpus) + sp_plot);
     const std::string eff_title = eff.text(c.experiment + ": scaling efficiency");
