@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -46,6 +47,9 @@ struct Fiber {
   int index = 0;
   bool done = false;
   const std::function<bool()>* waiting = nullptr;  // set while suspended in wait_until
+  // g_kick when `waiting` was last found false: until g_kick moves, it still is (every change
+  // a fiber may wait for is followed by notify()), so the worker need not ask again.
+  uint64_t parked_at = UINT64_MAX;
   void* asan_fake = nullptr;
 };
 
@@ -69,12 +73,10 @@ std::atomic<int> g_sleepers{0};
 std::mutex g_idle_mu;
 std::condition_variable g_idle_cv;
 
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
+// A moment of spinning that gives the core away if another thread wants it: two workers the
+// kernel put on one core must not spin against each other.
+void spin_pause() {
   std::this_thread::yield();
-#endif
 }
 
 // Into fiber f, from its worker's own context; back when f waits or ends.
@@ -122,7 +124,7 @@ void idle(uint64_t seen) {
   const auto spin_until = Clock::now() + std::chrono::microseconds(200);
   while (Clock::now() < spin_until) {
     if (g_kick.load() != seen) return;
-    for (int i = 0; i < 32; ++i) cpu_relax();
+    spin_pause();
   }
   ++g_sleepers;
   {
@@ -143,7 +145,13 @@ void work(Worker& w) {
     for (Fiber* f : w.fibers) {
       if (f->done) continue;
       left = true;
-      if (f->waiting && !(*f->waiting)()) continue;
+      if (f->waiting) {
+        if (f->parked_at == seen) continue;
+        if (!(*f->waiting)()) {
+          f->parked_at = seen;
+          continue;
+        }
+      }
       next = f;
       break;
     }
@@ -249,12 +257,13 @@ void wait_until(const std::function<bool()>& ready, int spin_us) {
   if (spin_us > 0 && w.workers > 1) {
     const auto until = Clock::now() + std::chrono::microseconds(spin_us);
     while (Clock::now() < until) {
-      for (int i = 0; i < 16; ++i) cpu_relax();
+      spin_pause();
       if (ready()) return;
     }
   }
   Fiber* f = w.current;
   f->waiting = &ready;
+  f->parked_at = UINT64_MAX;
   switch_out(w, f);  // the worker resumes this fiber once ready() holds
   f->waiting = nullptr;
 }

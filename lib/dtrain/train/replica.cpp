@@ -405,18 +405,37 @@ bool Replica::stop_agreed(int64_t step) {
   return stop > 0;
 }
 
+std::vector<double> Replica::gather(const std::vector<double>& mine) {
+  // A block of ranks at a time, at most 8 blocks: one all-reduce of every rank's values would
+  // hold N x N values at once where the N ranks share a process (4096 replicas: gigabytes),
+  // and every block is one more meeting of all ranks. Adding zeros to a value leaves it as it
+  // is, so the sums are the values.
+  const size_t n = mine.size(), ranks = static_cast<size_t>(replicas_);
+  const size_t kBlock = std::max<size_t>(64, (ranks + 7) / 8);
+  const auto me = static_cast<size_t>(rank_);
+  std::vector<double> all, block;
+  if (rank_ == 0) all.resize(n * ranks);
+  for (size_t first = 0; first < ranks; first += kBlock) {
+    const size_t count = std::min(kBlock, ranks - first);
+    block.assign(n * count, 0.0);
+    if (me >= first && me < first + count)
+      std::copy(mine.begin(), mine.end(), block.begin() + static_cast<std::ptrdiff_t>((me - first) * n));
+    comm_.allreduce(block.data(), block.size(), ReduceOp::sum);
+    if (rank_ == 0) std::copy(block.begin(), block.end(), all.begin() + static_cast<std::ptrdiff_t>(first * n));
+  }
+  return all;
+}
+
 std::vector<uint64_t> Replica::gather_words(const std::vector<uint64_t>& mine) {
-  const size_t n = mine.size();
-  std::vector<double> pieces(4 * n * static_cast<size_t>(replicas_), 0.0);
-  for (size_t i = 0; i < n; ++i)
+  std::vector<double> pieces(4 * mine.size());
+  for (size_t i = 0; i < mine.size(); ++i)
     for (size_t p = 0; p < 4; ++p)
-      pieces[(static_cast<size_t>(rank_) * n + i) * 4 + p] =
-          static_cast<double>((mine[i] >> (16 * p)) & 0xffff);
-  comm_.allreduce(pieces.data(), pieces.size(), ReduceOp::sum);
-  std::vector<uint64_t> all(n * static_cast<size_t>(replicas_), 0);
+      pieces[i * 4 + p] = static_cast<double>((mine[i] >> (16 * p)) & 0xffff);
+  const std::vector<double> all_pieces = gather(pieces);
+  std::vector<uint64_t> all(all_pieces.size() / 4, 0);
   for (size_t i = 0; i < all.size(); ++i)
     for (size_t p = 0; p < 4; ++p)
-      all[i] |= static_cast<uint64_t>(pieces[i * 4 + p]) << (16 * p);
+      all[i] |= static_cast<uint64_t>(all_pieces[i * 4 + p]) << (16 * p);
   return all;
 }
 
@@ -567,10 +586,9 @@ std::vector<double> Replica::evaluate() {
 EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
                                     const std::vector<double>& test, double eval_s) {
   const EpochTimes& t = tr.times;
-  // Each rank's busy time (waiting excluded): stragglers show here.
-  std::vector<double> busy(static_cast<size_t>(replicas_), 0.0);
-  busy[static_cast<size_t>(rank_)] = t.data + t.compute + t.optimizer;
-  comm_.allreduce(busy.data(), busy.size(), ReduceOp::sum);
+  // Each rank's busy time (waiting excluded), on rank 0: stragglers show here.
+  std::vector<double> busy = gather({t.data + t.compute + t.optimizer});
+  if (busy.empty()) busy.assign(1, 0.0);  // not rank 0: what it reports is not used
 
   EpochMetrics m;
   m.epoch = epoch + 1;

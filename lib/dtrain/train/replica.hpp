@@ -113,7 +113,9 @@ class Replica {
   // Copies the device's per-step sums of the first `steps` steps into step_stats_ (whose rows
   // the host counted).
   void pull_step_stats(int64_t steps);
-  // Every rank's words, in rank order (sent in 16-bit pieces, which doubles hold exactly).
+  // Every rank's values (the same count on each), in rank order, on rank 0; empty elsewhere.
+  std::vector<double> gather(const std::vector<double>& mine);
+  // The same for words, sent in 16-bit pieces, which doubles hold exactly.
   std::vector<uint64_t> gather_words(const std::vector<uint64_t>& mine);
   void mark(int phase) {
     if (queue_) queue_->step_mark(phase);
