@@ -82,7 +82,7 @@ TEST_CASE("fibers of an in-process group meet in collectives, on fewer threads",
           want[i] = acc * (1.0f / n);
         }
         comm->reduce_shared(mine.data(), len, ReduceOp::mean, shared.data(),
-                            [&](size_t, size_t) { ++then_calls; });
+                            [&] { ++then_calls; });
         for (size_t i = 0; i < len; ++i) wrong_fold += shared[i] == want[i] ? 0 : 1;
         comm->allreduce(mine.data(), len, ReduceOp::mean);
         for (size_t i = 0; i < len; ++i) wrong_allreduce += mine[i] == want[i] ? 0 : 1;

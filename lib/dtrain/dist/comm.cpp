@@ -12,6 +12,24 @@
 namespace dtrain {
 
 namespace {
+// cv.wait(lk, ready), but inside a fiber the worker runs its other fibers meanwhile (spinning
+// up to `spin_us` first where another worker can end the wait).
+template <class Ready>
+void wait_for(std::unique_lock<std::mutex>& lk, std::condition_variable& cv, Ready ready,
+              int spin_us = 0) {
+  if (fibers::in_fiber() && !ready()) {
+    lk.unlock();
+    fibers::wait_until(
+        [&] {
+          std::lock_guard hold(*lk.mutex());
+          return ready();
+        },
+        spin_us);
+    lk.lock();
+  }
+  cv.wait(lk, ready);
+}
+
 // A counting semaphore that wakes exactly the one thread (or fiber) waiting on it.
 class Signal {
  public:
@@ -24,18 +42,10 @@ class Signal {
     fibers::notify();
   }
   void acquire() {
-    if (fibers::in_fiber()) {
-      // The rank before this one is often on another core, about to finish: spin a little
-      // first (fibers spin only where there is another worker).
-      fibers::wait_until(
-          [&] {
-            std::lock_guard lk(mu_);
-            return count_ > 0;
-          },
-          /*spin_us=*/200);
-    }
     std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return count_ > 0; });
+    // The rank before this one is often on another core, about to finish: a fiber spins a
+    // little first.
+    wait_for(lk, cv_, [&] { return count_ > 0; }, /*spin_us=*/200);
     --count_;
   }
 
@@ -75,16 +85,7 @@ struct InProcessGroup::State {
       fibers::yield();  // the worker's earlier fibers go on first, in rank order
       return;
     }
-    const auto passed = [&] { return generation != gen || aborted; };
-    if (fibers::in_fiber()) {  // the worker runs its other fibers meanwhile
-      lk.unlock();
-      fibers::wait_until([&] {
-        std::lock_guard hold(mu);
-        return passed();
-      });
-      lk.lock();
-    }
-    cv.wait(lk, passed);
+    wait_for(lk, cv, [&] { return generation != gen || aborted; });
     if (aborted) throw Aborted(why);
   }
   void abort(const std::string& reason) {
@@ -138,7 +139,7 @@ class InProcessComm final : public Communicator {
   }
 
   void reduce_shared(const float* data, size_t n, ReduceOp op, float* out,
-                     const ChunkFn& then) override {
+                     const std::function<void()>& then) override {
     // An ordered fold: out = buffer 0, then out += buffer 1, ..., each rank adding its own as
     // soon as the rank before it has, while its gradients are still in this core's cache.
     // Per element that is reduce()'s arithmetic: acc = b0; acc += b1; ...; acc *= 1/p.
@@ -156,7 +157,7 @@ class InProcessComm final : public Communicator {
       }
     }
     if (last) {
-      if (then && n > 0) then(0, n);
+      if (then) then();
     } else {
       s_->turn[static_cast<size_t>(rank_ + 1)]->release();
     }
@@ -192,7 +193,8 @@ class InProcessComm final : public Communicator {
 
 }  // namespace
 
-void Communicator::reduce_shared(const float*, size_t, ReduceOp, float*, const ChunkFn&) {
+void Communicator::reduce_shared(const float*, size_t, ReduceOp, float*,
+                                 const std::function<void()>&) {
   DTRAIN_THROW_SYSTEM(kind() + " communicator: no shared reduction (replicas in one process only)");
 }
 

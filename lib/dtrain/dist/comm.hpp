@@ -22,11 +22,10 @@ class Communicator {
   virtual void allreduce(double* data, size_t n, ReduceOp op) = 0;
   // For replicas that share one copy of the weights (threads of one process): reduces every
   // rank's `data` into `out` alone, with allreduce's arithmetic (rank 0 + rank 1 + ..., in that
-  // order), and the last rank then calls then(0, n); returns when `then` has returned. Throws
+  // order), and the last rank then calls then(); returns when `then` has returned. Throws
   // SystemError where the ranks do not share memory.
-  using ChunkFn = std::function<void(size_t lo, size_t hi)>;
   virtual void reduce_shared(const float* data, size_t n, ReduceOp op, float* out,
-                             const ChunkFn& then);
+                             const std::function<void()>& then);
   // Releases every rank blocked in a collective (they throw Aborted); used when one rank fails.
   virtual void abort(const std::string& why) = 0;
 };

@@ -39,25 +39,23 @@ class HostExchange final : public GradExchange {
 class SharedExchange final : public GradExchange {
  public:
   SharedExchange(Communicator& comm, ReduceOp op, size_t n, size_t bucket,
-                 std::function<float*()> out, Communicator::ChunkFn then)
+                 std::function<float*()> out, std::function<void()> then)
       : GradExchange(n, bucket),
         comm_(comm),
         op_(op),
-        n_(n),
         out_(std::move(out)),
         then_(std::move(then)) {}
   std::string kind() const override { return comm_.kind() + " into shared weights"; }
 
  protected:
   void reduce(float*, size_t) override {}  // the whole buffer goes in wait()
-  void wait() override { comm_.reduce_shared(buffer(), n_, op_, out_(), then_); }
+  void wait() override { comm_.reduce_shared(buffer(), size(), op_, out_(), then_); }
 
  private:
   Communicator& comm_;
   ReduceOp op_;
-  size_t n_;
   std::function<float*()> out_;
-  Communicator::ChunkFn then_;
+  std::function<void()> then_;
 };
 }  // namespace
 
@@ -118,7 +116,7 @@ std::unique_ptr<GradExchange> make_host_exchange(Communicator& comm, Device& dev
 std::unique_ptr<GradExchange> make_shared_exchange(Communicator& comm, ReduceOp op,
                                                    size_t n_params, size_t bucket_elems,
                                                    std::function<float*()> out,
-                                                   Communicator::ChunkFn then) {
+                                                   std::function<void()> then) {
   return std::make_unique<SharedExchange>(comm, op, n_params, bucket_elems, out, std::move(then));
 }
 

@@ -59,6 +59,7 @@ class GradExchange {
   virtual void reduce(float* data, size_t n) = 0;  // may return before the reduction is done
   virtual void wait() {}                           // every reduce() so far has completed
   float* buffer() const { return grads_; }         // the buffer given to begin()
+  size_t size() const { return n_; }               // its length
 
  private:
   void launch_ready();
@@ -85,6 +86,6 @@ std::unique_ptr<GradExchange> make_host_exchange(Communicator& comm, Device& dev
 std::unique_ptr<GradExchange> make_shared_exchange(Communicator& comm, ReduceOp op,
                                                    size_t n_params, size_t bucket_elems,
                                                    std::function<float*()> out,
-                                                   Communicator::ChunkFn then);
+                                                   std::function<void()> then);
 
 }  // namespace dtrain

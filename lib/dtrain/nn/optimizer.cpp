@@ -13,23 +13,20 @@ Optimizer::Optimizer(Device& d, const OptimizerConfig& cfg, size_t n) : dev_(d),
 
 void Optimizer::step(float* params, const float* grads, double lr) {
   ++t_;
-  update(dev_, params, grads, lr, 0, n_, t_);
+  update(dev_, params, grads, lr, t_);
 }
 
-void Optimizer::update(Device& d, float* params, const float* grads, double lr, size_t lo,
-                       size_t hi, int64_t t) {
+void Optimizer::update(Device& d, float* params, const float* grads, double lr, int64_t t) {
   const auto f = [](double x) { return static_cast<float>(x); };
-  const size_t n = hi - lo;
   switch (cfg_.type) {
     case OptimizerType::sgd:
-      d.sgd_update(params + lo, grads + lo, m_.data() + lo, n, f(lr), f(cfg_.momentum),
-                   f(cfg_.weight_decay), cfg_.nesterov);
+      d.sgd_update(params, grads, m_.data(), n_, f(lr), f(cfg_.momentum), f(cfg_.weight_decay),
+                   cfg_.nesterov);
       break;
     case OptimizerType::adam:
     case OptimizerType::adamw:
-      d.adam_update(params + lo, grads + lo, m_.data() + lo, v_.data() + lo, n, f(lr),
-                    f(cfg_.beta1), f(cfg_.beta2), f(cfg_.eps), f(cfg_.weight_decay),
-                    cfg_.type == OptimizerType::adamw, t);
+      d.adam_update(params, grads, m_.data(), v_.data(), n_, f(lr), f(cfg_.beta1), f(cfg_.beta2),
+                    f(cfg_.eps), f(cfg_.weight_decay), cfg_.type == OptimizerType::adamw, t);
       break;
   }
 }

@@ -13,11 +13,10 @@ class Optimizer {
  public:
   Optimizer(Device& d, const OptimizerConfig& cfg, size_t n);
   void step(float* params, const float* grads, double lr);
-  // The update of step number `t` (1-based) on elements [lo, hi) only, on device `d` (whose
-  // memory holds the buffers): step() is update(dev, ..., 0, size(), steps_taken() + 1).
-  // Updates of disjoint ranges may run at once, from several threads.
-  void update(Device& d, float* params, const float* grads, double lr, size_t lo, size_t hi,
-              int64_t t);
+  // The update of step number `t` (1-based) on device `d` (whose memory holds the buffers),
+  // leaving steps_taken() alone: step() is update(dev, ..., steps_taken() + 1). For replicas
+  // that share this optimizer, whichever of them runs the update.
+  void update(Device& d, float* params, const float* grads, double lr, int64_t t);
   int64_t steps_taken() const { return t_; }
   // The state a checkpoint keeps: the step count and the moments (m: SGD's momentum or Adam's
   // first moment; v: Adam's second, empty for SGD), on the device.

@@ -120,7 +120,7 @@ void Replica::make_exchange(size_t n_params) {
   if (run_.shared)
     exchange_ = make_shared_exchange(
         comm_, op, n_params, bucket_elems, [this] { return reduced_grads(); },
-        [this](size_t lo, size_t hi) { update_shared(lo, hi); });
+        [this] { update_shared(); });
   else if (run_.nccl)
     exchange_ = run_.nccl->exchange(run_.nccl_per_process ? 0 : rank_, *dev_, op, n_params,
                                     bucket_elems);
@@ -378,11 +378,11 @@ void Replica::reduce_gradients(EpochTimes& t) {
   t.exchange += during_backward + seconds_since(t0);
 }
 
-void Replica::update_shared(size_t lo, size_t hi) {
+void Replica::update_shared() {
   const auto t0 = Clock::now();
   SharedWeights& sw = *run_.shared;
   // global_step_ counts this step already: it is the optimizer's 1-based step number.
-  sw.opt->update(*dev_, sw.model->params(), reduced_grads(), step_lr_, lo, hi, global_step_);
+  sw.opt->update(*dev_, sw.model->params(), reduced_grads(), step_lr_, global_step_);
   sw.update_s[global_step_ & 1] = seconds_since(t0);
 }
 
@@ -419,9 +419,11 @@ std::vector<double> Replica::gather(const std::vector<double>& mine) {
     const size_t count = std::min(kBlock, ranks - first);
     block.assign(n * count, 0.0);
     if (me >= first && me < first + count)
-      std::copy(mine.begin(), mine.end(), block.begin() + static_cast<std::ptrdiff_t>((me - first) * n));
+      std::copy_n(mine.begin(), n, block.begin() + static_cast<std::ptrdiff_t>((me - first) * n));
     comm_.allreduce(block.data(), block.size(), ReduceOp::sum);
-    if (rank_ == 0) std::copy(block.begin(), block.end(), all.begin() + static_cast<std::ptrdiff_t>(first * n));
+    if (rank_ == 0)
+      std::copy_n(block.begin(), block.size(),
+                  all.begin() + static_cast<std::ptrdiff_t>(first * n));
   }
   return all;
 }

@@ -83,7 +83,7 @@ class Replica {
   void forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t);
   void reduce_gradients(EpochTimes& t);
   // Shared weights: the optimizer step, called by the exchange on the last rank.
-  void update_shared(size_t lo, size_t hi);
+  void update_shared();
   Optimizer& optimizer() { return run_.shared ? *run_.shared->opt : *opt_; }
   // The gradients after the exchange: this replica's buffer, or the shared one.
   float* reduced_grads() {
