@@ -210,6 +210,13 @@ TEST_CASE("validate builds every model shape and estimates its memory before any
   CHECK(count_lines(r.out) == 1);
   CHECK(r.out.find("GiB available") != std::string::npos);
   CHECK(r.out.find("model.hidden") != std::string::npos);
+  // Replicas sharing weights: the estimate counts one copy, and says so.
+  r = dtrain_cli("validate " + cfg.string() + " model.type=mlp model.hidden=[100000000] gpus=4");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.out) == 1);
+  CHECK(r.out.find("GiB of shared weights and optimizer state + 4 replicas x") !=
+        std::string::npos);
   // A batch or evaluation chunk larger than the data needs no more memory than the data.
   r = dtrain_cli("run " + cfg.string() +
                  " model.type=mlp train.per_replica_batch=100000000 data.drop_remainder=false "

@@ -293,6 +293,11 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
   CHECK(a.info.devices.find("NCCL") != std::string::npos);
   CHECK(b.info.devices.find("gradients through the host") != std::string::npos);
   CHECK(test::max_rel_step_diff(a, b) < 1e-5);
+  CHECK(b.info.replica_mode == "threads");  // replicas: auto shares weights on the CPU only
+  Config shared = four;
+  shared.replicas = ReplicaMode::shared;
+  CHECK_THROWS_WITH(test::run_config(shared),
+                    Catch::Contains("replicas: shared runs CPU replicas only"));
   // Buckets reduced during backward give the same bits as one reduction after it.
   Config bucketed = four, single = four;
   bucketed.train.bucket_mb = 0.0005;

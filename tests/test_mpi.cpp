@@ -149,6 +149,13 @@ TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Catch::Contains("gpus=4 but the launcher started 2 processes"));
   CHECK_FALSE(fs::exists(d.path / "res" / "mp"));
+  // Shared weights need every replica in one process.
+  const auto s = shell(mpirun(2) + dtrain::test::dtrain_binary() + " run " + cfg +
+                       " gpus=2 replicas=shared --results " + (d.path / "res").string());
+  CHECK(s.code != 0);
+  CHECK_THAT(s.out, Catch::Contains("dtrain: error: replicas: shared keeps every replica in one "
+                                    "process, but this run was started by a launcher"));
+  CHECK_FALSE(fs::exists(d.path / "res" / "mp"));
 }
 
 TEST_CASE("a rank that throws ends every rank quickly and the run says failed", "[mpi]") {
