@@ -216,6 +216,7 @@ gpu_runs=(
   "configs/fmnist-cnn.yaml|precision=bf16 train.epochs=2 optimizer.warmup_epochs=1|cnn-bf16"
   "configs/quickstart.yaml|train.epochs=2 train.cuda_graph=false|mlp-eager"
   "configs/quickstart.yaml|colocate=true gpus=1,4 train.epochs=2|mlp-colocated"
+  "configs/quickstart.yaml|colocate=true gpus=4 replicas=shared train.epochs=2|mlp-colocated-shared"
 )
 
 # One line per run from its summary.json, which dtrain writes one top-level key per line,
@@ -264,8 +265,8 @@ stage_runs() {
 }
 
 # compute-sanitizer (memcheck, then racecheck) on short runs: the MLP and the CNN with CUDA graphs
-# on and off, and two colocated replicas; each run's log keeps the tool's summary line, and a run
-# passes on exit 0 with "ERROR SUMMARY: 0 errors" (memcheck) or "0 hazards" (racecheck).
+# on and off, and two colocated replicas (a copy of the weights each, and one shared copy); each
+# run's log keeps the tool's summary line, and a run passes on exit 0 with "ERROR SUMMARY: 0 errors" (memcheck) or "0 hazards" (racecheck).
 # memcheck runs with --report-api-errors no: NCCL's communicator setup probes its kernels with
 # cudaFuncGetAttributes and handles "no kernel image" itself, which memcheck would otherwise count
 # as errors; an API error in dtrain's own calls ends the run with a nonzero exit instead.
@@ -275,6 +276,7 @@ sanitizer_runs=(
   "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=true|cnn-graph"
   "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=false|cnn-eager"
   "configs/quickstart.yaml|gpus=2 colocate=true|mlp-colocated"
+  "configs/quickstart.yaml|gpus=2 colocate=true replicas=shared|mlp-colocated-shared"
 )
 stage_sanitizer() {
   if [ "$rehearsal" = 1 ]; then echo "gpu-check: rehearsal: the sanitizer needs a GPU"; return $skipped; fi

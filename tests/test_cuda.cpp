@@ -238,6 +238,14 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     d.multiply(g, mr.in(mask), y, G.size());
     return Outs{mr.out(p, P.size()), mr.out(q, P.size()), mr.out(y, G.size())};
   });
+  // The ordered sum of replicas that share weights: exact, as the host's adds are.
+  twin("fold", 0, [&](Device& d, Mirror& mr) -> Outs {
+    float* acc = mr.in(std::vector<float>(P.size(), 7.f));
+    d.fold(acc, mr.in(P), P.size(), true, 1.f);
+    d.fold(acc, mr.in(G), P.size(), false, 1.f);
+    d.fold(acc, mr.in(mask), P.size(), false, 1.f / 3);
+    return Outs{mr.out(acc, P.size())};
+  });
 }
 
 // precision: bf16: the CPU twin rounds operands exactly as the GPU converts them, so GEMMs
@@ -294,10 +302,22 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
   CHECK(b.info.devices.find("gradients through the host") != std::string::npos);
   CHECK(test::max_rel_step_diff(a, b) < 1e-5);
   CHECK(b.info.replica_mode == "threads");  // replicas: auto shares weights on the CPU only
+  // One shared copy of the weights, the gradients added on the GPU in rank order: the host
+  // reduction's arithmetic per element, so the same bits.
   Config shared = four;
   shared.replicas = ReplicaMode::shared;
-  CHECK_THROWS_WITH(test::run_config(shared),
-                    Catch::Contains("replicas: shared runs CPU replicas only"));
+  const auto s = test::run_config(shared);
+  // Both hold four training sets, batches and activations; shared holds one copy of the
+  // weights and momentum instead of four (plus two sum buffers).
+  REQUIRE(b.info.peak_device_mib.size() == 1);
+  REQUIRE(s.info.peak_device_mib.count(0) == 1);
+  CHECK(s.info.peak_device_mib.at(0) > 0);
+  CHECK(s.info.peak_device_mib.at(0) <= b.info.peak_device_mib.at(0));
+  CHECK(s.info.replica_mode == "shared");
+  CHECK(s.info.devices.find("added on the GPU in rank order") != std::string::npos);
+  CHECK(s.step_losses == b.step_losses);
+  REQUIRE(s.epochs.size() == b.epochs.size());
+  CHECK(s.epochs.back().test_acc == b.epochs.back().test_acc);
   // Buckets reduced during backward give the same bits as one reduction after it.
   Config bucketed = four, single = four;
   bucketed.train.bucket_mb = 0.0005;
@@ -743,6 +763,54 @@ TEST_CASE("an aborted NCCL group starts no call and waits for the calls in fligh
     CHECK(after_free == 0);
     CHECK(stopped == 4);
   }
+}
+
+TEST_CASE("the GPU memory gauge keeps each GPU's live bytes and this run's peak", "[gpu-logic]") {
+  GpuMemoryGauge g;
+  int a = 0, b = 0, c = 0;
+  CHECK(g.peaks().empty());
+  g.allocated(0, &a, 100);
+  g.allocated(0, &b, 50);
+  g.allocated(1, &c, 7);
+  g.freed(&a);
+  g.freed(&a);  // twice, or a pointer it never saw: ignored
+  g.freed(nullptr);
+  CHECK(g.live(0) == 50);
+  CHECK(g.live(1) == 7);
+  CHECK(g.live(2) == 0);
+  auto p = g.peaks();
+  REQUIRE(p.size() == 2);
+  CHECK((p[0].gpu == 0 && p[0].bytes == 150));
+  CHECK((p[1].gpu == 1 && p[1].bytes == 7));
+  g.reset_peaks();  // a new run: its peak starts from what is still allocated
+  g.allocated(0, &a, 10);
+  p = g.peaks();
+  CHECK((p[0].bytes == 60 && p[1].bytes == 7));
+  g.freed(&b);
+  g.freed(&c);
+  g.freed(&a);
+  g.reset_peaks();
+  CHECK(g.peaks().empty());  // nothing allocated since: no GPU in this run
+}
+
+TEST_CASE("replicas share weights on a GPU only when asked and all on one GPU", "[gpu-logic]") {
+  Config c = test::synthetic_config(4, 32);
+  Placement cpu, one, two;
+  one.backend = two.backend = Backend::cuda;
+  one.colocated = two.colocated = true;
+  one.gpu_of_replica = {0, 0, 0, 0};
+  two.gpu_of_replica = {0, 1, 0, 1};
+  for (ReplicaMode m : {ReplicaMode::auto_, ReplicaMode::threads, ReplicaMode::shared}) {
+    c.replicas = m;
+    INFO("replicas: " << to_string(m));
+    CHECK(shares_weights(c, cpu) == (m != ReplicaMode::threads));
+    CHECK(shares_weights(c, one) == (m == ReplicaMode::shared));  // auto keeps threads on GPUs
+    CHECK_FALSE(shares_weights(c, two));  // the sum would cross GPUs
+  }
+  c.gpus = 1;  // one replica has nothing to share
+  CHECK_FALSE(shares_weights(c, cpu));
+  one.gpu_of_replica = {0};
+  CHECK_FALSE(shares_weights(c, one));
 }
 
 TEST_CASE("cuDNN algorithms: the first deterministic supported one, else the first supported",

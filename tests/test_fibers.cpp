@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/backend/device.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/fibers.hpp"
 #include "dtrain/dist/comm.hpp"
@@ -73,6 +74,7 @@ TEST_CASE("fibers of an in-process group meet in collectives, on fewer threads",
     std::atomic<int> then_calls{0}, wrong_allreduce{0}, wrong_fold{0};
     fibers::run(n, workers, [&](int r) {
       auto comm = group.communicator(r);
+      const auto dev = make_cpu_device();
       for (int round = 0; round < rounds; ++round) {
         std::vector<float> mine(len), want(len);
         for (size_t i = 0; i < len; ++i) {
@@ -81,7 +83,7 @@ TEST_CASE("fibers of an in-process group meet in collectives, on fewer threads",
           for (int q = 1; q < n; ++q) acc += value(q, round, i);
           want[i] = acc * (1.0f / n);
         }
-        comm->reduce_shared(mine.data(), len, ReduceOp::mean, shared.data(),
+        comm->reduce_shared(*dev, mine.data(), len, ReduceOp::mean, shared.data(),
                             [&] { ++then_calls; });
         for (size_t i = 0; i < len; ++i) wrong_fold += shared[i] == want[i] ? 0 : 1;
         comm->allreduce(mine.data(), len, ReduceOp::mean);

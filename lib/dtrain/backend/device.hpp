@@ -161,6 +161,9 @@ class Device {
   virtual void multiply(const float* x, const float* mask, float* y, size_t n) = 0;
 
   virtual void scale(float* x, size_t n, float a) = 0;  // x *= a
+  // acc = (first ? x : acc + x) * scale, element by element (math::fold): one replica's turn
+  // in the ordered sum of replicas that share one copy of the weights.
+  virtual void fold(float* acc, const float* x, size_t n, bool first, float scale) = 0;
   // *acc (device memory) += the sum of x[i]^2 (for the gradient noise scale), in an order that
   // depends on n alone; relative error below 2e-5 (the CPU adds short runs in float lanes).
   virtual void sum_squares(const float* x, size_t n, double* acc) = 0;

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
 
@@ -24,6 +26,46 @@ std::string version_string(int v, int major_div, int minor_div) {
 }
 }  // namespace
 #endif
+
+void GpuMemoryGauge::allocated(int gpu, const void* p, size_t bytes) {
+  std::lock_guard lk(mu_);
+  blocks_[p] = {gpu, bytes};
+  Use& u = gpus_[gpu];
+  u.live += bytes;
+  u.peak = std::max(u.peak, u.live);
+}
+
+void GpuMemoryGauge::freed(const void* p) {
+  std::lock_guard lk(mu_);
+  const auto it = blocks_.find(p);
+  if (it == blocks_.end()) return;
+  gpus_[it->second.first].live -= it->second.second;
+  blocks_.erase(it);
+}
+
+size_t GpuMemoryGauge::live(int gpu) const {
+  std::lock_guard lk(mu_);
+  const auto it = gpus_.find(gpu);
+  return it == gpus_.end() ? 0 : it->second.live;
+}
+
+std::vector<GpuMemoryGauge::Peak> GpuMemoryGauge::peaks() const {
+  std::lock_guard lk(mu_);
+  std::vector<Peak> out;
+  for (const auto& [gpu, u] : gpus_)
+    if (u.peak > 0) out.push_back({gpu, u.peak});
+  return out;
+}
+
+void GpuMemoryGauge::reset_peaks() {
+  std::lock_guard lk(mu_);
+  for (auto& [gpu, u] : gpus_) u.peak = u.live;
+}
+
+GpuMemoryGauge& gpu_memory() {
+  static GpuMemoryGauge g;
+  return g;
+}
 
 int pick_algorithm(const std::vector<AlgoOption>& best_first, bool* deterministic) {
   int first = -1;

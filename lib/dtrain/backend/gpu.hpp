@@ -3,8 +3,12 @@
 // Compiles everywhere; where dtrain was built without the CUDA toolkit, cuda_built() is false
 // and there are no GPUs.
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dtrain/backend/device.hpp"
@@ -57,6 +61,35 @@ struct AlgoOption {
   bool deterministic = false;
 };
 int pick_algorithm(const std::vector<AlgoOption>& best_first, bool* deterministic);
+
+// The device memory this process allocated on each GPU through the CUDA backend (its buffers
+// and the cuBLAS and cuDNN workspaces), now and at its peak: the counterpart of the process's
+// peak RSS, for summary.json. NCCL's buffers, the CUDA context and the few kilobytes that
+// stage a CUDA graph's per-step values are not counted. Thread-safe; allocations are rare
+// (never inside a training step).
+class GpuMemoryGauge {
+ public:
+  struct Peak {
+    int gpu = 0;
+    size_t bytes = 0;
+  };
+  void allocated(int gpu, const void* p, size_t bytes);
+  void freed(const void* p);  // a pointer it was not told of is ignored
+  size_t live(int gpu) const;
+  // Every GPU that held memory since the last reset, by index.
+  std::vector<Peak> peaks() const;
+  // Peaks start again from what is allocated now (a new run in the same process).
+  void reset_peaks();
+
+ private:
+  struct Use {
+    size_t live = 0, peak = 0;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<const void*, std::pair<int, size_t>> blocks_;
+  std::map<int, Use> gpus_;
+};
+GpuMemoryGauge& gpu_memory();
 
 // A warning in dtrain's log, for code that cannot include the logger (CUDA sources).
 void gpu_warn(const std::string& line);

@@ -186,6 +186,15 @@ DTRAIN_HD inline float dropout_keep(double p) {
   return static_cast<float>(1.0 / (1.0 - p));
 }
 
+// ---- the ordered sum of replicas that share weights (Device::fold) ----
+
+// One replica's turn: its gradient added to the sum of the ranks before it (or the sum's
+// start, for the first), times `scale` (1, or 1/p on the last rank of a mean; times 1 is exact).
+// Per element the in-process all-reduce's arithmetic: b0 + b1 + ... + b(p-1), then x 1/p.
+DTRAIN_HD inline float fold(float acc, float x, bool first, float scale) {
+  return (first ? x : acc + x) * scale;
+}
+
 // ---- optimizers ----
 
 // PyTorch's SGD semantics: coupled weight decay, momentum buffer without dampening.

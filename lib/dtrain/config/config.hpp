@@ -25,8 +25,9 @@ enum class LrScaling { none, linear, sqrt };
 enum class Schedule { constant, step, cosine };
 enum class ModelType { mlp, lenet5, cnn, layers };
 enum class BatchNormMode { local, sync };
-// How in-process CPU replicas hold the model: each its own copy (threads), or one copy of the
-// weights and optimizer state for all (shared); auto picks shared where it applies.
+// How in-process replicas hold the model: each its own copy (threads), or one copy of the
+// weights and optimizer state for all (shared); auto picks shared for CPU replicas. Replicas
+// colocated on one GPU share only when asked (shares_weights in trainer.hpp).
 enum class ReplicaMode { auto_, threads, shared };
 enum class LayerType {
   dense,
@@ -147,7 +148,7 @@ struct Config {
   int threads = 0;               // CPU threads for the whole run; 0 = all hardware threads
   std::vector<int64_t> devices;  // GPU indices to use (cuda); empty = 0, 1, ... gpus-1
   bool colocate = false;         // cuda: allow several replicas per GPU when gpus > devices
-  ReplicaMode replicas = ReplicaMode::auto_;  // in-process CPU replicas: see ReplicaMode
+  ReplicaMode replicas = ReplicaMode::auto_;  // in-process replicas: see ReplicaMode
   Precision precision = Precision::fp32;
   DataConfig data;
   ModelConfig model;

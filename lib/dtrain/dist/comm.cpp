@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "dtrain/backend/device.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/fibers.hpp"
 
@@ -138,29 +139,22 @@ class InProcessComm final : public Communicator {
     s_->wait();  // every chunk is reduced everywhere
   }
 
-  void reduce_shared(const float* data, size_t n, ReduceOp op, float* out,
+  void reduce_shared(Device& dev, const float* data, size_t n, ReduceOp op, float* out,
                      const std::function<void()>& then) override {
     // An ordered fold: out = buffer 0, then out += buffer 1, ..., each rank adding its own as
     // soon as the rank before it has, while its gradients are still in this core's cache.
     // Per element that is reduce()'s arithmetic: acc = b0; acc += b1; ...; acc *= 1/p.
     const int p = s_->size;
     s_->take_turn(rank_);
-    const float inv = 1.0f / static_cast<float>(p);
     const bool last = rank_ == p - 1;
-    const bool scale = last && op == ReduceOp::mean;
-    if (rank_ == 0 && !scale) {
-      std::copy_n(data, n, out);
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        float acc = rank_ == 0 ? data[i] : out[i] + data[i];
-        out[i] = scale ? acc * inv : acc;
-      }
-    }
+    const float scale = last && op == ReduceOp::mean ? 1.0f / static_cast<float>(p) : 1.0f;
+    DeviceQueue* queue = dev.queue();  // a GPU's stream: the next rank reads what this one wrote
+    dev.fold(out, data, n, rank_ == 0, scale);
     if (last) {
       if (then) then();
-    } else {
-      s_->turn[static_cast<size_t>(rank_ + 1)]->release();
     }
+    if (queue) queue->synchronize();
+    if (!last) s_->turn[static_cast<size_t>(rank_ + 1)]->release();
     if (p > 1) s_->wait();  // the sum is whole and `then` has run
   }
 
@@ -193,7 +187,7 @@ class InProcessComm final : public Communicator {
 
 }  // namespace
 
-void Communicator::reduce_shared(const float*, size_t, ReduceOp, float*,
+void Communicator::reduce_shared(Device&, const float*, size_t, ReduceOp, float*,
                                  const std::function<void()>&) {
   DTRAIN_THROW_SYSTEM(kind() + " communicator: no shared reduction (replicas in one process only)");
 }

@@ -10,6 +10,8 @@
 
 namespace dtrain {
 
+class Device;  // backend/device.hpp
+
 enum class ReduceOp { sum, mean };
 
 class Communicator {
@@ -22,9 +24,11 @@ class Communicator {
   virtual void allreduce(double* data, size_t n, ReduceOp op) = 0;
   // For replicas that share one copy of the weights (threads of one process): reduces every
   // rank's `data` into `out` alone, with allreduce's arithmetic (rank 0 + rank 1 + ..., in that
-  // order), and the last rank then calls then(); returns when `then` has returned. Throws
-  // SystemError where the ranks do not share memory.
-  virtual void reduce_shared(const float* data, size_t n, ReduceOp op, float* out,
+  // order), and the last rank then calls then(); returns when `then` has returned. Each rank
+  // adds its part with Device::fold on `dev`, its own device (the GPU's stream where replicas
+  // share a GPU: a rank's work there is finished before the next rank's turn and before the
+  // ranks go on). Throws SystemError where the ranks do not share memory.
+  virtual void reduce_shared(Device& dev, const float* data, size_t n, ReduceOp op, float* out,
                              const std::function<void()>& then);
   // Releases every rank blocked in a collective (they throw Aborted); used when one rank fails.
   virtual void abort(const std::string& why) = 0;

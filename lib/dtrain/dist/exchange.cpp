@@ -38,10 +38,11 @@ class HostExchange final : public GradExchange {
 };
 class SharedExchange final : public GradExchange {
  public:
-  SharedExchange(Communicator& comm, ReduceOp op, size_t n, size_t bucket,
+  SharedExchange(Communicator& comm, Device& dev, ReduceOp op, size_t n, size_t bucket,
                  std::function<float*()> out, std::function<void()> then)
       : GradExchange(n, bucket),
         comm_(comm),
+        dev_(dev),
         op_(op),
         out_(std::move(out)),
         then_(std::move(then)) {}
@@ -49,10 +50,11 @@ class SharedExchange final : public GradExchange {
 
  protected:
   void reduce(float*, size_t) override {}  // the whole buffer goes in wait()
-  void wait() override { comm_.reduce_shared(buffer(), size(), op_, out_(), then_); }
+  void wait() override { comm_.reduce_shared(dev_, buffer(), size(), op_, out_(), then_); }
 
  private:
   Communicator& comm_;
+  Device& dev_;
   ReduceOp op_;
   std::function<float*()> out_;
   std::function<void()> then_;
@@ -113,11 +115,12 @@ std::unique_ptr<GradExchange> make_host_exchange(Communicator& comm, Device& dev
   return std::make_unique<HostExchange>(comm, dev, op, n_params, bucket_elems);
 }
 
-std::unique_ptr<GradExchange> make_shared_exchange(Communicator& comm, ReduceOp op,
+std::unique_ptr<GradExchange> make_shared_exchange(Communicator& comm, Device& dev, ReduceOp op,
                                                    size_t n_params, size_t bucket_elems,
                                                    std::function<float*()> out,
                                                    std::function<void()> then) {
-  return std::make_unique<SharedExchange>(comm, op, n_params, bucket_elems, out, std::move(then));
+  return std::make_unique<SharedExchange>(comm, dev, op, n_params, bucket_elems, std::move(out),
+                                          std::move(then));
 }
 
 }  // namespace dtrain

@@ -301,6 +301,12 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   if (!info_.replica_mode.empty()) j["replica_mode"] = info_.replica_mode;
   if (!info_.placement.empty()) j["placement"] = info_.placement;
   j["peak_rss_mib"] = peak_rss_mib();
+  // GPU runs: what the CUDA backend held at most on each of this process's GPUs.
+  if (!info_.peak_device_mib.empty()) {
+    nlohmann::json dev = nlohmann::json::object();
+    for (const auto& [gpu, mib] : info_.peak_device_mib) dev[fmt::format("cuda:{}", gpu)] = mib;
+    j["peak_device_mib"] = dev;
+  }
   j["blas"] = info_.blas;
   j["model"] = info_.model;
   j["param_count"] = info_.param_count;

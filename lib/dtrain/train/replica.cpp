@@ -119,7 +119,7 @@ void Replica::make_exchange(size_t n_params) {
   const ReduceOp op = cfg_.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
   if (run_.shared)
     exchange_ = make_shared_exchange(
-        comm_, op, n_params, bucket_elems, [this] { return reduced_grads(); },
+        comm_, *dev_, op, n_params, bucket_elems, [this] { return reduced_grads(); },
         [this] { update_shared(); });
   else if (run_.nccl)
     exchange_ = run_.nccl->exchange(run_.nccl_per_process ? 0 : rank_, *dev_, op, n_params,

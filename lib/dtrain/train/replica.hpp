@@ -23,8 +23,9 @@ namespace dtrain {
 
 class NcclGroup;
 
-// In-process CPU replicas that share one copy of the weights and optimizer state (replicas:
-// shared; replicas hold identical weights after every step, so one copy serves them all).
+// In-process replicas that share one copy of the weights and optimizer state (replicas:
+// shared; replicas hold identical weights after every step, so one copy serves them all), in
+// host memory or on the one GPU that every replica is on (`dev`, which only holds it).
 // `model` owns the weights every replica reads. The ranks fold their gradients into
 // reduced[step % 2] (see Communicator::reduce_shared) and the last rank runs `opt`: two
 // buffers, so that a rank still reading step s's sum (the noise scale) is never overwritten by

@@ -46,12 +46,17 @@ int resolve_threads(const Config& cfg) {
 std::shared_ptr<SharedWeights> make_shared_weights(const RunContext& sh) {
   const Config& cfg = sh.cfg;
   auto sw = std::make_shared<SharedWeights>();
-  sw->dev = make_cpu_device(sh.cpu);
+  // On a GPU, the one all the replicas are on (shares_weights); rank 0 names it in errors.
+  sw->dev = sh.place.backend == Backend::cuda
+                ? make_cuda_device(sh.place.gpu_of_replica.front(), 0, cfg.precision)
+                : make_cpu_device(sh.cpu);
   sw->model = build_model(*sw->dev, cfg.model, sh.data.train.shape, sh.data.train.classes);
   sw->model->init(cfg.train.seed);
   const auto n = static_cast<size_t>(sw->model->param_count());
   sw->opt = std::make_unique<Optimizer>(*sw->dev, cfg.optimizer, n);
   for (auto& b : sw->reduced) b.resize(*sw->dev, std::max<size_t>(n, 1));
+  // A GPU zeroes new memory on this device's stream; the replicas use it on theirs.
+  if (DeviceQueue* q = sw->dev->queue()) q->synchronize();
   return sw;
 }
 
@@ -61,7 +66,10 @@ std::string in_process_devices(const RunContext& sh, int per_replica, int worker
   const int n = sh.cfg.gpus;
   if (sh.place.backend == Backend::cuda)
     return fmt::format("{}; gradients {}", sh.place.describe(),
-                       sh.nccl ? "by NCCL " + sh.nccl->version() : "through the host");
+                       sh.nccl     ? "by NCCL " + sh.nccl->version()
+                       : sh.shared ? "added on the GPU in rank order, into one shared copy of "
+                                     "the weights"
+                                   : "through the host");
   const auto plural = [](int k) { return k == 1 ? "" : "s"; };
   std::string how =
       workers > 0 ? fmt::format("in turn on {} thread{}", workers, plural(workers))
@@ -69,6 +77,14 @@ std::string in_process_devices(const RunContext& sh, int per_replica, int worker
   if (sh.shared) how += ", sharing one copy of the weights";
   return fmt::format("cpu: {} replica{} {}, conv {}{}", n, plural(n), how,
                      to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
+}
+
+// What the CUDA backend held at most on each GPU of this process since the run began.
+std::map<int, double> device_peaks_mib() {
+  std::map<int, double> out;
+  for (const auto& p : gpu_memory().peaks())
+    out[p.gpu] = static_cast<double>(p.bytes) / (1024.0 * 1024.0);
+  return out;
 }
 
 // One replica's whole run, on this thread.
@@ -181,9 +197,19 @@ Placement place_replicas(const Config& cfg, int local_ranks) {
   return p;
 }
 
+namespace {
+bool on_one_gpu(const Placement& place) {
+  const auto& g = place.gpu_of_replica;
+  return !g.empty() && std::all_of(g.begin(), g.end(), [&](int i) { return i == g.front(); });
+}
+}  // namespace
+
 bool shares_weights(const Config& cfg, const Placement& place) {
-  return cfg.gpus > 1 && place.backend == Backend::cpu && cfg.replicas != ReplicaMode::threads &&
-         !mpi::detect().active;
+  if (cfg.gpus <= 1 || cfg.replicas == ReplicaMode::threads || mpi::detect().active) return false;
+  if (place.backend == Backend::cpu) return true;
+  // GPU replicas: where asked for by name (auto keeps a copy per replica there until this
+  // path has been measured on a GPU), and all on one GPU.
+  return cfg.replicas == ReplicaMode::shared && on_one_gpu(place);
 }
 
 namespace {
@@ -248,7 +274,9 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
     const GpuSystem sys = query_gpus();
     if (gpu < static_cast<int>(sys.gpus.size()))
       have = static_cast<double>(sys.gpus[static_cast<size_t>(gpu)].memory_bytes);
-    need = (one.total() + 4.0 * static_cast<double>(data.train.x.size())) * count;
+    const double train_set = 4.0 * static_cast<double>(data.train.x.size());
+    need = shared ? common + (one.grads + one.activations + train_set) * count
+                  : (one.total() + train_set) * count;
     where = fmt::format("GPU {} has", gpu);
   } else {
     have = available_host_memory();
@@ -291,10 +319,12 @@ void check_plan(const Config& cfg, const DataSplit& data) {
   if (place.backend != Backend::cuda && cfg.precision == Precision::tf32)
     throw UserError(
         "precision: tf32 needs a GPU, and this run is on the CPU (fp32, or bf16 emulated)");
-  if (cfg.replicas == ReplicaMode::shared && place.backend == Backend::cuda)
-    throw UserError(
-        "replicas: shared runs CPU replicas only (this run is on GPUs); use replicas: auto or "
-        "threads, or backend: cpu");
+  if (cfg.replicas == ReplicaMode::shared && place.backend == Backend::cuda &&
+      !on_one_gpu(place))
+    throw UserError(fmt::format(
+        "replicas: shared on GPUs needs every replica on one GPU (colocate: true and one index "
+        "in devices), but this run puts them on several ({}); use replicas: auto or threads",
+        place.describe()));
   if (cfg.replicas == ReplicaMode::shared && mpi::detect().active)
     throw UserError(
         "replicas: shared keeps every replica in one process, but this run was started by a "
@@ -310,6 +340,7 @@ void check_plan(const Config& cfg, const DataSplit& data) {
 TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& comm,
                        TrainObserver* observer, const Checkpoint* resume) {
   check_plan(cfg, data);
+  gpu_memory().reset_peaks();  // summary.json's peak_device_mib is this run's
   if (comm.size() != cfg.gpus)
     throw UserError(
         fmt::format("gpus={} but {} processes were started; dtrain runs one replica "
@@ -354,12 +385,14 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
     if (sh.nccl) sh.nccl->abort();
     throw;
   }
+  sh.result.info.peak_device_mib = device_peaks_mib();
   return std::move(sh.result);
 }
 
 TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer,
                   const Checkpoint* resume) {
   check_plan(cfg, data);
+  gpu_memory().reset_peaks();  // summary.json's peak_device_mib is this run's
   const int threads = resolve_threads(cfg);
   const int per_replica = std::max(1, threads / cfg.gpus);
 
@@ -377,7 +410,7 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   if (shares_weights(cfg, sh.place)) sh.shared = make_shared_weights(sh);
   // More replicas sharing weights than threads: they take turns on one worker thread per
   // core (fibers), each replica's kernels on one thread as they would be as threads.
-  const bool in_turn = sh.shared && cfg.gpus > threads;
+  const bool in_turn = sh.shared && sh.place.backend == Backend::cpu && cfg.gpus > threads;
   sh.result.info.replica_mode =
       cfg.gpus == 1 ? "one replica" : sh.shared ? "shared" : "threads";
   sh.result.info.devices = in_process_devices(sh, per_replica, in_turn ? threads : 0);
@@ -424,6 +457,7 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   }
   if (first_error) std::rethrow_exception(first_error);
   if (interrupted) std::rethrow_exception(interrupted);
+  sh.result.info.peak_device_mib = device_peaks_mib();
   return std::move(sh.result);
 }
 

@@ -3,6 +3,7 @@
 // device, model copy, optimizer and sampler shard, exchanging gradients through a Communicator.
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,9 @@ struct RunInfo {
   int64_t launches_per_step = 0;  // GPU kernels and library calls in one training step
   std::string cuda_graph;         // "on", or "off: <why>" (empty on the CPU)
   int64_t cuda_graph_steps = 0;   // steps launched as CUDA graphs (rank 0)
+  // GPU index -> MiB: the most device memory the CUDA backend held at once on each GPU of this
+  // process during the run (see GpuMemoryGauge); empty on the CPU. Known when the run ends.
+  std::map<int, double> peak_device_mib;
 };
 
 enum class RunStatus { done, diverged };
@@ -114,7 +118,8 @@ struct Placement {
 Placement place_replicas(const Config& cfg, int local_ranks);
 
 // Whether the replicas share one copy of the weights and optimizer state: more than one
-// replica, on the CPU, in one process (no launcher), and `replicas` is not `threads`.
+// replica in one process (no launcher), and on the CPU `replicas` is not `threads`; on GPUs
+// `replicas` is `shared` and every replica is on the same GPU.
 bool shares_weights(const Config& cfg, const Placement& place);
 
 // Decisions of the training loop, as pure functions (tested without a GPU).

@@ -676,6 +676,15 @@ class CpuDevice final : public Device {
     for (int64_t i = 0; i < len; ++i) x[i] *= a;
   }
 
+  // On the calling thread alone: the replicas that fold share the machine's cores already.
+  void fold(float* acc, const float* x, size_t n, bool first, float scale) override {
+    if (first) {
+      for (size_t i = 0; i < n; ++i) acc[i] = math::fold(0.f, x[i], true, scale);
+    } else {
+      for (size_t i = 0; i < n; ++i) acc[i] = math::fold(acc[i], x[i], false, scale);
+    }
+  }
+
   // Fixed chunks of 4096, each summed in 16 interleaved float lanes (independent additions,
   // which the compiler vectorises without reordering anything: 3x faster than double lanes on
   // this path, which runs twice per step), then the lanes and chunks in double in a fixed order:

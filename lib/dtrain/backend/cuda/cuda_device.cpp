@@ -38,9 +38,6 @@ CudaDevice::CudaDevice(int index, int rank, Precision precision)
                                      : bf16_ ? CUBLAS_DEFAULT_MATH
                                              : CUBLAS_PEDANTIC_MATH),
             rank_);
-  // A workspace of our own, so that cuBLAS never allocates inside a CUDA graph capture.
-  DT_CUDA(cudaMalloc(&blas_ws_, kBlasWorkspace), rank_);
-  DT_CUBLAS(cublasSetWorkspace(blas_, blas_ws_, kBlasWorkspace), rank_);
   DT_CUDNN(cudnnCreate(&dnn_), rank_);
   DT_CUDNN(cudnnSetStream(dnn_, stream_), rank_);
   cudaDeviceProp prop{};
@@ -59,8 +56,10 @@ CudaDevice::~CudaDevice() {
   for (auto* b : {&a16_, &b16_, &x16_, &w16_, &y16_, &dy16_, &dw16_}) *b = Buffer<Bf16>();
   graph_.release();  // the staging area
   plans_.clear();    // their descriptors
-  if (workspace_) cudaFree(workspace_);
-  if (blas_ws_) cudaFree(blas_ws_);
+  for (void* ws : {workspace_, blas_ws_}) {
+    gpu_memory().freed(ws);
+    if (ws) cudaFree(ws);
+  }
   cudnnDestroy(dnn_);
   cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
@@ -166,12 +165,14 @@ void* CudaDevice::alloc_bytes(size_t bytes) {
     throw SystemError(fmt::format("rank {}: out of GPU memory on cuda:{} allocating {} bytes ({})",
                                   rank_, index_, bytes, cudaGetErrorString(e)),
                       __FILE__, __LINE__);
+  gpu_memory().allocated(index_, p, std::max<size_t>(bytes, 1));
   DT_CUDA(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_), rank_);
   return p;
 }
 
 void CudaDevice::free_bytes(void* p) {
   cudaStreamSynchronize(stream_);
+  gpu_memory().freed(p);
   cudaFree(p);
   graph_.drop();  // they may point into it
 }
@@ -211,6 +212,7 @@ void CudaDevice::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                       float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (!blas_ws_) make_blas_workspace();
   enqueue([&] {
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -231,6 +233,19 @@ void CudaDevice::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
                           static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
               rank_);
   });
+}
+
+// A workspace of our own, so that cuBLAS never allocates inside a CUDA graph capture. Made at
+// the first GEMM (always an eager step: a graph is captured only after one), so that a device
+// that never multiplies (the weights that replicas on one GPU share) holds none.
+void CudaDevice::make_blas_workspace() {
+  if (graph_.mode() != GraphMode::eager)
+    throw SystemError(fmt::format("rank {}: a first GEMM inside a CUDA-graph step", rank_),
+                      __FILE__, __LINE__);
+  select();
+  DT_CUDA(cudaMalloc(&blas_ws_, kBlasWorkspace), rank_);
+  gpu_memory().allocated(index_, blas_ws_, kBlasWorkspace);
+  DT_CUBLAS(cublasSetWorkspace(blas_, blas_ws_, kBlasWorkspace), rank_);
 }
 
 const kernels::Bf16* CudaDevice::to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld,
@@ -370,6 +385,11 @@ void CudaDevice::multiply(const float* x, const float* mask, float* y, size_t n)
 void CudaDevice::scale(float* x, size_t n, float a) {
   if (n == 0) return;
   launch([&](cudaStream_t s) { kernels::scale(x, n, a, s); });
+}
+
+void CudaDevice::fold(float* acc, const float* x, size_t n, bool first, float scale) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::fold(acc, x, n, first, scale, s); });
 }
 
 void CudaDevice::sum_squares(const float* x, size_t n, double* acc) {

@@ -100,6 +100,7 @@ class CudaDevice final : public Device, public DeviceQueue {
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override;
   void multiply(const float* x, const float* mask, float* y, size_t n) override;
   void scale(float* x, size_t n, float a) override;
+  void fold(float* acc, const float* x, size_t n, bool first, float scale) override;
   void sum_squares(const float* x, size_t n, double* acc) override;
   void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
                   float wd, bool nesterov) override;
@@ -136,6 +137,7 @@ class CudaDevice final : public Device, public DeviceQueue {
   }
 
   void select();
+  void make_blas_workspace();
   void no_graph(const char* what) const;  // for the calls that wait for the host
   // The stored rows x cols matrix (leading dimension ld) as bfloat16 in `buf`.
   const Bf16* to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, Buffer<Bf16>& buf);

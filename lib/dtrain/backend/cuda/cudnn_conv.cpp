@@ -155,10 +155,12 @@ void CudaDevice::grow_workspace(size_t bytes) {
         __LINE__);
   graph_.drop();
   synchronize();
+  gpu_memory().freed(workspace_);
   if (workspace_) DT_CUDA(cudaFree(workspace_), rank_);
   workspace_ = nullptr;  // no dangling pointer if the allocation below fails
   workspace_bytes_ = 0;
   DT_CUDA(cudaMalloc(&workspace_, bytes), rank_);
+  gpu_memory().allocated(index_, workspace_, bytes);
   workspace_bytes_ = bytes;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Elementwise kernels without a CPU-side formula to share: fill, scale, multiply.
+// Elementwise kernels: fill, scale, multiply (no CPU-side formula to share) and fold (math.hpp).
 #include "dtrain/backend/cuda/kernels/common.cuh"
 
 namespace dtrain::kernels {
@@ -17,6 +17,10 @@ __global__ void k_multiply(const float* x, const float* mask, float* y, size_t n
   GRID_STRIDE(i, n) y[i] = x[i] * mask[i];
 }
 
+__global__ void k_fold(float* acc, const float* x, size_t n, bool first, float scale) {
+  GRID_STRIDE(i, n) acc[i] = math::fold(first ? 0.f : acc[i], x[i], first, scale);
+}
+
 }  // namespace
 
 void fill(float* x, size_t n, float v, cudaStream_t s) {
@@ -29,6 +33,10 @@ void scale(float* x, size_t n, float a, cudaStream_t s) {
 
 void multiply(const float* x, const float* mask, float* y, size_t n, cudaStream_t s) {
   k_multiply<<<blocks_for(n), kThreads, 0, s>>>(x, mask, y, n);
+}
+
+void fold(float* acc, const float* x, size_t n, bool first, float scale, cudaStream_t s) {
+  k_fold<<<blocks_for(n), kThreads, 0, s>>>(acc, x, n, first, scale);
 }
 
 }  // namespace dtrain::kernels
