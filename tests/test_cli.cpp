@@ -87,6 +87,8 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + s.write("typo.yaml", "name: x\nmodle: {}\n"), "did you mean 'model'"},
       {"run " + good + " gpus=0", "override 'gpus=0': gpus: must be in [1, 4096], got 0"},
       {"run " + good + " gpus=three", "gpus: expected an integer, got 'three'"},
+      {"run " + good + " replicas=", "override 'replicas=': no value after '='"},
+      {"run " + good + " gpus=1,,2", "empty value in the comma list"},
       {"run " + good + " gpus=3 train.global_batch=32 train.per_replica_batch=null",
        "cannot be split evenly across gpus=3"},
       {"run " + good + " data.dataset=idx data.path=" + s.path.string(),

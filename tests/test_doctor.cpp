@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include "dtrain/data/data.hpp"
 #include "dtrain/train/doctor.hpp"
@@ -183,11 +184,27 @@ TEST_CASE("doctor: samples dropped every epoch, counted", "[doctor]") {
   CHECK(fires("dropped-samples", c));
 }
 
+TEST_CASE("doctor: more threads than cores", "[doctor]") {
+  Config c = healthy();
+  const auto cores = static_cast<int>(std::thread::hardware_concurrency());
+  REQUIRE(cores > 0);
+  c.threads = cores + 1;
+  CHECK(fires("oversubscribed-threads", c));
+  const auto f = diagnose(c, nullptr);
+  CHECK(f.back().message.find("threads: " + std::to_string(cores + 1) + " is more than the " +
+                              std::to_string(cores) + " core") != std::string::npos);
+  c.threads = cores;
+  CHECK_FALSE(fires("oversubscribed-threads", c));
+  c.threads = 0;  // one per core
+  CHECK_FALSE(fires("oversubscribed-threads", c));
+}
+
 TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {
   // The rule list is what `dtrain doctor` counts; a rule added without a case here fails.
   const std::vector<std::string> tested = {
       "sum-reduction", "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
-      "ordered-data",  "small-bn-batch", "accumulation-bn",  "dropped-samples"};
+      "ordered-data",  "small-bn-batch", "accumulation-bn",  "dropped-samples",
+      "oversubscribed-threads"};
   CHECK(doctor_rules() == tested);
 }
 
@@ -219,5 +236,5 @@ TEST_CASE("dtrain doctor prints one line per finding and exits 0", "[doctor][cli
                                 " train.reduction=mean data.drop_remainder=false gpus=1");
   INFO(clean.out);
   CHECK(clean.code == 0);
-  CHECK(clean.out.find("none of the 9 known pitfalls") != std::string::npos);
+  CHECK(clean.out.find("none of the 10 known pitfalls") != std::string::npos);
 }

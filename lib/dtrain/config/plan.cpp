@@ -50,7 +50,11 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
     auto values = split_values(o.value);
     for (const auto& v : values)
       if (v.empty())
-        throw UserError(fmt::format("override '{}': empty value in the comma list", text));
+        throw UserError(values.size() == 1
+                            ? fmt::format("override '{}': no value after '='; give one, e.g. "
+                                          "{}=VALUE, or a comma list to sweep",
+                                          text, o.key)
+                            : fmt::format("override '{}': empty value in the comma list", text));
     axes.push_back({o.key, std::move(values)});
   }
   // The product of the lists is counted before any run is built: a sweep of 1000 x 1000 x 1000
