@@ -216,7 +216,7 @@ gpu_runs=(
   "configs/fmnist-cnn.yaml|precision=bf16 train.epochs=2 optimizer.warmup_epochs=1|cnn-bf16"
   "configs/quickstart.yaml|train.epochs=2 train.cuda_graph=false|mlp-eager"
   "configs/quickstart.yaml|colocate=true gpus=1,4 train.epochs=2|mlp-colocated"
-  "configs/quickstart.yaml|colocate=true gpus=4 replicas=shared train.epochs=2|mlp-colocated-shared"
+  "configs/quickstart.yaml|colocate=true devices=[0] gpus=4 replicas=shared train.epochs=2|mlp-colocated-shared"
 )
 
 # One line per run from its summary.json, which dtrain writes one top-level key per line,
@@ -276,7 +276,7 @@ sanitizer_runs=(
   "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=true|cnn-graph"
   "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=false|cnn-eager"
   "configs/quickstart.yaml|gpus=2 colocate=true|mlp-colocated"
-  "configs/quickstart.yaml|gpus=2 colocate=true replicas=shared|mlp-colocated-shared"
+  "configs/quickstart.yaml|gpus=2 colocate=true devices=[0] replicas=shared|mlp-colocated-shared"
 )
 stage_sanitizer() {
   if [ "$rehearsal" = 1 ]; then echo "gpu-check: rehearsal: the sanitizer needs a GPU"; return $skipped; fi

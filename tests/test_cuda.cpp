@@ -807,6 +807,10 @@ TEST_CASE("replicas share weights on a GPU only when asked and all on one GPU", 
     CHECK(shares_weights(c, one) == (m == ReplicaMode::shared));  // auto keeps threads on GPUs
     CHECK_FALSE(shares_weights(c, two));  // the sum would cross GPUs
   }
+  c.replicas = ReplicaMode::shared;
+  one.colocated = false;  // devices: [0, 0] without colocate: NCCL's placement, not shared
+  CHECK_FALSE(shares_weights(c, one));
+  one.colocated = true;
   c.gpus = 1;  // one replica has nothing to share
   CHECK_FALSE(shares_weights(c, cpu));
   one.gpu_of_replica = {0};

@@ -193,6 +193,9 @@ TEST_CASE("doctor: more threads than cores", "[doctor]") {
   const auto f = diagnose(c, nullptr);
   CHECK(f.back().message.find("threads: " + std::to_string(cores + 1) + " is more than the " +
                               std::to_string(cores) + " core") != std::string::npos);
+  c.backend = Backend::cuda;  // GPU replicas are a host thread each
+  CHECK_FALSE(fires("oversubscribed-threads", c));
+  c.backend = Backend::cpu;
   c.threads = cores;
   CHECK_FALSE(fires("oversubscribed-threads", c));
   c.threads = 0;  // one per core

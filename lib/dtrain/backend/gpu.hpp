@@ -66,7 +66,7 @@ int pick_algorithm(const std::vector<AlgoOption>& best_first, bool* deterministi
 // and the cuBLAS and cuDNN workspaces), now and at its peak: the counterpart of the process's
 // peak RSS, for summary.json. NCCL's buffers, the CUDA context and the few kilobytes that
 // stage a CUDA graph's per-step values are not counted. Thread-safe; allocations are rare
-// (never inside a training step).
+// (at the start, in the first steps and when a buffer grows; never in a CUDA-graph step).
 class GpuMemoryGauge {
  public:
   struct Peak {

@@ -133,7 +133,9 @@ void Replica::make_exchange(size_t n_params) {
   wait_before_exchange_ = exchange_on_host_ && !dev_->host_memory();
   on_ready_ = [this](size_t off, size_t count) {
     // Only before a bucket goes out: a wait per layer would stall the device for nothing.
-    if (wait_before_exchange_ && exchange_->would_launch(off)) queue_->synchronize();
+    // Shared weights send nothing during backward (the whole sum is made in finish()).
+    if (wait_before_exchange_ && !run_.shared && exchange_->would_launch(off))
+      queue_->synchronize();
     exchange_->ready(off, count);
   };
 }
@@ -383,6 +385,7 @@ void Replica::update_shared() {
   SharedWeights& sw = *run_.shared;
   // global_step_ counts this step already: it is the optimizer's 1-based step number.
   sw.opt->update(*dev_, sw.model->params(), reduced_grads(), step_lr_, global_step_);
+  if (queue_) queue_->synchronize();  // a GPU: the update's time, not its queueing
   sw.update_s[global_step_ & 1] = seconds_since(t0);
 }
 

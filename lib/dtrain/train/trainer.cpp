@@ -209,7 +209,7 @@ bool shares_weights(const Config& cfg, const Placement& place) {
   if (place.backend == Backend::cpu) return true;
   // GPU replicas: where asked for by name (auto keeps a copy per replica there until this
   // path has been measured on a GPU), and all on one GPU.
-  return cfg.replicas == ReplicaMode::shared && on_one_gpu(place);
+  return cfg.replicas == ReplicaMode::shared && place.colocated && on_one_gpu(place);
 }
 
 namespace {
@@ -320,7 +320,7 @@ void check_plan(const Config& cfg, const DataSplit& data) {
     throw UserError(
         "precision: tf32 needs a GPU, and this run is on the CPU (fp32, or bf16 emulated)");
   if (cfg.replicas == ReplicaMode::shared && place.backend == Backend::cuda &&
-      !on_one_gpu(place))
+      !(place.colocated && on_one_gpu(place)))
     throw UserError(fmt::format(
         "replicas: shared on GPUs needs every replica on one GPU (colocate: true and one index "
         "in devices), but this run puts them on several ({}); use replicas: auto or threads",
