@@ -877,6 +877,13 @@ TEST_CASE("a host exchange on a GPU keeps its host-measured time", "[gpu-logic][
   // ... and inside CUDA graphs, where the stream is not timed, the exposed time.
   p = split_phases(host, events, -1, false);
   CHECK(p.exchange == 0.2);
+  // Shared weights on one GPU: the update (0.1 s, host-timed) ran inside the exchange's span,
+  // which the events counted as compute; it is the optimizer's.
+  p = split_phases(host, events, -1, true, 0.1);
+  CHECK(p.exchange == 0.5);
+  CHECK(p.optimizer == Approx(0.4));
+  CHECK(p.compute == Approx(2.0));
+  CHECK(p.compute + p.exchange + p.optimizer == Approx(events[0] + events[1] + events[2]));
   // Never a negative compute time.
   const double idle[3] = {0.1, 0.0, 0.3};
   CHECK(split_phases(host, idle, -1, true).compute == 0.0);

@@ -243,8 +243,10 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   double dt[3] = {0, 0, 0};
   if (queue_) queue_->take_step_times(dt, /*wait=*/true);
   const double comm_s = queue_ ? exchange_->take_device_seconds(/*wait=*/true) : -1.0;
-  const PhaseSeconds p = split_phases({t.compute, t.exchange, t.exchange, t.optimizer},
-                                      queue_ ? dt : nullptr, comm_s, exchange_on_host_);
+  // Shared weights: the optimizer ran inside the exchange (train_step moved its time there).
+  const PhaseSeconds p =
+      split_phases({t.compute, t.exchange, t.exchange, t.optimizer}, queue_ ? dt : nullptr,
+                   comm_s, exchange_on_host_, run_.shared ? t.optimizer : 0.0);
   t.compute = p.compute;
   t.exchange = p.exchange;
   t.exposed = p.exchange_exposed;

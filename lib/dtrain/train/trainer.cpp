@@ -117,7 +117,7 @@ Device::GraphMode agree_graph_mode(int eager_votes, int capture_votes, int repla
 }
 
 PhaseSeconds split_phases(const PhaseSeconds& host, const double* device, double exchange_device_s,
-                          bool exchange_on_host) {
+                          bool exchange_on_host, double optimizer_in_exchange) {
   PhaseSeconds p = host;
   if (!device) {  // host clocks only: the exchange is synchronous, so all of it is exposed
     p.exchange_exposed = p.exchange;
@@ -128,7 +128,8 @@ PhaseSeconds split_phases(const PhaseSeconds& host, const double* device, double
     // The device idles while the host exchanges, so its events count that time as compute or
     // exposed exchange; the host clocks measured the exchange itself.
     p.exchange = p.exchange_exposed = host.exchange;
-    p.compute = std::max(0.0, device[0] + device[1] - host.exchange);
+    p.optimizer += optimizer_in_exchange;
+    p.compute = std::max(0.0, device[0] + device[1] - host.exchange - optimizer_in_exchange);
   } else {
     p.compute = device[0];
     p.exchange_exposed = device[1];

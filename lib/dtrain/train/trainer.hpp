@@ -142,8 +142,10 @@ struct PhaseSeconds {
 // [compute, exposed exchange, optimizer] from device events, or null where the device is not
 // timed by events (the CPU). `exchange_device_s`: the exchange's own time on its stream, or
 // negative where it has none. `exchange_on_host`: the exchange runs on the host (host copies and
-// the host communicator), so the device idles while it runs.
+// the host communicator), so the device idles while it runs. `optimizer_in_exchange`: of the
+// host-timed optimizer time, what ran inside the exchange's calls (the update of shared weights,
+// waited for in the exchange), which the events count as compute or exposed exchange.
 PhaseSeconds split_phases(const PhaseSeconds& host, const double* device, double exchange_device_s,
-                          bool exchange_on_host);
+                          bool exchange_on_host, double optimizer_in_exchange = 0);
 
 }  // namespace dtrain
