@@ -156,14 +156,16 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
 
 namespace {
 
-std::string slow_config(const TempDir& d) {
+std::string slow_config(const TempDir& d, int epochs = 60) {
   return d.write("ck.yaml",
                  "name: ck\nbackend: cpu\nthreads: 1\ngpus: 2\n"
                  "data:\n  dataset: synthetic\n  synthetic: {train_size: 4000, test_size: 200, "
                  "shape: [32], classes: 4, noise: 1.5}\n"
                  "model: {hidden: [64, 32], dropout: 0.2}\n"
-                 "train: {epochs: 60, per_replica_batch: 8, target_accuracy: 0, "
-                 "checkpoint_steps: 40}\n"
+                 "train: {epochs: " +
+                     std::to_string(epochs) +
+                     ", per_replica_batch: 8, target_accuracy: 0, "
+                     "checkpoint_steps: 40}\n"
                  "optimizer: {lr: 0.02, base_batch: 16, momentum: 0.9, warmup_epochs: 1, "
                  "schedule: cosine}\n");
 }
@@ -273,7 +275,9 @@ TEST_CASE("under mpirun, Ctrl-C saves the run on every rank and --resume continu
     return;
   }
   TempDir d("ck-mpi");
-  const std::string cfg = slow_config(d);
+  // 200 epochs, about 6 s under mpirun here: at 60 (under 2 s) a loaded machine once let the
+  // run finish before mpirun had passed the signal on.
+  const std::string cfg = slow_config(d, 200);
   const auto ref = (d.path / "ref").string();
   REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
   const auto res = (d.path / "r").string();
