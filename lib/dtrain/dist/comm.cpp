@@ -150,9 +150,7 @@ class InProcessComm final : public Communicator {
     const float scale = last && op == ReduceOp::mean ? 1.0f / static_cast<float>(p) : 1.0f;
     DeviceQueue* queue = dev.queue();  // a GPU's stream: the next rank reads what this one wrote
     dev.fold(out, data, n, rank_ == 0, scale);
-    if (last) {
-      if (then) then();
-    }
+    if (last && then) then();
     if (queue) queue->synchronize();
     if (!last) s_->turn[static_cast<size_t>(rank_ + 1)]->release();
     if (p > 1) s_->wait();  // the sum is whole and `then` has run

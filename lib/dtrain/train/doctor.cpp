@@ -190,8 +190,8 @@ void check_dropped(Context& c) {
 
 // Not accuracy but speed: more kernel threads than cores take turns on them. On 2 cores the
 // quickstart MLP at 1 replica took 0.37 s per epoch with threads: 2, 1.61 s with 16 and 6.23 s
-// with 64 (README, dtrain doctor).
-// GPU replicas are one host thread each, whatever `threads` says.
+// with 64 (README, dtrain doctor). GPU replicas are one host thread each, whatever `threads`
+// says.
 void check_threads(Context& c) {
   const auto cores = static_cast<int>(std::thread::hardware_concurrency());
   if (c.cfg.threads <= cores || cores <= 0 || c.cfg.backend == Backend::cuda) return;
