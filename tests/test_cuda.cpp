@@ -318,6 +318,12 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
   CHECK(s.step_losses == b.step_losses);
   REQUIRE(s.epochs.size() == b.epochs.size());
   CHECK(s.epochs.back().test_acc == b.epochs.back().test_acc);
+  // One GPU per replica (here the same GPU named four times, without colocate): refused.
+  Config spread = shared;
+  spread.colocate = false;
+  spread.devices = {0, 0, 0, 0};
+  CHECK_THROWS_WITH(test::run_config(spread),
+                    Catch::Contains("replicas: shared on GPUs needs colocate: true"));
   // Buckets reduced during backward give the same bits as one reduction after it.
   Config bucketed = four, single = four;
   bucketed.train.bucket_mb = 0.0005;

@@ -323,8 +323,8 @@ void check_plan(const Config& cfg, const DataSplit& data) {
   if (cfg.replicas == ReplicaMode::shared && place.backend == Backend::cuda &&
       !(place.colocated && on_one_gpu(place)))
     throw UserError(fmt::format(
-        "replicas: shared on GPUs needs every replica on one GPU (colocate: true and one index "
-        "in devices), but this run puts them on several ({}); use replicas: auto or threads",
+        "replicas: shared on GPUs needs colocate: true and every replica on one GPU (one index "
+        "in devices); this run has {}; use replicas: auto or threads, or colocate: true",
         place.describe()));
   if (cfg.replicas == ReplicaMode::shared && mpi::detect().active)
     throw UserError(
