@@ -147,14 +147,22 @@ std::string Model::describe() const {
   return fmt::format("{} ({} parameters)", s, n_params_);
 }
 
-void Model::init(uint64_t seed) {
+std::vector<float> initial_params(const std::vector<std::unique_ptr<Layer>>& layers,
+                                  uint64_t seed) {
   Rng rng(stream_key(seed, 0x1417));
-  std::vector<float> host(static_cast<size_t>(n_params_));
+  int64_t n = 0;
+  for (const auto& l : layers) n += l->param_count();
+  std::vector<float> host(static_cast<size_t>(n));
   int64_t off = 0;
-  for (const auto& l : layers_) {
+  for (const auto& l : layers) {
     l->init(rng, host.data() + off);
     off += l->param_count();
   }
+  return host;
+}
+
+void Model::init(uint64_t seed) {
+  const std::vector<float> host = initial_params(layers_, seed);
   dev_.upload(params(), host.data(), host.size() * sizeof(float));
   zero_grads();
 }

@@ -282,6 +282,11 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg,
                                                  const std::vector<int64_t>& input_shape,
                                                  int classes);
 
+// The initial parameters of `layers` (the flat buffer's order) drawn from `seed`, on the host:
+// what Model::init uploads, and what replicas sharing one copy of the weights start from.
+std::vector<float> initial_params(const std::vector<std::unique_ptr<Layer>>& layers,
+                                  uint64_t seed);
+
 // What one replica of the model holds, for a memory estimate before anything is allocated:
 // parameters, and the floats per sample that forward keeps for backward (every layer's output).
 // Saturates at INT64_MAX instead of overflowing.

@@ -62,7 +62,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
   if (cfg_.data.augment.enabled()) xa_.resize(*dev_, at_least_one(micro_rows * features_));
   // Shared weights: initialised once, by the trainer.
   model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes,
-                       run.shared ? run.shared->model->params() : nullptr);
+                       run.shared ? run.shared->params.data() : nullptr);
   if (run.shared)
     model_->zero_grads();
   else
@@ -386,7 +386,7 @@ void Replica::update_shared() {
   const auto t0 = Clock::now();
   SharedWeights& sw = *run_.shared;
   // global_step_ counts this step already: it is the optimizer's 1-based step number.
-  sw.opt->update(*dev_, sw.model->params(), reduced_grads(), step_lr_, global_step_);
+  sw.opt->update(*dev_, sw.params.data(), reduced_grads(), step_lr_, global_step_);
   if (queue_) queue_->synchronize();  // a GPU: the update's time, not its queueing
   sw.update_s[global_step_ & 1] = seconds_since(t0);
 }

@@ -50,9 +50,11 @@ std::shared_ptr<SharedWeights> make_shared_weights(const RunContext& sh) {
   sw->dev = sh.place.backend == Backend::cuda
                 ? make_cuda_device(sh.place.gpu_of_replica.front(), 0, cfg.precision)
                 : make_cpu_device(sh.cpu);
-  sw->model = build_model(*sw->dev, cfg.model, sh.data.train.shape, sh.data.train.classes);
-  sw->model->init(cfg.train.seed);
-  const auto n = static_cast<size_t>(sw->model->param_count());
+  const std::vector<float> init = initial_params(
+      build_layers(cfg.model, sh.data.train.shape, sh.data.train.classes), cfg.train.seed);
+  const size_t n = init.size();
+  sw->params.resize(*sw->dev, std::max<size_t>(n, 1));
+  sw->dev->upload(sw->params.data(), init.data(), n * sizeof(float));
   sw->opt = std::make_unique<Optimizer>(*sw->dev, cfg.optimizer, n);
   for (auto& b : sw->reduced) b.resize(*sw->dev, std::max<size_t>(n, 1));
   // A GPU zeroes new memory on this device's stream; the replicas use it on theirs.
@@ -257,10 +259,10 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
                   int local_ranks) {
   const ReplicaBytes one = replica_bytes(cfg, data);
   double have = 0, need = one.total() * local_ranks;
-  // Shared weights: one copy of the weights, gradients and optimizer state, the two sum
-  // buffers, and per replica its gradients and activations.
+  // Shared weights: one copy of the weights and optimizer state, the two sum buffers, and per
+  // replica its gradients and activations.
   const bool shared = shares_weights(cfg, place);
-  const double common = one.params + 2 * one.grads;
+  const double common = one.params + one.grads;  // one.params counts one gradient buffer
   if (shared) need = common + (one.grads + one.activations) * local_ranks;
   std::string where = "this machine has";
   if (place.backend == Backend::cuda) {
