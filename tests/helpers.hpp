@@ -8,10 +8,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dtrain/config/config.hpp"
 #include "dtrain/data/data.hpp"
@@ -250,6 +254,32 @@ struct TempDir {
   std::string write(const std::string& name, const std::string& text) const {
     put(path / name, text);
     return (path / name).string();
+  }
+};
+
+// Sets environment variables for one scope, restoring what was there; the launchers' variables
+// (Open MPI, Slurm, PMI) are cleared first, so a test sees only the launch it sets up.
+struct EnvScope {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  EnvScope(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const char* v :
+         {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+          "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_NTASKS",
+          "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+          "SLURM_TASKS_PER_NODE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID",
+          "MPI_LOCALNRANKS"}) {
+      const char* old = std::getenv(v);
+      saved.emplace_back(v, old ? std::optional<std::string>(old) : std::nullopt);
+      ::unsetenv(v);
+    }
+    for (const auto& [k, val] : vars) ::setenv(k, val, 1);
+  }
+  ~EnvScope() {
+    for (const auto& [k, v] : saved)
+      if (v)
+        ::setenv(k.c_str(), v->c_str(), 1);
+      else
+        ::unsetenv(k.c_str());
   }
 };
 

@@ -1,6 +1,7 @@
 // dtrain doctor: every rule fires on the config that has its pitfall and stays silent on the
 // same config with the pitfall fixed; the CLI prints one line per finding and exits 0.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -200,6 +201,40 @@ TEST_CASE("doctor: more threads than cores", "[doctor]") {
   CHECK_FALSE(fires("oversubscribed-threads", c));
   c.threads = 0;  // one per core
   CHECK_FALSE(fires("oversubscribed-threads", c));
+}
+
+TEST_CASE("doctor: threads per process under a launcher add up on a host", "[doctor]") {
+  Config c = healthy();
+  const auto cores = static_cast<int>(std::thread::hardware_concurrency());
+  REQUIRE(cores > 0);
+  c.threads = cores;  // all the cores: right for one process
+  CHECK_FALSE(fires("oversubscribed-threads", c));
+  {
+    // Rank 0 of 2 processes on this host: each takes `threads` cores.
+    const EnvScope env({{"OMPI_COMM_WORLD_SIZE", "2"},
+                        {"OMPI_COMM_WORLD_RANK", "0"},
+                        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+    CHECK(fires("oversubscribed-threads", c));
+    const auto f = diagnose(c, nullptr);
+    const std::string& m = f.back().message;
+    CHECK(m.find(fmt::format("threads: {} in each of the 2 processes on this host is {} threads",
+                             cores, 2 * cores)) != std::string::npos);
+    CHECK(m.find(fmt::format("at most {}", std::max(1, cores / 2))) != std::string::npos);
+    c.threads = std::max(1, cores / 2);
+    CHECK(fires("oversubscribed-threads", c) == (cores == 1));
+    c.threads = 0;
+    CHECK_FALSE(fires("oversubscribed-threads", c));
+  }
+  {
+    // The same 2 processes, one per host (two nodes): nothing shared.
+    const EnvScope env({{"OMPI_COMM_WORLD_SIZE", "2"},
+                        {"OMPI_COMM_WORLD_RANK", "0"},
+                        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}});
+    c.threads = cores;
+    CHECK_FALSE(fires("oversubscribed-threads", c));
+  }
 }
 
 TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {

@@ -254,31 +254,6 @@ TEST_CASE("Slurm task lists give the tasks on each node", "[mpi][launch]") {
   CHECK(slurm_tasks_on_node("2(x0)", 0) == 0);
 }
 
-namespace {
-// Sets environment variables for one scope, restoring what was there.
-struct EnvScope {
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
-  EnvScope(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                          "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_STEP_ID",
-                          "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID",
-                          "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "PMIX_RANK",
-                          "PMI_SIZE", "PMI_RANK"}) {
-      const char* old = std::getenv(v);
-      saved.emplace_back(v, old ? std::optional<std::string>(old) : std::nullopt);
-      ::unsetenv(v);
-    }
-    for (const auto& [k, val] : vars) ::setenv(k, val, 1);
-  }
-  ~EnvScope() {
-    for (const auto& [k, v] : saved)
-      if (v)
-        ::setenv(k.c_str(), v->c_str(), 1);
-      else
-        ::unsetenv(k.c_str());
-  }
-};
-}  // namespace
 
 TEST_CASE("srun under PMIx is recognised as Slurm with its task layout", "[mpi][launch]") {
   // Rank 2 of `srun -N 2 -n 3`: srun sets PMIX_RANK but no PMI_SIZE.

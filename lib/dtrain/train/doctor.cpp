@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <thread>
 
+#include "dtrain/dist/mpi.hpp"
 #include "dtrain/nn/model.hpp"
 
 namespace dtrain {
@@ -190,16 +191,27 @@ void check_dropped(Context& c) {
 
 // Not accuracy but speed: more kernel threads than cores take turns on them. On 2 cores the
 // quickstart MLP at 1 replica took 0.37 s per epoch with threads: 2, 1.61 s with 16 and 6.23 s
-// with 64 (README, dtrain doctor). GPU replicas are one host thread each, whatever `threads`
-// says.
+// with 64 (README, dtrain doctor). In one process `threads` is the total its replicas share;
+// under a launcher every process on a host takes `threads` of its cores. GPU replicas are one
+// host thread each, whatever `threads` says.
 void check_threads(Context& c) {
   const auto cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (c.cfg.threads <= cores || cores <= 0 || c.cfg.backend == Backend::cuda) return;
+  const mpi::Launch l = mpi::detect();
+  const int procs = l.active ? std::max(1, l.local_size) : 1;
+  const int64_t total = static_cast<int64_t>(c.cfg.threads) * procs;
+  if (total <= cores || cores <= 0 || c.cfg.backend == Backend::cuda) return;
+  const int fit = std::max(1, cores / procs);
+  const auto s = [](int n) { return n == 1 ? "" : "s"; };
+  const std::string who =
+      procs == 1 ? fmt::format("threads: {} is", c.cfg.threads)
+                 : fmt::format("threads: {} in each of the {} processes on this host is {} threads "
+                               "in all, and that is",
+                               c.cfg.threads, procs, total);
   c.add("oversubscribed-threads",
-        fmt::format("threads: {} is more than the {} core{} of this machine, so the kernels' "
-                    "threads take turns on them and every step is slower, not faster; fix: "
-                    "threads: 0 (one per core) or at most {}",
-                    c.cfg.threads, cores, cores == 1 ? "" : "s", cores));
+        fmt::format("{} more than the {} core{} of this machine, so the kernels' threads take "
+                    "turns on them and every step is slower, not faster; fix: threads: 0 (the "
+                    "cores shared out) or at most {}",
+                    who, cores, s(cores), fit));
 }
 
 }  // namespace
