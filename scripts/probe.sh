@@ -94,8 +94,8 @@ probe sweep-billion-runs 2 "more than 10000 runs" -- validate ok.yaml train.seed
 probe batch-overflow 2 "error" -- validate ok.yaml train.per_replica_batch=4611686018427387904 gpus=2
 probe shape-overflow 2 "error" -- validate ok.yaml 'data.synthetic.shape=[4294967296,4294967296]'
 probe hidden-oversized 2 "GiB" -- validate ok.yaml 'model.hidden=[4000000000]'
-probe kernel-larger-than-map 2 "model.layers" -- validate ok.yaml 'data.synthetic.shape=[1,8,8]' model.type=layers \
-  'model.layers=[{type: conv, channels: 4, kernel: 9}]'
+probe kernel-larger-than-map 2 "does not fit a 8x8 input" -- validate ok.yaml 'data.synthetic.shape=[1,8,8]' model.type=layers \
+  'model.layers=[{conv: {channels: 4, kernel: 9}}]'
 probe name-not-utf8 2 "UTF-8" -- validate ok.yaml "name=$(printf 'a\xffb')"
 probe name-too-long 2 "name" -- validate ok.yaml "name=$(printf 'x%.0s' $(seq 300))"
 printf '? [a, b]\n: 1\n' > complex.yaml

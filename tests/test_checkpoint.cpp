@@ -170,13 +170,14 @@ std::string slow_config(const TempDir& d, int epochs = 60) {
                  "schedule: cosine}\n");
 }
 
-// Starts dtrain with `args` in the background (after `launcher`, e.g. mpirun); returns its pid.
-pid_t start(const std::string& args, const std::string& env = "",
-            const std::string& launcher = "") {
+// Starts dtrain with `args` in the background (after `launcher`, e.g. mpirun), its output to
+// `out`; returns its pid.
+pid_t start(const std::string& args, const std::string& env = "", const std::string& launcher = "",
+            const std::string& out = "/dev/null") {
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string cmd =
-        env + " exec " + launcher + dtrain_binary() + " " + args + " > /dev/null 2>&1";
+        env + " exec " + launcher + dtrain_binary() + " " + args + " > " + out + " 2>&1";
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -214,10 +215,14 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
     INFO("signal " << sig);
     const auto res = (d.path / ("r" + std::to_string(sig))).string();
     const fs::path run = fs::path(res) / "ck" / "t-g2";
-    const pid_t pid = start("run " + cfg + " --results " + res + " --tag t");
+    const auto out = d.path / ("out" + std::to_string(sig));
+    const pid_t pid = start("run " + cfg + " --results " + res + " --tag t", "", "", out.string());
     REQUIRE(wait_rows(run / "metrics.csv", 3, pid));
     kill(pid, sig);
     CHECK(exit_code(pid) == code);
+    // The log says how to continue, with the tag the command needs.
+    CHECK(slurp(out).find("to continue: the same command with --resume --tag t") !=
+          std::string::npos);
     CHECK(slurp(run / "status") == "interrupted\n");
     CHECK(slurp(run / "summary.json").find("\"status\": \"interrupted\"") != std::string::npos);
     REQUIRE(fs::exists(run / "checkpoint.bin"));

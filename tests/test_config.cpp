@@ -140,6 +140,28 @@ TEST_CASE("a wrong type names the key - what was expected and what was found", "
              Catch::Contains("the CPU backend has no TF32"));
 }
 
+TEST_CASE("an error inside a list or mapping given by an override names the override",
+          "[config][errors]") {
+  // model.layers=[...] on the command line: the file has no line of it to point at.
+  CHECK_THAT(error_of("model: {type: layers}\n", {{"model.layers", "[relu, bogus]"}}),
+             Catch::StartsWith("override 'model.layers=[relu, bogus]': model.layers[1]: unknown "
+                               "layer 'bogus'"));
+  CHECK_THAT(error_of("model: {type: layers}\n", {{"model.layers", "[{dense: {unitz: 4}}]"}}),
+             Catch::StartsWith("override 'model.layers=[{dense: {unitz: 4}}]': unknown key "
+                               "'model.layers[0].dense.unitz'"));
+  CHECK_THAT(error_of("model: {type: layers}\n", {{"model.layers", "[{conv: {}}]"}}),
+             Catch::StartsWith("override 'model.layers=[{conv: {}}]': model.layers[0]: conv "
+                               "needs channels"));
+  CHECK_THAT(error_of("", {{"data.synthetic", "{train_size: -5}"}}),
+             Catch::StartsWith("override 'data.synthetic={train_size: -5}': "
+                               "data.synthetic.train_size: must be"));
+  // The same mistakes in the file point at their lines.
+  CHECK_THAT(error_of("model:\n  type: layers\n  layers:\n    - relu\n    - bogus\n"),
+             Catch::StartsWith("exp.yaml:5: model.layers[1]: unknown layer 'bogus'"));
+  CHECK_THAT(error_of("model:\n  type: layers\n  layers:\n    - {conv: {}}\n"),
+             Catch::StartsWith("exp.yaml:4: model.layers[0]: conv needs channels"));
+}
+
 TEST_CASE("gpus must be positive", "[config][errors]") {
   CHECK(error_of("gpus: 0\n") == "exp.yaml:1: gpus: must be in [1, 4096], got 0");
   CHECK(error_of("gpus: -2\n") == "exp.yaml:1: gpus: must be in [1, 4096], got -2");

@@ -109,7 +109,8 @@ void setup_run(CLI::App& app, RunOptions& opt) {
                  "Run-id prefix shared by this command's runs (default: UTC date-time)");
   app.add_flag("--resume", opt.resume,
                "Continue an earlier command with the same --tag: finished runs (done or "
-               "diverged) are skipped, unfinished ones are moved to .attempts/ and run again");
+               "diverged) are skipped, unfinished ones continue from their checkpoint (or start "
+               "over without one; the old folder is kept under .attempts/)");
   app.add_flag("-q,--quiet", opt.quiet, "Only warnings, errors and the final table");
 }
 
@@ -346,7 +347,10 @@ int run_run(const RunOptions& opt) {
       index[i].status = result.status == RunStatus::diverged ? "diverged" : "done";
     } catch (const Interrupted& e) {
       // Every rank stopped at the same step, after the checkpoint was written.
-      if (rec) rec->interrupt(e.what());
+      if (rec) {
+        rec->interrupt(e.what());
+        log().warn("to continue: the same command with --resume --tag {}", tag);
+      }
       index[i].status = "interrupted";
       save_index();
       break;

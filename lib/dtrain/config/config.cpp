@@ -28,7 +28,11 @@ bool valid_utf8(const std::string& s) {
   const size_t n = s.size();
   for (size_t i = 0; i < n;) {
     const unsigned c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
     if (len == 0 || i + len > n) return false;
     unsigned cp = len == 1 ? c : c & (0x7f >> len);
     for (size_t k = 1; k < len; ++k) {
@@ -84,10 +88,9 @@ const EnumTable<ModelType> kModelTypes = {{"mlp", ModelType::mlp},
                                           {"layers", ModelType::layers}};
 const EnumTable<BatchNormMode> kBatchNormModes = {{"local", BatchNormMode::local},
                                                   {"sync", BatchNormMode::sync}};
-const EnumTable<ReplicaMode> kReplicaModes = {
-    {"auto", ReplicaMode::auto_},
-    {"threads", ReplicaMode::threads},
-    {"shared", ReplicaMode::shared}};
+const EnumTable<ReplicaMode> kReplicaModes = {{"auto", ReplicaMode::auto_},
+                                              {"threads", ReplicaMode::threads},
+                                              {"shared", ReplicaMode::shared}};
 const EnumTable<LayerType> kLayerTypes = {{"dense", LayerType::dense},
                                           {"conv", LayerType::conv},
                                           {"maxpool", LayerType::maxpool},
@@ -137,7 +140,8 @@ struct Source {
   std::map<std::string, std::string> overrides;  // full key -> "key=value"
 };
 
-LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Source& src);
+LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const std::string& place,
+                       const Source& src);
 
 // The decoder: a schema visitor that reads one YAML mapping, remembers which keys were
 // consumed, and rejects the rest.
@@ -236,11 +240,14 @@ class MapReader {
   }
 
  private:
-  // The override that set `key` or a key below it, if any.
+  // The override that set `key`, a key below it or one above it (a mapping or a list given
+  // whole, e.g. model.layers=[...]), if any.
   const std::string* override_for(const std::string& key) const {
     const std::string f = full(key);
     for (const auto& [k, text] : src_.overrides)
-      if (k == f || k.rfind(f + ".", 0) == 0) return &text;
+      if (k == f || k.rfind(f + ".", 0) == 0 || f.rfind(k + ".", 0) == 0 ||
+          f.rfind(k + "[", 0) == 0)
+        return &text;
     return nullptr;
   }
 
@@ -360,7 +367,8 @@ class MapReader {
       fail(key, n, "expected a list of layers, e.g. [{conv: {channels: 32}}, relu]");
     out.clear();
     for (size_t i = 0; i < n.size(); ++i)
-      out.push_back(decode_layer(n[i], fmt::format("{}[{}]", full(key), i), src_));
+      out.push_back(
+          decode_layer(n[i], fmt::format("{}[{}]", full(key), i), where(key, n[i]), src_));
   }
 
   YAML::Node node_;
@@ -394,9 +402,9 @@ void apply_override(YAML::Node& root, const Override& ov) {
 }
 
 // One layer: either a bare name ("relu") or a one-key mapping ({conv: {channels: 32}}).
-
-// One layer: either a bare name ("relu") or a one-key mapping ({conv: {channels: 32}}).
-LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Source& src) {
+// `where` is its key (model.layers[2]), `place` where it was written (file:line, or the override).
+LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const std::string& place,
+                       const Source& src) {
   LayerSpec l;
   std::string name;
   YAML::Node params;
@@ -407,9 +415,9 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Sour
     params = n.begin()->second;
   } else {
     throw UserError(
-        fmt::format("{}:{}: {}: expected a layer name or a one-key mapping such as "
+        fmt::format("{}: {}: expected a layer name or a one-key mapping such as "
                     "{{conv: {{channels: 32}}}}",
-                    src.file, n.Mark().line + 1, where));
+                    place, where));
   }
   bool found = false;
   for (const auto& [k, v] : kLayerTypes)
@@ -421,8 +429,7 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Sour
     std::vector<std::string> names;
     for (const auto& [k, v] : kLayerTypes) names.push_back(k);
     const auto guess = closest_match(name, names);
-    throw UserError(fmt::format("{}:{}: {}: unknown layer '{}'{}; valid: {}", src.file,
-                                n.Mark().line + 1, where, name,
+    throw UserError(fmt::format("{}: {}: unknown layer '{}'{}; valid: {}", place, where, name,
                                 guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess),
                                 enum_choices(kLayerTypes)));
   }
@@ -431,16 +438,15 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const Sour
   MapReader r(params && params.IsMap() ? params : YAML::Node(YAML::NodeType::Undefined),
               where + "." + name, src);
   if (params && !params.IsNull() && !params.IsMap())
-    throw UserError(fmt::format("{}:{}: {}.{}: expected a mapping of parameters", src.file,
-                                n.Mark().line + 1, where, name));
+    throw UserError(fmt::format("{}: {}.{}: expected a mapping of parameters", place, where, name));
   visit(l, r);
   r.finish();
   if (l.type == LayerType::dense && l.units == 0)
     throw UserError(
-        fmt::format("{}: {}: dense needs units, e.g. {{dense: {{units: 128}}}}", src.file, where));
+        fmt::format("{}: {}: dense needs units, e.g. {{dense: {{units: 128}}}}", place, where));
   if (l.type == LayerType::conv && l.channels == 0)
-    throw UserError(fmt::format("{}: {}: conv needs channels, e.g. {{conv: {{channels: 32}}}}",
-                                src.file, where));
+    throw UserError(
+        fmt::format("{}: {}: conv needs channels, e.g. {{conv: {{channels: 32}}}}", place, where));
   return l;
 }
 
@@ -451,12 +457,12 @@ void check_batches(const Config& c, const Source& src) {
   const auto product = [&](const std::vector<int64_t>& factors, const std::string& what) {
     const int64_t p = bounded_product(factors, kMaxBatch);
     if (p < 0)
-      throw UserError(fmt::format("{}: {} is over {}; use smaller values", src.file, what,
-                                  kMaxBatch));
+      throw UserError(
+          fmt::format("{}: {} is over {}; use smaller values", src.file, what, kMaxBatch));
     return p;
   };
-  const int64_t split = product({c.gpus, c.train.accumulation_steps},
-                                "gpus x train.accumulation_steps");
+  const int64_t split =
+      product({c.gpus, c.train.accumulation_steps}, "gpus x train.accumulation_steps");
   if (!c.train.global_batch)
     product({c.train.per_replica_batch, c.gpus, c.train.accumulation_steps},
             fmt::format("the global batch (train.per_replica_batch={} x gpus={} x "
@@ -601,8 +607,10 @@ void check_quote_closed(const YAML::Node& scalar, const std::string& text,
   const auto pos = static_cast<size_t>(std::max(0, scalar.Mark().pos));
   if (scalar.Mark().is_null() || pos >= text.size() || text[pos] != '"') return;
   for (size_t i = pos + 1; i < text.size(); ++i) {
-    if (text[i] == '\\') ++i;
-    else if (text[i] == '"') return;
+    if (text[i] == '\\')
+      ++i;
+    else if (text[i] == '"')
+      return;
   }
   throw UserError(fmt::format("{}:{}: a quoted string is not closed before the end of the file",
                               source_name, scalar.Mark().line + 1));
@@ -613,8 +621,8 @@ void check_quote_closed(const YAML::Node& scalar, const std::string& text,
 void check_tree(const YAML::Node& n, const std::string& text, const std::string& source_name,
                 int depth = 0) {
   if (depth > 64)
-    throw UserError(fmt::format("{}:{}: nested more than 64 levels deep", source_name,
-                                n.Mark().line + 1));
+    throw UserError(
+        fmt::format("{}:{}: nested more than 64 levels deep", source_name, n.Mark().line + 1));
   if (n.IsMap()) {
     for (const auto& kv : n) {
       if (!kv.first.IsScalar())
@@ -643,9 +651,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
     DocumentContent first, second;
     parser.HandleNextDocument(first);
     if (parser.HandleNextDocument(second) && second.content)
-      throw UserError(fmt::format("{}: holds more than one YAML document (separated by '---'); "
-                                  "a config is one document",
-                                  source_name));
+      throw UserError(
+          fmt::format("{}: holds more than one YAML document (separated by '---'); "
+                      "a config is one document",
+                      source_name));
     root = YAML::Load(yaml_text);
   } catch (const YAML::ParserException& e) {
     throw UserError(fmt::format("{}:{}: malformed YAML: {}", source_name, e.mark.line + 1, e.msg));
@@ -669,7 +678,6 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 Config load_config(const std::string& path, const std::vector<Override>& overrides) {
   return parse_config(read_text_file(path, "config file", size_t{1} << 20), path, overrides);
 }
-
 
 namespace {
 

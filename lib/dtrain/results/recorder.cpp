@@ -348,9 +348,7 @@ void RunRecorder::interrupt(const std::string& why) {
   clear_progress();
   write_summary("interrupted", why);
   ended_ = true;
-  log().warn("run {} interrupted; `dtrain run --resume` with the same arguments continues it "
-             "from its checkpoint",
-             run_id_);
+  log().warn("run {} interrupted; its checkpoint is saved in {}", run_id_, dir_);
 }
 
 void RunRecorder::finish(const TrainResult& r) {
