@@ -230,6 +230,65 @@ TEST_CASE("YAML that is not one plain config is refused with one line", "[config
   CHECK(error_of("name: x # \"an open quote in a comment\n") == "");
 }
 
+TEST_CASE("aliases that expand to billions of values are refused at once", "[config][errors]") {
+  // Eleven levels of ten aliases each: a 600-byte file that stands for 10^11 values.
+  std::string laughs = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 12; ++i) {
+    laughs += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) laughs += (k ? ", *a" : "*a") + std::to_string(i - 1);
+    laughs += "]\n";
+  }
+  const auto started = std::chrono::steady_clock::now();
+  CHECK_THAT(error_of(laughs), Catch::StartsWith("exp.yaml: holds more than 100000 values"));
+  // The same inside an override's value.
+  std::string value = "[&b0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]";
+  for (int i = 1; i < 12; ++i) {
+    value += ", &b" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) value += (k ? ", *b" : "*b") + std::to_string(i - 1);
+    value += "]";
+  }
+  value += "]";
+  CHECK_THAT(error_of("", {{"model.hidden", value}}),
+             Catch::StartsWith("override 'model.hidden=") &&
+                 Catch::Contains("holds more than 100000 values"));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
+  // A few aliases, as people use them, still work.
+  CHECK(error_of("model: {hidden: &h [32, 16]}\ndata: {dataset: synthetic, synthetic: "
+                 "{shape: *h}}\n") == "");
+}
+
+TEST_CASE("a key given twice is an error naming both lines", "[config][errors]") {
+  CHECK(error_of("name: x\ntrain: {epochs: 2}\ntrain: {epochs: 5}\n") ==
+        "exp.yaml:3: duplicate key 'train' (first given on line 2); give each key once");
+  CHECK(error_of("train:\n  epochs: 2\n  per_replica_batch: 8\n  epochs: 7\n") ==
+        "exp.yaml:4: duplicate key 'epochs' (first given on line 2); give each key once");
+  CHECK_THAT(error_of("", {{"data.synthetic", "{train_size: 8, train_size: 9}"}}),
+             Catch::StartsWith("override 'data.synthetic={train_size: 8, train_size: 9}':1: "
+                               "duplicate key 'train_size'"));
+}
+
+TEST_CASE("a NUL byte anywhere in a config is refused with its line", "[config][errors]") {
+  CHECK(error_of(std::string("name: x\nbackend: cpu\nname2: a\0b\n", 32)) ==
+        "exp.yaml:3: holds a NUL byte; a config is UTF-8 text");
+}
+
+TEST_CASE("integers are decimal: a leading zero or 0x is refused, not read as octal or hex",
+          "[config][errors]") {
+  CHECK(error_of("train: {epochs: 010}\n") ==
+        "exp.yaml:1: train.epochs: expected an integer, got '010' (no leading "
+        "zero: YAML may read 010 as octal 8 and 0x10 as 16)");
+  CHECK_THAT(error_of("", {{"train.epochs", "0x10"}}),
+             Catch::Contains("expected an integer, got '0x10' (no leading zero"));
+  CHECK_THAT(error_of("model: {hidden: [64, 016]}\n"),
+             Catch::Contains("model.hidden: expected a list of integers, found '016' (no "
+                             "leading zero"));
+  // Plain decimal, signed or zero, still reads.
+  const Config c = parse_config("train: {epochs: 10, seed: 0}\ngpus: +2\n", "exp.yaml");
+  CHECK(c.train.epochs == 10);
+  CHECK(c.train.seed == 0);
+  CHECK(c.gpus == 2);
+}
+
 TEST_CASE("products of user numbers are checked before they can wrap around", "[config][errors]") {
   CHECK_THAT(error_of("gpus: 2\ntrain: {per_replica_batch: 4611686018427387904}\n"),
              Catch::Contains("the global batch (train.per_replica_batch=4611686018427387904 x "

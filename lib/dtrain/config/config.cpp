@@ -280,11 +280,30 @@ class MapReader {
     YAML::Node n = take(key);
     if (!n) return;
     if (!n.IsScalar()) fail(key, n, fmt::format("expected {}, got {}", type_name, show(n)));
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+      if (!decimal(n.Scalar()))
+        fail(key, n,
+             fmt::format("expected {}, got {}{}", type_name, show(n), octal_note(n.Scalar())));
     try {
       out = n.as<T>();
     } catch (const YAML::Exception&) {
       fail(key, n, fmt::format("expected {}, got {}", type_name, show(n)));
     }
+  }
+
+  // yaml-cpp reads 010 as octal 8 and 0x10 as 16: an integer here is decimal digits with an
+  // optional sign and no leading zero, so what is written is what is meant.
+  static bool decimal(const std::string& t) {
+    const size_t d = !t.empty() && (t[0] == '-' || t[0] == '+') ? 1 : 0;
+    if (d >= t.size() || (t[d] == '0' && t.size() > d + 1)) return false;
+    return std::all_of(t.begin() + static_cast<std::ptrdiff_t>(d), t.end(),
+                       [](char c) { return c >= '0' && c <= '9'; });
+  }
+  static std::string octal_note(const std::string& t) {
+    const size_t d = !t.empty() && (t[0] == '-' || t[0] == '+') ? 1 : 0;
+    return t.size() > d + 1 && t[d] == '0'
+               ? " (no leading zero: YAML may read 010 as octal 8 and 0x10 as 16)"
+               : "";
   }
 
   // Any integer member; its own type bounds the range (an int key cannot take 2^31).
@@ -349,6 +368,9 @@ class MapReader {
     std::vector<int64_t> v;
     for (const auto& e : n) {
       int64_t x = 0;
+      if (e.IsScalar() && !decimal(e.Scalar()))
+        fail(key, n, fmt::format("expected a list of integers, found {}{}", show(e),
+                                 octal_note(e.Scalar())));
       try {
         x = e.as<int64_t>();
       } catch (const YAML::Exception&) {
@@ -377,6 +399,66 @@ class MapReader {
   std::set<std::string> seen_;
 };
 
+// yaml-cpp reads a double quote left open at the end of a file as a string that runs to the
+// end of the file. A double-quoted scalar must find its closing quote in the text.
+void check_quote_closed(const YAML::Node& scalar, const std::string& text,
+                        const std::string& source_name) {
+  const auto pos = static_cast<size_t>(std::max(0, scalar.Mark().pos));
+  if (scalar.Mark().is_null() || pos >= text.size() || text[pos] != '"') return;
+  for (size_t i = pos + 1; i < text.size(); ++i) {
+    if (text[i] == '\\')
+      ++i;
+    else if (text[i] == '"')
+      return;
+  }
+  throw UserError(fmt::format("{}:{}: a quoted string is not closed before the end of the file",
+                              source_name, scalar.Mark().line + 1));
+}
+
+// One walk over the parsed tree: bounded depth, every key of every mapping a plain name (YAML's
+// complex keys, `? [a, b]: 1`, have no meaning in a config), every quoted string closed.
+struct TreeWalk {
+  const std::string& text;
+  const std::string& source_name;
+  int64_t nodes = 0;
+};
+
+// Aliases let a few hundred bytes stand for billions of values ("billion laughs"); a config
+// has a few dozen, so the walk stops long before that.
+constexpr int64_t kMaxConfigNodes = 100000;
+
+void check_tree(const YAML::Node& n, TreeWalk& w, int depth = 0) {
+  if (depth > 64)
+    throw UserError(
+        fmt::format("{}:{}: nested more than 64 levels deep", w.source_name, n.Mark().line + 1));
+  if (++w.nodes > kMaxConfigNodes)
+    throw UserError(fmt::format(
+        "{}: holds more than {} values (counting what its aliases repeat); a config has a few "
+        "dozen",
+        w.source_name, kMaxConfigNodes));
+  if (n.IsMap()) {
+    std::map<std::string, int> seen;  // key -> line
+    for (const auto& kv : n) {
+      if (!kv.first.IsScalar())
+        throw UserError(fmt::format("{}:{}: a key must be a plain name, not a {}", w.source_name,
+                                    kv.first.Mark().line + 1,
+                                    kv.first.IsMap() ? "mapping" : "list or null"));
+      check_quote_closed(kv.first, w.text, w.source_name);
+      const int line = kv.first.Mark().line + 1;
+      const auto [at, fresh] = seen.emplace(kv.first.Scalar(), line);
+      if (!fresh)
+        throw UserError(fmt::format("{}:{}: duplicate key '{}' (first given on line {}); give "
+                                    "each key once",
+                                    w.source_name, line, kv.first.Scalar(), at->second));
+      check_tree(kv.second, w, depth + 1);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& v : n) check_tree(v, w, depth + 1);
+  } else if (n.IsScalar()) {
+    check_quote_closed(n, w.text, w.source_name);
+  }
+}
+
 void apply_override(YAML::Node& root, const Override& ov) {
   YAML::Node value;
   try {
@@ -384,6 +466,9 @@ void apply_override(YAML::Node& root, const Override& ov) {
   } catch (const YAML::Exception& e) {
     throw UserError(fmt::format("override '{}': value is not valid YAML: {}", ov.text(), e.msg));
   }
+  const std::string where = fmt::format("override '{}'", ov.text());
+  TreeWalk walk{ov.value, where};
+  check_tree(value, walk);
   std::vector<std::string> parts;
   std::stringstream ss(ov.key);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
@@ -600,48 +685,17 @@ struct DocumentContent : YAML::EventHandler {
   void OnMapEnd() override {}
 };
 
-// yaml-cpp reads a double quote left open at the end of a file as a string that runs to the
-// end of the file. A double-quoted scalar must find its closing quote in the text.
-void check_quote_closed(const YAML::Node& scalar, const std::string& text,
-                        const std::string& source_name) {
-  const auto pos = static_cast<size_t>(std::max(0, scalar.Mark().pos));
-  if (scalar.Mark().is_null() || pos >= text.size() || text[pos] != '"') return;
-  for (size_t i = pos + 1; i < text.size(); ++i) {
-    if (text[i] == '\\')
-      ++i;
-    else if (text[i] == '"')
-      return;
-  }
-  throw UserError(fmt::format("{}:{}: a quoted string is not closed before the end of the file",
-                              source_name, scalar.Mark().line + 1));
-}
-
-// One walk over the parsed tree: bounded depth, every key of every mapping a plain name (YAML's
-// complex keys, `? [a, b]: 1`, have no meaning in a config), every quoted string closed.
-void check_tree(const YAML::Node& n, const std::string& text, const std::string& source_name,
-                int depth = 0) {
-  if (depth > 64)
-    throw UserError(
-        fmt::format("{}:{}: nested more than 64 levels deep", source_name, n.Mark().line + 1));
-  if (n.IsMap()) {
-    for (const auto& kv : n) {
-      if (!kv.first.IsScalar())
-        throw UserError(fmt::format("{}:{}: a key must be a plain name, not a {}", source_name,
-                                    kv.first.Mark().line + 1,
-                                    kv.first.IsMap() ? "mapping" : "list or null"));
-      check_quote_closed(kv.first, text, source_name);
-      check_tree(kv.second, text, source_name, depth + 1);
-    }
-  } else if (n.IsSequence()) {
-    for (const auto& v : n) check_tree(v, text, source_name, depth + 1);
-  } else if (n.IsScalar()) {
-    check_quote_closed(n, text, source_name);
-  }
-}
 }  // namespace
 
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<Override>& overrides) {
+  // yaml-cpp reads a NUL byte as the end of a string and goes on: the rest of the value would
+  // be lost, or worse, become part of a folder name.
+  if (const size_t nul = yaml_text.find('\0'); nul != std::string::npos)
+    throw UserError(fmt::format(
+        "{}:{}: holds a NUL byte; a config is UTF-8 text", source_name,
+        1 + std::count(yaml_text.begin(), yaml_text.begin() + static_cast<std::ptrdiff_t>(nul),
+                       '\n')));
   YAML::Node root;
   try {
     // At most two documents are looked at: yaml-cpp's LoadAll loops forever on some malformed
@@ -661,7 +715,8 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   } catch (const YAML::Exception& e) {
     throw UserError(fmt::format("{}: malformed YAML: {}", source_name, e.msg));
   }
-  check_tree(root, yaml_text, source_name);
+  TreeWalk walk{yaml_text, source_name};
+  check_tree(root, walk);
   if (!root || root.IsNull())
     log().warn("{} holds no settings: every value not overridden is a default", source_name);
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
