@@ -32,6 +32,27 @@ optimizer: {lr: 0.05, base_batch: 16}
 
 }  // namespace
 
+TEST_CASE("command-line mistakes are one line naming the command and its help", "[cli][errors]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"run /dev/null --bogus",
+       "dtrain: error: run: The following argument was not expected: --bogus; see dtrain run "
+       "--help"},
+      {"run", "dtrain: error: run: config is required; see dtrain run --help"},
+      {"bench-comm --iters abc", "dtrain: error: bench-comm: Could not convert: --iters = abc"},
+      {"sweep x.yaml", "dtrain: error: unknown command 'sweep'; valid: run | validate |"},
+      {"--bogus", "dtrain: error: unknown option '--bogus' before any command"},
+      {"", "dtrain: error: give a command, e.g. dtrain run CONFIG; see dtrain --help"},
+  };
+  for (const auto& [args, want] : cases) {
+    INFO(args);
+    const auto r = dtrain_cli(args);
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(count_lines(r.out) == 1);
+    CHECK(r.out.rfind(want, 0) == 0);
+  }
+}
+
 TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli]") {
   TempDir s("cli");
   const auto cfg = s.write("tiny.yaml", kTiny);

@@ -1,15 +1,18 @@
 // dtrain: data-parallel scaling experiments from YAML files.
+#include <fmt/format.h>
+
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.hpp"
-#include "dtrain/base/stop.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
+#include "dtrain/base/stop.hpp"
+#include "dtrain/base/version.hpp"
 #include "dtrain/dist/mpi.hpp"
 #include "dtrain/train/trainer.hpp"
-#include "dtrain/base/version.hpp"
 
 int run_main(int argc, char** argv);
 
@@ -78,12 +81,11 @@ int run_main(int argc, char** argv) {
   auto* explain_cmd =
       add("explain", "Attribute the accuracy gap of N replicas against 1, one setting per run",
           explain_opt, dtrain::cli::setup_explain);
-  auto* report_cmd =
-      add("report", "Regenerate comparison tables (and figures) from run folders", report_opt,
-          dtrain::cli::setup_report);
-  auto* devices_cmd = add(
-      "devices", "List the GPUs (and the CPU) dtrain can use, with driver and library versions",
-      devices_opt, dtrain::cli::setup_devices);
+  auto* report_cmd = add("report", "Regenerate comparison tables (and figures) from run folders",
+                         report_opt, dtrain::cli::setup_report);
+  auto* devices_cmd =
+      add("devices", "List the GPUs (and the CPU) dtrain can use, with driver and library versions",
+          devices_opt, dtrain::cli::setup_devices);
   auto* bench_comm_cmd =
       add("bench-comm", "Time and check the all-reduce a run would use, over a range of sizes",
           bench_comm_opt, dtrain::cli::setup_bench_comm);
@@ -100,7 +102,28 @@ int run_main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    // One line, like every other user mistake, naming the command and where its help is.
+    std::string cmd;
+    for (const auto* sub : app.get_subcommands()) cmd = sub->get_name();
+    std::string what = e.what();
+    if (cmd.empty() && argc > 1 && argv[1][0] != '-') {
+      std::string names;
+      for (const auto* sub : app.get_subcommands({}))
+        names += (names.empty() ? "" : " | ") + sub->get_name();
+      what = fmt::format(
+          "unknown command '{}'; valid: {} (a sweep is `dtrain run` with comma "
+          "lists, e.g. gpus=1,2,4)",
+          argv[1], names);
+    } else if (cmd.empty() && argc > 1) {
+      what = fmt::format(
+          "unknown option '{}' before any command; give a command first, e.g. "
+          "dtrain run CONFIG",
+          argv[1]);
+    } else if (cmd.empty()) {
+      what = "give a command, e.g. dtrain run CONFIG";
+    }
+    std::fprintf(stderr, "dtrain: error: %s%s%s; see dtrain %s%s--help\n", cmd.c_str(),
+                 cmd.empty() ? "" : ": ", what.c_str(), cmd.c_str(), cmd.empty() ? "" : " ");
     return 2;
   }
 
