@@ -302,3 +302,29 @@ TEST_CASE("under mpirun, Ctrl-C saves the run on every rank and --resume continu
   CHECK(numeric_columns(run / "metrics.csv") ==
         numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv"));
 }
+
+TEST_CASE("an interrupted explain says the tag that continues it, and that tag does",
+          "[checkpoint][explain]") {
+  TempDir d("ck-explain");
+  const std::string cfg = slow_config(d, 30);
+  const auto res = (d.path / "r").string();
+  const auto out = d.path / "out";
+  const std::string args = "explain " + cfg + " --results " + res + " --tag e";
+  const pid_t pid = start(args, "", "", out.string());
+  // Stop it inside the first rung, a few epochs in.
+  const fs::path rung0 = fs::path(res) / "ck" / "explain-e-gpus_2-rung0-g1";
+  REQUIRE(wait_rows(rung0 / "metrics.csv", 3, pid));
+  kill(pid, SIGINT);
+  CHECK(exit_code(pid) == 130);
+  const std::string said = slurp(out);
+  INFO(said);
+  CHECK(said.find("to continue: the same command with --resume --tag e\n") != std::string::npos);
+  const auto r = dtrain_cli(args + " --resume");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(slurp(rung0 / "status") == "done\n");
+  CHECK(r.out.find("resume: continuing at epoch") != std::string::npos);
+  // Continued in place: no second explanation named after the first one's rung.
+  for (const auto& e : fs::directory_iterator(fs::path(res) / "ck"))
+    CHECK(e.path().filename().string().rfind("explain-explain", 0) != 0);
+}

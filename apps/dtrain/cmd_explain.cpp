@@ -287,7 +287,8 @@ int run_explain(const ExplainOptions& opt) {
     if (!rr.rung.skipped && !stop_requested()) {
       fmt::print("explain: rung {} ({}): {}\n", k, rr.rung.name, rr.rung.change);
       std::fflush(stdout);
-      RunOptions ro{opt.config, rr.overrides, opt.results, rr.tag, opt.resume, opt.quiet, false};
+      RunOptions ro{opt.config, rr.overrides, opt.results, rr.tag, opt.resume, opt.quiet, false,
+                    tag};
       const int code = run_run(ro);
       if (stop_requested()) return code;  // 130 (Ctrl-C) or 143 (SIGTERM)
       failed += code != 0;

@@ -349,7 +349,8 @@ int run_run(const RunOptions& opt) {
       // Every rank stopped at the same step, after the checkpoint was written.
       if (rec) {
         rec->interrupt(e.what());
-        log().warn("to continue: the same command with --resume --tag {}", tag);
+        log().warn("to continue: the same command with --resume --tag {}",
+                   opt.resume_tag.empty() ? tag : opt.resume_tag);
       }
       index[i].status = "interrupted";
       save_index();

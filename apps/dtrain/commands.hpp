@@ -32,6 +32,7 @@ struct RunOptions {
   bool resume = false;
   bool quiet = false;
   bool print_table = true;  // false: the comparison table is written, not printed (explain)
+  std::string resume_tag;   // the --tag that continues an interrupted run (default: tag)
 };
 void setup_run(CLI::App& app, RunOptions& opt);
 int run_run(const RunOptions& opt);
