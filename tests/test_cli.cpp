@@ -53,6 +53,41 @@ TEST_CASE("command-line mistakes are one line naming the command and its help", 
   }
 }
 
+TEST_CASE("the run index is valid CSV whatever the name and overrides hold", "[cli]") {
+  TempDir s("cli-index");
+  const auto cfg = s.write("tiny.yaml", kTiny);
+  const auto res = s.path / "res";
+  // A name with a quote and a comma, and an override list with commas of its own.
+  const auto r = dtrain_cli("run " + cfg + " 'name=a\"b,c' 'model.hidden=[8,4]' --results " +
+                            res.string() + " --tag q --quiet");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const std::string csv = slurp(res / "a\"b,c" / "index-q.csv");
+  INFO(csv);
+  // RFC 4180: split the data row into fields, honouring quotes.
+  const std::string row = csv.substr(csv.find('\n') + 1);
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < row.size() && !(row[i] == '\n' && !quoted); ++i) {
+    const char ch = row[i];
+    if (ch == '"' && quoted && i + 1 < row.size() && row[i + 1] == '"') {
+      fields.back() += '"';
+      ++i;
+    } else if (ch == '"') {
+      quoted = !quoted;
+    } else if (ch == ',' && !quoted) {
+      fields.emplace_back();
+    } else {
+      fields.back() += ch;
+    }
+  }
+  REQUIRE(fields.size() == 6);  // run_id,status,gpus,group,overrides,dir
+  CHECK(fields[1] == "done");
+  CHECK(fields[4].find("name=a\"b,c") != std::string::npos);
+  CHECK(fields[4].find("model.hidden=[8,4]") != std::string::npos);
+  CHECK(fields[5].find("a\"b,c") != std::string::npos);
+}
+
 TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli]") {
   TempDir s("cli");
   const auto cfg = s.write("tiny.yaml", kTiny);

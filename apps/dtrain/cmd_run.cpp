@@ -193,8 +193,8 @@ struct IndexRow {
 void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
   std::string csv = "run_id,status,gpus,group,overrides,dir\n";
   for (const auto& r : rows)
-    csv +=
-        fmt::format("{},{},{},{},\"{}\",{}\n", r.id, r.status, r.gpus, r.group, r.overrides, r.dir);
+    csv += fmt::format("{},{},{},{},{},{}\n", csv_escape(r.id), r.status, r.gpus,
+                       csv_escape(r.group), csv_escape(r.overrides), csv_escape(r.dir));
   write_file_atomic(path, csv);
 }
 

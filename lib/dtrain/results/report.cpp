@@ -85,14 +85,14 @@ const std::vector<Column>& columns() {
   return cols;
 }
 
+}  // namespace
+
 std::string csv_escape(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
   std::string out = "\"";
   for (char ch : s) out += ch == '"' ? std::string("\"\"") : std::string(1, ch);
   return out + "\"";
 }
-
-}  // namespace
 
 namespace {
 int64_t param_count_of(const nlohmann::json& j) {

@@ -69,6 +69,9 @@ Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseli
 
 std::string to_markdown(const Comparison& c);
 std::string to_csv(const Comparison& c);
+// One CSV field (RFC 4180): quoted, with quotes doubled, where it holds a comma, a quote or a
+// line break.
+std::string csv_escape(const std::string& s);
 std::string to_json(const Comparison& c);
 
 // `report --by`: runs aggregated over config keys.
