@@ -165,8 +165,13 @@ TEST_CASE("an IDX header claiming more than the file holds costs no memory", "[d
   CHECK_THAT(error_of([&] { read_idx_images((d.path / "imgs.gz").string()); }),
              Catch::Contains("truncated") && Catch::Contains("ended after 0 bytes"));
   // The largest claim a header can make, and a label file claiming 4 billion labels.
+  // Compressed, it could hold that much: refused as more than memory holds, before any read.
   write_gz(d.path / "max.gz", header({0x803, 0xffffffffu, 4096, 4096}));
   CHECK_THAT(error_of([&] { read_idx_images((d.path / "max.gz").string()); }),
+             Catch::Contains("4294967295 images of 4096x4096 need about") &&
+                 Catch::Contains("GiB are available; read fewer with data.train_limit"));
+  // With a limit, only the images asked for count.
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "max.gz").string(), 2); }),
              Catch::Contains("truncated"));
   write_gz(d.path / "labels.gz", header({0x801, 0xffffffffu}));
   CHECK_THAT(error_of([&] { read_idx_labels((d.path / "labels.gz").string()); }),
@@ -185,6 +190,45 @@ TEST_CASE("an IDX header claiming more than the file holds costs no memory", "[d
 #else
   CHECK(peak_rss_mib() - before < 200);
 #endif
+}
+
+TEST_CASE("train_limit and test_limit read only the samples they keep", "[data]") {
+  TempDir d;
+  write_dataset(d.path, 30, 10, true);
+  DataConfig cfg;
+  cfg.dataset = DatasetKind::idx;
+  cfg.normalize = false;
+  cfg.path = d.path.string();
+  const auto all = load_data(cfg, 1);
+  cfg.train_limit = 7;
+  cfg.test_limit = 3;
+  const auto some = load_data(cfg, 1);
+  REQUIRE(some.train.size() == 7);
+  REQUIRE(some.test.size() == 3);
+  // The same first samples, and the classes of every label (so the model keeps its outputs).
+  CHECK(std::equal(some.train.x.begin(), some.train.x.end(), all.train.x.begin()));
+  CHECK(std::equal(some.train.y.begin(), some.train.y.end(), all.train.y.begin()));
+  CHECK(std::equal(some.test.x.begin(), some.test.x.end(), all.test.x.begin()));
+  CHECK(some.train.classes == all.train.classes);
+  // A file cut short after the kept images still serves them.
+  const auto imgs = idx_images(30, 4, 3);
+  write_gz(d.path / "train-images-idx3-ubyte.gz",
+           std::vector<uint8_t>(imgs.begin(), imgs.begin() + 16 + 7 * 12));
+  const auto cut = load_data(cfg, 1);
+  CHECK(std::equal(cut.train.x.begin(), cut.train.x.end(), all.train.x.begin()));
+}
+
+TEST_CASE("an empty training or test set is refused, naming the file", "[data][errors]") {
+  TempDir d;
+  write_dataset(d.path, 30, 0, false);
+  DataConfig cfg;
+  cfg.dataset = DatasetKind::idx;
+  cfg.path = d.path.string();
+  CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
+             Catch::Contains("t10k-labels-idx1-ubyte: holds no labels (0 samples)"));
+  write_dataset(d.path, 0, 10, false);
+  CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
+             Catch::Contains("train-labels-idx1-ubyte: holds no labels (0 samples)"));
 }
 
 TEST_CASE("IDX image sizes whose product would overflow are refused", "[data][errors]") {

@@ -265,16 +265,37 @@ int run_run(const RunOptions& opt) {
       for (size_t i = 0; i < skip.size(); ++i) skip[i] = decision[i] == '1';
   }
   if (!fs_error.empty()) throw UserError(fs_error);
-  std::map<std::string, std::shared_ptr<DataSplit>> data_cache;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    if (skip[i]) continue;
-    const auto& r = runs[i];
-    auto& slot = data_cache[data_key(r.config)];
-    if (!slot) {
-      log().info("loading data ({})", to_string(r.config.data.dataset));
-      slot = std::make_shared<DataSplit>(load_data(r.config.data, r.config.train.seed));
+  // One data set in memory at a time: a sweep over data settings (train_limit, seeds of
+  // synthetic data) would otherwise hold a copy per value. Every run's plan is checked before the
+  // first starts, each data set loaded once for that; a run whose data differs from the one
+  // before it loads its own again.
+  std::unique_ptr<DataSplit> held;
+  std::string held_key;
+  auto data_for = [&](const Config& c) -> const DataSplit& {
+    const std::string key = data_key(c);
+    if (!held || held_key != key) {
+      held.reset();
+      log().info("loading data ({})", to_string(c.data.dataset));
+      held = std::make_unique<DataSplit>(load_data(c.data, c.train.seed));
+      held_key = key;
     }
-    check_plan(r.config, *slot);
+    return *held;
+  };
+  {
+    std::map<std::string, std::vector<size_t>> by_data;  // the runs of each data set
+    std::string first_key;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (!skip[i]) {
+        by_data[data_key(runs[i].config)].push_back(i);
+        if (first_key.empty()) first_key = data_key(runs[i].config);
+      }
+    // The first run's data last, so that it stays loaded for that run.
+    std::vector<std::string> order;
+    for (const auto& [key, ids] : by_data)
+      if (key != first_key) order.push_back(key);
+    if (!first_key.empty()) order.push_back(first_key);
+    for (const auto& key : order)
+      for (size_t i : by_data[key]) check_plan(runs[i].config, data_for(runs[i].config));
   }
   // One index per experiment: every run of this command with its current status.
   auto save_index = [&] {
@@ -303,7 +324,7 @@ int run_run(const RunOptions& opt) {
     const std::string earlier = leader ? read_run_status(dirs[i]) : "";
     std::unique_ptr<RunLock> lock;
     std::unique_ptr<RunRecorder> rec;
-    const DataSplit& data = *data_cache[data_key(r.config)];
+    const DataSplit& data = data_for(r.config);
     std::unique_ptr<Communicator> comm;
     std::optional<Checkpoint> resume_from;
     // The leader's setup is inside the try as well: under mpirun a leader that fails here (a

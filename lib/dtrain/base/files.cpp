@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "dtrain/base/error.hpp"
@@ -120,6 +121,15 @@ std::string slug(const std::string& s) {
     out += ok ? ch : '_';
   }
   return out;
+}
+
+double available_host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  double kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
 }
 
 }  // namespace dtrain

@@ -23,4 +23,8 @@ std::optional<std::string> try_read_text_file(const std::string& path,
 // A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.
 std::string slug(const std::string& s);
 
+// Bytes the kernel says it can still hand out (MemAvailable in /proc/meminfo), or 0 where it
+// does not say.
+double available_host_memory();
+
 }  // namespace dtrain

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 #include "dtrain/base/rng.hpp"
 #include "dtrain/config/schema.hpp"
 
@@ -69,10 +70,7 @@ class GzFile {
   // Reads n claimed bytes into a vector that grows only as data arrives, so a header that
   // claims more than the file holds costs no more memory than the file's real content.
   std::vector<uint8_t> read_claimed(uint64_t n, int64_t header_bytes, const std::string& what) {
-    if (raw_size_ >= 0 && static_cast<uint64_t>(raw_size_ - header_bytes) < n)
-      throw UserError(fmt::format("{}: truncated: expected {} bytes of {} (as the header "
-                                  "claims), the file holds {}",
-                                  path_, n, what, raw_size_ - header_bytes));
+    check_claim(n, header_bytes, what);
     constexpr uint64_t kChunk = 64u << 20;
     std::vector<uint8_t> out;
     out.reserve(static_cast<size_t>(std::min(n, kChunk)));
@@ -84,6 +82,13 @@ class GzFile {
       read(out.data() + done, step, what.c_str(), done);
     }
     return out;
+  }
+  // An uncompressed file must hold the n bytes after its header that it claims.
+  void check_claim(uint64_t n, int64_t header_bytes, const std::string& what) const {
+    if (raw_size_ >= 0 && static_cast<uint64_t>(raw_size_ - header_bytes) < n)
+      throw UserError(fmt::format("{}: truncated: expected {} bytes of {} (as the header "
+                                  "claims), the file holds {}",
+                                  path_, n, what, raw_size_ - header_bytes));
   }
   uint32_t read_be32(const char* what) {
     uint8_t b[4];
@@ -117,19 +122,28 @@ std::string find_idx(const std::string& dir, const std::string& name) {
                   dir, name, name));
 }
 
-Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path) {
-  const auto img = read_idx_images(images_path);
-  const auto lab = read_idx_labels(labels_path);
-  if (static_cast<int64_t>(lab.size()) != img.count)
+// `limit` > 0: the first `limit` samples (train_limit, test_limit); the classes are counted
+// over every label, so that a limit never changes the model's outputs.
+Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
+                      int64_t limit, const char* limit_key) {
+  auto lab = read_idx_labels(labels_path);
+  const auto all = static_cast<int64_t>(lab.size());
+  if (all == 0)
+    throw UserError(fmt::format("{}: holds no labels (0 samples); the training and the test set "
+                                "each need at least one",
+                                labels_path));
+  const IdxImages img = read_idx_images(images_path, limit, limit_key);
+  if (img.count != all)
     throw UserError(fmt::format("{} has {} images but {} has {} labels; they must match",
-                                images_path, img.count, labels_path, lab.size()));
+                                images_path, img.count, labels_path, all));
+  int max_label = 0;
+  for (auto v : lab) max_label = std::max<int>(max_label, v);
+  if (limit > 0 && limit < all) lab.resize(static_cast<size_t>(limit));
   Dataset d;
   d.shape = {1, img.rows, img.cols};
   d.x.resize(img.pixels.size());
   for (size_t i = 0; i < img.pixels.size(); ++i) d.x[i] = static_cast<float>(img.pixels[i]) / 255.f;
   d.y.assign(lab.begin(), lab.end());
-  int max_label = 0;
-  for (auto v : d.y) max_label = std::max<int>(max_label, v);
   d.classes = max_label + 1;
   return d;
 }
@@ -142,7 +156,7 @@ void truncate(Dataset& d, int64_t limit) {
 
 }  // namespace
 
-IdxImages read_idx_images(const std::string& path) {
+IdxImages read_idx_images(const std::string& path, int64_t limit, const char* limit_key) {
   GzFile f(path);
   const uint32_t magic = f.read_be32("the header");
   if (magic != kImagesMagic)
@@ -157,9 +171,21 @@ IdxImages read_idx_images(const std::string& path) {
   if (out.rows <= 0 || out.cols <= 0 || out.rows > (1 << 12) || out.cols > (1 << 12))
     throw UserError(fmt::format("{}: implausible image size {}x{} (at most 4096x4096)", path,
                                 out.rows, out.cols));
-  const auto bytes = static_cast<uint64_t>(out.count) * static_cast<uint64_t>(out.rows * out.cols);
-  out.pixels = f.read_claimed(bytes, 16, fmt::format("{} images of {}x{}", out.count, out.rows,
-                                                     out.cols));
+  const int64_t used = limit > 0 ? std::min<int64_t>(limit, out.count) : out.count;
+  const auto bytes = static_cast<uint64_t>(used) * static_cast<uint64_t>(out.rows * out.cols);
+  // A gzip file does not say how large it is uncompressed: a small one may claim (and hold)
+  // more images than fit in memory. They are refused before any is read: a byte each as read,
+  // and 4 as floats.
+  const std::string what = fmt::format("{} images of {}x{}", used, out.rows, out.cols);
+  f.check_claim(bytes, 16, what);
+  const double need = 5.0 * static_cast<double>(bytes);
+  const double have = available_host_memory();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  if (have > 0 && need > have)
+    throw UserError(fmt::format("{}: {} need about {:.1f} GiB in memory, and {:.1f} GiB are "
+                                "available; read fewer with {}",
+                                path, what, need / kGiB, have / kGiB, limit_key));
+  out.pixels = f.read_claimed(bytes, 16, what);
   return out;
 }
 
@@ -269,8 +295,8 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
     const auto train_labels = find_idx(cfg.path, "train-labels-idx1-ubyte");
     const auto test_images = find_idx(cfg.path, "t10k-images-idx3-ubyte");
     const auto test_labels = find_idx(cfg.path, "t10k-labels-idx1-ubyte");
-    s.train = load_idx_pair(train_images, train_labels);
-    s.test = load_idx_pair(test_images, test_labels);
+    s.train = load_idx_pair(train_images, train_labels, cfg.train_limit, "data.train_limit");
+    s.test = load_idx_pair(test_images, test_labels, cfg.test_limit, "data.test_limit");
     if (s.train.shape != s.test.shape)
       throw UserError(fmt::format("{}: training and test images differ in size", cfg.path));
     s.test.classes = s.train.classes = std::max(s.train.classes, s.test.classes);

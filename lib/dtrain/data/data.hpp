@@ -30,7 +30,10 @@ struct IdxImages {
   int64_t cols = 0;
   std::vector<uint8_t> pixels;  // count * rows * cols
 };
-IdxImages read_idx_images(const std::string& path);
+// `limit` > 0: the first `limit` images only (the rest of the file is not read). Images that
+// would not fit in the memory available are refused, naming `limit_key` as the way to read fewer.
+IdxImages read_idx_images(const std::string& path, int64_t limit = 0,
+                          const char* limit_key = "data.train_limit");
 std::vector<uint8_t> read_idx_labels(const std::string& path);
 
 // A key that is equal exactly when two configurations load the same data (the data section's

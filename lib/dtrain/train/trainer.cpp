@@ -13,6 +13,7 @@
 
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 #include "dtrain/base/fibers.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/dist/comm.hpp"
@@ -216,17 +217,6 @@ bool shares_weights(const Config& cfg, const Placement& place) {
 }
 
 namespace {
-
-// Bytes the kernel says it can still hand out (MemAvailable), or 0 where it does not say.
-double available_host_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
 
 // What one replica allocates, estimated from the model's shapes before anything exists:
 // weights, gradients and optimizer state, the layer outputs and their gradients for the larger
