@@ -1,5 +1,8 @@
 // The projection model of train/project.hpp on closed forms, and `dtrain project` on a tiny run.
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -172,6 +175,45 @@ optimizer: {lr: 0.05, base_batch: 16}
   CHECK(m.code == 0);
   CHECK(m.out.find("alpha 10.00 us per ring step, busbw 1.0 GB/s") != std::string::npos);
   CHECK(fs::exists(t.path / "m.json"));
+
+  // Given values are checked, even those equal to the defaults' stand-ins.
+  const std::string out = " --out " + (t.path / "bad").string();
+  for (const auto& [flags, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--params 0", "--params: Value 0 not in range"},
+           {"--bucket-mb -1", "--bucket-mb: Value -1 not in range"},
+           {"--bucket-mb 1e-300", "a bucket holds at least one 4-byte gradient"}}) {
+    const auto b = dtrain_cli("project " + run.string() + " " + flags + out);
+    INFO(flags << ": " << b.out);
+    CHECK(b.code == 2);
+    CHECK(count_lines(b.out) == 1);
+    CHECK(b.out.find(want) != std::string::npos);
+  }
+  // A damaged metrics.csv (a negative time) is named, not projected.
+  std::string csv = slurp(run / "metrics.csv");
+  const auto header_end = csv.find('\n');
+  std::vector<std::string> names;
+  {
+    std::stringstream hs(csv.substr(0, header_end));
+    for (std::string f; std::getline(hs, f, ',');) names.push_back(f);
+  }
+  const auto col = static_cast<size_t>(
+      std::find(names.begin(), names.end(), "compute_s") - names.begin());
+  REQUIRE(col < names.size());
+  std::string damaged = csv.substr(0, header_end + 1);
+  std::stringstream rows(csv.substr(header_end + 1));
+  for (std::string line; std::getline(rows, line);) {
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
+    f[col] = "-5";
+    for (size_t i = 0; i < f.size(); ++i) damaged += (i ? "," : "") + f[i];
+    damaged += "\n";
+  }
+  std::ofstream(run / "metrics.csv") << damaged;
+  const auto neg = dtrain_cli("project " + run.string() + out);
+  INFO(neg.out);
+  CHECK(neg.code == 2);
+  CHECK(neg.out.find("'compute_s' is -5 in epoch row 1") != std::string::npos);
 }
 
 TEST_CASE("dtrain project refuses a config, a multi-replica run and an unknown link",

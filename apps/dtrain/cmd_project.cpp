@@ -73,6 +73,11 @@ std::vector<double> metric_medians(const std::string& dir, const std::vector<std
     ++rows;
     for (size_t k = 0; k < at.size(); ++k) {
       const double v = std::strtod(f[at[k]].c_str(), nullptr);
+      // Times and sample counts: a negative one is a damaged file, not a measurement.
+      if (v < 0)
+        throw UserError(fmt::format("{}: '{}' is {} in epoch row {}; times and counts are never "
+                                    "negative (a damaged file?)",
+                                    path.string(), cols[k], f[at[k]], rows));
       if (std::isfinite(v)) values[k].push_back(v);
     }
   }
@@ -239,6 +244,10 @@ void check_sizes(const ProjectOptions& opt, int64_t params, double bucket_mb) {
     throw UserError(fmt::format("--bucket-mb {}: give 0 (one all-reduce) to 1e6 MiB", opt.bucket_mb));
   if (params > int64_t{1000000000000})
     throw UserError(fmt::format("the run's parameter count {} is past 10^12; give --params", params));
+  if (bucket_mb > 0 && bucket_mb * 1024 * 1024 < 4)
+    throw UserError(fmt::format("--bucket-mb {:g}: a bucket holds at least one 4-byte gradient; "
+                                "give 0 (one all-reduce) or at least {:g} MiB",
+                                bucket_mb, 4.0 / (1024 * 1024)));
   const double bucket_params = bucket_mb * 1024 * 1024 / 4;
   if (bucket_mb > 0 && static_cast<double>(params) / std::max(1.0, bucket_params) > 1e6)
     throw UserError(fmt::format(
@@ -261,11 +270,14 @@ void setup_project(CLI::App& app, ProjectOptions& opt) {
   app.add_option("--backward-fraction", opt.backward_fraction,
                  "Share of the measured compute that is backward (the exchange overlaps it)")
       ->capture_default_str();
+  // Only given values are checked: the defaults (-1, 0) stand for the run's own.
   app.add_option("--bucket-mb", opt.bucket_mb,
                  "Gradient bucket size in MiB (default: the run's train.bucket_mb; 0: one "
-                 "all-reduce after backward)");
+                 "all-reduce after backward)")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--params", opt.params,
-                 "Parameter count (default: the one in the run's summary.json)");
+                 "Parameter count (default: the one in the run's summary.json)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000000000}));
   app.add_option("--out", opt.out, "Write OUT.md and OUT.json (default: RUN/projection-<link>)");
   app.footer(
       "A model of the exchange on GPUs (ring all-reduce, see README \"Why N GPUs are not "
