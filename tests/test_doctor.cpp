@@ -40,6 +40,7 @@ Config healthy() {
 
 Config cnn(Config c) {
   c.model.type = ModelType::cnn;
+  c.model.hidden = ModelConfig{}.hidden;  // the mlp's: a cnn does not read it
   c.data.synthetic.shape = {1, 8, 8};
   return c;
 }
@@ -237,12 +238,38 @@ TEST_CASE("doctor: threads per process under a launcher add up on a host", "[doc
   }
 }
 
+TEST_CASE("doctor: a model key the model type does not read", "[doctor]") {
+  Config c = healthy();
+  c.model.type = ModelType::mlp;
+  CHECK_FALSE(fires("ignored-model-key", c));
+  c.model.hidden = ModelConfig{}.hidden;
+  c.model.layers = {LayerSpec{}};  // written, but the mlp preset trains
+  CHECK(fires("ignored-model-key", c));
+  CHECK(diagnose(c, nullptr).back().message.find(
+            "model.layers is set, but model.type mlp does not read it") != std::string::npos);
+  c.model.type = ModelType::layers;  // the fix
+  CHECK_FALSE(fires("ignored-model-key", c));
+  c.model.activation = Activation::gelu;  // the presets' key
+  c.model.hidden = {999};
+  CHECK(diagnose(c, nullptr).back().message.find(
+            "model.hidden, model.activation are set, but model.type layers does not read them") !=
+        std::string::npos);
+  // Defaults are written by every resolved config whatever the type: never a finding.
+  c.model = ModelConfig{};
+  c.model.type = ModelType::cnn;
+  CHECK_FALSE(fires("ignored-model-key", c));
+  c.model.dropout = 0.3;  // cnn reads it
+  CHECK_FALSE(fires("ignored-model-key", c));
+  c.model.type = ModelType::lenet5;
+  CHECK(fires("ignored-model-key", c));
+}
+
 TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {
   // The rule list is what `dtrain doctor` counts; a rule added without a case here fails.
   const std::vector<std::string> tested = {
       "sum-reduction", "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
       "ordered-data",  "small-bn-batch", "accumulation-bn",  "dropped-samples",
-      "oversubscribed-threads"};
+      "oversubscribed-threads", "ignored-model-key"};
   CHECK(doctor_rules() == tested);
 }
 
@@ -274,5 +301,5 @@ TEST_CASE("dtrain doctor prints one line per finding and exits 0", "[doctor][cli
                                 " train.reduction=mean data.drop_remainder=false gpus=1");
   INFO(clean.out);
   CHECK(clean.code == 0);
-  CHECK(clean.out.find("none of the 10 known pitfalls") != std::string::npos);
+  CHECK(clean.out.find("none of the 11 known pitfalls") != std::string::npos);
 }

@@ -1,6 +1,7 @@
 #include "dtrain/train/doctor.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -214,13 +215,39 @@ void check_threads(Context& c) {
                     who, cores, s(cores), fit));
 }
 
+// Not the replicas but the config: a model key the chosen type does not read is dropped
+// without a word (model.layers written, but type: mlp trains the preset). Only values that
+// differ from the defaults count: a resolved config writes every key whatever the type, and a
+// sweep over model.type keeps the other types' keys in its file.
+void check_model_keys(Context& c) {
+  const ModelConfig& m = c.cfg.model;
+  const ModelConfig d;
+  const std::string type = to_string(m.type);
+  std::vector<std::string> ignored;
+  if (m.type != ModelType::mlp && m.hidden != d.hidden) ignored.emplace_back("model.hidden");
+  if (m.type != ModelType::layers && !m.layers.empty()) ignored.emplace_back("model.layers");
+  if ((m.type == ModelType::lenet5 || m.type == ModelType::layers) && m.dropout != d.dropout)
+    ignored.emplace_back("model.dropout");
+  if (m.type == ModelType::layers && m.activation != d.activation)
+    ignored.emplace_back("model.activation");
+  if (ignored.empty()) return;
+  c.add("ignored-model-key",
+        fmt::format("{} {} set, but model.type {} does not read {}, so the run trains without "
+                    "{}; fix: the model.type that reads {} (hidden: mlp; layers: layers; "
+                    "dropout: mlp or cnn, or dropout layers in model.layers; activation: the "
+                    "presets, or activation layers in model.layers), or remove {}",
+                    fmt::join(ignored, ", "), ignored.size() == 1 ? "is" : "are", type,
+                    ignored.size() == 1 ? "it" : "them", ignored.size() == 1 ? "it" : "them",
+                    ignored.size() == 1 ? "it" : "them", ignored.size() == 1 ? "it" : "them"));
+}
+
 }  // namespace
 
 const std::vector<std::string>& doctor_rules() {
   static const std::vector<std::string> rules = {
       "sum-reduction",   "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
       "ordered-data",    "small-bn-batch", "accumulation-bn",  "dropped-samples",
-      "oversubscribed-threads"};
+      "oversubscribed-threads", "ignored-model-key"};
   return rules;
 }
 
@@ -236,6 +263,7 @@ std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data) {
   check_batchnorm(c);
   check_dropped(c);
   check_threads(c);
+  check_model_keys(c);
   return std::move(c.out);
 }
 
