@@ -383,6 +383,9 @@ void RunRecorder::fail(const std::string& error) {
     try {
       write_file_atomic(dir_ + "/status", "failed\n");
     } catch (const std::exception&) {
+      // Not even a temporary file fits: overwrite the status in place, where the block the
+      // old word holds is freed and taken again.
+      std::ofstream(dir_ + "/status", std::ios::trunc) << "failed\n";
     }
   }
 }
