@@ -97,6 +97,18 @@ probe hidden-oversized 2 "GiB" -- validate ok.yaml 'model.hidden=[4000000000]'
 probe kernel-larger-than-map 2 "does not fit a 8x8 input" -- validate ok.yaml 'data.synthetic.shape=[1,8,8]' model.type=layers \
   'model.layers=[{conv: {channels: 4, kernel: 9}}]'
 probe name-not-utf8 2 "UTF-8" -- validate ok.yaml "name=$(printf 'a\xffb')"
+# Eleven levels of ten aliases: 600 bytes standing for 10^11 values.
+{ echo 'a0: &a0 [x, x, x, x, x, x, x, x, x, x]'
+  for i in $(seq 1 11); do
+    printf 'a%d: &a%d [' "$i" "$i"; for k in $(seq 1 10); do printf '*a%d, ' $((i - 1)); done
+    echo 'x]'
+  done; } >laughs.yaml
+probe alias-expansion 2 "holds more than 100000 values" -- validate laughs.yaml --no-data
+{ cat ok.yaml; echo 'train: {epochs: 5}'; } >dup.yaml
+probe duplicate-key 2 "duplicate key 'train'" -- validate dup.yaml --no-data
+probe octal-looking-integer 2 "no leading zero" -- validate ok.yaml train.epochs=010 --no-data
+probe unknown-command 2 "unknown command 'sweep'" -- sweep ok.yaml
+probe unknown-flag 2 "see dtrain run --help" -- run ok.yaml --bogus
 probe name-too-long 2 "name" -- validate ok.yaml "name=$(printf 'x%.0s' $(seq 300))"
 printf '? [a, b]\n: 1\n' > complex.yaml
 probe yaml-complex-key 2 "complex.yaml" -- validate complex.yaml

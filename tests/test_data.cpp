@@ -225,10 +225,10 @@ TEST_CASE("an empty training or test set is refused, naming the file", "[data][e
   cfg.dataset = DatasetKind::idx;
   cfg.path = d.path.string();
   CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
-             Catch::Contains("t10k-labels-idx1-ubyte: holds no labels (0 samples)"));
+             Catch::Contains("t10k-images-idx3-ubyte: holds no images (0 samples)"));
   write_dataset(d.path, 0, 10, false);
   CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
-             Catch::Contains("train-labels-idx1-ubyte: holds no labels (0 samples)"));
+             Catch::Contains("train-images-idx3-ubyte: holds no images (0 samples)"));
 }
 
 TEST_CASE("IDX image sizes whose product would overflow are refused", "[data][errors]") {

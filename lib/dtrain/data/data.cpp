@@ -126,13 +126,13 @@ std::string find_idx(const std::string& dir, const std::string& name) {
 // over every label, so that a limit never changes the model's outputs.
 Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
                       int64_t limit, const char* limit_key) {
+  const IdxImages img = read_idx_images(images_path, limit, limit_key);
   auto lab = read_idx_labels(labels_path);
   const auto all = static_cast<int64_t>(lab.size());
-  if (all == 0)
-    throw UserError(fmt::format("{}: holds no labels (0 samples); the training and the test set "
+  if (all == 0 && img.count == 0)
+    throw UserError(fmt::format("{}: holds no images (0 samples); the training and the test set "
                                 "each need at least one",
-                                labels_path));
-  const IdxImages img = read_idx_images(images_path, limit, limit_key);
+                                images_path));
   if (img.count != all)
     throw UserError(fmt::format("{} has {} images but {} has {} labels; they must match",
                                 images_path, img.count, labels_path, all));
