@@ -192,9 +192,9 @@ void check_dropped(Context& c) {
 
 // Not accuracy but speed: more kernel threads than cores take turns on them. On 2 cores the
 // quickstart MLP at 1 replica took 0.40 s per epoch with threads: 2, 2.04 s with 16 and 7.35 s
-// with 64 (results/readme-examples/threads.md). In one process `threads` is the total its replicas share;
-// under a launcher every process on a host takes `threads` of its cores. GPU replicas are one
-// host thread each, whatever `threads` says.
+// with 64 (results/readme-examples/threads.md). In one process `threads` is the total its
+// replicas share; under a launcher every process on a host takes `threads` of its cores. GPU
+// replicas are one host thread each, whatever `threads` says.
 void check_threads(Context& c) {
   const auto cores = static_cast<int>(std::thread::hardware_concurrency());
   const mpi::Launch l = mpi::detect();
