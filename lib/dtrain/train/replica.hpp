@@ -27,10 +27,10 @@ class NcclGroup;
 // shared; replicas hold identical weights after every step, so one copy serves them all), in
 // host memory or on the one GPU that every replica is on (`dev`, which only holds it).
 // `params` are the weights every replica's model reads (no gradients: each replica has its
-// own). The ranks fold their gradients into reduced[step % 2] (see Communicator::reduce_shared) and the last rank runs `opt`: two
-// buffers, so that a rank still reading step s's sum (the noise scale) is never overwritten by
-// a faster rank folding step s + 1. update_s: the seconds the update of a step took, also by
-// step parity.
+// own). The ranks fold their gradients into reduced[step % 2] (see
+// Communicator::reduce_shared) and the last rank runs `opt`: two buffers, so that a rank still
+// reading step s's sum (the noise scale) is never overwritten by a faster rank folding step
+// s + 1. update_s: the seconds the update of a step took, also by step parity.
 struct SharedWeights {
   std::unique_ptr<Device> dev;
   Buffer<float> params;
