@@ -66,16 +66,22 @@ void write_dataset(const fs::path& dir, uint32_t n_train, uint32_t n_test, bool 
   w(dir / ("t10k-labels-idx1-ubyte" + ext), idx_labels(n_test));
 }
 
+// The IDX files in `dir`, as read, without normalisation.
+DataConfig raw_idx(const fs::path& dir) {
+  DataConfig cfg;
+  cfg.dataset = DatasetKind::idx;
+  cfg.normalize = false;
+  cfg.path = dir.string();
+  return cfg;
+}
+
 }  // namespace
 
 TEST_CASE("IDX files read the same raw and gzip-compressed", "[data]") {
   TempDir raw, gz;
   write_dataset(raw.path, 30, 10, false);
   write_dataset(gz.path, 30, 10, true);
-  DataConfig cfg;
-  cfg.dataset = DatasetKind::idx;
-  cfg.normalize = false;
-  cfg.path = raw.path.string();
+  DataConfig cfg = raw_idx(raw.path);
   const auto a = load_data(cfg, 1);
   cfg.path = gz.path.string();
   const auto b = load_data(cfg, 1);
@@ -195,10 +201,7 @@ TEST_CASE("an IDX header claiming more than the file holds costs no memory", "[d
 TEST_CASE("train_limit and test_limit read only the samples they keep", "[data]") {
   TempDir d;
   write_dataset(d.path, 30, 10, true);
-  DataConfig cfg;
-  cfg.dataset = DatasetKind::idx;
-  cfg.normalize = false;
-  cfg.path = d.path.string();
+  DataConfig cfg = raw_idx(d.path);
   const auto all = load_data(cfg, 1);
   cfg.train_limit = 7;
   cfg.test_limit = 3;
@@ -221,9 +224,7 @@ TEST_CASE("train_limit and test_limit read only the samples they keep", "[data]"
 TEST_CASE("an empty training or test set is refused, naming the file", "[data][errors]") {
   TempDir d;
   write_dataset(d.path, 30, 0, false);
-  DataConfig cfg;
-  cfg.dataset = DatasetKind::idx;
-  cfg.path = d.path.string();
+  const DataConfig cfg = raw_idx(d.path);
   CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
              Catch::Contains("t10k-images-idx3-ubyte: holds no images (0 samples)"));
   write_dataset(d.path, 0, 10, false);
