@@ -210,7 +210,7 @@ TEST_CASE("doctor: threads per process under a launcher add up on a host", "[doc
   REQUIRE(cores > 0);
   c.threads = cores;  // all the cores: right for one process
   CHECK_FALSE(fires("oversubscribed-threads", c));
-  {
+  if (cores >= 2) {
     // Rank 0 of 2 processes on this host: each takes `threads` cores.
     const EnvScope env({{"OMPI_COMM_WORLD_SIZE", "2"},
                         {"OMPI_COMM_WORLD_RANK", "0"},
@@ -221,11 +221,23 @@ TEST_CASE("doctor: threads per process under a launcher add up on a host", "[doc
     const std::string& m = f.back().message;
     CHECK(m.find(fmt::format("threads: {} in each of the 2 processes on this host is {} threads",
                              cores, 2 * cores)) != std::string::npos);
-    CHECK(m.find(fmt::format("at most {}", std::max(1, cores / 2))) != std::string::npos);
-    c.threads = std::max(1, cores / 2);
-    CHECK(fires("oversubscribed-threads", c) == (cores == 1));
+    CHECK(m.find(fmt::format("at most {}", cores / 2)) != std::string::npos);
+    c.threads = cores / 2;  // the fix, and threads: 0, which shares the cores out
+    CHECK_FALSE(fires("oversubscribed-threads", c));
     c.threads = 0;
     CHECK_FALSE(fires("oversubscribed-threads", c));
+  }
+  {
+    // More processes than cores: each has a thread at least, so no `threads` fixes it.
+    const std::string procs = std::to_string(cores + 1);
+    const EnvScope env({{"OMPI_COMM_WORLD_SIZE", procs.c_str()},
+                        {"OMPI_COMM_WORLD_RANK", "0"},
+                        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                        {"OMPI_COMM_WORLD_LOCAL_SIZE", procs.c_str()}});
+    c.threads = 0;
+    CHECK(fires("oversubscribed-threads", c));
+    CHECK(diagnose(c, nullptr).back().message.find(procs + " processes on this host share") !=
+          std::string::npos);
   }
   {
     // The same 2 processes, one per host (two nodes): nothing shared.

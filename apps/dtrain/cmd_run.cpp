@@ -324,13 +324,15 @@ int run_run(const RunOptions& opt) {
     const std::string earlier = leader ? read_run_status(dirs[i]) : "";
     std::unique_ptr<RunLock> lock;
     std::unique_ptr<RunRecorder> rec;
-    const DataSplit& data = data_for(r.config);
     std::unique_ptr<Communicator> comm;
     std::optional<Checkpoint> resume_from;
     // The leader's setup is inside the try as well: under mpirun a leader that fails here (a
     // full disk, say) must end the job, not leave the other ranks waiting in a collective.
     try {
       if (leader) lock = std::make_unique<RunLock>(dirs[i]);
+      // A run whose data differs from the one before it loads its own; a failure there is
+      // this run's, recorded like any other.
+      const DataSplit& data = data_for(r.config);
       std::string attempt;
       if (leader && opt.resume && fs::exists(dirs[i])) {
         resume_from = resumable(dirs[i], r.config);  // a damaged one stops here, nothing moved

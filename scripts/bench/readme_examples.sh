@@ -13,6 +13,11 @@ out=results/readme-examples
 rm -rf "$out" && mkdir -p "$out"
 version=$("$dtrain" --version)
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+where="\`scripts/bench/readme_examples.sh\` on $(nproc) cores ($cpu), $(date -u +%Y-%m-%d),"
+where="$where $version."
+median_epoch() {  # SUMMARY_JSON
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["median_epoch_time_s"])' "$1"
+}
 
 for n in 2 4; do
   "$dtrain" bench-comm --replicas "$n" --sizes 4K:64M --out "$out/bench-comm-$n" >/dev/null
@@ -29,7 +34,7 @@ run_dir=$(ls -d "$out"/runs/*/mlp-g1)
 {
   echo "# The quickstart MLP at 1 replica with more kernel threads than cores"
   echo
-  echo "\`scripts/bench/readme_examples.sh\` on $(nproc) cores ($cpu), $(date -u +%Y-%m-%d), $version."
+  echo "$where"
   echo "\`dtrain run configs/quickstart.yaml threads=T train.epochs=2 optimizer.warmup_epochs=0"
   echo "data.test_limit=1000\`; median epoch time from summary.json."
   echo
@@ -39,14 +44,14 @@ run_dir=$(ls -d "$out"/runs/*/mlp-g1)
     "$dtrain" run configs/quickstart.yaml threads="$t" train.epochs=2 optimizer.warmup_epochs=0 \
       data.test_limit=1000 --tag "threads$t" --results "$out/runs" --quiet >/dev/null
     s=$(ls -d "$out"/runs/*/"threads$t"-g1)/summary.json
-    printf '| %s | %.2f |\n' "$t" "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["median_epoch_time_s"])' "$s")"
+    printf '| %s | %.2f |\n' "$t" "$(median_epoch "$s")"
   done
 } >"$out/threads.md"
 
 {
   echo "# The README's worked examples"
   echo
-  echo "\`scripts/bench/readme_examples.sh\` on $(nproc) cores ($cpu), $(date -u +%Y-%m-%d), $version."
+  echo "$where"
   echo "Projections are a model, not a measurement."
   for f in bench-comm-2 bench-comm-4 projection-nvlink-h100 projection-measured threads; do
     echo

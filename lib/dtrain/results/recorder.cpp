@@ -385,7 +385,14 @@ void RunRecorder::fail(const std::string& error) {
     } catch (const std::exception&) {
       // Not even a temporary file fits: overwrite the status in place, where the block the
       // old word holds is freed and taken again.
-      std::ofstream(dir_ + "/status", std::ios::trunc) << "failed\n";
+      // Never through a symbolic link planted at the name.
+      const std::string path = dir_ + "/status";
+      const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+      if (fd >= 0) {
+        const ssize_t wrote = ::write(fd, "failed\n", 7);
+        (void)wrote;  // nothing more to try
+        ::close(fd);
+      }
     }
   }
 }

@@ -29,7 +29,7 @@ struct Context {
   const Config& cfg;
   const DataSplit* data;
   int64_t global = 0, micro = 0;
-  double scale = 1.0;  // global batch / base_batch
+  double scale = 1.0;        // global batch / base_batch
   int64_t bn_positions = 0;  // see bn_positions(); 0 without BatchNorm
   std::vector<Finding> out;
 
@@ -103,11 +103,12 @@ double label_runs(const Dataset& d) {
 void check_reduction(Context& c) {
   const Config& cfg = c.cfg;
   if (cfg.train.reduction != Reduction::sum || cfg.gpus < 2) return;
-  c.add("sum-reduction",
-        fmt::format("train.reduction: sum adds the gradients of {0} replicas, so every step is {0}x "
-                    "the 1-replica step on top of the LR rule (unless optimizer.lr was already "
-                    "divided by {0}); fix: train.reduction: mean",
-                    cfg.gpus));
+  c.add(
+      "sum-reduction",
+      fmt::format("train.reduction: sum adds the gradients of {0} replicas, so every step is {0}x "
+                  "the 1-replica step on top of the LR rule (unless optimizer.lr was already "
+                  "divided by {0}); fix: train.reduction: mean",
+                  cfg.gpus));
 }
 
 void check_lr_rule(Context& c) {
@@ -142,9 +143,9 @@ void check_data_order(Context& c) {
   const double runs = c.data ? label_runs(c.data->train) : 0.0;
   if (!d.sort_by_label && runs <= 0.5) return;
   const std::string how =
-      d.sort_by_label ? "data.sort_by_label orders the training set by label"
-                      : fmt::format("{:.0f}% of neighbouring training samples share a label",
-                                    100 * runs);
+      d.sort_by_label
+          ? "data.sort_by_label orders the training set by label"
+          : fmt::format("{:.0f}% of neighbouring training samples share a label", 100 * runs);
   c.add("ordered-data",
         fmt::format("{}, and data.shuffle: {} keeps the stored order inside each batch{}; fix: "
                     "data.shuffle: sample",
@@ -199,20 +200,31 @@ void check_threads(Context& c) {
   const auto cores = static_cast<int>(std::thread::hardware_concurrency());
   const mpi::Launch l = mpi::detect();
   const int procs = l.active ? std::max(1, l.local_size) : 1;
-  const int64_t total = static_cast<int64_t>(c.cfg.threads) * procs;
-  if (total <= cores || cores <= 0 || c.cfg.backend == Backend::cuda) return;
-  const int fit = std::max(1, cores / procs);
-  const auto s = [](int n) { return n == 1 ? "" : "s"; };
+  if (cores <= 0 || c.cfg.backend == Backend::cuda) return;
+  const auto s = [](int64_t n) { return n == 1 ? "" : "s"; };
+  if (procs > cores) {  // every process has one thread at least, whatever `threads` says
+    c.add("oversubscribed-threads",
+          fmt::format("{} processes on this host share its {} core{}, each with a thread at "
+                      "least, so they take turns and every step is slower, not faster; fix: at "
+                      "most {} process{} per host (more hosts, or fewer replicas)",
+                      procs, cores, s(cores), cores, cores == 1 ? "" : "es"));
+    return;
+  }
+  // threads: 0 shares the cores out (train_rank: cores / processes, at least 1).
+  const int each = c.cfg.threads > 0 ? c.cfg.threads : std::max(1, cores / procs);
+  const int64_t total = static_cast<int64_t>(each) * procs;
+  if (total <= cores) return;
   const std::string who =
       procs == 1 ? fmt::format("threads: {} is", c.cfg.threads)
-                 : fmt::format("threads: {} in each of the {} processes on this host is {} threads "
-                               "in all, and that is",
-                               c.cfg.threads, procs, total);
+                 : fmt::format(
+                       "threads: {} in each of the {} processes on this host is {} threads "
+                       "in all, and that is",
+                       c.cfg.threads, procs, total);
   c.add("oversubscribed-threads",
         fmt::format("{} more than the {} core{} of this machine, so the kernels' threads take "
                     "turns on them and every step is slower, not faster; fix: threads: 0 (the "
                     "cores shared out) or at most {}",
-                    who, cores, s(cores), fit));
+                    who, cores, s(cores), cores / procs));
 }
 
 // Not the replicas but the config: a model key the chosen type does not read is dropped
@@ -244,10 +256,12 @@ void check_model_keys(Context& c) {
 }  // namespace
 
 const std::vector<std::string>& doctor_rules() {
-  static const std::vector<std::string> rules = {
-      "sum-reduction",   "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
-      "ordered-data",    "small-bn-batch", "accumulation-bn",  "dropped-samples",
-      "oversubscribed-threads", "ignored-model-key"};
+  static const std::vector<std::string> rules = {"sum-reduction",    "unscaled-lr",
+                                                 "linear-no-warmup", "linear-adam",
+                                                 "long-warmup",      "ordered-data",
+                                                 "small-bn-batch",   "accumulation-bn",
+                                                 "dropped-samples",  "oversubscribed-threads",
+                                                 "ignored-model-key"};
   return rules;
 }
 
