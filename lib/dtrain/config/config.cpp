@@ -293,14 +293,17 @@ class MapReader {
 
   // yaml-cpp reads 010 as octal 8 and 0x10 as 16: an integer here is decimal digits with an
   // optional sign and no leading zero, so what is written is what is meant.
+  static size_t sign_length(const std::string& t) {
+    return !t.empty() && (t[0] == '-' || t[0] == '+') ? 1 : 0;
+  }
   static bool decimal(const std::string& t) {
-    const size_t d = !t.empty() && (t[0] == '-' || t[0] == '+') ? 1 : 0;
+    const size_t d = sign_length(t);
     if (d >= t.size() || (t[d] == '0' && t.size() > d + 1)) return false;
     return std::all_of(t.begin() + static_cast<std::ptrdiff_t>(d), t.end(),
                        [](char c) { return c >= '0' && c <= '9'; });
   }
   static std::string octal_note(const std::string& t) {
-    const size_t d = !t.empty() && (t[0] == '-' || t[0] == '+') ? 1 : 0;
+    const size_t d = sign_length(t);
     return t.size() > d + 1 && t[d] == '0'
                ? " (no leading zero: YAML may read 010 as octal 8 and 0x10 as 16)"
                : "";

@@ -69,8 +69,8 @@ class GzFile {
   }
   // Reads n claimed bytes into a vector that grows only as data arrives, so a header that
   // claims more than the file holds costs no more memory than the file's real content.
-  std::vector<uint8_t> read_claimed(uint64_t n, int64_t header_bytes, const std::string& what) {
-    check_claim(n, header_bytes, what);
+  // (check_claim first: an uncompressed file that cannot hold them is refused before reading.)
+  std::vector<uint8_t> read_claimed(uint64_t n, const std::string& what) {
     constexpr uint64_t kChunk = 64u << 20;
     std::vector<uint8_t> out;
     out.reserve(static_cast<size_t>(std::min(n, kChunk)));
@@ -185,7 +185,7 @@ IdxImages read_idx_images(const std::string& path, int64_t limit, const char* li
     throw UserError(fmt::format("{}: {} need about {:.1f} GiB in memory, and {:.1f} GiB are "
                                 "available; read fewer with {}",
                                 path, what, need / kGiB, have / kGiB, limit_key));
-  out.pixels = f.read_claimed(bytes, 16, what);
+  out.pixels = f.read_claimed(bytes, what);
   return out;
 }
 
@@ -197,7 +197,9 @@ std::vector<uint8_t> read_idx_labels(const std::string& path) {
         "{}: not an IDX label file (magic 0x{:08x}, expected 0x{:08x} for 1-D unsigned bytes)",
         path, magic, kLabelsMagic));
   const uint32_t count = f.read_be32("the header");
-  return f.read_claimed(count, 8, fmt::format("{} labels", count));
+  const std::string what = fmt::format("{} labels", count);
+  f.check_claim(count, 8, what);
+  return f.read_claimed(count, what);
 }
 
 Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream) {
