@@ -206,8 +206,9 @@ stage_bench() {
   need_data || return 2
   local b
   b=$(bin_dir) || return 2
+  # DTRAIN_BENCH_MODELS splits the benchmark over calls (compilation makes it long).
   python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$b/apps/dtrain" --data "$data" \
-    --out "$sdir" --epochs 5 --repeats 3
+    --out "$sdir" --models "${DTRAIN_BENCH_MODELS:-mlp,cnn}" --epochs 4 --repeats 2
 }
 
 # The training runs on the GPU: config, overrides (split on spaces) and tag.
@@ -217,6 +218,8 @@ gpu_runs=(
   "configs/quickstart.yaml|train.epochs=2 train.cuda_graph=false|mlp-eager"
   "configs/quickstart.yaml|colocate=true gpus=1,4 train.epochs=2|mlp-colocated"
   "configs/quickstart.yaml|colocate=true devices=[0] gpus=4 replicas=shared train.epochs=2|mlp-colocated-shared"
+  "configs/quickstart.yaml|train.accumulation_steps=4 train.per_replica_batch=16 train.epochs=2|mlp-accum"
+  "configs/fmnist-cnn.yaml|colocate=true devices=[0] gpus=1,4 replicas=shared model.batchnorm=sync train.epochs=2 optimizer.warmup_epochs=1|cnn-shared-syncbn"
 )
 
 # One line per run from its summary.json, which dtrain writes one top-level key per line,
@@ -264,48 +267,64 @@ stage_runs() {
   return $rc
 }
 
-# compute-sanitizer (memcheck, then racecheck) on short runs: the MLP and the CNN with CUDA graphs
-# on and off, and two colocated replicas (a copy of the weights each, and one shared copy); each
-# run's log keeps the tool's summary line, and a run passes on exit 0 with "ERROR SUMMARY: 0 errors" (memcheck) or "0 hazards" (racecheck).
+# compute-sanitizer's memcheck, racecheck and synccheck (DTRAIN_SANITIZER_TOOLS picks some) on
+# short runs: the MLP and the CNN with CUDA graphs on and off, the CNN in bf16, accumulation with
+# a checkpoint every few steps, and two colocated replicas (a copy of the weights each; one
+# shared copy; shared with synchronised BatchNorm). The three tools run at the same time, each
+# through its runs in turn (the sanitizer's cost is on the host; the GPU has room for all). A run
+# passes on exit 0 with "ERROR SUMMARY: 0 errors" (memcheck, synccheck) or "0 hazards"
+# (racecheck); each run's log keeps the tool's summary line.
 # memcheck runs with --report-api-errors no: NCCL's communicator setup probes its kernels with
 # cudaFuncGetAttributes and handles "no kernel image" itself, which memcheck would otherwise count
 # as errors; an API error in dtrain's own calls ends the run with a nonzero exit instead.
 sanitizer_runs=(
   "configs/quickstart.yaml|gpus=1 train.cuda_graph=true|mlp-graph"
   "configs/quickstart.yaml|gpus=1 train.cuda_graph=false|mlp-eager"
+  "configs/quickstart.yaml|gpus=1 train.accumulation_steps=2 train.checkpoint_steps=3|mlp-accum-ckpt"
   "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=true|cnn-graph"
   "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=false|cnn-eager"
+  "configs/fmnist-cnn.yaml|gpus=1 precision=bf16|cnn-bf16"
   "configs/quickstart.yaml|gpus=2 colocate=true|mlp-colocated"
   "configs/quickstart.yaml|gpus=2 colocate=true devices=[0] replicas=shared|mlp-colocated-shared"
+  "configs/fmnist-cnn.yaml|gpus=2 colocate=true devices=[0] replicas=shared model.batchnorm=sync|cnn-shared-syncbn"
 )
+# One tool through every run; prints a line per run; returns 1 if any run did not pass.
+sanitize_with() {
+  local tool=$1 cs=$2 b=$3 spec cfg over tag log r line rc=0 opts pass
+  # Few steps: every kernel launch under the sanitizer costs milliseconds.
+  local short=(train.epochs=1 optimizer.warmup_epochs=0 data.train_limit=512 data.test_limit=128)
+  opts=(--tool "$tool" --error-exitcode 99)
+  pass='ERROR SUMMARY: 0 errors'
+  [ "$tool" = memcheck ] && opts+=(--report-api-errors no)
+  [ "$tool" = racecheck ] && pass='SUMMARY: 0 hazards'
+  for spec in "${sanitizer_runs[@]}"; do
+    IFS='|' read -r cfg over tag <<<"$spec"
+    read -ra over <<<"$over"
+    log="$sdir/$tool-$tag.log"
+    timeout -k 5 "${DTRAIN_SANITIZER_RUN_LIMIT:-150}" "$cs" "${opts[@]}" \
+      "$b/apps/dtrain" run "$cfg" backend=cuda "${over[@]}" "${short[@]}" data.path="$data" \
+      --results "$sdir/runs-$tool" --tag "$tag" --quiet > "$log" 2>&1
+    r=$?
+    line=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1)
+    echo "$tool $tag: exit $r; ${line:-no summary line}"
+    [ "$r" = 0 ] && grep -q "$pass" <<<"$line" || rc=1
+  done
+  return $rc
+}
 stage_sanitizer() {
   if [ "$rehearsal" = 1 ]; then echo "gpu-check: rehearsal: the sanitizer needs a GPU"; return $skipped; fi
-  local b cs tool spec cfg over tag log rc=0 r line opts pass
+  local b cs tool rc=0 pids=()
   b=$(bin_dir) || return 2
   need_data || return 2
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   [ -x "$cs" ] || { echo "gpu-check: no compute-sanitizer here"; return 1; }
   "$cs" --version | tail -n 1
-  # Few steps: every kernel launch under the sanitizer costs milliseconds.
-  local short=(train.epochs=1 optimizer.warmup_epochs=0 data.train_limit=512 data.test_limit=128)
-  for tool in memcheck racecheck; do
-    opts=(--tool "$tool" --error-exitcode 99)
-    pass='ERROR SUMMARY: 0 errors'
-    [ "$tool" = memcheck ] && opts+=(--report-api-errors no)
-    [ "$tool" = racecheck ] && pass='SUMMARY: 0 hazards'
-    for spec in "${sanitizer_runs[@]}"; do
-      IFS='|' read -r cfg over tag <<<"$spec"
-      read -ra over <<<"$over"
-      log="$sdir/$tool-$tag.log"
-      timeout -k 5 "${DTRAIN_SANITIZER_RUN_LIMIT:-120}" "$cs" "${opts[@]}" \
-        "$b/apps/dtrain" run "$cfg" backend=cuda "${over[@]}" "${short[@]}" data.path="$data" \
-        --results "$sdir/runs-$tool" --tag "$tag" --quiet > "$log" 2>&1
-      r=$?
-      line=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1)
-      echo "$tool $tag: exit $r; ${line:-no summary line}"
-      [ "$r" = 0 ] && grep -q "$pass" <<<"$line" || rc=1
-    done
+  for tool in ${DTRAIN_SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
+    sanitize_with "$tool" "$cs" "$b" > "$sdir/$tool.txt" &
+    pids+=($!)
   done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  cat "$sdir"/*check.txt
   return $rc
 }
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <thread>
@@ -16,6 +17,8 @@
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/abort_gate.hpp"
 #include "dtrain/base/rng.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 
@@ -921,4 +924,98 @@ TEST_CASE("CUDA sum_squares matches the CPU twin and gives the same bits every c
     CHECK(std::abs(g1 - c) <= 2e-5 * std::abs(c));  // the CPU adds runs in float lanes
     CHECK(g1 == g2);
   }
+}
+
+// ---- state that outlives a step, on the GPU ----
+
+namespace {
+struct KeepCheckpoints : TrainObserver {
+  std::vector<Checkpoint> all;
+  void on_checkpoint(const Checkpoint& c) override {
+    all.push_back(decode_checkpoint(encode_checkpoint(c), "test"));
+  }
+};
+
+// Every loss of every step and every epoch's numbers, bit for bit (not the times).
+void require_same_bits(const TrainResult& a, const TrainResult& b) {
+  REQUIRE(a.epochs.size() == b.epochs.size());
+  for (size_t e = 0; e < a.epochs.size(); ++e) {
+    INFO("epoch " << e + 1);
+    CHECK(std::memcmp(&a.epochs[e].train_loss, &b.epochs[e].train_loss, sizeof(double)) == 0);
+    CHECK(std::memcmp(&a.epochs[e].test_loss, &b.epochs[e].test_loss, sizeof(double)) == 0);
+    CHECK(a.epochs[e].test_acc == b.epochs[e].test_acc);
+    CHECK(std::memcmp(&a.epochs[e].noise_b_simple, &b.epochs[e].noise_b_simple,
+                      sizeof(double)) == 0);
+  }
+  REQUIRE(a.step_losses.size() == b.step_losses.size());
+  CHECK(std::memcmp(a.step_losses.data(), b.step_losses.data(),
+                    a.step_losses.size() * sizeof(double)) == 0);
+}
+}  // namespace
+
+// A GPU run continued from any of its checkpoints gives the bits of the run never stopped: one
+// replica on NCCL with CUDA graphs, accumulation and the noise scale (sum_squares inside the
+// graph), and two colocated replicas sharing one copy of the weights with synchronised
+// BatchNorm; SGD with momentum and AdamW.
+TEST_CASE("a GPU run resumed from any of its checkpoints gives the same bits",
+          "[cuda][checkpoint]") {
+  if (!gpu_or_skip()) return;
+  for (int replicas : {1, 2}) {
+    for (auto opt : {OptimizerType::sgd, OptimizerType::adamw}) {
+      Config c = test::small_image_config(replicas, 16, 16 * 2 * 12 + 7);
+      c.backend = Backend::cuda;
+      c.colocate = true;
+      c.devices = {0};
+      c.train.epochs = 2;
+      c.train.checkpoint_steps = 5;
+      c.train.noise_scale = true;
+      c.optimizer.type = opt;
+      if (opt != OptimizerType::sgd) c.optimizer.lr = 0.003;
+      if (replicas == 1) {
+        c.train.accumulation_steps = 2;
+      } else {
+        c.replicas = ReplicaMode::shared;
+        c.model.batchnorm = BatchNormMode::sync;
+      }
+      INFO(replicas << " replica(s), " << to_string(opt));
+      const DataSplit data = load_data(c.data, c.train.seed);
+      KeepCheckpoints keep;
+      const TrainResult full = train(c, data, &keep);
+      REQUIRE(keep.all.size() >= 3);
+      for (const auto& k : keep.all) {
+        INFO("from epoch " << k.epoch << " step " << k.step);
+        require_same_bits(full, train(c, data, nullptr, &k));
+      }
+    }
+  }
+}
+
+// Synchronised BatchNorm across replicas that share a GPU: two replicas at B with statistics
+// over both equal one replica at 2B (no dropout, no augmentation: the same samples in each).
+// Accumulating two micro-batches of an MLP equals one step at twice the batch.
+TEST_CASE("GPU sync BatchNorm and accumulation equal one replica at the whole batch",
+          "[cuda][equivalence]") {
+  if (!gpu_or_skip()) return;
+  auto image = [](int gpus, int64_t batch, BatchNormMode bn) {
+    Config c = test::small_image_config(gpus, batch, 32 * 40);
+    c.backend = Backend::cuda;
+    c.colocate = true;
+    c.devices = {0};
+    c.data.drop_remainder = true;
+    c.data.augment.flip = false;
+    c.model.layers.pop_back();  // no dropout
+    c.model.batchnorm = bn;
+    return c;
+  };
+  const auto one = test::run_config(image(1, 32, BatchNormMode::local));
+  const auto sync = test::run_config(image(2, 16, BatchNormMode::sync));
+  const auto local = test::run_config(image(2, 16, BatchNormMode::local));
+  REQUIRE(one.step_losses.size() >= 30);
+  CHECK(test::max_rel_step_diff(one, sync) < 1e-5);
+  CHECK(test::max_rel_step_diff(one, local) > 1e-4);  // per-replica statistics differ
+  Config whole = test::synthetic_config(1, 128), acc = whole;
+  for (Config* c : {&whole, &acc}) c->backend = Backend::cuda;
+  acc.train.accumulation_steps = 2;
+  acc.train.per_replica_batch = 64;
+  CHECK(test::max_rel_step_diff(test::run_config(whole), test::run_config(acc)) < 1e-5);
 }

@@ -1,15 +1,26 @@
 #!/usr/bin/env python3
-"""GPU benchmark: dtrain's CUDA backend against eager PyTorch on the same GPU, the quickstart MLP
-on Fashion-MNIST with the data already on the GPU, at batch 128 and 1024, alternating repeats in
-one invocation. dtrain runs twice per repeat: with its step in a CUDA graph (the default) and
-with train.cuda_graph=false (kernels launched one by one, as PyTorch eager does). Also states each dtrain step against its floor: the larger of
-  launches per step x the measured launch latency, and
-  the step's GEMM FLOPs / the measured cuBLAS SGEMM throughput (fp32 or tf32),
-both measured on the same GPU by `dtrain devices --measure --json`.
+"""GPU benchmark: dtrain's CUDA backend against PyTorch in each of its ways to run a step, on
+the same GPU, in one invocation. Fashion-MNIST with the data already on the GPU; the quickstart
+MLP and the small CNN (configs/fmnist-cnn.yaml), each at batch 128 (linear LR scaling) and 1024
+(sqrt), fp32 with TF32 off on both sides.
 
-Usage: gpu_vs_pytorch.py --dtrain build/apps/dtrain --out DIR [--epochs 5] [--repeats 3]
+Per repeat and case, one after another: dtrain with its step in a CUDA graph (the default) and
+with train.cuda_graph=false, then PyTorch (scripts/bench/torch_mlp.py) in the modes asked for:
+  eager        kernels launched one by one, the default (for-each) SGD
+  graph        the whole step (gather, forward, backward, fused SGD) captured in one CUDA graph
+  compile      torch.compile, default mode, fused SGD
+  compile-max  torch.compile mode="max-autotune" (Triton GEMM autotuning and CUDA graphs)
+Every side trains the same steps; warm-up, capture, compilation and autotuning fall in the
+first epoch, which is reported on its own. The figure compared is the steady state: the median
+of each run's epochs after the first, then the median over the repeats. The speedup of a mode
+is its steady epoch time over dtrain's (graph), and "best" is the fastest PyTorch mode.
+
+Usage: gpu_vs_pytorch.py --dtrain build/apps/dtrain --out DIR [--models mlp,cnn]
+       [--batches 128,1024] [--modes eager,graph,compile,compile-max] [--epochs 4] [--repeats 2]
+Writes DIR/gpu-vs-pytorch-<models>.json and .md (one row function renders both).
 """
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -20,35 +31,119 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CASES = [(128, "linear"), (1024, "sqrt")]
-LAYERS = [784, 256, 128, 10]  # the quickstart MLP
+CONFIGS = {"mlp": ("quickstart.yaml", "fmnist-mlp"), "cnn": ("fmnist-cnn.yaml", "fmnist-cnn")}
+SCALING = {128: "linear", 1024: "sqrt"}
 
 
-def gemm_flops_per_sample():
-    # Forward x W, backward dW = x^T dy and dx = dy W^T (not for the first layer's input).
-    f = 0
-    for i, (a, b) in enumerate(zip(LAYERS, LAYERS[1:])):
-        f += 2 * a * b * (2 if i == 0 else 3)
-    return f
+def epoch_times(metrics_csv):
+    with open(metrics_csv) as f:
+        return [float(r["epoch_time_s"]) for r in csv.DictReader(f)]
 
 
-def run_dtrain(binary, data, batch, scaling, epochs, precision, results, tag, graph=True):
-    cmd = [binary, "run", os.path.join(ROOT, "configs", "quickstart.yaml"), "backend=cuda",
-           f"data.path={data}", f"precision={precision}", f"train.per_replica_batch={batch}",
+def first_and_steady(times):
+    return times[0], statistics.median(times[1:]) if len(times) > 1 else times[0]
+
+
+def run_dtrain(a, model, batch, results, tag, graph):
+    cfg, name = CONFIGS[model]
+    cmd = [a.dtrain, "run", os.path.join(ROOT, "configs", cfg), "backend=cuda",
+           f"data.path={a.data}", f"precision={a.precision}", f"train.per_replica_batch={batch}",
            f"train.cuda_graph={'true' if graph else 'false'}",
-           f"optimizer.lr_scaling={scaling}", f"train.epochs={epochs}", "--results", results,
-           "--tag", tag, "--quiet"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    with open(os.path.join(results, "fmnist-mlp", f"{tag}-g1", "summary.json")) as f:
-        return json.load(f)
+           f"optimizer.lr_scaling={SCALING.get(batch, 'linear')}", f"train.epochs={a.epochs}",
+           "--results", results, "--tag", tag, "--quiet"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=a.timeout)
+    run_dir = os.path.join(results, name, f"{tag}-g1")
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        s = json.load(f)
+    first, steady = first_and_steady(epoch_times(os.path.join(run_dir, "metrics.csv")))
+    return dict(first=first, steady=steady, acc=s["final_test_accuracy"],
+                steps=s["steps_per_epoch"], graph=s.get("cuda_graph", "?"))
 
 
-def run_torch(python, data, batch, scaling, epochs):
-    cmd = [python, os.path.join(HERE, "torch_mlp.py"), "--device=cuda", f"--batch={batch}",
-           f"--epochs={epochs}", f"--scaling={scaling}", "--threads=1", f"--data={data}"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    line = next(l for l in out.splitlines() if l.startswith("SUMMARY "))
-    return json.loads(line[len("SUMMARY "):])
+def run_torch(a, model, batch, mode):
+    cmd = [a.python, os.path.join(HERE, "torch_mlp.py"), "--device=cuda", f"--model={model}",
+           f"--batch={batch}", f"--epochs={a.epochs}", f"--scaling={SCALING.get(batch, 'linear')}",
+           "--threads=1", f"--data={a.data}", f"--mode={mode}", f"--precision={a.precision}"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"timed out after {a.timeout} s")
+    line = next((l for l in p.stdout.splitlines() if l.startswith("SUMMARY ")), None)
+    if p.returncode != 0 or line is None:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        return dict(error=f"exit {p.returncode}: " + " | ".join(tail))
+    s = json.loads(line[len("SUMMARY "):])
+    return dict(first=s["first_epoch_time_s"], steady=s["steady_epoch_time_s"],
+                acc=s["final_test_acc"], torch=s["torch"])
+
+
+def med(runs, key):
+    vals = [r[key] for r in runs if key in r]
+    return statistics.median(vals) if vals else None
+
+
+def measure_case(a, model, batch, scratch):
+    sides = {"dtrain": [], "dtrain-eager": []}
+    sides.update({m: [] for m in a.modes})
+    for rep in range(a.repeats):
+        tag = f"{model}-b{batch}-r{rep}"
+        sides["dtrain"].append(run_dtrain(a, model, batch, scratch, tag, True))
+        sides["dtrain-eager"].append(run_dtrain(a, model, batch, scratch, tag + "-eager", False))
+        for m in a.modes:
+            sides[m].append(run_torch(a, model, batch, m))
+        said = ", ".join(f"{k} {v[-1]['steady']:.4f}" if "steady" in v[-1] else
+                         f"{k} {v[-1]['error']}" for k, v in sides.items())
+        print(f"{model} batch {batch} repeat {rep + 1} (steady s/epoch): {said}", flush=True)
+    return sides
+
+
+def case_row(model, batch, sides, modes):
+    """One row of the results, the same for the JSON and the table."""
+    d = sides["dtrain"]
+    row = dict(model=model, batch=batch, steps=d[0]["steps"], graph=d[0]["graph"],
+               dtrain_first_s=med(d, "first"), dtrain_steady_s=med(d, "steady"),
+               dtrain_step_us=med(d, "steady") / d[0]["steps"] * 1e6,
+               dtrain_eager_steady_s=med(sides["dtrain-eager"], "steady"),
+               dtrain_acc=med(d, "acc"), modes={})
+    for m in modes:
+        runs = sides[m]
+        ok = [r for r in runs if "steady" in r]
+        entry = dict(first_s=med(ok, "first"), steady_s=med(ok, "steady"), acc=med(ok, "acc"),
+                     errors=[r["error"] for r in runs if "error" in r])
+        if ok:
+            ratios = [r["steady"] / x["steady"] for r, x in zip(runs, d) if "steady" in r]
+            entry.update(speedup=statistics.median(ratios), speedup_min=min(ratios),
+                         speedup_max=max(ratios))
+        row["modes"][m] = entry
+    done = {m: e for m, e in row["modes"].items() if e["steady_s"] is not None}
+    row["best_mode"] = min(done, key=lambda m: done[m]["steady_s"]) if done else None
+    return row
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def table_lines(rows, modes):
+    head = ("| model | batch | dtrain s/epoch (first) | dtrain eager | "
+            + " | ".join(f"PyTorch {m} (first)" for m in modes)
+            + " | best PyTorch mode | dtrain vs best | dtrain acc | best's acc |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        cells = [r["model"], str(r["batch"]),
+                 f"{fmt(r['dtrain_steady_s'], '.4f')} ({fmt(r['dtrain_first_s'], '.3f')})",
+                 fmt(r["dtrain_eager_steady_s"], ".4f")]
+        for m in modes:
+            e = r["modes"][m]
+            cells.append("failed" if e["steady_s"] is None else
+                         f"{e['steady_s']:.4f} ({e['first_s']:.2f})")
+        b = r["modes"].get(r["best_mode"]) if r["best_mode"] else None
+        cells += [r["best_mode"] or "-",
+                  "-" if b is None else
+                  f"{b['speedup']:.2f}x ({b['speedup_min']:.2f}-{b['speedup_max']:.2f})",
+                  f"{100 * r['dtrain_acc']:.2f}%", "-" if b is None else f"{100 * b['acc']:.2f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def main():
@@ -56,76 +151,53 @@ def main():
     ap.add_argument("--dtrain", default=os.path.join(ROOT, "build", "apps", "dtrain"))
     ap.add_argument("--python", default=sys.executable, help="a python with torch (CUDA)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "gpu"))
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--batches", default="128,1024")
+    ap.add_argument("--modes", default="eager,graph,compile,compile-max")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per training process")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist",
                     help="folder with the four Fashion-MNIST IDX files")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"])
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    dev = json.loads(subprocess.run([args.dtrain, "devices", "--measure", "--json"], check=True,
+    a = ap.parse_args()
+    a.modes = a.modes.split(",")
+    models, batches = a.models.split(","), [int(b) for b in a.batches.split(",")]
+    if a.epochs < 2:
+        sys.exit("gpu_vs_pytorch: --epochs must be at least 2 (the first is warm-up)")
+    os.makedirs(a.out, exist_ok=True)
+    dev = json.loads(subprocess.run([a.dtrain, "devices", "--json"], check=True,
                                     capture_output=True, text=True).stdout)
     if not dev["gpus"]:
         sys.exit(f"gpu_vs_pytorch: no GPU ({dev['no_gpu_reason']})")
-    gpu = dev["gpus"][0]
-    peak = gpu["sgemm_tf32_tflops" if args.precision == "tf32" else "sgemm_fp32_tflops"] * 1e12
     scratch = tempfile.mkdtemp(prefix="dtrain-gpu-bench-")
-    rows = []
-    for batch, scaling in CASES:
-        d_t, e_t, t_t, ratios, d_sum, t_sum = [], [], [], [], None, None
-        for rep in range(args.repeats):
-            common = (args.dtrain, args.data, batch, scaling, args.epochs, args.precision, scratch)
-            ds = run_dtrain(*common, f"b{batch}-r{rep}")
-            es = run_dtrain(*common, f"b{batch}-r{rep}-eager", graph=False)
-            ts = run_torch(args.python, args.data, batch, scaling, args.epochs)
-            d_t.append(ds["median_epoch_time_s"])
-            e_t.append(es["median_epoch_time_s"])
-            t_t.append(ts["median_epoch_time_s"])
-            ratios.append(ts["median_epoch_time_s"] / ds["median_epoch_time_s"])
-            d_sum, t_sum = d_sum or ds, t_sum or ts
-            print(f"batch {batch} repeat {rep + 1}: dtrain {d_t[-1]:.3f} s/epoch "
-                  f"(eager {e_t[-1]:.3f}, graph steps {ds.get('cuda_graph_steps', 0)}), "
-                  f"pytorch {t_t[-1]:.3f} s/epoch, {ratios[-1]:.2f}x", flush=True)
-        steps = d_sum["steps_per_epoch"]
-        step_s = statistics.median(d_t) / steps
-        launch_floor = d_sum.get("launches_per_step", 0) * gpu["launch_us"] * 1e-6
-        flop_floor = gemm_flops_per_sample() * batch / peak
-        floor = max(launch_floor, flop_floor)
-        rows.append(dict(batch=batch, scaling=scaling, dtrain_epoch_s=statistics.median(d_t),
-                         dtrain_eager_epoch_s=statistics.median(e_t),
-                         cuda_graph=d_sum.get("cuda_graph", "?"),
-                         torch_epoch_s=statistics.median(t_t),
-                         speedup=statistics.median(ratios), speedup_min=min(ratios),
-                         speedup_max=max(ratios),
-                         dtrain_acc=d_sum["final_test_accuracy"],
-                         torch_acc=t_sum["final_test_acc"], step_us=step_s * 1e6,
-                         launches_per_step=d_sum.get("launches_per_step", 0),
-                         launch_floor_us=launch_floor * 1e6, flop_floor_us=flop_floor * 1e6,
-                         step_over_floor=step_s / floor if floor > 0 else None))
-    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu=gpu,
-                driver=dev["driver"], cuda=dev["cuda_runtime"], precision=args.precision,
-                epochs=args.epochs, repeats=args.repeats, torch=t_sum.get("torch"))
-    with open(os.path.join(args.out, "gpu-mlp-vs-pytorch.json"), "w") as f:
+    rows, torch_version = [], None
+    for model in models:
+        for batch in batches:
+            sides = measure_case(a, model, batch, scratch)
+            rows.append(case_row(model, batch, sides, a.modes))
+            torch_version = torch_version or next(
+                (r["torch"] for m in a.modes for r in sides[m] if "torch" in r), None)
+    meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                gpu=dev["gpus"][0]["name"], driver=dev["driver"], cuda=dev["cuda_runtime"],
+                torch=torch_version, precision=a.precision, epochs=a.epochs,
+                repeats=a.repeats, modes=a.modes)
+    stem = os.path.join(a.out, "gpu-vs-pytorch-" + "-".join(models))
+    with open(stem + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=2)
-    lines = [f"# dtrain CUDA backend against eager PyTorch on {gpu['name']}", "",
+    lines = [f"# dtrain's CUDA backend against PyTorch on {meta['gpu']}", "",
              f"{meta['date']}, driver {meta['driver']}, CUDA {meta['cuda']}, torch "
-             f"{meta['torch']}, precision {args.precision}, {args.epochs} epochs x "
-             f"{args.repeats} alternating repeats. Launch latency {gpu['launch_us']:.2f} us, "
-             f"cuBLAS SGEMM {peak / 1e12:.1f} TFLOP/s.", "",
-             "| batch | dtrain s/epoch | dtrain eager s/epoch | PyTorch s/epoch | speedup (min-max) "
-             "| dtrain acc | PyTorch acc | step us | launches/step | launch floor us | "
-             "FLOP floor us | step / floor |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['batch']} | {r['dtrain_epoch_s']:.3f} | "
-                     f"{r['dtrain_eager_epoch_s']:.3f} | {r['torch_epoch_s']:.3f} | "
-                     f"{r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | "
-                     f"{100 * r['dtrain_acc']:.2f}% | {100 * r['torch_acc']:.2f}% | "
-                     f"{r['step_us']:.1f} | {r['launches_per_step']} | "
-                     f"{r['launch_floor_us']:.1f} | {r['flop_floor_us']:.1f} | "
-                     f"{r['step_over_floor']:.2f} |")
-    lines += ["", f"CUDA graphs: {rows[0]['cuda_graph']}. Speedup: PyTorch eager s/epoch over "
-              "dtrain's (graph) s/epoch, median of the repeats."]
-    with open(os.path.join(args.out, "gpu-mlp-vs-pytorch.md"), "w") as f:
+             f"{meta['torch']}, {a.precision} (TF32 off on both sides), data on the GPU, "
+             f"{a.epochs} epochs x {a.repeats} alternating repeats.", "",
+             "Seconds per epoch in steady state (median of the epochs after the first, then "
+             "of the repeats); the first epoch (warm-up, capture, compilation) in brackets. "
+             "dtrain vs best: the fastest PyTorch mode's steady time over dtrain's (graph), "
+             "median and range over the repeats.", ""] + table_lines(rows, a.modes)
+    errors = [f"- {r['model']} b{r['batch']} {m}: {err}" for r in rows
+              for m, e in r["modes"].items() for err in e["errors"]]
+    if errors:
+        lines += ["", "Runs that failed:"] + errors
+    with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -5,6 +5,14 @@ preprocessing, the same LR rule, data preloaded in memory as tensors.
   python3 torch_mlp.py --batch 64 --epochs 10 --threads 2               # plain PyTorch
   python3 torch_mlp.py --batch 64 --epochs 10 --threads 2 --ddp 4       # DDP, gloo, 4 processes
   python3 torch_mlp.py --batch 128 --epochs 5 --device cuda              # eager, on one GPU
+  python3 torch_mlp.py --batch 128 --epochs 5 --device cuda --mode graph # whole step in a graph
+
+GPU modes (--mode): eager (the default optimizer, for-each), eager-fused (the fused optimizer),
+graph (the whole training step, gather, forward, backward and fused optimizer, captured in one
+CUDA graph after 3 warm-up steps and replayed), compile (torch.compile, default mode, fused
+optimizer), compile-max (torch.compile mode="max-autotune", which also replays CUDA graphs).
+Warm-up steps and captures count as training steps of the first epoch, so every mode trains the
+same steps; the first epoch is reported separately from the steady-state median.
 
 Prints one JSON line per epoch and a final JSON summary line (prefixed "SUMMARY ").
 """
@@ -13,6 +21,7 @@ import gzip
 import json
 import math
 import os
+import statistics
 import struct
 import sys
 import time
@@ -59,6 +68,58 @@ def lr_at(args, global_batch, epoch_pos):
     return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
 
+def build_model(args):
+    if args.model == "cnn":
+        # dtrain's `cnn` preset: two conv-BN-ReLU-pool blocks, dense 128, dropout, classifier.
+        return nn.Sequential(
+            nn.Unflatten(1, (1, 28, 28)),
+            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Dropout(args.dropout),
+            nn.Linear(128, 10))
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                         nn.Linear(128, 10))
+
+
+class GraphedStep:
+    """The whole training step in one CUDA graph: the batch gather from a static index buffer,
+    forward, loss, backward, the fused SGD update with the learning rate read from a device
+    tensor, and the running loss sum. The first `warmup` calls run eagerly on a side stream
+    (PyTorch's whole-network capture recipe), the next captures and replays."""
+
+    def __init__(self, model, opt, loss_fn, xtr, ytr, global_batch, lr_t, warmup=3):
+        self.model, self.opt, self.loss_fn, self.xtr, self.ytr = model, opt, loss_fn, xtr, ytr
+        self.idx = torch.zeros(global_batch, dtype=torch.int64, device=xtr.device)
+        self.loss_sum = torch.zeros((), device=xtr.device)
+        self.lr_t, self.warmup, self.calls, self.graph = lr_t, warmup, 0, None
+
+    def body(self):
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model(self.xtr[self.idx]), self.ytr[self.idx])
+        loss.backward()
+        self.opt.step()
+        self.loss_sum += loss.detach()
+
+    def __call__(self, idx, lr):
+        self.idx.copy_(idx, non_blocking=True)
+        self.lr_t.fill_(lr)
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.calls < self.warmup:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.body()
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            self.opt.zero_grad(set_to_none=True)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.body()
+            self.graph.replay()
+        self.calls += 1
+
+
 def run(rank, world, args):
     torch.set_num_threads(max(1, args.threads // world))
     dev = torch.device(args.device)
@@ -67,26 +128,33 @@ def run(rank, world, args):
         os.environ.setdefault("MASTER_PORT", str(args.port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)
+    if dev.type == "cuda":
+        # The same arithmetic as dtrain's precision: fp32 is strict FP32 in GEMMs and
+        # convolutions (TF32 off), tf32 allows TF32 tensor cores in both. cuDNN picks its
+        # fastest algorithms (benchmark mode), PyTorch's fastest ordinary setting.
+        tf32 = args.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = True
     xtr, ytr, xte, yte = (t.to(dev) for t in load(args.data))  # data preloaded on the device
-    if args.model == "cnn":
-        # dtrain's `cnn` preset: two conv-BN-ReLU-pool blocks, dense 128, dropout, classifier.
-        model = nn.Sequential(
-            nn.Unflatten(1, (1, 28, 28)),
-            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Dropout(args.dropout),
-            nn.Linear(128, 10))
-    else:
-        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                              nn.Linear(128, 10))
-    model = model.to(dev)
+    model = build_model(args).to(dev)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    fused = args.mode != "eager" and dev.type == "cuda"
+    # graph: the learning rate lives in a device tensor that the captured update reads.
+    lr_t = torch.tensor(args.lr, device=dev) if args.mode == "graph" else args.lr
+    opt = torch.optim.SGD(model.parameters(), lr=lr_t, momentum=0.9, weight_decay=5e-4,
+                          **({"fused": True} if fused else {}))
     loss_fn = nn.CrossEntropyLoss()
+    train_model = model
+    if args.mode.startswith("compile"):
+        train_model = torch.compile(
+            model, mode="max-autotune" if args.mode == "compile-max" else None)
     global_batch = args.batch * world
     steps = xtr.shape[0] // global_batch
     gen = torch.Generator().manual_seed(args.seed)
+    graphed = (GraphedStep(model, opt, loss_fn, xtr, ytr, global_batch, lr_t)
+               if args.mode == "graph" else None)
     times = []
     for epoch in range(args.epochs):
         perm = torch.randperm(xtr.shape[0], generator=gen).to(dev)  # same on every rank
@@ -97,14 +165,21 @@ def run(rank, world, args):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=dev)
+        if graphed is not None:
+            graphed.loss_sum.zero_()
+            loss_sum = graphed.loss_sum
         for s in range(steps):
-            for g in opt.param_groups:
-                g["lr"] = lr_at(args, global_batch, epoch + s / steps)
+            lr = lr_at(args, global_batch, epoch + s / steps)
             # Interleaved sharding of the global batch, as dtrain does by default.
             idx = perm[s * global_batch + rank:(s + 1) * global_batch:world]
+            if graphed is not None:
+                graphed(idx, lr)
+                continue
+            for g in opt.param_groups:
+                g["lr"] = lr
             xb, yb = xtr[idx], ytr[idx]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
+            loss = loss_fn(train_model(xb), yb)
             loss.backward()
             opt.step()
             loss_sum += loss.detach()
@@ -121,16 +196,18 @@ def run(rank, world, args):
             print(json.dumps({"epoch": epoch + 1, "epoch_time_s": dt, "test_acc": acc,
                               "train_loss": (loss_sum / steps).item()}), flush=True)
     if rank == 0:
-        times_sorted = sorted(times)
-        med = times_sorted[len(times) // 2] if len(times) % 2 else 0.5 * (
-            times_sorted[len(times) // 2 - 1] + times_sorted[len(times) // 2])
         name = "pytorch-ddp-gloo" if world > 1 else "pytorch"
         if dev.type == "cuda":
-            name += "-cuda-eager"
-        print("SUMMARY " + json.dumps({"framework": name,
+            name += "-cuda-" + args.mode
+        # Steady state: the median of the epochs after the first (warm-up, capture, compile).
+        steady = statistics.median(times[1:]) if len(times) > 1 else times[0]
+        print("SUMMARY " + json.dumps({"framework": name, "mode": args.mode,
                                        "torch": torch.__version__, "replicas": world,
                                        "batch": args.batch, "threads": args.threads,
-                                       "median_epoch_time_s": med, "final_test_acc": acc}),
+                                       "median_epoch_time_s": statistics.median(times),
+                                       "first_epoch_time_s": times[0],
+                                       "steady_epoch_time_s": steady,
+                                       "final_test_acc": acc}),
               flush=True)
     if world > 1:
         dist.destroy_process_group()
@@ -151,8 +228,15 @@ def main():
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--dropout", type=float, default=0.25, help="cnn only")
     p.add_argument("--port", type=int, default=29533)
-    p.add_argument("--device", default="cpu", help="cpu or cuda (eager PyTorch on one GPU)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (PyTorch on one GPU)")
+    p.add_argument("--mode", default="eager",
+                   choices=["eager", "eager-fused", "graph", "compile", "compile-max"],
+                   help="GPU only: how the step runs (see the top of this file)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
+                   help="GPU only: fp32 keeps TF32 off in GEMMs and convolutions")
     args = p.parse_args()
+    if args.mode != "eager" and (args.device == "cpu" or args.ddp > 1):
+        p.error("--mode other than eager needs --device cuda and one process")
     if args.ddp > 1:
         mp.spawn(run, args=(args.ddp, args), nprocs=args.ddp, join=True)
     else:
