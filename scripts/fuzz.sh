@@ -36,9 +36,11 @@ for t in "${targets[@]}"; do
   mkdir -p "$work" "$findings"
   cp -n fuzz/corpus/"$t"/* "$work"/
   log=build-fuzz/fuzz-$t.log
+  dict=()
+  [ -f fuzz/"$t".dict ] && dict=(-dict=fuzz/"$t".dict)
   rc=0
   # The outer timeout bounds a run whose exit hangs (leak checking a huge heap after an OOM).
-  ASAN_OPTIONS=detect_leaks=1 timeout -k 10 $((seconds + 120)) build-fuzz/fuzz/fuzz_"$t" "$work" -max_total_time="$seconds" \
+  ASAN_OPTIONS=detect_leaks=1 timeout -k 10 $((seconds + 120)) build-fuzz/fuzz/fuzz_"$t" "$work" "${dict[@]}" -max_total_time="$seconds" \
     -rss_limit_mb=1024 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$findings/" >"$log" 2>&1 || rc=$?
   execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log" | tail -n 1)

@@ -213,7 +213,7 @@ optimizer: {lr: 0.05, base_batch: 16}
   const auto neg = dtrain_cli("project " + run.string() + out);
   INFO(neg.out);
   CHECK(neg.code == 2);
-  CHECK(neg.out.find("'compute_s' is -5 in epoch row 1") != std::string::npos);
+  CHECK(neg.out.find("'compute_s' is '-5' in epoch row 1") != std::string::npos);
 }
 
 TEST_CASE("dtrain project refuses a config, a multi-replica run and an unknown link",

@@ -265,7 +265,7 @@ void draw_figure(const std::vector<RungResult>& rs, const std::string& title,
 int run_explain(const ExplainOptions& opt) {
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues an earlier explain by name");
-  const std::string tag = opt.tag.empty() ? utc_tag() : slug(opt.tag);
+  const std::string tag = folder_tag(opt.tag, utc_tag());
   std::string experiment;
   const auto rungs = plan_rungs(opt, experiment);
   const auto others = other_overrides(opt);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -40,11 +41,26 @@ double median_of(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
+// One time (seconds) or sample count of metrics.csv: a whole decimal number, finite, from 0 to
+// 1e15 (a year of seconds is 3e7); anything else is a damaged file, named with its row.
+double measured_value(const std::string& text, const std::string& path, const std::string& col,
+                      int row) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  const bool whole = !text.empty() && end == text.c_str() + text.size() && errno == 0;
+  if (!whole || !std::isfinite(v) || v < 0 || v > 1e15)
+    throw UserError(fmt::format("{}: '{}' is '{}' in epoch row {}; expected a time or count "
+                                "from 0 to 1e15 (a damaged file?)",
+                                path, col, text, row));
+  return v;
+}
+
 // Per-epoch medians of the named metrics.csv columns (totals over the epoch's steps).
 std::vector<double> metric_medians(const std::string& dir, const std::vector<std::string>& cols,
                                    int& rows) {
   const fs::path path = fs::path(dir) / "metrics.csv";
-  std::istringstream in(read_text_file(path.string(), "metrics.csv"));
+  std::istringstream in(read_own_file(path.string(), "metrics.csv", kMaxMetricsBytes));
   std::string line;
   if (!in || !std::getline(in, line))
     throw UserError(fmt::format("{}: cannot read it; the run folder is incomplete", path.string()));
@@ -71,15 +87,8 @@ std::vector<double> metric_medians(const std::string& dir, const std::vector<std
     const auto f = split(line);
     if (f.size() != header.size()) continue;
     ++rows;
-    for (size_t k = 0; k < at.size(); ++k) {
-      const double v = std::strtod(f[at[k]].c_str(), nullptr);
-      // Times and sample counts: a negative one is a damaged file, not a measurement.
-      if (v < 0)
-        throw UserError(fmt::format("{}: '{}' is {} in epoch row {}; times and counts are never "
-                                    "negative (a damaged file?)",
-                                    path.string(), cols[k], f[at[k]], rows));
-      if (std::isfinite(v)) values[k].push_back(v);
-    }
+    for (size_t k = 0; k < at.size(); ++k)
+      values[k].push_back(measured_value(f[at[k]], path.string(), cols[k], rows));
   }
   std::vector<double> out;
   for (size_t k = 0; k < cols.size(); ++k) {
@@ -127,10 +136,12 @@ RunInput read_run(const std::string& path) {
   r.in.split = {per_step(m[0]), per_step(m[1]), per_step(m[2])};
   r.in.samples_per_epoch = static_cast<int64_t>(std::llround(m[3]));
   r.in.global_batch = rec.global_batch;
+  if (r.in.global_batch <= 0)
+    throw UserError(fmt::format("{}/summary.json: no global_batch", path));
   r.in.accumulation_steps = rec.accumulation_steps;
   const auto cfg = run_config_values(rec);
   if (const auto it = cfg.find("train.bucket_mb"); it != cfg.end())
-    r.bucket_mb = std::strtod(it->second.c_str(), nullptr);
+    r.bucket_mb = measured_value(it->second, path + "/summary.json", "train.bucket_mb", 0);
   if (const auto it = cfg.find("data.drop_remainder"); it != cfg.end())
     r.in.drop_remainder = it->second != "false";
   return r;

@@ -27,16 +27,22 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
       auto r = load_run(d);
       by_experiment[r.experiment].push_back(std::move(r));
     } catch (const UserError& e) {
-      ++unreadable;
-      std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
       RunRecord r;
       r.dir = d;
       r.run_id = fs::path(d).filename().string();
       r.experiment = fs::path(d).parent_path().filename().string();
-      r.status = "unreadable";
-      r.error = e.what();
       const std::string st = read_run_status(d);
-      if (!st.empty()) r.status = "unreadable (" + st + ")";
+      std::error_code ec;
+      const bool summary = fs::exists(fs::symlink_status(fs::path(d) / "summary.json", ec));
+      if (st == "running" && !summary) {
+        // A run still training (its process holds the lock): listed as such, not a failure.
+        r.status = st;
+      } else {
+        ++unreadable;
+        std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
+        r.status = st.empty() ? "unreadable" : "unreadable (" + st + ")";
+        r.error = e.what();
+      }
       by_experiment[r.experiment].push_back(std::move(r));
     }
   }
@@ -45,7 +51,7 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
 
 // A previous report in the same place is replaced as a whole: the files it listed go first.
 void remove_previous_report(const std::string& out, const fs::path& manifest) {
-  const auto listed = try_read_text_file(manifest.string());
+  const auto listed = try_read_own_file(manifest.string(), kMaxIndexBytes);
   if (!listed) return;
   std::istringstream old(*listed);
   // The manifest lies in a folder that may come from elsewhere: only plain files (or links)
@@ -64,7 +70,8 @@ int write_figures(const Comparison& cmp, const std::string& out, std::string& in
                   std::vector<std::string>& written) {
   std::map<std::string, std::vector<EpochRow>> metrics;
   for (const auto& row : cmp.rows) {
-    if (row.run.status.rfind("unreadable", 0) == 0) continue;
+    // Unreadable, or still training (no summary yet): no curves.
+    if (row.run.status.rfind("unreadable", 0) == 0 || row.run.status == "running") continue;
     try {
       metrics[row.run.dir] = load_metrics(row.run.dir);
     } catch (const UserError& e) {

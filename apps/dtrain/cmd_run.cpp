@@ -1,15 +1,18 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -21,6 +24,7 @@
 #include "dtrain/base/log.hpp"
 #include "dtrain/dist/mpi.hpp"
 #include "dtrain/config/plan.hpp"
+#include "dtrain/config/schema.hpp"
 #include "dtrain/results/recorder.hpp"
 #include "dtrain/results/report.hpp"
 #include "dtrain/train/checkpoint.hpp"
@@ -116,17 +120,32 @@ void setup_run(CLI::App& app, RunOptions& opt) {
 
 namespace {
 
-// Moves an unfinished run folder aside (never deletes it) so the run can start afresh.
+// Moves an unfinished run folder aside (never deletes it) so the run can start afresh, into
+// <experiment>/.attempts/, which must be a real folder: a link there (planted) would move the
+// run out of the results tree, and a name taken by anything, a dangling link too, is refused.
 std::string move_aside(const std::string& dir, const std::string& why) {
   const fs::path p(dir);
   const fs::path attic = p.parent_path() / ".attempts";
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(attic, ec)))
+    throw UserError(fmt::format("{}: a symbolic link where dtrain keeps earlier attempts; "
+                                "refused (remove it, or move it away, to resume)",
+                                attic.string()));
   ensure_dir(attic.string(), "attempts");
   fs::path dest;
   for (int n = 1;; ++n) {
     dest = attic / fmt::format("{}.{}", p.filename().string(), n);
-    if (!fs::exists(dest)) break;
+    const auto st = fs::symlink_status(dest, ec);
+    if (fs::is_symlink(st))
+      throw UserError(fmt::format("{}: a symbolic link among the earlier attempts; refused "
+                                  "(dtrain never makes one there)",
+                                  dest.string()));
+    if (!fs::exists(st)) break;
   }
-  fs::rename(p, dest);
+  fs::rename(p, dest, ec);
+  if (ec)
+    throw UserError(fmt::format("{}: cannot move the unfinished run to {}: {}", dir,
+                                dest.string(), ec.message()));
   log().info("resume: {} was {}; moved to {}", dir, why, dest.string());
   return dest.string();
 }
@@ -157,7 +176,8 @@ std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg) {
 
 // "" if the finished run in `dir` was run with `cfg`, else why --resume cannot reuse it.
 std::string differs_from_finished(const std::string& dir, const Config& cfg) {
-  const auto had = try_read_text_file((fs::path(dir) / "config.resolved.yaml").string());
+  const auto had = try_read_own_file((fs::path(dir) / "config.resolved.yaml").string(),
+                                     kMaxConfigBytes);
   if (!had)
     return fmt::format("{}: --resume: this finished run has no config.resolved.yaml to compare "
                        "with; pick a new --tag",
@@ -190,12 +210,66 @@ struct IndexRow {
   int gpus = 0;
 };
 
+// Writes the experiment's index of this tag: this command's rows, and the rows of runs that an
+// earlier command of the same tag planned and this one did not (a --resume of part of a sweep
+// keeps the rest listed), in their first order. Rows are read back from our own file only, each
+// a plain run folder name.
 void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
+  std::vector<IndexRow> all;
+  if (const auto old = try_read_own_file(path, kMaxIndexBytes)) {
+    const auto records = parse_csv(*old);
+    for (size_t k = 1; k < records.size(); ++k) {
+      const auto& f = records[k];
+      if (f.size() != 6 || folder_name_rule(f[0]) != nullptr) continue;
+      IndexRow r{f[0], f[1], f[3], f[4], f[5]};
+      r.gpus = std::atoi(f[2].c_str());
+      all.push_back(std::move(r));
+    }
+  }
+  for (const auto& r : rows) {
+    auto same = std::find_if(all.begin(), all.end(), [&](const IndexRow& o) { return o.id == r.id; });
+    if (same != all.end())
+      *same = r;
+    else
+      all.push_back(r);
+  }
   std::string csv = "run_id,status,gpus,group,overrides,dir\n";
-  for (const auto& r : rows)
-    csv += fmt::format("{},{},{},{},{},{}\n", csv_escape(r.id), r.status, r.gpus,
+  for (const auto& r : all)
+    csv += fmt::format("{},{},{},{},{},{}\n", csv_escape(r.id), csv_escape(r.status), r.gpus,
                        csv_escape(r.group), csv_escape(r.overrides), csv_escape(r.dir));
   write_file_atomic(path, csv);
+}
+
+// The run folders the experiment's index of this tag lists (after write_index), for the
+// comparison table: every run of the tag, not only this command's.
+std::vector<std::string> indexed_dirs(const std::string& results, const std::string& name,
+                                      const std::string& tag) {
+  std::vector<std::string> out;
+  const fs::path exp = fs::path(results) / name;
+  const auto text = try_read_own_file((exp / ("index-" + tag + ".csv")).string(), kMaxIndexBytes);
+  if (!text) return out;
+  const auto records = parse_csv(*text);
+  for (size_t k = 1; k < records.size(); ++k)
+    if (!records[k].empty() && folder_name_rule(records[k][0]) == nullptr)
+      out.push_back((exp / records[k][0]).string());  // never the dir column: it is not needed
+  return out;
+}
+
+// After this process took a run's lock under --resume: another command may have finished the
+// run since this one planned it. Then it is skipped if it is this experiment (true), and refused
+// if it is another; under a launcher rank 0's answer holds for every rank.
+bool finished_meanwhile(bool leader, bool multi, const std::string& status,
+                        const std::string& dir, const Config& cfg) {
+  std::string verdict = "0";
+  if (leader && (status == "done" || status == "diverged")) {
+    const std::string why = differs_from_finished(dir, cfg);
+    verdict = why.empty() ? "1" : "E" + why;
+  }
+  if (multi) mpi::broadcast(verdict);
+  if (verdict[0] == 'E') throw UserError(verdict.substr(1));
+  if (verdict == "1")
+    log().info("resume: {} was finished by another command meanwhile ({}); skipped", dir, status);
+  return verdict == "1";
 }
 
 }  // namespace
@@ -207,11 +281,7 @@ int run_run(const RunOptions& opt) {
   set_verbosity(opt.quiet || !leader);
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
-  const std::string tag = opt.tag.empty() ? default_tag() : slug(opt.tag);
-  // The tag starts every run folder's name: visible to report, short enough for a file system.
-  if (tag.front() == '.' || tag.size() > 100)
-    throw UserError(fmt::format("--tag '{}': give 1 to 100 characters, not starting with '.'",
-                                opt.tag));
+  const std::string tag = folder_tag(opt.tag, default_tag());
   const auto runs = plan_runs(opt.config, opt.overrides);
 
   if (multi)
@@ -318,10 +388,8 @@ int run_run(const RunOptions& opt) {
       ++skipped;
       continue;
     }
-    // Held for the whole run: no other command writes, moves or resumes this folder meanwhile.
-    // (The status is read before the lock is taken: once this process holds it, an unfinished
-    // run would read as running instead of interrupted.)
-    const std::string earlier = leader ? read_run_status(dirs[i]) : "";
+    // Held for the whole run: no other command writes, moves or resumes this folder meanwhile,
+    // and every decision about the folder is taken under it, from what it holds now.
     std::unique_ptr<RunLock> lock;
     std::unique_ptr<RunRecorder> rec;
     std::unique_ptr<Communicator> comm;
@@ -329,7 +397,17 @@ int run_run(const RunOptions& opt) {
     // The leader's setup is inside the try as well: under mpirun a leader that fails here (a
     // full disk, say) must end the job, not leave the other ranks waiting in a collective.
     try {
-      if (leader) lock = std::make_unique<RunLock>(dirs[i]);
+      std::string earlier;
+      if (leader) {
+        lock = std::make_unique<RunLock>(dirs[i]);
+        earlier = read_run_status(dirs[i], /*held_here=*/true);
+      }
+      if (opt.resume && finished_meanwhile(leader, multi, earlier, dirs[i], r.config)) {
+        index[i].status = earlier;
+        ++skipped;
+        save_index();
+        continue;
+      }
       // A run whose data differs from the one before it loads its own; a failure there is
       // this run's, recorded like any other.
       const DataSplit& data = data_for(r.config);
@@ -403,11 +481,18 @@ int run_run(const RunOptions& opt) {
 
   // The table is regenerated from the run folders, grouped by experiment.
   std::map<std::string, std::vector<RunRecord>> by_experiment;
-  for (const auto& d : dirs) {
-    if (!fs::exists(fs::path(d) / "summary.json")) continue;
-    auto rec = load_run(d);
-    by_experiment[rec.experiment].push_back(std::move(rec));
-  }
+  std::set<std::string> experiments;
+  for (const auto& r : runs) experiments.insert(r.config.name);
+  for (const auto& name : experiments)
+    for (const auto& d : indexed_dirs(opt.results, name, tag)) {
+      if (!fs::exists(fs::path(d) / "summary.json")) continue;
+      try {
+        auto rec = load_run(d);
+        by_experiment[rec.experiment].push_back(std::move(rec));
+      } catch (const UserError& e) {  // an earlier command's run, damaged since: not this one's
+        log().warn("comparison: {} left out: {}", d, e.what());
+      }
+    }
   for (const auto& [name, records] : by_experiment) {
     const auto cmp = compare(records);
     const std::string base = (fs::path(opt.results) / name / ("comparison-" + tag)).string();

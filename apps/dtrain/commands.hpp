@@ -13,6 +13,10 @@ namespace dtrain::cli {
 // The positional config file and key=value overrides of every command that reads a config.
 void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::string>& overrides);
 
+// The run-folder prefix of a --tag: `fallback` (a date-time) when none is given; a tag with
+// control characters, one that slugs to a hidden name or more than 100 characters is refused.
+std::string folder_tag(const std::string& given, const std::string& fallback);
+
 // The data of the runs of a sweep, loaded again only when a run's data identity changes (runs
 // of one sweep usually share it).
 class DataCache {

@@ -1,11 +1,36 @@
-// What several subcommands share: the config arguments and loading each data set once.
+// What several subcommands share: the config arguments, tags and loading each data set once.
+#include <fmt/format.h>
+
 #include "commands.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+#include "dtrain/config/schema.hpp"
 
 namespace dtrain::cli {
 
 void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::string>& overrides) {
   app.add_option("config", config, "Experiment YAML file")->required()->check(CLI::ExistingFile);
   app.add_option("overrides", overrides, "key=value overrides, as for `dtrain run`");
+}
+
+std::string folder_tag(const std::string& given, const std::string& fallback) {
+  if (given.empty()) return fallback;
+  if (has_control_character(given)) {
+    std::string shown;
+    for (char ch : given) {
+      const auto c = static_cast<unsigned char>(ch);
+      shown += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, ch);
+    }
+    throw UserError(fmt::format("--tag '{}': control characters are not allowed in a tag (it "
+                                "names run folders)",
+                                shown));
+  }
+  const std::string tag = slug(given);
+  // The tag starts every run folder's name: visible to report, short enough for a file system.
+  if (tag.front() == '.' || tag.size() > 100)
+    throw UserError(
+        fmt::format("--tag '{}': give 1 to 100 characters, not starting with '.'", given));
+  return tag;
 }
 
 const DataSplit& DataCache::get(const Config& c) {

@@ -147,6 +147,10 @@ int run_main(int argc, char** argv) {
     // Every rank sees the same mistake; one line is enough.
     if (dtrain::mpi::rank() == 0) std::fprintf(stderr, "dtrain: error: %s\n", e.what());
     return 2;
+  } catch (const dtrain::StorageError& e) {
+    dtrain::clear_progress();
+    std::fprintf(stderr, "dtrain: error: %s\n", e.what());  // a full disk: named, not a bug
+    return 1;
   } catch (const std::exception& e) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: internal error: %s\n", e.what());

@@ -25,6 +25,19 @@ class SystemError : public std::runtime_error {
   int rank_;
 };
 
+// The storage failed under a file dtrain writes (disk full, quota, an I/O error): the machine's
+// situation, not a bug. Its message names the folder and the file, without the source location
+// (kept in file() and line()).
+class StorageError : public SystemError {
+ public:
+  StorageError(const std::string& what, const char* file, int line)
+      : SystemError(what, file, line), plain_(what) {}
+  const char* what() const noexcept override { return plain_.c_str(); }
+
+ private:
+  std::string plain_;
+};
+
 // Thrown in a worker when another worker failed and the collective was abandoned.
 class Aborted : public std::runtime_error {
  public:

@@ -2,10 +2,12 @@
 #include "dtrain/base/files.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdint>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -28,7 +30,7 @@ bool storage_failure(int err) {
   const std::string what = fmt::format("{}: cannot {} {}: {}{}", dir.empty() ? "." : dir, step,
                                        fs::path(path).filename().string(), std::strerror(err),
                                        err == ENOSPC || err == EDQUOT ? " (disk full)" : "");
-  if (storage_failure(err)) DTRAIN_THROW_SYSTEM(what);
+  if (storage_failure(err)) throw StorageError(what, __FILE__, __LINE__);
   throw UserError(what);
 }
 }  // namespace
@@ -78,21 +80,32 @@ void ensure_dir(const std::string& dir, const std::string& what) {
                                 ec ? ec.message() : "not a folder"));
 }
 
-std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes) {
+namespace {
+// Opens `path` for reading (O_NONBLOCK: a FIFO cannot block; O_NOFOLLOW where `own`, so a link
+// is refused by the open itself) and checks the file it got, not the name: a regular file of at
+// most `max_bytes`. Reads it whole; a file that grows meanwhile is cut at `max_bytes`.
+std::string read_checked(const std::string& path, const std::string& what, size_t max_bytes,
+                         bool own) {
   std::error_code ec;
-  const auto st = fs::status(path, ec);  // follows links: a link to a FIFO is a FIFO
-  if (ec || !fs::exists(st)) throw UserError(fmt::format("{}: no such {}", path, what));
-  if (!fs::is_regular_file(st))
-    throw UserError(fmt::format("{}: not a regular file (a {} must be one)", path, what));
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw UserError(fmt::format("{}: cannot read {}: {}", path, what, ec.message()));
-  if (size > max_bytes)
-    throw UserError(fmt::format("{}: {} bytes, more than the {} bytes a {} may have", path, size,
-                                max_bytes, what));
-  // O_NONBLOCK: a file swapped for a FIFO between the check and the open still cannot block.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const auto lst = fs::symlink_status(path, ec);
+  if (ec || !fs::exists(lst)) throw UserError(fmt::format("{}: no such {}", path, what));
+  if (own && fs::is_symlink(lst))
+    throw UserError(fmt::format("{}: a symbolic link where dtrain wrote its {}; refused (dtrain "
+                                "never writes one: it was planted or copied in)",
+                                path, what));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (own ? O_NOFOLLOW : 0));
   if (fd < 0)
     throw UserError(fmt::format("{}: cannot open {}: {}", path, what, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw UserError(fmt::format("{}: not a regular file (a {} must be one)", path, what));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw UserError(fmt::format("{}: {} bytes, more than the {} bytes a {} may have", path,
+                                static_cast<uint64_t>(st.st_size), max_bytes, what));
+  }
   std::string out;
   char buf[65536];
   for (;;) {
@@ -104,10 +117,27 @@ std::string read_text_file(const std::string& path, const std::string& what, siz
   ::close(fd);
   return out;
 }
+}  // namespace
+
+std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes) {
+  return read_checked(path, what, max_bytes, false);
+}
 
 std::optional<std::string> try_read_text_file(const std::string& path, size_t max_bytes) {
   try {
     return read_text_file(path, "file", max_bytes);
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+}
+
+std::string read_own_file(const std::string& path, const std::string& what, size_t max_bytes) {
+  return read_checked(path, what, max_bytes, true);
+}
+
+std::optional<std::string> try_read_own_file(const std::string& path, size_t max_bytes) {
+  try {
+    return read_own_file(path, "file", max_bytes);
   } catch (const UserError&) {
     return std::nullopt;
   }

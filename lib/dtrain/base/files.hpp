@@ -20,6 +20,19 @@ std::string read_text_file(const std::string& path, const std::string& what,
 // status while it is written): nothing where read_text_file would throw.
 std::optional<std::string> try_read_text_file(const std::string& path,
                                               size_t max_bytes = size_t{64} << 20);
+// The files dtrain wrote and reads back (a run's status, summary.json, metrics.csv, checkpoints,
+// resolved configs, indexes) are read through these: the same checks, and a symbolic link in
+// the file's place is refused (dtrain never writes one, so it was planted: reading through it
+// would show another file's contents as the run's). `max_bytes` should be what the file can
+// hold; the values read still need their own range checks.
+// Bounds from what each of those files can hold.
+inline constexpr size_t kMaxStatusBytes = 4096;                 // one word and a newline
+inline constexpr size_t kMaxConfigBytes = size_t{1} << 20;      // a config, as when read first
+inline constexpr size_t kMaxSummaryBytes = size_t{64} << 20;    // the config and per-run values
+inline constexpr size_t kMaxMetricsBytes = size_t{64} << 20;    // a row per epoch (<= 100000)
+inline constexpr size_t kMaxIndexBytes = size_t{64} << 20;      // a row per planned run
+std::string read_own_file(const std::string& path, const std::string& what, size_t max_bytes);
+std::optional<std::string> try_read_own_file(const std::string& path, size_t max_bytes);
 // A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.
 std::string slug(const std::string& s);
 

@@ -600,11 +600,21 @@ Config decode(const YAML::Node& root, const Source& src) {
 
 }  // namespace
 
+bool has_control_character(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c < 0x20 || c == 0x7f;
+  });
+}
+
 const char* folder_name_rule(const std::string& name) {
   // The name is a folder: visible (report skips hidden ones), short enough for a file system.
   if (name.empty() || name.find('/') != std::string::npos || name.front() == '.' ||
       name.size() > 200)
     return "must be a folder name of 1 to 200 bytes without '/', not starting with '.'";
+  if (has_control_character(name))
+    return "must not hold control characters (a tab, newline or carriage return makes a folder "
+           "that no listing shows as it is)";
   return nullptr;
 }
 
@@ -754,6 +764,9 @@ class YamlWriter {
         e_ << to_string(v);
       else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
         e_ << YAML::Flow << v;
+      else if constexpr (std::is_same_v<T, std::string>)
+        // yaml-cpp writes "a\r" plain, which reads back as "a": quoted, it reads back whole.
+        e_ << (has_control_character(v) ? YAML::DoubleQuoted : YAML::Auto) << v;
       else
         e_ << v;
     }

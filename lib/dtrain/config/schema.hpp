@@ -90,6 +90,8 @@ const EnumTable<LayerType>& choices(LayerType);
 
 // nullptr for a name that can be the experiment's folder, else what a name must be.
 const char* folder_name_rule(const std::string& name);
+// A byte below 0x20 or DEL: never in a name or tag that becomes a folder or file name.
+bool has_control_character(const std::string& s);
 
 // `C` is `T` or `const T`: writers visit a const config, the decoder a mutable one.
 template <class C, class T>

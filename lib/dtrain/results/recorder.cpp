@@ -115,23 +115,24 @@ long RunLock::holder(const std::string& run_dir) {
   return pid;
 }
 
-std::string read_run_status(const std::string& dir) {
+std::string read_run_status(const std::string& dir, bool held_here) {
   // summary.json is written before status, so a final status there wins over a `status` file
   // that a crash or a full disk kept from being updated.
-  if (const auto text = try_read_text_file((fs::path(dir) / "summary.json").string())) {
+  if (const auto text = try_read_own_file((fs::path(dir) / "summary.json").string(),
+                                          kMaxSummaryBytes)) {
     const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("status") && j["status"].is_string()) {
       const auto st = j["status"].get<std::string>();
       if (st == "done" || st == "diverged" || st == "failed" || st == "interrupted") return st;
     }
   }
-  const auto status = try_read_text_file((fs::path(dir) / "status").string(), 4096);
+  const auto status = try_read_own_file((fs::path(dir) / "status").string(), kMaxStatusBytes);
   std::string line;
   if (!status) return "";
   std::istringstream in(*status);
   if (!std::getline(in, line)) return "";
   // A run nobody holds is not running any more: its process died or was stopped.
-  if (line == "running" && RunLock::holder(dir) == 0) return "interrupted";
+  if (line == "running" && (held_here || RunLock::holder(dir) == 0)) return "interrupted";
   return line;
 }
 

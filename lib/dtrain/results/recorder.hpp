@@ -16,7 +16,9 @@ namespace dtrain {
 
 // The run's status: "done", "diverged" or "failed" from summary.json, else DIR/status's first
 // line ("running"; "interrupted" when no process holds the run), or "" if neither exists.
-std::string read_run_status(const std::string& dir);
+// `held_here`: this process holds the run's lock, so a `running` left in the folder is an
+// earlier process's that died or was stopped (interrupted). Neither file is read through a link.
+std::string read_run_status(const std::string& dir, bool held_here = false);
 
 // Ownership of one run folder: an exclusive flock on <parent>/.<run-id>.lock, held while the
 // object lives. Two commands never write, move or resume the same run at once; a process that

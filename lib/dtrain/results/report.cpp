@@ -23,7 +23,30 @@ namespace {
 std::optional<double> opt_number(const nlohmann::json& j, const char* key) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
   if (!j[key].is_number()) return std::nullopt;
-  return j[key].get<double>();
+  const double v = j[key].get<double>();
+  return std::isfinite(v) ? std::optional<double>(v) : std::nullopt;  // damaged: not a value
+}
+
+// A whole number of summary.json within [lo, hi] (`fallback` where the key is absent, as in
+// folders of older versions); anything else, a fraction or 1e30 say, names the file and key.
+int64_t int_in(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi,
+               int64_t fallback, const std::string& path) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j[key];
+  const bool whole = v.is_number_integer() ||
+                     (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                      std::floor(v.get<double>()) == v.get<double>() &&
+                      std::abs(v.get<double>()) < 9e15);
+  const int64_t n = !whole                     ? 0
+                    : v.is_number_unsigned()   ? static_cast<int64_t>(std::min<uint64_t>(
+                                                     v.get<uint64_t>(), uint64_t{INT64_MAX}))
+                    : v.is_number_integer()    ? v.get<int64_t>()
+                                               : static_cast<int64_t>(v.get<double>());
+  if (!whole || n < lo || n > hi)
+    throw UserError(fmt::format("{}: '{}' is {}; expected a whole number from {} to {} (a "
+                                "damaged file?)",
+                                path, key, v.dump(), lo, hi));
+  return n;
 }
 
 std::string fmt_opt(const std::optional<double>& v, const char* spec) {
@@ -94,10 +117,49 @@ std::string csv_escape(const std::string& s) {
   return out + "\"";
 }
 
+std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> row;
+  std::string field;
+  bool quoted = false, any = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    any = true;
+    if (quoted) {
+      if (ch != '"') {
+        field += ch;
+      } else if (i + 1 < text.size() && text[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else {
+        quoted = false;
+      }
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == ',') {
+      row.push_back(std::move(field));
+      field.clear();
+    } else if (ch == '\n') {
+      row.push_back(std::move(field));
+      rows.push_back(std::move(row));
+      field.clear();
+      row.clear();
+      any = false;
+    } else if (ch != '\r') {
+      field += ch;
+    }
+  }
+  if (any) {
+    row.push_back(std::move(field));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
 namespace {
 int64_t param_count_of(const nlohmann::json& j) {
   if (j.contains("param_count") && j["param_count"].is_number_integer())
-    return j["param_count"].get<int64_t>();
+    return std::max<int64_t>(0, j["param_count"].get<int64_t>());
   if (!j.contains("model") || !j["model"].is_string()) return 0;
   static const std::regex re(R"(\((\d+) parameters\)\s*$)");
   std::smatch m;
@@ -126,7 +188,7 @@ RunRecord load_run(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
   if (!std::filesystem::exists(path))
     throw UserError(fmt::format("{}: missing (the run may still be running or was killed)", path));
-  const std::string text = read_text_file(path, "summary.json");
+  const std::string text = read_own_file(path, "summary.json", kMaxSummaryBytes);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -141,14 +203,13 @@ RunRecord load_run(const std::string& dir) {
     r.status = j.value("status", std::string("unknown"));
     r.error = j.value("error", std::string());
     r.group = j.value("group", std::string());
-    r.gpus = j.at("gpus").get<int>();
     // Speedup, efficiency and the figures divide by it.
-    if (r.gpus < 1)
-      throw UserError(fmt::format("{}: gpus is {}, expected 1 or more", path, r.gpus));
+    if (!j.contains("gpus")) throw UserError(fmt::format("{}: no 'gpus'", path));
+    r.gpus = static_cast<int>(int_in(j, "gpus", 1, 1 << 20, 1, path));
     r.simulated = simulated_run(j, r.gpus);
-    r.per_replica_batch = j.value("per_replica_batch", 0LL);
-    r.global_batch = j.value("global_batch", 0LL);
-    r.accumulation_steps = j.value("accumulation_steps", 1);
+    r.per_replica_batch = int_in(j, "per_replica_batch", 1, int64_t{1} << 40, 0, path);
+    r.global_batch = int_in(j, "global_batch", 1, int64_t{1} << 50, 0, path);
+    r.accumulation_steps = static_cast<int>(int_in(j, "accumulation_steps", 1, 1 << 20, 1, path));
     r.lr_scaling = j.value("lr_scaling", std::string());
     r.reduction = j.value("reduction", std::string());
     r.shuffle = j.value("shuffle", std::string());
@@ -156,8 +217,8 @@ RunRecord load_run(const std::string& dir) {
     r.peak_lr = j.value("peak_lr", 0.0);
     r.lr = j.value("lr", 0.0);
     r.target_accuracy = j.value("target_accuracy", 0.0);
-    r.epochs_completed = j.value("epochs_completed", 0);
-    r.steps_per_epoch = j.value("steps_per_epoch", int64_t{0});
+    r.epochs_completed = static_cast<int>(int_in(j, "epochs_completed", 0, 100000, 0, path));
+    r.steps_per_epoch = int_in(j, "steps_per_epoch", 0, int64_t{1} << 50, 0, path);
     r.param_count = param_count_of(j);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: unexpected content: {}", path, e.what()));
@@ -564,19 +625,15 @@ std::string to_json(const Aggregate& a) {
   return j.dump(2) + "\n";
 }
 
-std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
+namespace {
+// The run folders under `root` (hidden folders and links are not entered: a report covers the
+// folders under its paths). A folder that cannot be listed is the user's to fix, named.
+void walk_run_dirs(const std::string& root, std::vector<std::string>& out) {
   namespace fs = std::filesystem;
-  std::vector<std::string> out;
-  for (const auto& p : paths) {
-    if (!fs::is_directory(p)) throw UserError(fmt::format("{}: no such folder", p));
-    if (fs::exists(fs::path(p) / "status")) {
-      out.push_back(p);
-      continue;
-    }
-    auto it = fs::recursive_directory_iterator(p);
+  try {
+    auto it = fs::recursive_directory_iterator(root);
     for (; it != fs::recursive_directory_iterator(); ++it) {
       const auto& e = *it;
-      // A link is not followed out of the tree: a report covers the folders under its paths.
       if (e.is_symlink() || !e.is_directory()) continue;
       if (e.path().filename().string().rfind('.', 0) == 0) {
         it.disable_recursion_pending();  // hidden: .attempts/ and the like
@@ -587,6 +644,23 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
         it.disable_recursion_pending();
       }
     }
+  } catch (const fs::filesystem_error& e) {
+    throw UserError(fmt::format("{}: cannot list this folder: {}",
+                                e.path1().empty() ? root : e.path1().string(),
+                                e.code().message()));
+  }
+}
+}  // namespace
+
+std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  for (const auto& p : paths) {
+    if (!fs::is_directory(p)) throw UserError(fmt::format("{}: no such folder", p));
+    if (fs::exists(fs::path(p) / "status"))
+      out.push_back(p);
+    else
+      walk_run_dirs(p, out);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -596,7 +670,7 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
 std::vector<EpochRow> load_metrics(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "metrics.csv").string();
   if (!std::filesystem::exists(path)) throw UserError(fmt::format("{}: missing", path));
-  std::istringstream in(read_text_file(path, "metrics.csv"));
+  std::istringstream in(read_own_file(path, "metrics.csv", kMaxMetricsBytes));
   std::string line;
   if (!std::getline(in, line)) throw UserError(fmt::format("{}: empty", path));
   std::vector<std::string> head;

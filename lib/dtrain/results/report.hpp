@@ -72,6 +72,9 @@ std::string to_csv(const Comparison& c);
 // One CSV field (RFC 4180): quoted, with quotes doubled, where it holds a comma, a quote or a
 // line break.
 std::string csv_escape(const std::string& s);
+// Records of RFC 4180 CSV text (quoted fields may hold commas, quotes and newlines), as
+// csv_escape writes them.
+std::vector<std::vector<std::string>> parse_csv(const std::string& text);
 std::string to_json(const Comparison& c);
 
 // `report --by`: runs aggregated over config keys.

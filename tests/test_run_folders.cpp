@@ -1,0 +1,267 @@
+// The files dtrain wrote are read back as hostile input: a run finished by another command
+// between planning and locking is not trained again, links planted in a results tree are
+// refused, the index keeps every planned run, names and tags with control characters are
+// refused, and damaged numbers in a run folder are named instead of projected.
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/results/recorder.hpp"
+#include "dtrain/results/report.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+// A sweep over gpus=1,2 whose 1-replica run takes a few seconds on one thread.
+std::string sweep_config(const TempDir& d, int epochs = 2) {
+  return d.write("rf.yaml",
+                 "name: rf\nbackend: cpu\nthreads: 1\ngpus: 2\n"
+                 "data:\n  dataset: synthetic\n  synthetic: {train_size: 2000, test_size: 100, "
+                 "shape: [16], classes: 4}\n"
+                 "model: {hidden: [16]}\n"
+                 "train: {epochs: " +
+                     std::to_string(epochs) +
+                     ", per_replica_batch: 4, target_accuracy: 0}\n"
+                     "optimizer: {lr: 0.02, base_batch: 8}\n");
+}
+
+bool wait_for(const fs::path& p, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (fs::exists(p)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("--resume skips a run that another command finished after this one planned it",
+          "[resume][cli]") {
+  TempDir d("rf-race");
+  const std::string cfg = sweep_config(d, 40);  // the 1-replica run: seconds
+  const auto res = (d.path / "res").string(), ref = (d.path / "ref").string();
+  // A finished 2-replica run of the same experiment, made elsewhere.
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=2 --results " + ref + " --tag t --quiet").code == 0);
+  // Here it failed, so that --resume plans to train it again.
+  REQUIRE(shell("DTRAIN_FAULT=0:3 " + dtrain_binary() + " run " + cfg + " gpus=2 --results " +
+                res + " --tag t --quiet")
+              .code == 1);
+  const fs::path g2 = fs::path(res) / "rf" / "t-g2";
+  REQUIRE(slurp(g2 / "status") == "failed\n");
+  // Command A plans both runs, then trains t-g1 for seconds; meanwhile "command B" finishes
+  // t-g2 (its folder replaced by the finished one).
+  auto a = std::async(std::launch::async, [&] {
+    return dtrain_cli("run " + cfg + " gpus=1,2 --results " + res + " --tag t --resume");
+  });
+  REQUIRE(wait_for(fs::path(res) / "rf" / "t-g1" / "status", 60));
+  fs::rename(g2, d.path / "failed-g2");
+  fs::copy(fs::path(ref) / "rf" / "t-g2", g2, fs::copy_options::recursive);
+  const std::string finished = slurp(g2 / "summary.json");
+  const auto r = a.get();
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("was finished by another command meanwhile") != std::string::npos);
+  CHECK(slurp(g2 / "summary.json") == finished);  // not trained again
+  CHECK(!fs::exists(fs::path(res) / "rf" / ".attempts" / "t-g2.1"));
+}
+
+TEST_CASE("a planted .attempts link or a link among the attempts is refused, nothing moved",
+          "[resume][cli]") {
+  TempDir d("rf-attic");
+  const std::string cfg = sweep_config(d);
+  const auto res = (d.path / "res").string();
+  const fs::path exp = fs::path(res) / "rf", g2 = exp / "t-g2";
+  auto fail_g2 = [&] {
+    REQUIRE(shell("DTRAIN_FAULT=0:3 " + dtrain_binary() + " run " + cfg + " --results " + res +
+                  " --tag t --quiet")
+                .code == 1);
+  };
+  fail_g2();
+  const fs::path outside = d.path / "outside";
+  fs::create_directories(outside);
+  fs::create_directory_symlink(outside, exp / ".attempts");
+  auto r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains(".attempts: a symbolic link where dtrain keeps earlier"));
+  CHECK(fs::is_empty(outside));
+  CHECK(slurp(g2 / "status") == "failed\n");
+  // A dangling link at the name the attempt would take.
+  fs::remove(exp / ".attempts");
+  fs::create_directories(exp / ".attempts");
+  fs::create_symlink(d.path / "nowhere", exp / ".attempts" / "t-g2.1");
+  r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("t-g2.1: a symbolic link among the earlier attempts"));
+  CHECK(slurp(g2 / "status") == "failed\n");
+  // Without the link, the resume moves the failed attempt aside and trains.
+  fs::remove(exp / ".attempts" / "t-g2.1");
+  r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume --quiet");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(fs::exists(exp / ".attempts" / "t-g2.1" / "status"));
+}
+
+TEST_CASE("a --resume of part of a sweep keeps every planned run in the index and the table",
+          "[resume][cli]") {
+  TempDir d("rf-index");
+  const std::string cfg = sweep_config(d);
+  const auto res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=1,2 --results " + res + " --tag s --quiet").code == 0);
+  const auto r = dtrain_cli("run " + cfg + " gpus=2 --results " + res + " --tag s --resume");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto rows = parse_csv(slurp(fs::path(res) / "rf" / "index-s.csv"));
+  REQUIRE(rows.size() == 3);  // the header and both runs
+  CHECK(rows[1][0] == "s-g1");
+  CHECK(rows[2][0] == "s-g2");
+  CHECK(rows[1][1] == "done");
+  const std::string table = slurp(fs::path(res) / "rf" / "comparison-s.md");
+  CHECK(table.find("s-g1") != std::string::npos);
+  CHECK(table.find("s-g2") != std::string::npos);
+}
+
+TEST_CASE("parse_csv reads what csv_escape writes", "[report]") {
+  const std::vector<std::string> fields = {"plain", "a,b", "say \"hi\"", "two\nlines", ""};
+  std::string line;
+  for (const auto& f : fields) line += (line.empty() ? "" : ",") + csv_escape(f);
+  const auto rows = parse_csv("h1,h2,h3,h4,h5\n" + line + "\n");
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[1] == fields);
+  CHECK(parse_csv("").empty());
+  CHECK(parse_csv("a,b").size() == 1);  // a last record without its newline
+}
+
+TEST_CASE("report reads no file of a run folder through a symbolic link", "[report][cli]") {
+  TempDir d("rf-links");
+  const std::string cfg = sweep_config(d);
+  const auto res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=1,2 --results " + res + " --tag t --quiet").code == 0);
+  const fs::path g1 = fs::path(res) / "rf" / "t-g1", g2 = fs::path(res) / "rf" / "t-g2";
+  // A secret outside the tree, linked in as a status and as a summary.
+  put(d.path / "secret", "TOP-SECRET line\n");
+  fs::remove(g1 / "status");
+  fs::create_symlink(d.path / "secret", g1 / "status");
+  fs::rename(g2 / "summary.json", d.path / "g2-summary.json");
+  fs::create_symlink(d.path / "g2-summary.json", g2 / "summary.json");
+  const auto r = dtrain_cli("report " + res + " --out " + (d.path / "rep").string());
+  INFO(r.out);
+  const std::string index = slurp(d.path / "rep" / "index.md");
+  CHECK(index.find("TOP-SECRET") == std::string::npos);
+  CHECK(r.out.find("TOP-SECRET") == std::string::npos);
+  CHECK_THAT(r.out, Catch::Contains("summary.json: a symbolic link where dtrain wrote"));
+  CHECK(index.find("unreadable") != std::string::npos);
+  // The one way to read dtrain's own files refuses the link; a plain read follows it.
+  CHECK_THROWS_WITH(read_own_file((g1 / "status").string(), "status", kMaxStatusBytes),
+                    Catch::Contains("a symbolic link"));
+  CHECK(read_text_file((g1 / "status").string(), "status") == "TOP-SECRET line\n");
+}
+
+TEST_CASE("report names a folder it cannot list and shows a live run as running",
+          "[report][cli]") {
+  TempDir d("rf-report");
+  const std::string cfg = sweep_config(d);
+  const auto res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag t --quiet").code == 0);
+  // A run that is still writing: its status says running, no summary yet, metrics partial.
+  const fs::path live = fs::path(res) / "rf" / "t-live";
+  fs::create_directories(live);
+  put(live / "status", "running\n");
+  put(live / "metrics.csv", "epoch,lr\n1,0.0");
+  auto r = [&] {
+    const RunLock held(live.string());  // as the training process holds it
+    return dtrain_cli("report " + res + " --out " + (d.path / "rep").string());
+  }();
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("warning") == std::string::npos);
+  CHECK_THAT(slurp(d.path / "rep" / "index.md"), Catch::Contains("running"));
+  if (geteuid() == 0) return;  // root reads any folder: the rest cannot be set up
+  const fs::path locked = fs::path(res) / "rf" / "locked";
+  fs::create_directories(locked / "inner");
+  ::chmod(locked.c_str(), 0);
+  r = dtrain_cli("report " + res + " --out " + (d.path / "rep2").string());
+  ::chmod(locked.c_str(), 0755);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("locked: cannot list this folder"));
+}
+
+TEST_CASE("names and tags with control characters are refused; configs read back to themselves",
+          "[config][cli]") {
+  // In YAML's double-quoted escapes: a carriage return, a tab, a newline, DEL.
+  for (const std::string bad : {"syn\\r", "a\\tb", "line\\nbreak", "x\\x7f"}) {
+    INFO(bad);
+    CHECK_THAT(config_error(tiny_config("\"" + bad + "\"")), Catch::Contains("control characters"));
+  }
+  TempDir d("rf-tag");
+  const std::string cfg = sweep_config(d);
+  const auto r = dtrain_cli("run " + cfg + " --results " + (d.path / "r").string() +
+                            " --tag \"$(printf 'a\\rb')\"");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("control characters are not allowed in a tag"));
+  CHECK(!fs::exists(d.path / "r"));
+  // Any string the writer emits reads back as itself (data.path may hold any byte).
+  Config c = parse_config(slurp(cfg), "rf.yaml");
+  c.data.path = "dir\rwith\tcontrols";
+  const std::string once = to_yaml(c);
+  CHECK(parse_config(once, "resolved.yaml").data.path == c.data.path);
+  CHECK(to_yaml(parse_config(once, "resolved.yaml")) == once);
+}
+
+TEST_CASE("project names a damaged number in a run folder instead of projecting it",
+          "[project][cli]") {
+  TempDir d("rf-project");
+  const std::string cfg = sweep_config(d);
+  const auto res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag t --quiet").code == 0);
+  const fs::path run = fs::path(res) / "rf" / "t-g1";
+  const std::string metrics = slurp(run / "metrics.csv"), summary = slurp(run / "summary.json");
+  REQUIRE(dtrain_cli("project " + run.string()).code == 0);
+  // The compute_s column (12th) of the first epoch row replaced by `value`.
+  auto with_compute = [&](const std::string& value) {
+    std::istringstream in(metrics);
+    std::string out, line;
+    for (int n = 0; std::getline(in, line); ++n) {
+      if (n == 1) {
+        std::vector<std::string> f;
+        std::stringstream ss(line);
+        for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
+        f[11] = value;
+        line.clear();
+        for (const auto& x : f) line += (line.empty() ? "" : ",") + x;
+      }
+      out += line + "\n";
+    }
+    return out;
+  };
+  for (const std::string bad : {"abc", "1e308x", "inf", "nan", "-5", "1e308"}) {
+    INFO("compute_s " << bad);
+    put(run / "metrics.csv", with_compute(bad));
+    const auto r = dtrain_cli("project " + run.string());
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains("'compute_s' is '" + bad + "' in epoch row 1"));
+  }
+  put(run / "metrics.csv", metrics);
+  for (const std::string bad : {"1e30", "0", "-5", "2.5"}) {
+    INFO("global_batch " << bad);
+    const auto at = summary.find("\n  \"global_batch\": ");  // the top level's, not the config's
+    REQUIRE(at != std::string::npos);
+    const auto end = summary.find_first_of(",\n", at + 1);
+    put(run / "summary.json",
+        summary.substr(0, at) + "\n  \"global_batch\": " + bad + summary.substr(end));
+    const auto r = dtrain_cli("project " + run.string());
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains("'global_batch' is"));
+  }
+}
