@@ -5,6 +5,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "dtrain/base/abort_gate.hpp"
 #include "dtrain/base/rng.hpp"
 #include "dtrain/data/data.hpp"
+#include "dtrain/dist/comm.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
@@ -1018,4 +1020,284 @@ TEST_CASE("GPU sync BatchNorm and accumulation equal one replica at the whole ba
   acc.train.accumulation_steps = 2;
   acc.train.per_replica_batch = 64;
   CHECK(test::max_rel_step_diff(test::run_config(whole), test::run_config(acc)) < 1e-5);
+}
+
+// ---- placement, sizes, graph staging and agreement, the NCCL mean ----
+
+// devices: [0, 0] without colocate would pass two replicas of one GPU to NCCL, which fails with
+// a bare "invalid usage": refused before asking for GPUs, so validate catches it on any machine.
+TEST_CASE("a GPU listed twice in devices needs colocate: true, on any machine", "[gpu-logic]") {
+  Config c = test::synthetic_config(2, 32);
+  c.devices = {0, 0};
+  for (Backend b : {Backend::cuda, Backend::auto_}) {
+    c.backend = b;
+    INFO("backend " << to_string(b));
+    CHECK_THROWS_AS(place_replicas(c, 2), UserError);
+    CHECK_THROWS_WITH(place_replicas(c, 2), Catch::Contains("GPU 0 is listed twice") &&
+                                                Catch::Contains("colocate: true"));
+  }
+  // What `dtrain validate` runs.
+  CHECK_THROWS_WITH(check_plan(c, load_data(c.data, c.train.seed)),
+                    Catch::Contains("listed twice"));
+  c.devices = {1, 0, 1};
+  CHECK_THROWS_WITH(place_replicas(c, 3), Catch::Contains("GPU 1 is listed twice"));
+  c.backend = Backend::cpu;  // the CPU reads no device list
+  CHECK(place_replicas(c, 3).backend == Backend::cpu);
+  // colocate: true makes it two replicas in turn on one GPU (gradients through the host).
+  c.backend = Backend::cuda;
+  c.colocate = true;
+  c.devices = {0, 0};
+  if (query_gpus().gpus.empty()) {
+    CHECK_THROWS_WITH(place_replicas(c, 2), Catch::Contains("backend: cuda, but"));
+    return;
+  }
+  const Placement p = place_replicas(c, 2);
+  CHECK(p.colocated);
+  CHECK(p.gpu_of_replica == std::vector<int>{0, 0});
+}
+
+TEST_CASE("sizes past int are refused by name, not truncated for cuBLAS and cuDNN", "[gpu-logic]") {
+  CHECK(narrow_int(0, "cuBLAS GEMM m", 0) == 0);
+  CHECK(narrow_int(INT_MAX, "cuBLAS GEMM m", 0) == INT_MAX);
+  CHECK_THROWS_AS(narrow_int(int64_t{INT_MAX} + 1, "cuBLAS GEMM k", 3), SystemError);
+  CHECK_THROWS_WITH(narrow_int(int64_t{1} << 32, "cuBLAS GEMM k", 3),
+                    Catch::Contains("rank 3") && Catch::Contains("cuBLAS GEMM k") &&
+                        Catch::Contains("4294967296"));
+  CHECK_THROWS_AS(narrow_int(-1, "cuBLAS GEMM lda", 0), SystemError);
+  try {
+    narrow_int(int64_t{5} << 31, "cuDNN: a convolution", 2);
+    FAIL("no throw");
+  } catch (const SystemError& e) {
+    CHECK(e.rank() == 2);
+    CHECK(e.line() > 0);
+  }
+  // Validation's side: a tensor of more than INT_MAX values is a user error naming the layer.
+  CHECK_NOTHROW(check_gpu_tensor("model layer 0 (dense)", 65536, 32767));
+  CHECK_NOTHROW(check_gpu_tensor("model layer 0 (dense)", 1, INT_MAX));
+  CHECK_THROWS_AS(check_gpu_tensor("model layer 0 (dense)", 65536, 32768), UserError);
+  CHECK_THROWS_WITH(check_gpu_tensor("model layer 2 (dense 16 -> 16777216)", 256, 1 << 24),
+                    Catch::Contains("model layer 2") && Catch::Contains("256 rows") &&
+                        Catch::Contains("per_replica_batch"));
+  CHECK_THROWS_AS(check_gpu_tensor("x", INT64_MAX, INT64_MAX), UserError);  // no overflow
+}
+
+// The staging area of a CUDA-graph step is planned from what the step stages, in
+// CudaGraph::stage's 16-byte spans: per micro-step its batch indices and seeds, per step the
+// optimizer's factors. The old plan (indices plus 4 KiB of slack) ran out with many
+// accumulation steps, and the capture failed the run.
+TEST_CASE("a CUDA-graph step's staging is planned from what it stages", "[gpu-logic][graph]") {
+  auto staged = [](int64_t rows, int accum, int seeds, size_t optimizer_bytes) {
+    size_t total = 0;
+    for (int k = 0; k < accum; ++k) {
+      total += graph_stage_span(static_cast<size_t>(rows) * sizeof(int64_t));
+      for (int s = 0; s < seeds; ++s) total += graph_stage_span(sizeof(uint64_t));
+    }
+    return total + graph_stage_span(optimizer_bytes);
+  };
+  for (int64_t rows : {1, 7, 96})
+    for (int accum : {1, 8, 512})
+      for (int seeds : {0, 1, 3}) {
+        INFO(rows << " rows, " << accum << " micro-steps, " << seeds << " seeds");
+        const size_t plan = graph_staging_bytes(rows, accum, seeds, 1);
+        CHECK(plan == staged(rows, accum, seeds, sizeof(float)));  // SGD's learning rate
+        CHECK(plan == staged(rows, accum, seeds, 12));             // Adam's three factors
+      }
+  const auto old_plan = [](int64_t rows, int accum) {
+    return static_cast<size_t>(accum * rows) * sizeof(int64_t) + 4096;
+  };
+  CHECK(staged(2, 256, 2, 4) > old_plan(2, 256));  // what failed: now planned
+  CHECK(graph_staging_bytes(2, 256, 2, 1) == staged(2, 256, 2, 4));
+  CHECK(graph_stage_span(1) == 16);
+  CHECK(graph_stage_span(16) == 16);
+  CHECK(graph_stage_span(17) == 32);
+  // Absurd plans saturate instead of wrapping around to a small area.
+  CHECK(graph_staging_bytes(INT64_MAX, INT64_MAX, 1, 1) >= (size_t{1} << 60));
+  CHECK(graph_staging_bytes(-1, 4, -1, -1) == 0);
+}
+
+namespace {
+// CudaGraph's proposals, as far as the agreement sees them: eager until one eager step has
+// run since the graphs were dropped, then capture for a slot not captured yet, else replay.
+struct FakeGraphs {
+  int warm = 0, slot = 0;
+  bool captured[4] = {false, false, false, false};
+  GraphMode propose() const {
+    if (warm < 1) return GraphMode::eager;
+    return captured[(slot + 1) % 4] ? GraphMode::replay : GraphMode::capture;
+  }
+  void begin(GraphMode agreed) {
+    slot = (slot + 1) % 4;
+    if (agreed == GraphMode::eager) {
+      drop();
+      warm = 1;
+    } else if (agreed == GraphMode::capture) {
+      captured[slot] = true;
+    }
+  }
+  void drop() {
+    warm = 0;
+    for (bool& c : captured) c = false;
+  }
+};
+
+// `ranks` ranks running `steps` full-size steps in lockstep; every `epoch` steps an epoch ends
+// (unsettle) and every rank drops its graphs there (evaluation grew a buffer). Returns the
+// votes, after checking that every step's mode is the same on every rank.
+int64_t graph_votes(int ranks, int steps, int epoch) {
+  std::vector<FakeGraphs> g(static_cast<size_t>(ranks));
+  std::vector<GraphAgreement> a(static_cast<size_t>(ranks));
+  for (int s = 0; s < steps; ++s) {
+    if (s > 0 && s % epoch == 0)
+      for (int r = 0; r < ranks; ++r) {
+        a[static_cast<size_t>(r)].unsettle();
+        g[static_cast<size_t>(r)].drop();
+      }
+    int votes[3] = {0, 0, 0};
+    for (const auto& x : g) ++votes[static_cast<int>(x.propose())];
+    std::vector<GraphMode> modes;
+    for (int r = 0; r < ranks; ++r) {
+      auto& rank = g[static_cast<size_t>(r)];
+      modes.push_back(a[static_cast<size_t>(r)].decide(rank.propose(), r, [&](GraphMode) {
+        return agree_graph_mode(votes[0], votes[1], votes[2]);
+      }));
+      rank.begin(modes.back());
+    }
+    for (GraphMode m : modes) REQUIRE(m == modes.front());
+  }
+  for (const auto& x : a) REQUIRE(x.votes() == a.front().votes());
+  return a.front().votes();
+}
+}  // namespace
+
+// Under mpirun the ranks voted on every step's graph mode (a host all-reduce per step). Now
+// they vote until they agree on a graph step (the warm-up step, then its capture) and again
+// only after an epoch's end or a checkpoint; between those, each rank follows its own
+// proposals, which are the same on every rank.
+TEST_CASE("the ranks vote on CUDA graphs a fixed number of times, not every step",
+          "[gpu-logic][graph]") {
+  CHECK(graph_votes(4, 10, 1000) == 2);  // the warm-up (eager) and the first capture
+  CHECK(graph_votes(4, 1000, 1000) == 2);
+  CHECK(graph_votes(2, 100000, 1000000) == 2);
+  CHECK(graph_votes(4, 3 * 50, 50) == 3 * 2);  // per epoch, whatever its length
+  CHECK(graph_votes(4, 3 * 500, 500) == 3 * 2);
+
+  // A rank that dropped its graphs alone while settled fails loudly, before any collective.
+  GraphAgreement a;
+  int collectives = 0;
+  auto vote = [&](GraphMode m) {
+    ++collectives;
+    return m;
+  };
+  CHECK(a.decide(GraphMode::eager, 1, vote) == GraphMode::eager);  // not settled by eager
+  CHECK_FALSE(a.settled());
+  CHECK(a.decide(GraphMode::capture, 1, vote) == GraphMode::capture);
+  CHECK(a.settled());
+  CHECK(a.decide(GraphMode::replay, 1, vote) == GraphMode::replay);
+  CHECK(collectives == 2);
+  CHECK_THROWS_AS(a.decide(GraphMode::eager, 1, vote), SystemError);
+  CHECK_THROWS_WITH(a.decide(GraphMode::eager, 1, vote),
+                    Catch::Contains("rank 1") && Catch::Contains("train.cuda_graph: false"));
+  CHECK(collectives == 2);
+  a.unsettle();
+  CHECK(a.decide(GraphMode::eager, 1, vote) == GraphMode::eager);  // votes again
+  CHECK(collectives == 3);
+}
+
+// The NCCL exchange's mean is ncclSum, then x *= 1/N on the device (mean_of_sum is that
+// kernel's CPU twin): the host communicators' rule, sum in rank order then times the float
+// 1/N, bit for bit. ncclAvg (each input times 1/N, then the sum) gives other bits.
+TEST_CASE("the NCCL mean's scaling is the host all-reduce's mean, bit for bit", "[gpu-logic]") {
+  for (int p : {2, 3, 5, 7}) {
+    INFO(p << " ranks");
+    Rng rng(static_cast<uint64_t>(40 + p));
+    const size_t n = 4099;
+    std::vector<std::vector<float>> in;
+    for (int r = 0; r < p; ++r) in.push_back(random_vec(rng, n));
+    // The host path: the in-process all-reduce with ReduceOp::mean.
+    std::vector<std::vector<float>> host = in;
+    InProcessGroup group(p);
+    std::vector<std::thread> pool;
+    for (int r = 0; r < p; ++r)
+      pool.emplace_back([&, r] {
+        group.communicator(r)->allreduce(host[static_cast<size_t>(r)].data(), n, ReduceOp::mean);
+      });
+    for (auto& t : pool) t.join();
+    // The NCCL path: the sum of two values does not depend on order; in rank order here.
+    std::vector<float> twin = in[0], avg_first(n, 0.f);
+    for (int r = 1; r < p; ++r)
+      for (size_t i = 0; i < n; ++i) twin[i] += in[static_cast<size_t>(r)][i];
+    mean_of_sum(twin.data(), n, p);
+    CHECK(std::memcmp(twin.data(), host[0].data(), n * sizeof(float)) == 0);
+    for (int r = 0; r < p; ++r)
+      for (size_t i = 0; i < n; ++i) avg_first[i] += in[static_cast<size_t>(r)][i] * mean_factor(p);
+    if (p != 2) CHECK(std::memcmp(avg_first.data(), host[0].data(), n * sizeof(float)) != 0);
+  }
+}
+
+TEST_CASE("the GPU's mean scaling gives the host's bits", "[cuda]") {
+  if (!gpu_or_skip()) return;
+  auto gpu = make_cuda_device(0, 0);
+  Mirror m{*gpu, {}, {}};
+  Rng rng(91);
+  for (int p : {3, 5, 7, 12}) {
+    INFO(p << " ranks");
+    std::vector<float> sum = random_vec(rng, 100003);
+    for (auto& v : sum) v *= static_cast<float>(p);
+    float* d = m.in(sum);
+    gpu->scale(d, sum.size(), mean_factor(p));  // the kernel the NCCL exchange launches
+    const std::vector<float> got = m.out(d, sum.size());
+    mean_of_sum(sum.data(), sum.size(), p);
+    CHECK(std::memcmp(got.data(), sum.data(), sum.size() * sizeof(float)) == 0);
+  }
+}
+
+// With two GPUs, NCCL (ncclSum, then the mean's scale) gives the bits of the host path that
+// colocated replicas take.
+TEST_CASE("two replicas on NCCL give the bits of two colocated replicas", "[cuda][exchange]") {
+  if (!gpu_or_skip()) return;
+  if (query_gpus().gpus.size() < 2) {
+    WARN("SKIPPED: one GPU (NCCL with two replicas needs two)");
+    return;
+  }
+  Config nccl = test::synthetic_config(2, 64);
+  nccl.backend = Backend::cuda;
+  nccl.devices = {0, 1};
+  nccl.train.epochs = 2;
+  Config host = nccl;
+  host.devices = {0};
+  host.colocate = true;
+  const auto a = test::run_config(nccl), b = test::run_config(host);
+  CHECK_THAT(a.info.devices, Catch::Contains("NCCL"));
+  REQUIRE(a.step_losses.size() == b.step_losses.size());
+  CHECK(a.step_losses == b.step_losses);
+  CHECK(a.epochs.back().test_acc == b.epochs.back().test_acc);
+}
+
+// A step of many micro-steps with dropout and augmentation stages more than the old plan's
+// 4 KiB of slack: its capture overflowed and failed the run. Graph steps still equal eager.
+TEST_CASE("a CUDA-graph step with many accumulation steps fits its staging", "[cuda][graph]") {
+  if (!gpu_or_skip()) return;
+  Config c = test::small_image_config(1, 512, 512 * 6);
+  c.backend = Backend::cuda;
+  c.devices = {0};
+  c.train.accumulation_steps = 256;  // 2 rows a micro-step, a flip seed and a dropout seed
+  c.data.drop_remainder = true;
+  Config e = c;
+  e.train.cuda_graph = false;
+  const auto a = test::run_config(c), b = test::run_config(e);
+  CHECK(a.info.cuda_graph == "on");
+  CHECK(a.info.cuda_graph_steps >= 4);
+  CHECK(a.step_losses == b.step_losses);
+}
+
+// A GPU run whose layers hand cuBLAS or cuDNN more than INT_MAX values is refused before
+// training, naming the layer (the run would otherwise truncate the sizes).
+TEST_CASE("a GPU layer past int sizes is refused at validation", "[cuda][errors]") {
+  if (!gpu_or_skip()) return;
+  Config c = test::synthetic_config(1, 256);
+  c.backend = Backend::cuda;
+  c.devices = {0};
+  c.model.hidden = {int64_t{1} << 24};  // 256 rows x 2^24 units: 2^32 values
+  CHECK_THROWS_WITH(check_plan(c, load_data(c.data, c.train.seed)),
+                    Catch::Contains("model layer 0") && Catch::Contains("per_replica_batch"));
 }

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
@@ -83,6 +85,54 @@ int pick_algorithm(const std::vector<AlgoOption>& best_first, bool* deterministi
 
 void gpu_warn(const std::string& line) {
   log().warn("{}", line);
+}
+
+int narrow_int(int64_t v, const char* what, int rank) {
+  if (v < 0 || v > INT_MAX)
+    throw SystemError(fmt::format("rank {}: {} is {}, outside the int that cuBLAS and cuDNN take "
+                                  "(0..{}); lower train.per_replica_batch, train.eval_batch or "
+                                  "the layer's size",
+                                  rank, what, v, INT_MAX),
+                      __FILE__, __LINE__, rank);
+  return static_cast<int>(v);
+}
+
+void check_gpu_tensor(const std::string& layer, int64_t rows, int64_t features) {
+  if (rows <= 0 || features <= 0 || features <= INT_MAX / rows) return;
+  throw UserError(fmt::format(
+      "{}: {} rows x {} features is more than the {} values a GPU tensor can hold (cuBLAS and "
+      "cuDNN count in int); lower train.per_replica_batch (or raise accumulation_steps), "
+      "train.eval_batch or the layer's size",
+      layer, rows, features, INT_MAX));
+}
+
+size_t graph_staging_bytes(int64_t rows, int64_t accumulation, int64_t values_per_micro,
+                           int64_t values_per_step) {
+  constexpr double kCap = 0x1p60;  // saturates: a plan this large fails at its allocation
+  const auto n = [](int64_t v) { return static_cast<double>(std::max<int64_t>(v, 0)); };
+  const double idx = n(rows) * 8 < kCap
+                         ? static_cast<double>(graph_stage_span(static_cast<size_t>(rows) * 8))
+                         : kCap;
+  // Any scalar value: a kernels::Param of at most 16 bytes (math::AdamFactors has 12).
+  const double value = static_cast<double>(graph_stage_span(16));
+  const double bytes =
+      n(accumulation) * (idx + n(values_per_micro) * value) + n(values_per_step) * value;
+  return static_cast<size_t>(std::min(bytes, kCap));
+}
+
+void mean_of_sum(float* x, size_t n, int ranks) {
+  const float inv = mean_factor(ranks);
+  for (size_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+GraphMode GraphAgreement::follow(GraphMode mine, int rank) const {
+  if (mine != GraphMode::eager) return mine;
+  throw SystemError(fmt::format("rank {}: CUDA graphs: this rank dropped its graphs in the middle "
+                                "of the schedule the ranks agreed on (device memory was freed "
+                                "there), so its steps would no longer match the other ranks'; "
+                                "train.cuda_graph: false runs without graphs",
+                                rank),
+                    __FILE__, __LINE__, rank);
 }
 
 bool cuda_built() {

@@ -3,6 +3,7 @@
 // Compiles everywhere; where dtrain was built without the CUDA toolkit, cuda_built() is false
 // and there are no GPUs.
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,5 +94,66 @@ GpuMemoryGauge& gpu_memory();
 
 // A warning in dtrain's log, for code that cannot include the logger (CUDA sources).
 void gpu_warn(const std::string& line);
+
+// ---- the GPU code's rules that need no GPU (tests/test_cuda.cpp, [gpu-logic]) ----
+
+// cuBLAS and cuDNN take sizes and element counts as `int`: `v` as one, or SystemError naming
+// `what` (the operation and its argument), the size and the limit.
+int narrow_int(int64_t v, const char* what, int rank);
+// Validation's side of that limit: UserError where a `rows` x `features` tensor of `layer`
+// holds more than INT_MAX values (more than cuDNN can describe, or a GEMM's dimension past
+// int), saying what to lower.
+void check_gpu_tensor(const std::string& layer, int64_t rows, int64_t features);
+
+// CUDA graphs stage each per-step value (CudaGraph::stage) in a span of 16-byte units.
+constexpr size_t graph_stage_span(size_t bytes) {
+  return (bytes + 15) / 16 * 16;
+}
+// The bytes one training step stages: per micro-step its `rows` batch indices (int64) and
+// `values_per_micro` scalars (the augmentation and dropout seeds), `accumulation` times, and
+// `values_per_step` scalars (the optimizer's learning rate or Adam factors). Saturates.
+size_t graph_staging_bytes(int64_t rows, int64_t accumulation, int64_t values_per_micro,
+                           int64_t values_per_step);
+
+// The mean over `ranks` replicas of gradients already summed, as every host path computes it
+// (the in-process and MPI communicators, the shared-weights fold): the float sum times the
+// float 1/ranks. The NCCL exchange sums with ncclSum and then scales by mean_factor on the
+// device (kernels::scale); mean_of_sum is that kernel's CPU twin.
+inline float mean_factor(int ranks) {
+  return 1.0f / static_cast<float>(ranks);
+}
+void mean_of_sum(float* x, size_t n, int ranks);
+// x *= a on `stream` (a cudaStream_t), for GPU code outside backend/cuda/ that runs on a stream
+// of its own (the NCCL exchange's). Defined only where dtrain is built with CUDA.
+void scale_on_stream(float* x, size_t n, float a, void* stream);
+
+// Whether a step is captured in a CUDA graph must be the same on every rank. The ranks vote
+// (agree_graph_mode, a host all-reduce) only while unsettled: at the first full-size step, and
+// after an agreed eager step, an epoch's end or a checkpoint (where device memory may have
+// changed on some ranks). Once they agree on a graph step, every rank follows its own
+// proposals without a collective: they are the same on every rank as long as no rank drops
+// its graphs alone, and a rank that did (it proposes eager) fails loudly instead of diverging.
+class GraphAgreement {
+ public:
+  // The next full-size step votes again.
+  void unsettle() { settled_ = false; }
+  bool settled() const { return settled_; }
+  int64_t votes() const { return votes_; }
+  // This step's mode from this rank's proposal; `vote(mine)` is the collective that returns
+  // the agreed mode (called only while unsettled).
+  template <class Vote>
+  GraphMode decide(GraphMode mine, int rank, Vote&& vote) {
+    if (settled_) return follow(mine, rank);
+    ++votes_;
+    const GraphMode agreed = vote(mine);
+    settled_ = agreed != GraphMode::eager;
+    return agreed;
+  }
+
+ private:
+  GraphMode follow(GraphMode mine, int rank) const;  // throws where mine is eager
+  bool settled_ = false;
+  int64_t votes_ = 0;
+};
 
 }  // namespace dtrain

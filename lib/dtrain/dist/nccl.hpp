@@ -15,8 +15,9 @@ namespace dtrain {
 
 // NCCL communicators that carry the gradients of GPU replicas (the host Communicator still
 // carries the small statistics). Gradients are all-reduced in place on a communication stream
-// that waits for backward through CUDA events, bucket by bucket, with ncclAvg for mean and
-// ncclSum for sum.
+// that waits for backward through CUDA events, bucket by bucket, with ncclSum; a mean is then
+// scaled by 1/ranks on the device as the host paths scale theirs (mean_factor in gpu.hpp), not
+// with ncclAvg, which scales each input before the sum.
 class NcclGroup {
  public:
   virtual ~NcclGroup() = default;

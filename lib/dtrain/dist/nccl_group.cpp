@@ -53,8 +53,9 @@ class NcclExchange final : public GradExchange {
         gpu_(gpu),
         queue_(dev.queue()),
         compute_(queue_ ? static_cast<cudaStream_t>(queue_->native_stream()) : nullptr),
-        op_(op == ReduceOp::mean ? ncclAvg : ncclSum) {
+        mean_(op == ReduceOp::mean) {
     if (!compute_) DTRAIN_THROW_SYSTEM("NCCL exchange needs a CUDA device");
+    DT_NCCL(ncclCommCount(comm_, &ranks_), rank_);
     DT_CUDA(cudaSetDevice(gpu_), rank_);
     DT_CUDA(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), rank_);
     DT_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), rank_);
@@ -106,7 +107,13 @@ class NcclExchange final : public GradExchange {
       started_ = true;
     }
     const AbortGate::Pass pass = gate_.enter("NCCL all-reduce");
-    DT_NCCL(ncclAllReduce(data, data, n, ncclFloat, op_, comm_, comm_stream_), rank_);
+    DT_NCCL(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, comm_stream_), rank_);
+    // A mean as the host paths make it: the sum, then times the float 1/ranks (mean_factor).
+    // ncclAvg would scale each input before the sum: other bits.
+    if (mean_ && ranks_ > 1 && n > 0) {
+      scale_on_stream(data, n, mean_factor(ranks_), comm_stream_);
+      DT_CUDA(cudaGetLastError(), rank_);
+    }
   }
   // The optimizer (on the compute stream) waits for the last bucket; the host does not.
   void wait() override {
@@ -151,7 +158,8 @@ class NcclExchange final : public GradExchange {
   cudaStream_t compute_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
-  ncclRedOp_t op_;
+  bool mean_;      // ReduceOp::mean: ncclSum, then the scale by 1/ranks_
+  int ranks_ = 1;  // of the communicator
 };
 
 class Group final : public NcclGroup {

@@ -147,8 +147,12 @@ void Replica::enable_graphs() {
   graph_state_ =
       cuda_graph_state(cfg_.train.cuda_graph, run_.nccl != nullptr, run_.gpus_in_process,
                        cfg_.model.batchnorm == BatchNormMode::sync && model_->has_batchnorm());
-  const auto staging =
-      static_cast<size_t>(accum_ * std::min(micro_, train_.size())) * sizeof(int64_t) + 4096;
+  // What a step stages (CudaDevice's per-step values): per micro-step its batch indices, the
+  // augmentation seed and a seed per dropout layer; per step the optimizer's factors.
+  int64_t seeds = cfg_.data.augment.enabled() ? 1 : 0;
+  for (const LayerSpec& l : expand_layers(cfg_.model))
+    if (l.type == LayerType::dropout && l.p > 0) ++seeds;
+  const size_t staging = graph_staging_bytes(std::min(micro_, train_.size()), accum_, seeds, 1);
   queue_->enable_graphs(graph_state_ == "on", staging, run_.nccl ? &run_.nccl->gate() : nullptr);
 }
 
@@ -208,6 +212,8 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   EpochTimes& t = out.times;
   const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
   if (first > 0) restore_partial_epoch(out);
+  // Evaluation may have freed device memory on some ranks: the graph steps agree again.
+  graph_agreement_.unsettle();
   const double before = t.total;  // of a resumed epoch, the time before the stop
   const auto t_epoch = Clock::now();
   for (int64_t s = first; s < steps_; ++s) {
@@ -449,6 +455,7 @@ std::vector<uint64_t> Replica::gather_words(const std::vector<uint64_t>& mine) {
 void Replica::checkpoint(int epoch, int64_t next_step, const EpochTotals* partial) {
   if (global_step_ == last_checkpoint_) return;  // the same state as the last one
   last_checkpoint_ = global_step_;
+  graph_agreement_.unsettle();  // every rank checkpoints at this step: the graphs re-agree
   // Per rank: the random stream and the BatchNorm statistics (per replica with `local`).
   std::vector<uint64_t> mine(4);
   replica_rng_.get_state(mine.data());
@@ -559,13 +566,15 @@ void Replica::restore_partial_epoch(EpochTotals& out) {
 GraphMode Replica::graph_policy(int64_t global_rows) {
   if (graph_state_ != "on" || global_rows != gbatch_) return GraphMode::eager;
   GraphMode mine = queue_->graph_step_propose();
-  if (replicas_ > 1) {
-    double votes[3] = {0, 0, 0};
-    votes[static_cast<int>(mine)] = 1;
-    comm_.allreduce(votes, 3, ReduceOp::sum);  // host only: the device does not wait
-    mine = agree_graph_mode(static_cast<int>(votes[0]), static_cast<int>(votes[1]),
-                            static_cast<int>(votes[2]));
-  }
+  // A vote only until the ranks agree on a graph step (see GraphAgreement), not every step.
+  if (replicas_ > 1)
+    mine = graph_agreement_.decide(mine, rank_, [&](GraphMode m) {
+      double votes[3] = {0, 0, 0};
+      votes[static_cast<int>(m)] = 1;
+      comm_.allreduce(votes, 3, ReduceOp::sum);  // host only: the device does not wait
+      return agree_graph_mode(static_cast<int>(votes[0]), static_cast<int>(votes[1]),
+                              static_cast<int>(votes[2]));
+    });
   return queue_->graph_step_begin(mine);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtrain/backend/device.hpp"
+#include "dtrain/backend/gpu.hpp"  // GraphAgreement
 #include "dtrain/base/rng.hpp"
 #include "dtrain/data/sampler.hpp"
 #include "dtrain/dist/comm.hpp"
@@ -147,7 +148,8 @@ class Replica {
   bool exchange_on_host_ = false;
   bool wait_before_exchange_ = false;
   Model::GradsReady on_ready_;
-  std::string graph_state_;  // "on", "off: <why>", or empty on the CPU
+  std::string graph_state_;         // "on", "off: <why>", or empty on the CPU
+  GraphAgreement graph_agreement_;  // when the ranks vote on graph steps
 
   Buffer<float> xb_, xa_;  // batch (or evaluation chunk) and its augmented copy
   Buffer<int32_t> yb_;

@@ -47,6 +47,11 @@ CudaDevice::CudaDevice(int index, int rank, Precision precision)
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(index_);
+  // Everything queued (kernels, graph launches recording the slots' events, copies out of the
+  // staging area) finishes before what it uses is destroyed. A capture in progress ends first
+  // (a stream in capture cannot be waited for); errors are dropped (no throw from here).
+  graph_.abort();
+  if (cudaStreamSynchronize(stream_) != cudaSuccess) cudaGetLastError();
   for (auto& sl : slots_)
     for (auto e : sl.ev)
       if (e) cudaEventDestroy(e);
@@ -213,6 +218,12 @@ void CudaDevice::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
                       float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (!blas_ws_) make_blas_workspace();
+  // cuBLAS takes int sizes: checked, not truncated.
+  const int in = narrow_int(n, "cuBLAS GEMM n", rank_), im = narrow_int(m, "cuBLAS GEMM m", rank_);
+  const int ik = narrow_int(k, "cuBLAS GEMM k", rank_);
+  const int ilda = narrow_int(lda, "cuBLAS GEMM lda", rank_);
+  const int ildb = narrow_int(ldb, "cuBLAS GEMM ldb", rank_);
+  const int ildc = narrow_int(ldc, "cuBLAS GEMM ldc", rank_);
   enqueue([&] {
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -220,17 +231,14 @@ void CudaDevice::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
       const Bf16* a16 = to_bf16(a, ta ? k : m, ta ? m : k, lda, a16_);
       const Bf16* b16 = to_bf16(b, tb ? n : k, tb ? k : n, ldb, b16_);
       ++launches_;
-      DT_CUBLAS(cublasGemmEx(blas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                             static_cast<int>(k), &alpha, b16, CUDA_R_16BF, static_cast<int>(ldb),
-                             a16, CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_32F,
-                             static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      DT_CUBLAS(cublasGemmEx(blas_, op_b, op_a, in, im, ik, &alpha, b16, CUDA_R_16BF, ildb, a16,
+                             CUDA_R_16BF, ilda, &beta, c, CUDA_R_32F, ildc, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT),
                 rank_);
       return;
     }
     ++launches_;
-    DT_CUBLAS(cublasSgemm(blas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                          static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-                          static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+    DT_CUBLAS(cublasSgemm(blas_, op_b, op_a, in, im, ik, &alpha, b, ildb, a, ilda, &beta, c, ildc),
               rank_);
   });
 }
@@ -416,6 +424,10 @@ void CudaDevice::adam_update(float* p, const float* g, float* m, float* v, size_
   if (n == 0) return;
   const kernels::Param<math::AdamFactors> fp = param(math::adam_factors(lr, b1, b2, step));
   launch([&](cudaStream_t s) { kernels::adam(p, g, m, v, n, fp, b1, b2, eps, wd, decoupled, s); });
+}
+
+void scale_on_stream(float* x, size_t n, float a, void* stream) {
+  kernels::scale(x, n, a, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace dtrain

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "dtrain/backend/gpu.hpp"
 #include "dtrain/backend/gpu_check.hpp"
 #include "dtrain/base/abort_gate.hpp"
 #include "dtrain/base/error.hpp"
@@ -91,11 +92,15 @@ GraphMode CudaGraph::propose(int slot) const {
 // Whether the agreed step is a graph step here.
 bool CudaGraph::accept(GraphMode agreed, int slot) {
   if (!on_ || mode_ != GraphMode::eager) return false;
+  if (warming_) warm_staged_ = eager_staged_;  // the warm-up step is over
+  warming_ = false;
   if (agreed == GraphMode::eager) {
     // Every rank runs this step op by op. The graphs still held here are dropped, so that all
     // ranks capture again together; this step is the warm-up.
     drop();
     warm_ = 1;
+    warming_ = true;
+    eager_staged_ = 0;
     return false;
   }
   // agree_graph_mode picks capture or replay only where every rank proposed it.
@@ -112,6 +117,7 @@ GraphMode CudaGraph::start(GraphMode agreed, int slot) {
     throw SystemError(
         fmt::format("rank {}: CUDA graphs: no staging area (enable_graphs first)", rank_), __FILE__,
         __LINE__);
+  if (agreed == GraphMode::capture) fit_capture();
   ring_.next_area();  // an empty area for this step's values
   slot_ = slot;
   if (agreed == GraphMode::replay) {
@@ -182,9 +188,27 @@ void CudaGraph::release() {
   ring_.release();
 }
 
+// The plan (Replica::enable_graphs) sizes the staging area from what a step stages; where the
+// warm-up step staged more, the area grows before the first capture (no graph is held then:
+// the warm-up dropped them), saying so once.
+void CudaGraph::fit_capture() {
+  if (warm_staged_ <= ring_.capacity()) return;
+  for (auto g : graphs_)
+    if (g) return;  // a capture's overflow then fails with stage_bytes' message
+  if (!warned_)
+    gpu_warn(
+        fmt::format("rank {}: CUDA graphs: a step stages {} bytes of per-step values, more "
+                    "than the {} planned; the staging area grows to fit",
+                    rank_, warm_staged_, staging_));
+  warned_ = true;
+  staging_ = warm_staged_;
+  ring_.reallocate(staging_);  // waits for the stream: nothing reads the old area any more
+}
+
 const void* CudaGraph::stage_bytes(const void* src, size_t bytes) {
-  const size_t span = (bytes + 15) / 16 * 16;
+  const size_t span = graph_stage_span(bytes);
   if (mode_ == GraphMode::eager) {
+    eager_staged_ += span;
     if (ring_.capacity() < span) reserve(std::max<size_t>(span, 65536));
     if (!ring_.fits(span)) ring_.next_area();
   } else if (!ring_.fits(span)) {

@@ -101,6 +101,7 @@ class CudaGraph {
   // A per-step value for a kernel: by value eagerly, staged inside a graph step.
   template <class T>
   kernels::Param<T> param(const T& v) {
+    static_assert(sizeof(T) <= 16, "graph_staging_bytes plans 16 bytes a value");
     kernels::Param<T> p;
     p.value = v;
     if (mode_ != GraphMode::eager) p.at = stage(&v, 1);
@@ -113,6 +114,7 @@ class CudaGraph {
   void instantiate(int slot);
   const void* stage_bytes(const void* src, size_t bytes);
   void reserve(size_t cap);  // staging of at least `cap` bytes (growing it drops the graphs)
+  void fit_capture();        // staging for what the warm-up step staged, before a capture
 
   cudaStream_t stream_;
   int rank_;
@@ -122,6 +124,10 @@ class CudaGraph {
   AbortGate* gate_ = nullptr;  // of the communicators the graphs hold NCCL calls of
   int warm_ = 0;               // eager steps since the graphs were last dropped
   int slot_ = -1;              // of the step in progress
+  // What the warm-up step staged (eagerly, from its start to the next step's), which a
+  // capture must fit: the plan (enable's staging_bytes) is checked against it.
+  size_t eager_staged_ = 0, warm_staged_ = 0;
+  bool warming_ = false, warned_ = false;
   cudaGraphExec_t graphs_[kSlots] = {nullptr, nullptr, nullptr, nullptr};
   size_t staged_[kSlots] = {0, 0, 0, 0};  // bytes each graph's capture staged
   int64_t launches_ = 0;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dtrain/backend/cuda/cuda_device.hpp"
@@ -66,7 +67,12 @@ const Perf& pick(const Perf* perf, int count, const char* what, const ConvGeom& 
 // The descriptors of a plan: NCHW tensors in the compute type (fp32, or bf16: cuDNN's bfloat16
 // configuration, bf16 tensors with fp32 accumulation), y also as fp32 and the bias.
 void set_descriptors(ConvPlan& p, const ConvGeom& g, int64_t n, bool tf32, bool bf16, int rank) {
-  const auto i = [](int64_t v) { return static_cast<int>(v); };
+  // cuDNN takes int sizes and describes tensors of at most INT_MAX values: checked, not
+  // truncated.
+  const std::string conv = "cuDNN: " + describe(g, n);
+  const auto i = [&](int64_t v) { return narrow_int(v, (conv + ": a size").c_str(), rank); };
+  narrow_int(n * g.c * g.h * g.w, (conv + ": its input's values").c_str(), rank);
+  narrow_int(n * g.oc * g.ho() * g.wo(), (conv + ": its output's values").c_str(), rank);
   DT_CUDNN(cudnnCreateTensorDescriptor(&p.x), rank);
   DT_CUDNN(cudnnCreateTensorDescriptor(&p.y), rank);
   DT_CUDNN(cudnnCreateTensorDescriptor(&p.yf), rank);
