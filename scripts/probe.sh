@@ -80,6 +80,16 @@ idx big/train-images-idx3-ubyte 2051 60000 256 256  # a 3.9 GB claim in 16 bytes
 idx big/train-labels-idx1-ubyte 2049 60000
 cp big/train-* over/ && idx over/train-images-idx3-ubyte 2051 1 4294967295 4294967295
 for d in big over; do cp $d/train-images-idx3-ubyte $d/t10k-images-idx3-ubyte; cp $d/train-labels-idx1-ubyte $d/t10k-labels-idx1-ubyte; done
+# gzip IDX files: trailing garbage after the stream, a payload longer than its header; labels
+# 0-2 and one byte of 200 (a 201-way output layer).
+mkdir -p junk longer sparse
+idx junk/train-images-idx3-ubyte 2051 16 2 2 && head -c 64 /dev/zero >>junk/train-images-idx3-ubyte
+idx junk/train-labels-idx1-ubyte 2049 16 && head -c 16 /dev/zero >>junk/train-labels-idx1-ubyte
+cp junk/train-images-idx3-ubyte junk/t10k-images-idx3-ubyte && cp junk/train-labels-idx1-ubyte junk/t10k-labels-idx1-ubyte
+cp junk/* longer/ && cp junk/* sparse/ && gzip -f junk/* longer/* && printf 'garbage' >>junk/train-images-idx3-ubyte.gz
+printf '\x01' | gzip >>longer/train-labels-idx1-ubyte.gz  # a second member: a 17th label
+printf '\x00\x01\x02\x00\x01\x02\x00\x01\x02\x00\x01\x02\x00\x01\x02\xc8' |
+  dd of=sparse/train-labels-idx1-ubyte bs=1 seek=8 conv=notrunc status=none
 mkfifo fifo.yaml
 mkdir -p fifodata && cp big/* fifodata/ && rm fifodata/train-images-idx3-ubyte &&
   mkfifo fifodata/train-images-idx3-ubyte
@@ -96,6 +106,12 @@ probe shape-overflow 2 "error" -- validate ok.yaml 'data.synthetic.shape=[429496
 probe hidden-oversized 2 "GiB" -- validate ok.yaml 'model.hidden=[4000000000]'
 probe kernel-larger-than-map 2 "does not fit a 8x8 input" -- validate ok.yaml 'data.synthetic.shape=[1,8,8]' model.type=layers \
   'model.layers=[{conv: {channels: 4, kernel: 9}}]'
+probe synthetic-trillion 2 "data.synthetic: 1000000000000 training" -- validate ok.yaml data.synthetic.train_size=1000000000000
+probe synthetic-trillion-run 2+ "data.synthetic: 1000000000000 training" -- run ok.yaml data.synthetic.train_size=1000000000000 --tag big --results res
+probe gzip-trailing-garbage 2 "trailing garbage after the gzip stream" -- validate ok.yaml data.dataset=idx data.path=junk
+probe idx-longer-than-header 2 "more data than its header claims" -- validate ok.yaml data.dataset=idx data.path=longer
+probe sparse-labels-validate 0 "[sparse-labels] the training labels are 0-2 (5 each) and 200 (1)" -- validate ok.yaml data.dataset=idx data.path=sparse
+probe sparse-labels-doctor 0 "doctor: [sparse-labels]" -- doctor ok.yaml data.dataset=idx data.path=sparse
 probe name-not-utf8 2 "UTF-8" -- validate ok.yaml "name=$(printf 'a\xffb')"
 # Eleven levels of ten aliases: 600 bytes standing for 10^11 values.
 { echo 'a0: &a0 [x, x, x, x, x, x, x, x, x, x]'
@@ -124,8 +140,9 @@ probe tag-hidden 2 "--tag" -- run ok.yaml --tag .hidden --results res
 probe bench-comm-64G 2 "error" -- bench-comm --sizes 64G:64G --out bc
 
 # Strings that reach gnuplot and folder names: nothing may run.
-# A name that would close a gnuplot string and run a shell command, honest names with quotes.
-tiny '"x'"'"'\nsystem \"touch PWNED\"\nset title '"'"'"' > inject.yaml
+# A name that would close a gnuplot string and run a shell command (gnuplot ends a command at
+# ';'; a newline in a name is refused), honest names with quotes.
+tiny '"x'"'"'; system \"touch PWNED\"; set title '"'"'"' > inject.yaml
 probe injected-name-run 0 "done" -- run inject.yaml --tag a --results res --quiet
 probe quoted-name-run 0 "done" -- run ok.yaml "name=bob's sweep" --tag a --results res --quiet
 probe injected-name-plots 0 "" -- report res --out rep --plots
@@ -133,8 +150,39 @@ must_not_exist injected-name-no-code PWNED
 probe injected-out-plots 0 "" -- report res --out "o'\$(touch PWNED2)'" --plots
 must_not_exist injected-out-no-code PWNED2
 
+# Control characters in names and tags: refused, no folder made.
+tiny '"syn\r"' > cr.yaml
+probe name-carriage-return 2 "control characters" -- validate cr.yaml
+probe tag-carriage-return 2 "control characters are not allowed in a tag" -- run ok.yaml --tag "$(printf 'a\rb')" --results res
+
 # Run folders and checkpoints.
 probe finished-run-kept 2 "already exists" -- run ok.yaml --tag act --results res --quiet
+# Files dtrain wrote, replaced by links: never read through, never moved through.
+echo "SECRET-LINE" > secret
+"$bin" run ok.yaml gpus=1,2 --tag lk --results links --quiet >/dev/null 2>&1
+rm -f links/tiny/lk-g1/status && ln -s "$t/secret" links/tiny/lk-g1/status
+probe report-status-link 0 "" -- report links --out links-rep
+total=$((total + 1))
+if grep -rq SECRET-LINE links-rep; then
+  failed=$((failed + 1)); printf '| report-status-link-hidden | | | | | FAILED: the secret is in the report |\n'
+else
+  printf '| report-status-link-hidden | | | | | ok |\n'
+fi
+DTRAIN_FAULT=0:3 "$bin" run ok.yaml gpus=2 --tag at --results attic --quiet >/dev/null 2>&1
+mkdir -p elsewhere && ln -s "$t/elsewhere" attic/tiny/.attempts
+probe attempts-link 2+ ".attempts: a symbolic link" -- run ok.yaml gpus=2 --tag at --results attic --resume
+# A resume of part of a sweep keeps the other runs in the index (header and two rows).
+"$bin" run ok.yaml gpus=1,2 --tag ix --results index --quiet >/dev/null 2>&1
+probe index-partial-resume 0 "resume" -- run ok.yaml gpus=2 --tag ix --results index --resume
+total=$((total + 1))
+if [ "$(wc -l <index/tiny/index-ix.csv)" = 3 ]; then
+  printf '| index-keeps-rows | | | | | ok |\n'
+else
+  failed=$((failed + 1)); printf '| index-keeps-rows | | | | | FAILED: index-ix.csv lost rows |\n'
+fi
+# A damaged number in metrics.csv: named, not projected.
+sed -i '2s/^\(\([^,]*,\)\{11\}\)[^,]*/\1abc/' index/tiny/ix-g1/metrics.csv
+probe project-damaged-metrics 2 "'compute_s' is 'abc'" -- project index/tiny/ix-g1
 # A run that would take hours, stopped once its first checkpoint is written.
 tiny "long" > long.yaml && sed -i 's/epochs: 2/epochs: 100000/' long.yaml
 "$bin" run long.yaml --tag busy --results res --quiet >/dev/null 2>&1 & busy=$!
@@ -150,6 +198,9 @@ else
 fi
 printf 'dtrain checkpoint 1\nnot really' > res/long/busy-g1/checkpoint.bin
 probe damaged-checkpoint 2+ "not a usable checkpoint" -- run long.yaml --tag busy --results res --resume
+# 6 GB with a valid header (sparse): refused by its size before it is read.
+truncate -s 6G res/long/busy-g1/checkpoint.bin
+probe checkpoint-6GB 2+ "6442450944 bytes, more than the" -- run long.yaml --tag busy --results res --resume
 
 echo
 echo "probe: $((total - failed)) of $total cases as they should be (peak memory <= $max_mib MiB, <= $max_s s each)"

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <thread>
 
 #include "dtrain/base/error.hpp"
@@ -148,10 +150,133 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   CHECK(refused(resealed(good.substr(0, good.size() / 2))).find("ck.bin") == 0);
   Checkpoint odd = keep.all.back();
   odd.noise[3] = std::nan("");
-  CHECK(refused(encode_checkpoint(odd)).find("inconsistent fields") != std::string::npos);
+  CHECK(refused(encode_checkpoint(odd)).find("the noise-scale step count is nan") !=
+        std::string::npos);
   odd = keep.all.back();
   odd.epochs.pop_back();
   CHECK(refused(encode_checkpoint(odd)).find("inconsistent fields") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint larger than its run can hold is refused before it is read",
+          "[checkpoint]") {
+  for (auto opt : {OptimizerType::sgd, OptimizerType::adamw}) {
+    const Config cfg = stateful_config(opt);
+    const DataSplit data = load_data(cfg.data, cfg.train.seed);
+    const CheckpointRun run = checkpoint_run(cfg, peek_data_shape(cfg.data));
+    CHECK(run.steps == 13);
+    CHECK(run.global_batch == 32);
+    Keep keep;
+    train(cfg, data, &keep);
+    // The bound holds every checkpoint the run writes, and is not far above the largest.
+    size_t largest = 0;
+    for (const auto& c : keep.all) largest = std::max(largest, encode_checkpoint(c).size());
+    INFO(to_string(opt) << ": largest " << largest << " bytes, bound " << run.max_bytes);
+    CHECK(largest <= run.max_bytes);
+    CHECK(run.max_bytes < largest + 16384);
+  }
+  // A 6 GB file with a valid header (sparse: no disk), in a run folder: refused at once with
+  // its size and the bound, through the run's config and through config.resolved.yaml.
+  const Config cfg = stateful_config(OptimizerType::sgd);
+  TempDir d("ck-huge");
+  const std::string path = checkpoint_path(d.path.string());
+  put(path, "dtrain checkpoint 1\n");
+  fs::resize_file(path, uint64_t{6} << 30);
+  put(d.path / "config.resolved.yaml", to_yaml(cfg));
+  const uint64_t bound = checkpoint_run(cfg, peek_data_shape(cfg.data)).max_bytes;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const std::string& e : {error_of([&] { load_checkpoint(d.path.string(), cfg); }),
+                               error_of([&] { load_checkpoint(d.path.string()); })}) {
+    INFO(e);
+    CHECK(e.find(path + ": 6442450944 bytes, more than the " + std::to_string(bound) +
+                 " bytes a checkpoint of this run") == 0);
+    CHECK(e.find("delete it to start the run over") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  // No config.resolved.yaml beside it: nothing to bound it by, refused as well.
+  fs::remove(d.path / "config.resolved.yaml");
+  CHECK(error_of([&] { load_checkpoint(d.path.string()); }).find("no config.resolved.yaml") !=
+        std::string::npos);
+}
+
+TEST_CASE("a checkpoint with a valid CRC but absurd values is refused, naming the field",
+          "[checkpoint]") {
+  const Config cfg = stateful_config(OptimizerType::adamw);
+  const DataSplit data = load_data(cfg.data, cfg.train.seed);
+  Keep keep;
+  train(cfg, data, &keep);
+  // The first checkpoint inside epoch 2: finished epochs, partial sums, times.
+  const auto mid = std::find_if(keep.all.begin(), keep.all.end(),
+                                [](const Checkpoint& c) { return c.epoch == 1 && c.step > 0; });
+  REQUIRE(mid != keep.all.end());
+  TempDir d("ck-absurd");
+  // Each value through the file: encoded (a fresh, valid CRC), saved, loaded for this run.
+  auto refused = [&](const Checkpoint& c) {
+    save_checkpoint(d.path.string(), c);
+    return error_of([&] { load_checkpoint(d.path.string(), cfg); });
+  };
+  REQUIRE(refused(*mid).empty());
+  const double nan = std::nan("");
+  struct Case {
+    std::function<void(Checkpoint&)> spoil;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {[](Checkpoint& c) { c.partial_stats[4] = 1e300; },
+       "the row count of partial-epoch step 1 is 1e+300, not a whole number from 0 to 32"},
+      {[](Checkpoint& c) { c.partial_stats[5 + 4] = -1; }, "row count of partial-epoch step 2"},
+      {[](Checkpoint& c) { c.partial_stats[4] = 31.5; }, "row count of partial-epoch step 1"},
+      {[&](Checkpoint& c) { c.partial_stats[1] = nan; }, "correct count of partial-epoch step 1"},
+      {[](Checkpoint& c) { c.partial_stats[1] = 33; }, "correct count of partial-epoch step 1"},
+      {[&](Checkpoint& c) { c.partial_stats[2] = nan; },
+       "a squared gradient norm of partial-epoch step 1 is nan"},
+      {[](Checkpoint& c) { c.partial_stats[0] = -3; }, "the loss sum of partial-epoch step 1"},
+      {[&](Checkpoint& c) { c.partial_times[1] = nan; },
+       "the partial epoch's compute time is nan, not a finite value >= 0"},
+      {[](Checkpoint& c) { c.partial_times[5] = -1; }, "the partial epoch's total time is -1"},
+      {[&](Checkpoint& c) { c.partial_lr_first = nan; }, "the partial epoch's first learning"},
+      {[](Checkpoint& c) { c.epochs[0].test_acc = 1.5; },
+       "the test accuracy of finished epoch 1 is 1.5"},
+      {[&](Checkpoint& c) { c.epochs[0].train_loss = nan; }, "of finished epoch 1 is nan"},
+      {[](Checkpoint& c) { c.epochs[0].samples = 1000000000000; },
+       "the samples of finished epoch 1 is 1000000000000"},
+      {[](Checkpoint& c) { c.epochs[0].epoch = 7; }, "finished epoch 1 is numbered 7"},
+      {[](Checkpoint& c) { c.epochs[0].slowest_rank = 2; }, "slowest rank of finished epoch 1"},
+      {[](Checkpoint& c) { c.step_losses[3] = -0.5; }, "the loss of finished step 4 is -0.5"},
+      {[&](Checkpoint& c) { c.noise[0] = std::numeric_limits<double>::infinity(); },
+       "the noise-scale averages is inf"},
+      {[](Checkpoint& c) { c.opt_v[10] = -1; }, "a negative second moment at parameter 10"},
+      {[](Checkpoint& c) { c.launches_per_step = -4; }, "the launches per step is -4"},
+      {[](Checkpoint& c) {
+         c.epoch = 3;  // past the run's 3 epochs, with as many finished epochs as it claims
+         c.epochs.resize(3, c.epochs[0]);
+         c.epochs[1].epoch = 2, c.epochs[2].epoch = 3;
+       },
+       "is not a step of this run (3 epochs of 13 steps, 2 replicas)"},
+      {[](Checkpoint& c) {
+         c.global_step += 20 - c.step;
+         c.step = 20;
+         c.partial_stats.resize(20 * 5, 1.0);
+       },
+       "step 20 of 2 replicas is not a step of this run"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Checkpoint c = *mid;
+    cases[i].spoil(c);
+    const std::string e = refused(c);
+    INFO("case " << i << ": " << e);
+    CHECK(e.find(checkpoint_path(d.path.string()) + ": not a usable checkpoint (") == 0);
+    CHECK(e.find(cases[i].says) != std::string::npos);
+  }
+  // A non-finite loss sum is what a diverging run writes: accepted, and the resumed epoch ends
+  // diverged, as the run that was never stopped did (not `done` with made-up metrics).
+  Checkpoint diverging = *mid;
+  diverging.partial_stats[0] = nan;
+  diverging.partial_stats[2] = nan;
+  REQUIRE(refused(diverging).empty());
+  const auto loaded = load_checkpoint(d.path.string(), cfg);
+  REQUIRE(loaded);
+  const TrainResult r = train(cfg, data, nullptr, &*loaded);
+  CHECK(r.status == RunStatus::diverged);
 }
 
 namespace {

@@ -16,7 +16,9 @@
 #include "helpers.hpp"
 
 using namespace dtrain;
+using dtrain::test::dtrain_cli;
 using dtrain::test::error_of;
+using dtrain::test::put;
 using dtrain::test::TempDir;
 namespace fs = std::filesystem;
 
@@ -304,6 +306,180 @@ TEST_CASE("synthetic data is reproducible - sized as asked and learnable in shap
   CHECK(a.x.size() == 600);
   std::set<int32_t> labels(a.y.begin(), a.y.end());
   CHECK(labels.size() == 5);
+}
+
+namespace {
+// `bytes` as one gzip member (gzwrite's own framing).
+std::vector<uint8_t> gz_member(const std::vector<uint8_t>& bytes) {
+  std::vector<uint8_t> out(compressBound(static_cast<uLong>(bytes.size())) + 64);
+  z_stream z{};
+  REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  z.next_in = const_cast<Bytef*>(bytes.data());
+  z.avail_in = static_cast<uInt>(bytes.size());
+  z.next_out = out.data();
+  z.avail_out = static_cast<uInt>(out.size());
+  REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+std::vector<uint8_t> operator+(std::vector<uint8_t> a, const std::vector<uint8_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+}  // namespace
+
+TEST_CASE("gzip IDX files: concatenated members read on, trailing garbage is refused",
+          "[data][errors]") {
+  TempDir d;
+  const auto imgs = idx_images(10, 4, 3), labels = idx_labels(10);
+  const auto img_path = (d.path / "imgs.gz").string(), lab_path = (d.path / "labels.gz").string();
+  const auto raw = read_idx_images([&] {
+    write_raw(d.path / "imgs", imgs);
+    return (d.path / "imgs").string();
+  }());
+  // Legal gzip: the payload split over two members, and an empty member after it.
+  const std::vector<uint8_t> head(imgs.begin(), imgs.begin() + 50);
+  const std::vector<uint8_t> rest(imgs.begin() + 50, imgs.end());
+  write_raw(img_path, gz_member(head) + gz_member(rest) + gz_member({}));
+  CHECK(read_idx_images(img_path).pixels == raw.pixels);
+  // Bytes after the gzip stream that are not a gzip member: refused, naming the file.
+  for (const std::vector<uint8_t>& junk :
+       {std::vector<uint8_t>{'g', 'a', 'r', 'b', 'a', 'g', 'e'}, std::vector<uint8_t>(512, 0),
+        std::vector<uint8_t>{0x1f}}) {
+    write_raw(img_path, gz_member(imgs) + junk);
+    CHECK_THAT(error_of([&] { read_idx_images(img_path); }),
+               Catch::StartsWith(img_path + ": " + std::to_string(junk.size()) +
+                                 " bytes of trailing garbage after the gzip stream ends"));
+    write_raw(lab_path, gz_member(labels) + junk);
+    CHECK_THAT(error_of([&] { read_idx_labels(lab_path); }),
+               Catch::StartsWith(lab_path + ": ") && Catch::Contains("trailing garbage"));
+  }
+  // A payload longer than its header says: refused, compressed (in the same member or in one
+  // after it) and raw.
+  write_raw(img_path, gz_member(imgs + std::vector<uint8_t>{7}));
+  CHECK_THAT(error_of([&] { read_idx_images(img_path); }),
+             Catch::StartsWith(img_path + ": more data than its header claims"));
+  write_raw(img_path, gz_member(imgs) + gz_member({1, 2, 3}));
+  CHECK_THAT(error_of([&] { read_idx_images(img_path); }),
+             Catch::Contains("more data than its header claims"));
+  write_raw(d.path / "labels", labels + std::vector<uint8_t>{3});
+  CHECK_THAT(error_of([&] { read_idx_labels((d.path / "labels").string()); }),
+             Catch::Contains("labels: more data than its header claims: bytes follow the 10 "
+                             "labels"));
+  // A gzip stream cut inside a member says so.
+  auto cut = gz_member(imgs);
+  cut.resize(cut.size() - 12);
+  write_raw(img_path, cut);
+  CHECK_THAT(error_of([&] { read_idx_images(img_path); }),
+             Catch::Contains("truncated") && Catch::Contains("the gzip stream is cut short"));
+  // Damaged compressed data.
+  auto flipped = gz_member(imgs);
+  flipped[flipped.size() / 2] ^= 0xff;
+  write_raw(img_path, flipped);
+  CHECK_THAT(error_of([&] { read_idx_images(img_path); }), Catch::StartsWith(img_path + ": "));
+  // With a limit only the images asked for are read: the rest of the file is not looked at.
+  write_raw(img_path, gz_member(imgs) + std::vector<uint8_t>{'x'});
+  CHECK(read_idx_images(img_path, 4).count == 10);
+}
+
+TEST_CASE("synthetic data larger than memory is refused before anything is allocated",
+          "[data][errors]") {
+  DataConfig cfg;
+  cfg.dataset = DatasetKind::synthetic;
+  cfg.synthetic.train_size = 1000000000000;  // 10^12 samples of 32 features: 143 TiB
+  CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
+             Catch::StartsWith("data.synthetic: 1000000000000 training and 1024 test samples of "
+                               "32 features need about ") &&
+                 Catch::Contains("GiB are available; lower data.synthetic.train_size"));
+  // A shape whose product would overflow 64 bits.
+  cfg.synthetic.train_size = 10;
+  cfg.synthetic.shape = {int64_t{1} << 32, int64_t{1} << 32};
+  CHECK_THAT(error_of([&] { load_data(cfg, 1); }),
+             Catch::StartsWith("data.synthetic.shape: [4294967296, 4294967296] is not a sample "
+                               "shape of at most 2^40 features"));
+  CHECK_THAT(error_of([&] { make_synthetic(cfg.synthetic, 1, 1, 1); }),
+             Catch::Contains("at most 2^40 features"));
+  // A limit keeps memory to the samples kept, and they are the first samples of the full set.
+  cfg.synthetic.shape = {8};
+  cfg.synthetic.train_size = 1000000000000;
+  cfg.train_limit = 100;
+  cfg.normalize = false;
+  const DataSplit some = load_data(cfg, 1);
+  CHECK(some.train.size() == 100);
+  const Dataset all = make_synthetic(cfg.synthetic, 300, 1, 1);
+  CHECK(std::equal(some.train.x.begin(), some.train.x.end(), all.x.begin()));
+  CHECK(std::equal(some.train.y.begin(), some.train.y.end(), all.y.begin()));
+}
+
+TEST_CASE("dtrain validate and run refuse oversized synthetic data in one line", "[data][cli]") {
+  TempDir d("synthetic-huge");
+  const std::string cfg = (d.path / "s.yaml").string();
+  put(cfg,
+      "name: s\nthreads: 1\ndata: {dataset: synthetic, synthetic: {train_size: 1000000000000, "
+      "test_size: 64, shape: [8], classes: 3}}\nmodel: {hidden: [8]}\n"
+      "train: {epochs: 1, per_replica_batch: 16}\n");
+  const std::string res = (d.path / "res").string();
+  for (const std::string& args : {"validate " + cfg, "run " + cfg + " --results " + res}) {
+    const auto r = dtrain_cli(args);
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("internal error") == std::string::npos);
+    CHECK(r.out.find("dtrain: error: data.synthetic: 1000000000000 training and 64 test "
+                     "samples") != std::string::npos);
+  }
+  const auto r = dtrain_cli("validate " + cfg);
+  CHECK(test::count_lines(r.out) == 1);
+}
+
+TEST_CASE("labels are described compactly; sparse ones are warned about", "[data]") {
+  DataSplit d;
+  for (int c = 0; c < 10; ++c) d.train.y.insert(d.train.y.end(), 6000, c);
+  d.train.classes = d.test.classes = 10;
+  d.test.y = {0, 5, 9};
+  CHECK(describe_labels(d.train) == "0-9 (6000 each)");
+  CHECK(label_warning(d).empty());
+  d.train.y.push_back(200);
+  d.train.y.push_back(3);
+  d.train.classes = d.test.classes = 201;
+  CHECK(describe_labels(d.train) == "0-9 (6000 to 6001 each) and 200 (1)");
+  d.test.y = {0, 12, 12, 13, 250};
+  const std::string w = label_warning(d);
+  CHECK(w == "the training labels are 0-9 (6000 to 6001 each) and 200 (1); of the model's 201 "
+             "outputs (labels 0 to 200), 190 belong to no training sample and are never trained; "
+             "the test set has labels the training set lacks, 12-13 (1 to 2 each) and 250 (1), "
+             "which the model can never predict; fix: labels numbered 0 to K-1 without gaps, "
+             "every one in the training set");
+  // A rare label beside common ones is named apart.
+  d.train.y.push_back(10);
+  CHECK(describe_labels(d.train) == "0-9 (6000 to 6001 each), 10 (1) and 200 (1)");
+  d.train.y.pop_back();
+  // A label only the test set has, with no gap in the training labels.
+  d.train.classes = d.test.classes = 10;
+  d.train.y.pop_back(), d.train.y.pop_back();
+  d.test.y = {0, 9, 10};
+  CHECK(label_warning(d).find("the test set has labels the training set lacks, 10 (1)") !=
+        std::string::npos);
+}
+
+TEST_CASE("validate and doctor warn about sparse IDX labels, naming them", "[data][cli]") {
+  TempDir d("sparse-labels");
+  write_dataset(d.path, 30, 10, true);
+  auto labels = idx_labels(30);
+  labels.back() = 200;  // one byte of 200 among 0-9
+  write_gz(d.path / "train-labels-idx1-ubyte.gz", labels);
+  const std::string cfg = (d.path / "s.yaml").string();
+  put(cfg, "name: s\nthreads: 1\ndata: {dataset: idx, path: " + d.path.string() +
+               "}\nmodel: {hidden: [8]}\ntrain: {epochs: 1, per_replica_batch: 10}\n");
+  const auto v = dtrain_cli("validate " + cfg);
+  INFO(v.out);
+  CHECK(v.code == 0);
+  CHECK(v.out.find("[sparse-labels] the training labels are 0-9 (2 to 3 each) and 200 (1); of "
+                   "the model's 201 outputs") != std::string::npos);
+  const auto doc = dtrain_cli("doctor " + cfg);
+  INFO(doc.out);
+  CHECK(doc.code == 0);
+  CHECK(doc.out.find("doctor: [sparse-labels] the training labels are 0-9") != std::string::npos);
 }
 
 TEST_CASE("sort_by_label orders samples by class and keeps pairs together", "[data]") {

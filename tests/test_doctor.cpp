@@ -59,9 +59,112 @@ TEST_CASE("doctor: sum reduction over several replicas", "[doctor]") {
   c.train.reduction = Reduction::sum;
   CHECK(fires("sum-reduction", c));
   const auto f = diagnose(c, nullptr);
-  CHECK(f.front().message.find("8x") != std::string::npos);
+  CHECK(f.front().message.find("every step is 8x the 1-replica step") != std::string::npos);
+  CHECK(f.front().message.find("sum at lr is mean at 8x lr;") != std::string::npos);
+  c.optimizer.weight_decay = 1e-4;
+  CHECK(diagnose(c, nullptr).front().message.find("mean at 8x lr with weight_decay / 8") !=
+        std::string::npos);
   c.gpus = 1;  // one replica: sum and mean are the same
   CHECK_FALSE(fires("sum-reduction", c));
+}
+
+TEST_CASE("doctor: sum reduction under adam and adamw says their steps stay those of mean",
+          "[doctor]") {
+  Config c = healthy();
+  c.train.reduction = Reduction::sum;
+  c.optimizer.lr_scaling = LrScaling::sqrt;
+  for (auto t : {OptimizerType::adam, OptimizerType::adamw}) {
+    c.optimizer.type = t;
+    for (double wd : {0.0, 1e-4}) {
+      c.optimizer.weight_decay = wd;
+      const auto f = diagnose(c, nullptr);
+      REQUIRE(!f.empty());
+      const std::string& m = f.front().message;
+      INFO(m);
+      CHECK(f.front().rule == "sum-reduction");
+      CHECK(m.find("its steps stay nearly those of mean, not 8x larger") != std::string::npos);
+      CHECK(m.find("every step is 8x") == std::string::npos);
+      // adam adds its weight decay to the gradient; adamw decays the weights apart from it.
+      CHECK((m.find("weight_decay / 8") != std::string::npos) ==
+            (t == OptimizerType::adam && wd > 0));
+    }
+  }
+}
+
+namespace {
+// The tiny synthetic config of the equivalence tests, 4 replicas x 32, one epoch (60 steps).
+Config tiny(OptimizerType t, Reduction red, double lr, double wd, double momentum = 0.9) {
+  Config c = synthetic_config(4, 32);
+  c.optimizer.type = t;
+  c.train.reduction = red;
+  c.optimizer.lr = lr;
+  c.optimizer.weight_decay = wd;
+  c.optimizer.momentum = momentum;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("the sum-reduction claims hold: sgd's sum at lr is mean at N x lr", "[doctor]") {
+  // With and without momentum, with weight decay: sum at (lr, wd) is mean at (4 lr, wd / 4).
+  for (double momentum : {0.0, 0.9}) {
+    INFO("momentum " << momentum);
+    const auto sgd = OptimizerType::sgd;
+    const auto sum = test::run_config(tiny(sgd, Reduction::sum, 0.01, 4e-3, momentum));
+    const auto mean = test::run_config(tiny(sgd, Reduction::mean, 0.04, 1e-3, momentum));
+    const auto mean_same_lr = test::run_config(tiny(sgd, Reduction::mean, 0.01, 4e-3, momentum));
+    REQUIRE(sum.step_losses.size() >= 50);
+    CHECK(test::max_rel_step_diff(sum, mean) < 1e-5);
+    CHECK(test::max_rel_step_diff(sum, mean_same_lr) > 1e-3);  // an N-fold step indeed
+  }
+}
+
+TEST_CASE("the sum-reduction claims hold: adam's and adamw's steps stay those of mean",
+          "[doctor]") {
+  for (auto t : {OptimizerType::adam, OptimizerType::adamw}) {
+    INFO(to_string(t));
+    // No weight decay: sum and mean at the same lr give nearly the same steps (eps aside).
+    const auto sum = test::run_config(tiny(t, Reduction::sum, 0.003, 0));
+    const auto mean = test::run_config(tiny(t, Reduction::mean, 0.003, 0));
+    REQUIRE(sum.step_losses.size() >= 50);
+    CHECK(test::max_rel_step_diff(sum, mean) < 1e-4);
+    CHECK(sum.step_losses.back() < 0.8 * sum.step_losses.front());  // it does train
+    // With weight decay: adamw's is apart from the gradient, so sum is mean at the same decay;
+    // adam adds it to the gradient, so sum is mean with weight_decay / 4.
+    const auto sum_wd = test::run_config(tiny(t, Reduction::sum, 0.003, 0.4));
+    const double mean_wd = t == OptimizerType::adamw ? 0.4 : 0.1;
+    const auto mean_matched = test::run_config(tiny(t, Reduction::mean, 0.003, mean_wd));
+    CHECK(test::max_rel_step_diff(sum_wd, mean_matched) < 1e-4);
+    const auto mean_other = test::run_config(tiny(t, Reduction::mean, 0.003, 2 * mean_wd));
+    CHECK(test::max_rel_step_diff(sum_wd, mean_other) > 1e-4);
+  }
+}
+
+TEST_CASE("doctor: unscaled-lr names the rule of the configured optimizer", "[doctor]") {
+  Config c = healthy();
+  c.optimizer.lr_scaling = LrScaling::none;
+  c.train.per_replica_batch = 64;  // global 512 = 4x base_batch
+  auto message = [&] {
+    for (const auto& f : diagnose(c, nullptr))
+      if (f.rule == "unscaled-lr") return f.message;
+    return std::string();
+  };
+  CHECK(message().find("where sgd would give each 4x the lr (the linear rule); fix: "
+                       "optimizer.lr_scaling: linear (with warmup) or sqrt") != std::string::npos);
+  for (auto t : {OptimizerType::adam, OptimizerType::adamw}) {
+    c.optimizer.type = t;
+    CHECK(message().find(fmt::format("where {} would give each 2x the lr (the square-root "
+                                     "rule); fix: optimizer.lr_scaling: sqrt",
+                                     to_string(t))) != std::string::npos);
+  }
+  // Fewer steps at the same lr, whatever the optimizer: the run's own numbers.
+  for (auto t : {OptimizerType::sgd, OptimizerType::adamw}) {
+    Config one = synthetic_config(1, 128), four = synthetic_config(4, 128);
+    for (Config* x : {&one, &four}) x->optimizer.type = t;
+    const DataSplit d = load_data(one.data, one.train.seed);
+    const auto a = train(one, d), b = train(four, d);
+    CHECK(a.info.steps_per_epoch == 4 * b.info.steps_per_epoch);
+    CHECK(a.info.peak_lr == b.info.peak_lr);
+  }
 }
 
 TEST_CASE("doctor: a grown global batch with an unscaled LR", "[doctor]") {
@@ -276,12 +379,35 @@ TEST_CASE("doctor: a model key the model type does not read", "[doctor]") {
   CHECK(fires("ignored-model-key", c));
 }
 
+TEST_CASE("doctor: sparse labels, named with their counts", "[doctor]") {
+  Config c = healthy();
+  DataSplit d = load_data(c.data, c.train.seed);
+  CHECK_FALSE(fires("sparse-labels", c, &d));
+  // One label byte of 200 among 0-3: a 201-way output layer, 196 outputs never trained, and
+  // a test label the training set lacks.
+  d.train.y.assign(400, 0);
+  for (size_t i = 0; i < d.train.y.size(); ++i) d.train.y[i] = static_cast<int32_t>(i % 4);
+  d.train.y.push_back(200);
+  d.train.classes = d.test.classes = 201;
+  d.test.y = {0, 1, 7, 7};
+  const auto f = diagnose(c, &d);
+  const auto it = std::find_if(f.begin(), f.end(),
+                               [](const Finding& x) { return x.rule == "sparse-labels"; });
+  REQUIRE(it != f.end());
+  INFO(it->message);
+  CHECK(it->message.find("the training labels are 0-3 (100 each) and 200 (1); of the model's "
+                         "201 outputs (labels 0 to 200), 196 belong to no training sample") == 0);
+  CHECK(it->message.find("the test set has labels the training set lacks, 7 (2)") !=
+        std::string::npos);
+  CHECK_FALSE(fires("sparse-labels", c, nullptr));  // a rule of the data
+}
+
 TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {
   // The rule list is what `dtrain doctor` counts; a rule added without a case here fails.
   const std::vector<std::string> tested = {
       "sum-reduction", "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
       "ordered-data",  "small-bn-batch", "accumulation-bn",  "dropped-samples",
-      "oversubscribed-threads", "ignored-model-key"};
+      "oversubscribed-threads", "ignored-model-key", "sparse-labels"};
   CHECK(doctor_rules() == tested);
 }
 
@@ -313,5 +439,5 @@ TEST_CASE("dtrain doctor prints one line per finding and exits 0", "[doctor][cli
                                 " train.reduction=mean data.drop_remainder=false gpus=1");
   INFO(clean.out);
   CHECK(clean.code == 0);
-  CHECK(clean.out.find("none of the 11 known pitfalls") != std::string::npos);
+  CHECK(clean.out.find("none of the 12 known pitfalls") != std::string::npos);
 }

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "dtrain/base/log.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/train/trainer.hpp"
@@ -16,12 +17,17 @@ void setup_validate(CLI::App& app, ValidateOptions& opt) {
 int run_validate(const ValidateOptions& opt) {
   const auto runs = plan_runs(opt.config, opt.overrides);
   DataCache cache;
-  std::string description;
+  std::string description, warned;
   for (const auto& r : runs) {
     if (!opt.skip_data) {
       const DataSplit& data = cache.get(r.config);
       check_plan(r.config, data);
       description = data.description;
+      // Not an error (the run can train), but outputs no sample trains: once per data set.
+      const std::string key = data_identity(r.config.data, r.config.train.seed);
+      if (const std::string w = key != warned ? label_warning(data) : ""; !w.empty())
+        log().warn("[sparse-labels] {}", w);
+      warned = key;
     }
     if (opt.print) fmt::print("# {}\n{}\n", run_id("TAG", r), to_yaml(r.config));
   }

@@ -3,10 +3,18 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <numeric>
+#include <set>
 #include <type_traits>
 
 #include "dtrain/base/error.hpp"
@@ -26,24 +34,44 @@ int64_t Dataset::features() const {
 
 namespace {
 
-// gzread reads plain files too, so one path serves raw and .gz.
+// A data file, raw or gzip-compressed (told apart by the gzip magic, as gzread does). gzip is
+// inflated here rather than through gzread, which skips whatever follows the last gzip member
+// without a word: concatenated members are read on, anything else after one is refused.
 class GzFile {
  public:
   explicit GzFile(const std::string& path) : path_(path) {
     std::error_code ec;
-    const auto st = fs::status(path, ec);
-    if (!fs::exists(st)) throw UserError(fmt::format("{}: file not found", path));
-    // A FIFO or a device would block or never end: only regular files are data.
-    if (!fs::is_regular_file(st))
+    if (!fs::exists(fs::status(path, ec)))
+      throw UserError(fmt::format("{}: file not found", path));
+    // O_NONBLOCK: a FIFO or a device would block or never end; only regular files are data,
+    // checked on the file opened, not the name.
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0) throw UserError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
       throw UserError(fmt::format("{}: not a regular file (a data file must be one)", path));
-    f_ = gzopen(path.c_str(), "rb");
-    if (!f_) throw UserError(fmt::format("{}: cannot open", path));
-    gzbuffer(f_, 1 << 20);
+    }
+    file_size_ = static_cast<int64_t>(st.st_size);
+    // A buffer of up to 1 MiB (a small file, as the fuzzer feeds, needs no more).
+    in_.resize(static_cast<size_t>(std::clamp<int64_t>(file_size_, 64, 1 << 20)));
+    try {
+      fill_to(2);
+    } catch (const UserError&) {
+      ::close(fd_);
+      throw;
+    }
+    gz_ = have_ >= 2 && in_[at_] == 0x1f && in_[at_ + 1] == 0x8b;
     // Uncompressed files tell their size; compressed ones are read in growing chunks instead.
-    if (gzdirect(f_)) raw_size_ = static_cast<int64_t>(fs::file_size(path, ec));
+    if (!gz_) raw_size_ = file_size_;
+    if (gz_ && inflateInit2(&zs_, 16 + MAX_WBITS) != Z_OK) {
+      ::close(fd_);
+      throw UserError(fmt::format("{}: cannot start decompressing", path));
+    }
   }
   ~GzFile() {
-    if (f_) gzclose(f_);
+    if (gz_) inflateEnd(&zs_);
+    ::close(fd_);
   }
   GzFile(const GzFile&) = delete;
   GzFile& operator=(const GzFile&) = delete;
@@ -53,18 +81,12 @@ class GzFile {
     auto* p = static_cast<uint8_t*>(dst);
     size_t done = 0;
     while (done < n) {
-      const auto chunk = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
-      const int got = gzread(f_, p + done, chunk);
-      if (got < 0) {
-        int err = 0;
-        const char* msg = gzerror(f_, &err);
-        throw UserError(fmt::format("{}: corrupt or unreadable while reading {}: {}", path_, what,
-                                    msg ? msg : "unknown error"));
-      }
+      const size_t got = pull(p + done, n - done, what);
       if (got == 0)
-        throw UserError(fmt::format("{}: truncated: {} ended after {} bytes", path_, what,
-                                    before + done));
-      done += static_cast<size_t>(got);
+        throw UserError(fmt::format("{}: truncated: {} ended after {} bytes{}", path_, what,
+                                    before + done,
+                                    cut_ ? " (the gzip stream is cut short)" : ""));
+      done += got;
     }
   }
   // Reads n claimed bytes into a vector that grows only as data arrives, so a header that
@@ -95,14 +117,84 @@ class GzFile {
     read(b, 4, what);
     return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
   }
-  bool at_end() {
-    uint8_t b;
-    return gzread(f_, &b, 1) == 0;
+  // After the whole payload the header claims: nothing may follow it (more data, or for gzip
+  // bytes after the last member that are not a gzip member).
+  void expect_end(const std::string& what) {
+    uint8_t b = 0;
+    if (pull(&b, 1, what.c_str()) != 0)
+      throw UserError(fmt::format("{}: more data than its header claims: bytes follow the {}; "
+                                  "the file is damaged or not what its header says",
+                                  path_, what));
   }
 
  private:
+  // Up to n bytes of content (inflated where gzip), 0 at its end.
+  size_t pull(uint8_t* dst, size_t n, const char* what) {
+    if (!gz_) {
+      if (have_ == 0) fill_to(1);
+      const size_t k = std::min(n, have_);
+      if (k) std::memcpy(dst, in_.data() + at_, k);
+      at_ += k, have_ -= k;
+      return k;
+    }
+    zs_.next_out = dst;
+    zs_.avail_out = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    const uInt want = zs_.avail_out;
+    while (zs_.avail_out > 0) {
+      if (member_done_ && !next_member()) break;
+      if (have_ == 0 && fill_to(1) == 0) {
+        cut_ = true;  // the file ends inside a gzip member
+        break;
+      }
+      zs_.next_in = in_.data() + at_;
+      zs_.avail_in = static_cast<uInt>(have_);
+      const int r = inflate(&zs_, Z_NO_FLUSH);
+      at_ += have_ - zs_.avail_in, have_ = zs_.avail_in;
+      if (r == Z_STREAM_END) {
+        member_done_ = true;
+      } else if (r != Z_OK && r != Z_BUF_ERROR) {
+        throw UserError(fmt::format("{}: corrupt or unreadable while reading {}: {}", path_, what,
+                                    zs_.msg ? zs_.msg : "not valid gzip data"));
+      }
+    }
+    return want - zs_.avail_out;
+  }
+  // After a gzip member: the next one, false at the end of the file; anything else is refused.
+  bool next_member() {
+    if (fill_to(2) == 0) return false;
+    if (have_ < 2 || in_[at_] != 0x1f || in_[at_ + 1] != 0x8b)
+      throw UserError(fmt::format("{}: {} bytes of trailing garbage after the gzip stream ends "
+                                  "(at byte {}): not a gzip member; the file is damaged",
+                                  path_, file_size_ - consumed(), consumed()));
+    inflateReset(&zs_);
+    member_done_ = false;
+    return true;
+  }
+  // Buffers at least `want` unread bytes where the file has them; returns how many it holds.
+  size_t fill_to(size_t want) {
+    if (have_ >= want) return have_;
+    if (have_) std::memmove(in_.data(), in_.data() + at_, have_);
+    at_ = 0;
+    while (have_ < want) {
+      const ssize_t got = ::read(fd_, in_.data() + have_, in_.size() - have_);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0)
+        throw UserError(fmt::format("{}: cannot read: {}", path_, std::strerror(errno)));
+      if (got == 0) break;
+      have_ += static_cast<size_t>(got), read_ += static_cast<int64_t>(got);
+    }
+    return have_;
+  }
+  int64_t consumed() const { return read_ - static_cast<int64_t>(have_); }
+
   std::string path_;
-  gzFile f_ = nullptr;
+  int fd_ = -1;
+  bool gz_ = false, member_done_ = false, cut_ = false;
+  z_stream zs_{};
+  std::vector<uint8_t> in_;
+  size_t at_ = 0, have_ = 0;  // unread bytes in in_: [at_, at_ + have_)
+  int64_t read_ = 0;          // bytes read from the file so far
+  int64_t file_size_ = 0;
   int64_t raw_size_ = -1;  // file size where it is not compressed
 };
 
@@ -148,6 +240,9 @@ Dataset load_idx_pair(const std::string& images_path, const std::string& labels_
   return d;
 }
 
+// The samples a limit (train_limit, test_limit; 0: none) keeps of n.
+int64_t kept(int64_t limit, int64_t n) { return limit > 0 ? std::min(limit, n) : n; }
+
 void truncate(Dataset& d, int64_t limit) {
   if (limit <= 0 || limit >= d.size()) return;
   d.y.resize(static_cast<size_t>(limit));
@@ -156,8 +251,9 @@ void truncate(Dataset& d, int64_t limit) {
 
 }  // namespace
 
-IdxImages read_idx_images(const std::string& path, int64_t limit, const char* limit_key) {
-  GzFile f(path);
+namespace {
+// An image file's header: the count and the size of its images (no pixels yet).
+IdxImages read_images_header(GzFile& f, const std::string& path) {
   const uint32_t magic = f.read_be32("the header");
   if (magic != kImagesMagic)
     throw UserError(fmt::format(
@@ -171,6 +267,13 @@ IdxImages read_idx_images(const std::string& path, int64_t limit, const char* li
   if (out.rows <= 0 || out.cols <= 0 || out.rows > (1 << 12) || out.cols > (1 << 12))
     throw UserError(fmt::format("{}: implausible image size {}x{} (at most 4096x4096)", path,
                                 out.rows, out.cols));
+  return out;
+}
+}  // namespace
+
+IdxImages read_idx_images(const std::string& path, int64_t limit, const char* limit_key) {
+  GzFile f(path);
+  IdxImages out = read_images_header(f, path);
   const int64_t used = limit > 0 ? std::min<int64_t>(limit, out.count) : out.count;
   const auto bytes = static_cast<uint64_t>(used) * static_cast<uint64_t>(out.rows * out.cols);
   // A gzip file does not say how large it is uncompressed: a small one may claim (and hold)
@@ -186,6 +289,7 @@ IdxImages read_idx_images(const std::string& path, int64_t limit, const char* li
                                 "available; read fewer with {}",
                                 path, what, need / kGiB, have / kGiB, limit_key));
   out.pixels = f.read_claimed(bytes, what);
+  if (used == out.count) f.expect_end(what);  // with a limit, the rest is not read
   return out;
 }
 
@@ -199,14 +303,51 @@ std::vector<uint8_t> read_idx_labels(const std::string& path) {
   const uint32_t count = f.read_be32("the header");
   const std::string what = fmt::format("{} labels", count);
   f.check_claim(count, 8, what);
-  return f.read_claimed(count, what);
+  auto out = f.read_claimed(count, what);
+  f.expect_end(what);
+  return out;
+}
+
+int64_t synthetic_features(const SyntheticConfig& cfg) {
+  // Each factor is checked before the product, so it cannot overflow.
+  constexpr int64_t kMax = int64_t{1} << 40;
+  int64_t f = 1;
+  for (int64_t v : cfg.shape) {
+    if (v < 1 || f > kMax / v)
+      throw UserError(fmt::format("data.synthetic.shape: [{}] is not a sample shape of at "
+                                  "most 2^40 features (every dimension at least 1)",
+                                  fmt::join(cfg.shape, ", ")));
+    f *= v;
+  }
+  return f;
+}
+
+void check_synthetic_fits(const DataConfig& cfg) {
+  const SyntheticConfig& s = cfg.synthetic;
+  const auto f = static_cast<double>(synthetic_features(s));
+  const int64_t train = kept(cfg.train_limit, s.train_size);
+  const int64_t test = kept(cfg.test_limit, s.test_size);
+  // In doubles: the products of the keys' values cannot overflow. 4 bytes a feature and a
+  // label per sample, and the classes' prototypes.
+  const double need = (static_cast<double>(train) + static_cast<double>(test)) * (4 * f + 4) +
+                      4 * f * s.classes;
+  const double have = available_host_memory();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  // Where the available memory is unknown, what no machine here has (16 TiB).
+  const double limit = have > 0 ? have : 16 * 1024 * kGiB;
+  if (need <= limit) return;
+  throw UserError(fmt::format(
+      "data.synthetic: {} training and {} test samples of {} features need about {:.1f} GiB in "
+      "memory (4 bytes a feature and a label), and {:.1f} GiB are available; lower "
+      "data.synthetic.train_size, test_size or shape, or data.train_limit",
+      train, test, static_cast<int64_t>(f), need / kGiB, limit / kGiB));
 }
 
 Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream) {
   Dataset d;
   d.shape = cfg.shape;
   d.classes = cfg.classes;
-  const int64_t f = d.features();
+  const int64_t f = synthetic_features(cfg);
   // Prototypes depend on the seed only, so train and test share them.
   Rng proto_rng(stream_key(seed, 0x5157, 0));
   std::vector<float> protos(static_cast<size_t>(cfg.classes * f));
@@ -222,6 +363,51 @@ Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uin
     for (int64_t j = 0; j < f; ++j) x[j] = p[j] + static_cast<float>(cfg.noise * rng.normal());
   }
   return d;
+}
+
+std::string describe_labels(const Dataset& d) {
+  std::map<int32_t, int64_t> count;
+  for (int32_t y : d.y) ++count[y];
+  // Runs of consecutive labels, each with its count (or the range of its counts, within a
+  // factor of 2: a rare label beside common ones gets its own entry).
+  std::vector<std::string> runs;
+  for (auto it = count.begin(); it != count.end();) {
+    const int32_t first = it->first;
+    int32_t last = first;
+    int64_t lo = it->second, hi = it->second;
+    for (++it; it != count.end() && it->first == last + 1; ++it) {
+      const int64_t l = std::min(lo, it->second), h = std::max(hi, it->second);
+      if (h > 2 * l) break;
+      last = it->first, lo = l, hi = h;
+    }
+    const std::string n = lo == hi ? fmt::format("{}", lo) : fmt::format("{} to {}", lo, hi);
+    runs.push_back(first == last ? fmt::format("{} ({})", first, n)
+                                 : fmt::format("{}-{} ({} each)", first, last, n));
+  }
+  if (runs.empty()) return "none";
+  const std::string tail = runs.back();
+  runs.pop_back();
+  return runs.empty() ? tail : fmt::format("{} and {}", fmt::join(runs, ", "), tail);
+}
+
+std::string label_warning(const DataSplit& d) {
+  std::set<int32_t> trained(d.train.y.begin(), d.train.y.end());
+  int64_t untrained = 0;
+  for (int32_t c = 0; c < d.train.classes; ++c) untrained += trained.count(c) == 0;
+  Dataset unseen;  // the test samples whose label no training sample has
+  for (int32_t y : d.test.y)
+    if (trained.count(y) == 0) unseen.y.push_back(y);
+  if (untrained == 0 && unseen.y.empty()) return "";
+  std::string out = fmt::format("the training labels are {}", describe_labels(d.train));
+  if (untrained > 0)
+    out += fmt::format("; of the model's {} outputs (labels 0 to {}), {} belong to no training "
+                       "sample and are never trained",
+                       d.train.classes, d.train.classes - 1, untrained);
+  if (!unseen.y.empty())
+    out += fmt::format("; the test set has labels the training set lacks, {}, which the model "
+                       "can never predict",
+                       describe_labels(unseen));
+  return out + "; fix: labels numbered 0 to K-1 without gaps, every one in the training set";
 }
 
 void sort_by_label(Dataset& d) {
@@ -283,11 +469,36 @@ std::string data_identity(const DataConfig& c, uint64_t seed) {
   return w.key;
 }
 
+DataShape peek_data_shape(const DataConfig& cfg) {
+  DataShape d;
+  if (cfg.dataset == DatasetKind::synthetic) {
+    d.shape = cfg.synthetic.shape;
+    d.classes = cfg.synthetic.classes;
+    d.train_size = kept(cfg.train_limit, cfg.synthetic.train_size);
+    return d;
+  }
+  if (!fs::is_directory(cfg.path))
+    throw UserError(
+        fmt::format("data.path: '{}' is not a folder (it must hold the IDX files)", cfg.path));
+  const std::string path = find_idx(cfg.path, "train-images-idx3-ubyte");
+  GzFile f(path);
+  const IdxImages h = read_images_header(f, path);
+  d.shape = {1, h.rows, h.cols};
+  // Labels are bytes; the named datasets are refused past their ten classes.
+  d.classes = cfg.dataset == DatasetKind::idx ? 256 : 10;
+  d.train_size = kept(cfg.train_limit, h.count);
+  return d;
+}
+
 DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
   DataSplit s;
   if (cfg.dataset == DatasetKind::synthetic) {
-    s.train = make_synthetic(cfg.synthetic, cfg.synthetic.train_size, seed, 1);
-    s.test = make_synthetic(cfg.synthetic, cfg.synthetic.test_size, seed, 2);
+    // Refused before anything is allocated. Samples are drawn in order from their stream, so
+    // drawing only the first train_limit (test_limit) gives the samples a limit keeps.
+    check_synthetic_fits(cfg);
+    const SyntheticConfig& sy = cfg.synthetic;
+    s.train = make_synthetic(sy, kept(cfg.train_limit, sy.train_size), seed, 1);
+    s.test = make_synthetic(sy, kept(cfg.test_limit, sy.test_size), seed, 2);
   } else {
     if (!fs::is_directory(cfg.path))
       throw UserError(

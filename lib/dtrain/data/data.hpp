@@ -41,11 +41,35 @@ std::vector<uint8_t> read_idx_labels(const std::string& path);
 // so a multi-run command loads each dataset once.
 std::string data_identity(const DataConfig& cfg, uint64_t seed);
 
+// What load_data would give, without loading it (for bounds on what depends on the data):
+// the sample shape and the training samples kept (after data.train_limit), from the config
+// (synthetic) or the training images' header, and the classes: exact for synthetic data, an
+// upper bound for files (10 for the named datasets, 256 for idx: labels are bytes).
+struct DataShape {
+  std::vector<int64_t> shape;
+  int classes = 0;
+  int64_t train_size = 0;
+};
+DataShape peek_data_shape(const DataConfig& cfg);
+
 // Loads the configured dataset: files or synthetic, limits, normalisation, label sorting.
 DataSplit load_data(const DataConfig& cfg, uint64_t seed);
 
+// The features per sample of data.synthetic.shape; throws UserError past 2^40 (never wraps).
+int64_t synthetic_features(const SyntheticConfig& cfg);
+// Throws UserError (naming the keys, the GiB needed and available) when the synthetic data set
+// would not fit in the memory available: checked before anything is allocated.
+void check_synthetic_fits(const DataConfig& cfg);
+
 // A learnable synthetic task: Gaussian clusters around per-class prototypes.
 Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream);
+
+// The labels that occur and how often, compactly: "0-9 (6000 each) and 200 (1)".
+std::string describe_labels(const Dataset& d);
+// Labels that leave the model's outputs untrained, or ask for what it cannot learn: classes
+// (outputs) that no training sample has, and test labels absent from the training set. One
+// line naming them (the doctor's `sparse-labels`, a warning of validate), or "" when none.
+std::string label_warning(const DataSplit& d);
 
 // Stable reorder of samples by label (0s first), the worst case for contiguous sharding.
 void sort_by_label(Dataset& d);

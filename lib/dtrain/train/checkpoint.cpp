@@ -15,6 +15,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/nn/model.hpp"
 
 namespace dtrain {
 
@@ -131,7 +132,125 @@ uint32_t crc_of(const std::string& b, size_t n) {
   return static_cast<uint32_t>(crc);
 }
 
+// The range checks of a decoded checkpoint: each refusal names the field and its value.
+class Check {
+ public:
+  explicit Check(const std::string& what) : what_(what) {}
+  [[noreturn]] void fail(const std::string& why) const {
+    throw UserError(fmt::format(
+        "{}: not a usable checkpoint ({}); delete it to start the run over", what_, why));
+  }
+  // `at` >= 0: the field's index (a step, an epoch), for the message.
+  void finite(double v, const char* field, int64_t at = -1, double lo = 0) const {
+    if (!(std::isfinite(v) && v >= lo)) bad(field, at, v, fmt::format("a finite value >= {}", lo));
+  }
+  void whole(double v, double hi, const char* field, int64_t at = -1) const {
+    if (!(v >= 0 && v <= hi && v == std::floor(v)))
+      bad(field, at, v, fmt::format("a whole number from 0 to {}", hi));
+  }
+  void within(double v, double lo, double hi, const char* field, int64_t at = -1) const {
+    if (!(v >= lo && v <= hi)) bad(field, at, v, fmt::format("from {} to {}", lo, hi));
+  }
+  // NaN where not measured, else finite.
+  void nan_or_finite(double v, const char* field, int64_t at = -1) const {
+    if (std::isinf(v)) bad(field, at, v, "finite, or NaN where not measured");
+  }
+
+ private:
+  [[noreturn]] void bad(const char* field, int64_t at, double v, const std::string& valid) const {
+    fail(fmt::format("{}{} is {}, not {}", field, at >= 0 ? fmt::format(" {}", at) : "", v,
+                     valid));
+  }
+  const std::string& what_;
+};
+
+// The partial epoch: per finished step [loss, correct, local norm, reduced norm, rows]. A
+// non-finite loss is what a diverging run writes (its epoch then ends `diverged`, as the run
+// that was never stopped did); the norms may then be non-finite too, the counts never.
+void check_partial(const Checkpoint& c, const Check& k, double max_rows) {
+  bool diverging = false;
+  for (size_t s = 0; s < c.partial_stats.size(); s += 5)
+    diverging |= !std::isfinite(c.partial_stats[s]);
+  for (size_t s = 0; s + 4 < c.partial_stats.size(); s += 5) {
+    const double* st = c.partial_stats.data() + s;
+    const auto step = static_cast<int64_t>(s / 5) + 1;
+    k.whole(st[4], max_rows, "the row count of partial-epoch step", step);
+    k.whole(st[1], st[4], "the correct count of partial-epoch step", step);
+    if (st[0] < 0) k.finite(st[0], "the loss sum of partial-epoch step", step);  // refused
+    for (int n : {2, 3})
+      if (!diverging || std::isfinite(st[n]))
+        k.finite(st[n], "a squared gradient norm of partial-epoch step", step);
+  }
+  k.finite(c.partial_lr_first, "the partial epoch's first learning rate");
+  static const char* const kTimes[] = {"data", "compute", "exchange", "exposed exchange",
+                                       "optimizer", "total"};
+  for (size_t i = 0; i < c.partial_times.size(); ++i)
+    k.finite(c.partial_times[i], fmt::format("the partial epoch's {} time", kTimes[i]).c_str());
+}
+
+// The finished epochs' metrics (none of them diverged: a run stops at a diverged epoch).
+void check_epochs(const Checkpoint& c, const Check& k, double max_samples) {
+  for (size_t i = 0; i < c.epochs.size(); ++i) {
+    const EpochMetrics& m = c.epochs[i];
+    const auto e = static_cast<int64_t>(i) + 1;
+    if (m.epoch != e) k.fail(fmt::format("finished epoch {} is numbered {}", e, m.epoch));
+    for (double v : {m.lr, m.lr_end, m.train_loss, m.test_loss, m.epoch_time_s, m.data_s,
+                     m.compute_s, m.exchange_s, m.optimizer_s, m.exchange_exposed_s, m.eval_s,
+                     m.rank_busy_min_s, m.rank_busy_max_s})
+      k.finite(v, "a learning rate, loss or time of finished epoch", e);
+    // Rates: over a time that may round to 0 (then inf), NaN where not measured.
+    for (double v : {m.samples_per_s, m.busbw_gbps})
+      if (v < 0) k.finite(v, "a rate of finished epoch", e);  // refused
+    k.within(m.train_acc, 0, 1, "the training accuracy of finished epoch", e);
+    k.within(m.test_acc, 0, 1, "the test accuracy of finished epoch", e);
+    k.whole(static_cast<double>(m.samples), max_samples, "the samples of finished epoch", e);
+    k.whole(m.slowest_rank, c.replicas - 1, "the slowest rank of finished epoch", e);
+    k.whole(static_cast<double>(m.exchange_bytes_per_step), 0x1p62,
+            "the exchange bytes per step of finished epoch", e);
+    for (double v : {m.noise_g2, m.noise_trace})  // b_simple, their ratio, may be anything
+      k.nan_or_finite(v, "a noise-scale average of finished epoch", e);
+  }
+  for (size_t i = 0; i < c.step_losses.size(); ++i)
+    k.finite(c.step_losses[i], "the loss of finished step", static_cast<int64_t>(i) + 1);
+}
+
 }  // namespace
+
+void check_checkpoint(const Checkpoint& c, const std::string& what, const CheckpointRun* run) {
+  const Check k(what);
+  if (c.replicas < 1 || c.rng.size() != 4 * static_cast<size_t>(c.replicas))
+    k.fail(fmt::format("{} replicas with {} random-stream words (4 each)", c.replicas,
+                       c.rng.size()));
+  if (c.epoch < 0 || c.step < 0 || c.global_step < c.step ||
+      c.epochs.size() != static_cast<size_t>(c.epoch) ||
+      c.partial_stats.size() != 5 * static_cast<size_t>(c.step))
+    k.fail(fmt::format("inconsistent fields: epoch {} with {} finished, step {} with {} step "
+                       "sums, global step {}",
+                       c.epoch, c.epochs.size(), c.step, c.partial_stats.size() / 5,
+                       c.global_step));
+  const size_t n = c.params.size();
+  if ((!c.opt_m.empty() && c.opt_m.size() != n) || (!c.opt_v.empty() && c.opt_v.size() != n) ||
+      c.bn_state.size() % static_cast<size_t>(c.replicas) != 0)
+    k.fail("inconsistent fields: optimizer or BatchNorm state of another size");
+  for (size_t i = 0; i < c.opt_v.size(); ++i)
+    if (c.opt_v[i] < 0) k.fail(fmt::format("a negative second moment at parameter {}", i));
+  for (int i = 0; i < 3; ++i) k.nan_or_finite(c.noise[i], "the noise-scale averages");
+  k.within(c.noise[2], 0, 1, "the noise-scale weight");
+  k.whole(c.noise[3], 0x1p53, "the noise-scale step count");
+  k.whole(static_cast<double>(c.launches_per_step), 0x1p53, "the launches per step");
+  if (run) {
+    if (c.replicas != run->replicas || c.epoch >= run->epochs || c.step >= run->steps)
+      k.fail(fmt::format("epoch {}, step {} of {} replicas is not a step of this run ({} epochs "
+                         "of {} steps, {} replicas)",
+                         c.epoch, c.step, c.replicas, run->epochs, run->steps, run->replicas));
+    if (c.params.size() > static_cast<size_t>(run->max_params))
+      k.fail(fmt::format("{} parameters, more than this run's model has ({})", c.params.size(),
+                         run->max_params));
+  }
+  const double big = 0x1p53;  // without a run: whole numbers a double holds exactly
+  check_partial(c, k, run ? static_cast<double>(run->global_batch) : big);
+  check_epochs(c, k, run ? static_cast<double>(run->train_size) : big);
+}
 
 std::string encode_checkpoint(const Checkpoint& c) {
   Writer w;
@@ -142,7 +261,9 @@ std::string encode_checkpoint(const Checkpoint& c) {
   return std::move(w.out);
 }
 
-Checkpoint decode_checkpoint(const std::string& bytes, const std::string& what) {
+namespace {
+// The fields, checked for length and CRC but not yet for range.
+Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
   Reader r(bytes, what);
   if (bytes.size() < kMagicLen + sizeof(uint32_t) || bytes.compare(0, kMagicLen, kMagic) != 0)
     r.bad("no checkpoint header");
@@ -159,13 +280,51 @@ Checkpoint decode_checkpoint(const std::string& bytes, const std::string& what) 
   c.epochs.resize(r.count(epoch_bytes));
   for (auto& m : c.epochs) epoch_fields(m, [&](auto& v) { r.pod(v); });
   if (r.at() != body) r.bad("unexpected bytes after its fields");
-  const double noise_steps = c.noise[3];
-  if (c.replicas < 1 || c.rng.size() != 4 * static_cast<size_t>(c.replicas) || c.epoch < 0 ||
-      c.step < 0 || c.global_step < 0 || c.partial_stats.size() % 5 != 0 ||
-      c.epochs.size() != static_cast<size_t>(c.epoch) || !(noise_steps >= 0) ||
-      noise_steps > 0x1p53 || noise_steps != std::floor(noise_steps))
-    r.bad("inconsistent fields");
   return c;
+}
+}  // namespace
+
+Checkpoint decode_checkpoint(const std::string& bytes, const std::string& what) {
+  Checkpoint c = decode_fields(bytes, what);
+  check_checkpoint(c, what, nullptr);
+  return c;
+}
+
+CheckpointRun checkpoint_run(const Config& cfg, const DataShape& data) {
+  CheckpointRun run;
+  run.replicas = cfg.gpus;
+  run.epochs = cfg.train.epochs;
+  run.global_batch = cfg.global_batch();
+  run.train_size = data.train_size;
+  const int64_t n = data.train_size, g = run.global_batch;
+  run.steps = cfg.data.drop_remainder ? n / g : n / g + (n % g != 0);
+  // The layers' own counts: the parameters, and the BatchNorm state each replica keeps (its
+  // running mean and variance, as many values as the layer's parameters).
+  double params = 0, bn = 0;
+  for (const auto& l : build_layers(cfg.model, data.shape, data.classes)) {
+    params += static_cast<double>(l->param_count());
+    if (dynamic_cast<const BatchNorm*>(l.get())) bn += static_cast<double>(l->param_count());
+  }
+  run.max_params = static_cast<int64_t>(std::min(params, 0x1p62));
+  // The file, field by field (see fields()), in doubles: the products cannot overflow. The
+  // config text is the run's (to_yaml), give or take the replicas key; 4 KiB of slack.
+  size_t epoch_bytes = 0;
+  EpochMetrics probe;
+  epoch_fields(probe, [&](const auto& v) { epoch_bytes += sizeof v; });
+  const double r = run.replicas, e = run.epochs, steps = static_cast<double>(run.steps);
+  const double arrays = cfg.optimizer.type == OptimizerType::sgd ? 2 : 3;  // sgd has no v
+  const double bytes = kMagicLen + 8.0 + static_cast<double>(to_yaml(cfg).size()) + 4096 +
+                       (4 + 4 + 8 + 8) +        // replicas, epoch, step, global step
+                       arrays * (8 + 4 * params) + 8 * (3 - arrays) +  // w, m (momentum), v
+                       8 + 4 * r * bn +         // BatchNorm state, per replica
+                       8 + 32 * r +             // the random streams
+                       32 + 8 + 40 * steps +    // noise scale; the partial epoch's sums
+                       8 + 48 +                 // its first LR and phase times
+                       8 + 8 * e * steps +      // the finished steps' losses
+                       8 +                      // launches per step
+                       8 + e * static_cast<double>(epoch_bytes) + 4;  // epochs, CRC
+  run.max_bytes = bytes >= 0x1p63 ? UINT64_MAX : static_cast<uint64_t>(bytes);
+  return run;
 }
 
 std::string checkpoint_path(const std::string& run_dir) {
@@ -197,11 +356,35 @@ void save_checkpoint(const std::string& run_dir, const Checkpoint& c) {
   write_file_atomic(path, bytes);
 }
 
+std::optional<Checkpoint> load_checkpoint(const std::string& run_dir, const Config& cfg) {
+  const std::string path = checkpoint_path(run_dir);
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
+  const CheckpointRun run = checkpoint_run(cfg, peek_data_shape(cfg.data));
+  std::string bytes;
+  try {  // refused before it is read where it is larger than this run's checkpoint can be
+    bytes = read_own_file(path, "checkpoint of this run (its model, replicas and config)",
+                          static_cast<size_t>(std::min<uint64_t>(run.max_bytes, SIZE_MAX)));
+  } catch (const UserError& e) {
+    throw UserError(fmt::format("{}; delete it to start the run over", e.what()));
+  }
+  Checkpoint c = decode_fields(bytes, path);
+  check_checkpoint(c, path, &run);
+  return c;
+}
+
 std::optional<Checkpoint> load_checkpoint(const std::string& run_dir) {
   const std::string path = checkpoint_path(run_dir);
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::nullopt;
-  return decode_checkpoint(read_text_file(path, "checkpoint", size_t{1} << 40), path);
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
+  // The run's config, as it was written when the run started.
+  const std::string resolved = (std::filesystem::path(run_dir) / "config.resolved.yaml").string();
+  if (!std::filesystem::exists(std::filesystem::symlink_status(resolved, ec)))
+    throw UserError(fmt::format("{}: no config.resolved.yaml beside it to check it against; "
+                                "delete it to start the run over",
+                                path));
+  const std::string yaml = read_own_file(resolved, "resolved config", size_t{16} << 20);
+  return load_checkpoint(run_dir, parse_config(yaml, resolved));
 }
 
 }  // namespace dtrain

@@ -39,14 +39,36 @@ struct Checkpoint {
 };
 
 std::string encode_checkpoint(const Checkpoint& c);
-// Throws UserError naming `what` (the file) if the bytes are not a whole, intact checkpoint.
+// Throws UserError naming `what` (the file) if the bytes are not a whole, intact checkpoint,
+// or if a value is out of range whatever the run (check_checkpoint without a run).
 Checkpoint decode_checkpoint(const std::string& bytes, const std::string& what);
+
+// What a run can hold, which bounds its checkpoint: file size, counts, positions.
+struct CheckpointRun {
+  int replicas = 0, epochs = 0;
+  int64_t steps = 0;         // optimizer steps per epoch
+  int64_t global_batch = 0;  // rows of one step, at most
+  int64_t train_size = 0;    // samples of one epoch, at most
+  int64_t max_params = 0;    // the model's parameters (at most, where the classes are a bound)
+  uint64_t max_bytes = 0;    // the file: every field at its largest, the config text, the CRC
+};
+// From the run's config and its data's shape (peek_data_shape: no data is loaded). Throws
+// UserError where the model does not fit the data.
+CheckpointRun checkpoint_run(const Config& cfg, const DataShape& data);
+// Range checks of every decoded value, each refusal (UserError) naming `what` and the field:
+// counts whole and within the run (`run`; without one, what a double holds exactly), sums
+// finite, times finite and >= 0, accuracies in [0, 1], epoch and step within the run.
+void check_checkpoint(const Checkpoint& c, const std::string& what, const CheckpointRun* run);
 
 // The checkpoint file of a run folder.
 std::string checkpoint_path(const std::string& run_dir);
 // Writes it atomically and durably (a crash leaves the old file or the new one, never a mix).
 void save_checkpoint(const std::string& run_dir, const Checkpoint& c);
-// The folder's checkpoint, or nothing if it has none. Throws UserError if it is damaged.
+// The folder's checkpoint, or nothing if it has none. Throws UserError if it is damaged, if
+// it is larger than a checkpoint of `cfg` can be (refused before it is read, naming its size
+// and the bound), or if a value is out of range for the run `cfg` describes.
+std::optional<Checkpoint> load_checkpoint(const std::string& run_dir, const Config& cfg);
+// The same, with the run's config read from the folder's config.resolved.yaml.
 std::optional<Checkpoint> load_checkpoint(const std::string& run_dir);
 
 }  // namespace dtrain

@@ -17,8 +17,10 @@ struct Finding {
   std::string message;  // "<what and why>; fix: <what to change>"
 };
 
-// Every rule that fires for `cfg`. `data` (may be null) adds the rules that need the data:
-// samples dropped per epoch and label-ordered training data.
+// Every rule that fires for `cfg`, each saying what holds for the configured optimizer (sgd,
+// with or without momentum, against adam and adamw, whose steps are invariant to the
+// gradient's scale but for eps and adam's weight decay). `data` (may be null) adds the rules
+// that need the data: samples dropped per epoch, label-ordered training data, sparse labels.
 std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data);
 
 // "doctor: [rule] message", the line `dtrain doctor` prints and `dtrain run` logs.

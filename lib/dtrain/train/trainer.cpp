@@ -169,9 +169,25 @@ std::string Placement::describe() const {
   return fmt::format("cuda: replicas on GPUs [{}]{}", s, colocated ? " (colocated)" : "");
 }
 
+// A GPU listed twice in `devices` puts two replicas on it, which NCCL refuses ("invalid
+// usage") unless they are colocated. Checked before asking for GPUs, so that `dtrain validate`
+// on a machine without one catches it too.
+static void check_device_list(const Config& cfg) {
+  if (cfg.colocate) return;
+  for (size_t i = 0; i < cfg.devices.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (cfg.devices[i] == cfg.devices[j])
+        throw UserError(fmt::format(
+            "devices: GPU {} is listed twice, but NCCL runs one replica per GPU; set colocate: "
+            "true to run several replicas on one GPU (in turn, gradients through the host), "
+            "or list each GPU once",
+            cfg.devices[i]));
+}
+
 Placement place_replicas(const Config& cfg, int local_ranks) {
   Placement p;
   if (cfg.backend == Backend::cpu) return p;
+  check_device_list(cfg);
   const GpuSystem sys = query_gpus();
   if (cfg.backend == Backend::auto_ && sys.gpus.empty()) return p;
   if (sys.gpus.empty())
@@ -195,10 +211,28 @@ Placement place_replicas(const Config& cfg, int local_ranks) {
         cfg.gpus, local_ranks, devs.size(), devs.size() == 1 ? "is" : "are"));
   }
   p.backend = Backend::cuda;
-  p.colocated = local_ranks > static_cast<int>(devs.size());
   for (int r = 0; r < local_ranks; ++r)
     p.gpu_of_replica.push_back(devs[static_cast<size_t>(r) % devs.size()]);
+  // Colocated: some GPU holds more than one replica (more replicas than devices, or, with
+  // colocate: true, a GPU listed twice).
+  std::vector<int> used = p.gpu_of_replica;
+  std::sort(used.begin(), used.end());
+  p.colocated = std::adjacent_find(used.begin(), used.end()) != used.end();
   return p;
+}
+
+// The sizes a GPU run hands cuBLAS and cuDNN as int (see narrow_int): every layer's input and
+// output for the most rows a replica's buffers hold (a micro-batch or an evaluation chunk).
+static void check_gpu_sizes(const Config& cfg, const DataSplit& data) {
+  const int64_t rows =
+      std::max(std::min(cfg.micro_batch(), data.train.size()),
+               std::min(cfg.train.eval_batch, std::max<int64_t>(1, data.test.size())));
+  const auto layers = build_layers(cfg.model, data.train.shape, data.train.classes);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string name = fmt::format("model layer {} ({})", i, layers[i]->describe());
+    check_gpu_tensor(name, rows, layers[i]->in_features());
+    check_gpu_tensor(name, rows, layers[i]->out_features());
+  }
 }
 
 namespace {
@@ -267,7 +301,10 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
     const GpuSystem sys = query_gpus();
     if (gpu < static_cast<int>(sys.gpus.size()))
       have = static_cast<double>(sys.gpus[static_cast<size_t>(gpu)].memory_bytes);
-    const double train_set = 4.0 * static_cast<double>(data.train.x.size());
+    // Features and labels, 4 bytes each (the host's copy is in memory already: the data set
+    // was refused at its load where it would not fit, see check_synthetic_fits).
+    const double train_set =
+        4.0 * (static_cast<double>(data.train.x.size()) + static_cast<double>(data.train.size()));
     need = shared ? common + (one.grads + one.activations + train_set) * count
                   : (one.total() + train_set) * count;
     where = fmt::format("GPU {} has", gpu);
@@ -309,6 +346,7 @@ void check_plan(const Config& cfg, const DataSplit& data) {
         "flat; for synthetic data give data.synthetic.shape three dimensions)");
   const int local_ranks = local_replica_count(cfg);
   const Placement place = place_replicas(cfg, local_ranks);
+  if (place.backend == Backend::cuda) check_gpu_sizes(cfg, data);
   if (place.backend != Backend::cuda && cfg.precision == Precision::tf32)
     throw UserError(
         "precision: tf32 needs a GPU, and this run is on the CPU (fp32, or bf16 emulated)");
