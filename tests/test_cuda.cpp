@@ -22,6 +22,7 @@
 #include "dtrain/dist/comm.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/trainer.hpp"
+#include "checkpoint_helpers.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;
@@ -930,30 +931,6 @@ TEST_CASE("CUDA sum_squares matches the CPU twin and gives the same bits every c
 
 // ---- state that outlives a step, on the GPU ----
 
-namespace {
-struct KeepCheckpoints : TrainObserver {
-  std::vector<Checkpoint> all;
-  void on_checkpoint(const Checkpoint& c) override {
-    all.push_back(decode_checkpoint(encode_checkpoint(c), "test"));
-  }
-};
-
-// Every loss of every step and every epoch's numbers, bit for bit (not the times).
-void require_same_bits(const TrainResult& a, const TrainResult& b) {
-  REQUIRE(a.epochs.size() == b.epochs.size());
-  for (size_t e = 0; e < a.epochs.size(); ++e) {
-    INFO("epoch " << e + 1);
-    CHECK(std::memcmp(&a.epochs[e].train_loss, &b.epochs[e].train_loss, sizeof(double)) == 0);
-    CHECK(std::memcmp(&a.epochs[e].test_loss, &b.epochs[e].test_loss, sizeof(double)) == 0);
-    CHECK(a.epochs[e].test_acc == b.epochs[e].test_acc);
-    CHECK(std::memcmp(&a.epochs[e].noise_b_simple, &b.epochs[e].noise_b_simple,
-                      sizeof(double)) == 0);
-  }
-  REQUIRE(a.step_losses.size() == b.step_losses.size());
-  CHECK(std::memcmp(a.step_losses.data(), b.step_losses.data(),
-                    a.step_losses.size() * sizeof(double)) == 0);
-}
-}  // namespace
 
 // A GPU run continued from any of its checkpoints gives the bits of the run never stopped: one
 // replica on NCCL with CUDA graphs, accumulation and the noise scale (sum_squares inside the
@@ -981,12 +958,12 @@ TEST_CASE("a GPU run resumed from any of its checkpoints gives the same bits",
       }
       INFO(replicas << " replica(s), " << to_string(opt));
       const DataSplit data = load_data(c.data, c.train.seed);
-      KeepCheckpoints keep;
+      test::Keep keep;
       const TrainResult full = train(c, data, &keep);
       REQUIRE(keep.all.size() >= 3);
       for (const auto& k : keep.all) {
         INFO("from epoch " << k.epoch << " step " << k.step);
-        require_same_bits(full, train(c, data, nullptr, &k));
+        test::require_same_numeric_columns(full, train(c, data, nullptr, &k));
       }
     }
   }

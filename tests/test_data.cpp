@@ -432,7 +432,7 @@ TEST_CASE("dtrain validate and run refuse oversized synthetic data in one line",
   CHECK(test::count_lines(r.out) == 1);
 }
 
-TEST_CASE("labels are described compactly; sparse ones are warned about", "[data]") {
+TEST_CASE("labels are described compactly, and sparse ones are warned about", "[data]") {
   DataSplit d;
   for (int c = 0; c < 10; ++c) d.train.y.insert(d.train.y.end(), 6000, c);
   d.train.classes = d.test.classes = 10;

@@ -47,10 +47,10 @@ bool wait_for(const fs::path& p, double seconds) {
 
 }  // namespace
 
-TEST_CASE("--resume skips a run that another command finished after this one planned it",
+TEST_CASE("a resume skips a run that another command finished after this one planned it",
           "[resume][cli]") {
   TempDir d("rf-race");
-  const std::string cfg = sweep_config(d, 40);  // the 1-replica run: seconds
+  const std::string cfg = sweep_config(d, 1000);  // the 1-replica run: seconds
   const auto res = (d.path / "res").string(), ref = (d.path / "ref").string();
   // A finished 2-replica run of the same experiment, made elsewhere.
   REQUIRE(dtrain_cli("run " + cfg + " gpus=2 --results " + ref + " --tag t --quiet").code == 0);
@@ -197,7 +197,7 @@ TEST_CASE("report names a folder it cannot list and shows a live run as running"
   CHECK_THAT(r.out, Catch::Contains("locked: cannot list this folder"));
 }
 
-TEST_CASE("names and tags with control characters are refused; configs read back to themselves",
+TEST_CASE("names and tags with control characters are refused, and configs read back to themselves",
           "[config][cli]") {
   // In YAML's double-quoted escapes: a carriage return, a tab, a newline, DEL.
   for (const std::string bad : {"syn\\r", "a\\tb", "line\\nbreak", "x\\x7f"}) {
