@@ -123,12 +123,18 @@ std::string read_text_file(const std::string& path, const std::string& what, siz
   return read_checked(path, what, max_bytes, false);
 }
 
-std::optional<std::string> try_read_text_file(const std::string& path, size_t max_bytes) {
+namespace {
+std::optional<std::string> try_read(const std::string& path, size_t max_bytes, bool own) {
   try {
-    return read_text_file(path, "file", max_bytes);
+    return read_checked(path, "file", max_bytes, own);
   } catch (const UserError&) {
     return std::nullopt;
   }
+}
+}  // namespace
+
+std::optional<std::string> try_read_text_file(const std::string& path, size_t max_bytes) {
+  return try_read(path, max_bytes, false);
 }
 
 std::string read_own_file(const std::string& path, const std::string& what, size_t max_bytes) {
@@ -136,11 +142,7 @@ std::string read_own_file(const std::string& path, const std::string& what, size
 }
 
 std::optional<std::string> try_read_own_file(const std::string& path, size_t max_bytes) {
-  try {
-    return read_own_file(path, "file", max_bytes);
-  } catch (const UserError&) {
-    return std::nullopt;
-  }
+  return try_read(path, max_bytes, true);
 }
 
 std::string slug(const std::string& s) {

@@ -65,7 +65,9 @@ const EnumTable<Backend> kBackends = {
 const EnumTable<DatasetKind> kDatasets = {{"fashion-mnist", DatasetKind::fashion_mnist},
                                           {"mnist", DatasetKind::mnist},
                                           {"idx", DatasetKind::idx},
-                                          {"synthetic", DatasetKind::synthetic}};
+                                          {"synthetic", DatasetKind::synthetic},
+                                          {"cifar10", DatasetKind::cifar10},
+                                          {"cifar100", DatasetKind::cifar100}};
 const EnumTable<Shuffle> kShuffles = {
     {"sample", Shuffle::sample}, {"batch", Shuffle::batch}, {"none", Shuffle::none}};
 const EnumTable<Sharding> kShardings = {{"interleaved", Sharding::interleaved},

@@ -16,7 +16,7 @@ class Node;
 namespace dtrain {
 
 enum class Backend { auto_, cpu, cuda };
-enum class DatasetKind { fashion_mnist, mnist, idx, synthetic };
+enum class DatasetKind { fashion_mnist, mnist, idx, synthetic, cifar10, cifar100 };
 enum class Shuffle { sample, batch, none };
 enum class Sharding { interleaved, contiguous };
 enum class Reduction { mean, sum };

@@ -17,6 +17,7 @@
 #include <set>
 #include <type_traits>
 
+#include "dtrain/data/cifar.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
 #include "dtrain/base/rng.hpp"
@@ -469,12 +470,29 @@ std::string data_identity(const DataConfig& c, uint64_t seed) {
   return w.key;
 }
 
+bool is_cifar(DatasetKind k) {
+  return k == DatasetKind::cifar10 || k == DatasetKind::cifar100;
+}
+
+std::vector<int64_t> nominal_shape(const DataConfig& cfg) {
+  if (cfg.dataset == DatasetKind::synthetic) return cfg.synthetic.shape;
+  if (is_cifar(cfg.dataset)) return {3, 32, 32};
+  return {1, 28, 28};  // Fashion-MNIST and MNIST; IDX files of other sizes say so when read
+}
+
 DataShape peek_data_shape(const DataConfig& cfg) {
   DataShape d;
   if (cfg.dataset == DatasetKind::synthetic) {
     d.shape = cfg.synthetic.shape;
     d.classes = cfg.synthetic.classes;
     d.train_size = kept(cfg.train_limit, cfg.synthetic.train_size);
+    return d;
+  }
+  if (is_cifar(cfg.dataset)) {
+    const CifarFormat& f = cifar_format(cfg.dataset);
+    d.shape = nominal_shape(cfg);
+    d.classes = f.classes;
+    d.train_size = kept(cfg.train_limit, cifar_train_size(cfg.path, f));
     return d;
   }
   if (!fs::is_directory(cfg.path))
@@ -499,6 +517,9 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
     const SyntheticConfig& sy = cfg.synthetic;
     s.train = make_synthetic(sy, kept(cfg.train_limit, sy.train_size), seed, 1);
     s.test = make_synthetic(sy, kept(cfg.test_limit, sy.test_size), seed, 2);
+  } else if (is_cifar(cfg.dataset)) {
+    load_cifar(cfg.path, cifar_format(cfg.dataset), cfg.train_limit, cfg.test_limit, s.train,
+               s.test);
   } else {
     if (!fs::is_directory(cfg.path))
       throw UserError(

@@ -78,8 +78,7 @@ int64_t bn_positions(const ModelConfig& m, const std::vector<int64_t>& input) {
 // The per-sample input shape: the data's where loaded, else what the config says it will be.
 std::vector<int64_t> input_shape(const Context& c) {
   if (c.data) return c.data->train.shape;
-  if (c.cfg.data.dataset == DatasetKind::synthetic) return c.cfg.data.synthetic.shape;
-  return {1, 28, 28};  // Fashion-MNIST, MNIST and IDX images
+  return nominal_shape(c.cfg.data);
 }
 
 // Training samples per epoch, where known without reading files.
