@@ -13,14 +13,14 @@ constexpr double kGradStep = 1e-2;
 
 // d f / d v by central differences, leaving v as it was.
 template <class F>
-double central_diff(float& v, F&& f) {
+double central_diff(float& v, F&& f, double step = kGradStep) {
   const float keep = v;
-  v = keep + static_cast<float>(kGradStep);
+  v = keep + static_cast<float>(step);
   const double plus = f();
-  v = keep - static_cast<float>(kGradStep);
+  v = keep - static_cast<float>(step);
   const double minus = f();
   v = keep;
-  return (plus - minus) / (2 * kGradStep);
+  return (plus - minus) / (2 * step);
 }
 
 inline bool grad_close(double analytic, double numeric) {

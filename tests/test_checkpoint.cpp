@@ -60,6 +60,40 @@ TEST_CASE("a run continued from any of its checkpoints gives the same bits", "[c
   }
 }
 
+TEST_CASE("a residual run with BatchNorm inside its blocks resumes to the same bits",
+          "[checkpoint][residual]") {
+  // Per-replica BatchNorm, so each replica's running statistics of every nested BatchNorm
+  // (two in an identity block, three with a projection shortcut) must come back.
+  Config cfg = stateful_config(OptimizerType::sgd);
+  cfg.model = parse_config(R"(model:
+  type: layers
+  layers:
+    - {conv: {channels: 4, padding: 1, bias: false}}
+    - batchnorm
+    - relu
+    - residual:
+        body: [{conv: {channels: 4, padding: 1, bias: false}}, batchnorm, relu,
+               {conv: {channels: 4, padding: 1, bias: false}}, batchnorm]
+    - residual:
+        body: [{conv: {channels: 6, stride: 2, padding: 1, bias: false}}, batchnorm, relu,
+               {residual: {body: [{conv: {channels: 6, padding: 1}}, batchnorm]}}]
+    - global_avg_pool
+)",
+                           "res.yaml")
+                  .model;
+  const DataSplit data = load_data(cfg.data, cfg.train.seed);
+  Keep keep;
+  const TrainResult full = train(cfg, data, &keep);
+  REQUIRE(keep.all.size() == 9);
+  // 2 replicas x [mean, var] of BatchNorms of 4, 4, 4, 6, 6 (nested) and 6 (projection).
+  CHECK(keep.all[0].bn_state.size() == 2 * 2 * (4 * 3 + 6 * 3));
+  for (const auto& c : keep.all) {
+    INFO("from epoch " << c.epoch << " step " << c.step);
+    const TrainResult resumed = train(cfg, data, nullptr, &c);
+    require_same_numeric_columns(full, resumed);
+  }
+}
+
 TEST_CASE("a checkpoint of another model or replica count is refused", "[checkpoint]") {
   Config cfg = stateful_config(OptimizerType::sgd);
   const DataSplit data = load_data(cfg.data, cfg.train.seed);

@@ -261,6 +261,16 @@ TEST_CASE("validate builds every model shape and estimates its memory before any
   r = dtrain_cli("run " + cfg.string() + " gpus=1,2" + k9 + res);
   CHECK(r.code == 2);
   CHECK_FALSE(std::filesystem::exists(t.path / "res" / "img"));
+  // A residual body that cannot be added to its shortcut: one line naming the block and both
+  // shapes.
+  r = dtrain_cli("validate " + cfg.string() +
+                 " 'model.layers=[{conv: {channels: 4, padding: 1}}, {residual: {shortcut: "
+                 "identity, body: [{conv: {channels: 8, padding: 1}}]}}]'");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.out) == 1);
+  CHECK_THAT(r.out, Catch::Contains("model.layers[1] (residual): the body's output [8, 8, 8] "
+                                    "cannot be added to the identity shortcut's [4, 8, 8]"));
   // A hidden layer no machine holds: the estimate names the keys to lower.
   r = dtrain_cli("validate " + cfg.string() + " model.type=mlp model.hidden=[100000000]");
   INFO(r.out);

@@ -86,9 +86,10 @@ void twin(const char* what, double bound, const Op& op, Precision precision = Pr
   }
 }
 
-// A convolution's forward pass and all its gradients on random tensors of `ns` samples.
+// A convolution's forward pass and all its gradients on random tensors of `ns` samples; without
+// a bias (null b and db) where !bias.
 void conv_twin(const char* what, double bound, const ConvGeom& g, int64_t ns, Rng& rng,
-               Precision precision) {
+               Precision precision, bool bias = true) {
   const auto x = random_vec(rng, ns * g.c * g.h * g.w), w = random_vec(rng, g.oc * g.c * g.k * g.k);
   const auto b = random_vec(rng, g.oc), dy = random_vec(rng, ns * g.oc * g.ho() * g.wo());
   twin(what, bound, [&](Device& d, Mirror& mr) -> Outs {
@@ -96,8 +97,8 @@ void conv_twin(const char* what, double bound, const ConvGeom& g, int64_t ns, Rn
           *dx = mr.in(x);
     const float* xp = mr.in(x);
     const float* wp = mr.in(w);
-    d.conv_forward(g, ns, xp, wp, mr.in(b), y);
-    d.conv_backward(g, ns, xp, wp, mr.in(dy), dw, db, dx);
+    d.conv_forward(g, ns, xp, wp, bias ? mr.in(b) : nullptr, y);
+    d.conv_backward(g, ns, xp, wp, mr.in(dy), dw, bias ? db : nullptr, dx);
     return Outs{mr.out(y, dy.size()), mr.out(dw, w.size()), mr.out(db, b.size()),
                 mr.out(dx, x.size())};
   }, precision);
@@ -168,6 +169,10 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
   // Convolution (cuDNN against oneDNN or im2col), pooling and BatchNorm on NCHW maps.
   for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
     conv_twin("conv", 1e-5, g, 3, rng, Precision::fp32);
+  // Without bias (ResNet convolutions), 1x1 strided (the projection shortcut).
+  conv_twin("conv, no bias", 1e-5, ConvGeom{4, 9, 9, 6, 3, 2, 1}, 3, rng, Precision::fp32, false);
+  conv_twin("conv 1x1 s2, no bias", 1e-5, ConvGeom{4, 9, 9, 6, 1, 2, 0}, 3, rng, Precision::fp32,
+            false);
   // Named variables, not a structured binding: clang 14 cannot capture one in a lambda.
   for (const auto& window : {std::pair{2, 2}, std::pair{3, 2}}) {
     const int64_t k2 = window.first, s2 = window.second;
@@ -251,6 +256,14 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     d.fold(acc, mr.in(G), P.size(), false, 1.f);
     d.fold(acc, mr.in(mask), P.size(), false, 1.f / 3);
     return Outs{mr.out(acc, P.size())};
+  });
+  // A residual block's sum and gradient split: exact, one rounding per element everywhere.
+  twin("add", 0, [&](Device& d, Mirror& mr) -> Outs {
+    float* y = mr.in(std::vector<float>(P.size()));
+    float* a = mr.in(P);
+    d.add(a, mr.in(G), y, P.size());
+    d.add(a, mr.in(mask), a, P.size());  // in place
+    return Outs{mr.out(y, P.size()), mr.out(a, P.size())};
   });
 }
 

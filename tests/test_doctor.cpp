@@ -255,8 +255,13 @@ TEST_CASE("doctor: local BatchNorm on a small per-replica batch", "[doctor]") {
   c.train.per_replica_batch = 8;
   CHECK_FALSE(fires("small-bn-batch", c));
   c.model.type = ModelType::layers;
-  c.model.layers = {LayerSpec{LayerType::flatten}, LayerSpec{LayerType::dense, 32},
-                    LayerSpec{LayerType::batchnorm}, LayerSpec{LayerType::relu}};
+  c.model.layers.clear();
+  for (LayerType t : {LayerType::flatten, LayerType::dense, LayerType::batchnorm, LayerType::relu}) {
+    LayerSpec l;
+    l.type = t;
+    l.units = t == LayerType::dense ? 32 : 0;
+    c.model.layers.push_back(l);
+  }
   CHECK(fires("small-bn-batch", c));
 }
 

@@ -3,8 +3,9 @@
 #include <cmath>
 
 #include "dtrain/backend/device.hpp"
-#include "dtrain/nn/model.hpp"
 #include "dtrain/base/rng.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/nn/model.hpp"
 #include "gradcheck.hpp"
 
 using namespace dtrain;
@@ -36,7 +37,10 @@ std::vector<float> spaced_values(Rng& rng, size_t n) {
   return v;
 }
 
-void check_layer(Device& d, Layer& layer, uint64_t seed, bool spaced = false) {
+// `step`: the finite difference; deep stacks (BatchNorm after BatchNorm) curve enough that
+// kGradStep's truncation error exceeds the tolerance.
+void check_layer(Device& d, Layer& layer, uint64_t seed, bool spaced = false,
+                 double step = test::kGradStep) {
   Device* dev = &d;
   Rng rng(seed);
   const int64_t rows = 3;
@@ -56,12 +60,12 @@ void check_layer(Device& d, Layer& layer, uint64_t seed, bool spaced = false) {
 
   const auto loss = [&] { return probe_loss(*dev, layer, x, rows, u); };
   for (size_t i = 0; i < x.size(); ++i) {
-    const double numeric = central_diff(x[i], loss);
+    const double numeric = central_diff(x[i], loss, step);
     INFO(layer.describe() << " dx[" << i << "] analytic " << dx[i] << " numeric " << numeric);
     CHECK(grad_close(dx[i], numeric));
   }
   for (size_t j = 0; j < params.size(); ++j) {
-    const double numeric = central_diff(params[j], loss);
+    const double numeric = central_diff(params[j], loss, step);
     INFO(layer.describe() << " dparam[" << j << "] analytic " << grads[j] << " numeric "
                           << numeric);
     CHECK(grad_close(grads[j], numeric));
@@ -117,6 +121,45 @@ TEST_CASE("batchnorm gradients match finite differences in training mode", "[gra
   check_layer(*dev, bn2d, 26);
   BatchNorm bn1d(MapShape{5, 1, 1}, /*sync=*/false);
   check_layer(*dev, bn1d, 27);
+}
+
+// A residual block from its YAML, for input maps of `in`.
+std::unique_ptr<Layer> residual_block(const std::string& yaml, MapShape in) {
+  const ModelConfig m =
+      parse_config("model: {type: layers, layers: [" + yaml + "]}", "r.yaml").model;
+  MapShape cur = in;
+  return make_residual(m.layers.at(0), cur, /*sync=*/false);
+}
+
+TEST_CASE("residual block gradients match finite differences, both shortcuts", "[grad][residual]") {
+  // Smooth activations (no ReLU kink for the differences to straddle); BatchNorm in training.
+  std::vector<CpuConv> algos{CpuConv::im2col};
+  if (have_onednn()) algos.push_back(CpuConv::onednn);
+  for (auto algo : algos) {
+    INFO("conv " << to_string(algo));
+    auto dev = make_cpu_device({1, algo});
+    SECTION("identity shortcut, with a nested block in the body") {
+      auto block = residual_block(
+          "{residual: {shortcut: identity, activation: tanh, body: ["
+          "{conv: {channels: 2, kernel: 3, padding: 1, bias: false}}, batchnorm, tanh,"
+          "{residual: {activation: none, body: [{conv: {channels: 2, padding: 1}}, batchnorm]}}]}}",
+          MapShape{2, 4, 4});
+      CHECK_THAT(block->describe(), Catch::Contains("| identity) + tanh"));
+      check_layer(*dev, *block, 31, false, 2e-3);
+    }
+    SECTION("projection shortcut (stride 2, more channels)") {
+      auto block = residual_block(
+          "{residual: {shortcut: auto, activation: gelu, body: ["
+          "{conv: {channels: 3, kernel: 3, stride: 2, padding: 1, bias: false}}, batchnorm, gelu,"
+          "{conv: {channels: 3, kernel: 3, padding: 1, bias: false}}, batchnorm]}}",
+          MapShape{2, 5, 5});
+      CHECK_THAT(block->describe(),
+                 Catch::Contains("conv(2->3, k1 s2, 3x3, no bias) -> batchnorm(3)) + gelu"));
+      // Body: 3x2x3x3 + 2x3 + 3x3x3x3 + 2x3; shortcut: 3x2 + 2x3; no conv biases.
+      CHECK(block->param_count() == 54 + 6 + 81 + 6 + 6 + 6);
+      check_layer(*dev, *block, 32, false, 2e-3);
+    }
+  }
 }
 
 TEST_CASE("batchnorm normalises in training and uses running statistics in evaluation", "[bn]") {

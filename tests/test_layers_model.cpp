@@ -46,7 +46,150 @@ Config bn_config(int gpus, int64_t batch, BatchNormMode mode) {
   return c;
 }
 
+// A small residual network on 3x8x8 images: a stem, an identity block, a downsampling block
+// (projection shortcut) and global average pooling; BatchNorm inside both blocks.
+Config residual_config(int gpus, int64_t batch, BatchNormMode mode) {
+  Config c = test::synthetic_config(gpus, batch);
+  c.data.synthetic.shape = {3, 8, 8};
+  c.data.synthetic.train_size = 32 * 60;
+  c.model = parse_config(R"(model:
+  type: layers
+  layers:
+    - {conv: {channels: 4, kernel: 3, padding: 1, bias: false}}
+    - batchnorm
+    - relu
+    - residual:
+        body: [{conv: {channels: 4, padding: 1, bias: false}}, batchnorm, relu,
+               {conv: {channels: 4, padding: 1, bias: false}}, batchnorm]
+    - residual:
+        shortcut: auto
+        body: [{conv: {channels: 8, stride: 2, padding: 1, bias: false}}, batchnorm, relu,
+               {conv: {channels: 8, padding: 1, bias: false}}, batchnorm]
+    - global_avg_pool
+)",
+                         "res.yaml")
+                .model;
+  c.model.batchnorm = mode;
+  c.optimizer.base_batch = 32;
+  return c;
+}
+
 }  // namespace
+
+TEST_CASE("a residual layer list parses, round-trips and builds", "[model][config][residual]") {
+  const Config c = parse_config(R"(model:
+  type: layers
+  layers:
+    - {conv: {channels: 8, padding: 1, bias: false}}
+    - residual:
+        body: [{conv: {channels: 8, padding: 1, bias: false}}, batchnorm, relu,
+               {residual: {body: [{conv: {channels: 8, padding: 1}}], activation: none}}]
+        shortcut: identity
+        activation: gelu
+    - {residual: {body: [{conv: {channels: 16, stride: 2, padding: 1}}], shortcut: project}}
+)",
+                                "m.yaml");
+  REQUIRE(c.model.layers.size() == 3);
+  CHECK_FALSE(c.model.layers[0].bias);
+  const LayerSpec& r = c.model.layers[1];
+  CHECK(r.type == LayerType::residual);
+  CHECK(r.shortcut == Shortcut::identity);
+  CHECK(r.activation == BlockActivation::gelu);
+  REQUIRE(r.body.size() == 4);
+  CHECK(r.body[3].body.size() == 1);
+  CHECK(r.body[3].activation == BlockActivation::none);
+  CHECK(c.model.layers[2].shortcut == Shortcut::project);
+  const Config back = parse_config(to_yaml(c), "resolved.yaml");
+  CHECK(back.model.layers == c.model.layers);
+  auto dev = make_cpu_device();
+  const auto m = build_model(*dev, c.model, {3, 8, 8}, 5);
+  // conv 8x3x3x3; block 1: 8x8x3x3 + BN 16 + (8x8x3x3 + 8); block 2: 16x8x3x3 + 16 and the
+  // projection 16x8 + BN 32; the classifier takes the 16x4x4 map: 256x5 + 5.
+  CHECK(m->param_count() == 216 + (576 + 16 + 576 + 8) + (1152 + 16 + 128 + 32) + (256 * 5 + 5));
+  CHECK_THAT(m->describe(),
+             Catch::Contains("| identity) + gelu") &&
+                 Catch::Contains("conv(8->16, k1 s2, 4x4, no bias) -> batchnorm(16))"));
+  // Nested BatchNorms are state: the model saves 2 x channels for each of the two.
+  CHECK(m->has_batchnorm());
+  CHECK(m->download_state().size() == 2 * 8 + 2 * 16);
+}
+
+TEST_CASE("a residual body that cannot be added to its shortcut is refused, naming both",
+          "[model][errors][residual]") {
+  auto dev = make_cpu_device();
+  const auto err = [&](const std::string& layers) {
+    const ModelConfig m =
+        parse_config("model: {type: layers, layers: [" + layers + "]}", "m.yaml").model;
+    return test::error_of([&] { build_model(*dev, m, {4, 8, 8}, 3); });
+  };
+  // More channels than the input, with an identity shortcut.
+  CHECK_THAT(
+      err("relu, {residual: {shortcut: identity, body: [{conv: {channels: 8, padding: 1}}]}}"),
+      Catch::StartsWith("model.layers[1] (residual): the body's output [8, 8, 8] cannot be "
+                        "added to the identity shortcut's [4, 8, 8]"));
+  // A body no 1x1 strided projection can match (a 3x3 kernel without padding: 8 -> 6).
+  CHECK_THAT(err("{residual: {shortcut: project, body: [{conv: {channels: 4}}]}}"),
+             Catch::StartsWith(
+                 "model.layers[0] (residual): the body's output [4, 6, 6] cannot be "
+                 "added to the projection shortcut's [4, 4, 4] (a 1x1 convolution of stride 2"));
+  // Inside a nested block, both blocks are named.
+  CHECK_THAT(err("{residual: {body: [{residual: {shortcut: identity, body: [{conv: {channels: 2, "
+                 "padding: 1}}]}}]}}"),
+             Catch::StartsWith("model.layers[0] (residual): body[0] (residual): the body's "
+                               "output [2, 8, 8]"));
+  // auto picks what fits: both of these build.
+  CHECK(err("{residual: {body: [{conv: {channels: 4, padding: 1}}]}}").empty());
+  CHECK(err("{residual: {body: [{conv: {channels: 6, stride: 2, padding: 1}}]}}").empty());
+  CHECK_THAT(test::config_error("model: {type: layers, layers: [{residual: {body: []}}]}"),
+             Catch::Contains("model.layers[0]: residual needs a non-empty body"));
+  CHECK_THAT(test::config_error("model: {type: layers, layers: [{residual: {body: [relu], "
+                                "shortcut: skip}}]}"),
+             Catch::Contains("model.layers[0].residual.shortcut: expected one of auto | identity "
+                             "| project"));
+}
+
+TEST_CASE("resnet presets have the standard parameter counts", "[model][residual]") {
+  const auto params = [](const std::string& overrides_yaml, std::vector<int64_t> shape,
+                         int classes) {
+    const ModelConfig m =
+        parse_config("model: {type: resnet, " + overrides_yaml + "}", "r.yaml").model;
+    return model_size(m, shape, classes).params;
+  };
+  // CIFAR ResNet-20/56 (He et al. 2016: 0.27M and 0.85M; projection shortcuts where the shape
+  // changes, so 2752 and 2752 more than the zero-padding option A's 269722 and 853018).
+  CHECK(params("depth: 20", {3, 32, 32}, 10) == 272474);
+  CHECK(params("depth: 56", {3, 32, 32}, 10) == 855770);
+  // ResNet-18 and -34, CIFAR variant (3x3 stem, no max pool): 11.17M and 21.28M.
+  CHECK(params("depth: 18", {3, 32, 32}, 10) == 11173962);
+  CHECK(params("depth: 34", {3, 32, 32}, 10) == 21282122);
+  // ResNet-18 with the ImageNet stem and 1000 classes: torchvision's 11689512.
+  CHECK(params("depth: 18, stem: imagenet", {3, 224, 224}, 1000) == 11689512);
+  // Widths override the standard ones: 8/16/32 on Fashion-MNIST.
+  CHECK(params("depth: 20, widths: [8, 16, 32]", {1, 28, 28}, 10) < 272474 / 3);
+  CHECK_THAT(test::config_error("model: {type: resnet, depth: 21}"),
+             Catch::Contains("model.depth: resnet depth 21 has no block layout"));
+  CHECK_THAT(test::config_error("model: {type: resnet, depth: 18, widths: [16, 32, 64]}"),
+             Catch::Contains("model.widths: resnet depth 18 has 4 stages, so widths needs 4"));
+  auto dev = make_cpu_device();
+  const ModelConfig r20 = parse_config("model: {type: resnet}", "r.yaml").model;
+  const auto m = build_model(*dev, r20, {3, 32, 32}, 10);
+  CHECK_THAT(m->describe(), Catch::StartsWith("conv(3->16, k3 p1, 32x32, no bias) -> batchnorm(16) "
+                                              "-> relu -> residual(") &&
+                                Catch::Contains("global-avg-pool -> dense(64->10)"));
+}
+
+TEST_CASE("a residual network with sync BatchNorm: 4 replicas x 8 equal 1 replica x 32",
+          "[equivalence][residual][bn]") {
+  const auto one = run(residual_config(1, 32, BatchNormMode::sync));
+  const auto four = run(residual_config(4, 8, BatchNormMode::sync));
+  REQUIRE(one.step_losses.size() == 60);
+  CHECK(max_rel_step_diff(one, four) < 1e-5);
+  CHECK(one.epochs.back().test_acc == Approx(four.epochs.back().test_acc).margin(1e-3));
+  CHECK(one.step_losses.back() < 0.8 * one.step_losses.front());  // it learns
+  // Not vacuous: per-replica statistics inside the blocks change the trajectory.
+  const auto local = run(residual_config(4, 8, BatchNormMode::local));
+  CHECK(max_rel_step_diff(one, local) > 1e-4);
+}
 
 TEST_CASE("a layer list parses, round-trips and builds", "[model][config]") {
   const Config c = parse_config(R"(model:
@@ -99,8 +242,8 @@ TEST_CASE("layer mistakes are reported with the layer and what is valid", "[mode
   CHECK_THAT(error_of("model:\n  type: layers\n  layers:\n    - {dense: {unit: 3}}\n"),
              Catch::Contains("unknown key 'model.layers[0].dense.unit' (did you mean 'units'?)"));
   CHECK_THAT(error_of("model:\n  type: layers\n"), Catch::Contains("needs a non-empty list"));
-  CHECK_THAT(error_of("model:\n  type: resnet\n"),
-             Catch::Contains("expected one of mlp | lenet5 | cnn | layers"));
+  CHECK_THAT(error_of("model:\n  type: vgg\n"),
+             Catch::Contains("expected one of mlp | lenet5 | cnn | layers | resnet"));
   auto dev = make_cpu_device();
   ModelConfig bad =
       parse_config("model: {type: layers, layers: [flatten, {conv: {channels: 2}}]}", "m.yaml")

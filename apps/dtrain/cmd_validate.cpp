@@ -2,8 +2,9 @@
 
 #include "commands.hpp"
 #include "dtrain/base/log.hpp"
-#include "dtrain/data/data.hpp"
 #include "dtrain/config/plan.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/nn/model.hpp"
 #include "dtrain/train/trainer.hpp"
 
 namespace dtrain::cli {
@@ -19,6 +20,7 @@ int run_validate(const ValidateOptions& opt) {
   DataCache cache;
   std::string description, warned;
   for (const auto& r : runs) {
+    std::string size;  // the model's parameter count, where the data gives its input shape
     if (!opt.skip_data) {
       const DataSplit& data = cache.get(r.config);
       check_plan(r.config, data);
@@ -28,8 +30,10 @@ int run_validate(const ValidateOptions& opt) {
       if (const std::string w = key != warned ? label_warning(data) : ""; !w.empty())
         log().warn("[sparse-labels] {}", w);
       warned = key;
+      const ModelSize m = model_size(r.config.model, data.train.shape, data.train.classes);
+      size = fmt::format("# model: {} parameters\n", m.params);
     }
-    if (opt.print) fmt::print("# {}\n{}\n", run_id("TAG", r), to_yaml(r.config));
+    if (opt.print) fmt::print("# {}\n{}{}\n", run_id("TAG", r), size, to_yaml(r.config));
   }
   fmt::print("{}: valid ({} run{}{})\n", opt.config, runs.size(), runs.size() == 1 ? "" : "s",
              opt.skip_data ? ", data not checked" : fmt::format("; data: {}", description));

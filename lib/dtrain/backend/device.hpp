@@ -116,11 +116,12 @@ class Device {
   virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
                       const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
 
-  // 2-D convolution of n samples in NCHW layout; weights [oc, c, k, k], bias [oc].
+  // 2-D convolution of n samples in NCHW layout; weights [oc, c, k, k], bias [oc] (null: no
+  // bias).
   virtual void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w,
                             const float* b, float* y) = 0;
-  // Gradients of conv_forward: dw (+)= and db (+)= (accumulated), dx = (overwritten; skipped
-  // when null).
+  // Gradients of conv_forward: dw (+)= and db (+)= (accumulated; db null: no bias), dx =
+  // (overwritten; skipped when null).
   virtual void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w,
                              const float* dy, float* dw, float* db, float* dx) = 0;
   // Max pooling over k x k windows; argmax (per output) records the winning input index.
@@ -159,6 +160,9 @@ class Device {
                        int64_t pad, bool flip, uint64_t seed) = 0;
   // y = x * mask, mask holding 0 or 1/(1-p).
   virtual void multiply(const float* x, const float* mask, float* y, size_t n) = 0;
+  // y = a + b, element by element; y may be a or b (a residual block's sum, and the sum of its
+  // two input gradients).
+  virtual void add(const float* a, const float* b, float* y, size_t n) = 0;
 
   virtual void scale(float* x, size_t n, float a) = 0;  // x *= a
   // acc = (first ? x : acc + x) * scale, element by element (math::fold): one replica's turn

@@ -87,23 +87,29 @@ const EnumTable<Schedule> kSchedules = {
 const EnumTable<ModelType> kModelTypes = {{"mlp", ModelType::mlp},
                                           {"lenet5", ModelType::lenet5},
                                           {"cnn", ModelType::cnn},
-                                          {"layers", ModelType::layers}};
+                                          {"layers", ModelType::layers},
+                                          {"resnet", ModelType::resnet}};
 const EnumTable<BatchNormMode> kBatchNormModes = {{"local", BatchNormMode::local},
                                                   {"sync", BatchNormMode::sync}};
 const EnumTable<ReplicaMode> kReplicaModes = {{"auto", ReplicaMode::auto_},
                                               {"threads", ReplicaMode::threads},
                                               {"shared", ReplicaMode::shared}};
-const EnumTable<LayerType> kLayerTypes = {{"dense", LayerType::dense},
-                                          {"conv", LayerType::conv},
-                                          {"maxpool", LayerType::maxpool},
-                                          {"global_avg_pool", LayerType::global_avg_pool},
-                                          {"batchnorm", LayerType::batchnorm},
-                                          {"dropout", LayerType::dropout},
-                                          {"flatten", LayerType::flatten},
-                                          {"relu", LayerType::relu},
-                                          {"tanh", LayerType::tanh},
-                                          {"sigmoid", LayerType::sigmoid},
-                                          {"gelu", LayerType::gelu}};
+const EnumTable<LayerType> kLayerTypes = {
+    {"dense", LayerType::dense},         {"conv", LayerType::conv},
+    {"maxpool", LayerType::maxpool},     {"global_avg_pool", LayerType::global_avg_pool},
+    {"batchnorm", LayerType::batchnorm}, {"dropout", LayerType::dropout},
+    {"flatten", LayerType::flatten},     {"relu", LayerType::relu},
+    {"tanh", LayerType::tanh},           {"sigmoid", LayerType::sigmoid},
+    {"gelu", LayerType::gelu},           {"residual", LayerType::residual}};
+const EnumTable<Shortcut> kShortcuts = {
+    {"auto", Shortcut::auto_}, {"identity", Shortcut::identity}, {"project", Shortcut::project}};
+const EnumTable<BlockActivation> kBlockActivations = {{"relu", BlockActivation::relu},
+                                                      {"none", BlockActivation::none},
+                                                      {"tanh", BlockActivation::tanh},
+                                                      {"sigmoid", BlockActivation::sigmoid},
+                                                      {"gelu", BlockActivation::gelu}};
+const EnumTable<ResnetStem> kResnetStems = {{"cifar", ResnetStem::cifar},
+                                            {"imagenet", ResnetStem::imagenet}};
 
 template <class E>
 const char* enum_name(const EnumTable<E>& table, E v) {
@@ -537,6 +543,11 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const std:
   if (l.type == LayerType::conv && l.channels == 0)
     throw UserError(
         fmt::format("{}: {}: conv needs channels, e.g. {{conv: {{channels: 32}}}}", place, where));
+  if (l.type == LayerType::residual && l.body.empty())
+    throw UserError(
+        fmt::format("{}: {}: residual needs a non-empty body, e.g. {{residual: {{body: [{{conv: "
+                    "{{channels: 16, padding: 1}}}}, batchnorm]}}}}",
+                    place, where));
   return l;
 }
 
@@ -568,6 +579,21 @@ void check_batches(const Config& c, const Source& src) {
   }
 }
 
+// model.type resnet: a depth with a known block layout, and one width per stage.
+void check_resnet(const ModelConfig& m, const MapReader& r) {
+  const bool imagenet_depth = m.depth == 18 || m.depth == 34;
+  if (!imagenet_depth && (m.depth - 2) % 6 != 0)
+    r.fail("depth", r.node("depth"),
+           fmt::format("resnet depth {} has no block layout; valid: 18, 34 (4 stages), or 6n+2 "
+                       "such as 20, 32, 44, 56, 110 (3 stages)",
+                       m.depth));
+  const size_t stages = imagenet_depth ? 4 : 3;
+  if (!m.widths.empty() && m.widths.size() != stages)
+    r.fail("widths", r.node("widths"),
+           fmt::format("resnet depth {} has {} stages, so widths needs {} entries, got {}", m.depth,
+                       stages, stages, m.widths.size()));
+}
+
 void check_rules(const Config& c, const MapReader& top, const Source& src) {
   if (c.precision == Precision::tf32 && c.backend == Backend::cpu)
     top.fail("precision", top.node("precision"),
@@ -577,6 +603,7 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
     const MapReader m = top.at("model");
     m.fail("layers", m.node("layers"), "type: layers needs a non-empty list of layers");
   }
+  if (c.model.type == ModelType::resnet) check_resnet(c.model, top.at("model"));
   check_batches(c, src);
   if (c.data.dataset == DatasetKind::synthetic) {
     if (bounded_product(c.data.synthetic.shape, int64_t{1} << 28) < 0)
@@ -1032,6 +1059,15 @@ const EnumTable<ReplicaMode>& choices(ReplicaMode) {
 const EnumTable<LayerType>& choices(LayerType) {
   return kLayerTypes;
 }
+const EnumTable<Shortcut>& choices(Shortcut) {
+  return kShortcuts;
+}
+const EnumTable<BlockActivation>& choices(BlockActivation) {
+  return kBlockActivations;
+}
+const EnumTable<ResnetStem>& choices(ResnetStem) {
+  return kResnetStems;
+}
 
 const char* to_string(Backend v) {
   return enum_name(kBackends, v);
@@ -1074,6 +1110,15 @@ const char* to_string(ReplicaMode v) {
 }
 const char* to_string(LayerType v) {
   return enum_name(kLayerTypes, v);
+}
+const char* to_string(Shortcut v) {
+  return enum_name(kShortcuts, v);
+}
+const char* to_string(BlockActivation v) {
+  return enum_name(kBlockActivations, v);
+}
+const char* to_string(ResnetStem v) {
+  return enum_name(kResnetStems, v);
 }
 
 }  // namespace dtrain

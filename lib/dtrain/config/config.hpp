@@ -23,7 +23,7 @@ enum class Reduction { mean, sum };
 enum class OptimizerType { sgd, adam, adamw };
 enum class LrScaling { none, linear, sqrt };
 enum class Schedule { constant, step, cosine };
-enum class ModelType { mlp, lenet5, cnn, layers };
+enum class ModelType { mlp, lenet5, cnn, layers, resnet };
 enum class BatchNormMode { local, sync };
 // How in-process replicas hold the model: each its own copy (threads), or one copy of the
 // weights and optimizer state for all (shared); auto picks shared for CPU replicas. Replicas
@@ -40,8 +40,17 @@ enum class LayerType {
   relu,
   tanh,
   sigmoid,
-  gelu
+  gelu,
+  residual
 };
+// A residual block's shortcut: the input itself, a 1x1 strided conv (no bias) and BatchNorm,
+// or whichever of the two fits the body's output (identity where the shapes match).
+enum class Shortcut { auto_, identity, project };
+// What follows a residual block's sum (none: the sum itself).
+enum class BlockActivation { relu, none, tanh, sigmoid, gelu };
+// The first layers of a ResNet: cifar (3x3 conv, stride 1) or imagenet (7x7 conv, stride 2,
+// then a 3x3 max pool of stride 2).
+enum class ResnetStem { cifar, imagenet };
 
 struct SyntheticConfig {
   int64_t train_size = 4096;
@@ -80,17 +89,26 @@ struct LayerSpec {
   int64_t kernel = 3;    // conv, maxpool (window)
   int64_t stride = 0;    // conv (0 = 1), maxpool (0 = the window)
   int64_t padding = 0;   // conv
+  bool bias = true;      // conv
   double p = 0.5;        // dropout
+  std::vector<LayerSpec> body;                         // residual
+  Shortcut shortcut = Shortcut::auto_;                 // residual
+  BlockActivation activation = BlockActivation::relu;  // residual
   bool operator==(const LayerSpec&) const = default;
 };
 
 struct ModelConfig {
   ModelType type = ModelType::mlp;
   std::vector<int64_t> hidden = {256, 128};  // mlp
-  Activation activation = Activation::relu;  // mlp, lenet5, cnn
+  Activation activation = Activation::relu;  // mlp, lenet5, cnn, resnet
   BatchNormMode batchnorm = BatchNormMode::local;
   double dropout = 0.0;           // mlp: after each hidden layer; cnn: before the classifier
   std::vector<LayerSpec> layers;  // type: layers (the classifier layer is appended)
+  // resnet: 20, 32, 56, ... (6n+2: CIFAR-style, 3 stages of n basic blocks, widths 16/32/64),
+  // or 18 and 34 (4 stages of [2,2,2,2] or [3,4,6,3] blocks, widths 64/128/256/512).
+  int64_t depth = 20;
+  std::vector<int64_t> widths;  // resnet: one per stage; empty = the depth's standard widths
+  ResnetStem stem = ResnetStem::cifar;
 };
 
 struct TrainConfig {
@@ -192,6 +210,9 @@ const char* to_string(ModelType v);
 const char* to_string(BatchNormMode v);
 const char* to_string(ReplicaMode v);
 const char* to_string(LayerType v);
+const char* to_string(Shortcut v);
+const char* to_string(BlockActivation v);
+const char* to_string(ResnetStem v);
 
 // Closest candidate by edit distance, or "" when nothing is close.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);

@@ -87,6 +87,9 @@ const EnumTable<ModelType>& choices(ModelType);
 const EnumTable<BatchNormMode>& choices(BatchNormMode);
 const EnumTable<ReplicaMode>& choices(ReplicaMode);
 const EnumTable<LayerType>& choices(LayerType);
+const EnumTable<Shortcut>& choices(Shortcut);
+const EnumTable<BlockActivation>& choices(BlockActivation);
+const EnumTable<ResnetStem>& choices(ResnetStem);
 
 // nullptr for a name that can be the experiment's folder, else what a name must be.
 const char* folder_name_rule(const std::string& name);
@@ -139,6 +142,7 @@ void visit(C& l, V& v) {
       v(Key("kernel").within(1, 64), l.kernel);
       v(Key("stride").within(0, 64), l.stride);
       v(Key("padding").within(0, 64), l.padding);
+      v(Key("bias"), l.bias);
       break;
     case LayerType::maxpool:
       v(Key("size").within(1, 64), l.kernel);
@@ -146,6 +150,11 @@ void visit(C& l, V& v) {
       break;
     case LayerType::dropout:
       v(Key("p").within(0.0, 0.99), l.p);
+      break;
+    case LayerType::residual:
+      v(Key("body"), l.body);
+      v(Key("shortcut"), l.shortcut);
+      v(Key("activation"), l.activation);
       break;
     default:
       break;
@@ -160,6 +169,9 @@ void visit(C& m, V& v) {
   v(Key("batchnorm"), m.batchnorm);
   v(Key("dropout").within(0.0, 0.99), m.dropout);
   v(Key("layers"), m.layers);
+  v(Key("depth").within(8, 1000), m.depth);
+  v(Key("widths").at_least(1), m.widths);
+  v(Key("stem"), m.stem);
 }
 
 template <ConfigPart<TrainConfig> C, class V>

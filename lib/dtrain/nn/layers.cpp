@@ -16,14 +16,15 @@ MapShape Conv2d::output_shape(MapShape in, int64_t oc, int64_t k, int64_t stride
   return {oc, (in.h + 2 * pad - k) / stride + 1, (in.w + 2 * pad - k) / stride + 1};
 }
 
-Conv2d::Conv2d(MapShape in, int64_t oc, int64_t k, int64_t stride, int64_t pad)
+Conv2d::Conv2d(MapShape in, int64_t oc, int64_t k, int64_t stride, int64_t pad, bool bias)
     : Layer(in.size(), output_shape(in, oc, k, stride, pad).size()),
       in_(in),
       out_(output_shape(in, oc, k, stride, pad)),
       oc_(oc),
       k_(k),
       stride_(stride),
-      pad_(pad) {
+      pad_(pad),
+      bias_(bias) {
   if (out_.h <= 0 || out_.w <= 0)
     throw UserError(
         fmt::format("conv: kernel {} with stride {} and padding {} does not fit a "
@@ -32,17 +33,18 @@ Conv2d::Conv2d(MapShape in, int64_t oc, int64_t k, int64_t stride, int64_t pad)
 }
 
 std::string Conv2d::describe() const {
-  return fmt::format("conv({}->{}, k{}{}{}, {}x{})", in_.c, oc_, k_,
+  return fmt::format("conv({}->{}, k{}{}{}, {}x{}{})", in_.c, oc_, k_,
                      stride_ != 1 ? fmt::format(" s{}", stride_) : "",
-                     pad_ ? fmt::format(" p{}", pad_) : "", out_.h, out_.w);
+                     pad_ ? fmt::format(" p{}", pad_) : "", out_.h, out_.w,
+                     bias_ ? "" : ", no bias");
 }
 
 void Conv2d::bind(float* params, float* grads) {
   const int64_t nw = oc_ * in_.c * k_ * k_;
   w_ = params;
-  b_ = params + nw;
+  b_ = bias_ ? params + nw : nullptr;
   dw_ = grads;
-  db_ = grads + nw;
+  db_ = bias_ ? grads + nw : nullptr;
 }
 
 void Conv2d::init(Rng& rng, float* params) const {

@@ -100,6 +100,7 @@ Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes,
     l->bind(params() + off, grads_.data() + off);
     l->setup(d);
     l->attach(&ctx_);
+    l->collect_state(state_);
     off += l->param_count();
   }
 }
@@ -116,25 +117,25 @@ void Model::average_state(Communicator& comm) {
   upload_state(all);
 }
 
+// The states in layer order, a block's layers in theirs: a model without blocks keeps the
+// order (and checkpoints) of the days when each layer had one state at most.
 std::vector<float> Model::download_state() {
   std::vector<float> all;
-  for (auto& l : layers_)
-    if (auto* st = l->state()) {
-      const size_t at = all.size();
-      all.resize(at + st->size());
-      dev_.download(all.data() + at, st->data(), st->size() * sizeof(float));
-    }
+  for (auto* st : state_) {
+    const size_t at = all.size();
+    all.resize(at + st->size());
+    dev_.download(all.data() + at, st->data(), st->size() * sizeof(float));
+  }
   return all;
 }
 
 void Model::upload_state(const std::vector<float>& all) {
   size_t off = 0;
-  for (auto& l : layers_)
-    if (auto* st = l->state()) {
-      if (off + st->size() > all.size()) throw UserError("checkpoint: BatchNorm state too short");
-      dev_.upload(st->data(), all.data() + off, st->size() * sizeof(float));
-      off += st->size();
-    }
+  for (auto* st : state_) {
+    if (off + st->size() > all.size()) throw UserError("checkpoint: BatchNorm state too short");
+    dev_.upload(st->data(), all.data() + off, st->size() * sizeof(float));
+    off += st->size();
+  }
   if (off != all.size()) throw UserError("checkpoint: BatchNorm state of another model");
 }
 
@@ -249,6 +250,8 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
   switch (cfg.type) {
     case ModelType::layers:
       return cfg.layers;
+    case ModelType::resnet:
+      return resnet_layers(cfg);
     case ModelType::mlp:
       out.push_back(layer(LayerType::flatten));
       for (int64_t h : cfg.hidden) {
@@ -296,7 +299,7 @@ namespace {
 // flatten (NCHW is already contiguous: no copy needed). Throws UserError when it does not fit.
 std::unique_ptr<Layer> make_layer(const LayerSpec& l, MapShape& cur, bool sync) {
   const auto spatial = [&](const char* what) {
-    if (cur.h == 1 && cur.w == 1 && cur.c > 1)
+    if (cur.flat && cur.c > 1)
       throw UserError(
           fmt::format("model: {} needs an image input (channels x height x width) but "
                       "gets {} flat features; put it before flatten/dense, or give "
@@ -310,12 +313,12 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& l, MapShape& cur, bool sync) 
         throw UserError(fmt::format("a dense layer of {} x {} weights is too large", cur.size(),
                                     l.units));
       layer = std::make_unique<Dense>(cur.size(), l.units);
-      cur = {l.units, 1, 1};
+      cur = {l.units, 1, 1, true};
       break;
     case LayerType::conv: {
       spatial("conv");
       const int64_t stride = l.stride > 0 ? l.stride : 1;
-      layer = std::make_unique<Conv2d>(cur, l.channels, l.kernel, stride, l.padding);
+      layer = std::make_unique<Conv2d>(cur, l.channels, l.kernel, stride, l.padding, l.bias);
       cur = Conv2d::output_shape(cur, l.channels, l.kernel, stride, l.padding);
       break;
     }
@@ -338,7 +341,7 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& l, MapShape& cur, bool sync) 
       layer = std::make_unique<Dropout>(cur.size(), l.p);
       break;
     case LayerType::flatten:
-      cur = {cur.size(), 1, 1};  // NCHW is already contiguous: no copy needed
+      cur = {cur.size(), 1, 1, true};  // NCHW is already contiguous: no copy needed
       break;
     case LayerType::relu:
       layer = std::make_unique<ActivationLayer>(cur.size(), Activation::relu);
@@ -352,6 +355,9 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& l, MapShape& cur, bool sync) 
     case LayerType::gelu:
       layer = std::make_unique<ActivationLayer>(cur.size(), Activation::gelu);
       break;
+    case LayerType::residual:
+      layer = make_residual(l, cur, sync);
+      break;
   }
   return layer;
 }
@@ -361,30 +367,45 @@ MapShape input_map(const std::vector<int64_t>& input_shape) {
   if (input_shape.size() == 2) return {1, input_shape[0], input_shape[1]};
   int64_t n = 1;
   for (auto v : input_shape) n *= v;  // validated: the product is bounded (config.cpp)
-  return {n, 1, 1};
+  return {n, 1, 1, true};
+}
+
+// make_layers with `name(i, spec)` prefixed to entry i's UserError.
+template <class Name>
+std::vector<std::unique_ptr<Layer>> make_named(const std::vector<LayerSpec>& specs, MapShape& cur,
+                                               bool sync, const Name& name) {
+  std::vector<std::unique_ptr<Layer>> layers;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    try {
+      if (auto layer = make_layer(specs[i], cur, sync)) layers.push_back(std::move(layer));
+    } catch (const UserError& e) {
+      throw UserError(fmt::format("{}: {}", name(i, specs[i]), e.what()));
+    }
+  }
+  return layers;
 }
 
 }  // namespace
+
+std::vector<std::unique_ptr<Layer>> make_layers(const std::vector<LayerSpec>& specs, MapShape& cur,
+                                                bool sync, const std::string& where) {
+  return make_named(specs, cur, sync, [&](size_t i, const LayerSpec& l) {
+    return fmt::format("{}[{}] ({})", where, i, to_string(l.type));
+  });
+}
 
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg,
                                                  const std::vector<int64_t>& input_shape,
                                                  int classes) {
   MapShape cur = input_map(input_shape);
   const bool sync = cfg.batchnorm == BatchNormMode::sync;
-  std::vector<std::unique_ptr<Layer>> layers;
-  const auto specs = expand_layers(cfg);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const LayerSpec& l = specs[i];
-    try {
-      if (auto layer = make_layer(l, cur, sync)) layers.push_back(std::move(layer));
-    } catch (const UserError& e) {
-      // Name the layer: the user's list, or the preset that stands for it.
-      throw UserError(cfg.type == ModelType::layers
-                          ? fmt::format("model.layers[{}] ({}): {}", i, to_string(l.type), e.what())
-                          : fmt::format("model.type {} (its layer {}, {}): {}", to_string(cfg.type),
-                                        i, to_string(l.type), e.what()));
-    }
-  }
+  // Name the layer: the user's list, or the preset that stands for it.
+  auto layers = make_named(expand_layers(cfg), cur, sync, [&](size_t i, const LayerSpec& l) {
+    return cfg.type == ModelType::layers
+               ? fmt::format("model.layers[{}] ({})", i, to_string(l.type))
+               : fmt::format("model.type {} (its layer {}, {})", to_string(cfg.type), i,
+                             to_string(l.type));
+  });
   layers.push_back(std::make_unique<Dense>(cur.size(), classes));
   return layers;
 }
@@ -402,7 +423,7 @@ ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_s
   ModelSize s;
   for (const auto& l : build_layers(cfg, input_shape, classes)) {
     s.params = add(s.params, l->param_count());
-    s.activations_per_sample = add(s.activations_per_sample, l->out_features());
+    s.activations_per_sample = add(s.activations_per_sample, l->activation_floats());
   }
   return s;
 }

@@ -5,12 +5,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "dtrain/config/config.hpp"
 #include "dtrain/backend/device.hpp"
 #include "dtrain/base/rng.hpp"
+#include "dtrain/config/config.hpp"
 
 namespace dtrain {
 
@@ -24,10 +25,14 @@ struct LayerContext {
   Rng* rng = nullptr;
 };
 
-// Per-sample feature map shape (CHW); dense layers use {features, 1, 1}.
+// Per-sample feature map shape (CHW); dense layers use {features, 1, 1, flat}. `flat`: features
+// without positions (after flatten or dense, or flat data), which spatial layers refuse; a map
+// pooled or convolved down to 1x1 is not flat.
 struct MapShape {
   int64_t c = 1, h = 1, w = 1;
+  bool flat = false;
   int64_t size() const { return c * h * w; }
+  bool same_shape(const MapShape& o) const { return c == o.c && h == o.h && w == o.w; }
 };
 
 class Layer {
@@ -44,10 +49,13 @@ class Layer {
   virtual void init(Rng& /*rng*/, float* /*params*/) const {}
   // Allocates the layer's device buffers (called once by Model).
   virtual void setup(Device& /*d*/) {}
-  // Non-trained state that evaluation uses (BatchNorm running statistics, in device memory),
-  // or nullptr.
-  virtual Buffer<float>* state() { return nullptr; }
-  void attach(const LayerContext* ctx) { ctx_ = ctx; }
+  // Appends the non-trained state that evaluation uses (BatchNorm running statistics, in device
+  // memory) to `out`: a block appends its layers', in order. Checkpoints save this list.
+  virtual void collect_state(std::vector<Buffer<float>*>& /*out*/) {}
+  // The training context (a block passes it on to its layers).
+  virtual void attach(const LayerContext* ctx) { ctx_ = ctx; }
+  // Floats per sample that forward keeps for backward (a block counts its layers' too).
+  virtual int64_t activation_floats() const { return out_; }
 
   // y = f(x) for `rows` samples; x must stay valid until backward.
   const float* forward(Device& d, const float* x, int64_t rows);
@@ -101,14 +109,16 @@ class ActivationLayer final : public Layer {
 };
 
 // 2-D convolution (square kernel, stride, zero padding); the device does the arithmetic.
-// Weights [out_c x (in_c*k*k)], bias [out_c]; He-uniform init like PyTorch's default.
+// Weights [out_c x (in_c*k*k)], then bias [out_c] unless !bias (a conv followed by BatchNorm
+// needs none); He-uniform init like PyTorch's default.
 class Conv2d final : public Layer {
  public:
-  Conv2d(MapShape in, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad);
+  Conv2d(MapShape in, int64_t out_channels, int64_t kernel, int64_t stride, int64_t pad,
+         bool bias = true);
   static MapShape output_shape(MapShape in, int64_t out_channels, int64_t kernel, int64_t stride,
                                int64_t pad);
   std::string describe() const override;
-  int64_t param_count() const override { return oc_ * in_.c * k_ * k_ + oc_; }
+  int64_t param_count() const override { return oc_ * in_.c * k_ * k_ + (bias_ ? oc_ : 0); }
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
 
@@ -121,6 +131,7 @@ class Conv2d final : public Layer {
   ConvGeom geom() const;
   MapShape in_, out_;
   int64_t oc_, k_, stride_, pad_;
+  bool bias_;
   float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
 };
 
@@ -168,7 +179,8 @@ class BatchNorm final : public Layer {
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
   void setup(Device& d) override;
-  Buffer<float>* state() override { return &running_; }  // [mean (c), var (c)]
+  Buffer<float>* state() { return &running_; }  // [mean (c), var (c)]
+  void collect_state(std::vector<Buffer<float>*>& out) override { out.push_back(&running_); }
 
  protected:
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
@@ -206,6 +218,44 @@ class Dropout final : public Layer {
   Buffer<float> mask_;
 };
 
+// A residual block: y = act(body(x) + shortcut(x)), where an empty shortcut is the identity;
+// backward sends dL/d(sum) through both branches and adds their input gradients. The block owns
+// its layers and binds them to consecutive slices of its own slice of the flat buffers (body
+// first, then shortcut), so a model's parameters stay one buffer whatever the nesting.
+class Residual final : public Layer {
+ public:
+  Residual(MapShape in, MapShape out, std::vector<std::unique_ptr<Layer>> body,
+           std::vector<std::unique_ptr<Layer>> shortcut, std::optional<Activation> act);
+  std::string describe() const override;
+  int64_t param_count() const override;
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng, float* params) const override;
+  void setup(Device& d) override;
+  void collect_state(std::vector<Buffer<float>*>& out) override;
+  void attach(const LayerContext* ctx) override;
+  int64_t activation_floats() const override;
+
+ protected:
+  void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
+  void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
+                     int64_t rows) override;
+
+ private:
+  std::vector<std::unique_ptr<Layer>> body_, shortcut_;
+  std::optional<Activation> act_;
+  Buffer<float> sum_, dsum_;  // the sum before the activation, and its gradient
+};
+
+// The layers of `specs` for input maps of shape `cur`, which it advances to the output shape.
+// A UserError from entry i is prefixed with "<where>[i] (<type>): ". Specs that make no layer
+// (flatten) only change the shape.
+std::vector<std::unique_ptr<Layer>> make_layers(const std::vector<LayerSpec>& specs, MapShape& cur,
+                                                bool sync, const std::string& where);
+// The residual block of spec `l` for input maps `cur`, which it advances (residual.cpp).
+std::unique_ptr<Layer> make_residual(const LayerSpec& l, MapShape& cur, bool sync);
+// The layer list of model.type resnet (residual.cpp).
+std::vector<LayerSpec> resnet_layers(const ModelConfig& cfg);
+
 class Model {
  public:
   // `shared_params`: the model reads its weights from there (param_count() floats that another
@@ -220,12 +270,8 @@ class Model {
   float* params() { return shared_params_ ? shared_params_ : params_.data(); }
   float* grads() { return grads_.data(); }
   std::string describe() const;
-  // Whether any layer keeps running statistics (BatchNorm).
-  bool has_batchnorm() const {
-    for (const auto& l : layers_)
-      if (l->state()) return true;
-    return false;
-  }
+  // Whether any layer keeps running statistics (BatchNorm), blocks' layers included.
+  bool has_batchnorm() const { return !state_.empty(); }
 
   // Initialises all parameters from `seed` (same values on every replica).
   void init(uint64_t seed);
@@ -256,6 +302,7 @@ class Model {
   Device& dev_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<int64_t> offsets_;  // each layer's first parameter in the flat buffers
+  std::vector<Buffer<float>*> state_;  // every layer's state, in order (collect_state)
   int classes_;
   int64_t n_params_ = 0;
   Buffer<float> params_, grads_, dlogits_;
@@ -265,7 +312,7 @@ class Model {
   LayerContext ctx_;
 };
 
-// The layer list a preset stands for (mlp, lenet5, cnn), or cfg.layers for type: layers.
+// The layer list a preset stands for (mlp, lenet5, cnn, resnet), or cfg.layers for type: layers.
 // The classifier (a dense layer to the class count) is not in the list; build_model adds it.
 std::vector<LayerSpec> expand_layers(const ModelConfig& cfg);
 

@@ -37,12 +37,27 @@ struct Context {
   void add(const char* rule, std::string message) { out.push_back({rule, std::move(message)}); }
 };
 
+// Walks `specs` as build_model does, tracking the map size and the fewest positions a
+// BatchNorm pools; a residual block's body is walked in place (its output is the block's).
+struct BnWalk {
+  bool spatial = false;
+  int64_t h = 1, w = 1, fewest = 0;
+  void walk(const std::vector<LayerSpec>& specs);
+};
+
 // The fewest positions any BatchNorm layer pools per channel (h x w of its input map, 1 after a
 // dense layer), following the shapes as build_model does; 0 without BatchNorm.
 int64_t bn_positions(const ModelConfig& m, const std::vector<int64_t>& input) {
-  bool spatial = input.size() == 3;
-  int64_t h = spatial ? input[1] : 1, w = spatial ? input[2] : 1, fewest = 0;
-  for (const LayerSpec& l : expand_layers(m)) {
+  BnWalk b;
+  b.spatial = input.size() == 3;
+  b.h = b.spatial ? input[1] : 1;
+  b.w = b.spatial ? input[2] : 1;
+  b.walk(expand_layers(m));
+  return b.fewest;
+}
+
+void BnWalk::walk(const std::vector<LayerSpec>& specs) {
+  for (const LayerSpec& l : specs) {
     switch (l.type) {
       case LayerType::conv: {
         const int64_t s = l.stride > 0 ? l.stride : 1;
@@ -68,11 +83,13 @@ int64_t bn_positions(const ModelConfig& m, const std::vector<int64_t>& input) {
         fewest = fewest == 0 ? p : std::min(fewest, p);
         break;
       }
+      case LayerType::residual:
+        walk(l.body);
+        break;
       default:
         break;
     }
   }
-  return fewest;
 }
 
 // The per-sample input shape: the data's where loaded, else what the config says it will be.
@@ -273,15 +290,22 @@ void check_model_keys(Context& c) {
   std::vector<std::string> ignored;
   if (m.type != ModelType::mlp && m.hidden != d.hidden) ignored.emplace_back("model.hidden");
   if (m.type != ModelType::layers && !m.layers.empty()) ignored.emplace_back("model.layers");
-  if ((m.type == ModelType::lenet5 || m.type == ModelType::layers) && m.dropout != d.dropout)
+  if ((m.type == ModelType::lenet5 || m.type == ModelType::layers || m.type == ModelType::resnet) &&
+      m.dropout != d.dropout)
     ignored.emplace_back("model.dropout");
   if (m.type == ModelType::layers && m.activation != d.activation)
     ignored.emplace_back("model.activation");
+  if (m.type != ModelType::resnet) {
+    if (m.depth != d.depth) ignored.emplace_back("model.depth");
+    if (m.widths != d.widths) ignored.emplace_back("model.widths");
+    if (m.stem != d.stem) ignored.emplace_back("model.stem");
+  }
   if (ignored.empty()) return;
   c.add("ignored-model-key",
         fmt::format("{} {} set, but model.type {} does not read {}, so the run trains without "
                     "{}; fix: the model.type that reads {} (hidden: mlp; layers: layers; "
-                    "dropout: mlp or cnn, or dropout layers in model.layers; activation: the "
+                    "depth, widths, stem: resnet; dropout: mlp or cnn, or dropout layers in "
+                    "model.layers; activation: the "
                     "presets, or activation layers in model.layers), or remove {}",
                     fmt::join(ignored, ", "), ignored.size() == 1 ? "is" : "are", type,
                     ignored.size() == 1 ? "it" : "them", ignored.size() == 1 ? "it" : "them",

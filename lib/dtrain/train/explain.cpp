@@ -71,10 +71,14 @@ void check_equivalent_possible(const Config& base, const Config& user) {
         base.train.per_replica_batch, n, n));
 }
 
+bool has_batchnorm(const std::vector<LayerSpec>& layers) {
+  return std::any_of(layers.begin(), layers.end(), [](const LayerSpec& l) {
+    return l.type == LayerType::batchnorm || has_batchnorm(l.body);  // blocks' bodies too
+  });
+}
+
 bool has_batchnorm(const ModelConfig& m) {
-  const auto layers = expand_layers(m);
-  return std::any_of(layers.begin(), layers.end(),
-                     [](const LayerSpec& l) { return l.type == LayerType::batchnorm; });
+  return has_batchnorm(expand_layers(m));
 }
 
 // The N-replica run that is by construction the baseline, step for step.

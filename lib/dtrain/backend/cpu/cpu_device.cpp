@@ -129,12 +129,14 @@ class DnnlConv {
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
     dw_.assign(static_cast<size_t>(g.oc * g.c * g.k * g.k), 0.f);
     db_.assign(static_cast<size_t>(g.oc), 0.f);
+    zero_b_.assign(static_cast<size_t>(g.oc), 0.f);
   }
 
   void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y) {
     auto src = in(s, fwd_src_, fwd_pd_.src_desc(), user_src_, x);
     auto wei = in(s, fwd_wei_, fwd_pd_.weights_desc(), user_wei_, w);
-    dnnl::memory bias(bias_, eng_, const_cast<float*>(b));
+    // No bias: zeros (oneDNN's bias gradient is computed anyway and dropped in backward).
+    dnnl::memory bias(bias_, eng_, const_cast<float*>(b ? b : zero_b_.data()));
     auto dst = out(fwd_dst_, fwd_pd_.dst_desc(), user_dst_, y);
     fwd_.execute(
         s,
@@ -164,7 +166,8 @@ class DnnlConv {
     s.wait();
     // oneDNN overwrites weight gradients; dtrain accumulates them (micro-steps).
     for (size_t i = 0; i < dw_.size(); ++i) dw[i] += dw_[i];
-    for (size_t i = 0; i < db_.size(); ++i) db[i] += db_[i];
+    if (db)
+      for (size_t i = 0; i < db_.size(); ++i) db[i] += db_[i];
   }
 
  private:
@@ -218,7 +221,7 @@ class DnnlConv {
   dnnl::convolution_backward_data bwd_data_;
   dnnl::convolution_backward_weights bwd_w_;
   Staged fwd_src_, fwd_wei_, fwd_dst_, bd_ddst_, bd_wei_, bd_dsrc_, bw_src_, bw_ddst_, bw_dwei_;
-  std::vector<float> dw_, db_;
+  std::vector<float> dw_, db_, zero_b_;
 };
 #endif
 
@@ -412,6 +415,7 @@ class CpuDevice final : public Device {
   }
   // db[o] += the sum of dy over samples and positions of channel o.
   static void add_conv_bias_grad(const float* dy, int64_t n, int64_t c, int64_t p, float* db) {
+    if (!db) return;  // a convolution without bias
     for (int64_t s = 0; s < n; ++s)
       for (int64_t o = 0; o < c; ++o) {
         const float* q = dy + (s * c + o) * p;
@@ -422,6 +426,7 @@ class CpuDevice final : public Device {
       }
   }
   static void add_channel_bias(float* y, const float* b, int64_t n, int64_t c, int64_t p) {
+    if (!b) return;
     for (int64_t s = 0; s < n; ++s)
       for (int64_t o = 0; o < c; ++o) {
         float* q = y + (s * c + o) * p;
@@ -457,7 +462,8 @@ class CpuDevice final : public Device {
         for (int64_t s = 0; s < nb; ++s) {
           const float* src = sc.out.data() + o * ld + s * p;
           float* dst = y + ((n0 + s) * g.oc + o) * p;
-          for (int64_t i = 0; i < p; ++i) dst[i] = src[i] + b[o];
+          const float bo = b ? b[o] : 0.f;
+          for (int64_t i = 0; i < p; ++i) dst[i] = src[i] + bo;
         }
     }
   }
@@ -668,6 +674,12 @@ class CpuDevice final : public Device {
     const auto len = static_cast<int64_t>(n);
 #pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
     for (int64_t i = 0; i < len; ++i) y[i] = x[i] * mask[i];
+  }
+
+  void add(const float* a, const float* b, float* y, size_t n) override {
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) y[i] = a[i] + b[i];
   }
 
   void scale(float* x, size_t n, float a) override {

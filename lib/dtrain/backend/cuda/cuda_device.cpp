@@ -390,6 +390,11 @@ void CudaDevice::multiply(const float* x, const float* mask, float* y, size_t n)
   launch([&](cudaStream_t s) { kernels::multiply(x, mask, y, n, s); });
 }
 
+void CudaDevice::add(const float* a, const float* b, float* y, size_t n) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::add(a, b, y, n, s); });
+}
+
 void CudaDevice::scale(float* x, size_t n, float a) {
   if (n == 0) return;
   launch([&](cudaStream_t s) { kernels::scale(x, n, a, s); });

@@ -99,6 +99,7 @@ class CudaDevice final : public Device, public DeviceQueue {
                bool flip, uint64_t seed) override;
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override;
   void multiply(const float* x, const float* mask, float* y, size_t n) override;
+  void add(const float* a, const float* b, float* y, size_t n) override;
   void scale(float* x, size_t n, float a) override;
   void fold(float* acc, const float* x, size_t n, bool first, float scale) override;
   void sum_squares(const float* x, size_t n, double* acc) override;

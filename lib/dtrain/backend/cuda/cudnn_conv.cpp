@@ -176,7 +176,7 @@ void CudaDevice::conv_forward(const ConvGeom& g, int64_t n, const float* x, cons
   enqueue([&] {
     ConvPlan& p = plan(g, n);
     const float one = 1.f, zero = 0.f;
-    launches_ += 2;
+    launches_ += b ? 2 : 1;
     if (bf16_) {  // bf16 in, bf16 out (fp32 accumulation), then fp32 plus the bias
       const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k;
       const auto out = static_cast<size_t>(n * g.oc * g.ho() * g.wo());
@@ -192,7 +192,7 @@ void CudaDevice::conv_forward(const ConvGeom& g, int64_t n, const float* x, cons
                                        p.workspace, &zero, p.y, y),
                rank_);
     }
-    DT_CUDNN(cudnnAddTensor(dnn_, &one, p.b, b, &one, p.yf, y), rank_);
+    if (b) DT_CUDNN(cudnnAddTensor(dnn_, &one, p.b, b, &one, p.yf, y), rank_);
   });
 }
 
@@ -202,7 +202,7 @@ void CudaDevice::conv_backward(const ConvGeom& g, int64_t n, const float* x, con
   enqueue([&] {
     const ConvPlan& p = plan(g, n);
     const float one = 1.f, zero = 0.f;
-    launches_ += dx ? 3 : 2;
+    launches_ += 1 + (dx ? 1 : 0) + (db ? 1 : 0);
     if (bf16_) return conv_backward_bf16(p, g, n, x, w, dy, dw, db, dx);
     if (dx)
       DT_CUDNN(cudnnConvolutionBackwardData(dnn_, &one, p.w, w, p.y, dy, p.conv, p.bwd_data,
@@ -211,7 +211,7 @@ void CudaDevice::conv_backward(const ConvGeom& g, int64_t n, const float* x, con
     DT_CUDNN(cudnnConvolutionBackwardFilter(dnn_, &one, p.x, x, p.y, dy, p.conv, p.bwd_filter,
                                             workspace_, p.workspace, &one, p.w, dw),
              rank_);
-    DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.yf, dy, &one, p.b, db), rank_);
+    if (db) DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.yf, dy, &one, p.b, db), rank_);
   });
 }
 
@@ -237,7 +237,7 @@ void CudaDevice::conv_backward_bf16(const ConvPlan& p, const ConvGeom& g, int64_
                                           workspace_, p.workspace, &zero, p.w, dw16_.data()),
            rank_);
   from_bf16(dw16_.data(), dw, static_cast<size_t>(nw), true);
-  DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.yf, dy, &one, p.b, db), rank_);
+  if (db) DT_CUDNN(cudnnConvolutionBackwardBias(dnn_, &one, p.yf, dy, &one, p.b, db), rank_);
 }
 
 }  // namespace dtrain

@@ -37,6 +37,7 @@ unsigned sum_squares_blocks(size_t n);
 void sum_squares_partial(const float* x, size_t n, double* partial, cudaStream_t s);
 void add_partials(const double* partial, unsigned count, double* acc, cudaStream_t s);
 void multiply(const float* x, const float* mask, float* y, size_t n, cudaStream_t s);
+void add(const float* a, const float* b, float* y, size_t n, cudaStream_t s);  // y = a + b
 // acc = (first ? x : acc + x) * scale (math::fold).
 void fold(float* acc, const float* x, size_t n, bool first, float scale, cudaStream_t s);
 

@@ -1,5 +1,6 @@
 #pragma once
-// Elementwise kernels: fill, scale, multiply (no CPU-side formula to share) and fold (math.hpp).
+// Elementwise kernels: fill, scale, multiply, add (no CPU-side formula to share) and fold
+// (math.hpp).
 #include "dtrain/backend/cuda/kernels/common.cuh"
 
 namespace dtrain::kernels {
@@ -15,6 +16,10 @@ __global__ void k_scale(float* x, size_t n, float a) {
 
 __global__ void k_multiply(const float* x, const float* mask, float* y, size_t n) {
   GRID_STRIDE(i, n) y[i] = x[i] * mask[i];
+}
+
+__global__ void k_add(const float* a, const float* b, float* y, size_t n) {
+  GRID_STRIDE(i, n) y[i] = a[i] + b[i];
 }
 
 __global__ void k_fold(float* acc, const float* x, size_t n, bool first, float scale) {
@@ -33,6 +38,10 @@ void scale(float* x, size_t n, float a, cudaStream_t s) {
 
 void multiply(const float* x, const float* mask, float* y, size_t n, cudaStream_t s) {
   k_multiply<<<blocks_for(n), kThreads, 0, s>>>(x, mask, y, n);
+}
+
+void add(const float* a, const float* b, float* y, size_t n, cudaStream_t s) {
+  k_add<<<blocks_for(n), kThreads, 0, s>>>(a, b, y, n);
 }
 
 void fold(float* acc, const float* x, size_t n, bool first, float scale, cudaStream_t s) {

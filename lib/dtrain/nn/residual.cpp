@@ -1,0 +1,264 @@
+// Residual blocks (He et al. 2016) and the ResNet presets built from them.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/nn/model.hpp"
+
+namespace dtrain {
+
+namespace {
+
+std::string show(MapShape s) {
+  return fmt::format("[{}, {}, {}]", s.c, s.h, s.w);
+}
+
+// Runs backward through `layers` from the last; returns dL/d(their input), or null where
+// !need_dx. An empty list passes the gradient through (the identity).
+const float* backward_through(Device& d, std::vector<std::unique_ptr<Layer>>& layers,
+                              const float* g, int64_t rows, bool need_dx) {
+  for (size_t i = layers.size(); i-- > 0;) g = layers[i]->backward(d, g, rows, i > 0 || need_dx);
+  return g;
+}
+
+const float* forward_through(Device& d, std::vector<std::unique_ptr<Layer>>& layers, const float* x,
+                             int64_t rows) {
+  for (auto& l : layers) x = l->forward(d, x, rows);
+  return x;
+}
+
+std::optional<Activation> activation_of(BlockActivation a) {
+  switch (a) {
+    case BlockActivation::none:
+      return std::nullopt;
+    case BlockActivation::relu:
+      return Activation::relu;
+    case BlockActivation::tanh:
+      return Activation::tanh;
+    case BlockActivation::sigmoid:
+      return Activation::sigmoid;
+    case BlockActivation::gelu:
+      return Activation::gelu;
+  }
+  return std::nullopt;
+}
+
+std::string describe_list(const std::vector<std::unique_ptr<Layer>>& layers) {
+  std::string s;
+  for (const auto& l : layers) s += (s.empty() ? "" : " -> ") + l->describe();
+  return s;
+}
+
+}  // namespace
+
+Residual::Residual(MapShape in, MapShape out, std::vector<std::unique_ptr<Layer>> body,
+                   std::vector<std::unique_ptr<Layer>> shortcut, std::optional<Activation> act)
+    : Layer(in.size(), out.size()),
+      body_(std::move(body)),
+      shortcut_(std::move(shortcut)),
+      act_(act) {}
+
+std::string Residual::describe() const {
+  return fmt::format("residual({} | {}){}", describe_list(body_),
+                     shortcut_.empty() ? "identity" : describe_list(shortcut_),
+                     act_ ? fmt::format(" + {}", to_string(*act_)) : "");
+}
+
+int64_t Residual::param_count() const {
+  int64_t n = 0;
+  for (const auto* list : {&body_, &shortcut_})
+    for (const auto& l : *list) n += l->param_count();
+  return n;
+}
+
+void Residual::bind(float* params, float* grads) {
+  int64_t off = 0;
+  for (auto* list : {&body_, &shortcut_})
+    for (auto& l : *list) {
+      l->bind(params + off, grads + off);
+      off += l->param_count();
+    }
+}
+
+void Residual::init(Rng& rng, float* params) const {
+  int64_t off = 0;
+  for (const auto* list : {&body_, &shortcut_})
+    for (const auto& l : *list) {
+      l->init(rng, params + off);
+      off += l->param_count();
+    }
+}
+
+void Residual::setup(Device& d) {
+  for (auto* list : {&body_, &shortcut_})
+    for (auto& l : *list) l->setup(d);
+}
+
+void Residual::collect_state(std::vector<Buffer<float>*>& out) {
+  for (auto* list : {&body_, &shortcut_})
+    for (auto& l : *list) l->collect_state(out);
+}
+
+void Residual::attach(const LayerContext* ctx) {
+  Layer::attach(ctx);
+  for (auto* list : {&body_, &shortcut_})
+    for (auto& l : *list) l->attach(ctx);
+}
+
+int64_t Residual::activation_floats() const {
+  int64_t n = out_features() * (act_ ? 2 : 1);  // the sum, and the activation's output
+  for (const auto* list : {&body_, &shortcut_})
+    for (const auto& l : *list) n += l->activation_floats();
+  return n;
+}
+
+void Residual::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
+  const float* b = forward_through(d, body_, x, rows);
+  const float* s = forward_through(d, shortcut_, x, rows);
+  const auto n = static_cast<size_t>(rows * out_features());
+  if (!act_) return d.add(b, s, y, n);
+  sum_.resize(d, std::max<size_t>(n, 1));
+  d.add(b, s, sum_.data(), n);
+  d.activation_forward(*act_, sum_.data(), y, n);
+}
+
+void Residual::backward_impl(Device& d, const float*, const float* y, const float* dy, float* dx,
+                             int64_t rows) {
+  const float* g = dy;
+  if (act_) {
+    const auto n = static_cast<size_t>(rows * out_features());
+    dsum_.resize(d, std::max<size_t>(n, 1));
+    d.activation_backward(*act_, sum_.data(), y, dy, dsum_.data(), n);
+    g = dsum_.data();
+  }
+  // Both branches see dL/d(sum); their input gradients add up.
+  const float* gb = backward_through(d, body_, g, rows, dx != nullptr);
+  const float* gs = backward_through(d, shortcut_, g, rows, dx != nullptr);
+  if (dx) d.add(gb, gs, dx, static_cast<size_t>(rows * in_features()));
+}
+
+std::unique_ptr<Layer> make_residual(const LayerSpec& l, MapShape& cur, bool sync) {
+  const MapShape in = cur;
+  MapShape out = in;
+  auto body = make_layers(l.body, out, sync, "body");
+  const bool same = out.same_shape(in);
+  Shortcut kind = l.shortcut;
+  if (kind == Shortcut::auto_) kind = same ? Shortcut::identity : Shortcut::project;
+  std::vector<std::unique_ptr<Layer>> shortcut;
+  if (kind == Shortcut::identity && !same)
+    throw UserError(fmt::format(
+        "the body's output {} cannot be added to the identity shortcut's {} (the input); use "
+        "shortcut: project or auto, or a body that keeps the input's shape",
+        show(out), show(in)));
+  if (kind == Shortcut::project) {
+    // A 1x1 convolution whose stride takes the input's size to the body's output size.
+    const int64_t stride = std::max<int64_t>(1, (in.h + out.h - 1) / std::max<int64_t>(1, out.h));
+    const MapShape p = Conv2d::output_shape(in, out.c, 1, stride, 0);
+    if (!p.same_shape(out) || out.flat || in.flat)
+      throw UserError(fmt::format(
+          "the body's output {} cannot be added to the projection shortcut's {} (a 1x1 "
+          "convolution of stride {} of the input {}); make the body's height and width the "
+          "input's divided by one stride",
+          show(out), show(p), stride, show(in)));
+    shortcut.push_back(std::make_unique<Conv2d>(in, out.c, 1, stride, 0, /*bias=*/false));
+    shortcut.push_back(std::make_unique<BatchNorm>(out, sync));
+  }
+  cur = out;
+  return std::make_unique<Residual>(in, out, std::move(body), std::move(shortcut),
+                                    activation_of(l.activation));
+}
+
+namespace {
+
+LayerSpec spec(LayerType t) {
+  LayerSpec l;
+  l.type = t;
+  return l;
+}
+
+// A convolution without bias (BatchNorm follows it).
+LayerSpec conv_nb(int64_t channels, int64_t kernel, int64_t stride, int64_t padding) {
+  LayerSpec l = spec(LayerType::conv);
+  l.channels = channels;
+  l.kernel = kernel;
+  l.stride = stride;
+  l.padding = padding;
+  l.bias = false;
+  return l;
+}
+
+BlockActivation block_activation(Activation a) {
+  switch (a) {
+    case Activation::relu:
+      return BlockActivation::relu;
+    case Activation::tanh:
+      return BlockActivation::tanh;
+    case Activation::sigmoid:
+      return BlockActivation::sigmoid;
+    case Activation::gelu:
+      return BlockActivation::gelu;
+  }
+  return BlockActivation::relu;
+}
+
+LayerType activation_type(Activation a) {
+  switch (a) {
+    case Activation::relu:
+      return LayerType::relu;
+    case Activation::tanh:
+      return LayerType::tanh;
+    case Activation::sigmoid:
+      return LayerType::sigmoid;
+    case Activation::gelu:
+      return LayerType::gelu;
+  }
+  return LayerType::relu;
+}
+
+// The basic block: two 3x3 convolutions with BatchNorm, the first of stride `stride`.
+LayerSpec basic_block(int64_t width, int64_t stride, Activation act) {
+  LayerSpec b = spec(LayerType::residual);
+  b.body = {conv_nb(width, 3, stride, 1), spec(LayerType::batchnorm), spec(activation_type(act)),
+            conv_nb(width, 3, 1, 1), spec(LayerType::batchnorm)};
+  b.shortcut = Shortcut::auto_;
+  b.activation = block_activation(act);
+  return b;
+}
+
+}  // namespace
+
+std::vector<LayerSpec> resnet_layers(const ModelConfig& cfg) {
+  // Blocks per stage: CIFAR-style 6n+2 (He et al. 2016, section 4.2), or ResNet-18 and -34.
+  std::vector<int64_t> blocks, widths;
+  if (cfg.depth == 18 || cfg.depth == 34) {
+    blocks = cfg.depth == 18 ? std::vector<int64_t>{2, 2, 2, 2} : std::vector<int64_t>{3, 4, 6, 3};
+    widths = {64, 128, 256, 512};
+  } else {
+    const int64_t n = std::max<int64_t>(1, (cfg.depth - 2) / 6);  // validated in config.cpp
+    blocks = {n, n, n};
+    widths = {16, 32, 64};
+  }
+  if (!cfg.widths.empty()) widths = cfg.widths;
+  if (widths.size() != blocks.size())
+    throw UserError(fmt::format("model.widths: resnet depth {} has {} stages, got {} widths",
+                                cfg.depth, blocks.size(), widths.size()));
+  const Activation act = cfg.activation;
+  std::vector<LayerSpec> out;
+  if (cfg.stem == ResnetStem::cifar) {
+    out = {conv_nb(widths[0], 3, 1, 1), spec(LayerType::batchnorm), spec(activation_type(act))};
+  } else {
+    LayerSpec pool = spec(LayerType::maxpool);
+    pool.kernel = 3;
+    pool.stride = 2;
+    out = {conv_nb(widths[0], 7, 2, 3), spec(LayerType::batchnorm), spec(activation_type(act)),
+           pool};
+  }
+  for (size_t s = 0; s < blocks.size(); ++s)
+    for (int64_t b = 0; b < blocks[s]; ++b)
+      out.push_back(basic_block(widths[s], s > 0 && b == 0 ? 2 : 1, act));
+  out.push_back(spec(LayerType::global_avg_pool));
+  return out;
+}
+
+}  // namespace dtrain
