@@ -164,6 +164,9 @@ TEST_CASE("resnet presets have the standard parameter counts", "[model][residual
   CHECK(params("depth: 34", {3, 32, 32}, 10) == 21282122);
   // ResNet-18 with the ImageNet stem and 1000 classes: torchvision's 11689512.
   CHECK(params("depth: 18, stem: imagenet", {3, 224, 224}, 1000) == 11689512);
+  // Bottleneck blocks: torchvision's ResNet-50 (25557032) and ResNet-101 (44549160).
+  CHECK(params("depth: 50, stem: imagenet", {3, 224, 224}, 1000) == 25557032);
+  CHECK(params("depth: 101, stem: imagenet", {3, 224, 224}, 1000) == 44549160);
   // Widths override the standard ones: 8/16/32 on Fashion-MNIST.
   CHECK(params("depth: 20, widths: [8, 16, 32]", {1, 28, 28}, 10) < 272474 / 3);
   CHECK_THAT(test::config_error("model: {type: resnet, depth: 21}"),

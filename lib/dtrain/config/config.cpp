@@ -581,13 +581,15 @@ void check_batches(const Config& c, const Source& src) {
 
 // model.type resnet: a depth with a known block layout, and one width per stage.
 void check_resnet(const ModelConfig& m, const MapReader& r) {
-  const bool imagenet_depth = m.depth == 18 || m.depth == 34;
+  const bool imagenet_depth = m.depth == 18 || m.depth == 34 || m.depth == 50 ||
+                              m.depth == 101 || m.depth == 152;
   if (!imagenet_depth && (m.depth - 2) % 6 != 0)
     r.fail("depth", r.node("depth"),
-           fmt::format("resnet depth {} has no block layout; valid: 18, 34 (4 stages), or 6n+2 "
-                       "such as 20, 32, 44, 56, 110 (3 stages)",
+           fmt::format("resnet depth {} has no block layout; valid: 18, 34 (basic blocks), 50, "
+                       "101, 152 (bottleneck blocks; 4 stages), or 6n+2 such as 20, 32, 44, 56, "
+                       "110 (3 stages)",
                        m.depth));
-  const size_t stages = imagenet_depth ? 4 : 3;
+  const size_t stages = imagenet_depth ? 4 : 3;  // widths: a bottleneck's inner width
   if (!m.widths.empty() && m.widths.size() != stages)
     r.fail("widths", r.node("widths"),
            fmt::format("resnet depth {} has {} stages, so widths needs {} entries, got {}", m.depth,

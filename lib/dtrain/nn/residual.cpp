@@ -226,13 +226,42 @@ LayerSpec basic_block(int64_t width, int64_t stride, Activation act) {
   return b;
 }
 
+// The bottleneck block of ResNet-50/101/152: 1x1 to `width`, 3x3 of stride `stride` (where
+// torchvision's v1.5 puts it), 1x1 to 4 x `width`, each with BatchNorm.
+LayerSpec bottleneck_block(int64_t width, int64_t stride, Activation act) {
+  LayerSpec b = spec(LayerType::residual);
+  b.body = {conv_nb(width, 1, 1, 0),     spec(LayerType::batchnorm), spec(activation_type(act)),
+            conv_nb(width, 3, stride, 1), spec(LayerType::batchnorm), spec(activation_type(act)),
+            conv_nb(4 * width, 1, 1, 0), spec(LayerType::batchnorm)};
+  b.shortcut = Shortcut::auto_;
+  b.activation = block_activation(act);
+  return b;
+}
+
+// Blocks per stage of an ImageNet-style depth (He et al. 2016, table 1); empty for 6n+2.
+std::vector<int64_t> imagenet_stages(int64_t depth) {
+  switch (depth) {
+    case 18:
+      return {2, 2, 2, 2};
+    case 34:
+    case 50:
+      return {3, 4, 6, 3};
+    case 101:
+      return {3, 4, 23, 3};
+    case 152:
+      return {3, 8, 36, 3};
+    default:
+      return {};
+  }
+}
+
 }  // namespace
 
 std::vector<LayerSpec> resnet_layers(const ModelConfig& cfg) {
-  // Blocks per stage: CIFAR-style 6n+2 (He et al. 2016, section 4.2), or ResNet-18 and -34.
-  std::vector<int64_t> blocks, widths;
-  if (cfg.depth == 18 || cfg.depth == 34) {
-    blocks = cfg.depth == 18 ? std::vector<int64_t>{2, 2, 2, 2} : std::vector<int64_t>{3, 4, 6, 3};
+  // Blocks per stage: CIFAR-style 6n+2 (He et al. 2016, section 4.2), or ResNet-18 to -152.
+  std::vector<int64_t> blocks = imagenet_stages(cfg.depth), widths;
+  const bool bottleneck = cfg.depth == 50 || cfg.depth == 101 || cfg.depth == 152;
+  if (!blocks.empty()) {
     widths = {64, 128, 256, 512};
   } else {
     const int64_t n = std::max<int64_t>(1, (cfg.depth - 2) / 6);  // validated in config.cpp
@@ -256,7 +285,8 @@ std::vector<LayerSpec> resnet_layers(const ModelConfig& cfg) {
   }
   for (size_t s = 0; s < blocks.size(); ++s)
     for (int64_t b = 0; b < blocks[s]; ++b)
-      out.push_back(basic_block(widths[s], s > 0 && b == 0 ? 2 : 1, act));
+      out.push_back(bottleneck ? bottleneck_block(widths[s], s > 0 && b == 0 ? 2 : 1, act)
+                               : basic_block(widths[s], s > 0 && b == 0 ? 2 : 1, act));
   out.push_back(spec(LayerType::global_avg_pool));
   return out;
 }
