@@ -31,7 +31,11 @@ int run_validate(const ValidateOptions& opt) {
         log().warn("[sparse-labels] {}", w);
       warned = key;
       const ModelSize m = model_size(r.config.model, data.train.shape, data.train.classes);
-      size = fmt::format("# model: {} parameters\n", m.params);
+      size = fmt::format(
+          "# model: {} parameters; per sample {:.4g} GFLOP forward, {:.4g} GFLOP backward, "
+          "{:.1f} MiB of activations (fp32)\n",
+          m.params, m.forward_flops * 1e-9, m.backward_flops * 1e-9,
+          4.0 * static_cast<double>(m.activations_per_sample) / (1 << 20));
     }
     if (opt.print) fmt::print("# {}\n{}{}\n", run_id("TAG", r), size, to_yaml(r.config));
   }

@@ -421,10 +421,15 @@ ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_s
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   const auto add = [](int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; };
   ModelSize s;
-  for (const auto& l : build_layers(cfg, input_shape, classes)) {
+  const auto layers = build_layers(cfg, input_shape, classes);
+  for (const auto& l : layers) {
     s.params = add(s.params, l->param_count());
     s.activations_per_sample = add(s.activations_per_sample, l->activation_floats());
+    s.forward_flops += 2.0 * static_cast<double>(l->macs_per_sample());
   }
+  // The first layer computes no input gradient (its input is the data).
+  const double first = layers.empty() ? 0.0 : 2.0 * static_cast<double>(layers[0]->macs_per_sample());
+  s.backward_flops = 2.0 * s.forward_flops - first;
   return s;
 }
 

@@ -56,6 +56,10 @@ class Layer {
   virtual void attach(const LayerContext* ctx) { ctx_ = ctx; }
   // Floats per sample that forward keeps for backward (a block counts its layers' too).
   virtual int64_t activation_floats() const { return out_; }
+  // Multiply-adds per sample of forward's GEMMs and convolutions (0 for the elementwise
+  // layers, as FLOP counters of papers count); backward does twice as many (the input's and
+  // the weights' gradients), less the input's gradient of the first layer.
+  virtual int64_t macs_per_sample() const { return 0; }
 
   // y = f(x) for `rows` samples; x must stay valid until backward.
   const float* forward(Device& d, const float* x, int64_t rows);
@@ -82,6 +86,7 @@ class Dense final : public Layer {
   Dense(int64_t in, int64_t out) : Layer(in, out) {}
   std::string describe() const override;
   int64_t param_count() const override { return in_features() * out_features() + out_features(); }
+  int64_t macs_per_sample() const override { return in_features() * out_features(); }
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
 
@@ -119,6 +124,7 @@ class Conv2d final : public Layer {
                                int64_t pad);
   std::string describe() const override;
   int64_t param_count() const override { return oc_ * in_.c * k_ * k_ + (bias_ ? oc_ : 0); }
+  int64_t macs_per_sample() const override { return out_.size() * in_.c * k_ * k_; }
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
 
@@ -234,6 +240,7 @@ class Residual final : public Layer {
   void collect_state(std::vector<Buffer<float>*>& out) override;
   void attach(const LayerContext* ctx) override;
   int64_t activation_floats() const override;
+  int64_t macs_per_sample() const override;
 
  protected:
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
@@ -340,6 +347,9 @@ std::vector<float> initial_params(const std::vector<std::unique_ptr<Layer>>& lay
 struct ModelSize {
   int64_t params = 0;
   int64_t activations_per_sample = 0;
+  // FLOPs per sample (2 per multiply-add) of a training step's GEMMs and convolutions: forward,
+  // and backward (the weights' gradients, and the inputs' but for the first layer's).
+  double forward_flops = 0, backward_flops = 0;
 };
 ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_shape, int classes);
 

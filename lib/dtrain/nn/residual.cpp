@@ -106,6 +106,13 @@ void Residual::attach(const LayerContext* ctx) {
     for (auto& l : *list) l->attach(ctx);
 }
 
+int64_t Residual::macs_per_sample() const {
+  int64_t n = 0;
+  for (const auto* list : {&body_, &shortcut_})
+    for (const auto& l : *list) n += l->macs_per_sample();
+  return n;
+}
+
 int64_t Residual::activation_floats() const {
   int64_t n = out_features() * (act_ ? 2 : 1);  // the sum, and the activation's output
   for (const auto* list : {&body_, &shortcut_})
