@@ -29,7 +29,7 @@ sizes=$("$ctags" -R --languages=C++ --langmap=C++:+.cu.cuh --kinds-C++=f --field
     }
     if (line != "" && end != "") printf "%d\t%s:%s\t%s\n", end - line + 1, $2, line, $1;
   }' | sort -t$'\t' -k1,1nr)
-printf '%s\n' "$sizes" | head -n "$top" | awk -F'\t' '{ printf "%5d  %s  %s\n", $1, $2, $3 }'
+head -n "$top" <<<"$sizes" | awk -F'\t' '{ printf "%5d  %s  %s\n", $1, $2, $3 }'
 over=$(printf '%s\n' "$sizes" | awk -F'\t' -v l="$limit" '$1 > l' | wc -l)
 if [ "$over" -gt 0 ]; then
   echo "function-sizes: $over function(s) longer than $limit lines:"
