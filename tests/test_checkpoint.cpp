@@ -94,6 +94,30 @@ TEST_CASE("a residual run with BatchNorm inside its blocks resumes to the same b
   }
 }
 
+TEST_CASE("a run with the ResNet recipe's keys resumes to the same bits",
+          "[checkpoint][smoothing][decay]") {
+  Config cfg = stateful_config(OptimizerType::sgd);
+  cfg.data.normalize = Normalize::channel;
+  cfg.data.mean = {0.1, -0.0};
+  cfg.data.stddev = {1.5, 2.0};
+  cfg.data.augment.crop_padding = 2;
+  cfg.data.augment.padding_mode = PaddingMode::reflect;
+  cfg.train.label_smoothing = 0.1;
+  cfg.optimizer.weight_decay = 5e-3;
+  cfg.optimizer.decay_bn_and_bias = false;
+  // The config a checkpoint carries reads back to itself.
+  CHECK(to_yaml(parse_config(to_yaml(cfg), "resolved.yaml")) == to_yaml(cfg));
+  const DataSplit data = load_data(cfg.data, cfg.train.seed);
+  Keep keep;
+  const TrainResult full = train(cfg, data, &keep);
+  REQUIRE(keep.all.size() == 9);
+  for (const auto& c : keep.all) {
+    INFO("from epoch " << c.epoch << " step " << c.step);
+    const TrainResult resumed = train(cfg, data, nullptr, &c);
+    require_same_numeric_columns(full, resumed);
+  }
+}
+
 TEST_CASE("a checkpoint of another model or replica count is refused", "[checkpoint]") {
   Config cfg = stateful_config(OptimizerType::sgd);
   const DataSplit data = load_data(cfg.data, cfg.train.seed);

@@ -58,7 +58,7 @@ TEST_CASE("CIFAR-10 files are read channel-planar with their labels, limits keep
   DataConfig cfg;
   cfg.dataset = DatasetKind::cifar10;
   cfg.path = d.path.string();
-  cfg.normalize = false;
+  cfg.normalize = Normalize::off;
   const DataSplit s = load_data(cfg, 1);
   REQUIRE(s.train.size() == 15);
   REQUIRE(s.test.size() == 4);

@@ -351,3 +351,43 @@ TEST_CASE("batch products are taken in 64 bits and checked", "[config][errors]")
              Catch::Contains("the global batch (train.per_replica_batch=64 x gpus=4096 x "
                              "accumulation_steps=65536) is over 2147483648"));
 }
+
+TEST_CASE("data.normalize reads true as global, and mean and std match the channels",
+          "[config][normalize]") {
+  const auto cfg = [](const std::string& yaml) { return parse_config(yaml, "exp.yaml"); };
+  CHECK(cfg("data: {normalize: true}\n").data.normalize == Normalize::global);
+  CHECK(cfg("data: {normalize: false}\n").data.normalize == Normalize::off);
+  const Config c = cfg(
+      "data: {dataset: cifar10, normalize: channel, mean: [0.4914, 0.4822, 0.4465], "
+      "std: [0.2470, 0.2435, 0.2616]}\n");
+  CHECK(c.data.normalize == Normalize::channel);
+  CHECK(c.data.mean == std::vector<double>{0.4914, 0.4822, 0.4465});
+  CHECK(c.data.stddev == std::vector<double>{0.2470, 0.2435, 0.2616});
+  CHECK(parse_config(to_yaml(c), "resolved.yaml").data.stddev == c.data.stddev);
+  CHECK_THAT(to_yaml(cfg("data: {normalize: true}\n")), Catch::Contains("normalize: global"));
+  CHECK(error_of("data: {dataset: cifar10, normalize: channel, mean: [0.5, 0.5]}\n") ==
+        "exp.yaml:1: data.mean: needs 3 entries (normalize: channel, 3 channels), got 2");
+  CHECK(error_of("data: {normalize: global, std: [0.5, 0.5]}\n") ==
+        "exp.yaml:1: data.std: needs 1 entry (normalize: global, 1 channel), got 2");
+  CHECK(error_of("data: {normalize: false, mean: [0.5]}\n") ==
+        "exp.yaml:1: data.mean: given, but data.normalize is false; give normalize: channel");
+  CHECK_THAT(error_of("data: {dataset: synthetic, normalize: channel}\n"),
+             Catch::StartsWith("exp.yaml:1: data.normalize: channel needs image data"));
+  CHECK_THAT(error_of("data: {std: [0]}\n"),
+             Catch::StartsWith("exp.yaml:1: data.std: every entry must be in [1e-06, 1000]"));
+  CHECK_THAT(error_of("data: {mean: 0.5}\n"),
+             Catch::StartsWith("exp.yaml:1: data.mean: expected a list of numbers"));
+}
+
+TEST_CASE("reflect padding below the image size; label smoothing below 1", "[config][errors]") {
+  CHECK(parse_config("data: {dataset: cifar10, augment: {crop_padding: 4, padding_mode: reflect}}",
+                     "exp.yaml")
+            .data.augment.padding_mode == PaddingMode::reflect);
+  CHECK(error_of("data: {dataset: cifar10, augment: {crop_padding: 32, padding_mode: reflect}}\n") ==
+        "exp.yaml:1: data.augment.crop_padding: reflect padding needs crop_padding below the "
+        "image's height and width (32 x 32), got 32");
+  // Zero padding has no such limit.
+  CHECK_NOTHROW(parse_config("data: {augment: {crop_padding: 40}}\n", "exp.yaml"));
+  CHECK(error_of("train: {label_smoothing: 1}\n") ==
+        "exp.yaml:1: train.label_smoothing: must be in [0, 0.999], got 1");
+}

@@ -20,6 +20,7 @@
 #include "dtrain/base/rng.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/dist/comm.hpp"
+#include "dtrain/nn/optimizer.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/trainer.hpp"
 #include "checkpoint_helpers.hpp"
@@ -154,6 +155,16 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     return Outs{mr.out(dl, logits.size()),
                 std::vector<float>{static_cast<float>(got[0]), static_cast<float>(got[1])}};
   });
+  twin("softmax_xent_smoothed", 1e-6, [&](Device& d, Mirror& mr) -> Outs {
+    float* dl = mr.in(logits);
+    Buffer<double> stats(d, 2);
+    d.zero(stats.data(), 2 * sizeof(double));
+    d.softmax_xent(mr.in(logits), mr.in(labels), m, 10, 0.25f, dl, stats.data(), 0.1);
+    double got[2];
+    d.download(got, stats.data(), sizeof(got));
+    return Outs{mr.out(dl, logits.size()),
+                std::vector<float>{static_cast<float>(got[0]), static_cast<float>(got[1])}};
+  });
 
   // Gather rows by host indices.
   const std::vector<int64_t> idx{5, 0, 66, 5, 12};
@@ -221,7 +232,12 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     const auto imgs = random_vec(rng, 9 * 3 * 11 * 13);
     twin("augment", 0, [&](Device& d, Mirror& mr) -> Outs {
       float* out = mr.in(std::vector<float>(imgs.size()));
-      d.augment(mr.in(imgs), out, 9, 3, 11, 13, 2, true, 99);
+      d.augment(mr.in(imgs), out, 9, 3, 11, 13, 2, false, true, 99);
+      return Outs{mr.out(out, imgs.size())};
+    });
+    twin("augment_reflect", 0, [&](Device& d, Mirror& mr) -> Outs {
+      float* out = mr.in(std::vector<float>(imgs.size()));
+      d.augment(mr.in(imgs), out, 9, 3, 11, 13, 10, true, true, 99);
       return Outs{mr.out(out, imgs.size())};
     });
   }
@@ -249,6 +265,22 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     d.multiply(g, mr.in(mask), y, G.size());
     return Outs{mr.out(p, P.size()), mr.out(q, P.size()), mr.out(y, G.size())};
   });
+  // Weight decay on weights only (decay_bn_and_bias: false): the optimizer's segments.
+  for (const auto type : {OptimizerType::sgd, OptimizerType::adamw}) {
+    const std::string name = std::string("decay-weights-only-") + to_string(type);
+    twin(name.c_str(), 1e-6,
+         [&](Device& d, Mirror& mr) -> Outs {
+           OptimizerConfig oc;
+           oc.type = type;
+           oc.weight_decay = 0.1;
+           oc.decay_bn_and_bias = false;
+           Optimizer opt(d, oc, P.size(), {{100, 1000}, {1500, 900}});
+           float* p = mr.in(P);
+           const float* g = mr.in(G);
+           for (int step = 1; step <= 3; ++step) opt.step(p, g, 0.01);
+           return Outs{mr.out(p, P.size())};
+         });
+  }
   // The ordered sum of replicas that share weights: exact, as the host's adds are.
   twin("fold", 0, [&](Device& d, Mirror& mr) -> Outs {
     float* acc = mr.in(std::vector<float>(P.size(), 7.f));

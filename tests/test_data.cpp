@@ -12,6 +12,7 @@
 #include "dtrain/data/data.hpp"
 #include "dtrain/backend/device.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/hash.hpp"
 #include "dtrain/base/rng.hpp"
 #include "helpers.hpp"
 
@@ -72,7 +73,7 @@ void write_dataset(const fs::path& dir, uint32_t n_train, uint32_t n_test, bool 
 DataConfig raw_idx(const fs::path& dir) {
   DataConfig cfg;
   cfg.dataset = DatasetKind::idx;
-  cfg.normalize = false;
+  cfg.normalize = Normalize::off;
   cfg.path = dir.string();
   return cfg;
 }
@@ -404,7 +405,7 @@ TEST_CASE("synthetic data larger than memory is refused before anything is alloc
   cfg.synthetic.shape = {8};
   cfg.synthetic.train_size = 1000000000000;
   cfg.train_limit = 100;
-  cfg.normalize = false;
+  cfg.normalize = Normalize::off;
   const DataSplit some = load_data(cfg, 1);
   CHECK(some.train.size() == 100);
   const Dataset all = make_synthetic(cfg.synthetic, 300, 1, 1);
@@ -518,11 +519,11 @@ TEST_CASE("augmentation crops within the padding and flips horizontally", "[data
   for (size_t i = 0; i < orig.size(); ++i) orig[i] = 1.f + static_cast<float>(i % f);
   auto dev = make_cpu_device({2, CpuOptions::default_cpu_conv()});
   std::vector<float> x(orig.size());
-  dev->augment(orig.data(), x.data(), rows, 2, 4, 5, 0, false, 3);
+  dev->augment(orig.data(), x.data(), rows, 2, 4, 5, 0, false, false, 3);
   CHECK(x == orig);  // nothing asked, nothing changed
 
   // Every augmented sample must be one of the (2p+1)^2 shifts, flipped or not, of its input.
-  dev->augment(orig.data(), x.data(), rows, 2, 4, 5, 1, true, 3);
+  dev->augment(orig.data(), x.data(), rows, 2, 4, 5, 1, false, true, 3);
   int flipped = 0, shifted = 0;
   for (int64_t n = 0; n < rows; ++n) {
     bool matched = false;
@@ -552,8 +553,84 @@ TEST_CASE("augmentation crops within the padding and flips horizontally", "[data
   CHECK(shifted > 20);  // about 8 in 9
   // The same seed gives the same batch; another seed another one.
   std::vector<float> again(orig.size()), other(orig.size());
-  dev->augment(orig.data(), again.data(), rows, 2, 4, 5, 1, true, 3);
-  dev->augment(orig.data(), other.data(), rows, 2, 4, 5, 1, true, 4);
+  dev->augment(orig.data(), again.data(), rows, 2, 4, 5, 1, false, true, 3);
+  dev->augment(orig.data(), other.data(), rows, 2, 4, 5, 1, false, true, 4);
   CHECK(again == x);
   CHECK(other != x);
+}
+
+TEST_CASE("reflect padding mirrors the image at its edges without repeating them",
+          "[data][augment]") {
+  // numpy.pad(mode="reflect") of [a b c d] by 3: d c b | a b c d | c b a.
+  for (const auto& [s, want] : std::vector<std::pair<int64_t, int64_t>>{
+           {-3, 3}, {-2, 2}, {-1, 1}, {0, 0}, {3, 3}, {4, 2}, {5, 1}, {6, 0}})
+    CHECK(reflect_index(s, 4) == want);
+  const int64_t f = 40, rows = 200, pad = 3;  // 2 x 4 x 5, pad below both sides
+  std::vector<float> orig(static_cast<size_t>(rows * f));
+  for (size_t i = 0; i < orig.size(); ++i) orig[i] = 1.f + static_cast<float>(i % f);
+  auto dev = make_cpu_device({2, CpuOptions::default_cpu_conv()});
+  std::vector<float> x(orig.size()), zero(orig.size());
+  dev->augment(orig.data(), x.data(), rows, 2, 4, 5, pad, true, true, 3);
+  dev->augment(orig.data(), zero.data(), rows, 2, 4, 5, pad, false, true, 3);
+  int padded = 0;
+  for (int64_t n = 0; n < rows; ++n) {
+    const AugmentDraw a = augment_draw(3, n, pad, true);  // the same draw as zero padding's
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t j = 0; j < 5; ++j) {
+          const int64_t si = i + a.di, sj = (a.flip ? 4 - j : j) + a.dj;
+          const auto at = static_cast<size_t>(n * f + (c * 4 + i) * 5 + j);
+          const int64_t ri = si < 0 ? -si : si > 3 ? 6 - si : si;
+          const int64_t rj = sj < 0 ? -sj : sj > 4 ? 8 - sj : sj;
+          CHECK(x[at] == orig[static_cast<size_t>(n * f + (c * 4 + ri) * 5 + rj)]);
+          const bool outside = si < 0 || si > 3 || sj < 0 || sj > 4;
+          CHECK(zero[at] == (outside ? 0.f : x[at]));  // inside, both read the same pixel
+          padded += outside;
+        }
+  }
+  CHECK(padded > 1000);  // most samples read the padding somewhere
+}
+
+TEST_CASE("per-channel normalisation uses each channel's statistics or the given ones",
+          "[data][normalize]") {
+  // Two samples of 2 x 1 x 2: channel 0 holds 0.1..0.4, channel 1 holds 0.8 (a constant).
+  DataSplit s;
+  s.train.shape = s.test.shape = {2, 1, 2};
+  s.train.x = {0.1f, 0.2f, 0.8f, 0.8f, 0.3f, 0.4f, 0.8f, 0.8f};
+  s.train.y = {0, 1};
+  s.test.x = {0.25f, 0.25f, 0.9f, 0.7f};
+  s.test.y = {0};
+  DataConfig cfg;
+  cfg.normalize = Normalize::channel;
+  DataSplit c = s;
+  normalize(cfg, c);
+  const double sd0 = std::sqrt(0.0125);  // of 0.1, 0.2, 0.3, 0.4
+  CHECK(c.train.x[0] == Approx((0.1 - 0.25) / sd0).epsilon(1e-5));
+  CHECK(c.train.x[5] == Approx((0.4 - 0.25) / sd0).epsilon(1e-5));
+  CHECK(c.train.x[2] == Approx(0).margin(1e-6));  // a constant channel: centred, not blown up
+  CHECK(c.test.x[0] == Approx(0).margin(1e-6));
+  // One statistic over all features instead (the old behaviour, `true`): channel 0 is not
+  // centred on its own.
+  cfg.normalize = Normalize::global;
+  DataSplit g = s;
+  normalize(cfg, g);
+  CHECK(std::abs(g.train.x[0] + g.train.x[1] + g.train.x[4] + g.train.x[5]) > 1);
+  // Given statistics, one per channel, as the recipes quote them.
+  cfg.normalize = Normalize::channel;
+  cfg.mean = {0.5, 0.4};
+  cfg.stddev = {0.25, 0.2};
+  DataSplit given = s;
+  normalize(cfg, given);
+  CHECK(given.train.x[0] == static_cast<float>((double(0.1f) - 0.5) / 0.25));
+  CHECK(given.test.x[2] == static_cast<float>((double(0.9f) - 0.4) / 0.2));
+  // A count that does not match the data's channels (a file of other images) is refused.
+  cfg.mean = {0.5, 0.4, 0.3};
+  CHECK(error_of([&] { normalize(cfg, given); }) ==
+        "data.mean: needs 2 entries (one per channel), got 3");
+  cfg.mean.clear();
+  cfg.stddev.clear();
+  DataSplit flat = s;
+  flat.train.shape = flat.test.shape = {4};
+  CHECK_THAT(error_of([&] { normalize(cfg, flat); }),
+             Catch::StartsWith("data.normalize: channel needs image data"));
 }

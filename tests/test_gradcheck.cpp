@@ -237,6 +237,58 @@ TEST_CASE("softmax cross-entropy gradient matches finite differences", "[grad]")
   }
 }
 
+TEST_CASE("label-smoothed softmax cross-entropy gradient matches finite differences",
+          "[grad][smoothing]") {
+  auto dev = make_cpu_device();
+  Rng rng(4);
+  const int64_t rows = 4, classes = 5;
+  const double eps = 0.2;
+  std::vector<float> z(static_cast<size_t>(rows * classes)), dz(z.size()), plain(z.size());
+  for (auto& v : z) v = static_cast<float>(rng.uniform(-3, 3));
+  const std::vector<int32_t> labels = {0, 4, 2, 2};
+  double stats[2] = {0, 0};
+  dev->softmax_xent(z.data(), labels.data(), rows, classes, 1.f, dz.data(), stats, eps);
+  dev->softmax_xent(z.data(), labels.data(), rows, classes, 1.f, plain.data(), stats);
+  const auto loss = [&] {
+    double st[2] = {0, 0};
+    dev->softmax_xent(z.data(), labels.data(), rows, classes, 0.f, nullptr, st, eps);
+    return st[0];
+  };
+  for (size_t i = 0; i < z.size(); ++i) {
+    const double numeric = central_diff(z[i], loss);
+    INFO("dlogit[" << i << "] analytic " << dz[i] << " numeric " << numeric);
+    CHECK(grad_close(dz[i], numeric));
+    // The target moved by eps / classes off the label and eps (1 - 1/classes) on it.
+    const bool on = static_cast<int64_t>(i) % classes == labels[i / classes];
+    CHECK(dz[i] - plain[i] == Approx(on ? eps * (1 - 1.0 / classes) : -eps / classes));
+  }
+}
+
+TEST_CASE("label-smoothed cross-entropy equals a hand computation", "[grad][smoothing]") {
+  auto dev = make_cpu_device();
+  // One row z = [2, 0, -1], label 0, eps 0.3, 3 classes: target t = [0.8, 0.1, 0.1].
+  const std::vector<float> z = {2, 0, -1};
+  const std::vector<int32_t> y = {0};
+  std::vector<float> d(3);
+  double stats[2] = {0, 0};
+  dev->softmax_xent(z.data(), y.data(), 1, 3, 1.f, d.data(), stats, 0.3);
+  const double lse = std::log(std::exp(2.0) + std::exp(0.0) + std::exp(-1.0));
+  const double t[3] = {0.8, 0.1, 0.1};
+  double want = 0;
+  for (int c = 0; c < 3; ++c) want -= t[c] * (z[static_cast<size_t>(c)] - lse);
+  CHECK(stats[0] == Approx(want).epsilon(1e-12));
+  CHECK(stats[1] == 1.0);
+  for (int c = 0; c < 3; ++c)
+    CHECK(d[static_cast<size_t>(c)] ==
+          Approx(std::exp(z[static_cast<size_t>(c)] - lse) - t[c]).epsilon(1e-6));
+  // eps = 0 is the plain loss, bit for bit.
+  double plain[2] = {0, 0}, zero[2] = {0, 0};
+  dev->softmax_xent(z.data(), y.data(), 1, 3, 0.f, nullptr, plain);
+  dev->softmax_xent(z.data(), y.data(), 1, 3, 0.f, nullptr, zero, 0.0);
+  CHECK(plain[0] == zero[0]);
+  CHECK(plain[0] == Approx(lse - 2.0));
+}
+
 TEST_CASE("softmax cross-entropy value and accuracy on known logits", "[grad]") {
   auto dev = make_cpu_device();
   // Uniform logits: loss log(C) per row; argmax ties resolve to class 0.
@@ -284,4 +336,43 @@ TEST_CASE("optimizers follow their update rules on one parameter", "[optim]") {
   m = v = 0.f;
   dev->adam_update(&p, &g, &m, &v, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.5f, true, 1);
   CHECK(p == Approx(1.0 * (1 - 0.005) - 0.01).epsilon(1e-5));
+}
+
+TEST_CASE("decay_bn_and_bias: false decays weights only, BatchNorm and biases untouched",
+          "[optim][decay]") {
+  auto dev = make_cpu_device();
+  ModelConfig mc;
+  mc.type = ModelType::layers;
+  LayerSpec conv, bn;
+  conv.type = LayerType::conv;
+  conv.channels = 2;
+  bn.type = LayerType::batchnorm;
+  mc.layers = {conv, bn};
+  // 1 x 4 x 4 input: conv weights [0, 18), conv bias [18, 20), BatchNorm gamma [20, 22) and
+  // beta [22, 24), then the classifier's weights [24, 48) and bias [48, 51).
+  auto model = build_model(*dev, mc, {1, 4, 4}, 3);
+  REQUIRE(model->param_count() == 51);
+  CHECK(model->weight_ranges() == std::vector<ParamRange>{{0, 18}, {24, 24}});
+  for (const auto type : {OptimizerType::sgd, OptimizerType::adam, OptimizerType::adamw}) {
+    for (const bool all : {true, false}) {
+      INFO(to_string(type) << " decay_bn_and_bias " << all);
+      OptimizerConfig oc;
+      oc.type = type;
+      oc.momentum = 0;
+      oc.weight_decay = 0.5;
+      oc.decay_bn_and_bias = all;
+      Optimizer opt(*dev, oc, 51, model->weight_ranges());
+      std::vector<float> p(51, 1.f);
+      const std::vector<float> g(51, 0.f);  // zero gradient: only decay moves a parameter
+      opt.step(p.data(), g.data(), 0.1);
+      for (int64_t i = 0; i < 51; ++i) {
+        const bool weight = i < 18 || (i >= 24 && i < 48);
+        INFO("param " << i);
+        if (weight || all)
+          CHECK(p[static_cast<size_t>(i)] < 1.f);
+        else
+          CHECK(p[static_cast<size_t>(i)] == 1.f);
+      }
+    }
+  }
 }

@@ -41,6 +41,8 @@ std::string non_default(const KeyInfo& k) {
     }
     case KeyKind::int_list:
       return "[3, 5]";
+    case KeyKind::number_list:
+      return "[0.5]";
     case KeyKind::layers:
       return "[{conv: {channels: 4}}, relu, {maxpool: {size: 3}}, {dropout: {p: 0.3}}]";
   }
@@ -107,6 +109,9 @@ TEST_CASE("the decoder enforces each key's range and spellings as the schema sta
       bad.push_back("bogus");
     } else if (k.kind == KeyKind::int_list) {
       bad.push_back(fmt::format("[{}]", k.lo - 1));
+    } else if (k.kind == KeyKind::number_list) {
+      bad.push_back(fmt::format("[{}]", k.min - 1));
+      bad.push_back(fmt::format("[{}]", k.max * 2 + 1));
     }
     for (const auto& v : bad) {
       INFO(k.key << "=" << v);
@@ -132,7 +137,7 @@ TEST_CASE("data_identity changes with every data key but those acting after the 
     CHECK((data_identity(c.data, c.train.seed) != id) == !k.after_load);
     ++keys;
   }
-  CHECK(keys == 16);
+  CHECK(keys == 19);
   // The seed draws synthetic data, never files.
   CHECK(data_identity(base.data, 7) == id);
   const Config syn = with("data.dataset", "synthetic");

@@ -107,11 +107,13 @@ class Device {
   // dx = dy * f'(x); x is the activation's input, y its output.
   virtual void activation_backward(Activation a, const float* x, const float* y, const float* dy,
                                    float* dx, size_t n) = 0;
-  // Softmax cross-entropy over rows of logits. Writes dlogits = grad_scale * (softmax - onehot)
-  // (if dlogits is non-null) and adds the summed loss and the number of correct argmax
+  // Softmax cross-entropy over rows of logits against the targets (1 - smoothing) onehot +
+  // smoothing / classes (math::softmax_xent_row). Writes dlogits = grad_scale * (softmax -
+  // target) (if dlogits is non-null) and adds the summed loss and the number of correct argmax
   // predictions to stats[0] and stats[1] (device memory: nothing returns to the host here).
   virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
-                            int64_t classes, float grad_scale, float* dlogits, double* stats) = 0;
+                            int64_t classes, float grad_scale, float* dlogits, double* stats,
+                            double smoothing = 0.0) = 0;
   // dst rows i = src rows idx[i] (idx on the host); labels likewise.
   virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
                       const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
@@ -154,10 +156,11 @@ class Device {
   // (seed, i) through a counter-based hash, so every backend draws the same mask.
   virtual void dropout_mask(float* mask, size_t n, double p, uint64_t seed) = 0;
   // Augmentation of `rows` c x h x w samples from x into y (not in place): a random crop with
-  // `pad` pixels of zero padding and, if `flip`, a horizontal flip with probability 1/2, drawn per
-  // sample from (seed, sample) by the counter-based hash (the same on every backend).
+  // `pad` pixels of padding (zeros, or if `reflect` the image mirrored at its edges, pad < h and
+  // pad < w) and, if `flip`, a horizontal flip with probability 1/2, drawn per sample from
+  // (seed, sample) by the counter-based hash (the same on every backend).
   virtual void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w,
-                       int64_t pad, bool flip, uint64_t seed) = 0;
+                       int64_t pad, bool reflect, bool flip, uint64_t seed) = 0;
   // y = x * mask, mask holding 0 or 1/(1-p).
   virtual void multiply(const float* x, const float* mask, float* y, size_t n) = 0;
   // y = a + b, element by element; y may be a or b (a residual block's sum, and the sum of its

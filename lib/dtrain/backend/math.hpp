@@ -55,14 +55,15 @@ DTRAIN_HD inline float gelu_backward(float x, float dy) {
 // ---- softmax cross-entropy ----
 
 struct XentRow {
-  double loss = 0;   // -log softmax(z)[y]
+  double loss = 0;   // -sum t log softmax(z), t the target (below)
   bool hit = false;  // the first maximum of z is at y
 };
 // One row z of `classes` logits with label y, in double: the maximum and its (first) position,
-// log-sum-exp, the loss, and, where d is non-null, d = grad_scale * (softmax(z) - onehot(y)).
+// log-sum-exp, the loss, and, where d is non-null, d = grad_scale * (softmax(z) - t). The target
+// t is onehot(y), or with label smoothing eps > 0, (1 - eps) onehot(y) + eps / classes.
 // The loss is read before d is written, so d may be z itself.
 DTRAIN_HD inline XentRow softmax_xent_row(const float* z, int32_t y, int64_t classes,
-                                          float grad_scale, float* d) {
+                                          float grad_scale, float* d, double eps = 0.0) {
   float mx = z[0];
   int64_t arg = 0;
   for (int64_t c = 1; c < classes; ++c)
@@ -76,10 +77,19 @@ DTRAIN_HD inline XentRow softmax_xent_row(const float* z, int32_t y, int64_t cla
   XentRow row;
   row.loss = log_sum - static_cast<double>(z[y] - mx);
   row.hit = arg == y;
+  // eps = 0 keeps the one-hot arithmetic exactly: no smoothing, the bits as before.
+  const double off = eps / static_cast<double>(classes), on = 1.0 - eps + off;
+  if (eps > 0.0) {
+    double mean_shifted = 0.0;  // the mean of z - max
+    for (int64_t c = 0; c < classes; ++c) mean_shifted += static_cast<double>(z[c] - mx);
+    mean_shifted /= static_cast<double>(classes);
+    row.loss = log_sum - (1.0 - eps) * static_cast<double>(z[y] - mx) - eps * mean_shifted;
+  }
   if (d) {
     for (int64_t c = 0; c < classes; ++c) {
       const double p = ::exp(static_cast<double>(z[c] - mx) - log_sum);
-      d[c] = grad_scale * static_cast<float>(p - (c == y ? 1.0 : 0.0));
+      const double t = eps > 0.0 ? (c == y ? on : off) : (c == y ? 1.0 : 0.0);
+      d[c] = grad_scale * static_cast<float>(p - t);
     }
   }
   return row;

@@ -45,11 +45,22 @@ DTRAIN_HD inline AugmentDraw augment_draw(uint64_t seed, int64_t n, int64_t pad,
   return a;
 }
 
+// Index s of a row or column of length n mirrored at the edges without repeating them
+// (reflect padding: -1 reads 1, n reads n - 2); valid for s in (-n, 2n - 1).
+DTRAIN_HD inline int64_t reflect_index(int64_t s, int64_t n) {
+  return s < 0 ? -s : s >= n ? 2 * (n - 1) - s : s;
+}
+
 // Output element (ch, i, j) of an augmented c x h x w sample reads this input element, or
-// -1 for the zero padding.
+// -1 for the zero padding. `reflect`: the padding mirrors the image (needs the offsets below h
+// and w).
 DTRAIN_HD inline int64_t augment_source(const AugmentDraw& a, int64_t ch, int64_t i, int64_t j,
-                                        int64_t h, int64_t w) {
-  const int64_t si = i + a.di, sj = (a.flip ? w - 1 - j : j) + a.dj;
+                                        int64_t h, int64_t w, bool reflect) {
+  int64_t si = i + a.di, sj = (a.flip ? w - 1 - j : j) + a.dj;
+  if (reflect) {
+    si = reflect_index(si, h);
+    sj = reflect_index(sj, w);
+  }
   return (si >= 0 && si < h && sj >= 0 && sj < w) ? (ch * h + si) * w + sj : -1;
 }
 

@@ -110,6 +110,14 @@ const EnumTable<BlockActivation> kBlockActivations = {{"relu", BlockActivation::
                                                       {"gelu", BlockActivation::gelu}};
 const EnumTable<ResnetStem> kResnetStems = {{"cifar", ResnetStem::cifar},
                                             {"imagenet", ResnetStem::imagenet}};
+// `true` is how configs before per-channel statistics asked for global ones: still read, never
+// written (to_string gives the first spelling of a value).
+const EnumTable<Normalize> kNormalizes = {{"global", Normalize::global},
+                                          {"channel", Normalize::channel},
+                                          {"false", Normalize::off},
+                                          {"true", Normalize::global}};
+const EnumTable<PaddingMode> kPaddingModes = {{"zero", PaddingMode::zero},
+                                              {"reflect", PaddingMode::reflect}};
 
 template <class E>
 const char* enum_name(const EnumTable<E>& table, E v) {
@@ -172,6 +180,8 @@ class MapReader {
       number(k.name, out, k.min, k.max);
     } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       int_list(k.name, out, k.lo);
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      number_list(k, out);
     } else {
       static_assert(std::is_same_v<T, std::vector<LayerSpec>>, "no decoder for this key's type");
       layers(k.name, out);
@@ -393,6 +403,26 @@ class MapReader {
     out = std::move(v);
   }
 
+  void number_list(const Key& k, std::vector<double>& out) {
+    YAML::Node n = take(k.name);
+    if (!n || n.IsNull()) return;
+    if (!n.IsSequence())
+      fail(k.name, n, fmt::format("expected a list of numbers, got {}", show(n)));
+    std::vector<double> v;
+    for (const auto& e : n) {
+      double x = 0;
+      try {
+        x = e.as<double>();
+      } catch (const YAML::Exception&) {
+        fail(k.name, n, fmt::format("expected a list of numbers, found {}", show(e)));
+      }
+      if (!(x >= k.min && x <= k.max))
+        fail(k.name, n, fmt::format("every entry must be in [{}, {}], found {}", k.min, k.max, x));
+      v.push_back(x);
+    }
+    out = std::move(v);
+  }
+
   void layers(const std::string& key, std::vector<LayerSpec>& out) {
     const YAML::Node n = take(key);
     if (!n || n.IsNull()) return;
@@ -596,6 +626,47 @@ void check_resnet(const ModelConfig& m, const MapReader& r) {
                        stages, stages, m.widths.size()));
 }
 
+// The channels of the data's C x H x W samples (0: not images), from the config alone.
+int64_t image_channels(const DataConfig& d, int64_t* h, int64_t* w) {
+  std::vector<int64_t> shape = {1, 28, 28};  // Fashion-MNIST, MNIST and IDX files
+  if (d.dataset == DatasetKind::synthetic) shape = d.synthetic.shape;
+  if (d.dataset == DatasetKind::cifar10 || d.dataset == DatasetKind::cifar100) shape = {3, 32, 32};
+  if (shape.size() != 3) return 0;
+  *h = shape[1];
+  *w = shape[2];
+  return shape[0];
+}
+
+// data.mean and data.std: one per channel, or one for global statistics; reflect padding
+// smaller than the image.
+void check_data(const DataConfig& d, const MapReader& r) {
+  int64_t h = 0, w = 0;
+  const int64_t channels = image_channels(d, &h, &w);
+  if (d.normalize == Normalize::channel && channels == 0)
+    r.fail("normalize", r.node("normalize"),
+           "channel needs image data with a [c, h, w] shape (this data is flat); use global");
+  const size_t want = d.normalize == Normalize::channel ? static_cast<size_t>(channels) : 1;
+  for (const auto* key : {"mean", "std"}) {
+    const auto& v = std::string(key) == "mean" ? d.mean : d.stddev;
+    if (v.empty()) continue;
+    if (d.normalize == Normalize::off)
+      r.fail(key, r.node(key), "given, but data.normalize is false; give normalize: channel");
+    if (v.size() != want)
+      r.fail(key, r.node(key),
+             fmt::format("needs {} entr{} (normalize: {}, {} channel{}), got {}", want,
+                         want == 1 ? "y" : "ies", to_string(d.normalize), channels,
+                         channels == 1 ? "" : "s", v.size()));
+  }
+  const int64_t pad = d.augment.crop_padding;
+  if (d.augment.padding_mode == PaddingMode::reflect && channels > 0 && (pad >= h || pad >= w)) {
+    const MapReader a = r.at("augment");
+    a.fail("crop_padding", a.node("crop_padding"),
+           fmt::format("reflect padding needs crop_padding below the image's height and width "
+                       "({} x {}), got {}",
+                       h, w, pad));
+  }
+}
+
 void check_rules(const Config& c, const MapReader& top, const Source& src) {
   if (c.precision == Precision::tf32 && c.backend == Backend::cpu)
     top.fail("precision", top.node("precision"),
@@ -613,6 +684,7 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
                                   src.file, fmt::join(c.data.synthetic.shape, " x "),
                                   int64_t{1} << 28));
   }
+  check_data(c.data, top.at("data"));
   if (c.optimizer.warmup_epochs > c.train.epochs)
     throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
                                 c.optimizer.warmup_epochs, c.train.epochs));
@@ -793,7 +865,8 @@ class YamlWriter {
       e_ << YAML::Key << k.name << YAML::Value;
       if constexpr (std::is_enum_v<T>)
         e_ << to_string(v);
-      else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+      else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                         std::is_same_v<T, std::vector<double>>)
         e_ << YAML::Flow << v;
       else if constexpr (std::is_same_v<T, std::string>)
         // yaml-cpp writes "a\r" plain, which reads back as "a": quoted, it reads back whole.
@@ -904,6 +977,8 @@ class KeyLister {
       i.kind = KeyKind::number;
     } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       i.kind = KeyKind::int_list;
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      i.kind = KeyKind::number_list;
     } else {
       i.kind = KeyKind::layers;
     }
@@ -1013,6 +1088,8 @@ std::string KeyInfo::valid() const {
       return fmt::format("a number in [{}, {}]", min, max);
     case KeyKind::int_list:
       return fmt::format("a list of integers >= {}", lo);
+    case KeyKind::number_list:
+      return fmt::format("a list of numbers in [{}, {}]", min, max);
     case KeyKind::layers:
       return "a list of layers";
   }
@@ -1070,6 +1147,12 @@ const EnumTable<BlockActivation>& choices(BlockActivation) {
 const EnumTable<ResnetStem>& choices(ResnetStem) {
   return kResnetStems;
 }
+const EnumTable<Normalize>& choices(Normalize) {
+  return kNormalizes;
+}
+const EnumTable<PaddingMode>& choices(PaddingMode) {
+  return kPaddingModes;
+}
 
 const char* to_string(Backend v) {
   return enum_name(kBackends, v);
@@ -1121,6 +1204,12 @@ const char* to_string(BlockActivation v) {
 }
 const char* to_string(ResnetStem v) {
   return enum_name(kResnetStems, v);
+}
+const char* to_string(Normalize v) {
+  return enum_name(kNormalizes, v);
+}
+const char* to_string(PaddingMode v) {
+  return enum_name(kPaddingModes, v);
 }
 
 }  // namespace dtrain

@@ -51,6 +51,12 @@ enum class BlockActivation { relu, none, tanh, sigmoid, gelu };
 // The first layers of a ResNet: cifar (3x3 conv, stride 1) or imagenet (7x7 conv, stride 2,
 // then a 3x3 max pool of stride 2).
 enum class ResnetStem { cifar, imagenet };
+// data.normalize: none (pixels in [0,1]), one mean and std over all features (global), or one
+// per channel of C x H x W images (channel).
+enum class Normalize { off, global, channel };
+// What a random crop reads outside the image: zeros, or the image mirrored at its edge
+// (without repeating the edge pixel, as numpy's and PyTorch's reflect).
+enum class PaddingMode { zero, reflect };
 
 struct SyntheticConfig {
   int64_t train_size = 4096;
@@ -62,8 +68,9 @@ struct SyntheticConfig {
 
 // Training-time augmentation of image data, drawn from each replica's own random stream.
 struct AugmentConfig {
-  int64_t crop_padding = 0;  // random crop of the original size from the zero-padded image
-  bool flip = false;         // random horizontal flip with probability 1/2
+  int64_t crop_padding = 0;  // random crop of the original size from the padded image
+  PaddingMode padding_mode = PaddingMode::zero;
+  bool flip = false;  // random horizontal flip with probability 1/2
   bool enabled() const { return crop_padding > 0 || flip; }
 };
 
@@ -74,7 +81,13 @@ struct DataConfig {
   Sharding sharding = Sharding::interleaved;
   bool drop_remainder = true;
   bool sort_by_label = false;  // reorder training data by label (the sharding pitfall)
-  bool normalize = true;       // scale to [0,1], then standardise with the training set's stats
+  // Pixels are scaled to [0,1], then standardised: (x - mean) / std, with the statistics
+  // given below or, where none are, the training set's.
+  Normalize normalize = Normalize::global;
+  // Given statistics in [0,1] pixel units: one per channel (normalize: channel) or one
+  // (global). Empty: computed from the training set.
+  std::vector<double> mean;
+  std::vector<double> stddev;
   int64_t train_limit = 0;     // use only the first N training samples (0 = all)
   int64_t test_limit = 0;      // use only the first N test samples (0 = all)
   SyntheticConfig synthetic;
@@ -139,6 +152,8 @@ struct TrainConfig {
   // run is stopped (Ctrl-C, SIGTERM), and every this many optimizer steps (0: not by steps).
   // `dtrain run --resume` continues an unfinished run from it.
   int64_t checkpoint_steps = 0;
+  // The cross-entropy target is (1 - eps) one-hot + eps / classes (PyTorch's definition).
+  double label_smoothing = 0.0;
 };
 
 struct OptimizerConfig {
@@ -148,6 +163,8 @@ struct OptimizerConfig {
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
+  // false: BatchNorm's scale and shift and every bias get no weight decay, only weights do.
+  bool decay_bn_and_bias = true;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
@@ -213,6 +230,8 @@ const char* to_string(LayerType v);
 const char* to_string(Shortcut v);
 const char* to_string(BlockActivation v);
 const char* to_string(ResnetStem v);
+const char* to_string(Normalize v);
+const char* to_string(PaddingMode v);
 
 // Closest candidate by edit distance, or "" when nothing is close.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);

@@ -90,6 +90,8 @@ const EnumTable<LayerType>& choices(LayerType);
 const EnumTable<Shortcut>& choices(Shortcut);
 const EnumTable<BlockActivation>& choices(BlockActivation);
 const EnumTable<ResnetStem>& choices(ResnetStem);
+const EnumTable<Normalize>& choices(Normalize);
+const EnumTable<PaddingMode>& choices(PaddingMode);
 
 // nullptr for a name that can be the experiment's folder, else what a name must be.
 const char* folder_name_rule(const std::string& name);
@@ -112,6 +114,7 @@ void visit(C& s, V& v) {
 template <ConfigPart<AugmentConfig> C, class V>
 void visit(C& a, V& v) {
   v(Key("crop_padding").within(0, 64), a.crop_padding);
+  v(Key("padding_mode"), a.padding_mode);
   v(Key("flip"), a.flip);
 }
 
@@ -124,6 +127,8 @@ void visit(C& d, V& v) {
   v(Key("drop_remainder").acts_after_load(), d.drop_remainder);
   v(Key("sort_by_label"), d.sort_by_label);
   v(Key("normalize"), d.normalize);
+  v(Key("mean").within(0.0, 1.0), d.mean);
+  v(Key("std").within(1e-6, 1e3), d.stddev);
   v(Key("train_limit").at_least(0), d.train_limit);
   v(Key("test_limit").at_least(0), d.test_limit);
   v.section(Key("synthetic"), d.synthetic);
@@ -190,6 +195,7 @@ void visit(C& t, V& v) {
   v(Key("cuda_graph"), t.cuda_graph);
   v(Key("noise_scale"), t.noise_scale);
   v(Key("checkpoint_steps").at_least(0), t.checkpoint_steps);
+  v(Key("label_smoothing").within(0.0, 0.999), t.label_smoothing);
 }
 
 template <ConfigPart<OptimizerConfig> C, class V>
@@ -200,6 +206,7 @@ void visit(C& o, V& v) {
   v(Key("momentum").within(0.0, 0.999999), o.momentum);
   v(Key("nesterov"), o.nesterov);
   v(Key("weight_decay").within(0.0, 10.0), o.weight_decay);
+  v(Key("decay_bn_and_bias"), o.decay_bn_and_bias);
   v(Key("beta1").within(0.0, 0.999999), o.beta1);
   v(Key("beta2").within(0.0, 0.99999999), o.beta2);
   v(Key("eps").within(0.0, 1.0), o.eps);
@@ -229,13 +236,13 @@ void visit(C& c, V& v) {
 }
 
 // What the schema says about one key, for `report --by` and the tests.
-enum class KeyKind { text, boolean, integer, number, choice, int_list, layers };
+enum class KeyKind { text, boolean, integer, number, choice, int_list, number_list, layers };
 struct KeyInfo {
   std::string key;  // dotted, e.g. "train.seed"
   KeyKind kind = KeyKind::text;
   std::string default_value;                              // as config_values() writes it
   int64_t lo = INT64_MIN, hi = INT64_MAX;                 // integers and integer-list entries
-  double min = -std::numeric_limits<double>::infinity();  // numbers
+  double min = -std::numeric_limits<double>::infinity();  // numbers and number-list entries
   double max = std::numeric_limits<double>::infinity();
   std::vector<std::string> choices;  // the YAML spellings of a choice
   bool optional = false;             // may be null (unset)

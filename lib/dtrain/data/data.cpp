@@ -15,7 +15,9 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "dtrain/data/cifar.hpp"
 #include "dtrain/base/error.hpp"
@@ -445,7 +447,8 @@ class IdentityWriter {
       key += to_string(v);
     else if constexpr (std::is_same_v<T, std::string>)
       key += fmt::format("{}:{}", v.size(), v);  // length first: any byte may follow
-    else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                       std::is_same_v<T, std::vector<double>>)
       key += fmt::format("[{}]", fmt::join(v, ","));
     else
       key += fmt::format("{}", v);
@@ -508,6 +511,56 @@ DataShape peek_data_shape(const DataConfig& cfg) {
   return d;
 }
 
+namespace {
+// The mean and std of each of `groups` equal runs of every sample's features (one group:
+// over all features; c groups: per channel of c x h x w samples).
+std::pair<std::vector<double>, std::vector<double>> feature_stats(const Dataset& d,
+                                                                  int64_t groups) {
+  const int64_t f = d.features(), run = f / groups;
+  std::vector<double> sum(static_cast<size_t>(groups)), sq(sum.size());
+  for (int64_t i = 0; i < d.size() * f; ++i) {
+    const double v = d.x[static_cast<size_t>(i)];
+    const auto g = static_cast<size_t>(i % f / run);
+    sum[g] += v;
+    sq[g] += v * v;
+  }
+  const double n = static_cast<double>(d.size() * run);
+  std::vector<double> mean(sum.size()), sd(sum.size());
+  for (size_t g = 0; g < sum.size(); ++g) {
+    mean[g] = sum[g] / n;
+    sd[g] = std::sqrt(std::max(1e-12, sq[g] / n - mean[g] * mean[g]));
+  }
+  return {mean, sd};
+}
+}  // namespace
+
+void normalize(const DataConfig& cfg, DataSplit& s) {
+  if (cfg.normalize == Normalize::off) return;
+  int64_t groups = 1;
+  if (cfg.normalize == Normalize::channel) {
+    if (s.train.shape.size() != 3)
+      throw UserError(fmt::format(
+          "data.normalize: channel needs image data with a [c, h, w] shape, this data is [{}]",
+          fmt::join(s.train.shape, ", ")));
+    groups = s.train.shape[0];
+  }
+  auto [mean, sd] = feature_stats(s.train, groups);
+  for (const auto& [key, given, out] :
+       {std::tuple{"mean", &cfg.mean, &mean}, std::tuple{"std", &cfg.stddev, &sd}}) {
+    if (given->empty()) continue;
+    if (given->size() != static_cast<size_t>(groups))
+      throw UserError(fmt::format("data.{}: needs {} entries (one per channel), got {}", key,
+                                  groups, given->size()));
+    *out = *given;
+  }
+  const int64_t run = s.train.features() / groups;
+  for (auto* d : {&s.train, &s.test})
+    for (size_t i = 0; i < d->x.size(); ++i) {
+      const auto g = static_cast<size_t>(static_cast<int64_t>(i) % d->features() / run);
+      d->x[i] = static_cast<float>((d->x[i] - mean[g]) / sd[g]);
+    }
+}
+
 DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
   DataSplit s;
   if (cfg.dataset == DatasetKind::synthetic) {
@@ -543,19 +596,7 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
   truncate(s.train, cfg.train_limit);
   truncate(s.test, cfg.test_limit);
 
-  if (cfg.normalize) {
-    // Standardise with the training set's statistics (one mean and std over all features).
-    double sum = 0, sq = 0;
-    for (float v : s.train.x) {
-      sum += v;
-      sq += double(v) * v;
-    }
-    const double n = static_cast<double>(s.train.x.size());
-    const double mean = sum / n;
-    const double sd = std::sqrt(std::max(1e-12, sq / n - mean * mean));
-    for (auto* d : {&s.train, &s.test})
-      for (auto& v : d->x) v = static_cast<float>((v - mean) / sd);
-  }
+  normalize(cfg, s);
   if (cfg.sort_by_label) sort_by_label(s.train);
   s.description =
       fmt::format("{} train={} test={} shape=[{}] classes={}{}", to_string(cfg.dataset),

@@ -74,6 +74,11 @@ std::string describe_labels(const Dataset& d);
 // line naming them (the doctor's `sparse-labels`, a warning of validate), or "" when none.
 std::string label_warning(const DataSplit& d);
 
+// Standardises both sets in place as data.normalize says: (x - mean) / std, one statistic for
+// all features (global) or one per channel (channel), taken from data.mean and data.std where
+// given, else from the training set.
+void normalize(const DataConfig& cfg, DataSplit& s);
+
 // Stable reorder of samples by label (0s first), the worst case for contiguous sharding.
 void sort_by_label(Dataset& d);
 

@@ -105,6 +105,26 @@ Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes,
   }
 }
 
+std::vector<ParamRange> weight_ranges(const std::vector<std::unique_ptr<Layer>>& layers) {
+  std::vector<ParamRange> runs, merged;
+  int64_t off = 0;
+  for (const auto& l : layers) {
+    l->weight_ranges(off, runs);
+    off += l->param_count();
+  }
+  for (const ParamRange& r : runs) {
+    if (!merged.empty() && merged.back().offset + merged.back().count == r.offset)
+      merged.back().count += r.count;
+    else
+      merged.push_back(r);
+  }
+  return merged;
+}
+
+std::vector<ParamRange> Model::weight_ranges() const {
+  return dtrain::weight_ranges(layers_);
+}
+
 void Model::set_context(Communicator* comm, Rng* rng) {
   ctx_.comm = comm;
   ctx_.rng = rng;
@@ -186,7 +206,8 @@ void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale,
   if (rows != rows_) DTRAIN_THROW_SYSTEM("loss_backward: batch differs from the last forward");
   // No early return for rows == 0: synchronised layers still take part in their collectives.
   dlogits_.resize(dev_, static_cast<size_t>(std::max<int64_t>(rows, 1) * classes_));
-  dev_.softmax_xent(logits_, labels, rows, classes_, grad_scale, dlogits_.data(), stats);
+  dev_.softmax_xent(logits_, labels, rows, classes_, grad_scale, dlogits_.data(), stats,
+                    label_smoothing_);
   const float* g = dlogits_.data();
   for (size_t i = layers_.size(); i-- > 0;) {
     g = layers_[i]->backward(dev_, g, rows, i > 0);

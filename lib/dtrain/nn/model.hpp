@@ -12,6 +12,7 @@
 #include "dtrain/backend/device.hpp"
 #include "dtrain/base/rng.hpp"
 #include "dtrain/config/config.hpp"
+#include "dtrain/nn/optimizer.hpp"
 
 namespace dtrain {
 
@@ -60,6 +61,9 @@ class Layer {
   // layers, as FLOP counters of papers count); backward does twice as many (the input's and
   // the weights' gradients), less the input's gradient of the first layer.
   virtual int64_t macs_per_sample() const { return 0; }
+  // Appends the runs of this layer's parameters that are weights (not biases, not BatchNorm's
+  // scale and shift), the layer's first parameter at `offset` of the flat buffer.
+  virtual void weight_ranges(int64_t /*offset*/, std::vector<ParamRange>& /*out*/) const {}
 
   // y = f(x) for `rows` samples; x must stay valid until backward.
   const float* forward(Device& d, const float* x, int64_t rows);
@@ -89,6 +93,9 @@ class Dense final : public Layer {
   int64_t macs_per_sample() const override { return in_features() * out_features(); }
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
+  void weight_ranges(int64_t offset, std::vector<ParamRange>& out) const override {
+    out.push_back({offset, in_features() * out_features()});
+  }
 
  protected:
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
@@ -127,6 +134,9 @@ class Conv2d final : public Layer {
   int64_t macs_per_sample() const override { return out_.size() * in_.c * k_ * k_; }
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
+  void weight_ranges(int64_t offset, std::vector<ParamRange>& out) const override {
+    out.push_back({offset, oc_ * in_.c * k_ * k_});
+  }
 
  protected:
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
@@ -241,6 +251,7 @@ class Residual final : public Layer {
   void attach(const LayerContext* ctx) override;
   int64_t activation_floats() const override;
   int64_t macs_per_sample() const override;
+  void weight_ranges(int64_t offset, std::vector<ParamRange>& out) const override;
 
  protected:
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
@@ -302,8 +313,13 @@ class Model {
   using GradsReady = std::function<void(size_t offset, size_t count)>;
   void loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats,
                      const GradsReady& ready = {});
-  // Loss and accuracy only (evaluation).
+  // Loss and accuracy only (evaluation): plain cross-entropy, whatever the label smoothing, so
+  // test losses compare across runs.
   void loss_only(const int32_t* labels, int64_t rows, double* stats);
+  // The runs of the flat parameter buffer that are weights, in order (weight_ranges below).
+  std::vector<ParamRange> weight_ranges() const;
+  // The label smoothing of loss_backward's targets (train.label_smoothing), 0 by default.
+  void set_label_smoothing(double eps) { label_smoothing_ = eps; }
 
  private:
   Device& dev_;
@@ -316,6 +332,7 @@ class Model {
   float* shared_params_ = nullptr;
   const float* logits_ = nullptr;
   int64_t rows_ = 0;
+  double label_smoothing_ = 0.0;
   LayerContext ctx_;
 };
 
@@ -335,6 +352,11 @@ std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg,
                                                  const std::vector<int64_t>& input_shape,
                                                  int classes);
+
+// The runs of the flat parameter buffer of `layers` that are weights (not biases, not
+// BatchNorm's scale and shift), adjacent runs merged: what optimizer.decay_bn_and_bias: false
+// decays.
+std::vector<ParamRange> weight_ranges(const std::vector<std::unique_ptr<Layer>>& layers);
 
 // The initial parameters of `layers` (the flat buffer's order) drawn from `seed`, on the host:
 // what Model::init uploads, and what replicas sharing one copy of the weights start from.

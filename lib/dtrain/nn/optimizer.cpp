@@ -1,8 +1,25 @@
 #include "dtrain/nn/optimizer.hpp"
 
+#include "dtrain/base/error.hpp"
+
 namespace dtrain {
 
-Optimizer::Optimizer(Device& d, const OptimizerConfig& cfg, size_t n) : dev_(d), cfg_(cfg), n_(n) {
+Optimizer::Optimizer(Device& d, const OptimizerConfig& cfg, size_t n,
+                     const std::vector<ParamRange>& weights)
+    : dev_(d), cfg_(cfg), n_(n) {
+  if (cfg_.decay_bn_and_bias || cfg_.weight_decay == 0) {
+    segments_.push_back({0, n, true});
+  } else {
+    size_t at = 0;
+    for (const ParamRange& r : weights) {
+      const auto off = static_cast<size_t>(r.offset), count = static_cast<size_t>(r.count);
+      if (off < at || off + count > n) DTRAIN_THROW_SYSTEM("weight ranges out of order");
+      if (off > at) segments_.push_back({at, off - at, false});
+      if (count > 0) segments_.push_back({off, count, true});
+      at = off + count;
+    }
+    if (at < n) segments_.push_back({at, n - at, false});
+  }
   m_.resize(d, std::max<size_t>(n, 1));
   dev_.fill(m_.data(), n, 0.f);
   if (cfg_.type != OptimizerType::sgd) {
@@ -18,16 +35,22 @@ void Optimizer::step(float* params, const float* grads, double lr) {
 
 void Optimizer::update(Device& d, float* params, const float* grads, double lr, int64_t t) {
   const auto f = [](double x) { return static_cast<float>(x); };
-  switch (cfg_.type) {
-    case OptimizerType::sgd:
-      d.sgd_update(params, grads, m_.data(), n_, f(lr), f(cfg_.momentum), f(cfg_.weight_decay),
-                   cfg_.nesterov);
-      break;
-    case OptimizerType::adam:
-    case OptimizerType::adamw:
-      d.adam_update(params, grads, m_.data(), v_.data(), n_, f(lr), f(cfg_.beta1), f(cfg_.beta2),
-                    f(cfg_.eps), f(cfg_.weight_decay), cfg_.type == OptimizerType::adamw, t);
-      break;
+  for (const Segment& s : segments_) {
+    const float wd = s.decay ? f(cfg_.weight_decay) : 0.f;
+    float* p = params + s.offset;
+    const float* g = grads + s.offset;
+    switch (cfg_.type) {
+      case OptimizerType::sgd:
+        d.sgd_update(p, g, m_.data() + s.offset, s.count, f(lr), f(cfg_.momentum), wd,
+                     cfg_.nesterov);
+        break;
+      case OptimizerType::adam:
+      case OptimizerType::adamw:
+        d.adam_update(p, g, m_.data() + s.offset, v_.data() + s.offset, s.count, f(lr),
+                      f(cfg_.beta1), f(cfg_.beta2), f(cfg_.eps), wd,
+                      cfg_.type == OptimizerType::adamw, t);
+        break;
+    }
   }
 }
 

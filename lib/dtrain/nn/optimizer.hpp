@@ -3,15 +3,25 @@
 // schedule lives in one place (schedule.hpp).
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "dtrain/config/config.hpp"
 #include "dtrain/backend/device.hpp"
 
 namespace dtrain {
 
+// A run of a model's flat parameter buffer: [offset, offset + count).
+struct ParamRange {
+  int64_t offset = 0, count = 0;
+  bool operator==(const ParamRange&) const = default;
+};
+
 class Optimizer {
  public:
-  Optimizer(Device& d, const OptimizerConfig& cfg, size_t n);
+  // `weights`: the ranges of the flat buffer that are weights (Model::weight_ranges), which
+  // alone get weight decay when cfg.decay_bn_and_bias is false; unused otherwise.
+  Optimizer(Device& d, const OptimizerConfig& cfg, size_t n,
+            const std::vector<ParamRange>& weights = {});
   void step(float* params, const float* grads, double lr);
   // The update of step number `t` (1-based) on device `d` (whose memory holds the buffers),
   // leaving steps_taken() alone: step() is update(dev, ..., steps_taken() + 1). For replicas
@@ -31,6 +41,13 @@ class Optimizer {
   size_t n_;
   int64_t t_ = 0;
   Buffer<float> m_, v_;
+  // The buffer in order, cut where the decay changes: one segment (all decayed) unless only
+  // weights decay. Elementwise updates per segment give the bits of one update over all.
+  struct Segment {
+    size_t offset, count;
+    bool decay;
+  };
+  std::vector<Segment> segments_;
 };
 
 }  // namespace dtrain

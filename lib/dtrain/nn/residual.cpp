@@ -81,6 +81,15 @@ void Residual::bind(float* params, float* grads) {
     }
 }
 
+void Residual::weight_ranges(int64_t offset, std::vector<ParamRange>& out) const {
+  int64_t off = offset;
+  for (const auto* list : {&body_, &shortcut_})
+    for (const auto& l : *list) {
+      l->weight_ranges(off, out);
+      off += l->param_count();
+    }
+}
+
 void Residual::init(Rng& rng, float* params) const {
   int64_t off = 0;
   for (const auto* list : {&body_, &shortcut_})

@@ -63,6 +63,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
   // Shared weights: initialised once, by the trainer.
   model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes,
                        run.shared ? run.shared->params.data() : nullptr);
+  model_->set_label_smoothing(cfg_.train.label_smoothing);
   if (run.shared)
     model_->zero_grads();
   else
@@ -71,7 +72,8 @@ Replica::Replica(RunContext& run, Communicator& comm)
   // count whenever these are used, as they do in every framework.
   model_->set_context(&comm_, &replica_rng_);
   const auto n_params = static_cast<size_t>(model_->param_count());
-  if (!run.shared) opt_ = std::make_unique<Optimizer>(*dev_, cfg_.optimizer, n_params);
+  if (!run.shared)
+    opt_ = std::make_unique<Optimizer>(*dev_, cfg_.optimizer, n_params, model_->weight_ranges());
   steps_ = sampler_.steps_per_epoch();
 
   // Batch buffers hold a full micro-batch or an evaluation chunk, whichever is larger.
@@ -358,8 +360,9 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     const float* batch = xb_.data();
     if (cfg_.data.augment.enabled()) {  // on the device, from one draw of the replica's stream
       const auto& shape = train_.shape;
-      dev_->augment(xb_.data(), xa_.data(), rows, shape[0], shape[1], shape[2],
-                    cfg_.data.augment.crop_padding, cfg_.data.augment.flip, replica_rng_.next());
+      const AugmentConfig& a = cfg_.data.augment;
+      dev_->augment(xb_.data(), xa_.data(), rows, shape[0], shape[1], shape[2], a.crop_padding,
+                    a.padding_mode == PaddingMode::reflect, a.flip, replica_rng_.next());
       batch = xa_.data();
     }
     const auto t1 = Clock::now();

@@ -51,12 +51,12 @@ std::shared_ptr<SharedWeights> make_shared_weights(const RunContext& sh) {
   sw->dev = sh.place.backend == Backend::cuda
                 ? make_cuda_device(sh.place.gpu_of_replica.front(), 0, cfg.precision)
                 : make_cpu_device(sh.cpu);
-  const std::vector<float> init = initial_params(
-      build_layers(cfg.model, sh.data.train.shape, sh.data.train.classes), cfg.train.seed);
+  const auto layers = build_layers(cfg.model, sh.data.train.shape, sh.data.train.classes);
+  const std::vector<float> init = initial_params(layers, cfg.train.seed);
   const size_t n = init.size();
   sw->params.resize(*sw->dev, std::max<size_t>(n, 1));
   sw->dev->upload(sw->params.data(), init.data(), n * sizeof(float));
-  sw->opt = std::make_unique<Optimizer>(*sw->dev, cfg.optimizer, n);
+  sw->opt = std::make_unique<Optimizer>(*sw->dev, cfg.optimizer, n, weight_ranges(layers));
   for (auto& b : sw->reduced) b.resize(*sw->dev, std::max<size_t>(n, 1));
   // A GPU zeroes new memory on this device's stream; the replicas use it on theirs.
   if (DeviceQueue* q = sw->dev->queue()) q->synchronize();
@@ -344,6 +344,12 @@ void check_plan(const Config& cfg, const DataSplit& data) {
     throw UserError(
         "data.augment: crops and flips need image data with a [c, h, w] shape (this data is "
         "flat; for synthetic data give data.synthetic.shape three dimensions)");
+  const auto& shape = data.train.shape;
+  if (cfg.data.augment.padding_mode == PaddingMode::reflect && shape.size() == 3 &&
+      cfg.data.augment.crop_padding >= std::min(shape[1], shape[2]))
+    throw UserError(fmt::format("data.augment.crop_padding: reflect padding needs it below the "
+                                "image's height and width ({} x {}), got {}",
+                                shape[1], shape[2], cfg.data.augment.crop_padding));
   const int local_ranks = local_replica_count(cfg);
   const Placement place = place_replicas(cfg, local_ranks);
   if (place.backend == Backend::cuda) check_gpu_sizes(cfg, data);

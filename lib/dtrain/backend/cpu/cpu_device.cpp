@@ -344,12 +344,12 @@ class CpuDevice final : public Device {
   }
 
   void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                    float grad_scale, float* dlogits, double* stats) override {
+                    float grad_scale, float* dlogits, double* stats, double smoothing) override {
     double loss = 0.0, correct = 0.0;
     for (int64_t r = 0; r < rows; ++r) {
-      const math::XentRow row = math::softmax_xent_row(logits + r * classes, labels[r], classes,
-                                                       grad_scale,
-                                                       dlogits ? dlogits + r * classes : nullptr);
+      const math::XentRow row =
+          math::softmax_xent_row(logits + r * classes, labels[r], classes, grad_scale,
+                                 dlogits ? dlogits + r * classes : nullptr, smoothing);
       loss += row.loss;
       correct += row.hit ? 1.0 : 0.0;
     }
@@ -648,7 +648,7 @@ class CpuDevice final : public Device {
   }
 
   void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w, int64_t pad,
-               bool flip, uint64_t seed) override {
+               bool reflect, bool flip, uint64_t seed) override {
     const int64_t f = c * h * w;
 #pragma omp parallel for num_threads(threads_) if (rows * f >= kParallelMin) schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
@@ -656,7 +656,7 @@ class CpuDevice final : public Device {
       for (int64_t ch = 0; ch < c; ++ch)
         for (int64_t i = 0; i < h; ++i)
           for (int64_t j = 0; j < w; ++j) {
-            const int64_t src = augment_source(a, ch, i, j, h, w);
+            const int64_t src = augment_source(a, ch, i, j, h, w, reflect);
             y[n * f + (ch * h + i) * w + j] = src >= 0 ? x[n * f + src] : 0.f;
           }
     }

@@ -294,13 +294,15 @@ void CudaDevice::activation_backward(Activation a, const float* x, const float* 
 }
 
 void CudaDevice::softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
-                              int64_t classes, float grad_scale, float* dlogits, double* stats) {
+                              int64_t classes, float grad_scale, float* dlogits, double* stats,
+                              double smoothing) {
   if (rows == 0) return;
   enqueue([&] {
     if (row_stats_.size() < static_cast<size_t>(2 * rows)) row_stats_.resize(*this, 2 * rows);
     double* row_stats = row_stats_.data();
     launch([&](cudaStream_t s) {
-      kernels::softmax_xent_rows(logits, labels, rows, classes, grad_scale, dlogits, row_stats, s);
+      kernels::softmax_xent_rows(logits, labels, rows, classes, grad_scale, dlogits, row_stats,
+                                 smoothing, s);
     });
     launch([&](cudaStream_t s) { kernels::sum_pairs(row_stats, rows, stats, s); });
   });
@@ -373,10 +375,10 @@ void CudaDevice::bn_backward_dx(const float* x, const float* dy, const float* st
 }
 
 void CudaDevice::augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w,
-                         int64_t pad, bool flip, uint64_t seed) {
+                         int64_t pad, bool reflect, bool flip, uint64_t seed) {
   if (rows * c * h * w == 0) return;
   const kernels::Param<uint64_t> sp = param(seed);
-  launch([&](cudaStream_t s) { kernels::augment(x, y, rows, c, h, w, pad, flip, sp, s); });
+  launch([&](cudaStream_t s) { kernels::augment(x, y, rows, c, h, w, pad, reflect, flip, sp, s); });
 }
 
 void CudaDevice::dropout_mask(float* mask, size_t n, double p, uint64_t seed) {

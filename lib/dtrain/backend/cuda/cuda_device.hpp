@@ -72,7 +72,7 @@ class CudaDevice final : public Device, public DeviceQueue {
   void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
                            size_t n) override;
   void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                    float grad_scale, float* dlogits, double* stats) override;
+                    float grad_scale, float* dlogits, double* stats, double smoothing) override;
   void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
               int64_t count, float* dst, int32_t* dst_labels) override;
   void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
@@ -96,7 +96,7 @@ class CudaDevice final : public Device, public DeviceQueue {
                       const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
                       float* dx) override;
   void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w, int64_t pad,
-               bool flip, uint64_t seed) override;
+               bool reflect, bool flip, uint64_t seed) override;
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override;
   void multiply(const float* x, const float* mask, float* y, size_t n) override;
   void add(const float* a, const float* b, float* y, size_t n) override;

@@ -55,7 +55,8 @@ void activation_backward(Activation a, const float* x, const float* y, const flo
 // ---- softmax_xent.cuh ----
 // Row r's loss and hit to row_stats[2r], [2r + 1], and its gradient (dlogits non-null).
 void softmax_xent_rows(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                       float grad_scale, float* dlogits, double* row_stats, cudaStream_t s);
+                       float grad_scale, float* dlogits, double* row_stats, double smoothing,
+                       cudaStream_t s);
 // Adds the sums of `rows` (loss, hit) pairs to out[0..1] (one block).
 void sum_pairs(const double* row_stats, int64_t rows, double* out, cudaStream_t s);
 
@@ -64,7 +65,7 @@ void sum_pairs(const double* row_stats, int64_t rows, double* out, cudaStream_t 
 void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
             int64_t count, float* dst, int32_t* dst_labels, cudaStream_t s);
 void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w, int64_t pad,
-             bool flip, Param<uint64_t> seed, cudaStream_t s);
+             bool reflect, bool flip, Param<uint64_t> seed, cudaStream_t s);
 
 // ---- dropout.cuh ----
 void dropout_mask(float* mask, size_t n, double p, float keep, Param<uint64_t> seed,

@@ -10,12 +10,12 @@ namespace {
 // row_stats[2r], [2r + 1].
 __global__ void k_softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
                                int64_t classes, float grad_scale, float* dlogits,
-                               double* row_stats) {
+                               double* row_stats, double smoothing) {
   GRID_STRIDE(ri, size_t(rows)) {
     const auto r = static_cast<int64_t>(ri);
     float* d = dlogits ? dlogits + r * classes : nullptr;
     const math::XentRow row =
-        math::softmax_xent_row(logits + r * classes, labels[r], classes, grad_scale, d);
+        math::softmax_xent_row(logits + r * classes, labels[r], classes, grad_scale, d, smoothing);
     row_stats[2 * r] = row.loss;
     row_stats[2 * r + 1] = row.hit ? 1.0 : 0.0;
   }
@@ -38,9 +38,10 @@ __global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
 }  // namespace
 
 void softmax_xent_rows(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                       float grad_scale, float* dlogits, double* row_stats, cudaStream_t s) {
+                       float grad_scale, float* dlogits, double* row_stats, double smoothing,
+                       cudaStream_t s) {
   k_softmax_xent<<<blocks_for(rows), kThreads, 0, s>>>(logits, labels, rows, classes, grad_scale,
-                                                       dlogits, row_stats);
+                                                       dlogits, row_stats, smoothing);
 }
 
 void sum_pairs(const double* row_stats, int64_t rows, double* out, cudaStream_t s) {
