@@ -484,3 +484,26 @@ TEST_CASE("an interrupted explain says the tag that continues it, and that tag d
   for (const auto& e : fs::directory_iterator(fs::path(res) / "ck"))
     CHECK(e.path().filename().string().rfind("explain-explain", 0) != 0);
 }
+
+TEST_CASE("the checkpoint bound counts BatchNorm state inside residual blocks", "[checkpoint]") {
+  Config c = test::small_image_config(2, 16, 16 * 2 * 6);
+  c.train.epochs = 2;
+  c.train.checkpoint_steps = 3;
+  c.model = parse_config(R"(model:
+  type: layers
+  layers:
+    - {conv: {channels: 4, padding: 1, bias: false}}
+    - residual:
+        body: [{conv: {channels: 1024, kernel: 1, bias: false}}, batchnorm, relu,
+               {conv: {channels: 4, kernel: 1, bias: false}}, batchnorm]
+    - global_avg_pool
+)",
+                         "r.yaml")
+                .model;
+  const DataSplit data = load_data(c.data, c.train.seed);
+  Keep keep;
+  train(c, data, &keep);
+  REQUIRE(!keep.all.empty());
+  const CheckpointRun run = checkpoint_run(c, peek_data_shape(c.data));
+  for (const auto& k : keep.all) CHECK(encode_checkpoint(k).size() <= run.max_bytes);
+}

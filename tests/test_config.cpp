@@ -379,7 +379,7 @@ TEST_CASE("data.normalize reads true as global, and mean and std match the chann
              Catch::StartsWith("exp.yaml:1: data.mean: expected a list of numbers"));
 }
 
-TEST_CASE("reflect padding below the image size; label smoothing below 1", "[config][errors]") {
+TEST_CASE("reflect padding below the image size, and label smoothing below 1", "[config][errors]") {
   CHECK(parse_config("data: {dataset: cifar10, augment: {crop_padding: 4, padding_mode: reflect}}",
                      "exp.yaml")
             .data.augment.padding_mode == PaddingMode::reflect);

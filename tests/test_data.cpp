@@ -368,6 +368,14 @@ TEST_CASE("gzip IDX files: concatenated members read on, trailing garbage is ref
   CHECK_THAT(error_of([&] { read_idx_labels((d.path / "labels").string()); }),
              Catch::Contains("labels: more data than its header claims: bytes follow the 10 "
                              "labels"));
+  // Whole content, but the member's trailer (CRC and size) cut off: truncated, not accepted.
+  for (size_t drop : {size_t{8}, size_t{3}}) {
+    auto no_trailer = gz_member(labels);
+    no_trailer.resize(no_trailer.size() - drop);
+    write_raw(lab_path, no_trailer);
+    CHECK_THAT(error_of([&] { read_idx_labels(lab_path); }),
+               Catch::Contains("ends without its trailer"));
+  }
   // A gzip stream cut inside a member says so.
   auto cut = gz_member(imgs);
   cut.resize(cut.size() - 12);

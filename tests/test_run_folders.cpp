@@ -265,3 +265,74 @@ TEST_CASE("project names a damaged number in a run folder instead of projecting 
     CHECK_THAT(r.out, Catch::Contains("'global_batch' is"));
   }
 }
+
+TEST_CASE("a run folder's summary cannot move the table, crash the reader or read out of tree",
+          "[report][resume][cli]") {
+  TempDir d("rf-hostile-summary");
+  const std::string cfg = sweep_config(d);
+  const auto res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=1,2 --results " + res + " --tag t --quiet").code == 0);
+  const fs::path exp = fs::path(res) / "rf", g1 = exp / "t-g1";
+  std::string summary = slurp(g1 / "summary.json");
+  const auto set = [&](const std::string& key, const std::string& value) {
+    const auto at = summary.find("\n  \"" + key + "\": ");
+    REQUIRE(at != std::string::npos);
+    const auto end = summary.find_first_of("\n", at + 1);
+    const auto comma = summary[end - 1] == ',' ? "," : "";
+    summary = summary.substr(0, at) + "\n  \"" + key + "\": " + value + comma + summary.substr(end);
+  };
+  // An experiment name that climbs out of the results tree: the table stays in rf/.
+  set("experiment", "\"../../escape\"");
+  put(g1 / "summary.json", summary);
+  auto r = dtrain_cli("run " + cfg + " gpus=1,2 --results " + res + " --tag t --resume");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(!fs::exists(d.path / "escape"));
+  CHECK_THAT(r.out, Catch::Contains("names experiment '../../escape', not 'rf'"));
+  // A model description of 60000 digits (no param_count) and a config nested a million deep.
+  set("experiment", "\"rf\"");
+  set("model", "\"(" + std::string(60000, '7') + " parameters)\"");
+  const auto pc = summary.find("\n  \"param_count\": ");
+  if (pc != std::string::npos) summary.erase(pc, summary.find('\n', pc + 1) - pc);
+  put(g1 / "summary.json", summary);
+  r = dtrain_cli("report " + res + " --out " + (d.path / "rep").string());
+  CHECK(r.code == 0);
+  set("group", std::string(1000000, '[') + std::string(1000000, ']'));
+  put(g1 / "summary.json", summary);
+  r = dtrain_cli("report " + res + " --out " + (d.path / "rep2").string());
+  CHECK(r.code == 1);  // that folder unreadable, named; the rest reported
+  CHECK_THAT(r.out, Catch::Contains("nested deeper than 32 levels"));
+  // An index row naming a link to a folder elsewhere: not read into the table.
+  fs::create_directories(d.path / "outside");
+  fs::copy(fs::path(res) / "rf" / "t-g2", d.path / "outside" / "evil",
+           fs::copy_options::recursive);
+  fs::create_directory_symlink(d.path / "outside" / "evil", exp / "evil");
+  std::string index = slurp(exp / "index-t.csv");
+  put(exp / "index-t.csv", index + "evil,done,2,,,x\nt-g2,failed,2,,,x\n");
+  r = dtrain_cli("run " + cfg + " gpus=2 --results " + res + " --tag t --resume");
+  INFO(r.out);
+  CHECK(slurp(exp / "comparison-t.md").find("evil") == std::string::npos);
+  const auto rows = parse_csv(slurp(exp / "index-t.csv"));
+  int g2_rows = 0;
+  for (const auto& row : rows) g2_rows += row[0] == "t-g2";
+  CHECK(g2_rows == 1);  // one row per run, the duplicate gone
+}
+
+TEST_CASE("a resume whose saved config no longer reads starts over instead of failing",
+          "[resume][cli]") {
+  TempDir d("rf-moved");
+  const std::string cfg = sweep_config(d);
+  const auto res = (d.path / "res").string();
+  REQUIRE(shell("DTRAIN_FAULT=0:3 " + dtrain_binary() + " run " + cfg +
+                " gpus=1 train.checkpoint_steps=2 --results " + res + " --tag t --quiet")
+              .code == 1);
+  const fs::path g1 = fs::path(res) / "rf" / "t-g1";
+  REQUIRE(fs::exists(g1 / "checkpoint.bin"));
+  put(g1 / "config.resolved.yaml", "name: rf\ndata: {dataset: idx, path: /moved/away}\n");
+  const auto r = dtrain_cli("run " + cfg + " gpus=1 train.checkpoint_steps=2 --results " + res +
+                            " --tag t --resume");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("is of another config; the run starts over"));
+  CHECK(slurp(g1 / "status") == "done\n");
+}

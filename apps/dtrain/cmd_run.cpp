@@ -165,9 +165,17 @@ std::string resume_identity(const std::string& yaml) {
 
 // The checkpoint of an unfinished run folder that this run can continue from: none if it has
 // none or it belongs to another config (then the run starts over, and says so).
+// The folder's own config is compared first (a folder of another config, or whose config no
+// longer reads, starts over), then the checkpoint is read with the bounds of this command's.
 std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg) {
-  auto c = load_checkpoint(dir);
-  if (c && resume_identity(c->config_yaml) != resume_identity(to_yaml(cfg))) {
+  const std::string want = resume_identity(to_yaml(cfg));
+  const auto had =
+      try_read_own_file((fs::path(dir) / "config.resolved.yaml").string(), kMaxConfigBytes);
+  std::error_code ec;
+  const bool saved = fs::exists(fs::symlink_status(checkpoint_path(dir), ec));
+  std::optional<Checkpoint> c;
+  if (saved && had && resume_identity(*had) == want) c = load_checkpoint(dir, cfg);
+  if (saved && (!c || resume_identity(c->config_yaml) != want)) {
     log().warn("resume: the checkpoint in {} is of another config; the run starts over", dir);
     return std::nullopt;
   }
@@ -221,8 +229,11 @@ void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
     for (size_t k = 1; k < records.size(); ++k) {
       const auto& f = records[k];
       if (f.size() != 6 || folder_name_rule(f[0]) != nullptr) continue;
+      const bool seen = std::any_of(all.begin(), all.end(),
+                                    [&](const IndexRow& o) { return o.id == f[0]; });
+      if (seen) continue;  // one row per run
       IndexRow r{f[0], f[1], f[3], f[4], f[5]};
-      r.gpus = std::atoi(f[2].c_str());
+      r.gpus = static_cast<int>(std::clamp(std::strtol(f[2].c_str(), nullptr, 10), 0L, 1L << 20));
       all.push_back(std::move(r));
     }
   }
@@ -249,9 +260,13 @@ std::vector<std::string> indexed_dirs(const std::string& results, const std::str
   const auto text = try_read_own_file((exp / ("index-" + tag + ".csv")).string(), kMaxIndexBytes);
   if (!text) return out;
   const auto records = parse_csv(*text);
-  for (size_t k = 1; k < records.size(); ++k)
-    if (!records[k].empty() && folder_name_rule(records[k][0]) == nullptr)
-      out.push_back((exp / records[k][0]).string());  // never the dir column: it is not needed
+  for (size_t k = 1; k < records.size(); ++k) {
+    if (records[k].empty() || folder_name_rule(records[k][0]) != nullptr) continue;
+    const fs::path dir = exp / records[k][0];  // never the dir column: it is not needed
+    std::error_code ec;
+    if (fs::is_symlink(fs::symlink_status(dir, ec))) continue;  // not followed out of the tree
+    if (std::find(out.begin(), out.end(), dir.string()) == out.end()) out.push_back(dir.string());
+  }
   return out;
 }
 
@@ -460,7 +475,11 @@ int run_run(const RunOptions& opt) {
       // Rank 0 records the failure first: when a peer died, the launcher is about to kill
       // every rank, and telling the others may take a moment.
       if (rec) rec->fail(e.what());
-      index[i].status = "failed";
+      // Failed before this command wrote the folder (another process holds it, a damaged
+      // checkpoint, a run finished meanwhile with another config): the folder's own status
+      // stands; a run with no folder yet failed here.
+      const std::string on_disk = !rec && leader ? read_run_status(dirs[i]) : "";
+      index[i].status = on_disk.empty() ? "failed" : on_disk;
       ++failed;
       save_index();
       const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
@@ -488,7 +507,11 @@ int run_run(const RunOptions& opt) {
       if (!fs::exists(fs::path(d) / "summary.json")) continue;
       try {
         auto rec = load_run(d);
-        by_experiment[rec.experiment].push_back(std::move(rec));
+        // The table goes to this experiment's folder, whatever a summary claims to be.
+        if (rec.experiment != name)
+          throw UserError(fmt::format("its summary.json names experiment '{}', not '{}'",
+                                      rec.experiment, name));
+        by_experiment[name].push_back(std::move(rec));
       } catch (const UserError& e) {  // an earlier command's run, damaged since: not this one's
         log().warn("comparison: {} left out: {}", d, e.what());
       }

@@ -93,7 +93,7 @@ std::string read_checked(const std::string& path, const std::string& what, size_
     throw UserError(fmt::format("{}: a symbolic link where dtrain wrote its {}; refused (dtrain "
                                 "never writes one: it was planted or copied in)",
                                 path, what));
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (own ? O_NOFOLLOW : 0));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (own ? O_NOFOLLOW : 0));
   if (fd < 0)
     throw UserError(fmt::format("{}: cannot open {}: {}", path, what, std::strerror(errno)));
   struct stat st {};
@@ -111,7 +111,12 @@ std::string read_checked(const std::string& path, const std::string& what, size_
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0 || out.size() + static_cast<size_t>(n) > max_bytes) break;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw UserError(fmt::format("{}: cannot read {}: {}", path, what, std::strerror(err)));
+    }
+    if (n == 0 || out.size() + static_cast<size_t>(n) > max_bytes) break;
     out.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);

@@ -30,7 +30,7 @@ inline constexpr size_t kMaxStatusBytes = 4096;                 // one word and 
 inline constexpr size_t kMaxConfigBytes = size_t{1} << 20;      // a config, as when read first
 inline constexpr size_t kMaxSummaryBytes = size_t{64} << 20;    // the config and per-run values
 inline constexpr size_t kMaxMetricsBytes = size_t{64} << 20;    // a row per epoch (<= 100000)
-inline constexpr size_t kMaxIndexBytes = size_t{64} << 20;      // a row per planned run
+inline constexpr size_t kMaxIndexBytes = size_t{16} << 20;      // a row per run (<= 10000)
 std::string read_own_file(const std::string& path, const std::string& what, size_t max_bytes);
 std::optional<std::string> try_read_own_file(const std::string& path, size_t max_bytes);
 // A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.

@@ -128,6 +128,11 @@ class GzFile {
       throw UserError(fmt::format("{}: more data than its header claims: bytes follow the {}; "
                                   "the file is damaged or not what its header says",
                                   path_, what));
+    // The content is whole, but the gzip member's end (and its CRC and size) never came.
+    if (cut_)
+      throw UserError(fmt::format("{}: the gzip stream ends without its trailer (CRC and size): "
+                                  "the file is truncated",
+                                  path_));
   }
 
  private:

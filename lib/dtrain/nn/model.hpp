@@ -61,6 +61,9 @@ class Layer {
   // layers, as FLOP counters of papers count); backward does twice as many (the input's and
   // the weights' gradients), less the input's gradient of the first layer.
   virtual int64_t macs_per_sample() const { return 0; }
+  // Floats of evaluation state (BatchNorm's running statistics), a block's layers' included:
+  // what a checkpoint holds of this layer per replica.
+  virtual int64_t state_floats() const { return 0; }
   // Appends the runs of this layer's parameters that are weights (not biases, not BatchNorm's
   // scale and shift), the layer's first parameter at `offset` of the flat buffer.
   virtual void weight_ranges(int64_t /*offset*/, std::vector<ParamRange>& /*out*/) const {}
@@ -192,6 +195,7 @@ class BatchNorm final : public Layer {
   BatchNorm(MapShape in, bool sync, double momentum = 0.1, double eps = 1e-5);
   std::string describe() const override;
   int64_t param_count() const override { return 2 * in_.c; }
+  int64_t state_floats() const override { return 2 * in_.c; }  // running mean, running var
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
   void setup(Device& d) override;
@@ -251,6 +255,7 @@ class Residual final : public Layer {
   void attach(const LayerContext* ctx) override;
   int64_t activation_floats() const override;
   int64_t macs_per_sample() const override;
+  int64_t state_floats() const override;
   void weight_ranges(int64_t offset, std::vector<ParamRange>& out) const override;
 
  protected:

@@ -115,6 +115,13 @@ void Residual::attach(const LayerContext* ctx) {
     for (auto& l : *list) l->attach(ctx);
 }
 
+int64_t Residual::state_floats() const {
+  int64_t n = 0;
+  for (const auto* list : {&body_, &shortcut_})
+    for (const auto& l : *list) n += l->state_floats();
+  return n;
+}
+
 int64_t Residual::macs_per_sample() const {
   int64_t n = 0;
   for (const auto* list : {&body_, &shortcut_})

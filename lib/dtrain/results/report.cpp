@@ -9,7 +9,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
+#include <cctype>
 #include <sstream>
 
 #include "dtrain/base/error.hpp"
@@ -117,6 +117,12 @@ std::string csv_escape(const std::string& s) {
   return out + "\"";
 }
 
+namespace {
+// Fields kept per record: dtrain's CSV files have at most a few dozen columns; a hostile file
+// of commas costs no more than this many strings a line.
+constexpr size_t kMaxCsvFields = 64;
+}  // namespace
+
 std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> row;
@@ -137,11 +143,14 @@ std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
     } else if (ch == '"') {
       quoted = true;
     } else if (ch == ',') {
-      row.push_back(std::move(field));
+      if (row.size() < kMaxCsvFields) row.push_back(std::move(field));
       field.clear();
     } else if (ch == '\n') {
-      row.push_back(std::move(field));
-      rows.push_back(std::move(row));
+      // Blank lines hold no record (a file of newlines costs nothing).
+      if (!row.empty() || !field.empty()) {
+        row.push_back(std::move(field));
+        rows.push_back(std::move(row));
+      }
       field.clear();
       row.clear();
       any = false;
@@ -161,10 +170,18 @@ int64_t param_count_of(const nlohmann::json& j) {
   if (j.contains("param_count") && j["param_count"].is_number_integer())
     return std::max<int64_t>(0, j["param_count"].get<int64_t>());
   if (!j.contains("model") || !j["model"].is_string()) return 0;
-  static const std::regex re(R"(\((\d+) parameters\)\s*$)");
-  std::smatch m;
-  const std::string model = j["model"].get<std::string>();
-  return std::regex_search(model, m, re) ? std::strtoll(m[1].str().c_str(), nullptr, 10) : 0;
+  // Older folders: the model description ends "(N parameters)". Read by hand (a regex on a
+  // hostile string of digits recurses once per digit).
+  std::string model = j["model"].get<std::string>();
+  while (!model.empty() && std::isspace(static_cast<unsigned char>(model.back()))) model.pop_back();
+  const std::string tail = " parameters)";
+  if (model.size() <= tail.size() || model.compare(model.size() - tail.size(), tail.size(), tail))
+    return 0;
+  const size_t end = model.size() - tail.size();
+  size_t begin = end;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(model[begin - 1]))) --begin;
+  if (begin == end || begin == 0 || model[begin - 1] != '(' || end - begin > 15) return 0;
+  return std::strtoll(model.c_str() + begin, nullptr, 10);
 }
 
 // Whether a run's replicas shared one machine's CPU cores or one GPU: in-process CPU replicas
@@ -191,7 +208,13 @@ RunRecord load_run(const std::string& dir) {
   const std::string text = read_own_file(path, "summary.json", kMaxSummaryBytes);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    // dtrain writes a few levels; a deeper file is refused before anything walks it
+    // recursively (dumping a million nested arrays overflows the stack).
+    j = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > 32)
+        throw UserError(fmt::format("{}: nested deeper than 32 levels (a damaged file?)", path));
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: corrupt JSON: {}", path, e.what()));
   }

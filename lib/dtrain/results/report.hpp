@@ -73,7 +73,7 @@ std::string to_csv(const Comparison& c);
 // line break.
 std::string csv_escape(const std::string& s);
 // Records of RFC 4180 CSV text (quoted fields may hold commas, quotes and newlines), as
-// csv_escape writes them.
+// csv_escape writes them; blank lines are skipped, and fields past the 64th of a record dropped.
 std::vector<std::vector<std::string>> parse_csv(const std::string& text);
 std::string to_json(const Comparison& c);
 

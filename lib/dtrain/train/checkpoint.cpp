@@ -299,11 +299,11 @@ CheckpointRun checkpoint_run(const Config& cfg, const DataShape& data) {
   const int64_t n = data.train_size, g = run.global_batch;
   run.steps = cfg.data.drop_remainder ? n / g : n / g + (n % g != 0);
   // The layers' own counts: the parameters, and the BatchNorm state each replica keeps (its
-  // running mean and variance, as many values as the layer's parameters).
+  // running mean and variance), those inside residual blocks included.
   double params = 0, bn = 0;
   for (const auto& l : build_layers(cfg.model, data.shape, data.classes)) {
     params += static_cast<double>(l->param_count());
-    if (dynamic_cast<const BatchNorm*>(l.get())) bn += static_cast<double>(l->param_count());
+    bn += static_cast<double>(l->state_floats());
   }
   run.max_params = static_cast<int64_t>(std::min(params, 0x1p62));
   // The file, field by field (see fields()), in doubles: the products cannot overflow. The
@@ -383,7 +383,7 @@ std::optional<Checkpoint> load_checkpoint(const std::string& run_dir) {
     throw UserError(fmt::format("{}: no config.resolved.yaml beside it to check it against; "
                                 "delete it to start the run over",
                                 path));
-  const std::string yaml = read_own_file(resolved, "resolved config", size_t{16} << 20);
+  const std::string yaml = read_own_file(resolved, "resolved config", kMaxConfigBytes);
   return load_checkpoint(run_dir, parse_config(yaml, resolved));
 }
 
