@@ -238,7 +238,8 @@ void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
     }
   }
   for (const auto& r : rows) {
-    auto same = std::find_if(all.begin(), all.end(), [&](const IndexRow& o) { return o.id == r.id; });
+    auto same =
+        std::find_if(all.begin(), all.end(), [&](const IndexRow& o) { return o.id == r.id; });
     if (same != all.end())
       *same = r;
     else

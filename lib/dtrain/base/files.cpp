@@ -93,7 +93,8 @@ std::string read_checked(const std::string& path, const std::string& what, size_
     throw UserError(fmt::format("{}: a symbolic link where dtrain wrote its {}; refused (dtrain "
                                 "never writes one: it was planted or copied in)",
                                 path, what));
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (own ? O_NOFOLLOW : 0));
+  const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (own ? O_NOFOLLOW : 0);
+  const int fd = ::open(path.c_str(), flags);
   if (fd < 0)
     throw UserError(fmt::format("{}: cannot open {}: {}", path, what, std::strerror(errno)));
   struct stat st {};

@@ -245,6 +245,8 @@ LayerSpec pool() {
   l.kernel = 2;
   return l;
 }
+}  // namespace
+
 LayerType activation_layer(Activation a) {
   switch (a) {
     case Activation::relu:
@@ -258,7 +260,6 @@ LayerType activation_layer(Activation a) {
   }
   return LayerType::relu;
 }
-}  // namespace
 
 std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
   const auto act = [&] { return layer(activation_layer(cfg.activation)); };
@@ -449,7 +450,8 @@ ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_s
     s.forward_flops += 2.0 * static_cast<double>(l->macs_per_sample());
   }
   // The first layer computes no input gradient (its input is the data).
-  const double first = layers.empty() ? 0.0 : 2.0 * static_cast<double>(layers[0]->macs_per_sample());
+  const double first =
+      layers.empty() ? 0.0 : 2.0 * static_cast<double>(layers[0]->macs_per_sample());
   s.backward_flops = 2.0 * s.forward_flops - first;
   return s;
 }

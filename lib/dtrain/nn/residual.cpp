@@ -225,24 +225,10 @@ BlockActivation block_activation(Activation a) {
   return BlockActivation::relu;
 }
 
-LayerType activation_type(Activation a) {
-  switch (a) {
-    case Activation::relu:
-      return LayerType::relu;
-    case Activation::tanh:
-      return LayerType::tanh;
-    case Activation::sigmoid:
-      return LayerType::sigmoid;
-    case Activation::gelu:
-      return LayerType::gelu;
-  }
-  return LayerType::relu;
-}
-
 // The basic block: two 3x3 convolutions with BatchNorm, the first of stride `stride`.
 LayerSpec basic_block(int64_t width, int64_t stride, Activation act) {
   LayerSpec b = spec(LayerType::residual);
-  b.body = {conv_nb(width, 3, stride, 1), spec(LayerType::batchnorm), spec(activation_type(act)),
+  b.body = {conv_nb(width, 3, stride, 1), spec(LayerType::batchnorm), spec(activation_layer(act)),
             conv_nb(width, 3, 1, 1), spec(LayerType::batchnorm)};
   b.shortcut = Shortcut::auto_;
   b.activation = block_activation(act);
@@ -253,8 +239,8 @@ LayerSpec basic_block(int64_t width, int64_t stride, Activation act) {
 // torchvision's v1.5 puts it), 1x1 to 4 x `width`, each with BatchNorm.
 LayerSpec bottleneck_block(int64_t width, int64_t stride, Activation act) {
   LayerSpec b = spec(LayerType::residual);
-  b.body = {conv_nb(width, 1, 1, 0),     spec(LayerType::batchnorm), spec(activation_type(act)),
-            conv_nb(width, 3, stride, 1), spec(LayerType::batchnorm), spec(activation_type(act)),
+  b.body = {conv_nb(width, 1, 1, 0),     spec(LayerType::batchnorm), spec(activation_layer(act)),
+            conv_nb(width, 3, stride, 1), spec(LayerType::batchnorm), spec(activation_layer(act)),
             conv_nb(4 * width, 1, 1, 0), spec(LayerType::batchnorm)};
   b.shortcut = Shortcut::auto_;
   b.activation = block_activation(act);
@@ -298,12 +284,12 @@ std::vector<LayerSpec> resnet_layers(const ModelConfig& cfg) {
   const Activation act = cfg.activation;
   std::vector<LayerSpec> out;
   if (cfg.stem == ResnetStem::cifar) {
-    out = {conv_nb(widths[0], 3, 1, 1), spec(LayerType::batchnorm), spec(activation_type(act))};
+    out = {conv_nb(widths[0], 3, 1, 1), spec(LayerType::batchnorm), spec(activation_layer(act))};
   } else {
     LayerSpec pool = spec(LayerType::maxpool);
     pool.kernel = 3;
     pool.stride = 2;
-    out = {conv_nb(widths[0], 7, 2, 3), spec(LayerType::batchnorm), spec(activation_type(act)),
+    out = {conv_nb(widths[0], 7, 2, 3), spec(LayerType::batchnorm), spec(activation_layer(act)),
            pool};
   }
   for (size_t s = 0; s < blocks.size(); ++s)
