@@ -479,7 +479,8 @@ int run_run(const RunOptions& opt) {
       // Failed before this command wrote the folder (another process holds it, a damaged
       // checkpoint, a run finished meanwhile with another config): the folder's own status
       // stands; a run with no folder yet failed here.
-      const std::string on_disk = !rec && leader ? read_run_status(dirs[i]) : "";
+      const std::string on_disk =
+          !rec && leader ? read_run_status(dirs[i], /*held_here=*/lock != nullptr) : "";
       index[i].status = on_disk.empty() ? "failed" : on_disk;
       ++failed;
       save_index();
