@@ -12,7 +12,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -218,25 +217,29 @@ struct IndexRow {
   int gpus = 0;
 };
 
-// Writes the experiment's index of this tag: this command's rows, and the rows of runs that an
-// earlier command of the same tag planned and this one did not (a --resume of part of a sweep
-// keeps the rest listed), in their first order. Rows are read back from our own file only, each
-// a plain run folder name.
-void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
-  std::vector<IndexRow> all;
-  if (const auto old = try_read_own_file(path, kMaxIndexBytes)) {
-    const auto records = parse_csv(*old);
-    for (size_t k = 1; k < records.size(); ++k) {
-      const auto& f = records[k];
-      if (f.size() != 6 || folder_name_rule(f[0]) != nullptr) continue;
-      const bool seen = std::any_of(all.begin(), all.end(),
-                                    [&](const IndexRow& o) { return o.id == f[0]; });
-      if (seen) continue;  // one row per run
-      IndexRow r{f[0], f[1], f[3], f[4], f[5]};
-      r.gpus = static_cast<int>(std::clamp(std::strtol(f[2].c_str(), nullptr, 10), 0L, 1L << 20));
-      all.push_back(std::move(r));
-    }
+// The rows an earlier command of this tag wrote to the experiment's index (read once, before
+// this command writes it), each a plain run folder name, one row per run. Our own file only.
+std::vector<IndexRow> read_index(const std::string& path) {
+  std::vector<IndexRow> rows;
+  const auto old = try_read_own_file(path, kMaxIndexBytes);
+  if (!old) return rows;
+  const auto records = parse_csv(*old);
+  for (size_t k = 1; k < records.size(); ++k) {
+    const auto& f = records[k];
+    if (f.size() != 6 || folder_name_rule(f[0]) != nullptr) continue;
+    const bool seen =
+        std::any_of(rows.begin(), rows.end(), [&](const IndexRow& o) { return o.id == f[0]; });
+    if (seen) continue;  // one row per run
+    IndexRow r{f[0], f[1], f[3], f[4], f[5]};
+    r.gpus = static_cast<int>(std::clamp(std::strtol(f[2].c_str(), nullptr, 10), 0L, 1L << 20));
+    rows.push_back(std::move(r));
   }
+  return rows;
+}
+
+// The index of this tag: the earlier rows with this command's in their place, and this
+// command's other runs after them (a --resume of part of a sweep keeps the rest listed).
+std::vector<IndexRow> merge_index(std::vector<IndexRow> all, const std::vector<IndexRow>& rows) {
   for (const auto& r : rows) {
     auto same =
         std::find_if(all.begin(), all.end(), [&](const IndexRow& o) { return o.id == r.id; });
@@ -245,28 +248,25 @@ void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
     else
       all.push_back(r);
   }
+  return all;
+}
+
+void write_index(const std::string& path, const std::vector<IndexRow>& rows) {
   std::string csv = "run_id,status,gpus,group,overrides,dir\n";
-  for (const auto& r : all)
+  for (const auto& r : rows)
     csv += fmt::format("{},{},{},{},{},{}\n", csv_escape(r.id), csv_escape(r.status), r.gpus,
                        csv_escape(r.group), csv_escape(r.overrides), csv_escape(r.dir));
   write_file_atomic(path, csv);
 }
 
-// The run folders the experiment's index of this tag lists (after write_index), for the
-// comparison table: every run of the tag, not only this command's.
-std::vector<std::string> indexed_dirs(const std::string& results, const std::string& name,
-                                      const std::string& tag) {
+// The run folders of an index, for the comparison table: every run of the tag, not only this
+// command's; a folder that is a link is not followed out of the tree.
+std::vector<std::string> index_dirs(const fs::path& exp, const std::vector<IndexRow>& rows) {
   std::vector<std::string> out;
-  const fs::path exp = fs::path(results) / name;
-  const auto text = try_read_own_file((exp / ("index-" + tag + ".csv")).string(), kMaxIndexBytes);
-  if (!text) return out;
-  const auto records = parse_csv(*text);
-  for (size_t k = 1; k < records.size(); ++k) {
-    if (records[k].empty() || folder_name_rule(records[k][0]) != nullptr) continue;
-    const fs::path dir = exp / records[k][0];  // never the dir column: it is not needed
+  for (const auto& r : rows) {
+    const fs::path dir = exp / r.id;  // never the dir column: it is not needed
     std::error_code ec;
-    if (fs::is_symlink(fs::symlink_status(dir, ec))) continue;  // not followed out of the tree
-    if (std::find(out.begin(), out.end(), dir.string()) == out.end()) out.push_back(dir.string());
+    if (!fs::is_symlink(fs::symlink_status(dir, ec))) out.push_back(dir.string());
   }
   return out;
 }
@@ -383,14 +383,27 @@ int run_run(const RunOptions& opt) {
     for (const auto& key : order)
       for (size_t i : by_data[key]) check_plan(runs[i].config, data_for(runs[i].config));
   }
-  // One index per experiment: every run of this command with its current status.
+  // One index per experiment: every run of the tag with its current status, the earlier
+  // commands' rows read once here.
+  const auto index_path = [&](const std::string& name) {
+    return (fs::path(opt.results) / name / ("index-" + tag + ".csv")).string();
+  };
+  std::map<std::string, std::vector<IndexRow>> earlier_rows;
+  if (leader)
+    for (const auto& r : runs)
+      if (!earlier_rows.count(r.config.name))
+        earlier_rows[r.config.name] = read_index(index_path(r.config.name));
+  const auto tag_index = [&](const std::string& name) {
+    std::vector<IndexRow> mine;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (runs[i].config.name == name) mine.push_back(index[i]);
+    return merge_index(earlier_rows[name], mine);
+  };
   auto save_index = [&] {
     if (!leader) return;
-    std::map<std::string, std::vector<IndexRow>> per_exp;
-    for (size_t i = 0; i < runs.size(); ++i) per_exp[runs[i].config.name].push_back(index[i]);
-    for (const auto& [name, rows] : per_exp) {
-      ensure_dir((fs::path(opt.results) / name).string(), "results");
-      write_index((fs::path(opt.results) / name / ("index-" + tag + ".csv")).string(), rows);
+    for (const auto& exp : earlier_rows) {
+      ensure_dir((fs::path(opt.results) / exp.first).string(), "results");
+      write_index(index_path(exp.first), tag_index(exp.first));
     }
   };
   save_index();
@@ -502,10 +515,9 @@ int run_run(const RunOptions& opt) {
 
   // The table is regenerated from the run folders, grouped by experiment.
   std::map<std::string, std::vector<RunRecord>> by_experiment;
-  std::set<std::string> experiments;
-  for (const auto& r : runs) experiments.insert(r.config.name);
-  for (const auto& name : experiments)
-    for (const auto& d : indexed_dirs(opt.results, name, tag)) {
+  for (const auto& exp : earlier_rows) {
+    const std::string& name = exp.first;
+    for (const auto& d : index_dirs(fs::path(opt.results) / name, tag_index(name))) {
       if (!fs::exists(fs::path(d) / "summary.json")) continue;
       try {
         auto rec = load_run(d);
@@ -518,6 +530,7 @@ int run_run(const RunOptions& opt) {
         log().warn("comparison: {} left out: {}", d, e.what());
       }
     }
+  }
   for (const auto& [name, records] : by_experiment) {
     const auto cmp = compare(records);
     const std::string base = (fs::path(opt.results) / name / ("comparison-" + tag)).string();

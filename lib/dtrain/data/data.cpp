@@ -478,9 +478,11 @@ std::string data_identity(const DataConfig& c, uint64_t seed) {
   return w.key;
 }
 
+namespace {
 bool is_cifar(DatasetKind k) {
   return k == DatasetKind::cifar10 || k == DatasetKind::cifar100;
 }
+}  // namespace
 
 std::vector<int64_t> nominal_shape(const DataConfig& cfg) {
   if (cfg.dataset == DatasetKind::synthetic) return cfg.synthetic.shape;

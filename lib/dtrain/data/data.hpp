@@ -53,7 +53,6 @@ struct DataShape {
 DataShape peek_data_shape(const DataConfig& cfg);
 // The per-sample shape a data set will have, from its config alone (no file is read).
 std::vector<int64_t> nominal_shape(const DataConfig& cfg);
-bool is_cifar(DatasetKind kind);
 
 // Loads the configured dataset: files or synthetic, limits, normalisation, label sorting.
 DataSplit load_data(const DataConfig& cfg, uint64_t seed);

@@ -221,27 +221,28 @@ void Model::loss_only(const int32_t* labels, int64_t rows, double* stats) {
   dev_.softmax_xent(logits_, labels, rows, classes_, 0.f, nullptr, stats);
 }
 
-namespace {
-// Layer specs of the built-in models.
-LayerSpec layer(LayerType t) {
+LayerSpec layer_spec(LayerType t) {
   LayerSpec l;
   l.type = t;
   return l;
 }
+
+namespace {
+// Layer specs of the built-in models.
 LayerSpec dense(int64_t units) {
-  LayerSpec l = layer(LayerType::dense);
+  LayerSpec l = layer_spec(LayerType::dense);
   l.units = units;
   return l;
 }
 LayerSpec conv(int64_t channels, int64_t kernel, int64_t padding) {
-  LayerSpec l = layer(LayerType::conv);
+  LayerSpec l = layer_spec(LayerType::conv);
   l.channels = channels;
   l.kernel = kernel;
   l.padding = padding;
   return l;
 }
 LayerSpec pool() {
-  LayerSpec l = layer(LayerType::maxpool);
+  LayerSpec l = layer_spec(LayerType::maxpool);
   l.kernel = 2;
   return l;
 }
@@ -262,9 +263,9 @@ LayerType activation_layer(Activation a) {
 }
 
 std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
-  const auto act = [&] { return layer(activation_layer(cfg.activation)); };
+  const auto act = [&] { return layer_spec(activation_layer(cfg.activation)); };
   const auto dropout = [&] {
-    LayerSpec l = layer(LayerType::dropout);
+    LayerSpec l = layer_spec(LayerType::dropout);
     l.p = cfg.dropout;
     return l;
   };
@@ -275,7 +276,7 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
     case ModelType::resnet:
       return resnet_layers(cfg);
     case ModelType::mlp:
-      out.push_back(layer(LayerType::flatten));
+      out.push_back(layer_spec(LayerType::flatten));
       for (int64_t h : cfg.hidden) {
         out.push_back(dense(h));
         out.push_back(act());
@@ -290,7 +291,7 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
              conv(16, 5, 0),
              act(),
              pool(),
-             layer(LayerType::flatten),
+             layer_spec(LayerType::flatten),
              dense(120),
              act(),
              dense(84),
@@ -299,14 +300,14 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
     case ModelType::cnn:
       // Two conv-BN-activation-pool blocks and two dense layers.
       out = {conv(32, 3, 1),
-             layer(LayerType::batchnorm),
+             layer_spec(LayerType::batchnorm),
              act(),
              pool(),
              conv(64, 3, 1),
-             layer(LayerType::batchnorm),
+             layer_spec(LayerType::batchnorm),
              act(),
              pool(),
-             layer(LayerType::flatten),
+             layer_spec(LayerType::flatten),
              dense(128),
              act()};
       if (cfg.dropout > 0) out.push_back(dropout());

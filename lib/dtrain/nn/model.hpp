@@ -276,6 +276,8 @@ std::vector<std::unique_ptr<Layer>> make_layers(const std::vector<LayerSpec>& sp
                                                 bool sync, const std::string& where);
 // The residual block of spec `l` for input maps `cur`, which it advances (residual.cpp).
 std::unique_ptr<Layer> make_residual(const LayerSpec& l, MapShape& cur, bool sync);
+// A layer list entry of type `t`, every field at its default (the presets build theirs so).
+LayerSpec layer_spec(LayerType t);
 // The layer type of a preset's activation (relu, tanh, sigmoid, gelu).
 LayerType activation_layer(Activation a);
 // The layer list of model.type resnet (residual.cpp).

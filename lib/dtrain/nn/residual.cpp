@@ -194,15 +194,16 @@ std::unique_ptr<Layer> make_residual(const LayerSpec& l, MapShape& cur, bool syn
 
 namespace {
 
-LayerSpec spec(LayerType t) {
-  LayerSpec l;
-  l.type = t;
-  return l;
+LayerSpec bn() {
+  return layer_spec(LayerType::batchnorm);
+}
+LayerSpec act_layer(Activation a) {
+  return layer_spec(activation_layer(a));
 }
 
 // A convolution without bias (BatchNorm follows it).
 LayerSpec conv_nb(int64_t channels, int64_t kernel, int64_t stride, int64_t padding) {
-  LayerSpec l = spec(LayerType::conv);
+  LayerSpec l = layer_spec(LayerType::conv);
   l.channels = channels;
   l.kernel = kernel;
   l.stride = stride;
@@ -227,9 +228,8 @@ BlockActivation block_activation(Activation a) {
 
 // The basic block: two 3x3 convolutions with BatchNorm, the first of stride `stride`.
 LayerSpec basic_block(int64_t width, int64_t stride, Activation act) {
-  LayerSpec b = spec(LayerType::residual);
-  b.body = {conv_nb(width, 3, stride, 1), spec(LayerType::batchnorm), spec(activation_layer(act)),
-            conv_nb(width, 3, 1, 1), spec(LayerType::batchnorm)};
+  LayerSpec b = layer_spec(LayerType::residual);
+  b.body = {conv_nb(width, 3, stride, 1), bn(), act_layer(act), conv_nb(width, 3, 1, 1), bn()};
   b.shortcut = Shortcut::auto_;
   b.activation = block_activation(act);
   return b;
@@ -238,10 +238,10 @@ LayerSpec basic_block(int64_t width, int64_t stride, Activation act) {
 // The bottleneck block of ResNet-50/101/152: 1x1 to `width`, 3x3 of stride `stride` (where
 // torchvision's v1.5 puts it), 1x1 to 4 x `width`, each with BatchNorm.
 LayerSpec bottleneck_block(int64_t width, int64_t stride, Activation act) {
-  LayerSpec b = spec(LayerType::residual);
-  b.body = {conv_nb(width, 1, 1, 0),     spec(LayerType::batchnorm), spec(activation_layer(act)),
-            conv_nb(width, 3, stride, 1), spec(LayerType::batchnorm), spec(activation_layer(act)),
-            conv_nb(4 * width, 1, 1, 0), spec(LayerType::batchnorm)};
+  LayerSpec b = layer_spec(LayerType::residual);
+  b.body = {conv_nb(width, 1, 1, 0),      bn(), act_layer(act),
+            conv_nb(width, 3, stride, 1), bn(), act_layer(act),
+            conv_nb(4 * width, 1, 1, 0),  bn()};
   b.shortcut = Shortcut::auto_;
   b.activation = block_activation(act);
   return b;
@@ -284,19 +284,18 @@ std::vector<LayerSpec> resnet_layers(const ModelConfig& cfg) {
   const Activation act = cfg.activation;
   std::vector<LayerSpec> out;
   if (cfg.stem == ResnetStem::cifar) {
-    out = {conv_nb(widths[0], 3, 1, 1), spec(LayerType::batchnorm), spec(activation_layer(act))};
+    out = {conv_nb(widths[0], 3, 1, 1), bn(), act_layer(act)};
   } else {
-    LayerSpec pool = spec(LayerType::maxpool);
+    LayerSpec pool = layer_spec(LayerType::maxpool);
     pool.kernel = 3;
     pool.stride = 2;
-    out = {conv_nb(widths[0], 7, 2, 3), spec(LayerType::batchnorm), spec(activation_layer(act)),
-           pool};
+    out = {conv_nb(widths[0], 7, 2, 3), bn(), act_layer(act), pool};
   }
   for (size_t s = 0; s < blocks.size(); ++s)
     for (int64_t b = 0; b < blocks[s]; ++b)
       out.push_back(bottleneck ? bottleneck_block(widths[s], s > 0 && b == 0 ? 2 : 1, act)
                                : basic_block(widths[s], s > 0 && b == 0 ? 2 : 1, act));
-  out.push_back(spec(LayerType::global_avg_pool));
+  out.push_back(layer_spec(LayerType::global_avg_pool));
   return out;
 }
 
