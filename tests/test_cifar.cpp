@@ -163,3 +163,30 @@ TEST_CASE("CIFAR data: 2 replicas x 8 equal 1 replica x 16 step by step",
   REQUIRE(one.step_losses.size() == 10);
   CHECK(max_rel_step_diff(one, two) < 1e-5);
 }
+
+TEST_CASE("a CIFAR run stopped by a failure resumes from its checkpoint to the same bits",
+          "[checkpoint][cifar][cli]") {
+  TempDir d("cifar-resume");
+  write_cifar10(d.path / "c10", 32, 20);
+  const std::string cfg = d.write(
+      "c.yaml", "name: c\nbackend: cpu\nthreads: 1\ngpus: 2\n"
+                "data: {dataset: cifar10, path: " + (d.path / "c10").string() +
+                    ", augment: {crop_padding: 2, flip: true}}\n"
+                    "model: {hidden: [16]}\n"
+                    "train: {epochs: 3, per_replica_batch: 8, target_accuracy: 0, "
+                    "checkpoint_steps: 4}\n"
+                    "optimizer: {lr: 0.02, base_batch: 16, momentum: 0.9}\n");
+  const auto ref = (d.path / "ref").string(), res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
+  // Fails at step 17 (epoch 2), after checkpoints; --resume reads the checkpoint back through
+  // its bound (which counts the CIFAR files' records) and finishes the run.
+  REQUIRE(shell("DTRAIN_FAULT=1:17 " + dtrain_binary() + " run " + cfg + " --results " + res +
+                " --tag t --quiet")
+              .code == 1);
+  const auto r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume: continuing at epoch") != std::string::npos);
+  CHECK(numeric_columns(fs::path(res) / "c" / "t-g2" / "metrics.csv") ==
+        numeric_columns(fs::path(ref) / "c" / "t-g2" / "metrics.csv"));
+}
