@@ -329,3 +329,34 @@ TEST_CASE("a layer list that starts with an activation trains, with correct grad
     CHECK(r.epochs.back().test_acc > 0.5);  // 4 well-separated classes: a linear model learns
   }
 }
+
+TEST_CASE("an evaluation chunk never takes more memory than training", "[model][memory]") {
+  // The MLP keeps a few hundred floats per sample: train.eval_batch as given.
+  CHECK(eval_chunk_rows(1000, 64, 10000, 400) == 1000);
+  // ResNet-18 on 3x32x32 keeps 7.8 MiB per sample: 256 MiB hold 32 rows, fewer than the
+  // micro-batch, so the chunk is the micro-batch.
+  const int64_t resnet18 = 2045000;
+  CHECK(eval_chunk_rows(1000, 128, 10000, resnet18) == 128);
+  // One MiB per sample: 256 rows fit in 256 MiB, more than a micro-batch of 128.
+  CHECK(eval_chunk_rows(1000, 128, 10000, 262144) == 256);
+  // Never more than eval_batch or the test set, at least one row.
+  CHECK(eval_chunk_rows(100, 128, 10000, resnet18) == 100);
+  CHECK(eval_chunk_rows(1000, 128, 50, 400) == 50);
+  CHECK(eval_chunk_rows(1000, 128, 0, 400) == 1);
+  CHECK(eval_chunk_rows(1000, 0, 10000, int64_t{1} << 40) == 1);
+}
+
+TEST_CASE("the memory estimate counts outputs for an evaluation chunk, gradients for a batch",
+          "[model][memory]") {
+  Config c = test::synthetic_config(1, 16);
+  c.train.eval_batch = 40;
+  const DataSplit data = load_data(c.data, c.train.seed);
+  const ModelSize m = model_size(c.model, data.train.shape, data.train.classes);
+  const ReplicaBytes b = replica_bytes(c, data);
+  const int64_t rows = std::min<int64_t>(40, data.test.size());
+  CHECK(b.rows == std::max<int64_t>(16, rows));
+  CHECK(b.activations == Approx(4.0 * (static_cast<double>(m.activations_per_sample) *
+                                           static_cast<double>(b.rows + 16) +
+                                       static_cast<double>(data.train.features() * b.rows))));
+  CHECK(b.params == Approx(4.0 * static_cast<double>(m.params) * 3));  // SGD: momentum
+}

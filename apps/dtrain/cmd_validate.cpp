@@ -15,6 +15,31 @@ void setup_validate(CLI::App& app, ValidateOptions& opt) {
   app.add_flag("--print", opt.print, "Print each run's resolved config");
 }
 
+namespace {
+
+std::string mib(double bytes) {
+  return fmt::format("{:.0f} MiB", bytes / (1 << 20));
+}
+
+// The shape engine's answers for one run: size, FLOPs and the memory a replica takes.
+std::string model_lines(const Config& cfg, const DataSplit& data) {
+  const ModelSize m = model_size(cfg.model, data.train.shape, data.train.classes);
+  const ReplicaBytes b = replica_bytes(cfg, data);
+  const double data_bytes =
+      4.0 * static_cast<double>(data.train.x.size() + data.test.x.size() + data.train.size() +
+                                data.test.size());
+  return fmt::format(
+      "# model: {} parameters; per sample {:.4g} GFLOP forward, {:.4g} GFLOP backward, "
+      "{:.1f} MiB of activations (fp32)\n"
+      "# memory: about {} per replica ({} of weights, gradients and optimizer state; {} of "
+      "activations, their gradients and batch buffers for {} rows), and {} for the data set\n",
+      m.params, m.forward_flops * 1e-9, m.backward_flops * 1e-9,
+      4.0 * static_cast<double>(m.activations_per_sample) / (1 << 20), mib(b.total()),
+      mib(b.params), mib(b.activations), b.rows, mib(data_bytes));
+}
+
+}  // namespace
+
 int run_validate(const ValidateOptions& opt) {
   const auto runs = plan_runs(opt.config, opt.overrides);
   DataCache cache;
@@ -30,12 +55,7 @@ int run_validate(const ValidateOptions& opt) {
       if (const std::string w = key != warned ? label_warning(data) : ""; !w.empty())
         log().warn("[sparse-labels] {}", w);
       warned = key;
-      const ModelSize m = model_size(r.config.model, data.train.shape, data.train.classes);
-      size = fmt::format(
-          "# model: {} parameters; per sample {:.4g} GFLOP forward, {:.4g} GFLOP backward, "
-          "{:.1f} MiB of activations (fp32)\n",
-          m.params, m.forward_flops * 1e-9, m.backward_flops * 1e-9,
-          4.0 * static_cast<double>(m.activations_per_sample) / (1 << 20));
+      size = model_lines(r.config, data);
     }
     if (opt.print) fmt::print("# {}\n{}{}\n", run_id("TAG", r), size, to_yaml(r.config));
   }

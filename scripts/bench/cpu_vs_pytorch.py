@@ -31,34 +31,63 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CASES = [(1, 64, "linear"), (1, 1024, "sqrt"), (4, 64, "linear"), (4, 256, "sqrt")]
 
 
-MODELS = {  # model -> (config, experiment name, cases)
-    "mlp": ("quickstart.yaml", "fmnist-mlp", CASES),
-    "cnn": ("fmnist-cnn.yaml", "fmnist-cnn", [(1, 64, "linear")]),
+# The recipes, as the two programs spell them. "dtrain" holds overrides on the config; "torch"
+# the peer's arguments (torch_mlp.py) for the same model, data and optimizer.
+RESNET_TORCH = ["--model=resnet", "--lr=0.1", "--base-batch=128", "--warmup=1"]
+MODELS = {
+    "mlp": dict(config="quickstart.yaml", experiment="fmnist-mlp", cases=CASES, dtrain=[],
+                torch=["--model=mlp"], title="Fashion-MNIST MLP",
+                recipe="SGD momentum 0.9, lr 0.05 at batch 64, weight decay 5e-4, 2 warmup "
+                       "epochs, cosine"),
+    "cnn": dict(config="fmnist-cnn.yaml", experiment="fmnist-cnn", cases=[(1, 64, "linear")],
+                dtrain=[], torch=["--model=cnn"], title="Fashion-MNIST CNN",
+                recipe="SGD momentum 0.9, lr 0.05 at batch 64, weight decay 5e-4, 2 warmup "
+                       "epochs, cosine"),
+    # ResNet-20's layout at widths 8/16/32 on Fashion-MNIST, flips off in both programs (the
+    # peer's data path has no augmentation: the step is what is compared).
+    "resnet": dict(config="fmnist-resnet.yaml", experiment="fmnist-resnet",
+                   cases=[(1, 128, "linear")], dtrain=["data.augment.flip=false"],
+                   torch=RESNET_TORCH + ["--depth=20", "--widths=8,16,32"],
+                   title="Fashion-MNIST ResNet (ResNet-20 layout, widths 8/16/32)",
+                   recipe="SGD momentum 0.9, lr 0.1 at batch 128, weight decay 5e-4, 1 warmup "
+                          "epoch, cosine"),
+    # The CIFAR ResNet-20 (widths 16/32/64) on synthetic 3x32x32 inputs, 10,240 per epoch.
+    "resnet20": dict(config="fmnist-resnet.yaml", experiment="fmnist-resnet",
+                     cases=[(1, 128, "linear")],
+                     dtrain=["data.augment.flip=false", "data.dataset=synthetic",
+                             "data.synthetic.shape=[3,32,32]", "data.synthetic.train_size=10240",
+                             "data.synthetic.test_size=1024", "model.widths=[16,32,64]"],
+                     torch=RESNET_TORCH + ["--depth=20", "--widths=16,32,64",
+                                           "--synthetic=3,32,32", "--train-size=10240",
+                                           "--test-size=1024"],
+                     title="ResNet-20 (widths 16/32/64) on synthetic 3x32x32",
+                     recipe="SGD momentum 0.9, lr 0.1 at batch 128, weight decay 5e-4, 1 warmup "
+                            "epoch, cosine; 10,240 random samples per epoch"),
 }
 # dtrain's CPU convolution implementations, each measured against the same PyTorch runs.
-CONVS = {"mlp": [None], "cnn": ["onednn", "im2col"]}
+CONVS = {"mlp": [None], "cnn": ["onednn", "im2col"], "resnet": ["onednn"], "resnet20": ["onednn"]}
 
 
 def run_dtrain(binary, model, replicas, batch, scaling, epochs, threads, results, rep, conv):
-    config, experiment, _ = MODELS[model]
+    config, experiment = MODELS[model]["config"], MODELS[model]["experiment"]
     tag = f"bench-{replicas}x{batch}-{conv or 'default'}-r{rep}"
     env = dict(os.environ)
     if conv:
         env["DTRAIN_CPU_CONV"] = conv
     cmd = [binary, "run", os.path.join(ROOT, "configs", config), f"gpus={replicas}",
            f"train.per_replica_batch={batch}", f"optimizer.lr_scaling={scaling}",
-           f"train.epochs={epochs}", f"threads={threads}", "--results", results, "--tag", tag,
-           "--quiet"]
+           f"train.epochs={epochs}", f"threads={threads}", *MODELS[model]["dtrain"],
+           "--results", results, "--tag", tag, "--quiet"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     with open(os.path.join(results, experiment, f"{tag}-g{replicas}", "summary.json")) as f:
         s = json.load(f)
     return s["median_epoch_time_s"], s["final_test_accuracy"], s["status"], s.get("blas", "?")
 
 
-def run_torch(model, replicas, batch, scaling, epochs, threads):
-    cmd = [sys.executable, os.path.join(HERE, "torch_mlp.py"), f"--model={model}", f"--batch={batch}",
-           f"--epochs={epochs}", f"--threads={threads}", f"--ddp={replicas}",
-           f"--scaling={scaling}"]
+def run_torch(model, replicas, batch, scaling, epochs, threads, mode):
+    cmd = [sys.executable, os.path.join(HERE, "torch_mlp.py"), *MODELS[model]["torch"],
+           f"--batch={batch}", f"--epochs={epochs}", f"--threads={threads}", f"--ddp={replicas}",
+           f"--scaling={scaling}", f"--mode={mode}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     line = next(l for l in out.splitlines() if l.startswith("SUMMARY "))
     s = json.loads(line[len("SUMMARY "):])
@@ -73,6 +102,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", choices=sorted(MODELS), default="mlp")
+    ap.add_argument("--peer-mode", default="eager", choices=["eager", "channels-last", "compile"],
+                    help="how PyTorch runs the step on the CPU (torch_mlp.py --mode)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="dtrain-bench-")
@@ -80,7 +111,7 @@ def main():
     torch_version = "?"
     blas = "?"
     try:
-        for replicas, batch, scaling in MODELS[args.model][2]:
+        for replicas, batch, scaling in MODELS[args.model]["cases"]:
             print(f"case {replicas} replica(s) x batch {batch} ({scaling} scaling) ...",
                   flush=True)
             convs = CONVS[args.model]
@@ -90,7 +121,7 @@ def main():
             t_times, t_acc = [], None
             for rep in range(args.repeats):
                 tt, ta, peer, torch_version = run_torch(args.model, replicas, batch, scaling,
-                                                        args.epochs, args.threads)
+                                                        args.epochs, args.threads, args.peer_mode)
                 t_times.append(tt)
                 if t_acc is None:
                     t_acc = ta
@@ -129,13 +160,13 @@ def main():
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=2)
     lines = [
-        f"# dtrain against PyTorch on the CPU: Fashion-MNIST {args.model.upper()}",
+        f"# dtrain against PyTorch on the CPU: {MODELS[args.model]['title']}",
         "",
         f"{meta['date']}, commit {sha}, {meta['cores']} cores, {args.threads} threads in total, "
         f"PyTorch {torch_version} from PyPI, {args.epochs} epochs per run, {args.repeats} "
-        f"alternating repeats per case. Recipe: configs/{MODELS[args.model][0]} (SGD momentum "
-        "0.9, lr 0.05 at batch 64, weight decay 5e-4, 2 warmup epochs, cosine). Times are "
-        "median epoch times "
+        f"alternating repeats per case. Recipe: configs/{MODELS[args.model]['config']} "
+        f"{' '.join(MODELS[args.model]['dtrain'])} ({MODELS[args.model]['recipe']}); PyTorch "
+        f"mode {args.peer_mode}. Times are median epoch times "
         "(training only) over all repeats; speedup = peer time / dtrain time, the median of "
         "the per-repeat ratios.",
         "",
@@ -154,7 +185,8 @@ def main():
                      f"{r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | "
                      f"{100*r['dtrain_acc']:.2f}% | "
                      f"{100*r['peer_acc']:.2f}% | {r['acc_delta_points']:+.2f} |")
-    lines += ["", f"Reproduce: `scripts/bench-cpu-vs-pytorch.sh --model {args.model}`", ""]
+    lines += ["", f"Reproduce: `scripts/bench-cpu-vs-pytorch.sh --model {args.model} --epochs "
+              f"{args.epochs} --repeats {args.repeats} --peer-mode {args.peer_mode}`", ""]
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))

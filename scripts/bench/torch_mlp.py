@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
-"""PyTorch peer for dtrain's CPU and GPU benchmarks: the same Fashion-MNIST MLP (or --model cnn) recipe, the same data
-preprocessing, the same LR rule, data preloaded in memory as tensors.
+"""PyTorch peer for dtrain's CPU and GPU benchmarks: the same Fashion-MNIST MLP (or --model cnn,
+or --model resnet) recipe, the same data preprocessing, the same LR rule, data preloaded in memory
+as tensors.
 
   python3 torch_mlp.py --batch 64 --epochs 10 --threads 2               # plain PyTorch
   python3 torch_mlp.py --batch 64 --epochs 10 --threads 2 --ddp 4       # DDP, gloo, 4 processes
   python3 torch_mlp.py --batch 128 --epochs 5 --device cuda              # eager, on one GPU
   python3 torch_mlp.py --batch 128 --epochs 5 --device cuda --mode graph # whole step in a graph
+  python3 torch_mlp.py --model resnet --widths 8,16,32 --batch 128 --lr 0.1 --base-batch 128
+  python3 torch_mlp.py --model resnet --synthetic 3,32,32 --train-size 5120 --mode channels-last
+
+--model resnet is dtrain's `model.type: resnet` (torchvision's block layout: bias-free
+convolutions, BatchNorm, a 1x1 strided projection where a block changes shape, the CIFAR stem).
+--synthetic C,H,W trains on random inputs of that shape (a throughput study: the labels are noise).
 
 GPU modes (--mode): eager (the default optimizer, for-each), eager-fused (the fused optimizer),
 graph (the whole training step, gather, forward, backward and fused optimizer, captured in one
 CUDA graph after 3 warm-up steps and replayed), compile (torch.compile, default mode, fused
 optimizer), compile-max (torch.compile mode="max-autotune", which also replays CUDA graphs).
+CPU modes: eager (NCHW), channels-last (NHWC tensors and weights, oneDNN's preferred layout for
+convolutions), compile (torch.compile with Inductor's C++ backend).
 Warm-up steps and captures count as training steps of the first epoch, so every mode trains the
 same steps; the first epoch is reported separately from the steady-state median.
 
@@ -59,6 +68,21 @@ def load(path):
             torch.from_numpy(yte))
 
 
+def synthetic(args):
+    c, h, w = (int(v) for v in args.synthetic.split(","))
+    g = torch.Generator().manual_seed(args.seed)
+    def make(n):
+        return (torch.randn(n, c * h * w, generator=g),
+                torch.randint(0, args.classes, (n,), generator=g))
+    return (*make(args.train_size), *make(args.test_size))
+
+
+def input_shape(args):
+    if args.synthetic:
+        return tuple(int(v) for v in args.synthetic.split(","))
+    return (1, 28, 28)
+
+
 def lr_at(args, global_batch, epoch_pos):
     ratio = global_batch / args.base_batch
     peak = args.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[args.scaling]
@@ -68,7 +92,66 @@ def lr_at(args, global_batch, epoch_pos):
     return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
 
+class ToImage(nn.Module):
+    """Flat rows to C x H x W images; an image batch (channels-last mode) passes as it is."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, x):
+        return x if x.dim() == 4 else x.view(-1, *self.shape)
+
+
+class Block(nn.Module):
+    """A basic (two 3x3) or bottleneck (1x1, 3x3, 1x1 x4) residual block, then ReLU."""
+
+    def __init__(self, cin, width, stride, bottleneck):
+        super().__init__()
+        def conv(i, o, k, st):
+            return nn.Conv2d(i, o, k, stride=st, padding=k // 2, bias=False)
+        if bottleneck:
+            out = 4 * width
+            self.body = nn.Sequential(
+                conv(cin, width, 1, 1), nn.BatchNorm2d(width), nn.ReLU(),
+                conv(width, width, 3, stride), nn.BatchNorm2d(width), nn.ReLU(),
+                conv(width, out, 1, 1), nn.BatchNorm2d(out))
+        else:
+            out = width
+            self.body = nn.Sequential(
+                conv(cin, width, 3, stride), nn.BatchNorm2d(width), nn.ReLU(),
+                conv(width, width, 3, 1), nn.BatchNorm2d(width))
+        self.shortcut = (nn.Identity() if stride == 1 and cin == out else
+                         nn.Sequential(conv(cin, out, 1, stride), nn.BatchNorm2d(out)))
+        self.out = out
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def resnet(args):
+    """dtrain's resnet preset with the CIFAR stem: 3x3 conv, stages, global average pool."""
+    stages = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3]}.get(args.depth)
+    if stages is None:
+        stages = [(args.depth - 2) // 6] * 3
+    widths = [int(v) for v in args.widths.split(",")]
+    bottleneck = args.depth == 50
+    c = input_shape(args)[0]
+    layers = [ToImage(input_shape(args)), nn.Conv2d(c, widths[0], 3, padding=1, bias=False),
+              nn.BatchNorm2d(widths[0]), nn.ReLU()]
+    cin = widths[0]
+    for s, (n, w) in enumerate(zip(stages, widths)):
+        for b in range(n):
+            block = Block(cin, w, 2 if s > 0 and b == 0 else 1, bottleneck)
+            layers.append(block)
+            cin = block.out
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, args.classes)]
+    return nn.Sequential(*layers)
+
+
 def build_model(args):
+    if args.model == "resnet":
+        return resnet(args)
     if args.model == "cnn":
         # dtrain's `cnn` preset: two conv-BN-ReLU-pool blocks, dense 128, dropout, classifier.
         return nn.Sequential(
@@ -136,14 +219,20 @@ def run(rank, world, args):
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cudnn.benchmark = True
-    xtr, ytr, xte, yte = (t.to(dev) for t in load(args.data))  # data preloaded on the device
+    data = synthetic(args) if args.synthetic else load(args.data)
+    xtr, ytr, xte, yte = (t.to(dev) for t in data)  # data preloaded on the device
     model = build_model(args).to(dev)
+    if args.mode == "channels-last":
+        # The model's convolution weights in NHWC; each batch is converted after the gather
+        # inside the timed step, as a user's data loader would hand it.
+        model = model.to(memory_format=torch.channels_last)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     fused = args.mode != "eager" and dev.type == "cuda"
     # graph: the learning rate lives in a device tensor that the captured update reads.
     lr_t = torch.tensor(args.lr, device=dev) if args.mode == "graph" else args.lr
-    opt = torch.optim.SGD(model.parameters(), lr=lr_t, momentum=0.9, weight_decay=5e-4,
+    opt = torch.optim.SGD(model.parameters(), lr=lr_t, momentum=args.momentum,
+                          weight_decay=args.weight_decay,
                           **({"fused": True} if fused else {}))
     loss_fn = nn.CrossEntropyLoss()
     train_model = model
@@ -178,6 +267,8 @@ def run(rank, world, args):
             for g in opt.param_groups:
                 g["lr"] = lr
             xb, yb = xtr[idx], ytr[idx]
+            if args.mode == "channels-last":
+                xb = xb.view(-1, *input_shape(args)).contiguous(memory_format=torch.channels_last)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(train_model(xb), yb)
             loss.backward()
@@ -191,7 +282,11 @@ def run(rank, world, args):
         times.append(dt)
         model.eval()
         with torch.no_grad():
-            acc = (model(xte).argmax(1) == yte).float().mean().item()
+            # In chunks of 1000, dtrain's eval_batch: a ResNet on all 10,000 images at once
+            # would hold gigabytes of activations.
+            hits = sum((model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item()
+                       for i in range(0, xte.shape[0], 1000))
+            acc = hits / xte.shape[0]
         if rank == 0:
             print(json.dumps({"epoch": epoch + 1, "epoch_time_s": dt, "test_acc": acc,
                               "train_loss": (loss_sum / steps).item()}), flush=True)
@@ -225,18 +320,31 @@ def main():
     p.add_argument("--scaling", choices=["none", "linear", "sqrt"], default="linear")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=["mlp", "cnn", "resnet"], default="mlp")
+    p.add_argument("--depth", type=int, default=20, help="resnet: 6n+2, 18, 34 or 50")
+    p.add_argument("--widths", default="16,32,64", help="resnet: one width per stage")
+    p.add_argument("--synthetic", default="", help="C,H,W: random inputs of this shape")
+    p.add_argument("--train-size", type=int, default=4096, help="--synthetic only")
+    p.add_argument("--test-size", type=int, default=1024, help="--synthetic only")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--dropout", type=float, default=0.25, help="cnn only")
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--device", default="cpu", help="cpu or cuda (PyTorch on one GPU)")
     p.add_argument("--mode", default="eager",
-                   choices=["eager", "eager-fused", "graph", "compile", "compile-max"],
-                   help="GPU only: how the step runs (see the top of this file)")
+                   choices=["eager", "eager-fused", "graph", "compile", "compile-max",
+                            "channels-last"],
+                   help="how the step runs (see the top of this file)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
                    help="GPU only: fp32 keeps TF32 off in GEMMs and convolutions")
     args = p.parse_args()
-    if args.mode != "eager" and (args.device == "cpu" or args.ddp > 1):
-        p.error("--mode other than eager needs --device cuda and one process")
+    cpu_modes = ["eager", "channels-last", "compile"]
+    gpu_modes = ["eager", "eager-fused", "graph", "compile", "compile-max"]
+    if args.mode not in (cpu_modes if args.device == "cpu" else gpu_modes):
+        p.error(f"--mode {args.mode} is not a {args.device} mode")
+    if args.mode != "eager" and args.ddp > 1:
+        p.error("--mode other than eager needs one process")
     if args.ddp > 1:
         mp.spawn(run, args=(args.ddp, args), nprocs=args.ddp, join=True)
     else:

@@ -58,7 +58,9 @@ Replica::Replica(RunContext& run, Communicator& comm)
   // A micro-batch never holds more rows than the training set (a batch larger than the data
   // with drop_remainder: false), nor an evaluation chunk more than the test set.
   const int64_t micro_rows = std::min(micro_, train_.size());
-  const int64_t eval_rows = std::min(cfg_.train.eval_batch, std::max<int64_t>(1, test_.size()));
+  eval_rows_ = eval_chunk_rows(
+      cfg_.train.eval_batch, micro_rows, test_.size(),
+      model_size(cfg_.model, train_.shape, train_.classes).activations_per_sample);
   if (cfg_.data.augment.enabled()) xa_.resize(*dev_, at_least_one(micro_rows * features_));
   // Shared weights: initialised once, by the trainer.
   model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes,
@@ -77,7 +79,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
   steps_ = sampler_.steps_per_epoch();
 
   // Batch buffers hold a full micro-batch or an evaluation chunk, whichever is larger.
-  const int64_t cap = std::max(micro_rows, eval_rows);
+  const int64_t cap = std::max(micro_rows, eval_rows_);
   xb_.resize(*dev_, static_cast<size_t>(cap * features_));
   yb_.resize(*dev_, static_cast<size_t>(cap));
   idx_.reserve(static_cast<size_t>(cap));
@@ -588,8 +590,8 @@ std::vector<double> Replica::evaluate() {
   const int64_t lo_end = test_.size() * rank_ / replicas_;  // this replica's contiguous slice
   const int64_t hi_end = test_.size() * (rank_ + 1) / replicas_;
   dev_->zero(dev_test_.data(), 2 * sizeof(double));
-  for (int64_t lo = lo_end; lo < hi_end; lo += cfg_.train.eval_batch) {
-    const int64_t rows = std::min(cfg_.train.eval_batch, hi_end - lo);
+  for (int64_t lo = lo_end; lo < hi_end; lo += eval_rows_) {
+    const int64_t rows = std::min(eval_rows_, hi_end - lo);
     dev_->upload(xb_.data(), test_.x.data() + lo * features_,
                  static_cast<size_t>(rows * features_) * sizeof(float));
     dev_->upload(yb_.data(), test_.y.data() + lo, static_cast<size_t>(rows) * sizeof(int32_t));

@@ -144,6 +144,7 @@ class Replica {
   double step_lr_ = 0;              // the LR of the step in progress (for update_shared)
   Sampler sampler_;
   int64_t steps_ = 0;
+  int64_t eval_rows_ = 1;  // rows of an evaluation chunk (eval_chunk_rows)
   std::unique_ptr<GradExchange> exchange_;
   bool exchange_on_host_ = false;
   bool wait_before_exchange_ = false;

@@ -221,13 +221,20 @@ Placement place_replicas(const Config& cfg, int local_ranks) {
   return p;
 }
 
+// The most rows a replica's buffers hold: a micro-batch or an evaluation chunk, each capped by
+// the data's sizes (see Replica).
+static int64_t buffer_rows(const Config& cfg, const DataSplit& data) {
+  const int64_t micro = std::min(cfg.micro_batch(), data.train.size());
+  const ModelSize m = model_size(cfg.model, data.train.shape, data.train.classes);
+  return std::max(micro, eval_chunk_rows(cfg.train.eval_batch, micro, data.test.size(),
+                                         m.activations_per_sample));
+}
+
 // The sizes a GPU run hands cuBLAS and cuDNN as int (see narrow_int): every layer's input and
 // output for the most rows a replica's buffers hold (a micro-batch or an evaluation chunk).
 static void check_gpu_sizes(const Config& cfg, const DataSplit& data) {
-  const int64_t rows =
-      std::max(std::min(cfg.micro_batch(), data.train.size()),
-               std::min(cfg.train.eval_batch, std::max<int64_t>(1, data.test.size())));
   const auto layers = build_layers(cfg.model, data.train.shape, data.train.classes);
+  const int64_t rows = buffer_rows(cfg, data);
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::string name = fmt::format("model layer {} ({})", i, layers[i]->describe());
     check_gpu_tensor(name, rows, layers[i]->in_features());
@@ -250,32 +257,23 @@ bool shares_weights(const Config& cfg, const Placement& place) {
   return cfg.replicas == ReplicaMode::shared && place.colocated && on_one_gpu(place);
 }
 
-namespace {
-
-// What one replica allocates, estimated from the model's shapes before anything exists:
-// weights, gradients and optimizer state, the layer outputs and their gradients for the larger
-// of a micro-batch and an evaluation chunk, and the batch buffers.
-struct ReplicaBytes {
-  double params = 0, activations = 0, rows = 0;
-  double grads = 0;  // of params: the gradient buffer alone
-  double total() const { return params + activations; }
-};
 ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data) {
   const ModelSize m = model_size(cfg.model, data.train.shape, data.train.classes);
   const double state = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;  // momentum; Adam m, v
-  // The rows the replica's buffers hold (see Replica: capped by the data's sizes).
-  const auto rows = static_cast<double>(
-      std::max(std::min(cfg.micro_batch(), data.train.size()),
-               std::min(cfg.train.eval_batch, std::max<int64_t>(1, data.test.size()))));
+  const auto micro = static_cast<double>(std::min(cfg.micro_batch(), data.train.size()));
   ReplicaBytes b;
+  b.rows = buffer_rows(cfg, data);
+  const auto rows = static_cast<double>(b.rows);
   b.params = 4.0 * static_cast<double>(m.params) * (2 + state);
   b.grads = 4.0 * static_cast<double>(m.params);
-  b.rows = rows;
-  b.activations = 4.0 * rows *
-                  (2 * static_cast<double>(m.activations_per_sample) +
-                   static_cast<double>(data.train.features()));
+  // Outputs for `rows`, input gradients for a micro-batch (backward never runs on more), and
+  // the batch buffers.
+  b.activations = 4.0 * (static_cast<double>(m.activations_per_sample) * (rows + micro) +
+                         static_cast<double>(data.train.features()) * rows);
   return b;
 }
+
+namespace {
 
 // A model or batch too large for the machine is a user error before any run folder exists,
 // not "out of memory" after earlier runs of a sweep have trained.
@@ -317,11 +315,11 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
       shared ? fmt::format("{:.1f} GiB of shared weights and optimizer state + {} replicas x "
                            "({:.1f} GiB of gradients + {:.1f} GiB of activations for {} rows)",
                            common / kGiB, local_ranks, one.grads / kGiB, one.activations / kGiB,
-                           static_cast<int64_t>(one.rows))
+                           one.rows)
              : fmt::format("{} replica{} x ({:.1f} GiB of parameters, gradients and optimizer "
                            "state + {:.1f} GiB of activations for {} rows)",
                            local_ranks, local_ranks == 1 ? "" : "s", one.params / kGiB,
-                           one.activations / kGiB, static_cast<int64_t>(one.rows));
+                           one.activations / kGiB, one.rows);
   throw UserError(fmt::format(
       "model and batch need about {:.1f} GiB ({}), but {} {:.1f} GiB available; lower "
       "model.hidden (or the layers' units and channels), train.per_replica_batch or "

@@ -122,6 +122,20 @@ Placement place_replicas(const Config& cfg, int local_ranks);
 // `replicas` is `shared` and every replica is on the same GPU.
 bool shares_weights(const Config& cfg, const Placement& place);
 
+// What one replica allocates, estimated from the model's shapes before anything exists (the
+// shape engine, model_size): weights, gradients and optimizer state; every layer's output for
+// the most rows its buffers hold (a micro-batch or an evaluation chunk) and every layer's input
+// gradient for a micro-batch; the batch buffers. `validate --print` shows it; a run whose
+// replicas would not fit is refused with it.
+struct ReplicaBytes {
+  double params = 0;       // weights, gradients and optimizer state
+  double grads = 0;        // of params: the gradient buffer alone
+  double activations = 0;  // layer outputs, their gradients and the batch buffers
+  int64_t rows = 0;        // the most rows the buffers hold
+  double total() const { return params + activations; }
+};
+ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data);
+
 // Decisions of the training loop, as pure functions (tested without a GPU).
 
 // "on", or "off: <why>": whether a CUDA run captures its steps in graphs. `nccl`: gradients go
