@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-way include rule of lib/dtrain/ (see README, "Layout"). Each folder may include
+# The one-way include rule of lib/dtrain/ (see docs/layout.md). Each folder may include
 # itself and the folders listed for it here, nothing else; backend/cpu and backend/cuda may
 # include backend/ but never each other, and nothing outside them includes either. A file
 # outside these folders is itself an error.

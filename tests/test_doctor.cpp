@@ -248,8 +248,8 @@ TEST_CASE("doctor: local BatchNorm on a small per-replica batch", "[doctor]") {
   c.train.per_replica_batch = 8;
   CHECK_FALSE(fires("small-bn-batch", c));
 
-  // The README's CNN on 28 x 28 images: 8 samples x 14 x 14 positions per statistic, measured
-  // harmless; the same 8 samples after a dense layer are 8 values.
+  // The small CNN of docs/studies.md on 28 x 28 images: 8 samples x 14 x 14 positions per
+  // statistic, measured harmless; the same 8 samples after a dense layer are 8 values.
   c = cnn(healthy());
   c.data.synthetic.shape = {1, 28, 28};
   c.train.per_replica_batch = 8;

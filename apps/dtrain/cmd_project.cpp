@@ -291,8 +291,8 @@ void setup_project(CLI::App& app, ProjectOptions& opt) {
       ->check(CLI::Range(int64_t{1}, int64_t{1000000000000}));
   app.add_option("--out", opt.out, "Write OUT.md and OUT.json (default: RUN/projection-<link>)");
   app.footer(
-      "A model of the exchange on GPUs (ring all-reduce, see README \"Why N GPUs are not "
-      "N times faster\"); nothing runs on a GPU.");
+      "A model of the exchange on GPUs (ring all-reduce, see docs/project.md); nothing runs on a "
+      "GPU.");
 }
 
 int run_project(const ProjectOptions& opt) {

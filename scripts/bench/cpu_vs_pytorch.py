@@ -26,7 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # (replicas, per-replica batch, LR scaling rule). Linear scaling to batch 1024 and beyond is
-# unstable for this recipe in both frameworks (see the README), so the large batch uses sqrt.
+# unstable for this recipe in both frameworks (see docs/performance.md), so the large batch uses
+# sqrt.
 # At 4 replicas the large case is global batch 1024 (256 per replica).
 CASES = [(1, 64, "linear"), (1, 1024, "sqrt"), (4, 64, "linear"), (4, 256, "sqrt")]
 

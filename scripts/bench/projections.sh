@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dtrain's own projections for the README: the quickstart MLP and the small CNN, each from a
+# dtrain's own projections for docs/project.md: the quickstart MLP and the small CNN, each from a
 # 1-replica run on this machine, to 8 GPUs over NVLink (one H100 machine) and to 32 GPUs over
 # 400G InfiniBand (4 machines of 8; one link type for all GPUs, see the model's limits).
 # Projections, not measurements: the step time is this machine's CPU step.

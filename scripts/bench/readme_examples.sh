@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's worked examples, measured on this machine and kept under results/readme-examples/:
+# The worked examples of docs/bench-comm.md, docs/project.md and docs/doctor-explain.md,
+# measured on this machine and kept under results/readme-examples/:
 #   bench-comm-2.md, bench-comm-4.md  dtrain bench-comm with 2 and 4 in-process replicas
 #   projection-nvlink-h100.md         dtrain project of the quickstart MLP (1 replica, 3 epochs)
 #   projection-measured.md            the same over the 4-replica bench-comm fit
@@ -49,7 +50,7 @@ run_dir=$(ls -d "$out"/runs/*/mlp-g1)
 } >"$out/threads.md"
 
 {
-  echo "# The README's worked examples"
+  echo "# The worked examples of the documentation"
   echo
   echo "$where"
   echo "Projections are a model, not a measurement."

@@ -18,12 +18,13 @@ namespace {
 // BatchNorm statistics from fewer than 16 samples hurt (Wu & He 2018, Group Normalization,
 // figure 1: ResNet-50 on ImageNet loses 1.2 points at 8 samples per GPU and 11 at 2), unless
 // the statistic also pools enough positions of a feature map: dtrain's small CNN lost nothing
-// measurable at 8 samples x 14 x 14 positions (README), while ResNet-50's last stage pools
-// 8 x 7 x 7. So the rule needs both: few samples and few values per statistic.
+// measurable at 8 samples x 14 x 14 positions (docs/studies.md), while ResNet-50's last stage
+// pools 8 x 7 x 7. So the rule needs both: few samples and few values per statistic.
 constexpr int64_t kSmallBnBatch = 16;
 constexpr int64_t kSmallBnValues = 1024;
 // Linear scaling this far past base_batch wants a warmup (Goyal et al. 2017 warm up over 5
-// epochs at 8k; dtrain's own run at 8x without warmup stuck at chance, see README).
+// epochs at 8k; dtrain's own run at 8x without warmup stuck at chance, see
+// docs/doctor-explain.md).
 constexpr double kFarPastBase = 4.0;
 
 struct Context {

@@ -2,8 +2,8 @@
 // dtrain doctor: the known reasons an N-replica run trains worse than the 1-replica run, read
 // from a config (and its data) before any training, and one that makes any run slower than it
 // need be (more threads than cores). Each finding is one line: what is wrong, why it matters,
-// and the fix. The README ("dtrain doctor: the pitfalls it names before training") gives each
-// rule's source or the dtrain measurement behind it.
+// and the fix. docs/doctor-explain.md ("dtrain doctor: the pitfalls it names before training")
+// gives each rule's source or the dtrain measurement behind it.
 #include <string>
 #include <vector>
 
