@@ -14,13 +14,13 @@ declare -A may_include=(
   [config]="base config"
   [data]="base config data"
   [backend]="base backend"
-  [dist]="base backend dist"
-  [nn]="base config backend dist nn"
-  [train]="base config data backend dist nn train"
+  [comm]="base backend comm"
+  [nn]="base config backend comm nn"
+  [train]="base config data backend comm nn train"
   [results]="base config train results"
 )
 
-order="base config data backend dist nn train results"
+order="base config data backend comm nn train results"
 bad=0
 complain() { echo "$1"; bad=$((bad + 1)); }
 

@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "dtrain/base/error.hpp"
-#include "dtrain/dist/bench_comm.hpp"
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/bench_comm.hpp"
+#include "dtrain/comm/comm.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;

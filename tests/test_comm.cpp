@@ -2,7 +2,7 @@
 #include <chrono>
 #include <thread>
 
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/train/trainer.hpp"

@@ -19,7 +19,7 @@
 #include "dtrain/base/abort_gate.hpp"
 #include "dtrain/base/rng.hpp"
 #include "dtrain/data/data.hpp"
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 #include "dtrain/nn/optimizer.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/trainer.hpp"

@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dtrain/dist/exchange.hpp"
+#include "dtrain/comm/exchange.hpp"
 #include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 

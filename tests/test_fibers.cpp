@@ -13,7 +13,7 @@
 #include "dtrain/backend/device.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/fibers.hpp"
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 
 using namespace dtrain;
 

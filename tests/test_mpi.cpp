@@ -15,7 +15,7 @@
 #include <optional>
 #include <vector>
 
-#include "dtrain/dist/mpi.hpp"
+#include "dtrain/comm/mpi.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;

@@ -15,9 +15,9 @@
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
-#include "dtrain/dist/bench_comm.hpp"
-#include "dtrain/dist/comm.hpp"
-#include "dtrain/dist/mpi.hpp"
+#include "dtrain/comm/bench_comm.hpp"
+#include "dtrain/comm/comm.hpp"
+#include "dtrain/comm/mpi.hpp"
 
 namespace dtrain::cli {
 

@@ -14,7 +14,7 @@
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
-#include "dtrain/dist/bench_comm.hpp"
+#include "dtrain/comm/bench_comm.hpp"
 #include "dtrain/results/report.hpp"
 #include "dtrain/train/project.hpp"
 

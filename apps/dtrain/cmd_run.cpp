@@ -17,11 +17,11 @@
 
 #include "commands.hpp"
 #include "dtrain/base/stop.hpp"
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
-#include "dtrain/dist/mpi.hpp"
+#include "dtrain/comm/mpi.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/config/schema.hpp"
 #include "dtrain/results/recorder.hpp"

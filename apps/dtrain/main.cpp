@@ -11,7 +11,7 @@
 #include "dtrain/base/log.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/base/version.hpp"
-#include "dtrain/dist/mpi.hpp"
+#include "dtrain/comm/mpi.hpp"
 #include "dtrain/train/trainer.hpp"
 
 int run_main(int argc, char** argv);

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/nn/model.hpp"
 

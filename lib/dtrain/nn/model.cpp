@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "dtrain/base/error.hpp"
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 
 namespace dtrain {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <thread>
 
-#include "dtrain/dist/mpi.hpp"
+#include "dtrain/comm/mpi.hpp"
 #include "dtrain/nn/model.hpp"
 
 namespace dtrain {

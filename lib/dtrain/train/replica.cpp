@@ -12,7 +12,7 @@
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/stop.hpp"
-#include "dtrain/dist/nccl.hpp"
+#include "dtrain/comm/nccl.hpp"
 #include "dtrain/nn/schedule.hpp"
 #include "dtrain/train/checkpoint.hpp"
 

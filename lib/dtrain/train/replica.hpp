@@ -13,8 +13,8 @@
 #include "dtrain/backend/gpu.hpp"  // GraphAgreement
 #include "dtrain/base/rng.hpp"
 #include "dtrain/data/sampler.hpp"
-#include "dtrain/dist/comm.hpp"
-#include "dtrain/dist/exchange.hpp"
+#include "dtrain/comm/comm.hpp"
+#include "dtrain/comm/exchange.hpp"
 #include "dtrain/nn/model.hpp"
 #include "dtrain/nn/optimizer.hpp"
 #include "dtrain/train/noise_scale.hpp"

@@ -16,9 +16,9 @@
 #include "dtrain/base/files.hpp"
 #include "dtrain/base/fibers.hpp"
 #include "dtrain/base/stop.hpp"
-#include "dtrain/dist/comm.hpp"
-#include "dtrain/dist/mpi.hpp"
-#include "dtrain/dist/nccl.hpp"
+#include "dtrain/comm/comm.hpp"
+#include "dtrain/comm/mpi.hpp"
+#include "dtrain/comm/nccl.hpp"
 #include "dtrain/nn/model.hpp"
 #include "dtrain/train/replica.hpp"
 

@@ -1,4 +1,4 @@
-#include "dtrain/dist/exchange.hpp"
+#include "dtrain/comm/exchange.hpp"
 
 #include <algorithm>
 #include <chrono>

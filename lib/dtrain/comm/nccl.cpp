@@ -2,7 +2,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/base/error.hpp"
-#include "dtrain/dist/nccl.hpp"
+#include "dtrain/comm/nccl.hpp"
 
 namespace dtrain {
 

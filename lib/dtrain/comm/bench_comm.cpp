@@ -1,4 +1,4 @@
-#include "dtrain/dist/bench_comm.hpp"
+#include "dtrain/comm/bench_comm.hpp"
 
 #include <fmt/format.h>
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 #include "dtrain/backend/device.hpp"
 
 namespace dtrain {

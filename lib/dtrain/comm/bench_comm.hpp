@@ -9,7 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 
 namespace dtrain {
 

@@ -8,8 +8,8 @@
 
 #include "dtrain/backend/device.hpp"
 #include "dtrain/base/abort_gate.hpp"
-#include "dtrain/dist/comm.hpp"
-#include "dtrain/dist/exchange.hpp"
+#include "dtrain/comm/comm.hpp"
+#include "dtrain/comm/exchange.hpp"
 
 namespace dtrain {
 

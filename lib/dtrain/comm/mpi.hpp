@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 
 namespace dtrain::mpi {
 

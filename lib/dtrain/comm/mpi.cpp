@@ -1,4 +1,4 @@
-#include "dtrain/dist/mpi.hpp"
+#include "dtrain/comm/mpi.hpp"
 
 #include <fmt/format.h>
 

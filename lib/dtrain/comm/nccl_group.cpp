@@ -18,8 +18,8 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/backend/gpu_check.hpp"
-#include "dtrain/dist/nccl.hpp"
-#include "dtrain/dist/mpi.hpp"
+#include "dtrain/comm/nccl.hpp"
+#include "dtrain/comm/mpi.hpp"
 
 namespace dtrain {
 

@@ -1,4 +1,4 @@
-#include "dtrain/dist/comm.hpp"
+#include "dtrain/comm/comm.hpp"
 
 #include <algorithm>
 #include <condition_variable>
