@@ -1,6 +1,7 @@
 // The CPU backend's two convolution paths against each other, and its kernels against
 // themselves at other thread counts.
 #include <catch2/catch.hpp>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -216,20 +217,27 @@ TEST_CASE("math.hpp max-pooling window finds the first maximum", "[math]") {
   const int64_t h = 9, w = 7;
   auto plane = random_vec(rng, static_cast<size_t>(h * w));
   for (size_t i = 0; i < plane.size(); i += 4) plane[i] = 0.5f;  // ties
-  for (auto [k, stride] : {std::pair<int64_t, int64_t>{2, 2}, {3, 2}, {3, 1}})
-    for (int64_t oi = 0; oi < (h - k) / stride + 1; ++oi)
-      for (int64_t oj = 0; oj < (w - k) / stride + 1; ++oj) {
+  // (window, stride, padding); padded positions are skipped, as PyTorch's -inf padding is.
+  for (auto [k, stride, pad] : {std::array<int64_t, 3>{2, 2, 0}, {3, 2, 0}, {3, 1, 0}, {3, 2, 1},
+                                {2, 1, 1}, {5, 3, 2}})
+    for (int64_t oi = 0; oi < math::pool_out(h, k, stride, pad); ++oi)
+      for (int64_t oj = 0; oj < math::pool_out(w, k, stride, pad); ++oj) {
         float best = -2;
         int64_t at = -1;
         for (int64_t ki = 0; ki < k; ++ki)
           for (int64_t kj = 0; kj < k; ++kj) {
-            const int64_t i = (oi * stride + ki) * w + oj * stride + kj;
+            const int64_t r = oi * stride + ki - pad, col = oj * stride + kj - pad;
+            if (r < 0 || r >= h || col < 0 || col >= w) continue;
+            const int64_t i = r * w + col;
             if (plane[static_cast<size_t>(i)] > best) best = plane[static_cast<size_t>(i)], at = i;
           }
-        const math::PoolMax m = math::maxpool_window(plane.data(), w, k, stride, oi, oj);
+        const math::PoolMax m = math::maxpool_window(plane.data(), h, w, k, stride, pad, oi, oj);
         CHECK(m.value == best);
         CHECK(m.index == at);
       }
+  // PyTorch's output sizes: the ImageNet stem's pool takes 112x112 to 56x56.
+  CHECK(math::pool_out(112, 3, 2, 1) == 56);
+  CHECK(math::pool_out(112, 3, 2, 0) == 55);
 }
 
 TEST_CASE("math.hpp BatchNorm agrees with the textbook formulas in double", "[math]") {

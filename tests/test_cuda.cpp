@@ -2,6 +2,7 @@
 // relative error, and the equivalence contract on GPUs. Skips, and says so, without a GPU (fails
 // instead with DTRAIN_REQUIRE_GPU=1). The decisions of the GPU code that need no GPU (abort
 // gate, cuDNN algorithm choice, graph agreement, timing split) are tested here too, always.
+#include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "dtrain/backend/device.hpp"
+#include "dtrain/backend/math.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/abort_gate.hpp"
@@ -185,16 +187,18 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
   conv_twin("conv 1x1 s2, no bias", 1e-5, ConvGeom{4, 9, 9, 6, 1, 2, 0}, 3, rng, Precision::fp32,
             false);
   // Named variables, not a structured binding: clang 14 cannot capture one in a lambda.
-  for (const auto& window : {std::pair{2, 2}, std::pair{3, 2}}) {
-    const int64_t k2 = window.first, s2 = window.second;
+  // Windows of 2 and 3, the ImageNet stem's padded one (3, stride 2, padding 1) among them.
+  for (const auto& window : {std::array<int64_t, 3>{2, 2, 0}, std::array<int64_t, 3>{3, 2, 0},
+                             std::array<int64_t, 3>{3, 2, 1}}) {
+    const int64_t k2 = window[0], s2 = window[1], p2 = window[2];
     const int64_t ns = 2, c = 3, h = 9, w = 8;
-    const int64_t ho = (h - k2) / s2 + 1, wo = (w - k2) / s2 + 1;
+    const int64_t ho = math::pool_out(h, k2, s2, p2), wo = math::pool_out(w, k2, s2, p2);
     const auto x = random_vec(rng, ns * c * h * w), dy = random_vec(rng, ns * c * ho * wo);
     twin("maxpool", 1e-6, [&](Device& d, Mirror& mr) -> Outs {
       float *y = mr.in(dy), *dx = mr.in(x);
       Buffer<int32_t> am(d, static_cast<size_t>(ns * c * ho * wo));
-      d.maxpool_forward(mr.in(x), ns, c, h, w, k2, s2, y, am.data());
-      d.maxpool_backward(mr.in(dy), am.data(), ns, c, h, w, k2, s2, dx);
+      d.maxpool_forward(mr.in(x), ns, c, h, w, k2, s2, p2, y, am.data());
+      d.maxpool_backward(mr.in(dy), am.data(), ns, c, h, w, k2, s2, p2, dx);
       return Outs{mr.out(y, dy.size()), mr.out(dx, x.size())};
     });
   }

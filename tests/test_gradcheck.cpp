@@ -107,6 +107,8 @@ TEST_CASE("max pooling gradients match finite differences", "[grad][conv]") {
   check_layer(*dev, pool, 23, /*spaced=*/true);
   MaxPool2d overlapping(MapShape{1, 5, 5}, 3, 2);
   check_layer(*dev, overlapping, 24, /*spaced=*/true);
+  MaxPool2d padded(MapShape{2, 6, 5}, 3, 2, 1);  // the ImageNet stem's window
+  check_layer(*dev, padded, 28, /*spaced=*/true);
 }
 
 TEST_CASE("global average pooling gradients match finite differences", "[grad][conv]") {

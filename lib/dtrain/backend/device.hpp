@@ -126,11 +126,14 @@ class Device {
   // (overwritten; skipped when null).
   virtual void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w,
                              const float* dy, float* dw, float* db, float* dx) = 0;
-  // Max pooling over k x k windows; argmax (per output) records the winning input index.
+  // Max pooling over k x k windows starting `pad` before the map (math::maxpool_window); argmax
+  // (per output) records the winning input index.
   virtual void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
-                               int64_t k, int64_t stride, float* y, int32_t* argmax) = 0;
+                               int64_t k, int64_t stride, int64_t pad, float* y,
+                               int32_t* argmax) = 0;
   virtual void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c,
-                                int64_t h, int64_t w, int64_t k, int64_t stride, float* dx) = 0;
+                                int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad,
+                                float* dx) = 0;
   // BatchNorm. Every pointer is device memory; `stats` is [mean (c), inv_std (c)] and the
   // double buffers are [first (c), second (c)].
   // moments = per-channel [sum, sum of squares] over samples and positions.

@@ -101,16 +101,26 @@ struct PoolMax {
   float value = 0;
   int64_t index = 0;  // in the plane
 };
-// The maximum of the k x k window of output (oi, oj) over an h x w plane (row length w): the
-// first maximum in row-major window order wins. Selects, not branches: ReLU outputs are often
-// tied at zero, which makes branches unpredictable.
-DTRAIN_HD inline PoolMax maxpool_window(const float* plane, int64_t w, int64_t k, int64_t stride,
-                                        int64_t oi, int64_t oj) {
-  int64_t best = (oi * stride) * w + oj * stride;
+// Outputs along one side of a pooling window sweep: n inputs, window k, stride, padding pad.
+DTRAIN_HD inline int64_t pool_out(int64_t n, int64_t k, int64_t stride, int64_t pad) {
+  return (n + 2 * pad - k) / stride + 1;
+}
+
+// The maximum of the k x k window of output (oi, oj) over an h x w plane, the window starting
+// `pad` before the plane (positions outside it are skipped, as PyTorch's -inf padding does;
+// pad < k keeps at least one inside): the first maximum in row-major window order wins.
+// Selects, not branches: ReLU outputs are often tied at zero, which makes branches
+// unpredictable.
+DTRAIN_HD inline PoolMax maxpool_window(const float* plane, int64_t h, int64_t w, int64_t k,
+                                        int64_t stride, int64_t pad, int64_t oi, int64_t oj) {
+  const int64_t i0 = oi * stride - pad, j0 = oj * stride - pad;
+  const int64_t ia = i0 > 0 ? i0 : 0, ja = j0 > 0 ? j0 : 0;
+  const int64_t ib = i0 + k < h ? i0 + k : h, jb = j0 + k < w ? j0 + k : w;
+  int64_t best = ia * w + ja;
   float bv = plane[best];
-  for (int64_t ki = 0; ki < k; ++ki)
-    for (int64_t kj = 0; kj < k; ++kj) {
-      const int64_t idx = (oi * stride + ki) * w + oj * stride + kj;
+  for (int64_t i = ia; i < ib; ++i)
+    for (int64_t j = ja; j < jb; ++j) {
+      const int64_t idx = i * w + j;
       const float v = plane[idx];
       const bool gt = v > bv;
       bv = gt ? v : bv;

@@ -101,7 +101,7 @@ struct LayerSpec {
   int64_t channels = 0;  // conv
   int64_t kernel = 3;    // conv, maxpool (window)
   int64_t stride = 0;    // conv (0 = 1), maxpool (0 = the window)
-  int64_t padding = 0;   // conv
+  int64_t padding = 0;   // conv, maxpool
   bool bias = true;      // conv
   double p = 0.5;        // dropout
   std::vector<LayerSpec> body;                         // residual

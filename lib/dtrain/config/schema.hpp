@@ -152,6 +152,7 @@ void visit(C& l, V& v) {
     case LayerType::maxpool:
       v(Key("size").within(1, 64), l.kernel);
       v(Key("stride").within(0, 64), l.stride);
+      v(Key("padding").within(0, 32), l.padding);
       break;
     case LayerType::dropout:
       v(Key("p").within(0.0, 0.99), l.p);

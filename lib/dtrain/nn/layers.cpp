@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "dtrain/comm/comm.hpp"
+#include "dtrain/backend/math.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/nn/model.hpp"
 
@@ -69,30 +70,40 @@ void Conv2d::backward_impl(Device& d, const float* x, const float*, const float*
 
 // ---- MaxPool2d ----
 
-MapShape MaxPool2d::output_shape(MapShape in, int64_t k, int64_t stride) {
-  return {in.c, (in.h - k) / stride + 1, (in.w - k) / stride + 1};
+MapShape MaxPool2d::output_shape(MapShape in, int64_t k, int64_t stride, int64_t padding) {
+  return {in.c, math::pool_out(in.h, k, stride, padding), math::pool_out(in.w, k, stride, padding)};
 }
 
-MaxPool2d::MaxPool2d(MapShape in, int64_t k, int64_t stride)
-    : Layer(in.size(), output_shape(in, k, stride).size()), in_(in), k_(k), stride_(stride) {
-  if (in.h < k || in.w < k)
+MaxPool2d::MaxPool2d(MapShape in, int64_t k, int64_t stride, int64_t padding)
+    : Layer(in.size(), output_shape(in, k, stride, padding).size()),
+      in_(in),
+      k_(k),
+      stride_(stride),
+      pad_(padding) {
+  if (2 * padding > k)
+    throw UserError(fmt::format(
+        "maxpool: padding {} is more than half the window {} (a window could hold no input)",
+        padding, k));
+  if (in.h + 2 * padding < k || in.w + 2 * padding < k)
     throw UserError(
         fmt::format("maxpool: window {} is larger than the {}x{} input", k, in.h, in.w));
 }
 
 std::string MaxPool2d::describe() const {
-  const auto o = output_shape(in_, k_, stride_);
-  return fmt::format("maxpool(k{}, {}x{})", k_, o.h, o.w);
+  const auto o = output_shape(in_, k_, stride_, pad_);
+  return pad_ > 0 ? fmt::format("maxpool(k{}, pad {}, {}x{})", k_, pad_, o.h, o.w)
+                  : fmt::format("maxpool(k{}, {}x{})", k_, o.h, o.w);
 }
 
 void MaxPool2d::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
   argmax_.resize(d, static_cast<size_t>(std::max<int64_t>(1, rows * out_features())));
-  d.maxpool_forward(x, rows, in_.c, in_.h, in_.w, k_, stride_, y, argmax_.data());
+  d.maxpool_forward(x, rows, in_.c, in_.h, in_.w, k_, stride_, pad_, y, argmax_.data());
 }
 
 void MaxPool2d::backward_impl(Device& d, const float*, const float*, const float* dy, float* dx,
                               int64_t rows) {
-  if (dx) d.maxpool_backward(dy, argmax_.data(), rows, in_.c, in_.h, in_.w, k_, stride_, dx);
+  if (dx)
+    d.maxpool_backward(dy, argmax_.data(), rows, in_.c, in_.h, in_.w, k_, stride_, pad_, dx);
 }
 
 // ---- GlobalAvgPool: a GEMM with a column of 1/(h*w) ----

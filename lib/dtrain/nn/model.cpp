@@ -348,8 +348,8 @@ std::unique_ptr<Layer> make_layer(const LayerSpec& l, MapShape& cur, bool sync) 
     case LayerType::maxpool: {
       spatial("maxpool");
       const int64_t stride = l.stride > 0 ? l.stride : l.kernel;
-      layer = std::make_unique<MaxPool2d>(cur, l.kernel, stride);
-      cur = MaxPool2d::output_shape(cur, l.kernel, stride);
+      layer = std::make_unique<MaxPool2d>(cur, l.kernel, stride, l.padding);
+      cur = MaxPool2d::output_shape(cur, l.kernel, stride, l.padding);
       break;
     }
     case LayerType::global_avg_pool:
@@ -449,6 +449,7 @@ ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_s
     s.params = add(s.params, l->param_count());
     s.activations_per_sample = add(s.activations_per_sample, l->activation_floats());
     s.forward_flops += 2.0 * static_cast<double>(l->macs_per_sample());
+    l->batchnorm_positions(s.batchnorm_positions);
   }
   // The first layer computes no input gradient (its input is the data).
   const double first =

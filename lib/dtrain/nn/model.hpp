@@ -2,6 +2,7 @@
 // Layers and models. A layer's public forward/backward are non-virtual: they check shapes and
 // then call the *_impl hooks. Parameters and gradients of a whole model live in one flat buffer
 // each, so the gradient exchange is a single contiguous all-reduce.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -67,6 +68,12 @@ class Layer {
   // Appends the runs of this layer's parameters that are weights (not biases, not BatchNorm's
   // scale and shift), the layer's first parameter at `offset` of the flat buffer.
   virtual void weight_ranges(int64_t /*offset*/, std::vector<ParamRange>& /*out*/) const {}
+  // The most features per sample of any tensor the layer reads or writes (a block's layers'
+  // included): what a GPU library sees as one buffer, times the rows.
+  virtual int64_t largest_features() const { return std::max(in_, out_); }
+  // Appends, for each BatchNorm (a block's included), the positions it pools per channel and
+  // sample: h x w of its input map, 1 for features without positions.
+  virtual void batchnorm_positions(std::vector<int64_t>& /*out*/) const {}
 
   // y = f(x) for `rows` samples; x must stay valid until backward.
   const float* forward(Device& d, const float* x, int64_t rows);
@@ -156,8 +163,10 @@ class Conv2d final : public Layer {
 
 class MaxPool2d final : public Layer {
  public:
-  MaxPool2d(MapShape in, int64_t kernel, int64_t stride);
-  static MapShape output_shape(MapShape in, int64_t kernel, int64_t stride);
+  // Windows start `padding` before the map (at most half the window, as in PyTorch); the
+  // positions outside it never win.
+  MaxPool2d(MapShape in, int64_t kernel, int64_t stride, int64_t padding = 0);
+  static MapShape output_shape(MapShape in, int64_t kernel, int64_t stride, int64_t padding = 0);
   std::string describe() const override;
 
  protected:
@@ -167,7 +176,7 @@ class MaxPool2d final : public Layer {
 
  private:
   MapShape in_;
-  int64_t k_, stride_;
+  int64_t k_, stride_, pad_;
   Buffer<int32_t> argmax_;
 };
 
@@ -196,6 +205,9 @@ class BatchNorm final : public Layer {
   std::string describe() const override;
   int64_t param_count() const override { return 2 * in_.c; }
   int64_t state_floats() const override { return 2 * in_.c; }  // running mean, running var
+  void batchnorm_positions(std::vector<int64_t>& out) const override {
+    out.push_back(in_.h * in_.w);
+  }
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
   void setup(Device& d) override;
@@ -257,6 +269,8 @@ class Residual final : public Layer {
   int64_t macs_per_sample() const override;
   int64_t state_floats() const override;
   void weight_ranges(int64_t offset, std::vector<ParamRange>& out) const override;
+  void batchnorm_positions(std::vector<int64_t>& out) const override;
+  int64_t largest_features() const override;
 
  protected:
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
@@ -381,6 +395,10 @@ struct ModelSize {
   // FLOPs per sample (2 per multiply-add) of a training step's GEMMs and convolutions: forward,
   // and backward (the weights' gradients, and the inputs' but for the first layer's).
   double forward_flops = 0, backward_flops = 0;
+  // Per BatchNorm, in the model's order (blocks' included), the positions it pools per channel
+  // and sample (h x w of its input map; 1 after a dense layer): with the batch, how many values
+  // each of its statistics averages.
+  std::vector<int64_t> batchnorm_positions;
 };
 ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_shape, int classes);
 

@@ -122,6 +122,18 @@ int64_t Residual::state_floats() const {
   return n;
 }
 
+int64_t Residual::largest_features() const {
+  int64_t n = std::max(in_features(), out_features());
+  for (const auto* list : {&body_, &shortcut_})
+    for (const auto& l : *list) n = std::max(n, l->largest_features());
+  return n;
+}
+
+void Residual::batchnorm_positions(std::vector<int64_t>& out) const {
+  for (const auto* list : {&body_, &shortcut_})
+    for (const auto& l : *list) l->batchnorm_positions(out);
+}
+
 int64_t Residual::macs_per_sample() const {
   int64_t n = 0;
   for (const auto* list : {&body_, &shortcut_})
@@ -286,9 +298,10 @@ std::vector<LayerSpec> resnet_layers(const ModelConfig& cfg) {
   if (cfg.stem == ResnetStem::cifar) {
     out = {conv_nb(widths[0], 3, 1, 1), bn(), act_layer(act)};
   } else {
-    LayerSpec pool = layer_spec(LayerType::maxpool);
+    LayerSpec pool = layer_spec(LayerType::maxpool);  // torchvision's: 224 -> 112 -> 56
     pool.kernel = 3;
     pool.stride = 2;
+    pool.padding = 1;
     out = {conv_nb(widths[0], 7, 2, 3), bn(), act_layer(act), pool};
   }
   for (size_t s = 0; s < blocks.size(); ++s)

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <thread>
 
+#include "dtrain/base/error.hpp"
 #include "dtrain/comm/mpi.hpp"
 #include "dtrain/nn/model.hpp"
 
@@ -32,71 +33,28 @@ struct Context {
   const DataSplit* data;
   int64_t global = 0, micro = 0;
   double scale = 1.0;        // global batch / base_batch
-  int64_t bn_positions = 0;  // see bn_positions(); 0 without BatchNorm
+  int64_t bn_positions = 0;  // see fewest_bn_positions(); 0 without BatchNorm
   std::vector<Finding> out;
 
   void add(const char* rule, std::string message) { out.push_back({rule, std::move(message)}); }
 };
 
-// Walks `specs` as build_model does, tracking the map size and the fewest positions a
-// BatchNorm pools; a residual block's body is walked in place (its output is the block's).
-struct BnWalk {
-  bool spatial = false;
-  int64_t h = 1, w = 1, fewest = 0;
-  void walk(const std::vector<LayerSpec>& specs);
-};
-
-// The fewest positions any BatchNorm layer pools per channel (h x w of its input map, 1 after a
-// dense layer), following the shapes as build_model does; 0 without BatchNorm.
-int64_t bn_positions(const ModelConfig& m, const std::vector<int64_t>& input) {
-  BnWalk b;
-  b.spatial = input.size() == 3;
-  b.h = b.spatial ? input[1] : 1;
-  b.w = b.spatial ? input[2] : 1;
-  b.walk(expand_layers(m));
-  return b.fewest;
-}
-
-void BnWalk::walk(const std::vector<LayerSpec>& specs) {
-  for (const LayerSpec& l : specs) {
-    switch (l.type) {
-      case LayerType::conv: {
-        const int64_t s = l.stride > 0 ? l.stride : 1;
-        h = (h + 2 * l.padding - l.kernel) / s + 1;
-        w = (w + 2 * l.padding - l.kernel) / s + 1;
-        break;
-      }
-      case LayerType::maxpool: {
-        const int64_t s = l.stride > 0 ? l.stride : l.kernel;
-        h = (h - l.kernel) / s + 1;
-        w = (w - l.kernel) / s + 1;
-        break;
-      }
-      case LayerType::global_avg_pool:
-        h = w = 1;
-        break;
-      case LayerType::flatten:
-      case LayerType::dense:
-        spatial = false;
-        break;
-      case LayerType::batchnorm: {
-        const int64_t p = spatial ? std::max<int64_t>(1, h * w) : 1;
-        fewest = fewest == 0 ? p : std::min(fewest, p);
-        break;
-      }
-      case LayerType::residual:
-        walk(l.body);
-        break;
-      default:
-        break;
-    }
-  }
-}
-
 // The per-sample input shape: the data's where loaded, else what the config says it will be.
 std::vector<int64_t> input_shape(const Context& c) {
   if (c.data) return c.data->train.shape;
   return nominal_shape(c.cfg.data);
+}
+
+// The fewest positions any BatchNorm pools per channel and sample, from the shape engine; 0
+// without BatchNorm, or where the model does not fit the input (validate names why).
+int64_t fewest_bn_positions(const Context& c) {
+  try {
+    const int classes = c.data ? c.data->train.classes : 10;  // the classifier's width only
+    const auto p = model_size(c.cfg.model, input_shape(c), classes).batchnorm_positions;
+    return p.empty() ? 0 : *std::min_element(p.begin(), p.end());
+  } catch (const UserError&) {
+    return 0;
+  }
 }
 
 // Training samples per epoch, where known without reading files.
@@ -330,7 +288,7 @@ std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data) {
   c.global = cfg.global_batch();
   c.micro = cfg.micro_batch();
   c.scale = static_cast<double>(c.global) / static_cast<double>(cfg.optimizer.base_batch);
-  c.bn_positions = bn_positions(cfg.model, input_shape(c));
+  c.bn_positions = fewest_bn_positions(c);
   check_reduction(c);
   check_lr_rule(c);
   check_data_order(c);

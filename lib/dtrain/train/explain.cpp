@@ -6,6 +6,7 @@
 #include <map>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/data/data.hpp"
 #include "dtrain/nn/model.hpp"
 #include "dtrain/nn/schedule.hpp"
 
@@ -71,14 +72,15 @@ void check_equivalent_possible(const Config& base, const Config& user) {
         base.train.per_replica_batch, n, n));
 }
 
-bool has_batchnorm(const std::vector<LayerSpec>& layers) {
-  return std::any_of(layers.begin(), layers.end(), [](const LayerSpec& l) {
-    return l.type == LayerType::batchnorm || has_batchnorm(l.body);  // blocks' bodies too
-  });
-}
-
-bool has_batchnorm(const ModelConfig& m) {
-  return has_batchnorm(expand_layers(m));
+// Whether the model has a BatchNorm anywhere (blocks' bodies and projection shortcuts too), as
+// the shape engine builds it for the data's nominal shape; a model that does not fit that shape
+// (validate says why) counts as having one, so that the rung is not skipped on a guess.
+bool has_batchnorm(const Config& c) {
+  try {
+    return !model_size(c.model, nominal_shape(c.data), 10).batchnorm_positions.empty();
+  } catch (const UserError&) {
+    return true;
+  }
 }
 
 // The N-replica run that is by construction the baseline, step for step.
@@ -168,7 +170,7 @@ std::vector<ExplainRung> plan_explain(const Config& base, const Config& user,
     for (const auto& k : keys) next[k] = want.at(k);
     ExplainRung r{name, fmt::format("{}", fmt::join(keys, ", ")), overrides_of(n, next),
                   describe(keys, cur, next)};
-    if (name == "batchnorm" && next != cur && !has_batchnorm(user.model)) {
+    if (name == "batchnorm" && next != cur && !has_batchnorm(user)) {
       r.skipped = true;  // the next rung carries the value: it changes nothing there either
       r.change = fmt::format("{}: the model has no BatchNorm layer, skipped", r.change);
     } else if (next == cur) {

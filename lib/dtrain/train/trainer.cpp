@@ -237,8 +237,7 @@ static void check_gpu_sizes(const Config& cfg, const DataSplit& data) {
   const int64_t rows = buffer_rows(cfg, data);
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::string name = fmt::format("model layer {} ({})", i, layers[i]->describe());
-    check_gpu_tensor(name, rows, layers[i]->in_features());
-    check_gpu_tensor(name, rows, layers[i]->out_features());
+    check_gpu_tensor(name, rows, layers[i]->largest_features());  // a block's inside too
   }
 }
 

@@ -558,12 +558,12 @@ class CpuDevice final : public Device {
 
  public:
   void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
-                       int64_t stride, float* y, int32_t* argmax) override {
-    const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+                       int64_t stride, int64_t pad, float* y, int32_t* argmax) override {
+    const int64_t ho = math::pool_out(h, k, stride, pad), wo = math::pool_out(w, k, stride, pad);
 #pragma omp parallel for num_threads(threads_) if (n * c * h * w >= kParallelMin) schedule(static)
     for (int64_t p = 0; p < n * c; ++p) {
       const float* xp = x + p * h * w;
-      if (k == 2 && stride == 2) {  // the common case, unrolled; same tie rule as below
+      if (k == 2 && stride == 2 && pad == 0) {  // the common case, unrolled; same tie rule
         for (int64_t oi = 0; oi < ho; ++oi) {
           const float* r0 = xp + 2 * oi * w;
           const float* r1 = r0 + w;
@@ -590,7 +590,7 @@ class CpuDevice final : public Device {
       }
       for (int64_t oi = 0; oi < ho; ++oi)
         for (int64_t oj = 0; oj < wo; ++oj) {
-          const math::PoolMax m = math::maxpool_window(xp, w, k, stride, oi, oj);
+          const math::PoolMax m = math::maxpool_window(xp, h, w, k, stride, pad, oi, oj);
           y[(p * ho + oi) * wo + oj] = m.value;
           argmax[(p * ho + oi) * wo + oj] = static_cast<int32_t>(m.index);
         }
@@ -598,8 +598,8 @@ class CpuDevice final : public Device {
   }
 
   void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
-                        int64_t w, int64_t k, int64_t stride, float* dx) override {
-    const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+                        int64_t w, int64_t k, int64_t stride, int64_t pad, float* dx) override {
+    const int64_t ho = math::pool_out(h, k, stride, pad), wo = math::pool_out(w, k, stride, pad);
 #pragma omp parallel for num_threads(threads_) if (n * c * h * w >= kParallelMin) schedule(static)
     for (int64_t p = 0; p < n * c; ++p) {
       float* d = dx + p * h * w;

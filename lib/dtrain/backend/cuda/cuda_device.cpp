@@ -319,20 +319,22 @@ void CudaDevice::gather(const float* src, const int32_t* src_labels, int64_t fea
 }
 
 void CudaDevice::maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
-                                 int64_t k, int64_t stride, float* y, int32_t* argmax) {
-  const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+                                 int64_t k, int64_t stride, int64_t pad, float* y,
+                                 int32_t* argmax) {
+  const int64_t ho = math::pool_out(h, k, stride, pad), wo = math::pool_out(w, k, stride, pad);
   if (n * c * ho * wo == 0) return;
   launch([&](cudaStream_t s) {
-    kernels::maxpool_forward(x, n * c, h, w, k, stride, ho, wo, y, argmax, s);
+    kernels::maxpool_forward(x, n * c, h, w, k, stride, pad, ho, wo, y, argmax, s);
   });
 }
 
 void CudaDevice::maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c,
-                                  int64_t h, int64_t w, int64_t k, int64_t stride, float* dx) {
-  const int64_t ho = (h - k) / stride + 1, wo = (w - k) / stride + 1;
+                                  int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad,
+                                  float* dx) {
+  const int64_t ho = math::pool_out(h, k, stride, pad), wo = math::pool_out(w, k, stride, pad);
   if (n * c * h * w == 0) return;
   launch([&](cudaStream_t s) {
-    kernels::maxpool_backward(dy, argmax, n * c, h, w, k, stride, ho, wo, dx, s);
+    kernels::maxpool_backward(dy, argmax, n * c, h, w, k, stride, pad, ho, wo, dx, s);
   });
 }
 

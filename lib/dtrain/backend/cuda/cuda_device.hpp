@@ -80,9 +80,9 @@ class CudaDevice final : public Device, public DeviceQueue {
   void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
                      float* dw, float* db, float* dx) override;
   void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
-                       int64_t stride, float* y, int32_t* argmax) override;
+                       int64_t stride, int64_t pad, float* y, int32_t* argmax) override;
   void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
-                        int64_t w, int64_t k, int64_t stride, float* dx) override;
+                        int64_t w, int64_t k, int64_t stride, int64_t pad, float* dx) override;
   void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
                        double* moments) override;
   void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,

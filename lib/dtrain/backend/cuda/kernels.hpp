@@ -74,10 +74,11 @@ void dropout_mask(float* mask, size_t n, double p, float keep, Param<uint64_t> s
 // ---- pool.cuh ----
 // `planes` = samples * channels of h x w, output ho x wo.
 void maxpool_forward(const float* x, int64_t planes, int64_t h, int64_t w, int64_t k,
-                     int64_t stride, int64_t ho, int64_t wo, float* y, int32_t* argmax,
-                     cudaStream_t s);
+                     int64_t stride, int64_t pad, int64_t ho, int64_t wo, float* y,
+                     int32_t* argmax, cudaStream_t s);
 void maxpool_backward(const float* dy, const int32_t* argmax, int64_t planes, int64_t h, int64_t w,
-                      int64_t k, int64_t stride, int64_t ho, int64_t wo, float* dx, cudaStream_t s);
+                      int64_t k, int64_t stride, int64_t pad, int64_t ho, int64_t wo, float* dx,
+                      cudaStream_t s);
 
 // ---- batchnorm.cuh (the arguments of the Device functions of the same names) ----
 void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* moments,
