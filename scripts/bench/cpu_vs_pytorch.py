@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""Side-by-side CPU benchmark: dtrain against PyTorch on the quickstart MLP or the small CNN.
+"""Side-by-side CPU benchmark: dtrain against PyTorch on the quickstart MLP, the small CNN, the
+Fashion-MNIST ResNet or ResNet-20 on synthetic 3x32x32 (--model).
 
 At 1 replica dtrain runs against plain PyTorch; at N replicas against PyTorch DDP (gloo) in N
 processes. Both use the same data (preloaded in memory), model, optimizer, LR rule, epochs and
 total thread count. For the CNN, dtrain runs once with each CPU convolution implementation
-(oneDNN and im2col + OpenBLAS), both against the same PyTorch runs. Each pair runs back to back, alternating, --repeats times in one invocation;
-a time is the median epoch time (training only, evaluation excluded) over all epochs of all
-repeats, the speedup is the median of the per-repeat ratios, and accuracies are those of the
-first repeat (both programs are seeded).
+(oneDNN and im2col + OpenBLAS), both against the same PyTorch runs. Each pair runs back to
+back, alternating, --repeats times in one invocation. A time is the steady-state epoch time
+(training only, evaluation excluded: the median of the epochs after the first, where warm-up
+and torch.compile's compilation fall) of each repeat, the median over repeats; the speedup is
+the median of the per-repeat ratios, and accuracies are those of the first repeat (both
+programs are seeded).
 
 Usage: cpu_vs_pytorch.py --dtrain build/apps/dtrain --out results/bench [--epochs 10]
 """
 import argparse
+import csv
 import json
 import os
 import platform
@@ -62,11 +66,19 @@ MODELS = {
                                            "--synthetic=3,32,32", "--train-size=10240",
                                            "--test-size=1024"],
                      title="ResNet-20 (widths 16/32/64) on synthetic 3x32x32",
+                     # Each program draws its own random data: accuracies do not compare.
+                     accuracy=False,
                      recipe="SGD momentum 0.9, lr 0.1 at batch 128, weight decay 5e-4, 1 warmup "
                             "epoch, cosine; 10,240 random samples per epoch"),
 }
 # dtrain's CPU convolution implementations, each measured against the same PyTorch runs.
 CONVS = {"mlp": [None], "cnn": ["onednn", "im2col"], "resnet": ["onednn"], "resnet20": ["onednn"]}
+
+
+def steady(times):
+    """Steady state: the median epoch time after the first (warm-up, compilation), as both
+    programs are timed; the first epoch alone where there is one."""
+    return statistics.median(times[1:]) if len(times) > 1 else times[0]
 
 
 def run_dtrain(binary, model, replicas, batch, scaling, epochs, threads, results, rep, conv):
@@ -80,9 +92,12 @@ def run_dtrain(binary, model, replicas, batch, scaling, epochs, threads, results
            f"train.epochs={epochs}", f"threads={threads}", *MODELS[model]["dtrain"],
            "--results", results, "--tag", tag, "--quiet"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
-    with open(os.path.join(results, experiment, f"{tag}-g{replicas}", "summary.json")) as f:
+    run_dir = os.path.join(results, experiment, f"{tag}-g{replicas}")
+    with open(os.path.join(run_dir, "summary.json")) as f:
         s = json.load(f)
-    return s["median_epoch_time_s"], s["final_test_accuracy"], s["status"], s.get("blas", "?")
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        times = [float(r["epoch_time_s"]) for r in csv.DictReader(f)]
+    return steady(times), s["final_test_accuracy"], s["status"], s.get("blas", "?")
 
 
 def run_torch(model, replicas, batch, scaling, epochs, threads, mode):
@@ -92,7 +107,7 @@ def run_torch(model, replicas, batch, scaling, epochs, threads, mode):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     line = next(l for l in out.splitlines() if l.startswith("SUMMARY "))
     s = json.loads(line[len("SUMMARY "):])
-    return s["median_epoch_time_s"], s["final_test_acc"], s["framework"], s["torch"]
+    return s["steady_epoch_time_s"], s["final_test_acc"], s["framework"], s["torch"]
 
 
 def main():
@@ -157,7 +172,8 @@ def main():
                 cpu=platform.processor() or platform.machine(), cores=os.cpu_count(),
                 threads=args.threads, epochs=args.epochs, torch=torch_version, dtrain_blas=blas,
                 openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"))
-    stem = f"cpu-{args.model}-vs-pytorch"
+    stem = f"cpu-{args.model}-vs-pytorch" + ("" if args.peer_mode == "eager" else
+                                              f"-{args.peer_mode}")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=2)
     lines = [
@@ -167,9 +183,9 @@ def main():
         f"PyTorch {torch_version} from PyPI, {args.epochs} epochs per run, {args.repeats} "
         f"alternating repeats per case. Recipe: configs/{MODELS[args.model]['config']} "
         f"{' '.join(MODELS[args.model]['dtrain'])} ({MODELS[args.model]['recipe']}); PyTorch "
-        f"mode {args.peer_mode}. Times are median epoch times "
-        "(training only) over all repeats; speedup = peer time / dtrain time, the median of "
-        "the per-repeat ratios.",
+        f"mode {args.peer_mode}. Times are steady-state epoch times, training only (the median "
+        "of the epochs after the first, where warm-up and compilation fall), the median over "
+        "repeats; speedup = peer time / dtrain time, the median of the per-repeat ratios.",
         "",
         f"dtrain's BLAS: {blas}; OPENBLAS_CORETYPE={meta['openblas_coretype']}. PyTorch uses "
         "its bundled MKL/oneDNN.",
@@ -179,13 +195,15 @@ def main():
         "delta (pts) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    compare = MODELS[args.model].get("accuracy", True)
     for r in rows:
+        acc = (f"{100*r['dtrain_acc']:.2f}% | {100*r['peer_acc']:.2f}% | "
+               f"{r['acc_delta_points']:+.2f}" if compare else "- | - | -")
         lines.append(f"| {r['replicas']} | {r['batch']} | {r['replicas'] * r['batch']} | "
-                     f"{r['scaling']} | {r['conv']} | {r['peer']} | "
+                     f"{r['scaling']} | {r['conv']} | {r['peer']} ({args.peer_mode}) | "
                      f"{r['dtrain_epoch_s']:.3f} | {r['peer_epoch_s']:.3f} | "
                      f"{r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | "
-                     f"{100*r['dtrain_acc']:.2f}% | "
-                     f"{100*r['peer_acc']:.2f}% | {r['acc_delta_points']:+.2f} |")
+                     f"{acc} |")
     lines += ["", f"Reproduce: `scripts/bench-cpu-vs-pytorch.sh --model {args.model} --epochs "
               f"{args.epochs} --repeats {args.repeats} --peer-mode {args.peer_mode}`", ""]
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
