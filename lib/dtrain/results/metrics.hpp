@@ -3,7 +3,7 @@
 #include <optional>
 #include <vector>
 
-#include "dtrain/train/trainer.hpp"
+#include "dtrain/train/run_types.hpp"
 
 namespace dtrain {
 

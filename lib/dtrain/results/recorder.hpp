@@ -10,7 +10,7 @@
 
 #include "dtrain/base/files.hpp"
 #include "dtrain/config/config.hpp"
-#include "dtrain/train/trainer.hpp"
+#include "dtrain/train/run_types.hpp"
 
 namespace dtrain {
 

@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/train/trainer.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/train/run_types.hpp"
 
 namespace dtrain {
 

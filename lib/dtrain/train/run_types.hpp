@@ -1,0 +1,87 @@
+#pragma once
+// What a training run reports, as plain types: the metrics of an epoch, the run's description,
+// its result, and the observer that hears of its progress. Nothing heavy is included, so the
+// results layer (run folders, tables) reads them without the training loop's headers.
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct EpochMetrics {
+  int epoch = 0;      // 1-based
+  double lr = 0;      // LR at the epoch's first step
+  double lr_end = 0;  // LR at its last step
+  double train_loss = 0, train_acc = 0;
+  double test_loss = 0, test_acc = 0;
+  double epoch_time_s = 0;  // wall time of the training steps (evaluation excluded)
+  double samples_per_s = 0;
+  int64_t samples = 0;
+  // Rank 0's split of epoch_time_s (the rest is loop overhead and the epoch-end stats exchange).
+  double data_s = 0, compute_s = 0, exchange_s = 0, optimizer_s = 0;
+  // The part of exchange_s that compute did not hide (equal to it where the exchange is
+  // synchronous, as on the CPU).
+  double exchange_exposed_s = 0;
+  double eval_s = 0;
+  // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
+  double rank_busy_min_s = 0, rank_busy_max_s = 0;
+  int slowest_rank = 0;
+  // The gradient exchange: bytes all-reduced per optimizer step (the flat gradient buffer) and
+  // the bus bandwidth achieved, busbw = bytes / (exchange_s per step) x 2(n-1)/n (nccl-tests'
+  // definition: comparable across replica counts); NaN with one replica.
+  int64_t exchange_bytes_per_step = 0;
+  double busbw_gbps = std::nan("");
+  // Gradient noise scale so far (moving averages; see noise_scale.hpp), NaN where not measured
+  // (one replica, or train.noise_scale: false).
+  double noise_g2 = std::nan(""), noise_trace = std::nan(""), noise_b_simple = std::nan("");
+};
+
+struct Checkpoint;
+
+struct RunInfo {
+  std::string model;
+  std::string data;
+  std::string devices;  // e.g. "cpu: 4 replicas as threads, 1 BLAS thread each"
+  std::string placement;  // under a launcher: each rank's host and local rank
+  // How the replicas ran: "one replica", "threads" (each its own weights), "shared" (threads
+  // sharing one copy of the weights and optimizer state), "processes" (under a launcher).
+  std::string replica_mode;
+  int64_t steps_per_epoch = 0;
+  int64_t global_batch = 0;
+  int64_t micro_batch = 0;
+  double peak_lr = 0;
+  int64_t param_count = 0;
+  std::string backend = "cpu";  // where the replicas ran: cpu or cuda
+  std::string precision = "fp32";
+  std::string blas;  // the OpenBLAS build and kernel family (see blas_description)
+  int64_t launches_per_step = 0;  // GPU kernels and library calls in one training step
+  std::string cuda_graph;         // "on", or "off: <why>" (empty on the CPU)
+  int64_t cuda_graph_steps = 0;   // steps launched as CUDA graphs (rank 0)
+  // GPU index -> MiB: the most device memory the CUDA backend held at once on each GPU of this
+  // process during the run (see GpuMemoryGauge); empty on the CPU. Known when the run ends.
+  std::map<int, double> peak_device_mib;
+};
+
+enum class RunStatus { done, diverged };
+
+struct TrainResult {
+  RunInfo info;
+  std::vector<EpochMetrics> epochs;
+  std::vector<double> step_losses;  // global mean loss of every optimizer step, in order
+  RunStatus status = RunStatus::done;
+};
+
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_start(const RunInfo&) {}
+  // Called by rank 0 after every optimizer step.
+  virtual void on_step(int /*epoch*/, int64_t /*step*/, int64_t /*steps*/) {}
+  virtual void on_epoch(const EpochMetrics&) {}
+  // Called by rank 0 with the run's state at a step boundary (see checkpoint.hpp).
+  virtual void on_checkpoint(const Checkpoint&) {}
+};
+
+}  // namespace dtrain
