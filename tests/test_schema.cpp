@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -225,4 +227,74 @@ TEST_CASE("report --by an unknown key exits 2 with one line naming it and the va
   CHECK_THAT(r.out, Catch::StartsWith("dtrain: error: --by train.sed: unknown config key (did "
                                       "you mean 'train.seed'?); valid keys: name, backend, gpus"));
   CHECK_THAT(r.out, Catch::Contains("model.batchnorm") && Catch::Contains("optimizer.min_lr"));
+}
+
+namespace {
+
+// The rows of docs/config-reference.md's key table: key -> the default the page gives. A row
+// may name several keys ("`data.mean`, `data.std`"; "`a.b.x`, `.y`" for a sibling) with one
+// default for all or one each.
+std::map<std::string, std::string> documented_defaults() {
+  std::ifstream in(source_dir() + "/docs/config-reference.md");
+  REQUIRE(in);
+  const auto ticked = [](const std::string& cell) {
+    std::vector<std::string> out;
+    for (size_t a = cell.find('`'); a != std::string::npos; a = cell.find('`', a + 1)) {
+      const size_t b = cell.find('`', a + 1);
+      if (b == std::string::npos) break;
+      out.push_back(cell.substr(a + 1, b - a - 1));
+      a = b;
+    }
+    return out;
+  };
+  std::map<std::string, std::string> rows;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const size_t k_end = line.find(" | ", 2), d_end = line.find(" | ", k_end + 3);
+    REQUIRE(d_end != std::string::npos);
+    auto keys = ticked(line.substr(2, k_end - 2));
+    const auto defaults = ticked(line.substr(k_end + 3, d_end - k_end - 3));
+    INFO(line);
+    REQUIRE(!keys.empty());
+    REQUIRE(defaults.size() <= keys.size());
+    REQUIRE((defaults.size() <= 1 || defaults.size() == keys.size()));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i].front() == '.') keys[i] = keys[i - 1].substr(0, keys[i - 1].rfind('.')) + keys[i];
+      // No default in backticks ("(none)"): nothing to compare.
+      rows[keys[i]] = defaults.empty() ? "" : defaults[defaults.size() == 1 ? 0 : i];
+    }
+  }
+  return rows;
+}
+
+// Equal as written, spaces aside ("[256, 128]"), or as numbers (the schema writes 0.9 as
+// 0.90000000000000002).
+bool same_default(std::string doc, std::string schema) {
+  for (std::string* s : {&doc, &schema}) std::erase(*s, ' ');
+  if (doc == schema) return true;
+  char* end = nullptr;
+  const double a = std::strtod(doc.c_str(), &end);
+  if (end == doc.c_str() || *end != '\0') return false;
+  const double b = std::strtod(schema.c_str(), &end);
+  return end != schema.c_str() && *end == '\0' && a == b;
+}
+
+}  // namespace
+
+TEST_CASE("docs/config-reference.md lists every key once, with the schema's default",
+          "[schema][docs]") {
+  const auto documented = documented_defaults();
+  std::set<std::string> keys;
+  for (const KeyInfo& k : schema_keys()) {
+    keys.insert(k.key);
+    INFO(k.key);
+    const auto it = documented.find(k.key);
+    CHECK(it != documented.end());  // a key the reference does not list
+    if (it != documented.end() && !it->second.empty())
+      CHECK(same_default(it->second, k.default_value));
+  }
+  for (const auto& [key, value] : documented) {
+    INFO(key);
+    CHECK(keys.count(key) == 1);  // the reference lists a key the schema does not have
+  }
 }
