@@ -58,74 +58,6 @@ int64_t bounded_product(const std::vector<int64_t>& factors, int64_t cap) {
 
 namespace {
 
-const EnumTable<Precision> kPrecisions = {
-    {"fp32", Precision::fp32}, {"tf32", Precision::tf32}, {"bf16", Precision::bf16}};
-const EnumTable<Backend> kBackends = {
-    {"auto", Backend::auto_}, {"cpu", Backend::cpu}, {"cuda", Backend::cuda}};
-const EnumTable<DatasetKind> kDatasets = {{"fashion-mnist", DatasetKind::fashion_mnist},
-                                          {"mnist", DatasetKind::mnist},
-                                          {"idx", DatasetKind::idx},
-                                          {"synthetic", DatasetKind::synthetic},
-                                          {"cifar10", DatasetKind::cifar10},
-                                          {"cifar100", DatasetKind::cifar100}};
-const EnumTable<Shuffle> kShuffles = {
-    {"sample", Shuffle::sample}, {"batch", Shuffle::batch}, {"none", Shuffle::none}};
-const EnumTable<Sharding> kShardings = {{"interleaved", Sharding::interleaved},
-                                        {"contiguous", Sharding::contiguous}};
-const EnumTable<Activation> kActivations = {{"relu", Activation::relu},
-                                            {"tanh", Activation::tanh},
-                                            {"sigmoid", Activation::sigmoid},
-                                            {"gelu", Activation::gelu}};
-const EnumTable<Reduction> kReductions = {{"mean", Reduction::mean}, {"sum", Reduction::sum}};
-const EnumTable<OptimizerType> kOptimizers = {
-    {"sgd", OptimizerType::sgd}, {"adam", OptimizerType::adam}, {"adamw", OptimizerType::adamw}};
-const EnumTable<LrScaling> kScalings = {
-    {"none", LrScaling::none}, {"linear", LrScaling::linear}, {"sqrt", LrScaling::sqrt}};
-const EnumTable<Schedule> kSchedules = {
-    {"constant", Schedule::constant}, {"step", Schedule::step}, {"cosine", Schedule::cosine}};
-
-const EnumTable<ModelType> kModelTypes = {{"mlp", ModelType::mlp},
-                                          {"lenet5", ModelType::lenet5},
-                                          {"cnn", ModelType::cnn},
-                                          {"layers", ModelType::layers},
-                                          {"resnet", ModelType::resnet}};
-const EnumTable<BatchNormMode> kBatchNormModes = {{"local", BatchNormMode::local},
-                                                  {"sync", BatchNormMode::sync}};
-const EnumTable<ReplicaMode> kReplicaModes = {{"auto", ReplicaMode::auto_},
-                                              {"threads", ReplicaMode::threads},
-                                              {"shared", ReplicaMode::shared}};
-const EnumTable<LayerType> kLayerTypes = {
-    {"dense", LayerType::dense},         {"conv", LayerType::conv},
-    {"maxpool", LayerType::maxpool},     {"global_avg_pool", LayerType::global_avg_pool},
-    {"batchnorm", LayerType::batchnorm}, {"dropout", LayerType::dropout},
-    {"flatten", LayerType::flatten},     {"relu", LayerType::relu},
-    {"tanh", LayerType::tanh},           {"sigmoid", LayerType::sigmoid},
-    {"gelu", LayerType::gelu},           {"residual", LayerType::residual}};
-const EnumTable<Shortcut> kShortcuts = {
-    {"auto", Shortcut::auto_}, {"identity", Shortcut::identity}, {"project", Shortcut::project}};
-const EnumTable<BlockActivation> kBlockActivations = {{"relu", BlockActivation::relu},
-                                                      {"none", BlockActivation::none},
-                                                      {"tanh", BlockActivation::tanh},
-                                                      {"sigmoid", BlockActivation::sigmoid},
-                                                      {"gelu", BlockActivation::gelu}};
-const EnumTable<ResnetStem> kResnetStems = {{"cifar", ResnetStem::cifar},
-                                            {"imagenet", ResnetStem::imagenet}};
-// `true` is how configs before per-channel statistics asked for global ones: still read, never
-// written (to_string gives the first spelling of a value).
-const EnumTable<Normalize> kNormalizes = {{"global", Normalize::global},
-                                          {"channel", Normalize::channel},
-                                          {"false", Normalize::off},
-                                          {"true", Normalize::global}};
-const EnumTable<PaddingMode> kPaddingModes = {{"zero", PaddingMode::zero},
-                                              {"reflect", PaddingMode::reflect}};
-
-template <class E>
-const char* enum_name(const EnumTable<E>& table, E v) {
-  for (const auto& [name, value] : table)
-    if (value == v) return name;
-  return "?";
-}
-
 template <class E>
 std::string enum_choices(const EnumTable<E>& table) {
   std::string s;
@@ -390,8 +322,9 @@ class MapReader {
     for (const auto& e : n) {
       int64_t x = 0;
       if (e.IsScalar() && !decimal(e.Scalar()))
-        fail(key, n, fmt::format("expected a list of integers, found {}{}", show(e),
-                                 octal_note(e.Scalar())));
+        fail(key, n,
+             fmt::format("expected a list of integers, found {}{}", show(e),
+                         octal_note(e.Scalar())));
       try {
         x = e.as<int64_t>();
       } catch (const YAML::Exception&) {
@@ -488,9 +421,10 @@ void check_tree(const YAML::Node& n, TreeWalk& w, int depth = 0) {
       const int line = kv.first.Mark().line + 1;
       const auto [at, fresh] = seen.emplace(kv.first.Scalar(), line);
       if (!fresh)
-        throw UserError(fmt::format("{}:{}: duplicate key '{}' (first given on line {}); give "
-                                    "each key once",
-                                    w.source_name, line, kv.first.Scalar(), at->second));
+        throw UserError(
+            fmt::format("{}:{}: duplicate key '{}' (first given on line {}); give "
+                        "each key once",
+                        w.source_name, line, kv.first.Scalar(), at->second));
       check_tree(kv.second, w, depth + 1);
     }
   } else if (n.IsSequence()) {
@@ -546,18 +480,18 @@ LayerSpec decode_layer(const YAML::Node& n, const std::string& where, const std:
                     place, where));
   }
   bool found = false;
-  for (const auto& [k, v] : kLayerTypes)
+  for (const auto& [k, v] : choices(LayerType{}))
     if (name == k) {
       l.type = v;
       found = true;
     }
   if (!found) {
     std::vector<std::string> names;
-    for (const auto& [k, v] : kLayerTypes) names.push_back(k);
+    for (const auto& [k, v] : choices(LayerType{})) names.push_back(k);
     const auto guess = closest_match(name, names);
     throw UserError(fmt::format("{}: {}: unknown layer '{}'{}; valid: {}", place, where, name,
                                 guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess),
-                                enum_choices(kLayerTypes)));
+                                enum_choices(choices(LayerType{}))));
   }
   // LayerSpec::kernel serves conv (3 by default) and maxpool, whose window defaults to 2.
   if (l.type == LayerType::maxpool) l.kernel = 2;
@@ -611,8 +545,8 @@ void check_batches(const Config& c, const Source& src) {
 
 // model.type resnet: a depth with a known block layout, and one width per stage.
 void check_resnet(const ModelConfig& m, const MapReader& r) {
-  const bool imagenet_depth = m.depth == 18 || m.depth == 34 || m.depth == 50 ||
-                              m.depth == 101 || m.depth == 152;
+  const bool imagenet_depth =
+      m.depth == 18 || m.depth == 34 || m.depth == 50 || m.depth == 101 || m.depth == 152;
   if (!imagenet_depth && (m.depth - 2) % 6 != 0)
     r.fail("depth", r.node("depth"),
            fmt::format("resnet depth {} has no block layout; valid: 18, 34 (basic blocks), 50, "
@@ -808,10 +742,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   // yaml-cpp reads a NUL byte as the end of a string and goes on: the rest of the value would
   // be lost, or worse, become part of a folder name.
   if (const size_t nul = yaml_text.find('\0'); nul != std::string::npos)
-    throw UserError(fmt::format(
-        "{}:{}: holds a NUL byte; a config is UTF-8 text", source_name,
-        1 + std::count(yaml_text.begin(), yaml_text.begin() + static_cast<std::ptrdiff_t>(nul),
-                       '\n')));
+    throw UserError(
+        fmt::format("{}:{}: holds a NUL byte; a config is UTF-8 text", source_name,
+                    1 + std::count(yaml_text.begin(),
+                                   yaml_text.begin() + static_cast<std::ptrdiff_t>(nul), '\n')));
   YAML::Node root;
   try {
     // At most two documents are looked at: yaml-cpp's LoadAll loops forever on some malformed
@@ -1094,122 +1028,6 @@ std::string KeyInfo::valid() const {
       return "a list of layers";
   }
   return "";
-}
-
-const EnumTable<Backend>& choices(Backend) {
-  return kBackends;
-}
-const EnumTable<Precision>& choices(Precision) {
-  return kPrecisions;
-}
-const EnumTable<DatasetKind>& choices(DatasetKind) {
-  return kDatasets;
-}
-const EnumTable<Shuffle>& choices(Shuffle) {
-  return kShuffles;
-}
-const EnumTable<Sharding>& choices(Sharding) {
-  return kShardings;
-}
-const EnumTable<Activation>& choices(Activation) {
-  return kActivations;
-}
-const EnumTable<Reduction>& choices(Reduction) {
-  return kReductions;
-}
-const EnumTable<OptimizerType>& choices(OptimizerType) {
-  return kOptimizers;
-}
-const EnumTable<LrScaling>& choices(LrScaling) {
-  return kScalings;
-}
-const EnumTable<Schedule>& choices(Schedule) {
-  return kSchedules;
-}
-const EnumTable<ModelType>& choices(ModelType) {
-  return kModelTypes;
-}
-const EnumTable<BatchNormMode>& choices(BatchNormMode) {
-  return kBatchNormModes;
-}
-const EnumTable<ReplicaMode>& choices(ReplicaMode) {
-  return kReplicaModes;
-}
-const EnumTable<LayerType>& choices(LayerType) {
-  return kLayerTypes;
-}
-const EnumTable<Shortcut>& choices(Shortcut) {
-  return kShortcuts;
-}
-const EnumTable<BlockActivation>& choices(BlockActivation) {
-  return kBlockActivations;
-}
-const EnumTable<ResnetStem>& choices(ResnetStem) {
-  return kResnetStems;
-}
-const EnumTable<Normalize>& choices(Normalize) {
-  return kNormalizes;
-}
-const EnumTable<PaddingMode>& choices(PaddingMode) {
-  return kPaddingModes;
-}
-
-const char* to_string(Backend v) {
-  return enum_name(kBackends, v);
-}
-const char* to_string(Precision v) {
-  return enum_name(kPrecisions, v);
-}
-const char* to_string(DatasetKind v) {
-  return enum_name(kDatasets, v);
-}
-const char* to_string(Shuffle v) {
-  return enum_name(kShuffles, v);
-}
-const char* to_string(Sharding v) {
-  return enum_name(kShardings, v);
-}
-const char* to_string(Activation v) {
-  return enum_name(kActivations, v);
-}
-const char* to_string(Reduction v) {
-  return enum_name(kReductions, v);
-}
-const char* to_string(OptimizerType v) {
-  return enum_name(kOptimizers, v);
-}
-const char* to_string(LrScaling v) {
-  return enum_name(kScalings, v);
-}
-const char* to_string(Schedule v) {
-  return enum_name(kSchedules, v);
-}
-const char* to_string(ModelType v) {
-  return enum_name(kModelTypes, v);
-}
-const char* to_string(BatchNormMode v) {
-  return enum_name(kBatchNormModes, v);
-}
-const char* to_string(ReplicaMode v) {
-  return enum_name(kReplicaModes, v);
-}
-const char* to_string(LayerType v) {
-  return enum_name(kLayerTypes, v);
-}
-const char* to_string(Shortcut v) {
-  return enum_name(kShortcuts, v);
-}
-const char* to_string(BlockActivation v) {
-  return enum_name(kBlockActivations, v);
-}
-const char* to_string(ResnetStem v) {
-  return enum_name(kResnetStems, v);
-}
-const char* to_string(Normalize v) {
-  return enum_name(kNormalizes, v);
-}
-const char* to_string(PaddingMode v) {
-  return enum_name(kPaddingModes, v);
 }
 
 }  // namespace dtrain

@@ -16,19 +16,92 @@ class Node;
 namespace dtrain {
 
 enum class Backend { auto_, cpu, cuda };
+inline const EnumTable<Backend>& choices(Backend) {
+  static const EnumTable<Backend> names = {
+      {"auto", Backend::auto_}, {"cpu", Backend::cpu}, {"cuda", Backend::cuda}};
+  return names;
+}
+
 enum class DatasetKind { fashion_mnist, mnist, idx, synthetic, cifar10, cifar100 };
+inline const EnumTable<DatasetKind>& choices(DatasetKind) {
+  static const EnumTable<DatasetKind> names = {{"fashion-mnist", DatasetKind::fashion_mnist},
+                                               {"mnist", DatasetKind::mnist},
+                                               {"idx", DatasetKind::idx},
+                                               {"synthetic", DatasetKind::synthetic},
+                                               {"cifar10", DatasetKind::cifar10},
+                                               {"cifar100", DatasetKind::cifar100}};
+  return names;
+}
+
 enum class Shuffle { sample, batch, none };
+inline const EnumTable<Shuffle>& choices(Shuffle) {
+  static const EnumTable<Shuffle> names = {
+      {"sample", Shuffle::sample}, {"batch", Shuffle::batch}, {"none", Shuffle::none}};
+  return names;
+}
+
 enum class Sharding { interleaved, contiguous };
+inline const EnumTable<Sharding>& choices(Sharding) {
+  static const EnumTable<Sharding> names = {{"interleaved", Sharding::interleaved},
+                                            {"contiguous", Sharding::contiguous}};
+  return names;
+}
+
 enum class Reduction { mean, sum };
+inline const EnumTable<Reduction>& choices(Reduction) {
+  static const EnumTable<Reduction> names = {{"mean", Reduction::mean}, {"sum", Reduction::sum}};
+  return names;
+}
+
 enum class OptimizerType { sgd, adam, adamw };
+inline const EnumTable<OptimizerType>& choices(OptimizerType) {
+  static const EnumTable<OptimizerType> names = {
+      {"sgd", OptimizerType::sgd}, {"adam", OptimizerType::adam}, {"adamw", OptimizerType::adamw}};
+  return names;
+}
+
 enum class LrScaling { none, linear, sqrt };
+inline const EnumTable<LrScaling>& choices(LrScaling) {
+  static const EnumTable<LrScaling> names = {
+      {"none", LrScaling::none}, {"linear", LrScaling::linear}, {"sqrt", LrScaling::sqrt}};
+  return names;
+}
+
 enum class Schedule { constant, step, cosine };
+inline const EnumTable<Schedule>& choices(Schedule) {
+  static const EnumTable<Schedule> names = {
+      {"constant", Schedule::constant}, {"step", Schedule::step}, {"cosine", Schedule::cosine}};
+  return names;
+}
+
 enum class ModelType { mlp, lenet5, cnn, layers, resnet };
+inline const EnumTable<ModelType>& choices(ModelType) {
+  static const EnumTable<ModelType> names = {{"mlp", ModelType::mlp},
+                                             {"lenet5", ModelType::lenet5},
+                                             {"cnn", ModelType::cnn},
+                                             {"layers", ModelType::layers},
+                                             {"resnet", ModelType::resnet}};
+  return names;
+}
+
 enum class BatchNormMode { local, sync };
+inline const EnumTable<BatchNormMode>& choices(BatchNormMode) {
+  static const EnumTable<BatchNormMode> names = {{"local", BatchNormMode::local},
+                                                 {"sync", BatchNormMode::sync}};
+  return names;
+}
+
 // How in-process replicas hold the model: each its own copy (threads), or one copy of the
 // weights and optimizer state for all (shared); auto picks shared for CPU replicas. Replicas
 // colocated on one GPU share only when asked (shares_weights in trainer.hpp).
 enum class ReplicaMode { auto_, threads, shared };
+inline const EnumTable<ReplicaMode>& choices(ReplicaMode) {
+  static const EnumTable<ReplicaMode> names = {{"auto", ReplicaMode::auto_},
+                                               {"threads", ReplicaMode::threads},
+                                               {"shared", ReplicaMode::shared}};
+  return names;
+}
+
 enum class LayerType {
   dense,
   conv,
@@ -43,20 +116,67 @@ enum class LayerType {
   gelu,
   residual
 };
+inline const EnumTable<LayerType>& choices(LayerType) {
+  static const EnumTable<LayerType> names = {
+      {"dense", LayerType::dense},         {"conv", LayerType::conv},
+      {"maxpool", LayerType::maxpool},     {"global_avg_pool", LayerType::global_avg_pool},
+      {"batchnorm", LayerType::batchnorm}, {"dropout", LayerType::dropout},
+      {"flatten", LayerType::flatten},     {"relu", LayerType::relu},
+      {"tanh", LayerType::tanh},           {"sigmoid", LayerType::sigmoid},
+      {"gelu", LayerType::gelu},           {"residual", LayerType::residual}};
+  return names;
+}
+
 // A residual block's shortcut: the input itself, a 1x1 strided conv (no bias) and BatchNorm,
 // or whichever of the two fits the body's output (identity where the shapes match).
 enum class Shortcut { auto_, identity, project };
+inline const EnumTable<Shortcut>& choices(Shortcut) {
+  static const EnumTable<Shortcut> names = {
+      {"auto", Shortcut::auto_}, {"identity", Shortcut::identity}, {"project", Shortcut::project}};
+  return names;
+}
+
 // What follows a residual block's sum (none: the sum itself).
 enum class BlockActivation { relu, none, tanh, sigmoid, gelu };
+inline const EnumTable<BlockActivation>& choices(BlockActivation) {
+  static const EnumTable<BlockActivation> names = {{"relu", BlockActivation::relu},
+                                                   {"none", BlockActivation::none},
+                                                   {"tanh", BlockActivation::tanh},
+                                                   {"sigmoid", BlockActivation::sigmoid},
+                                                   {"gelu", BlockActivation::gelu}};
+  return names;
+}
+
 // The first layers of a ResNet: cifar (3x3 conv, stride 1) or imagenet (7x7 conv, stride 2,
 // then a 3x3 max pool of stride 2).
 enum class ResnetStem { cifar, imagenet };
+inline const EnumTable<ResnetStem>& choices(ResnetStem) {
+  static const EnumTable<ResnetStem> names = {{"cifar", ResnetStem::cifar},
+                                              {"imagenet", ResnetStem::imagenet}};
+  return names;
+}
+
 // data.normalize: none (pixels in [0,1]), one mean and std over all features (global), or one
 // per channel of C x H x W images (channel).
 enum class Normalize { off, global, channel };
+// `true` is how configs before per-channel statistics asked for global ones: still read, never
+// written (to_string gives the first spelling of a value).
+inline const EnumTable<Normalize>& choices(Normalize) {
+  static const EnumTable<Normalize> names = {{"global", Normalize::global},
+                                             {"channel", Normalize::channel},
+                                             {"false", Normalize::off},
+                                             {"true", Normalize::global}};
+  return names;
+}
+
 // What a random crop reads outside the image: zeros, or the image mirrored at its edge
 // (without repeating the edge pixel, as numpy's and PyTorch's reflect).
 enum class PaddingMode { zero, reflect };
+inline const EnumTable<PaddingMode>& choices(PaddingMode) {
+  static const EnumTable<PaddingMode> names = {{"zero", PaddingMode::zero},
+                                               {"reflect", PaddingMode::reflect}};
+  return names;
+}
 
 struct SyntheticConfig {
   int64_t train_size = 4096;
@@ -88,8 +208,8 @@ struct DataConfig {
   // (global). Empty: computed from the training set.
   std::vector<double> mean;
   std::vector<double> stddev;
-  int64_t train_limit = 0;     // use only the first N training samples (0 = all)
-  int64_t test_limit = 0;      // use only the first N test samples (0 = all)
+  int64_t train_limit = 0;  // use only the first N training samples (0 = all)
+  int64_t test_limit = 0;   // use only the first N test samples (0 = all)
   SyntheticConfig synthetic;
   AugmentConfig augment;
 };
@@ -97,13 +217,13 @@ struct DataConfig {
 // One entry of `model.layers` (type: layers). Fields a type does not use stay at defaults.
 struct LayerSpec {
   LayerType type = LayerType::relu;
-  int64_t units = 0;     // dense
-  int64_t channels = 0;  // conv
-  int64_t kernel = 3;    // conv, maxpool (window)
-  int64_t stride = 0;    // conv (0 = 1), maxpool (0 = the window)
-  int64_t padding = 0;   // conv, maxpool
-  bool bias = true;      // conv
-  double p = 0.5;        // dropout
+  int64_t units = 0;                                   // dense
+  int64_t channels = 0;                                // conv
+  int64_t kernel = 3;                                  // conv, maxpool (window)
+  int64_t stride = 0;                                  // conv (0 = 1), maxpool (0 = the window)
+  int64_t padding = 0;                                 // conv, maxpool
+  bool bias = true;                                    // conv
+  double p = 0.5;                                      // dropout
   std::vector<LayerSpec> body;                         // residual
   Shortcut shortcut = Shortcut::auto_;                 // residual
   BlockActivation activation = BlockActivation::relu;  // residual
@@ -213,25 +333,6 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 
 // Every value in force, defaults included, as YAML that load_config reads back to the same Config.
 std::string to_yaml(const Config& c);
-
-// Names for enums (the same spelling the YAML uses).
-const char* to_string(Backend v);
-const char* to_string(DatasetKind v);
-const char* to_string(Shuffle v);
-const char* to_string(Sharding v);
-const char* to_string(Reduction v);
-const char* to_string(OptimizerType v);
-const char* to_string(LrScaling v);
-const char* to_string(Schedule v);
-const char* to_string(ModelType v);
-const char* to_string(BatchNormMode v);
-const char* to_string(ReplicaMode v);
-const char* to_string(LayerType v);
-const char* to_string(Shortcut v);
-const char* to_string(BlockActivation v);
-const char* to_string(ResnetStem v);
-const char* to_string(Normalize v);
-const char* to_string(PaddingMode v);
 
 // Closest candidate by edit distance, or "" when nothing is close.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);

@@ -69,30 +69,6 @@ struct Key {
   }
 };
 
-template <class E>
-using EnumTable = std::vector<std::pair<const char*, E>>;
-
-// The YAML spellings of each enum, in the order error messages list them.
-const EnumTable<Backend>& choices(Backend);
-const EnumTable<Precision>& choices(Precision);
-const EnumTable<DatasetKind>& choices(DatasetKind);
-const EnumTable<Shuffle>& choices(Shuffle);
-const EnumTable<Sharding>& choices(Sharding);
-const EnumTable<Activation>& choices(Activation);
-const EnumTable<Reduction>& choices(Reduction);
-const EnumTable<OptimizerType>& choices(OptimizerType);
-const EnumTable<LrScaling>& choices(LrScaling);
-const EnumTable<Schedule>& choices(Schedule);
-const EnumTable<ModelType>& choices(ModelType);
-const EnumTable<BatchNormMode>& choices(BatchNormMode);
-const EnumTable<ReplicaMode>& choices(ReplicaMode);
-const EnumTable<LayerType>& choices(LayerType);
-const EnumTable<Shortcut>& choices(Shortcut);
-const EnumTable<BlockActivation>& choices(BlockActivation);
-const EnumTable<ResnetStem>& choices(ResnetStem);
-const EnumTable<Normalize>& choices(Normalize);
-const EnumTable<PaddingMode>& choices(PaddingMode);
-
 // nullptr for a name that can be the experiment's folder, else what a name must be.
 const char* folder_name_rule(const std::string& name);
 // A byte below 0x20 or DEL: never in a name or tag that becomes a folder or file name.
