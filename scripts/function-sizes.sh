@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The longest functions in lib/dtrain (Universal Ctags finds where each begins and ends).
+# The longest functions in DIR, lib/dtrain by default (Universal Ctags finds where each begins
+# and ends). The tests run it on lib/dtrain and on apps/dtrain.
 # Usage: scripts/function-sizes.sh [--top N] [--limit L] [DIR]
 # Prints the N longest (default 10) as "lines  file:line  name"; exits 1 when one is longer
 # than L lines (default 80), naming each.
@@ -10,7 +11,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --top) top=$2; shift 2 ;;
     --limit) limit=$2; shift 2 ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
     *) dir=$1; shift ;;
   esac
 done

@@ -12,7 +12,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "commands.hpp"
@@ -26,6 +25,7 @@
 #include "dtrain/config/schema.hpp"
 #include "dtrain/results/recorder.hpp"
 #include "dtrain/results/report.hpp"
+#include "dtrain/results/sweep.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/doctor.hpp"
 #include "dtrain/train/trainer.hpp"
@@ -149,19 +149,6 @@ std::string move_aside(const std::string& dir, const std::string& why) {
   return dest.string();
 }
 
-// A resolved config as --resume compares it: without `replicas`, which never changes a bit of
-// the results (and which run folders written before the key existed lack). Text that does not
-// read as a config is compared as it is.
-std::string resume_identity(const std::string& yaml) {
-  try {
-    Config c = parse_config(yaml, "config.resolved.yaml");
-    c.replicas = ReplicaMode::auto_;
-    return to_yaml(c);
-  } catch (const UserError&) {
-    return yaml;
-  }
-}
-
 // The checkpoint of an unfinished run folder that this run can continue from: none if it has
 // none or it belongs to another config (then the run starts over, and says so).
 // The folder's own config is compared first (a folder of another config, or whose config no
@@ -185,31 +172,7 @@ std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg) {
 std::string differs_from_finished(const std::string& dir, const Config& cfg) {
   const auto had = try_read_own_file((fs::path(dir) / "config.resolved.yaml").string(),
                                      kMaxConfigBytes);
-  if (!had)
-    return fmt::format("{}: --resume: this finished run has no config.resolved.yaml to compare "
-                       "with; pick a new --tag",
-                       dir);
-  const std::string want = resume_identity(to_yaml(cfg));
-  if (resume_identity(*had) == want) return "";
-  // Name the first line that differs (a key of the resolved config), or the end of one.
-  std::istringstream a(resume_identity(*had)), b(want);
-  std::string la, lb;
-  for (;;) {
-    const bool more_a = static_cast<bool>(std::getline(a, la));
-    const bool more_b = static_cast<bool>(std::getline(b, lb));
-    if (!more_a) la = "(end of file)";
-    if (!more_b) lb = "(end of file)";
-    if (!more_a || !more_b || la != lb) break;
-  }
-  const auto trim = [](std::string& t) {
-    t.erase(0, t.find_first_not_of(' '));
-  };
-  trim(la);
-  trim(lb);
-  return fmt::format(
-      "{}: --resume: this run finished with another config (it has '{}', this command asks "
-      "for '{}'); pick a new --tag to run the changed experiment",
-      dir, la, lb);
+  return config_differs(dir, had, cfg);
 }
 
 struct IndexRow {
@@ -277,7 +240,7 @@ std::vector<std::string> index_dirs(const fs::path& exp, const std::vector<Index
 bool finished_meanwhile(bool leader, bool multi, const std::string& status,
                         const std::string& dir, const Config& cfg) {
   std::string verdict = "0";
-  if (leader && (status == "done" || status == "diverged")) {
+  if (leader && run_finished(status)) {
     const std::string why = differs_from_finished(dir, cfg);
     verdict = why.empty() ? "1" : "E" + why;
   }
@@ -288,236 +251,321 @@ bool finished_meanwhile(bool leader, bool multi, const std::string& status,
   return verdict == "1";
 }
 
-}  // namespace
+// One command's runs as planned: the same on every rank, but for what rank 0 alone reads of
+// the results folder (and then shares).
+struct Sweep {
+  bool multi = false;  // under mpirun/srun: one replica per process
+  bool leader = true;  // rank 0, or the only process: it alone touches the results folder
+  std::string tag;
+  std::vector<PlannedRun> runs;
+  std::vector<std::string> dirs;  // each run's folder
+  std::vector<bool> skip;         // finished already, under --resume
+  std::vector<IndexRow> index;    // each run's row in its experiment's index, status current
+};
 
-int run_run(const RunOptions& opt) {
-  // Under mpirun/srun every process runs this function; rank 0 alone touches the results folder.
-  const bool multi = mpi::initialized();
-  const bool leader = !multi || mpi::rank() == 0;
-  set_verbosity(opt.quiet || !leader);
+// The runs of this command, checked against the launcher's process count.
+Sweep plan_sweep(const RunOptions& opt) {
+  // Under mpirun/srun every process runs this command; rank 0 alone touches the results folder.
+  Sweep s;
+  s.multi = mpi::initialized();
+  s.leader = !s.multi || mpi::rank() == 0;
+  set_verbosity(opt.quiet || !s.leader);
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
-  const std::string tag = folder_tag(opt.tag, default_tag());
-  const auto runs = plan_runs(opt.config, opt.overrides);
-
-  if (multi)
-    for (const auto& r : runs)
+  s.tag = folder_tag(opt.tag, default_tag());
+  s.runs = plan_runs(opt.config, opt.overrides);
+  if (s.multi)
+    for (const auto& r : s.runs)
       if (r.config.gpus != mpi::size())
         throw UserError(fmt::format(
             "gpus={} but the launcher started {} processes; dtrain runs one replica per "
             "process, so set gpus={} or start {} processes",
             r.config.gpus, mpi::size(), mpi::size(), r.config.gpus));
+  return s;
+}
 
-  // Everything that can be checked is checked before the first step of the first run.
-  std::vector<std::string> dirs;
-  std::vector<bool> skip(runs.size(), false);
-  std::vector<IndexRow> index;
-  std::string fs_error;
-  for (size_t i = 0; i < runs.size() && fs_error.empty(); ++i) {
-    const auto& r = runs[i];
-    const auto dir = (fs::path(opt.results) / r.config.name / run_id(tag, r)).string();
-    for (const auto& d : dirs)
-      if (d == dir) throw UserError(fmt::format("two runs of this command map to {}", dir));
+// A run's row in its experiment's index before any run starts.
+IndexRow index_row(const std::string& tag, const PlannedRun& r, const std::string& dir,
+                   const std::string& status) {
+  std::string ov;
+  for (const auto& o : r.overrides) ov += (ov.empty() ? "" : " ") + o.text();
+  return {run_id(tag, r), status, r.group, ov, dir, r.config.gpus};
+}
+
+// Each run's folder, and what rank 0 finds there: a finished run that --resume skips, or why
+// the command is refused (returned, "" if it is not). Everything that can be checked is checked
+// before the first step of the first run; the first refusal ends the planning.
+std::string plan_folders(const RunOptions& opt, Sweep& s) {
+  std::string refusal;
+  s.skip.assign(s.runs.size(), false);
+  for (size_t i = 0; i < s.runs.size() && refusal.empty(); ++i) {
+    const auto& r = s.runs[i];
+    const auto dir = (fs::path(opt.results) / r.config.name / run_id(s.tag, r)).string();
+    check_distinct(dir, s.dirs);
     const std::string status = read_run_status(dir);
-    if (leader && fs::exists(dir)) {
-      if (!opt.resume)
-        fs_error = fmt::format(
-            "{}: run folder already exists; runs are never overwritten (pick another --tag or "
-            "--results folder, or pass --resume)",
-            dir);
-      else if (const long pid = RunLock::holder(dir))
-        fs_error = fmt::format(
-            "{}: another dtrain process{} is writing this run; wait for it to finish", dir,
-            pid > 0 ? fmt::format(" (pid {})", pid) : "");
-      skip[i] = status == "done" || status == "diverged";
-      // A finished run is only reused for the same experiment, never for a changed one.
-      if (skip[i] && fs_error.empty()) fs_error = differs_from_finished(dir, r.config);
-    }
-    std::string ov;
-    for (const auto& o : r.overrides) ov += (ov.empty() ? "" : " ") + o.text();
-    index.push_back(
-        {run_id(tag, r), skip[i] ? status : "pending", r.group, ov, dir, r.config.gpus});
-    dirs.push_back(dir);
+    FolderFound found;
+    if (s.leader && fs::exists(dir)) found = {true, status, opt.resume ? RunLock::holder(dir) : 0};
+    const FolderPlan plan = plan_folder(dir, found, opt.resume);
+    s.skip[i] = plan.skip;
+    refusal = plan.compare ? differs_from_finished(dir, r.config) : plan.refusal;
+    s.index.push_back(index_row(s.tag, r, dir, s.skip[i] ? status : "pending"));
+    s.dirs.push_back(dir);
   }
-  if (multi) {
-    // Rank 0's view of the results folder decides for everyone.
-    std::string decision = fs_error.empty() ? "" : "E" + fs_error;
-    if (decision.empty())
-      for (bool b : skip) decision += b ? '1' : '0';
-    mpi::broadcast(decision);
-    if (!decision.empty() && decision[0] == 'E')
-      fs_error = decision.substr(1);
-    else
-      for (size_t i = 0; i < skip.size(); ++i) skip[i] = decision[i] == '1';
-  }
-  if (!fs_error.empty()) throw UserError(fs_error);
-  // One data set in memory at a time: a sweep over data settings (train_limit, seeds of
-  // synthetic data) would otherwise hold a copy per value. Every run's plan is checked before the
-  // first starts, each data set loaded once for that; a run whose data differs from the one
-  // before it loads its own again.
-  std::unique_ptr<DataSplit> held;
-  std::string held_key;
-  auto data_for = [&](const Config& c) -> const DataSplit& {
-    const std::string key = data_key(c);
-    if (!held || held_key != key) {
-      held.reset();
-      log().info("loading data ({})", to_string(c.data.dataset));
-      held = std::make_unique<DataSplit>(load_data(c.data, c.train.seed));
-      held_key = key;
-    }
-    return *held;
-  };
-  {
-    std::map<std::string, std::vector<size_t>> by_data;  // the runs of each data set
-    std::string first_key;
-    for (size_t i = 0; i < runs.size(); ++i)
-      if (!skip[i]) {
-        by_data[data_key(runs[i].config)].push_back(i);
-        if (first_key.empty()) first_key = data_key(runs[i].config);
-      }
-    // The first run's data last, so that it stays loaded for that run.
-    std::vector<std::string> order;
-    for (const auto& [key, ids] : by_data)
-      if (key != first_key) order.push_back(key);
-    if (!first_key.empty()) order.push_back(first_key);
-    for (const auto& key : order)
-      for (size_t i : by_data[key]) check_plan(runs[i].config, data_for(runs[i].config));
-  }
-  // One index per experiment: every run of the tag with its current status, the earlier
-  // commands' rows read once here.
-  const auto index_path = [&](const std::string& name) {
-    return (fs::path(opt.results) / name / ("index-" + tag + ".csv")).string();
-  };
-  std::map<std::string, std::vector<IndexRow>> earlier_rows;
-  if (leader)
-    for (const auto& r : runs)
-      if (!earlier_rows.count(r.config.name))
-        earlier_rows[r.config.name] = read_index(index_path(r.config.name));
-  const auto tag_index = [&](const std::string& name) {
-    std::vector<IndexRow> mine;
-    for (size_t i = 0; i < runs.size(); ++i)
-      if (runs[i].config.name == name) mine.push_back(index[i]);
-    return merge_index(earlier_rows[name], mine);
-  };
-  auto save_index = [&] {
-    if (!leader) return;
-    for (const auto& exp : earlier_rows) {
-      ensure_dir((fs::path(opt.results) / exp.first).string(), "results");
-      write_index(index_path(exp.first), tag_index(exp.first));
-    }
-  };
-  save_index();
+  return refusal;
+}
 
+// Rank 0's view of the results folder decides for everyone: its refusal, or the runs it skips.
+void share_decisions_across_ranks(Sweep& s, std::string& refusal) {
+  if (!s.multi) return;
+  std::string decisions = encode_decisions(refusal, s.skip);
+  mpi::broadcast(decisions);
+  decode_decisions(decisions, refusal, s.skip);
+}
+
+// One data set in memory at a time: a sweep over data settings (train_limit, seeds of
+// synthetic data) would otherwise hold a copy per value. A run whose data differs from the one
+// before it loads its own again.
+class HeldData {
+ public:
+  const DataSplit& get(const Config& c) {
+    const std::string key = data_key(c);
+    if (!held_ || key_ != key) {
+      held_.reset();
+      log().info("loading data ({})", to_string(c.data.dataset));
+      held_ = std::make_unique<DataSplit>(load_data(c.data, c.train.seed));
+      key_ = key;
+    }
+    return *held_;
+  }
+
+ private:
+  std::unique_ptr<DataSplit> held_;
+  std::string key_;
+};
+
+// Every run's plan is checked before the first starts, each data set loaded once for that: the
+// first run's data last, so that it stays loaded for that run.
+void check_plans(const Sweep& s, HeldData& data) {
+  std::map<std::string, std::vector<size_t>> by_data;  // the runs of each data set
+  std::string first_key;
+  for (size_t i = 0; i < s.runs.size(); ++i)
+    if (!s.skip[i]) {
+      by_data[data_key(s.runs[i].config)].push_back(i);
+      if (first_key.empty()) first_key = data_key(s.runs[i].config);
+    }
+  std::vector<std::string> order;
+  for (const auto& [key, ids] : by_data)
+    if (key != first_key) order.push_back(key);
+  if (!first_key.empty()) order.push_back(first_key);
+  for (const auto& key : order)
+    for (size_t i : by_data[key]) check_plan(s.runs[i].config, data.get(s.runs[i].config));
+}
+
+// One index per experiment: every run of the tag with its current status (the sweep's rows),
+// the earlier commands' rows read once, when this is made. Rank 0's alone.
+class TagIndex {
+ public:
+  TagIndex(const std::string& results, const Sweep& s) : results_(results), s_(s) {
+    if (s.leader)
+      for (const auto& r : s.runs)
+        if (!earlier_.count(r.config.name))
+          earlier_[r.config.name] = read_index(path(r.config.name));
+  }
+  std::vector<std::string> experiments() const {
+    std::vector<std::string> names;
+    for (const auto& exp : earlier_) names.push_back(exp.first);
+    return names;
+  }
+  std::vector<IndexRow> rows(const std::string& name) const {
+    std::vector<IndexRow> mine;
+    for (size_t i = 0; i < s_.runs.size(); ++i)
+      if (s_.runs[i].config.name == name) mine.push_back(s_.index[i]);
+    return merge_index(earlier_.at(name), mine);
+  }
+  void save() const {
+    if (!s_.leader) return;
+    for (const auto& exp : earlier_) {
+      ensure_dir((fs::path(results_) / exp.first).string(), "results");
+      write_index(path(exp.first), rows(exp.first));
+    }
+  }
+
+ private:
+  std::string path(const std::string& name) const {
+    return (fs::path(results_) / name / ("index-" + s_.tag + ".csv")).string();
+  }
+  std::string results_;
+  const Sweep& s_;
+  std::map<std::string, std::vector<IndexRow>> earlier_;
+};
+
+// What one run holds while it trains, released (in reverse order) once its row is saved. The
+// lock, held for the whole run: no other command writes, moves or resumes this folder
+// meanwhile, and every decision about the folder is taken under it, from what it holds now.
+struct RunHold {
+  std::string earlier;  // the folder's status when the lock was taken (rank 0)
+  std::unique_ptr<RunLock> lock;
+  std::unique_ptr<RunRecorder> rec;
+  std::unique_ptr<Communicator> comm;
+  std::optional<Checkpoint> resume_from;
+};
+
+// Rank 0 takes run i's folder and looks again: true if another command finished the run
+// since this one planned it (under --resume; then it is skipped).
+bool finished_since_planned(const RunOptions& opt, Sweep& s, size_t i, RunHold& h) {
+  if (s.leader) {
+    h.lock = std::make_unique<RunLock>(s.dirs[i]);
+    h.earlier = read_run_status(s.dirs[i], /*held_here=*/true);
+  }
+  if (!opt.resume || !finished_meanwhile(s.leader, s.multi, h.earlier, s.dirs[i], s.runs[i].config))
+    return false;
+  s.index[i].status = h.earlier;
+  return true;
+}
+
+// Under --resume rank 0 moves an unfinished folder aside, with the checkpoint this run
+// continues from if it has one, and every rank continues from rank 0's; then the run's
+// folder is made.
+void open_folder(const RunOptions& opt, const Sweep& s, size_t i, RunHold& h) {
+  const auto& r = s.runs[i];
+  std::string attempt;
+  if (s.leader && opt.resume && fs::exists(s.dirs[i])) {
+    h.resume_from = resumable(s.dirs[i], r.config);  // a damaged one stops here, nothing moved
+    attempt = move_aside(s.dirs[i], unfinished_as(h.earlier));
+  }
+  if (s.multi) {  // every rank continues from rank 0's checkpoint
+    std::string bytes = h.resume_from ? encode_checkpoint(*h.resume_from) : "";
+    mpi::broadcast(bytes);
+    if (!s.leader && !bytes.empty())
+      h.resume_from = decode_checkpoint(bytes, "rank 0's checkpoint");
+  }
+  if (s.runs.size() > 1) log().info("=== run {}/{} ===", i + 1, s.runs.size());
+  if (s.leader)
+    h.rec =
+        std::make_unique<RunRecorder>(s.dirs[i], run_id(s.tag, r), r.group, r.config, r.overrides);
+  if (h.rec && h.resume_from) {
+    h.rec->resume(*h.resume_from);  // saved in the new folder before the old copy goes
+    std::error_code ec;
+    fs::remove(checkpoint_path(attempt), ec);
+  }
+}
+
+// Trains run i in its open folder, its status in the index `running` meanwhile.
+void train_in_folder(Sweep& s, size_t i, const DataSplit& data, RunHold& h, const TagIndex& index) {
+  const auto& r = s.runs[i];
+  // The known pitfalls of this config, in the run's log (dtrain doctor prints the same).
+  if (s.leader)
+    for (const auto& f : diagnose(r.config, &data)) log().warn("{}", to_line(f));
+  s.index[i].status = "running";
+  index.save();
+  TrainResult result;
+  const Checkpoint* from = h.resume_from ? &*h.resume_from : nullptr;
+  if (s.multi) {
+    h.comm = mpi::world(r.config.train.collective_timeout_s);
+    const LastWord last_word(h.rec.get(), run_id(s.tag, r));
+    result = train_rank(r.config, data, *h.comm, h.rec.get(), from);
+  } else {
+    result = train(r.config, data, h.rec.get(), from);
+  }
+  if (h.rec) h.rec->finish(result);
+  s.index[i].status = result.status == RunStatus::diverged ? "diverged" : "done";
+}
+
+// Every rank stopped at the same step, after the checkpoint was written.
+void record_interrupt(const RunOptions& opt, Sweep& s, size_t i, const RunHold& h,
+                      const Interrupted& e) {
+  if (h.rec) {
+    h.rec->interrupt(e.what());
+    log().warn("to continue: the same command with --resume --tag {}",
+               opt.resume_tag.empty() ? s.tag : opt.resume_tag);
+  }
+  s.index[i].status = "interrupted";
+}
+
+// Run i failed on this process. Rank 0 records the failure first: when a peer died, the
+// launcher is about to kill every rank, and telling the others may take a moment. Under a
+// launcher the job ends here.
+void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
+                    const std::exception& e) {
+  if (h.rec) h.rec->fail(e.what());
+  // Failed before this command wrote the folder (another process holds it, a damaged
+  // checkpoint, a run finished meanwhile with another config): the folder's own status
+  // stands; a run with no folder yet failed here.
+  const std::string on_disk =
+      !h.rec && s.leader ? read_run_status(s.dirs[i], /*held_here=*/h.lock != nullptr) : "";
+  s.index[i].status = on_disk.empty() ? "failed" : on_disk;
+  index.save();
+  const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
+  if (s.multi && h.comm && !remote) h.comm->abort(e.what());  // then tell the other ranks
+  if (s.multi) {
+    // A rank's failure ends the job: rank 0 has recorded it; every process exits now.
+    std::fprintf(stderr, "dtrain: rank %d: run %s failed: %s\n", mpi::rank(),
+                 run_id(s.tag, s.runs[i]).c_str(), e.what());
+    mpi::end_job_after_failure(1);
+  }
+  log().error("run {} failed: {}", run_id(s.tag, s.runs[i]), e.what());
+}
+
+enum class Outcome { trained, skipped, failed, interrupted };
+
+// Run i from taking its folder to its row saved in the index; a user mistake ends the command.
+Outcome train_one(const RunOptions& opt, Sweep& s, size_t i, HeldData& data,
+                  const TagIndex& index) {
+  RunHold h;
+  Outcome outcome = Outcome::trained;
+  // The leader's setup is inside the try as well: under mpirun a leader that fails here (a
+  // full disk, say) must end the job, not leave the other ranks waiting in a collective.
+  try {
+    if (finished_since_planned(opt, s, i, h)) {
+      index.save();
+      return Outcome::skipped;
+    }
+    // A run whose data differs from the one before it loads its own; a failure there is
+    // this run's, recorded like any other.
+    const DataSplit& d = data.get(s.runs[i].config);
+    open_folder(opt, s, i, h);
+    train_in_folder(s, i, d, h, index);
+  } catch (const Interrupted& e) {
+    record_interrupt(opt, s, i, h, e);
+    index.save();
+    return Outcome::interrupted;
+  } catch (const std::exception& e) {
+    record_failure(s, i, h, index, e);
+    if (dynamic_cast<const UserError*>(&e)) throw;
+    outcome = Outcome::failed;
+  }
+  index.save();
+  return outcome;
+}
+
+struct Tally {
   int failed = 0, skipped = 0;
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const auto& r = runs[i];
+};
+
+// The runs in order, until the first interrupted one (or a stop between two).
+Tally train_each_run(const RunOptions& opt, Sweep& s, HeldData& data, const TagIndex& index) {
+  Tally t;
+  for (size_t i = 0; i < s.runs.size(); ++i) {
     if (stop_requested()) break;
-    if (skip[i]) {
-      log().info("resume: {} is {} already; skipped", run_id(tag, r), index[i].status);
-      ++skipped;
+    if (s.skip[i]) {
+      log().info("resume: {} is {} already; skipped", run_id(s.tag, s.runs[i]), s.index[i].status);
+      ++t.skipped;
       continue;
     }
-    // Held for the whole run: no other command writes, moves or resumes this folder meanwhile,
-    // and every decision about the folder is taken under it, from what it holds now.
-    std::unique_ptr<RunLock> lock;
-    std::unique_ptr<RunRecorder> rec;
-    std::unique_ptr<Communicator> comm;
-    std::optional<Checkpoint> resume_from;
-    // The leader's setup is inside the try as well: under mpirun a leader that fails here (a
-    // full disk, say) must end the job, not leave the other ranks waiting in a collective.
-    try {
-      std::string earlier;
-      if (leader) {
-        lock = std::make_unique<RunLock>(dirs[i]);
-        earlier = read_run_status(dirs[i], /*held_here=*/true);
-      }
-      if (opt.resume && finished_meanwhile(leader, multi, earlier, dirs[i], r.config)) {
-        index[i].status = earlier;
-        ++skipped;
-        save_index();
-        continue;
-      }
-      // A run whose data differs from the one before it loads its own; a failure there is
-      // this run's, recorded like any other.
-      const DataSplit& data = data_for(r.config);
-      std::string attempt;
-      if (leader && opt.resume && fs::exists(dirs[i])) {
-        resume_from = resumable(dirs[i], r.config);  // a damaged one stops here, nothing moved
-        attempt = move_aside(dirs[i], earlier.empty() ? "incomplete" : earlier);
-      }
-      if (multi) {  // every rank continues from rank 0's checkpoint
-        std::string bytes = resume_from ? encode_checkpoint(*resume_from) : "";
-        mpi::broadcast(bytes);
-        if (!leader && !bytes.empty()) resume_from = decode_checkpoint(bytes, "rank 0's checkpoint");
-      }
-      if (runs.size() > 1) log().info("=== run {}/{} ===", i + 1, runs.size());
-      if (leader)
-        rec =
-            std::make_unique<RunRecorder>(dirs[i], run_id(tag, r), r.group, r.config, r.overrides);
-      if (rec && resume_from) {
-        rec->resume(*resume_from);  // saved in the new folder before the old copy goes
-        std::error_code ec;
-        fs::remove(checkpoint_path(attempt), ec);
-      }
-      // The known pitfalls of this config, in the run's log (dtrain doctor prints the same).
-      if (leader)
-        for (const auto& f : diagnose(r.config, &data)) log().warn("{}", to_line(f));
-      index[i].status = "running";
-      save_index();
-      TrainResult result;
-      const Checkpoint* from = resume_from ? &*resume_from : nullptr;
-      if (multi) {
-        comm = mpi::world(r.config.train.collective_timeout_s);
-        const LastWord last_word(rec.get(), run_id(tag, r));
-        result = train_rank(r.config, data, *comm, rec.get(), from);
-      } else {
-        result = train(r.config, data, rec.get(), from);
-      }
-      if (rec) rec->finish(result);
-      index[i].status = result.status == RunStatus::diverged ? "diverged" : "done";
-    } catch (const Interrupted& e) {
-      // Every rank stopped at the same step, after the checkpoint was written.
-      if (rec) {
-        rec->interrupt(e.what());
-        log().warn("to continue: the same command with --resume --tag {}",
-                   opt.resume_tag.empty() ? tag : opt.resume_tag);
-      }
-      index[i].status = "interrupted";
-      save_index();
-      break;
-    } catch (const std::exception& e) {
-      // Rank 0 records the failure first: when a peer died, the launcher is about to kill
-      // every rank, and telling the others may take a moment.
-      if (rec) rec->fail(e.what());
-      // Failed before this command wrote the folder (another process holds it, a damaged
-      // checkpoint, a run finished meanwhile with another config): the folder's own status
-      // stands; a run with no folder yet failed here.
-      const std::string on_disk =
-          !rec && leader ? read_run_status(dirs[i], /*held_here=*/lock != nullptr) : "";
-      index[i].status = on_disk.empty() ? "failed" : on_disk;
-      ++failed;
-      save_index();
-      const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
-      if (multi && comm && !remote) comm->abort(e.what());  // then tell the other ranks
-      if (multi) {
-        // A rank's failure ends the job: rank 0 has recorded it; every process exits now.
-        std::fprintf(stderr, "dtrain: rank %d: run %s failed: %s\n", mpi::rank(),
-                     run_id(tag, r).c_str(), e.what());
-        mpi::end_job_after_failure(1);
-      }
-      log().error("run {} failed: {}", run_id(tag, r), e.what());
-      if (dynamic_cast<const UserError*>(&e)) throw;
-    }
-    save_index();
+    const Outcome o = train_one(opt, s, i, data, index);
+    if (o == Outcome::skipped) ++t.skipped;
+    if (o == Outcome::failed) ++t.failed;
+    if (o == Outcome::interrupted) break;
   }
-  if (!leader) return stop_requested() ? stop_exit_code() : 0;
-  if (skipped) log().info("resume: {} of {} runs were already finished", skipped, runs.size());
+  return t;
+}
 
-  // The table is regenerated from the run folders, grouped by experiment.
+// Every run of the tag with a summary, read back from its folder, by experiment.
+std::map<std::string, std::vector<RunRecord>> read_records(const std::string& results,
+                                                           const TagIndex& index) {
   std::map<std::string, std::vector<RunRecord>> by_experiment;
-  for (const auto& exp : earlier_rows) {
-    const std::string& name = exp.first;
-    for (const auto& d : index_dirs(fs::path(opt.results) / name, tag_index(name))) {
+  for (const auto& name : index.experiments()) {
+    for (const auto& d : index_dirs(fs::path(results) / name, index.rows(name))) {
       if (!fs::exists(fs::path(d) / "summary.json")) continue;
       try {
         auto rec = load_run(d);
@@ -531,7 +579,12 @@ int run_run(const RunOptions& opt) {
       }
     }
   }
-  for (const auto& [name, records] : by_experiment) {
+  return by_experiment;
+}
+
+// The table is regenerated from the run folders, grouped by experiment.
+void write_tables(const RunOptions& opt, const std::string& tag, const TagIndex& index) {
+  for (const auto& [name, records] : read_records(opt.results, index)) {
     const auto cmp = compare(records);
     const std::string base = (fs::path(opt.results) / name / ("comparison-" + tag)).string();
     write_file_atomic(base + ".md", to_markdown(cmp));
@@ -539,11 +592,29 @@ int run_run(const RunOptions& opt) {
     if (opt.print_table)
       fmt::print("\n## {}\n\n{}\n(written to {}.md and .csv)\n", name, to_markdown(cmp), base);
   }
+}
+
+}  // namespace
+
+int run_run(const RunOptions& opt) {
+  Sweep s = plan_sweep(opt);
+  std::string refusal = plan_folders(opt, s);
+  share_decisions_across_ranks(s, refusal);
+  if (!refusal.empty()) throw UserError(refusal);
+  HeldData data;
+  check_plans(s, data);
+  const TagIndex index(opt.results, s);
+  index.save();
+  const Tally t = train_each_run(opt, s, data, index);
+  if (!s.leader) return stop_requested() ? stop_exit_code() : 0;
+  if (t.skipped)
+    log().info("resume: {} of {} runs were already finished", t.skipped, s.runs.size());
+  write_tables(opt, s.tag, index);
   if (stop_requested()) {
     log().warn("interrupted");
     return stop_exit_code();
   }
-  return failed ? 1 : 0;
+  return t.failed ? 1 : 0;
 }
 
 }  // namespace dtrain::cli

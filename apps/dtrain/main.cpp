@@ -4,7 +4,10 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
@@ -40,6 +43,128 @@ int main(int argc, char** argv) {
   return code;
 }
 
+namespace {
+
+// What every subcommand's options are read into: they live as long as the parse and the run.
+struct AllOptions {
+  dtrain::cli::RunOptions run;
+  dtrain::cli::ValidateOptions validate;
+  dtrain::cli::DoctorOptions doctor;
+  dtrain::cli::ExplainOptions explain;
+  dtrain::cli::ReportOptions report;
+  dtrain::cli::DevicesOptions devices;
+  dtrain::cli::BenchCommOptions bench_comm;
+  dtrain::cli::ProjectOptions project;
+};
+
+// A subcommand: its CLI11 app (true once given), and what runs it with its options.
+struct Command {
+  CLI::App* cli;
+  std::function<int()> run;
+  bool stops_at_step;  // Ctrl-C and SIGTERM stop it at a step boundary, recording what it has
+};
+
+// Declares subcommand `name` on `app` with `setup`; `run` runs it with the options it read.
+template <class Opt>
+Command add(CLI::App& app, const char* name, const char* what, Opt& opt,
+            void (*setup)(CLI::App&, Opt&), int (*run)(const Opt&), bool stops_at_step = false) {
+  CLI::App* cmd = app.add_subcommand(name, what);
+  setup(*cmd, opt);
+  return {cmd, [run, &opt] { return run(opt); }, stops_at_step};
+}
+
+// One line per subcommand: its name, what it does, its options and their setup, its run.
+std::vector<Command> add_commands(CLI::App& app, AllOptions& o) {
+  using namespace dtrain::cli;
+  return {
+      add(app, "run",
+          "Train one run, or one per value of comma-list overrides, and print the comparison "
+          "table",
+          o.run, setup_run, run_run, true),
+      add(app, "validate", "Check a config (and its data) without training", o.validate,
+          setup_validate, run_validate),
+      add(app, "doctor",
+          "Name the known reasons N replicas train worse than 1, before any training", o.doctor,
+          setup_doctor, run_doctor),
+      add(app, "explain", "Attribute the accuracy gap of N replicas against 1, one setting per run",
+          o.explain, setup_explain, run_explain, true),
+      add(app, "report", "Regenerate comparison tables (and figures) from run folders", o.report,
+          setup_report, run_report),
+      add(app, "devices",
+          "List the GPUs (and the CPU) dtrain can use, with driver and library versions", o.devices,
+          setup_devices, run_devices),
+      add(app, "bench-comm", "Time and check the all-reduce a run would use, over a range of sizes",
+          o.bench_comm, setup_bench_comm, run_bench_comm),
+      add(app, "project",
+          "Project a 1-replica run's step to N GPUs over a link (a model, not a run)", o.project,
+          setup_project, run_project),
+  };
+}
+
+// One line, like every other user mistake, naming the command and where its help is; exit 2.
+int report_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
+  std::string cmd;
+  for (const auto* sub : app.get_subcommands()) cmd = sub->get_name();
+  std::string what = e.what();
+  if (cmd.empty() && argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    for (const auto* sub : app.get_subcommands({}))
+      names += (names.empty() ? "" : " | ") + sub->get_name();
+    what = fmt::format(
+        "unknown command '{}'; valid: {} (a sweep is `dtrain run` with comma "
+        "lists, e.g. gpus=1,2,4)",
+        argv[1], names);
+  } else if (cmd.empty() && argc > 1) {
+    what = fmt::format(
+        "unknown option '{}' before any command; give a command first, e.g. "
+        "dtrain run CONFIG",
+        argv[1]);
+  } else if (cmd.empty()) {
+    what = "give a command, e.g. dtrain run CONFIG";
+  }
+  std::fprintf(stderr, "dtrain: error: %s%s%s; see dtrain %s%s--help\n", cmd.c_str(),
+               cmd.empty() ? "" : ": ", what.c_str(), cmd.c_str(), cmd.empty() ? "" : " ");
+  return 2;
+}
+
+// The exit code when the command line does not come to a command: help, version or a mistake.
+std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return report_parse_error(app, e, argc, argv);
+  }
+  return std::nullopt;
+}
+
+// Runs the command; what it throws becomes one line and the exit code: 2 for a user mistake, 1
+// for anything else.
+int run_command(const Command& cmd) {
+  try {
+    return cmd.run();
+  } catch (const dtrain::UserError& e) {
+    dtrain::clear_progress();
+    // Every rank sees the same mistake; one line is enough.
+    if (dtrain::mpi::rank() == 0) std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    return 2;
+  } catch (const dtrain::StorageError& e) {
+    dtrain::clear_progress();
+    std::fprintf(stderr, "dtrain: error: %s\n", e.what());  // a full disk: named, not a bug
+    return 1;
+  } catch (const std::exception& e) {
+    dtrain::clear_progress();
+    std::fprintf(stderr, "dtrain: internal error: %s\n", e.what());
+    return 1;
+  }
+}
+}  // namespace
+
 int run_main(int argc, char** argv) {
   CLI::App app{
       "dtrain: run data-parallel training experiments from YAML and compare 1 replica against N.\n"
@@ -54,107 +179,18 @@ int run_main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version",
                        std::string("dtrain ") + dtrain::kVersion + " (" + dtrain::kGitSha + ")");
-
-  // One line per subcommand: its name, what it does, its options and their setup.
-  const auto add = [&app](const char* name, const char* what, auto& opt, auto setup) {
-    CLI::App* cmd = app.add_subcommand(name, what);
-    setup(*cmd, opt);
-    return cmd;
-  };
-  dtrain::cli::RunOptions run_opt;
-  dtrain::cli::ValidateOptions validate_opt;
-  dtrain::cli::DoctorOptions doctor_opt;
-  dtrain::cli::ExplainOptions explain_opt;
-  dtrain::cli::ReportOptions report_opt;
-  dtrain::cli::DevicesOptions devices_opt;
-  dtrain::cli::BenchCommOptions bench_comm_opt;
-  dtrain::cli::ProjectOptions project_opt;
-  auto* run_cmd = add("run",
-                      "Train one run, or one per value of comma-list overrides, and print the "
-                      "comparison table",
-                      run_opt, dtrain::cli::setup_run);
-  auto* validate_cmd = add("validate", "Check a config (and its data) without training",
-                           validate_opt, dtrain::cli::setup_validate);
-  auto* doctor_cmd =
-      add("doctor", "Name the known reasons N replicas train worse than 1, before any training",
-          doctor_opt, dtrain::cli::setup_doctor);
-  auto* explain_cmd =
-      add("explain", "Attribute the accuracy gap of N replicas against 1, one setting per run",
-          explain_opt, dtrain::cli::setup_explain);
-  auto* report_cmd = add("report", "Regenerate comparison tables (and figures) from run folders",
-                         report_opt, dtrain::cli::setup_report);
-  auto* devices_cmd =
-      add("devices", "List the GPUs (and the CPU) dtrain can use, with driver and library versions",
-          devices_opt, dtrain::cli::setup_devices);
-  auto* bench_comm_cmd =
-      add("bench-comm", "Time and check the all-reduce a run would use, over a range of sizes",
-          bench_comm_opt, dtrain::cli::setup_bench_comm);
-  auto* project_cmd =
-      add("project", "Project a 1-replica run's step to N GPUs over a link (a model, not a run)",
-          project_opt, dtrain::cli::setup_project);
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    // One line, like every other user mistake, naming the command and where its help is.
-    std::string cmd;
-    for (const auto* sub : app.get_subcommands()) cmd = sub->get_name();
-    std::string what = e.what();
-    if (cmd.empty() && argc > 1 && argv[1][0] != '-') {
-      std::string names;
-      for (const auto* sub : app.get_subcommands({}))
-        names += (names.empty() ? "" : " | ") + sub->get_name();
-      what = fmt::format(
-          "unknown command '{}'; valid: {} (a sweep is `dtrain run` with comma "
-          "lists, e.g. gpus=1,2,4)",
-          argv[1], names);
-    } else if (cmd.empty() && argc > 1) {
-      what = fmt::format(
-          "unknown option '{}' before any command; give a command first, e.g. "
-          "dtrain run CONFIG",
-          argv[1]);
-    } else if (cmd.empty()) {
-      what = "give a command, e.g. dtrain run CONFIG";
+  AllOptions options;
+  const std::vector<Command> commands = add_commands(app, options);
+  if (const auto code = parse(app, argc, argv)) return *code;
+  for (const auto& cmd : commands) {
+    if (!*cmd.cli) continue;
+    // Only `run` (and explain, which runs it) stops at a step boundary and records what it
+    // has; the other commands write nothing half-done, so Ctrl-C and SIGTERM end them at once.
+    if (cmd.stops_at_step) {
+      std::signal(SIGINT, on_interrupt);
+      std::signal(SIGTERM, on_interrupt);
     }
-    std::fprintf(stderr, "dtrain: error: %s%s%s; see dtrain %s%s--help\n", cmd.c_str(),
-                 cmd.empty() ? "" : ": ", what.c_str(), cmd.c_str(), cmd.empty() ? "" : " ");
-    return 2;
-  }
-
-  // Only `run` stops at a step boundary and records what it has; the other commands write
-  // nothing half-done, so Ctrl-C and SIGTERM end them at once.
-  if (*run_cmd || *explain_cmd) {
-    std::signal(SIGINT, on_interrupt);
-    std::signal(SIGTERM, on_interrupt);
-  }
-  try {
-    if (*run_cmd) return dtrain::cli::run_run(run_opt);
-    if (*validate_cmd) return dtrain::cli::run_validate(validate_opt);
-    if (*doctor_cmd) return dtrain::cli::run_doctor(doctor_opt);
-    if (*explain_cmd) return dtrain::cli::run_explain(explain_opt);
-    if (*report_cmd) return dtrain::cli::run_report(report_opt);
-    if (*devices_cmd) return dtrain::cli::run_devices(devices_opt);
-    if (*bench_comm_cmd) return dtrain::cli::run_bench_comm(bench_comm_opt);
-    if (*project_cmd) return dtrain::cli::run_project(project_opt);
-  } catch (const dtrain::UserError& e) {
-    dtrain::clear_progress();
-    // Every rank sees the same mistake; one line is enough.
-    if (dtrain::mpi::rank() == 0) std::fprintf(stderr, "dtrain: error: %s\n", e.what());
-    return 2;
-  } catch (const dtrain::StorageError& e) {
-    dtrain::clear_progress();
-    std::fprintf(stderr, "dtrain: error: %s\n", e.what());  // a full disk: named, not a bug
-    return 1;
-  } catch (const std::exception& e) {
-    dtrain::clear_progress();
-    std::fprintf(stderr, "dtrain: internal error: %s\n", e.what());
-    return 1;
+    return run_command(cmd);
   }
   return 0;
 }
