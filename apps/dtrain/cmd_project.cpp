@@ -16,6 +16,7 @@
 #include "dtrain/base/files.hpp"
 #include "dtrain/comm/bench_comm.hpp"
 #include "dtrain/results/report.hpp"
+#include "dtrain/results/run_schema.hpp"
 #include "dtrain/train/project.hpp"
 
 namespace dtrain::cli {
@@ -41,62 +42,42 @@ double median_of(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-// One time (seconds) or sample count of metrics.csv: a whole decimal number, finite, from 0 to
-// 1e15 (a year of seconds is 3e7); anything else is a damaged file, named with its row.
+// One time (seconds) or sample count of metrics.csv: a number (metrics_value), finite, from 0
+// to 1e15 (a year of seconds is 3e7); anything else is a damaged file, named with its row.
 double measured_value(const std::string& text, const std::string& path, const std::string& col,
                       int row) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text.c_str(), &end);
-  const bool whole = !text.empty() && end == text.c_str() + text.size() && errno == 0;
-  if (!whole || !std::isfinite(v) || v < 0 || v > 1e15)
+  const auto v = metrics_value(text);
+  if (!v || !std::isfinite(*v) || *v < 0 || *v > 1e15)
     throw UserError(fmt::format("{}: '{}' is '{}' in epoch row {}; expected a time or count "
                                 "from 0 to 1e15 (a damaged file?)",
                                 path, col, text, row));
-  return v;
+  return *v;
 }
 
-// Per-epoch medians of the named metrics.csv columns (totals over the epoch's steps).
+// Per-epoch medians of the named metrics.csv columns (totals over the epoch's steps). Rows
+// with a cell too many or too few are passed over.
 std::vector<double> metric_medians(const std::string& dir, const std::vector<std::string>& cols,
                                    int& rows) {
-  const fs::path path = fs::path(dir) / "metrics.csv";
-  std::istringstream in(read_own_file(path.string(), "metrics.csv", kMaxMetricsBytes));
-  std::string line;
-  if (!in || !std::getline(in, line))
-    throw UserError(fmt::format("{}: cannot read it; the run folder is incomplete", path.string()));
-  const auto split = [](const std::string& s) {
-    std::vector<std::string> out;
-    std::stringstream ss(s);
-    for (std::string f; std::getline(ss, f, ',');) out.push_back(f);
-    return out;
-  };
-  const auto header = split(line);
+  const MetricsCsv csv = read_metrics_csv(dir, RaggedRows::skip);
   std::vector<size_t> at;
   for (const auto& c : cols) {
-    const auto it = std::find(header.begin(), header.end(), c);
-    if (it == header.end())
-      throw UserError(
-          fmt::format("{}: no column '{}' (written by an older dtrain?); rerun the "
-                      "1-replica run",
-                      path.string(), c));
-    at.push_back(static_cast<size_t>(it - header.begin()));
+    const std::string_view name = metrics_column(c).name;  // one of the table's columns
+    csv.require({name}, " (written by an older dtrain?); rerun the 1-replica run");
+    at.push_back(*csv.find(name));
   }
   std::vector<std::vector<double>> values(cols.size());
-  rows = 0;
-  while (std::getline(in, line)) {
-    const auto f = split(line);
-    if (f.size() != header.size()) continue;
-    ++rows;
+  rows = static_cast<int>(csv.rows.size());
+  for (int r = 0; r < rows; ++r)
     for (size_t k = 0; k < at.size(); ++k)
-      values[k].push_back(measured_value(f[at[k]], path.string(), cols[k], rows));
-  }
+      values[k].push_back(measured_value(csv.rows[static_cast<size_t>(r)][at[k]], csv.path,
+                                         cols[k], r + 1));
   std::vector<double> out;
   for (size_t k = 0; k < cols.size(); ++k) {
     if (values[k].empty())
       throw UserError(
           fmt::format("{}: no finished epoch with a value of '{}'; the projection "
                       "needs at least one",
-                      path.string(), cols[k]));
+                      csv.path, cols[k]));
     out.push_back(median_of(values[k]));
   }
   return out;

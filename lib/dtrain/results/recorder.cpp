@@ -23,6 +23,7 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/results/metrics.hpp"
+#include "dtrain/results/run_schema.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/base/version.hpp"
 #include "dtrain/config/schema.hpp"
@@ -121,8 +122,8 @@ std::string read_run_status(const std::string& dir, bool held_here) {
   if (const auto text = try_read_own_file((fs::path(dir) / "summary.json").string(),
                                           kMaxSummaryBytes)) {
     const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("status") && j["status"].is_string()) {
-      const auto st = j["status"].get<std::string>();
+    if (j.is_object() && j.contains(summary_key::status) && j[summary_key::status].is_string()) {
+      const auto st = j[summary_key::status].get<std::string>();
       if (st == "done" || st == "diverged" || st == "failed" || st == "interrupted") return st;
     }
   }
@@ -134,23 +135,6 @@ std::string read_run_status(const std::string& dir, bool held_here) {
   // A run nobody holds is not running any more: its process died or was stopped.
   if (line == "running" && (held_here || RunLock::holder(dir) == 0)) return "interrupted";
   return line;
-}
-
-std::string metrics_csv_header() {
-  return "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s,"
-         "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
-         "rank_busy_max_s,slowest_rank,exchange_exposed_s,noise_b_simple,noise_grad_sq,"
-         "noise_trace,exchange_bytes_per_step,busbw_gbps\n";
-}
-
-std::string metrics_csv_row(const EpochMetrics& m) {
-  return fmt::format(
-      "{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
-      "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f},{:.6g},{:.6g},{:.6g},{},{:.6g}\n",
-      m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc, m.epoch_time_s,
-      m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s, m.optimizer_s, m.eval_s,
-      m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank, m.exchange_exposed_s,
-      m.noise_b_simple, m.noise_g2, m.noise_trace, m.exchange_bytes_per_step, m.busbw_gbps);
 }
 
 RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
@@ -253,75 +237,76 @@ static nlohmann::json noise_scale_json(const std::vector<EpochMetrics>& epochs, 
 }
 
 void RunRecorder::write_summary(const std::string& status, const std::string& error) {
+  namespace k = summary_key;  // the field names and what they mean: run_schema.hpp
   const RunStats st = summarize(epochs_, cfg_.train.target_accuracy);
   nlohmann::json j;
-  j["run_id"] = run_id_;
-  j["experiment"] = cfg_.name;
-  j["group"] = group_;
-  j["status"] = status;
-  if (!error.empty()) j["error"] = error;
-  j["final_test_accuracy"] = number_or_null(st.final_test_acc);
-  j["best_test_accuracy"] = number_or_null(st.best_test_acc);
-  j["final_train_loss"] = number_or_null(st.final_train_loss);
-  j["final_test_loss"] = number_or_null(st.final_test_loss);
-  j["median_epoch_time_s"] = number_or_null(st.median_epoch_time_s);
-  j["samples_per_s"] = number_or_null(st.median_samples_per_s);
-  j["total_train_time_s"] = number_or_null(st.total_train_time_s);
-  j["exchange_bytes_per_step"] = info_.param_count * static_cast<int64_t>(sizeof(float));
-  j["busbw_gbps"] = number_or_null(st.median_busbw_gbps);
-  j["exposed_exchange_share"] = number_or_null(st.median_exposed_share);
-  j["target_accuracy"] = cfg_.train.target_accuracy;
-  j["time_to_target_s"] = st.time_to_target_s ? nlohmann::json(*st.time_to_target_s) : nullptr;
-  j["epochs_to_target"] = st.epochs_to_target ? nlohmann::json(*st.epochs_to_target) : nullptr;
-  j["epochs_completed"] = epochs_.size();
-  j["epochs_planned"] = cfg_.train.epochs;
-  j["gpus"] = cfg_.gpus;
-  j["per_replica_batch"] = cfg_.micro_batch();
-  j["accumulation_steps"] = cfg_.train.accumulation_steps;
-  j["global_batch"] = cfg_.global_batch();
-  j["lr"] = cfg_.optimizer.lr;
-  j["base_batch"] = cfg_.optimizer.base_batch;
-  j["lr_scaling"] = to_string(cfg_.optimizer.lr_scaling);
-  j["peak_lr"] = info_.peak_lr;
-  j["warmup_epochs"] = cfg_.optimizer.warmup_epochs;
-  j["schedule"] = to_string(cfg_.optimizer.schedule);
-  j["optimizer"] = to_string(cfg_.optimizer.type);
-  j["reduction"] = to_string(cfg_.train.reduction);
-  j["shuffle"] = to_string(cfg_.data.shuffle);
-  j["sharding"] = to_string(cfg_.data.sharding);
-  j["sort_by_label"] = cfg_.data.sort_by_label;
-  j["seed"] = cfg_.train.seed;
-  j["backend"] = info_.backend;
-  j["precision"] = info_.precision;
-  if (info_.launches_per_step > 0) j["launches_per_step"] = info_.launches_per_step;
+  j[k::run_id] = run_id_;
+  j[k::experiment] = cfg_.name;
+  j[k::group] = group_;
+  j[k::status] = status;
+  if (!error.empty()) j[k::error] = error;
+  j[k::final_test_accuracy] = number_or_null(st.final_test_acc);
+  j[k::best_test_accuracy] = number_or_null(st.best_test_acc);
+  j[k::final_train_loss] = number_or_null(st.final_train_loss);
+  j[k::final_test_loss] = number_or_null(st.final_test_loss);
+  j[k::median_epoch_time_s] = number_or_null(st.median_epoch_time_s);
+  j[k::samples_per_s] = number_or_null(st.median_samples_per_s);
+  j[k::total_train_time_s] = number_or_null(st.total_train_time_s);
+  j[k::exchange_bytes_per_step] = info_.param_count * static_cast<int64_t>(sizeof(float));
+  j[k::busbw_gbps] = number_or_null(st.median_busbw_gbps);
+  j[k::exposed_exchange_share] = number_or_null(st.median_exposed_share);
+  j[k::target_accuracy] = cfg_.train.target_accuracy;
+  j[k::time_to_target_s] = st.time_to_target_s ? nlohmann::json(*st.time_to_target_s) : nullptr;
+  j[k::epochs_to_target] = st.epochs_to_target ? nlohmann::json(*st.epochs_to_target) : nullptr;
+  j[k::epochs_completed] = epochs_.size();
+  j[k::epochs_planned] = cfg_.train.epochs;
+  j[k::gpus] = cfg_.gpus;
+  j[k::per_replica_batch] = cfg_.micro_batch();
+  j[k::accumulation_steps] = cfg_.train.accumulation_steps;
+  j[k::global_batch] = cfg_.global_batch();
+  j[k::lr] = cfg_.optimizer.lr;
+  j[k::base_batch] = cfg_.optimizer.base_batch;
+  j[k::lr_scaling] = to_string(cfg_.optimizer.lr_scaling);
+  j[k::peak_lr] = info_.peak_lr;
+  j[k::warmup_epochs] = cfg_.optimizer.warmup_epochs;
+  j[k::schedule] = to_string(cfg_.optimizer.schedule);
+  j[k::optimizer] = to_string(cfg_.optimizer.type);
+  j[k::reduction] = to_string(cfg_.train.reduction);
+  j[k::shuffle] = to_string(cfg_.data.shuffle);
+  j[k::sharding] = to_string(cfg_.data.sharding);
+  j[k::sort_by_label] = cfg_.data.sort_by_label;
+  j[k::seed] = cfg_.train.seed;
+  j[k::backend] = info_.backend;
+  j[k::precision] = info_.precision;
+  if (info_.launches_per_step > 0) j[k::launches_per_step] = info_.launches_per_step;
   if (!info_.cuda_graph.empty()) {
-    j["cuda_graph"] = info_.cuda_graph;
-    j["cuda_graph_steps"] = info_.cuda_graph_steps;
+    j[k::cuda_graph] = info_.cuda_graph;
+    j[k::cuda_graph_steps] = info_.cuda_graph_steps;
   }
-  j["devices"] = info_.devices;
-  if (!info_.replica_mode.empty()) j["replica_mode"] = info_.replica_mode;
-  if (!info_.placement.empty()) j["placement"] = info_.placement;
-  j["peak_rss_mib"] = peak_rss_mib();
+  j[k::devices] = info_.devices;
+  if (!info_.replica_mode.empty()) j[k::replica_mode] = info_.replica_mode;
+  if (!info_.placement.empty()) j[k::placement] = info_.placement;
+  j[k::peak_rss_mib] = peak_rss_mib();
   // GPU runs: what the CUDA backend held at most on each of this process's GPUs.
   if (!info_.peak_device_mib.empty()) {
     nlohmann::json dev = nlohmann::json::object();
     for (const auto& [gpu, mib] : info_.peak_device_mib) dev[fmt::format("cuda:{}", gpu)] = mib;
-    j["peak_device_mib"] = dev;
+    j[k::peak_device_mib] = dev;
   }
-  j["blas"] = info_.blas;
-  j["model"] = info_.model;
-  j["param_count"] = info_.param_count;
-  j["data"] = info_.data;
-  j["steps_per_epoch"] = info_.steps_per_epoch;
-  j["noise_scale"] = noise_scale_json(epochs_, cfg_);
+  j[k::blas] = info_.blas;
+  j[k::model] = info_.model;
+  j[k::param_count] = info_.param_count;
+  j[k::data] = info_.data;
+  j[k::steps_per_epoch] = info_.steps_per_epoch;
+  j[k::noise_scale] = noise_scale_json(epochs_, cfg_);
   // Every value in force, through the same schema as config.resolved.yaml: the keys above stay
   // for the scripts that read them, `report --by` reads any key from here.
-  j["config"] = config_to_json(cfg_);
-  j["git_sha"] = kGitSha;
-  j["dtrain_version"] = kVersion;
-  j["started_at"] = started_at_;
-  j["finished_at"] = utc_now();
-  j["wall_time_s"] =
+  j[k::config] = config_to_json(cfg_);
+  j[k::git_sha] = kGitSha;
+  j[k::dtrain_version] = kVersion;
+  j[k::started_at] = started_at_;
+  j[k::finished_at] = utc_now();
+  j[k::wall_time_s] =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
   // The summary first: readers trust its status over the `status` file (read_run_status).
   write_file_atomic(dir_ + "/summary.json", j.dump(2) + "\n");

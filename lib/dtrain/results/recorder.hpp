@@ -10,6 +10,7 @@
 
 #include "dtrain/base/files.hpp"
 #include "dtrain/config/config.hpp"
+#include "dtrain/results/run_schema.hpp"
 #include "dtrain/train/run_types.hpp"
 
 namespace dtrain {
@@ -37,10 +38,6 @@ class RunLock {
  private:
   int fd_ = -1;
 };
-
-// The metrics.csv header; one row per epoch follows.
-std::string metrics_csv_header();
-std::string metrics_csv_row(const EpochMetrics& m);
 
 class RunLogFile;
 

@@ -15,6 +15,7 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
 #include "dtrain/config/schema.hpp"
+#include "dtrain/results/run_schema.hpp"
 
 namespace dtrain {
 
@@ -202,6 +203,7 @@ bool simulated_run(const nlohmann::json& j, int gpus) {
 }  // namespace
 
 RunRecord load_run(const std::string& dir) {
+  namespace k = summary_key;
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
   if (!std::filesystem::exists(path))
     throw UserError(fmt::format("{}: missing (the run may still be running or was killed)", path));
@@ -221,43 +223,46 @@ RunRecord load_run(const std::string& dir) {
   RunRecord r;
   r.dir = dir;
   try {
-    r.run_id = j.value("run_id", std::filesystem::path(dir).filename().string());
-    r.experiment = j.value("experiment", std::string());
-    r.status = j.value("status", std::string("unknown"));
-    r.error = j.value("error", std::string());
-    r.group = j.value("group", std::string());
+    r.run_id = j.value(k::run_id, std::filesystem::path(dir).filename().string());
+    r.experiment = j.value(k::experiment, std::string());
+    r.status = j.value(k::status, std::string("unknown"));
+    r.error = j.value(k::error, std::string());
+    r.group = j.value(k::group, std::string());
     // Speedup, efficiency and the figures divide by it.
-    if (!j.contains("gpus")) throw UserError(fmt::format("{}: no 'gpus'", path));
-    r.gpus = static_cast<int>(int_in(j, "gpus", 1, 1 << 20, 1, path));
+    if (!j.contains(k::gpus)) throw UserError(fmt::format("{}: no 'gpus'", path));
+    r.gpus = static_cast<int>(int_in(j, k::gpus, 1, 1 << 20, 1, path));
+    // Summaries without the field are version 1 (see run_schema.hpp).
+    r.schema_version =
+        static_cast<int>(int_in(j, k::schema_version, 1, 1 << 20, kSummaryVersion, path));
     r.simulated = simulated_run(j, r.gpus);
-    r.per_replica_batch = int_in(j, "per_replica_batch", 1, int64_t{1} << 40, 0, path);
-    r.global_batch = int_in(j, "global_batch", 1, int64_t{1} << 50, 0, path);
-    r.accumulation_steps = static_cast<int>(int_in(j, "accumulation_steps", 1, 1 << 20, 1, path));
-    r.lr_scaling = j.value("lr_scaling", std::string());
-    r.reduction = j.value("reduction", std::string());
-    r.shuffle = j.value("shuffle", std::string());
-    r.sharding = j.value("sharding", std::string());
-    r.peak_lr = j.value("peak_lr", 0.0);
-    r.lr = j.value("lr", 0.0);
-    r.target_accuracy = j.value("target_accuracy", 0.0);
-    r.epochs_completed = static_cast<int>(int_in(j, "epochs_completed", 0, 100000, 0, path));
-    r.steps_per_epoch = int_in(j, "steps_per_epoch", 0, int64_t{1} << 50, 0, path);
+    r.per_replica_batch = int_in(j, k::per_replica_batch, 1, int64_t{1} << 40, 0, path);
+    r.global_batch = int_in(j, k::global_batch, 1, int64_t{1} << 50, 0, path);
+    r.accumulation_steps = static_cast<int>(int_in(j, k::accumulation_steps, 1, 1 << 20, 1, path));
+    r.lr_scaling = j.value(k::lr_scaling, std::string());
+    r.reduction = j.value(k::reduction, std::string());
+    r.shuffle = j.value(k::shuffle, std::string());
+    r.sharding = j.value(k::sharding, std::string());
+    r.peak_lr = j.value(k::peak_lr, 0.0);
+    r.lr = j.value(k::lr, 0.0);
+    r.target_accuracy = j.value(k::target_accuracy, 0.0);
+    r.epochs_completed = static_cast<int>(int_in(j, k::epochs_completed, 0, 100000, 0, path));
+    r.steps_per_epoch = int_in(j, k::steps_per_epoch, 0, int64_t{1} << 50, 0, path);
     r.param_count = param_count_of(j);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: unexpected content: {}", path, e.what()));
   }
-  r.final_test_acc = opt_number(j, "final_test_accuracy");
-  r.best_test_acc = opt_number(j, "best_test_accuracy");
-  r.final_train_loss = opt_number(j, "final_train_loss");
-  r.median_epoch_time_s = opt_number(j, "median_epoch_time_s");
-  r.samples_per_s = opt_number(j, "samples_per_s");
-  r.time_to_target_s = opt_number(j, "time_to_target_s");
-  r.busbw_gbps = opt_number(j, "busbw_gbps");
-  r.exposed_exchange_share = opt_number(j, "exposed_exchange_share");
-  if (j.contains("noise_scale") && j["noise_scale"].is_object())
-    r.noise_b_simple = opt_number(j["noise_scale"], "b_simple");
+  r.final_test_acc = opt_number(j, k::final_test_accuracy);
+  r.best_test_acc = opt_number(j, k::best_test_accuracy);
+  r.final_train_loss = opt_number(j, k::final_train_loss);
+  r.median_epoch_time_s = opt_number(j, k::median_epoch_time_s);
+  r.samples_per_s = opt_number(j, k::samples_per_s);
+  r.time_to_target_s = opt_number(j, k::time_to_target_s);
+  r.busbw_gbps = opt_number(j, k::busbw_gbps);
+  r.exposed_exchange_share = opt_number(j, k::exposed_exchange_share);
+  if (j.contains(k::noise_scale) && j[k::noise_scale].is_object())
+    r.noise_b_simple = opt_number(j[k::noise_scale], "b_simple");
   if (r.noise_b_simple && *r.noise_b_simple <= 0) r.noise_b_simple.reset();
-  if (j.contains("config") && j["config"].is_object()) r.config = config_values(j["config"]);
+  if (j.contains(k::config) && j[k::config].is_object()) r.config = config_values(j[k::config]);
   return r;
 }
 
@@ -691,56 +696,15 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
 }
 
 std::vector<EpochRow> load_metrics(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "metrics.csv").string();
-  if (!std::filesystem::exists(path)) throw UserError(fmt::format("{}: missing", path));
-  std::istringstream in(read_own_file(path, "metrics.csv", kMaxMetricsBytes));
-  std::string line;
-  if (!std::getline(in, line)) throw UserError(fmt::format("{}: empty", path));
-  std::vector<std::string> head;
-  {
-    std::stringstream ss(line);
-    for (std::string cell; std::getline(ss, cell, ',');) head.push_back(cell);
-  }
-  auto col = [&](const char* name) {
-    const auto it = std::find(head.begin(), head.end(), name);
-    if (it == head.end()) throw UserError(fmt::format("{}: no column '{}'", path, name));
-    return static_cast<size_t>(it - head.begin());
-  };
-  const size_t c_epoch = col("epoch"), c_lr = col("lr"), c_tl = col("train_loss"),
-               c_ta = col("train_acc"), c_vl = col("test_loss"), c_va = col("test_acc"),
-               c_t = col("epoch_time_s");
+  const MetricsCsv csv = read_metrics_csv(dir);
+  // Folders of every dtrain version have these; the columns added since are not needed here.
+  const std::vector<std::string_view> names = {"epoch",     "lr",       "train_loss", "train_acc",
+                                               "test_loss", "test_acc", "epoch_time_s"};
+  csv.require(names);
   std::vector<EpochRow> rows;
-  int line_no = 1;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.empty()) continue;
-    std::vector<std::string> cells;
-    std::stringstream ss(line);
-    for (std::string cell; std::getline(ss, cell, ',');) cells.push_back(cell);
-    if (cells.size() != head.size())
-      throw UserError(
-          fmt::format("{}:{}: {} cells, header has {}", path, line_no, cells.size(), head.size()));
-    auto num = [&](size_t i) {
-      try {
-        return std::stod(cells[i]);
-      } catch (const std::exception&) {
-        if (cells[i].find("nan") != std::string::npos || cells[i].find("inf") != std::string::npos)
-          return std::numeric_limits<double>::quiet_NaN();
-        throw UserError(fmt::format("{}:{}: '{}' is not a number", path, line_no, cells[i]));
-      }
-    };
-    EpochRow r;
-    r.epoch = static_cast<int>(num(c_epoch));
-    r.lr = num(c_lr);
-    r.train_loss = num(c_tl);
-    r.train_acc = num(c_ta);
-    r.test_loss = num(c_vl);
-    r.test_acc = num(c_va);
-    r.epoch_time_s = num(c_t);
-    for (double* v : {&r.train_loss, &r.train_acc, &r.test_loss, &r.test_acc})
-      if (!std::isfinite(*v)) *v = std::numeric_limits<double>::quiet_NaN();
-    rows.push_back(r);
-  }
+  for (const EpochMetrics& m : read_epochs(csv, names))
+    rows.push_back({m.epoch, m.lr, m.train_loss, m.train_acc, m.test_loss, m.test_acc,
+                    m.epoch_time_s});
   return rows;
 }
 

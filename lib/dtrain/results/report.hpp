@@ -10,6 +10,7 @@ namespace dtrain {
 
 struct RunRecord {
   std::string dir, run_id, experiment, status, error;
+  int schema_version = 1;  // summary.json's layout (run_schema.hpp); 1 where it says none
   // Runs of one experiment that differ only in replica count share a group (the swept
   // settings other than gpus, e.g. "lr_scalingsqrt"); each group has its own baseline.
   std::string group;
@@ -47,7 +48,8 @@ struct EpochRow {
   int epoch = 0;
   double lr = 0, train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0, epoch_time_s = 0;
 };
-// Reads DIR/metrics.csv by column name; non-finite values come back as NaN.
+// Reads DIR/metrics.csv by column name (read_metrics_csv, run_schema.hpp): the columns above,
+// which every metrics.csv has; non-finite values come back as NaN.
 std::vector<EpochRow> load_metrics(const std::string& dir);
 
 struct ComparisonRow {

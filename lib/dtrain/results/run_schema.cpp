@@ -1,0 +1,239 @@
+#include "dtrain/results/run_schema.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <type_traits>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+
+namespace dtrain {
+
+namespace {
+using M = EpochMetrics;
+}  // namespace
+
+const std::vector<MetricsColumn>& metrics_columns() {
+  // Losses, accuracies and learning rates keep 9 significant digits, times are to the
+  // microsecond, throughput to a tenth of a sample, the noise scale and busbw 6 digits.
+  static const std::vector<MetricsColumn> cols = {
+      {"epoch", &M::epoch, "{}", "", "the epoch, from 1"},
+      {"lr", &M::lr, "{:.9g}", "", "learning rate at the epoch's first step"},
+      {"lr_end", &M::lr_end, "{:.9g}", "", "learning rate at its last step"},
+      {"train_loss", &M::train_loss, "{:.9g}", "", "mean training loss over the epoch"},
+      {"train_acc", &M::train_acc, "{:.9g}", "fraction", "training accuracy over the epoch"},
+      {"test_loss", &M::test_loss, "{:.9g}", "", "loss on the test set after the epoch"},
+      {"test_acc", &M::test_acc, "{:.9g}", "fraction", "accuracy on the test set after the epoch"},
+      {"epoch_time_s", &M::epoch_time_s, "{:.6f}", "s",
+       "wall time of the training steps, evaluation excluded"},
+      {"samples_per_s", &M::samples_per_s, "{:.1f}", "samples/s", "training throughput"},
+      {"samples", &M::samples, "{}", "samples", "training samples of the epoch, all replicas"},
+      {"data_s", &M::data_s, "{:.6f}", "s", "rank 0's time fetching batches"},
+      {"compute_s", &M::compute_s, "{:.6f}", "s", "rank 0's forward and backward time"},
+      {"exchange_s", &M::exchange_s, "{:.6f}", "s", "rank 0's gradient exchange time"},
+      {"optimizer_s", &M::optimizer_s, "{:.6f}", "s", "rank 0's optimizer step time"},
+      {"eval_s", &M::eval_s, "{:.6f}", "s", "time of the test-set evaluation"},
+      {"rank_busy_min_s", &M::rank_busy_min_s, "{:.6f}", "s",
+       "least busy time (data, compute, optimizer) of any rank"},
+      {"rank_busy_max_s", &M::rank_busy_max_s, "{:.6f}", "s", "most busy time of any rank"},
+      {"slowest_rank", &M::slowest_rank, "{}", "", "the rank with the most busy time"},
+      {"exchange_exposed_s", &M::exchange_exposed_s, "{:.6f}", "s",
+       "the part of exchange_s that compute did not hide"},
+      {"noise_b_simple", &M::noise_b_simple, "{:.6g}", "samples",
+       "gradient noise scale B_simple so far; nan where not measured"},
+      {"noise_grad_sq", &M::noise_g2, "{:.6g}", "", "its squared true-gradient norm estimate"},
+      {"noise_trace", &M::noise_trace, "{:.6g}", "", "its gradient covariance trace estimate"},
+      {"exchange_bytes_per_step", &M::exchange_bytes_per_step, "{}", "bytes",
+       "bytes all-reduced per optimizer step"},
+      {"busbw_gbps", &M::busbw_gbps, "{:.6g}", "GB/s",
+       "bus bandwidth of the exchange (nccl-tests' busbw); nan with one replica"},
+  };
+  return cols;
+}
+
+const MetricsColumn& metrics_column(std::string_view name) {
+  for (const auto& c : metrics_columns())
+    if (name == c.name) return c;
+  throw std::logic_error(fmt::format("metrics.csv has no column '{}'", name));
+}
+
+std::string metrics_csv_header() {
+  std::string s;
+  for (const auto& c : metrics_columns()) s += (s.empty() ? "" : ",") + std::string(c.name);
+  return s + "\n";
+}
+
+std::string metrics_csv_row(const EpochMetrics& m) {
+  std::string s;
+  for (const auto& c : metrics_columns()) {
+    if (!s.empty()) s += ',';
+    std::visit([&](auto field) { s += fmt::format(fmt::runtime(c.format), m.*field); }, c.field);
+  }
+  return s + "\n";
+}
+
+std::optional<double> metrics_value(const std::string& cell) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(cell.c_str(), &end);
+  if (!cell.empty() && end == cell.c_str() + cell.size() && errno == 0)
+    return std::isfinite(v) ? v : std::numeric_limits<double>::quiet_NaN();
+  // Out of range ("1e999") is no number, but a damaged spelling of nan or inf still says one.
+  if (cell.find("nan") != std::string::npos || cell.find("inf") != std::string::npos)
+    return std::numeric_limits<double>::quiet_NaN();
+  return std::nullopt;
+}
+
+std::optional<size_t> MetricsCsv::find(std::string_view name) const {
+  const auto it = std::find(header.begin(), header.end(), name);
+  if (it == header.end()) return std::nullopt;
+  return static_cast<size_t>(it - header.begin());
+}
+
+void MetricsCsv::require(const std::vector<std::string_view>& names,
+                         std::string_view advice) const {
+  for (const auto name : names)
+    if (!find(name)) throw UserError(fmt::format("{}: no column '{}'{}", path, name, advice));
+}
+
+namespace {
+std::vector<std::string> split_cells(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream ss(line);
+  for (std::string cell; std::getline(ss, cell, ',');) out.push_back(cell);
+  return out;
+}
+
+// A whole-number column takes the value where it fits; a damaged one keeps the default.
+template <class T>
+void set_value(T& to, double v) {
+  if constexpr (std::is_integral_v<T>) {
+    if (std::isfinite(v) && std::abs(v) < 9e15 &&
+        std::abs(v) <= static_cast<double>(std::numeric_limits<T>::max()))
+      to = static_cast<T>(std::llround(v));
+  } else {
+    to = v;
+  }
+}
+}  // namespace
+
+MetricsCsv read_metrics_csv(const std::string& dir, RaggedRows ragged) {
+  MetricsCsv csv;
+  csv.path = (std::filesystem::path(dir) / "metrics.csv").string();
+  if (!std::filesystem::exists(csv.path)) throw UserError(fmt::format("{}: missing", csv.path));
+  std::istringstream in(read_own_file(csv.path, "metrics.csv", kMaxMetricsBytes));
+  std::string line;
+  if (!std::getline(in, line)) throw UserError(fmt::format("{}: empty", csv.path));
+  csv.header = split_cells(line);
+  for (int line_no = 2; std::getline(in, line); ++line_no) {
+    if (line.empty()) continue;
+    auto cells = split_cells(line);
+    if (cells.size() != csv.header.size()) {
+      if (ragged == RaggedRows::skip) continue;
+      throw UserError(fmt::format("{}:{}: {} cells, header has {}", csv.path, line_no, cells.size(),
+                                  csv.header.size()));
+    }
+    csv.rows.push_back(std::move(cells));
+    csv.lines.push_back(line_no);
+  }
+  return csv;
+}
+
+std::vector<EpochMetrics> read_epochs(const MetricsCsv& csv,
+                                      const std::vector<std::string_view>& names) {
+  std::vector<std::pair<const MetricsColumn*, size_t>> at;  // column, its index in the file
+  for (const auto& c : metrics_columns()) {
+    const bool wanted =
+        names.empty() || std::find(names.begin(), names.end(), c.name) != names.end();
+    if (const auto i = csv.find(c.name); wanted && i) at.emplace_back(&c, *i);
+  }
+  std::vector<EpochMetrics> out;
+  for (size_t r = 0; r < csv.rows.size(); ++r) {
+    EpochMetrics m;
+    for (const auto& [col, i] : at) {
+      const auto v = metrics_value(csv.rows[r][i]);
+      if (!v)
+        throw UserError(
+            fmt::format("{}:{}: '{}' is not a number", csv.path, csv.lines[r], csv.rows[r][i]));
+      std::visit([&](auto field) { set_value(m.*field, *v); }, col->field);
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
+const std::vector<SummaryField>& summary_fields() {
+  namespace k = summary_key;
+  static const std::vector<SummaryField> fields = {
+      {k::run_id, "the run's id, its folder's name", "", true},
+      {k::experiment, "the config's name", "name", true},
+      {k::group, "the swept settings other than gpus: runs of a group share a baseline", "", true},
+      {k::status, "done, diverged, failed or interrupted", "", true},
+      {k::error, "why the run failed or was stopped", "", false},
+      {k::final_test_accuracy, "test accuracy after the last epoch (null: none)", "", true},
+      {k::best_test_accuracy, "best test accuracy of any epoch", "", true},
+      {k::final_train_loss, "training loss of the last epoch", "", true},
+      {k::final_test_loss, "test loss after the last epoch", "", true},
+      {k::median_epoch_time_s, "median of metrics.csv's epoch_time_s", "", true},
+      {k::samples_per_s, "median of metrics.csv's samples_per_s", "", true},
+      {k::total_train_time_s, "sum of epoch_time_s", "", true},
+      {k::exchange_bytes_per_step, "bytes all-reduced per optimizer step", "", true},
+      {k::busbw_gbps, "median busbw over the epochs (null at one replica)", "", true},
+      {k::exposed_exchange_share, "median share of the epoch the exchange was exposed", "", true},
+      {k::target_accuracy, "the accuracy time_to_target_s is measured to", "train.target_accuracy",
+       true},
+      {k::time_to_target_s, "training time until the test accuracy reached the target", "", true},
+      {k::epochs_to_target, "epochs until it did", "", true},
+      {k::epochs_completed, "epochs finished", "", true},
+      {k::epochs_planned, "epochs asked for", "train.epochs", true},
+      {k::gpus, "replicas", "gpus", true},
+      {k::per_replica_batch, "samples per replica per micro-step", "train.per_replica_batch", true},
+      {k::accumulation_steps, "micro-steps per optimizer step", "train.accumulation_steps", true},
+      {k::global_batch, "samples per optimizer step, all replicas", "", true},
+      {k::lr, "the learning rate at base_batch", "optimizer.lr", true},
+      {k::base_batch, "the batch lr is given for", "optimizer.base_batch", true},
+      {k::lr_scaling, "how lr scales with the global batch", "optimizer.lr_scaling", true},
+      {k::peak_lr, "the learning rate after scaling and warmup", "", true},
+      {k::warmup_epochs, "epochs of learning rate warmup", "optimizer.warmup_epochs", true},
+      {k::schedule, "the learning rate schedule", "optimizer.schedule", true},
+      {k::optimizer, "the optimizer", "optimizer.type", true},
+      {k::reduction, "how gradients are combined", "train.reduction", true},
+      {k::shuffle, "how the training set is shuffled", "data.shuffle", true},
+      {k::sharding, "how it is split among replicas", "data.sharding", true},
+      {k::sort_by_label, "the training set sorted by label", "data.sort_by_label", true},
+      {k::seed, "the run's seed", "train.seed", true},
+      {k::backend, "where the replicas ran: cpu or cuda", "", true},
+      {k::precision, "fp32 or bf16 arithmetic", "", true},
+      {k::launches_per_step, "GPU kernels and library calls per training step", "", false},
+      {k::cuda_graph, "on, or off with the reason (GPU runs)", "", false},
+      {k::cuda_graph_steps, "steps launched as CUDA graphs", "", false},
+      {k::devices, "the devices, in words", "", true},
+      {k::replica_mode, "one replica, threads, shared or processes", "", false},
+      {k::placement, "each rank's host and local rank, under a launcher", "", false},
+      {k::peak_rss_mib, "the process's peak resident memory, MiB", "", true},
+      {k::peak_device_mib, "per GPU, the most memory the backend held, MiB", "", false},
+      {k::blas, "the OpenBLAS build and kernel family", "", true},
+      {k::model, "the model, in words", "", true},
+      {k::param_count, "trainable parameters", "", true},
+      {k::data, "the data set, in words", "", true},
+      {k::steps_per_epoch, "optimizer steps per epoch", "", true},
+      {k::noise_scale, "the last epoch's gradient noise scale and advice (or null)", "", true},
+      {k::config, "every config value in force, as config.resolved.yaml", "", true},
+      {k::git_sha, "the build's commit", "", true},
+      {k::dtrain_version, "the build's version", "", true},
+      {k::started_at, "UTC start time", "", true},
+      {k::finished_at, "UTC time the summary was written", "", true},
+      {k::wall_time_s, "seconds from start to the summary", "", true},
+  };
+  return fields;
+}
+
+}  // namespace dtrain

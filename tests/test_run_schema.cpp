@@ -1,0 +1,262 @@
+// The run folder's schema (run_schema.hpp): metrics.csv's writer and readers follow one table
+// of columns, the table and docs/run.md agree, and summary.json's fields are those declared.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/log.hpp"
+#include "dtrain/config/schema.hpp"
+#include "dtrain/results/recorder.hpp"
+#include "dtrain/results/report.hpp"
+#include "dtrain/results/run_schema.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+using nlohmann::json;
+
+namespace {
+
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Every column a value of its own, each exact in the column's format, and NaN where a column
+// can be NaN.
+EpochMetrics sample_epoch(int epoch) {
+  EpochMetrics m;
+  m.epoch = epoch;
+  m.lr = 0.123456789;
+  m.lr_end = 0.0123456789;
+  m.train_loss = 1.25;
+  m.train_acc = 0.625;
+  m.test_loss = 1.5;
+  m.test_acc = 0.5625;
+  m.epoch_time_s = 2.5;
+  m.samples_per_s = 3072.5;
+  m.samples = 7680;
+  m.data_s = 0.125;
+  m.compute_s = 1.75;
+  m.exchange_s = 0.25;
+  m.optimizer_s = 0.0625;
+  m.eval_s = 0.03125;
+  m.rank_busy_min_s = 1.875;
+  m.rank_busy_max_s = 2.125;
+  m.slowest_rank = 3;
+  m.exchange_exposed_s = 0.1875;
+  m.noise_b_simple = 123.5;
+  m.noise_g2 = kNaN;
+  m.noise_trace = 4.75;
+  m.exchange_bytes_per_step = 3379360;
+  m.busbw_gbps = kNaN;
+  return m;
+}
+
+// A column's value as a double, whatever its type in EpochMetrics.
+double value_of(const EpochMetrics& m, const MetricsColumn& c) {
+  return std::visit([&](auto field) { return static_cast<double>(m.*field); }, c.field);
+}
+
+bool same(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || a == b;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string f; std::getline(ss, f, ',');) out.push_back(f);
+  return out;
+}
+
+// The column names of docs/run.md's "What a run leaves": the metrics.csv entry of the folder
+// listing, up to the summary.json entry, with the remarks in parentheses left out.
+std::vector<std::string> documented_columns() {
+  const std::string doc = slurp(fs::path(source_dir()) / "docs" / "run.md");
+  const size_t from = doc.find("  metrics.csv ");
+  const size_t to = doc.find("  summary.json ", from);
+  REQUIRE(from != std::string::npos);
+  REQUIRE(to != std::string::npos);
+  std::string text = doc.substr(from, to - from);
+  text = text.substr(text.find(':') + 1);  // after "one row per epoch:"
+  std::string plain;
+  int depth = 0;
+  for (char ch : text) {
+    if (ch == '(') ++depth;
+    if (depth == 0) plain += ch == '\n' ? ' ' : ch;
+    if (ch == ')') --depth;
+  }
+  std::vector<std::string> out;
+  for (auto name : split(plain)) {
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    out.push_back(name);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("metrics.csv's header and rows are the table's, as dtrain has always written them",
+          "[schema][recorder]") {
+  std::string names;
+  for (const auto& c : metrics_columns()) names += (names.empty() ? "" : ",") + std::string(c.name);
+  CHECK(metrics_csv_header() == names + "\n");
+  // The text of the run folders written before the table: a change here changes every folder.
+  CHECK(metrics_csv_header() ==
+        "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s,"
+        "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
+        "rank_busy_max_s,slowest_rank,exchange_exposed_s,noise_b_simple,noise_grad_sq,"
+        "noise_trace,exchange_bytes_per_step,busbw_gbps\n");
+  EpochMetrics m = sample_epoch(7);
+  m.lr = 1.0 / 3;  // digits past each format's precision
+  m.epoch_time_s = 2.0 / 3;
+  m.samples_per_s = 1e5 / 7;
+  m.noise_trace = 1.0 / 7;
+  m.busbw_gbps = 12.345678912;
+  CHECK(metrics_csv_row(m) ==
+        fmt::format("{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
+                    "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f},{:.6g},{:.6g},{:.6g},{},{:.6g}\n",
+                    m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc,
+                    m.epoch_time_s, m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s,
+                    m.optimizer_s, m.eval_s, m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank,
+                    m.exchange_exposed_s, m.noise_b_simple, m.noise_g2, m.noise_trace,
+                    m.exchange_bytes_per_step, m.busbw_gbps));
+  CHECK(split(metrics_csv_row(m)).size() == metrics_columns().size());
+  CHECK(&metrics_column("busbw_gbps") == &metrics_columns().back());
+  CHECK_THROWS_AS(metrics_column("no_such_column"), std::logic_error);
+}
+
+TEST_CASE("a metrics.csv row reads back through every reader to the values written",
+          "[schema][report]") {
+  TempDir d("schema-rt");
+  const std::vector<EpochMetrics> written = {sample_epoch(1), sample_epoch(2)};
+  std::string text = metrics_csv_header();
+  for (const auto& m : written) text += metrics_csv_row(m);
+  put(d.path / "metrics.csv", text);
+
+  // The shared reader: every column.
+  const auto back = read_epochs(read_metrics_csv(d.path.string()));
+  REQUIRE(back.size() == written.size());
+  for (size_t r = 0; r < written.size(); ++r)
+    for (const auto& c : metrics_columns()) {
+      INFO("row " << r + 1 << " column " << c.name);
+      CHECK(same(value_of(back[r], c), value_of(written[r], c)));
+    }
+  // `dtrain project`'s reading of a cell (metrics_value), column by column.
+  const std::string row = metrics_csv_row(written[0]);
+  const auto cells = split(row.substr(0, row.size() - 1));
+  for (size_t i = 0; i < metrics_columns().size(); ++i) {
+    const auto& c = metrics_columns()[i];
+    INFO(c.name << " = " << cells[i]);
+    const auto v = metrics_value(cells[i]);
+    REQUIRE(v);
+    CHECK(same(*v, value_of(written[0], c)));
+  }
+  // The report's reader (curves and plots).
+  const auto rows = load_metrics(d.path.string());
+  REQUIRE(rows.size() == written.size());
+  CHECK(rows[1].epoch == 2);
+  CHECK(rows[1].lr == written[1].lr);
+  CHECK(rows[1].train_loss == written[1].train_loss);
+  CHECK(rows[1].train_acc == written[1].train_acc);
+  CHECK(rows[1].test_loss == written[1].test_loss);
+  CHECK(rows[1].test_acc == written[1].test_acc);
+  CHECK(rows[1].epoch_time_s == written[1].epoch_time_s);
+}
+
+TEST_CASE("an older metrics.csv without the newer columns still reads; damage is named",
+          "[schema][report]") {
+  TempDir d("schema-old");
+  // As the first versions wrote it: nine columns, a diverged epoch's -nan.
+  put(d.path / "metrics.csv",
+      "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s\n"
+      "1,0.1,0.1,0.9,0.6,0.8,0.62,1.0,1000\n"
+      "\n"
+      "2,0.1,0.1,-nan,0.8,inf,0.7,1.0,1000\n");
+  const auto rows = load_metrics(d.path.string());
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].test_acc == 0.62);
+  CHECK(std::isnan(rows[1].train_loss));
+  CHECK(std::isnan(rows[1].test_loss));  // non-finite values are NaN
+  const MetricsCsv csv = read_metrics_csv(d.path.string());
+  CHECK(csv.find("samples_per_s") == 8u);
+  CHECK_FALSE(csv.find("compute_s"));
+  const auto all = read_epochs(csv);
+  CHECK(all[1].samples_per_s == 1000);
+  CHECK(all[1].compute_s == 0);  // absent: EpochMetrics' default
+  CHECK(std::isnan(all[1].busbw_gbps));
+  CHECK_THROWS_WITH(csv.require({"compute_s"}, "; rerun it"),
+                    Catch::Contains("metrics.csv: no column 'compute_s'; rerun it"));
+
+  // A column every reader needs is missing; a row with a cell too many; a cell that is text.
+  put(d.path / "metrics.csv", "epoch,lr\n1,0.0\n");
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("no column 'train_loss'"));
+  put(d.path / "metrics.csv", metrics_csv_header() + metrics_csv_row(sample_epoch(1)) + "1,2\n");
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":3: 2 cells, header has 24"));
+  CHECK(read_metrics_csv(d.path.string(), RaggedRows::skip).rows.size() == 1);
+  put(d.path / "metrics.csv",
+      "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
+      "1,0.1,abc,0.5,0.5,0.5,1\n");
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":2: 'abc' is not a number"));
+  CHECK_FALSE(metrics_value("1e999"));
+  CHECK_FALSE(metrics_value("1.5x"));
+  CHECK_FALSE(metrics_value(""));
+  fs::remove(d.path / "metrics.csv");
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("metrics.csv: missing"));
+}
+
+TEST_CASE("docs/run.md lists metrics.csv's columns as the table has them", "[schema][docs]") {
+  std::vector<std::string> table;
+  for (const auto& c : metrics_columns()) table.push_back(c.name);
+  CHECK(documented_columns() == table);
+}
+
+TEST_CASE("summary.json holds the declared fields, and its repeated values are the config's",
+          "[schema][recorder]") {
+  TempDir d("schema-summary");
+  const Config cfg = synthetic_config(2, 16);
+  const std::string dir = (d.path / "x" / "t-g2").string();
+  {
+    set_verbosity(true);  // the recorder's log lines are not this test's output
+    RunRecorder rec(dir, "t-g2", "", cfg, {});
+    RunInfo info;
+    info.model = "mlp (100 parameters)";
+    info.param_count = 100;
+    info.steps_per_epoch = 4;
+    rec.on_start(info);
+    rec.on_epoch(sample_epoch(1));
+    TrainResult r;
+    r.info = info;
+    r.epochs = {sample_epoch(1)};
+    rec.finish(r);
+    set_verbosity(false);
+  }
+  const json j = json::parse(slurp(fs::path(dir) / "summary.json"));
+  std::set<std::string> declared;
+  for (const auto& f : summary_fields()) {
+    INFO(f.name);
+    CHECK(declared.insert(f.name).second);  // declared once
+    if (f.always) CHECK(j.contains(f.name));
+    if (*f.repeats == '\0') continue;
+    // "a.b" is config.a.b
+    std::string ptr = "/" + std::string(f.repeats);
+    std::replace(ptr.begin(), ptr.end(), '.', '/');
+    CHECK(j[f.name] == j["config"][json::json_pointer(ptr)]);
+  }
+  for (const auto& [key, value] : j.items()) {
+    INFO(key);
+    CHECK(declared.count(key) == 1);  // a field the table does not declare
+  }
+  CHECK_FALSE(j.contains(summary_key::schema_version));  // version 1 has none
+  const RunRecord back = load_run(dir);
+  CHECK(back.schema_version == kSummaryVersion);
+  CHECK(back.gpus == 2);
+  CHECK(back.param_count == 100);
+}
