@@ -171,7 +171,7 @@ TEST_CASE("a metrics.csv row reads back through every reader to the values writt
   CHECK(rows[1].epoch_time_s == written[1].epoch_time_s);
 }
 
-TEST_CASE("an older metrics.csv without the newer columns still reads; damage is named",
+TEST_CASE("an older metrics.csv without the newer columns still reads, and damage is named",
           "[schema][report]") {
   TempDir d("schema-old");
   // As the first versions wrote it: nine columns, a diverged epoch's -nan.
