@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The ResNet accuracy study in results/resnet-study/: configs/fmnist-resnet.yaml (ResNet-20's
 # layout at widths 8/16/32 on Fashion-MNIST) at 1 replica x 128 and 4 replicas x 32 (the same
-# global batch; BatchNorm per replica, as DDP does without SyncBatchNorm), one seed per call.
-# About 12 minutes per seed on 2 cores; resumable (same SEED again continues).
+# global batch; BatchNorm per replica, as DDP does without SyncBatchNorm), 20 epochs with flips,
+# each seed given. About 25 minutes per seed on a quiet 2-core machine; resumable (the same
+# SEED again continues its runs).
 #
 #   scripts/resnet-study.sh [SEED...]      # default: 1
 set -euo pipefail
