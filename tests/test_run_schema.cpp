@@ -208,6 +208,15 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   CHECK_FALSE(metrics_value("1e999"));
   CHECK_FALSE(metrics_value("1.5x"));
   CHECK_FALSE(metrics_value(""));
+  // Hostile sizes: more rows than epochs a run can have, more columns than dtrain writes.
+  std::string rows_file = "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n";
+  for (int i = 0; i <= 100000; ++i) rows_file += "1,0,0,0,0,0,0\n";
+  put(d.path / "metrics.csv", rows_file);
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("more than 100000 rows"));
+  std::string wide = "epoch";
+  for (int i = 0; i < 100; ++i) wide += ",c" + std::to_string(i);
+  put(d.path / "metrics.csv", wide + "\n");
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("101 columns; dtrain writes 24"));
   fs::remove(d.path / "metrics.csv");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("metrics.csv: missing"));
 }

@@ -259,6 +259,8 @@ std::map<std::string, std::string> documented_defaults() {
     REQUIRE(defaults.size() <= keys.size());
     REQUIRE((defaults.size() <= 1 || defaults.size() == keys.size()));
     for (size_t i = 0; i < keys.size(); ++i) {
+      REQUIRE(!keys[i].empty());
+      REQUIRE((i > 0 || keys[i].front() != '.'));  // a sibling needs a key before it
       if (keys[i].front() == '.') keys[i] = keys[i - 1].substr(0, keys[i - 1].rfind('.')) + keys[i];
       // No default in backticks ("(none)"): nothing to compare.
       rows[keys[i]] = defaults.empty() ? "" : defaults[defaults.size() == 1 ? 0 : i];

@@ -125,6 +125,13 @@ void set_value(T& to, double v) {
 }
 }  // namespace
 
+// What a metrics.csv dtrain wrote can hold: a row per epoch (train.epochs is at most 100000)
+// and a few dozen columns. A file past either is not one of dtrain's, and is refused before its
+// cells, kept as text, take more memory than the file itself (a 64 MiB file of "0,0,0,0" rows
+// would otherwise hold about 1.4 GB of strings).
+constexpr size_t kMaxMetricsColumns = 64;
+constexpr size_t kMaxMetricsRows = 100000;
+
 MetricsCsv read_metrics_csv(const std::string& dir, RaggedRows ragged) {
   MetricsCsv csv;
   csv.path = (std::filesystem::path(dir) / "metrics.csv").string();
@@ -133,8 +140,14 @@ MetricsCsv read_metrics_csv(const std::string& dir, RaggedRows ragged) {
   std::string line;
   if (!std::getline(in, line)) throw UserError(fmt::format("{}: empty", csv.path));
   csv.header = split_cells(line);
+  if (csv.header.size() > kMaxMetricsColumns)
+    throw UserError(fmt::format("{}: {} columns; dtrain writes {}", csv.path, csv.header.size(),
+                                metrics_columns().size()));
   for (int line_no = 2; std::getline(in, line); ++line_no) {
     if (line.empty()) continue;
+    if (csv.rows.size() == kMaxMetricsRows)
+      throw UserError(fmt::format("{}: more than {} rows, more epochs than a run can have",
+                                  csv.path, kMaxMetricsRows));
     auto cells = split_cells(line);
     if (cells.size() != csv.header.size()) {
       if (ragged == RaggedRows::skip) continue;
@@ -211,7 +224,7 @@ const std::vector<SummaryField>& summary_fields() {
       {k::sort_by_label, "the training set sorted by label", "data.sort_by_label", true},
       {k::seed, "the run's seed", "train.seed", true},
       {k::backend, "where the replicas ran: cpu or cuda", "", true},
-      {k::precision, "fp32 or bf16 arithmetic", "", true},
+      {k::precision, "the arithmetic: fp32, tf32 or bf16", "", true},
       {k::launches_per_step, "GPU kernels and library calls per training step", "", false},
       {k::cuda_graph, "on, or off with the reason (GPU runs)", "", false},
       {k::cuda_graph_steps, "steps launched as CUDA graphs", "", false},
