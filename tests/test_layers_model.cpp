@@ -272,6 +272,12 @@ TEST_CASE("layer mistakes are reported with the layer and what is valid", "[mode
       parse_config("model: {type: layers, layers: [{conv: {channels: 2, kernel: 9}}]}", "m.yaml")
           .model;
   CHECK_THROWS_WITH(build_model(*dev, big, {1, 8, 8}, 3), Catch::Contains("does not fit"));
+  // A max pool padded by more than half its window: a window could hold no input.
+  ModelConfig padded =
+      parse_config("model: {type: layers, layers: [{maxpool: {size: 2, padding: 2}}]}", "m.yaml")
+          .model;
+  CHECK_THROWS_WITH(build_model(*dev, padded, {1, 8, 8}, 3),
+                    Catch::Contains("maxpool: padding 2 is more than half the window 2"));
 }
 
 TEST_CASE("sync BatchNorm: 4 replicas x 8 equal 1 replica x 32 step by step", "[bn][equivalence]") {
