@@ -223,18 +223,20 @@ Placement place_replicas(const Config& cfg, int local_ranks) {
 
 // The most rows a replica's buffers hold: a micro-batch or an evaluation chunk, each capped by
 // the data's sizes (see Replica).
-static int64_t buffer_rows(const Config& cfg, const DataSplit& data) {
+static int64_t buffer_rows(const Config& cfg, const DataSplit& data,
+                           int64_t activations_per_sample) {
   const int64_t micro = std::min(cfg.micro_batch(), data.train.size());
-  const ModelSize m = model_size(cfg.model, data.train.shape, data.train.classes);
   return std::max(micro, eval_chunk_rows(cfg.train.eval_batch, micro, data.test.size(),
-                                         m.activations_per_sample));
+                                         activations_per_sample));
 }
 
 // The sizes a GPU run hands cuBLAS and cuDNN as int (see narrow_int): every layer's input and
 // output for the most rows a replica's buffers hold (a micro-batch or an evaluation chunk).
 static void check_gpu_sizes(const Config& cfg, const DataSplit& data) {
   const auto layers = build_layers(cfg.model, data.train.shape, data.train.classes);
-  const int64_t rows = buffer_rows(cfg, data);
+  const int64_t rows = buffer_rows(
+      cfg, data,
+      model_size(cfg.model, data.train.shape, data.train.classes).activations_per_sample);
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::string name = fmt::format("model layer {} ({})", i, layers[i]->describe());
     check_gpu_tensor(name, rows, layers[i]->largest_features());  // a block's inside too
@@ -261,7 +263,7 @@ ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data) {
   const double state = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;  // momentum; Adam m, v
   const auto micro = static_cast<double>(std::min(cfg.micro_batch(), data.train.size()));
   ReplicaBytes b;
-  b.rows = buffer_rows(cfg, data);
+  b.rows = buffer_rows(cfg, data, m.activations_per_sample);
   const auto rows = static_cast<double>(b.rows);
   b.params = 4.0 * static_cast<double>(m.params) * (2 + state);
   b.grads = 4.0 * static_cast<double>(m.params);
