@@ -1,0 +1,67 @@
+#pragma once
+// Images from files: JPEG (libjpeg-turbo's TurboJPEG API) and PNG (libpng's simplified API)
+// decoded to 8-bit pixels, and the crops that turn one into a C x H x W training sample.
+// Nothing a file's header claims is trusted past kMaxImagePixels: a PNG that says it is
+// 100000 x 100000 is refused before anything is allocated for it.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+// Interleaved 8-bit pixels, row by row: pixels[(y * width + x) * channels + c].
+struct Image {
+  int64_t width = 0, height = 0;
+  int channels = 0;  // 1 (grey) or 3 (RGB)
+  std::vector<uint8_t> pixels;
+};
+
+// The most pixels (width x height) an image may claim: 64 Mpixel, 192 MiB as RGB.
+constexpr int64_t kMaxImagePixels = int64_t{1} << 26;
+
+struct ImageHeader {
+  int64_t width = 0, height = 0;
+  const char* format = "";  // "JPEG" or "PNG"
+};
+
+// The format (from the first bytes) and size a file's header claims, checked against
+// kMaxImagePixels. UserError "<what>: <reason>" for anything else: empty, not a JPEG or PNG,
+// a header cut short, zero or too many pixels.
+ImageHeader read_image_header(const uint8_t* data, size_t size, const std::string& what);
+
+// Decodes a whole JPEG or PNG to `channels` (1: grey, 3: RGB; the decoder converts, alpha is
+// dropped). A file cut short or corrupt anywhere is refused (UserError naming `what` and the
+// decoder's reason), never returned half grey.
+Image decode_image(const uint8_t* data, size_t size, int channels, const std::string& what);
+
+// A region of the source image, in source pixels (x0, y0: its top-left corner), to be resampled
+// to the sample's H x W, and whether the result is mirrored left to right.
+struct CropBox {
+  double x0 = 0, y0 = 0, width = 0, height = 0;
+  bool flip = false;
+};
+
+// Training crops as torchvision's RandomResizedCrop draws them: an area fraction uniform in
+// [scale_lo, scale_hi] of the image and an aspect ratio log-uniform in [ratio_lo, ratio_hi],
+// up to 10 tries for a box that fits, else the whole image cropped centrally to the nearest
+// ratio in range; then a mirror with probability 1/2 where `flip`. Every number drawn depends
+// on `key` alone (the sample's (seed, epoch, index), see sample_key), so any number of decode
+// workers, in any order, makes the same crops.
+CropBox random_resized_crop(int64_t width, int64_t height, double scale_lo, double scale_hi,
+                            double ratio_lo, double ratio_hi, bool flip, uint64_t key);
+
+// Evaluation crops: the shorter side scaled to out / 0.875 (256 for 224, as the ImageNet
+// recipes do), then the centre out_h x out_w.
+CropBox centre_crop(int64_t width, int64_t height, int64_t out_h, int64_t out_w);
+
+// The key of sample `index` in epoch `epoch` of a run seeded `seed`.
+uint64_t sample_key(uint64_t seed, int64_t epoch, int64_t index);
+
+// Resamples `box` of `img` to a channel-planar channels x out_h x out_w sample (channels is
+// img.channels), with a separable triangle (bilinear) filter widened by the scale factor when
+// shrinking, as PIL's antialiased resize does; then (v / 255 - mean[c]) * inv_std[c].
+void resample(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w,
+              const float* mean, const float* inv_std, float* out);
+
+}  // namespace dtrain
