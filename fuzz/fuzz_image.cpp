@@ -1,0 +1,39 @@
+// libFuzzer target: the JPEG and PNG decoders and the resampler on the bytes of one file. Any
+// outcome but an image or a UserError is a bug, and so is an image that does not match its
+// header (size) or its pixel count, or a resampled crop of it that is not finite.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/data/image.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  dtrain::ImageHeader header;
+  try {
+    header = dtrain::read_image_header(data, size, "fuzz.img");
+  } catch (const dtrain::UserError&) {
+    // A header refused may still be a file the decoder refuses: it must, not crash.
+  }
+  for (int channels : {1, 3}) {
+    dtrain::Image img;
+    try {
+      img = dtrain::decode_image(data, size, channels, "fuzz.img");
+    } catch (const dtrain::UserError&) {
+      continue;
+    }
+    if (img.channels != channels || img.width != header.width || img.height != header.height ||
+        img.pixels.size() != static_cast<size_t>(img.width * img.height * channels))
+      __builtin_trap();
+    const dtrain::CropBox box = dtrain::random_resized_crop(
+        img.width, img.height, 0.08, 1.0, 3.0 / 4, 4.0 / 3, true, size * 31 + channels);
+    const float mean[3] = {0.485f, 0.456f, 0.406f}, inv_std[3] = {4.4f, 4.5f, 4.4f};
+    std::vector<float> out(static_cast<size_t>(channels) * 8 * 8, NAN);
+    dtrain::resample(img, box, 8, 8, mean, inv_std, out.data());
+    for (float v : out)
+      if (!std::isfinite(v)) __builtin_trap();
+  }
+  return 0;
+}

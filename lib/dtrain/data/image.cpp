@@ -1,0 +1,366 @@
+// JPEG and PNG decoding and the training and evaluation crops (image.hpp). Every size a file
+// claims is checked against kMaxImagePixels before a byte is allocated for its pixels, and
+// every decoder complaint, warnings included, refuses the file: a damaged image must not
+// become a half-grey training sample that nobody notices.
+#include "dtrain/data/image.hpp"
+
+#include <fmt/format.h>
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/hash.hpp"
+
+namespace dtrain {
+
+namespace {
+
+constexpr uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
+
+enum class Format { jpeg, png };
+
+// The format from the first bytes; anything else is refused, showing them (a GIF, a WebP or an
+// HTML error page saved as .jpg are recognisable from their first bytes).
+Format detect_format(const uint8_t* data, size_t size, const std::string& what) {
+  if (size == 0) throw UserError(what + ": empty file");
+  if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) return Format::jpeg;
+  if (size >= sizeof kPngSignature && std::memcmp(data, kPngSignature, sizeof kPngSignature) == 0)
+    return Format::png;
+  std::string first;
+  for (size_t i = 0; i < std::min<size_t>(size, 4); ++i)
+    first += fmt::format("{}{:02X}", i ? " " : "", data[i]);
+  throw UserError(fmt::format("{}: not a JPEG or PNG file (first bytes {})", what, first));
+}
+
+// A size claimed by a header, checked before anything is allocated for it (the division: no
+// product of two claims can overflow).
+void check_pixels(int64_t width, int64_t height, const std::string& what) {
+  if (width <= 0 || height <= 0)
+    throw UserError(fmt::format("{}: claims {} x {} pixels, an empty image", what, width, height));
+  if (width > kMaxImagePixels / height)
+    throw UserError(
+        fmt::format("{}: claims {} x {} pixels, more than the {} (8192 x 8192) "
+                    "dtrain decodes",
+                    what, width, height, kMaxImagePixels));
+}
+
+// One TurboJPEG decompressor per call: creating one costs microseconds against the
+// milliseconds of a decode, and no handle is shared between decode threads.
+class TjDecompressor {
+ public:
+  TjDecompressor() : h_(tjInitDecompress()) {
+    if (!h_) DTRAIN_THROW_SYSTEM(fmt::format("tjInitDecompress: {}", tjGetErrorStr2(nullptr)));
+  }
+  ~TjDecompressor() { tjDestroy(h_); }
+  TjDecompressor(const TjDecompressor&) = delete;
+  TjDecompressor& operator=(const TjDecompressor&) = delete;
+  tjhandle get() const { return h_; }
+  std::string error() const { return tjGetErrorStr2(h_); }
+
+ private:
+  tjhandle h_;
+};
+
+struct JpegHeader {
+  int width = 0, height = 0, colorspace = 0;
+};
+
+JpegHeader jpeg_header(const TjDecompressor& tj, const uint8_t* data, size_t size,
+                       const std::string& what) {
+  JpegHeader h;
+  int subsamp = 0;
+  if (tjDecompressHeader3(tj.get(), data, static_cast<unsigned long>(size), &h.width, &h.height,
+                          &subsamp, &h.colorspace) != 0)
+    throw UserError(
+        fmt::format("{}: JPEG header cut short or corrupt (libjpeg-turbo: {})", what, tj.error()));
+  // TurboJPEG reports a stream that ends before its frame header (tables only, or cut short)
+  // as a success of size 0 x 0.
+  if (h.width <= 0 || h.height <= 0)
+    throw UserError(what + ": JPEG header cut short or corrupt (it ends before the image size)");
+  check_pixels(h.width, h.height, what);
+  return h;
+}
+
+Image decode_jpeg(const uint8_t* data, size_t size, int channels, const std::string& what) {
+  TjDecompressor tj;
+  const JpegHeader h = jpeg_header(tj, data, size, what);
+  // TurboJPEG decodes CMYK and YCCK only to CMYK pixels, and turning those into RGB needs a
+  // colour profile, which is no job for a training pipeline.
+  if (h.colorspace == TJCS_CMYK || h.colorspace == TJCS_YCCK)
+    throw UserError(what + ": a CMYK JPEG, which dtrain does not decode (convert it to RGB)");
+  Image img;
+  img.width = h.width;
+  img.height = h.height;
+  img.channels = channels;
+  img.pixels.resize(static_cast<size_t>(img.width * img.height * channels));
+  // STOPONWARNING: libjpeg fills what a truncated or damaged file lacks with grey and calls it
+  // a warning; LIMITSCANS: a progressive file of thousands of scans is an attack, not a photo.
+  if (tjDecompress2(tj.get(), data, static_cast<unsigned long>(size), img.pixels.data(), h.width, 0,
+                    h.height, channels == 1 ? TJPF_GRAY : TJPF_RGB,
+                    TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS) != 0)
+    throw UserError(
+        fmt::format("{}: JPEG data cut short or corrupt (libjpeg-turbo: {})", what, tj.error()));
+  return img;
+}
+
+// The PNG header read without libpng: the signature, then the IHDR chunk's width and height.
+ImageHeader png_header(const uint8_t* data, size_t size, const std::string& what) {
+  constexpr size_t kIhdrEnd = 8 + 8 + 13;  // signature, length and type, IHDR data
+  if (size < kIhdrEnd || std::memcmp(data + 12, "IHDR", 4) != 0)
+    throw UserError(
+        fmt::format("{}: PNG header cut short or corrupt (no IHDR chunk in its first {} bytes)",
+                    what, kIhdrEnd));
+  auto be32 = [&](size_t at) {
+    return int64_t{data[at]} << 24 | int64_t{data[at + 1]} << 16 | int64_t{data[at + 2]} << 8 |
+           int64_t{data[at + 3]};
+  };
+  ImageHeader h{be32(16), be32(20), "PNG"};
+  check_pixels(h.width, h.height, what);
+  return h;
+}
+
+// png_image_free on every way out, including the throws (libpng frees on its own errors too;
+// a second free is a no-op).
+struct PngImage {
+  png_image image;
+  PngImage() {
+    std::memset(&image, 0, sizeof image);
+    image.version = PNG_IMAGE_VERSION;
+  }
+  ~PngImage() { png_image_free(&image); }
+  PngImage(const PngImage&) = delete;
+  PngImage& operator=(const PngImage&) = delete;
+};
+
+// Pixels of `n` channels (1 to 4, alpha last where 2 or 4) to `channels`: alpha dropped, as
+// PIL's convert does, and colour to grey with PIL's ITU-R 601-2 luma, the same weights as a
+// JPEG's Y channel, so that a grey dataset is the same whichever format its files are.
+void convert_pixels(const std::vector<uint8_t>& src, int n, Image& img) {
+  const auto count = static_cast<size_t>(img.width * img.height);
+  const bool colour = n >= 3;
+  for (size_t i = 0; i < count; ++i) {
+    const uint8_t* s = &src[i * static_cast<size_t>(n)];
+    uint8_t* d = &img.pixels[i * static_cast<size_t>(img.channels)];
+    if (img.channels == 3) {
+      for (int c = 0; c < 3; ++c) d[c] = colour ? s[c] : s[0];
+    } else {
+      d[0] = colour
+                 ? static_cast<uint8_t>((s[0] * 19595 + s[1] * 38470 + s[2] * 7471 + 0x8000) >> 16)
+                 : s[0];
+    }
+  }
+}
+
+Image decode_png(const uint8_t* data, size_t size, int channels, const std::string& what) {
+  PngImage png;
+  png_image& im = png.image;
+  if (!png_image_begin_read_from_memory(&im, data, size))
+    throw UserError(
+        fmt::format("{}: PNG header cut short or corrupt (libpng: {})", what, im.message));
+  check_pixels(im.width, im.height, what);
+  // Read as the file is (colour or grey, alpha or not) and convert here: libpng would
+  // composite alpha onto a background and weigh colours for grey in linear light, neither of
+  // which PIL (and so torchvision) does.
+  const bool colour = channels == 3 || (im.format & PNG_FORMAT_FLAG_COLOR);
+  const bool alpha = im.format & PNG_FORMAT_FLAG_ALPHA;
+  im.format = (colour ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY) | (alpha ? PNG_FORMAT_FLAG_ALPHA : 0);
+  // 16-bit files without gAMA are sRGB, as PIL takes them, not linear light as libpng would.
+  im.flags |= PNG_IMAGE_FLAG_16BIT_sRGB;
+  const int n = static_cast<int>(PNG_IMAGE_SAMPLE_CHANNELS(im.format));
+  Image img;
+  img.width = im.width;
+  img.height = im.height;
+  img.channels = channels;
+  std::vector<uint8_t> read(static_cast<size_t>(img.width * img.height * n));
+  if (!png_image_finish_read(&im, nullptr, read.data(), 0, nullptr))
+    throw UserError(
+        fmt::format("{}: PNG data cut short or corrupt (libpng: {})", what, im.message));
+  if (n == channels) {
+    img.pixels = std::move(read);
+  } else {
+    img.pixels.resize(static_cast<size_t>(img.width * img.height * channels));
+    convert_pixels(read, n, img);
+  }
+  return img;
+}
+
+// The source pixels and weights that make each output pixel along one axis (PIL's
+// precompute_coeffs): output o of `out` covers [x0 + o * scale, x0 + (o + 1) * scale), scale =
+// len / out, and reads the source pixels whose centres lie within `support` of its centre, with
+// a triangle filter stretched over the support when shrinking (antialiasing), normalised.
+struct AxisTaps {
+  int64_t ksize = 0;
+  std::vector<int64_t> first;  // first source pixel of output o
+  std::vector<int64_t> count;  // how many
+  std::vector<float> weight;   // [o * ksize + k]
+};
+
+AxisTaps axis_taps(double x0, double len, int64_t in, int64_t out) {
+  const double scale = len / static_cast<double>(out);
+  const double support = std::max(scale, 1.0);  // the triangle's support, 1, widened
+  AxisTaps t;
+  t.ksize = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
+  t.first.resize(static_cast<size_t>(out));
+  t.count.resize(static_cast<size_t>(out));
+  t.weight.assign(static_cast<size_t>(out * t.ksize), 0.f);
+  for (int64_t o = 0; o < out; ++o) {
+    const double centre = x0 + (static_cast<double>(o) + 0.5) * scale;
+    int64_t lo = std::max<int64_t>(static_cast<int64_t>(std::floor(centre - support + 0.5)), 0);
+    int64_t hi = std::min<int64_t>(static_cast<int64_t>(std::floor(centre + support + 0.5)), in);
+    hi = std::min(hi, lo + t.ksize);
+    float* w = &t.weight[static_cast<size_t>(o * t.ksize)];
+    double total = 0;
+    for (int64_t s = lo; s < hi; ++s) {
+      const double d = std::abs((static_cast<double>(s) + 0.5 - centre) / support);
+      const double v = d < 1 ? 1 - d : 0;
+      w[s - lo] = static_cast<float>(v);
+      total += v;
+    }
+    if (total <= 0) {  // a centre outside the image: its nearest pixel
+      lo = std::clamp<int64_t>(static_cast<int64_t>(std::floor(centre)), 0, in - 1);
+      hi = lo + 1;
+      w[0] = 1.f;
+      total = 1;
+    }
+    for (int64_t k = 0; k < hi - lo; ++k) w[k] = static_cast<float>(w[k] / total);
+    t.first[static_cast<size_t>(o)] = lo;
+    t.count[static_cast<size_t>(o)] = hi - lo;
+  }
+  return t;
+}
+
+// The horizontal pass over source rows [row0, row1): out_w x channels floats a row, 0 to 255.
+std::vector<float> resample_rows(const Image& img, const AxisTaps& tx, int64_t row0, int64_t row1,
+                                 int64_t out_w) {
+  const int64_t C = img.channels;
+  std::vector<float> rows(static_cast<size_t>((row1 - row0) * out_w * C));
+  for (int64_t r = row0; r < row1; ++r) {
+    const uint8_t* src = &img.pixels[static_cast<size_t>(r * img.width * C)];
+    float* dst = &rows[static_cast<size_t>((r - row0) * out_w * C)];
+    for (int64_t x = 0; x < out_w; ++x) {
+      const float* w = &tx.weight[static_cast<size_t>(x * tx.ksize)];
+      const uint8_t* s = src + tx.first[static_cast<size_t>(x)] * C;
+      float acc[3] = {0, 0, 0};
+      for (int64_t k = 0; k < tx.count[static_cast<size_t>(x)]; ++k)
+        for (int64_t c = 0; c < C; ++c) acc[c] += w[k] * static_cast<float>(s[k * C + c]);
+      for (int64_t c = 0; c < C; ++c) dst[x * C + c] = acc[c];
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
+ImageHeader read_image_header(const uint8_t* data, size_t size, const std::string& what) {
+  if (detect_format(data, size, what) == Format::png) return png_header(data, size, what);
+  TjDecompressor tj;
+  const JpegHeader h = jpeg_header(tj, data, size, what);
+  return ImageHeader{h.width, h.height, "JPEG"};
+}
+
+Image decode_image(const uint8_t* data, size_t size, int channels, const std::string& what) {
+  if (channels != 1 && channels != 3)
+    DTRAIN_THROW_SYSTEM(fmt::format("decode_image: {} channels (1 or 3)", channels));
+  if (detect_format(data, size, what) == Format::png) return decode_png(data, size, channels, what);
+  return decode_jpeg(data, size, channels, what);
+}
+
+CropBox random_resized_crop(int64_t width, int64_t height, double scale_lo, double scale_hi,
+                            double ratio_lo, double ratio_hi, bool flip, uint64_t key) {
+  // The config is checked where it is read; out-of-range numbers here are a caller's bug.
+  if (width <= 0 || height <= 0 || !(scale_lo > 0 && scale_lo <= scale_hi) ||
+      !(ratio_lo > 0 && ratio_lo <= ratio_hi))
+    DTRAIN_THROW_SYSTEM(fmt::format("random_resized_crop: {} x {}, scale [{}, {}], ratio [{}, {}]",
+                                    width, height, scale_lo, scale_hi, ratio_lo, ratio_hi));
+  const auto W = static_cast<double>(width), H = static_cast<double>(height);
+  const double log_lo = std::log(ratio_lo), log_hi = std::log(ratio_hi);
+  CropBox box;
+  box.flip = flip && counter_uniform(key, 40) < 0.5;  // draws 0-39 are the ten tries'
+  for (uint64_t t = 0; t < 10; ++t) {
+    const double area = W * H * (scale_lo + (scale_hi - scale_lo) * counter_uniform(key, 4 * t));
+    const double aspect = std::exp(log_lo + (log_hi - log_lo) * counter_uniform(key, 4 * t + 1));
+    const double w = std::round(std::sqrt(area * aspect)), h = std::round(std::sqrt(area / aspect));
+    if (w > 0 && w <= W && h > 0 && h <= H) {
+      box.y0 = std::floor(counter_uniform(key, 4 * t + 2) * (H - h + 1));
+      box.x0 = std::floor(counter_uniform(key, 4 * t + 3) * (W - w + 1));
+      box.width = w;
+      box.height = h;
+      return box;
+    }
+  }
+  // No try fitted: the whole image, cut centrally to the nearest ratio in range.
+  box.width = W;
+  box.height = H;
+  if (W / H < ratio_lo)
+    box.height = std::clamp(std::round(W / ratio_lo), 1.0, H);
+  else if (W / H > ratio_hi)
+    box.width = std::clamp(std::round(H * ratio_hi), 1.0, W);
+  box.y0 = std::floor((H - box.height) / 2);
+  box.x0 = std::floor((W - box.width) / 2);
+  return box;
+}
+
+CropBox centre_crop(int64_t width, int64_t height, int64_t out_h, int64_t out_w) {
+  if (width <= 0 || height <= 0 || out_h <= 0 || out_w <= 0)
+    DTRAIN_THROW_SYSTEM(
+        fmt::format("centre_crop: {} x {} to {} x {}", width, height, out_w, out_h));
+  const auto W = static_cast<double>(width), H = static_cast<double>(height);
+  const auto oh = static_cast<double>(out_h), ow = static_cast<double>(out_w);
+  const double shorter = std::round(std::min(oh, ow) / 0.875);
+  // For a crop much wider than tall (or the reverse) the scaled image must still cover it.
+  const double s = std::max({shorter / std::min(W, H), oh / H, ow / W});
+  CropBox box;
+  box.width = ow / s;
+  box.height = oh / s;
+  box.x0 = (W * s - ow) / 2 / s;
+  box.y0 = (H * s - oh) / 2 / s;
+  return box;
+}
+
+uint64_t sample_key(uint64_t seed, int64_t epoch, int64_t index) {
+  return mix64(seed ^ mix64(static_cast<uint64_t>(epoch) * 0x9e3779b97f4a7c15ULL +
+                            mix64(static_cast<uint64_t>(index))));
+}
+
+void resample(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w, const float* mean,
+              const float* inv_std, float* out) {
+  const int64_t C = img.channels;
+  if ((C != 1 && C != 3) || img.width <= 0 || img.height <= 0 ||
+      img.pixels.size() != static_cast<size_t>(img.width * img.height * C) || out_h <= 0 ||
+      out_w <= 0 || !std::isfinite(box.x0) || !std::isfinite(box.y0) || !(box.width > 0) ||
+      !(box.height > 0) || !std::isfinite(box.width) || !std::isfinite(box.height))
+    DTRAIN_THROW_SYSTEM(
+        fmt::format("resample: {} x {} x {} image, box ({}, {}) {} x {}, to {} x {}", img.width,
+                    img.height, C, box.x0, box.y0, box.width, box.height, out_w, out_h));
+  const AxisTaps tx = axis_taps(box.x0, box.width, img.width, out_w);
+  const AxisTaps ty = axis_taps(box.y0, box.height, img.height, out_h);
+  // Only the source rows some output row reads go through the horizontal pass.
+  int64_t row0 = img.height, row1 = 0;
+  for (size_t y = 0; y < ty.first.size(); ++y) {
+    row0 = std::min(row0, ty.first[y]);
+    row1 = std::max(row1, ty.first[y] + ty.count[y]);
+  }
+  const std::vector<float> rows = resample_rows(img, tx, row0, row1, out_w);
+  for (int64_t c = 0; c < C; ++c) {
+    const auto a = static_cast<float>(inv_std[c] / 255.0);  // (v / 255 - mean) * inv_std
+    const float b = -mean[c] * inv_std[c];
+    for (int64_t y = 0; y < out_h; ++y) {
+      const float* w = &ty.weight[static_cast<size_t>(y * ty.ksize)];
+      const int64_t first = ty.first[static_cast<size_t>(y)] - row0;
+      float* dst = out + (c * out_h + y) * out_w;
+      for (int64_t x = 0; x < out_w; ++x) {
+        float acc = 0;
+        for (int64_t k = 0; k < ty.count[static_cast<size_t>(y)]; ++k)
+          acc += w[k] * rows[static_cast<size_t>(((first + k) * out_w + x) * C + c)];
+        dst[box.flip ? out_w - 1 - x : x] = acc * a + b;
+      }
+    }
+  }
+}
+
+}  // namespace dtrain

@@ -1,0 +1,369 @@
+// JPEG and PNG decoding, crops and resampling (image.hpp). The files are written here, in
+// memory, from synthetic pixels (no data can be downloaded): PNG round trips are exact, JPEG
+// ones close; damaged, hostile and foreign files are refused with their reason; the crops
+// follow torchvision's procedure and depend on the sample's key alone; the resampler keeps
+// constants constant, averages what it shrinks and mirrors exactly.
+#include <png.h>
+#include <turbojpeg.h>
+#include <zlib.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/data/image.hpp"
+#include "helpers.hpp"
+
+using namespace dtrain;
+using namespace dtrain::test;
+using Bytes = std::vector<uint8_t>;
+
+namespace {
+
+// Smooth colours (JPEG's favourite) that differ in every channel and position.
+Image synthetic(int64_t w, int64_t h, int channels) {
+  Image img{w, h, channels, {}};
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int c = 0; c < channels; ++c) {
+        const double fx = double(x) / double(w - 1), fy = double(y) / double(h - 1);
+        const double v = c == 0 ? 255 * fx : c == 1 ? 255 * fy : 128 + 60 * std::sin(double(x) / 7);
+        img.pixels.push_back(static_cast<uint8_t>(v));
+      }
+  return img;
+}
+
+Bytes to_jpeg(const Image& img, int pixel_format, int subsamp, int quality = 95) {
+  tjhandle h = tjInitCompress();
+  REQUIRE(h);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(h, img.pixels.data(), static_cast<int>(img.width), 0,
+                             static_cast<int>(img.height), pixel_format, &buf, &size, subsamp,
+                             quality, TJFLAG_ACCURATEDCT);
+  INFO(tjGetErrorStr2(h));
+  REQUIRE(rc == 0);
+  Bytes out(buf, buf + size);
+  tjFree(buf);
+  tjDestroy(h);
+  return out;
+}
+
+Bytes to_jpeg(const Image& img) {
+  return img.channels == 1 ? to_jpeg(img, TJPF_GRAY, TJSAMP_GRAY)
+                           : to_jpeg(img, TJPF_RGB, TJSAMP_444);
+}
+
+// `format`: PNG_FORMAT_GRAY, PNG_FORMAT_RGB, PNG_FORMAT_RGBA...; pixels of as many channels.
+Bytes to_png(int64_t w, int64_t h, uint32_t format, const Bytes& pixels) {
+  png_image im{};
+  im.version = PNG_IMAGE_VERSION;
+  im.width = static_cast<png_uint_32>(w);
+  im.height = static_cast<png_uint_32>(h);
+  im.format = format;
+  png_alloc_size_t size = 0;
+  REQUIRE(png_image_write_to_memory(&im, nullptr, &size, 0, pixels.data(), 0, nullptr));
+  Bytes out(size);
+  REQUIRE(png_image_write_to_memory(&im, out.data(), &size, 0, pixels.data(), 0, nullptr));
+  out.resize(size);
+  return out;
+}
+
+Bytes to_png(const Image& img) {
+  return to_png(img.width, img.height, img.channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB,
+                img.pixels);
+}
+
+Image decode(const Bytes& b, int channels) {
+  return decode_image(b.data(), b.size(), channels, "train/cat/1.jpg");
+}
+
+std::string refusal(const Bytes& b, int channels = 3) {
+  return error_of([&] { decode(b, channels); });
+}
+
+std::string header_refusal(const Bytes& b) {
+  return error_of([&] { read_image_header(b.data(), b.size(), "train/cat/1.jpg"); });
+}
+
+double mean_abs_diff(const Bytes& a, const Bytes& b) {
+  REQUIRE(a.size() == b.size());
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += std::abs(double(a[i]) - double(b[i]));
+  return sum / static_cast<double>(a.size());
+}
+
+// Resampled to out_h x out_w with mean 0 and inv_std 1: v / 255 for every channel.
+std::vector<float> resampled(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w) {
+  const float mean[3] = {0, 0, 0}, inv_std[3] = {1, 1, 1};
+  std::vector<float> out(static_cast<size_t>(img.channels * out_h * out_w), -1.f);
+  resample(img, box, out_h, out_w, mean, inv_std, out.data());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("PNG round trips are exact, grey and RGB, and convert between them", "[image]") {
+  const Image rgb = synthetic(37, 23, 3), grey = synthetic(37, 23, 1);
+  const Image a = decode(to_png(rgb), 3), b = decode(to_png(grey), 1);
+  CHECK((a.width == 37 && a.height == 23 && a.channels == 3 && a.pixels == rgb.pixels));
+  CHECK((b.width == 37 && b.height == 23 && b.channels == 1 && b.pixels == grey.pixels));
+  // Grey to RGB repeats the grey; RGB to grey weighs like PIL's convert("L") (ITU-R 601-2).
+  const Image g3 = decode(to_png(grey), 3);
+  for (size_t i = 0; i < grey.pixels.size(); ++i)
+    REQUIRE((g3.pixels[3 * i] == grey.pixels[i] && g3.pixels[3 * i + 1] == grey.pixels[i] &&
+             g3.pixels[3 * i + 2] == grey.pixels[i]));
+  const Bytes colours = {255, 0, 0, 0, 255, 0, 0, 0, 255, 90, 90, 90, 10, 200, 30, 255, 255, 255};
+  const Image l = decode(to_png(6, 1, PNG_FORMAT_RGB, colours), 1);
+  CHECK(l.pixels == Bytes{76, 150, 29, 90, 124, 255});
+}
+
+TEST_CASE("PNG alpha is dropped, not composited", "[image]") {
+  // Colours under alpha 0 and 128 come out as they are, as PIL's convert("RGB") gives them.
+  const Bytes rgba = {200, 100, 50, 0, 10, 20, 30, 128, 255, 255, 255, 255};
+  CHECK(decode(to_png(3, 1, PNG_FORMAT_RGBA, rgba), 3).pixels ==
+        Bytes{200, 100, 50, 10, 20, 30, 255, 255, 255});
+  const Bytes ga = {70, 0, 140, 128};
+  CHECK(decode(to_png(2, 1, PNG_FORMAT_GA, ga), 1).pixels == Bytes{70, 140});
+}
+
+TEST_CASE("Palette PNGs decode to their colours", "[image]") {
+  png_image im{};
+  im.version = PNG_IMAGE_VERSION;
+  im.width = 4;
+  im.height = 1;
+  im.format = PNG_FORMAT_RGB_COLORMAP;
+  im.colormap_entries = 3;
+  const Bytes map = {255, 0, 0, 0, 255, 0, 10, 20, 30}, index = {2, 0, 1, 2};
+  png_alloc_size_t size = 0;
+  REQUIRE(png_image_write_to_memory(&im, nullptr, &size, 0, index.data(), 0, map.data()));
+  Bytes png(size);
+  REQUIRE(png_image_write_to_memory(&im, png.data(), &size, 0, index.data(), 0, map.data()));
+  png.resize(size);
+  CHECK(decode(png, 3).pixels == Bytes{10, 20, 30, 255, 0, 0, 0, 255, 0, 10, 20, 30});
+}
+
+TEST_CASE("JPEG decodes close to its source, grey JPEG to RGB too", "[image]") {
+  const Image rgb = synthetic(64, 48, 3), grey = synthetic(64, 48, 1);
+  const Image a = decode(to_jpeg(rgb), 3);
+  CHECK((a.width == 64 && a.height == 48 && a.channels == 3));
+  CHECK(mean_abs_diff(a.pixels, rgb.pixels) < 2.0);
+  const Image g = decode(to_jpeg(grey), 3);
+  REQUIRE(g.pixels.size() == 64 * 48 * 3);
+  Bytes first;
+  for (size_t i = 0; i < g.pixels.size(); i += 3) {
+    REQUIRE((g.pixels[i] == g.pixels[i + 1] && g.pixels[i] == g.pixels[i + 2]));
+    first.push_back(g.pixels[i]);
+  }
+  CHECK(mean_abs_diff(first, grey.pixels) < 2.0);
+  // A colour JPEG to grey: its luma, close to PIL's weights of the source.
+  const Image l = decode(to_jpeg(rgb), 1);
+  Bytes luma;
+  for (size_t i = 0; i < rgb.pixels.size(); i += 3)
+    luma.push_back(static_cast<uint8_t>(
+        (rgb.pixels[i] * 19595 + rgb.pixels[i + 1] * 38470 + rgb.pixels[i + 2] * 7471 + 0x8000) >>
+        16));
+  CHECK(mean_abs_diff(l.pixels, luma) < 2.0);
+}
+
+TEST_CASE("Decode threads share nothing and agree", "[image]") {
+  const Bytes jpeg = to_jpeg(synthetic(64, 48, 3));
+  const Image want = decode(jpeg, 3);
+  std::vector<int> same(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 20; ++k) same[t] += decode(jpeg, 3).pixels == want.pixels;
+    });
+  for (auto& th : threads) th.join();
+  CHECK(same == std::vector<int>(4, 20));
+}
+
+TEST_CASE("Image headers give format and size without decoding", "[image]") {
+  const Bytes png = to_png(synthetic(37, 23, 3)), jpeg = to_jpeg(synthetic(64, 48, 1));
+  const ImageHeader p = read_image_header(png.data(), png.size(), "a.png");
+  CHECK((p.width == 37 && p.height == 23 && std::string(p.format) == "PNG"));
+  const ImageHeader j = read_image_header(jpeg.data(), jpeg.size(), "a.jpg");
+  CHECK((j.width == 64 && j.height == 48 && std::string(j.format) == "JPEG"));
+  // The header alone: a file cut after it still tells its size.
+  const Bytes head(jpeg.begin(), jpeg.begin() + static_cast<long>(jpeg.size() / 2));
+  CHECK(read_image_header(head.data(), head.size(), "a.jpg").width == 64);
+  CHECK_THAT(header_refusal(Bytes(png.begin(), png.begin() + 20)),
+             Catch::Contains("train/cat/1.jpg: PNG header cut short or corrupt"));
+  CHECK(header_refusal(Bytes(jpeg.begin(), jpeg.begin() + 4)) ==
+        "train/cat/1.jpg: JPEG header cut short or corrupt (it ends before the image size)");
+  // Damage inside the header (the SOF marker's length) is libjpeg-turbo's to name.
+  Bytes bad_sof = jpeg;
+  for (size_t i = 2; i + 3 < bad_sof.size(); ++i)
+    if (bad_sof[i] == 0xFF && bad_sof[i + 1] == 0xC0) {
+      bad_sof[i + 2] = bad_sof[i + 3] = 0;
+      break;
+    }
+  CHECK_THAT(
+      header_refusal(bad_sof),
+      Catch::StartsWith("train/cat/1.jpg: JPEG header cut short or corrupt (libjpeg-turbo: "));
+}
+
+TEST_CASE("Empty and foreign files are refused naming what they are", "[image]") {
+  CHECK(refusal({}) == "train/cat/1.jpg: empty file");
+  CHECK(header_refusal({}) == "train/cat/1.jpg: empty file");
+  const Bytes gif = {'G', 'I', 'F', '8', '9', 'a', 1, 0, 1, 0};
+  CHECK(refusal(gif) == "train/cat/1.jpg: not a JPEG or PNG file (first bytes 47 49 46 38)");
+  CHECK(header_refusal(gif) == refusal(gif));
+  CHECK(refusal({0xFF, 0xD8}) == "train/cat/1.jpg: not a JPEG or PNG file (first bytes FF D8)");
+}
+
+TEST_CASE("A PNG claiming 100000 x 100000 pixels is refused before allocating them", "[image]") {
+  Bytes png = to_png(1, 1, PNG_FORMAT_GRAY, {7});
+  REQUIRE(std::string(png.begin() + 12, png.begin() + 16) == "IHDR");
+  for (size_t at : {16, 20}) {  // width, height: 100000 big-endian
+    png[at] = 0;
+    png[at + 1] = 0x01;
+    png[at + 2] = 0x86;
+    png[at + 3] = 0xA0;
+  }
+  const uLong crc = crc32(0, png.data() + 12, 17);  // over the type and the data
+  for (int k = 0; k < 4; ++k) png[29 + static_cast<size_t>(k)] = uint8_t(crc >> (24 - 8 * k));
+  const std::string want =
+      "train/cat/1.jpg: claims 100000 x 100000 pixels, more than the 67108864 (8192 x 8192) "
+      "dtrain decodes";
+  CHECK(header_refusal(png) == want);
+  // Through libpng: it accepts the header (CRC right, under its own limits), dtrain does not.
+  CHECK(refusal(png, 3) == want);
+  CHECK(refusal(png, 1) == want);
+}
+
+TEST_CASE("Truncated and CMYK files are refused, never returned half grey", "[image]") {
+  const Bytes jpeg = to_jpeg(synthetic(64, 48, 3)), png = to_png(synthetic(64, 48, 3));
+  for (int channels : {1, 3}) {
+    CHECK_THAT(
+        refusal(Bytes(jpeg.begin(), jpeg.begin() + static_cast<long>(jpeg.size() / 2)), channels),
+        Catch::StartsWith("train/cat/1.jpg: JPEG data cut short or corrupt (libjpeg-turbo: "));
+    CHECK_THAT(
+        refusal(Bytes(png.begin(), png.begin() + static_cast<long>(png.size() / 2)), channels),
+        Catch::StartsWith("train/cat/1.jpg: PNG data cut short or corrupt (libpng: "));
+  }
+  Bytes damaged = png;
+  damaged[png.size() / 2] ^= 0x55;  // inside IDAT: its CRC no longer matches
+  CHECK_THAT(refusal(damaged), Catch::StartsWith("train/cat/1.jpg: PNG data cut short or corrupt"));
+  const Bytes cmyk = to_jpeg(synthetic(16, 16, 4), TJPF_CMYK, TJSAMP_444);
+  CHECK(refusal(cmyk) ==
+        "train/cat/1.jpg: a CMYK JPEG, which dtrain does not decode (convert it to RGB)");
+}
+
+TEST_CASE("Random resized crops depend on the key alone and stay in range", "[image]") {
+  const double ratio_lo = 3.0 / 4, ratio_hi = 4.0 / 3;
+  auto crop = [&](uint64_t key) {
+    return random_resized_crop(500, 375, 0.08, 1.0, ratio_lo, ratio_hi, true, key);
+  };
+  int flips = 0;
+  std::set<std::tuple<double, double, double, double>> boxes;
+  for (int64_t i = 0; i < 1000; ++i) {
+    const uint64_t key = sample_key(42, 3, i);
+    const CropBox b = crop(key), again = crop(key);
+    REQUIRE((b.x0 == again.x0 && b.y0 == again.y0 && b.width == again.width &&
+             b.height == again.height && b.flip == again.flip));
+    // Whole pixels inside the image, area and ratio in range up to the rounding to pixels.
+    REQUIRE((b.x0 >= 0 && b.y0 >= 0 && b.x0 + b.width <= 500 && b.y0 + b.height <= 375));
+    REQUIRE((b.x0 == std::floor(b.x0) && b.width == std::floor(b.width)));
+    const double area = b.width * b.height / (500.0 * 375), ratio = b.width / b.height;
+    REQUIRE((area > 0.08 * 0.97 && area <= 1.0));
+    REQUIRE((ratio > ratio_lo * 0.98 && ratio < ratio_hi * 1.02));
+    flips += b.flip;
+    boxes.insert({b.x0, b.y0, b.width, b.height});
+  }
+  CHECK((flips > 430 && flips < 570));
+  CHECK(boxes.size() > 950);
+  CHECK_FALSE(random_resized_crop(500, 375, 0.08, 1, ratio_lo, ratio_hi, false, 7).flip);
+  CHECK(sample_key(42, 3, 5) != sample_key(42, 3, 6));
+  CHECK(sample_key(42, 3, 5) != sample_key(42, 4, 5));
+  CHECK(sample_key(42, 3, 5) != sample_key(43, 3, 5));
+}
+
+TEST_CASE("Random resized crops of a thin image fall back to its centre", "[image]") {
+  // 1000 x 10: no box of ratio <= 4/3 and 8% of the area fits, so the centre 13 x 10.
+  const CropBox b = random_resized_crop(1000, 10, 0.08, 1.0, 3.0 / 4, 4.0 / 3, false, 1);
+  CHECK((b.width == 13 && b.height == 10 && b.x0 == 493 && b.y0 == 0));
+  const CropBox t = random_resized_crop(10, 1000, 0.08, 1.0, 3.0 / 4, 4.0 / 3, false, 1);
+  CHECK((t.width == 10 && t.height == 13 && t.x0 == 0 && t.y0 == 493));
+}
+
+TEST_CASE("Centre crops scale the shorter side to 256 for 224", "[image]") {
+  const CropBox b = centre_crop(500, 375, 224, 224);  // scale 256 / 375
+  CHECK(b.width == Approx(224 * 375 / 256.0));
+  CHECK(b.height == Approx(224 * 375 / 256.0));
+  CHECK(b.x0 == Approx((500 - 224 * 375 / 256.0) / 2));
+  CHECK(b.y0 == Approx((375 - 224 * 375 / 256.0) / 2));
+  CHECK_FALSE(b.flip);
+  // Portrait: the same numbers across.
+  const CropBox p = centre_crop(375, 500, 224, 224);
+  CHECK((p.x0 == Approx(b.y0) && p.y0 == Approx(b.x0) && p.width == Approx(b.width)));
+}
+
+TEST_CASE("Resampling the whole image at its size gives its pixels", "[image]") {
+  const Image img = synthetic(13, 9, 3);
+  const std::vector<float> out = resampled(img, {0, 0, 13, 9, false}, 9, 13);
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < 9; ++y)
+      for (int x = 0; x < 13; ++x)
+        REQUIRE(out[static_cast<size_t>((c * 9 + y) * 13 + x)] ==
+                Approx(img.pixels[static_cast<size_t>((y * 13 + x) * 3 + c)] / 255.0).margin(1e-6));
+  // Normalised per channel: (v / 255 - mean[c]) * inv_std[c].
+  const float mean[3] = {0.5f, 0.25f, 0.f}, inv_std[3] = {2.f, 4.f, 1.f};
+  std::vector<float> norm(out.size());
+  resample(img, {0, 0, 13, 9, false}, 9, 13, mean, inv_std, norm.data());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const size_t c = i / (9 * 13);
+    REQUIRE(norm[i] == Approx((out[i] - mean[c]) * inv_std[c]).margin(1e-5));
+  }
+}
+
+TEST_CASE("Resampling keeps a constant constant at any box and scale", "[image]") {
+  Image img{40, 30, 1, Bytes(40 * 30, 153)};
+  const std::vector<CropBox> boxes = {{0, 0, 40, 30, false},
+                                      {3.3, 1.7, 20.2, 11.9, true},
+                                      {10, 10, 1, 1, false},
+                                      {0, 0, 40, 30, true},
+                                      {35.5, 25.5, 4.5, 4.5, false}};
+  for (const CropBox& b : boxes)
+    for (auto [h, w] : {std::pair{7, 5}, std::pair{30, 40}, std::pair{64, 3}, std::pair{1, 1}})
+      for (float v : resampled(img, b, h, w)) REQUIRE(v == Approx(153 / 255.0).margin(1e-6));
+}
+
+TEST_CASE("Shrinking 2x averages what it shrinks", "[image]") {
+  Image board{32, 32, 1, {}}, stripes{32, 32, 1, {}};
+  for (int y = 0; y < 32; ++y)
+    for (int x = 0; x < 32; ++x) {
+      board.pixels.push_back(static_cast<uint8_t>((x + y) % 2 ? 255 : 0));
+      stripes.pixels.push_back(static_cast<uint8_t>(x % 4 < 2 ? 255 : 0));  // columns 1100...
+    }
+  const std::vector<float> grey = resampled(board, {0, 0, 32, 32, false}, 16, 16);
+  const std::vector<float> soft = resampled(stripes, {0, 0, 32, 32, false}, 16, 16);
+  // The edges see a lopsided window (taps past the image are dropped); the rest is exact.
+  for (int y = 1; y < 15; ++y)
+    for (int x = 1; x < 15; ++x) {
+      REQUIRE(grey[static_cast<size_t>(y * 16 + x)] == Approx(0.5));
+      // The triangle widened to 4 taps (1/8, 3/8, 3/8, 1/8): 3/4 and 1/4, where a 2-tap
+      // bilinear (no antialiasing) would give the stripes back as 1 and 0.
+      REQUIRE(soft[static_cast<size_t>(y * 16 + x)] == Approx(x % 2 ? 0.25 : 0.75));
+    }
+}
+
+TEST_CASE("Flipped crops mirror the unflipped ones exactly", "[image]") {
+  const Image img = synthetic(50, 40, 3);
+  CropBox b{4.5, 3.25, 33, 27, false};
+  const std::vector<float> plain = resampled(img, b, 11, 17);
+  b.flip = true;
+  const std::vector<float> mirrored = resampled(img, b, 11, 17);
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < 11; ++y)
+      for (int x = 0; x < 17; ++x)
+        REQUIRE(mirrored[static_cast<size_t>((c * 11 + y) * 17 + x)] ==
+                plain[static_cast<size_t>((c * 11 + y) * 17 + 16 - x)]);
+}
