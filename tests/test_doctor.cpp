@@ -18,13 +18,15 @@ using namespace dtrain::test;
 
 namespace {
 
-std::vector<std::string> rules_of(const Config& c, const DataSplit* data = nullptr) {
+std::vector<std::string> rules_of(const Config& c, const DataSplit* data = nullptr,
+                                  const InputProbe* probe = nullptr) {
   std::vector<std::string> out;
-  for (const auto& f : diagnose(c, data)) out.push_back(f.rule);
+  for (const auto& f : diagnose(c, data, probe)) out.push_back(f.rule);
   return out;
 }
-bool fires(const std::string& rule, const Config& c, const DataSplit* data = nullptr) {
-  const auto r = rules_of(c, data);
+bool fires(const std::string& rule, const Config& c, const DataSplit* data = nullptr,
+           const InputProbe* probe = nullptr) {
+  const auto r = rules_of(c, data, probe);
   return std::find(r.begin(), r.end(), rule) != r.end();
 }
 
@@ -407,12 +409,35 @@ TEST_CASE("doctor: sparse labels, named with their counts", "[doctor]") {
   CHECK_FALSE(fires("sparse-labels", c, nullptr));  // a rule of the data
 }
 
+TEST_CASE("doctor: input-bound, from the measured rates, with the workers that would do",
+          "[doctor]") {
+  const Config c = healthy();
+  InputProbe p;
+  p.workers = 1;
+  p.samples_per_step = 64;
+  p.step_s = 0.010;        // 6400 samples/s consumed
+  p.decode_per_s = 2000;   // by one thread
+  const auto f = diagnose(c, nullptr, &p);
+  const auto it =
+      std::find_if(f.begin(), f.end(), [](const Finding& x) { return x.rule == "input-bound"; });
+  REQUIRE(it != f.end());
+  INFO(it->message);
+  CHECK_THAT(it->message, Catch::Contains("decode 2000 images/s per replica (data.workers: 1"));
+  CHECK_THAT(it->message, Catch::Contains("consumes 6400 samples/s"));
+  CHECK_THAT(it->message, Catch::Contains("about 69% of the time"));
+  CHECK_THAT(it->message, Catch::Contains("fix: data.workers: 4 "));
+  p.workers = 4;
+  p.decode_per_s = 8000;  // enough: silent
+  CHECK_FALSE(fires("input-bound", c, nullptr, &p));
+  CHECK_FALSE(fires("input-bound", c));  // nothing measured, nothing said
+}
+
 TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {
   // The rule list is what `dtrain doctor` counts; a rule added without a case here fails.
   const std::vector<std::string> tested = {
       "sum-reduction", "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
       "ordered-data",  "small-bn-batch", "accumulation-bn",  "dropped-samples",
-      "oversubscribed-threads", "ignored-model-key", "sparse-labels"};
+      "oversubscribed-threads", "ignored-model-key", "sparse-labels", "input-bound"};
   CHECK(doctor_rules() == tested);
 }
 
@@ -444,5 +469,5 @@ TEST_CASE("dtrain doctor prints one line per finding and exits 0", "[doctor][cli
                                 " train.reduction=mean data.drop_remainder=false gpus=1");
   INFO(clean.out);
   CHECK(clean.code == 0);
-  CHECK(clean.out.find("none of the 12 known pitfalls") != std::string::npos);
+  CHECK(clean.out.find("none of the 13 known pitfalls") != std::string::npos);
 }

@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "commands.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/data/data.hpp"
@@ -27,7 +29,18 @@ int run_doctor(const DoctorOptions& opt) {
         runs.size() > 1
             ? fmt::format("gpus={}{}: ", r.config.gpus, r.label.empty() ? "" : " " + r.label)
             : "";
-    for (const auto& f : diagnose(r.config, data)) {
+    // Image files: the input rule measures the pipeline and a step on this machine.
+    std::optional<InputProbe> probe;
+    if (data && data->train.files) {
+      fmt::print("doctor: {}timing the input pipeline and a training step on this machine\n", who);
+      try {
+        probe = probe_input(r.config, *data);
+      } catch (const std::exception& e) {  // e.g. a cuda config on a machine without a GPU
+        fmt::print("doctor: {}input-bound not checked: timing a step failed: {}\n", who,
+                   e.what());
+      }
+    }
+    for (const auto& f : diagnose(r.config, data, probe ? &*probe : nullptr)) {
       fmt::print("doctor: {}[{}] {}\n", who, f.rule, f.message);
       ++findings;
     }

@@ -50,6 +50,26 @@ struct ValidateOptions {
 void setup_validate(CLI::App& app, ValidateOptions& opt);
 int run_validate(const ValidateOptions& opt);
 
+struct ExportOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string out;
+  std::string format = "png";
+  int quality = 95;
+};
+void setup_export(CLI::App& app, ExportOptions& opt);
+int run_export(const ExportOptions& opt);
+
+struct BenchInputOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::vector<int> workers = {1, 2};
+  int64_t images = 2048;
+  int repeats = 3;
+};
+void setup_bench_input(CLI::App& app, BenchInputOptions& opt);
+int run_bench_input(const BenchInputOptions& opt);
+
 struct DoctorOptions {
   std::string config;
   std::vector<std::string> overrides;

@@ -55,6 +55,8 @@ struct AllOptions {
   dtrain::cli::DevicesOptions devices;
   dtrain::cli::BenchCommOptions bench_comm;
   dtrain::cli::ProjectOptions project;
+  dtrain::cli::ExportOptions export_images;
+  dtrain::cli::BenchInputOptions bench_input;
 };
 
 // A subcommand: its CLI11 app (true once given), and what runs it with its options.
@@ -98,6 +100,12 @@ std::vector<Command> add_commands(CLI::App& app, AllOptions& o) {
       add(app, "project",
           "Project a 1-replica run's step to N GPUs over a link (a model, not a run)", o.project,
           setup_project, run_project),
+      add(app, "export-images",
+          "Write a config's image data as a folder of PNG or JPEG files (dataset: folder)",
+          o.export_images, setup_export, run_export),
+      add(app, "bench-input",
+          "Time the input pipeline of image files (dataset: folder) at each worker count",
+          o.bench_input, setup_bench_input, run_bench_input),
   };
 }
 

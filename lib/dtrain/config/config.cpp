@@ -565,15 +565,54 @@ int64_t image_channels(const DataConfig& d, int64_t* h, int64_t* w) {
   std::vector<int64_t> shape = {1, 28, 28};  // Fashion-MNIST, MNIST and IDX files
   if (d.dataset == DatasetKind::synthetic) shape = d.synthetic.shape;
   if (d.dataset == DatasetKind::cifar10 || d.dataset == DatasetKind::cifar100) shape = {3, 32, 32};
+  if (d.dataset == DatasetKind::folder) shape = d.shape;
   if (shape.size() != 3) return 0;
   *h = shape[1];
   *w = shape[2];
   return shape[0];
 }
 
+// A [lo, hi] range key of data.augment.
+void check_range(const std::vector<double>& v, const char* key, const MapReader& a) {
+  if (v.size() != 2 || v[0] > v[1])
+    a.fail(key, a.node(key), "needs two numbers [lo, hi] with lo <= hi");
+}
+
+// dataset: folder: a [C, H, W] shape of 1 or 3 channels, crops drawn by scale and ratio (not by
+// padding); the folder keys are refused with other datasets, whose shape comes from their data.
+void check_folder(const DataConfig& d, const MapReader& r) {
+  const MapReader a = r.at("augment");
+  if (d.dataset != DatasetKind::folder) {
+    // Set to other than the default (config.resolved.yaml writes every key).
+    const DataConfig def;
+    const std::pair<const char*, bool> set[] = {{"shape", d.shape != def.shape},
+                                                {"workers", d.workers != def.workers},
+                                                {"prefetch", d.prefetch != def.prefetch},
+                                                {"on_bad_file", d.on_bad_file != def.on_bad_file}};
+    for (const auto& [key, differs] : set)
+      if (differs) r.fail(key, r.node(key), "only for dataset: folder (image files decoded as used)");
+    const std::pair<const char*, bool> aug[] = {
+        {"crop_scale", d.augment.crop_scale != def.augment.crop_scale},
+        {"crop_ratio", d.augment.crop_ratio != def.augment.crop_ratio}};
+    for (const auto& [key, differs] : aug)
+      if (differs)
+        a.fail(key, a.node(key), "only for dataset: folder (in-memory images crop by padding)");
+    return;
+  }
+  if (d.shape.size() != 3 || (d.shape[0] != 1 && d.shape[0] != 3))
+    r.fail("shape", r.node("shape"),
+           "needs [C, H, W] with C 1 (grey) or 3 (RGB), e.g. [3, 224, 224]");
+  if (d.augment.crop_padding > 0)
+    a.fail("crop_padding", a.node("crop_padding"),
+           "a folder dataset crops with data.augment.crop_scale and crop_ratio instead");
+  check_range(d.augment.crop_scale, "crop_scale", a);
+  check_range(d.augment.crop_ratio, "crop_ratio", a);
+}
+
 // data.mean and data.std: one per channel, or one for global statistics; reflect padding
 // smaller than the image.
 void check_data(const DataConfig& d, const MapReader& r) {
+  check_folder(d, r);
   int64_t h = 0, w = 0;
   const int64_t channels = image_channels(d, &h, &w);
   if (d.normalize == Normalize::channel && channels == 0)

@@ -22,14 +22,23 @@ inline const EnumTable<Backend>& choices(Backend) {
   return names;
 }
 
-enum class DatasetKind { fashion_mnist, mnist, idx, synthetic, cifar10, cifar100 };
+enum class DatasetKind { fashion_mnist, mnist, idx, synthetic, cifar10, cifar100, folder };
 inline const EnumTable<DatasetKind>& choices(DatasetKind) {
   static const EnumTable<DatasetKind> names = {{"fashion-mnist", DatasetKind::fashion_mnist},
                                                {"mnist", DatasetKind::mnist},
                                                {"idx", DatasetKind::idx},
                                                {"synthetic", DatasetKind::synthetic},
                                                {"cifar10", DatasetKind::cifar10},
-                                               {"cifar100", DatasetKind::cifar100}};
+                                               {"cifar100", DatasetKind::cifar100},
+                                               {"folder", DatasetKind::folder}};
+  return names;
+}
+
+// What a folder dataset does with a file that cannot be decoded: stop the run naming it, or
+// leave it out (found before training, listed in the run folder).
+enum class BadFile { fail, skip };
+inline const EnumTable<BadFile>& choices(BadFile) {
+  static const EnumTable<BadFile> names = {{"fail", BadFile::fail}, {"skip", BadFile::skip}};
   return names;
 }
 
@@ -186,11 +195,18 @@ struct SyntheticConfig {
   double noise = 1.0;  // std of the per-sample noise around each class prototype
 };
 
-// Training-time augmentation of image data, drawn from each replica's own random stream.
+// Training-time augmentation of image data. In-memory images: a random crop from the padded
+// image and a flip, drawn from each replica's own random stream. Image files (dataset: folder):
+// a random-resized crop to data.shape and a flip, keyed by (seed, epoch, sample), so the same
+// for any replica and worker count.
 struct AugmentConfig {
   int64_t crop_padding = 0;  // random crop of the original size from the padded image
   PaddingMode padding_mode = PaddingMode::zero;
   bool flip = false;  // random horizontal flip with probability 1/2
+  // dataset: folder: the crop's share of the image's area and its aspect ratio (width / height)
+  // lie in these ranges (torchvision's RandomResizedCrop defaults).
+  std::vector<double> crop_scale = {0.08, 1.0};
+  std::vector<double> crop_ratio = {0.75, 4.0 / 3.0};
   bool enabled() const { return crop_padding > 0 || flip; }
 };
 
@@ -212,6 +228,11 @@ struct DataConfig {
   int64_t test_limit = 0;   // use only the first N test samples (0 = all)
   SyntheticConfig synthetic;
   AugmentConfig augment;
+  // dataset: folder (train/<class>/* and test/<class>/* image files, decoded as they are used).
+  std::vector<int64_t> shape = {3, 224, 224};  // [C, H, W] of a sample; C is 1 (grey) or 3 (RGB)
+  int workers = 2;                             // decode threads per replica
+  int prefetch = 2;                            // batches decoded ahead of the one in use
+  BadFile on_bad_file = BadFile::fail;
 };
 
 // One entry of `model.layers` (type: layers). Fields a type does not use stay at defaults.

@@ -92,6 +92,8 @@ void visit(C& a, V& v) {
   v(Key("crop_padding").within(0, 64), a.crop_padding);
   v(Key("padding_mode"), a.padding_mode);
   v(Key("flip"), a.flip);
+  v(Key("crop_scale").within(1e-6, 1.0), a.crop_scale);
+  v(Key("crop_ratio").within(1e-3, 1e3), a.crop_ratio);
 }
 
 template <ConfigPart<DataConfig> C, class V>
@@ -109,6 +111,10 @@ void visit(C& d, V& v) {
   v(Key("test_limit").at_least(0), d.test_limit);
   v.section(Key("synthetic"), d.synthetic);
   v.section(Key("augment").acts_after_load(), d.augment);
+  v(Key("shape").within(1, 8192), d.shape);
+  v(Key("workers").within(1, 256).acts_after_load(), d.workers);
+  v(Key("prefetch").within(1, 64).acts_after_load(), d.prefetch);
+  v(Key("on_bad_file"), d.on_bad_file);
 }
 
 // The parameters of one entry of model.layers; which ones depends on its type.

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "dtrain/data/cifar.hpp"
+#include "dtrain/data/image_folder.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
 #include "dtrain/base/rng.hpp"
@@ -429,7 +430,13 @@ void sort_by_label(Dataset& d) {
   std::vector<int32_t> y(d.y.size());
   for (size_t i = 0; i < idx.size(); ++i) {
     y[i] = d.y[static_cast<size_t>(idx[i])];
-    std::copy_n(d.x.begin() + idx[i] * f, f, x.begin() + static_cast<int64_t>(i) * f);
+    if (!d.files) std::copy_n(d.x.begin() + idx[i] * f, f, x.begin() + static_cast<int64_t>(i) * f);
+  }
+  if (d.files) {
+    auto files = std::make_shared<ImageFiles>(*d.files);
+    for (size_t i = 0; i < idx.size(); ++i)
+      files->paths[i] = d.files->paths[static_cast<size_t>(idx[i])];
+    d.files = std::move(files);
   }
   d.x = std::move(x);
   d.y = std::move(y);
@@ -486,6 +493,7 @@ bool is_cifar(DatasetKind k) {
 
 std::vector<int64_t> nominal_shape(const DataConfig& cfg) {
   if (cfg.dataset == DatasetKind::synthetic) return cfg.synthetic.shape;
+  if (cfg.dataset == DatasetKind::folder) return cfg.shape;
   if (is_cifar(cfg.dataset)) return {3, 32, 32};
   return {1, 28, 28};  // Fashion-MNIST and MNIST; IDX files of other sizes say so when read
 }
@@ -503,6 +511,13 @@ DataShape peek_data_shape(const DataConfig& cfg) {
     d.shape = nominal_shape(cfg);
     d.classes = f.classes;
     d.train_size = kept(cfg.train_limit, cifar_train_size(cfg.path, f));
+    return d;
+  }
+  if (cfg.dataset == DatasetKind::folder) {  // listed, not decoded
+    const FolderListing l = list_image_folder(cfg.path, cfg.on_bad_file);
+    d.shape = cfg.shape;
+    d.classes = static_cast<int>(l.classes.size());
+    d.train_size = kept(cfg.train_limit, static_cast<int64_t>(l.train.size()));
     return d;
   }
   if (!fs::is_directory(cfg.path))
@@ -580,6 +595,8 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
   } else if (is_cifar(cfg.dataset)) {
     load_cifar(cfg.path, cifar_format(cfg.dataset), cfg.train_limit, cfg.test_limit, s.train,
                s.test);
+  } else if (cfg.dataset == DatasetKind::folder) {
+    load_folder(cfg, s);  // limits and statistics applied to the file lists
   } else {
     if (!fs::is_directory(cfg.path))
       throw UserError(
@@ -600,15 +617,18 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
                                   "data.dataset: idx for other label sets",
                                   cfg.path, s.train.classes - 1, to_string(cfg.dataset)));
   }
-  truncate(s.train, cfg.train_limit);
-  truncate(s.test, cfg.test_limit);
-
-  normalize(cfg, s);
+  if (cfg.dataset != DatasetKind::folder) {
+    truncate(s.train, cfg.train_limit);
+    truncate(s.test, cfg.test_limit);
+    normalize(cfg, s);
+  }
   if (cfg.sort_by_label) sort_by_label(s.train);
   s.description =
       fmt::format("{} train={} test={} shape=[{}] classes={}{}", to_string(cfg.dataset),
                   s.train.size(), s.test.size(), fmt::join(s.train.shape, ","), s.train.classes,
                   cfg.dataset == DatasetKind::synthetic ? "" : " from " + cfg.path);
+  if (!s.skipped.empty())
+    s.description += fmt::format(" ({} files skipped: data.on_bad_file: skip)", s.skipped.size());
   return s;
 }
 

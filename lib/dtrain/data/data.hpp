@@ -1,6 +1,7 @@
 #pragma once
 // Datasets in memory: float features (row-major, one row per sample) and int labels.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -8,11 +9,15 @@
 
 namespace dtrain {
 
+struct ImageFiles;
+
 struct Dataset {
-  std::vector<float> x;        // size() * features()
+  std::vector<float> x;        // size() * features(); empty where `files` is set
   std::vector<int32_t> y;      // size()
   std::vector<int64_t> shape;  // per-sample shape, e.g. {1, 28, 28}
   int classes = 0;
+  // dataset: folder: the samples are image files, decoded as batches use them (pipeline.hpp).
+  std::shared_ptr<const ImageFiles> files;
   int64_t size() const { return static_cast<int64_t>(y.size()); }
   int64_t features() const;
 };
@@ -21,6 +26,8 @@ struct DataSplit {
   Dataset train;
   Dataset test;
   std::string description;  // for logs: "fashion-mnist 60000/10000 from /usr/share/..."
+  std::vector<std::string> class_names;  // dataset: folder: the class folders, by label
+  std::vector<std::string> skipped;      // data.on_bad_file: skip: "<file>: <reason>"
 };
 
 // IDX files (LeCun's MNIST format), raw or gzip-compressed; errors name the file.

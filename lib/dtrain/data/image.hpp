@@ -35,6 +35,12 @@ ImageHeader read_image_header(const uint8_t* data, size_t size, const std::strin
 // decoder's reason), never returned half grey.
 Image decode_image(const uint8_t* data, size_t size, int channels, const std::string& what);
 
+// An image as a PNG file's bytes (lossless), or a JPEG file's at `quality` (1..100; 4:4:4
+// chroma, so that colours are not averaged over pixel pairs). For the trees tests and
+// benchmarks write, and `dtrain export-images`.
+std::vector<uint8_t> encode_png(const Image& img);
+std::vector<uint8_t> encode_jpeg(const Image& img, int quality);
+
 // A region of the source image, in source pixels (x0, y0: its top-left corner), to be resampled
 // to the sample's H x W, and whether the result is mirrored left to right.
 struct CropBox {

@@ -19,16 +19,18 @@ RunStats summarize(const std::vector<EpochMetrics>& epochs, double target) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     s.final_test_acc = s.best_test_acc = s.final_train_loss = s.final_test_loss = nan;
     s.median_epoch_time_s = s.median_samples_per_s = nan;
-    s.median_busbw_gbps = s.median_exposed_share = nan;
+    s.median_busbw_gbps = s.median_exposed_share = s.median_input_share = nan;
     return s;
   }
-  std::vector<double> times, rates, busbw, exposed;
+  std::vector<double> times, rates, busbw, exposed, input;
   double elapsed = 0;
   for (const auto& e : epochs) {
     times.push_back(e.epoch_time_s);
     rates.push_back(e.samples_per_s);
     if (std::isfinite(e.busbw_gbps)) busbw.push_back(e.busbw_gbps);
     if (e.epoch_time_s > 0) exposed.push_back(e.exchange_exposed_s / e.epoch_time_s);
+    if (e.epoch_time_s > 0 && std::isfinite(e.input_images_per_s))
+      input.push_back(e.data_s / e.epoch_time_s);
     elapsed += e.epoch_time_s;
     s.best_test_acc = std::max(s.best_test_acc, e.test_acc);
     if (target > 0 && !s.time_to_target_s && e.test_acc >= target) {
@@ -44,6 +46,7 @@ RunStats summarize(const std::vector<EpochMetrics>& epochs, double target) {
   s.median_samples_per_s = median(rates);
   s.median_busbw_gbps = median(busbw);
   s.median_exposed_share = median(exposed);
+  s.median_input_share = median(input);
   return s;
 }
 

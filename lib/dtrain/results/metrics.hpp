@@ -17,6 +17,9 @@ struct RunStats {
   // Medians over epochs: the exchange's achieved bus bandwidth (NaN with one replica) and the
   // share of the epoch that exchange not hidden by compute took.
   double median_busbw_gbps = 0, median_exposed_share = 0;
+  // dataset: folder: the median share of the epoch that steps waited for input (data_s over
+  // epoch_time_s); NaN for data held in memory, whose gather is not input waiting.
+  double median_input_share = 0;
 };
 
 RunStats summarize(const std::vector<EpochMetrics>& epochs, double target_accuracy);

@@ -163,6 +163,20 @@ RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group,
 
 RunRecorder::~RunRecorder() = default;
 
+namespace {
+// One entry per line, where there are any; a control character in a file name (a newline
+// would split an entry) is written as '?'.
+void write_lines(const std::string& path, const std::vector<std::string>& lines) {
+  if (lines.empty()) return;
+  std::string text;
+  for (const std::string& l : lines) {
+    for (char ch : l) text += static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f ? '?' : ch;
+    text += '\n';
+  }
+  write_file_atomic(path, text);
+}
+}  // namespace
+
 void RunRecorder::on_start(const RunInfo& info) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
   info_ = info;
@@ -177,6 +191,11 @@ void RunRecorder::on_start(const RunInfo& info) {
   log().info("  lr      {} at batch {}, {} scaling -> peak {:.6g}, warmup {} epochs, {} schedule",
              cfg_.optimizer.lr, cfg_.optimizer.base_batch, to_string(cfg_.optimizer.lr_scaling),
              info.peak_lr, cfg_.optimizer.warmup_epochs, to_string(cfg_.optimizer.schedule));
+  write_lines(dir_ + "/classes.txt", info.class_names);
+  write_lines(dir_ + "/skipped-files.txt", info.skipped_files);
+  if (!info.skipped_files.empty())
+    log().warn("  data    {} files skipped (data.on_bad_file: skip), listed in {}/skipped-files.txt",
+               info.skipped_files.size(), dir_);
 }
 
 void RunRecorder::on_step(int epoch, int64_t step, int64_t steps) {
@@ -255,6 +274,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j[k::exchange_bytes_per_step] = info_.param_count * static_cast<int64_t>(sizeof(float));
   j[k::busbw_gbps] = number_or_null(st.median_busbw_gbps);
   j[k::exposed_exchange_share] = number_or_null(st.median_exposed_share);
+  j[k::exposed_input_share] = number_or_null(st.median_input_share);
   j[k::target_accuracy] = cfg_.train.target_accuracy;
   j[k::time_to_target_s] = st.time_to_target_s ? nlohmann::json(*st.time_to_target_s) : nullptr;
   j[k::epochs_to_target] = st.epochs_to_target ? nlohmann::json(*st.epochs_to_target) : nullptr;

@@ -101,6 +101,12 @@ const std::vector<Column>& columns() {
                     ? fmt::format("{:.0f}%", 100 * *r.run.exposed_exchange_share)
                     : std::string("-");
        }},
+      {"exposed input",
+       [](const ComparisonRow& r) {
+         return r.run.exposed_input_share
+                    ? fmt::format("{:.0f}%", 100 * *r.run.exposed_input_share)
+                    : std::string("-");
+       }},
       {"busbw GB/s", [](const ComparisonRow& r) { return fmt_opt(r.run.busbw_gbps, "{:.2f}"); }},
       {"noise scale",
        [](const ComparisonRow& r) { return fmt_opt(r.run.noise_b_simple, "{:.0f}"); }},
@@ -259,6 +265,7 @@ RunRecord load_run(const std::string& dir) {
   r.time_to_target_s = opt_number(j, k::time_to_target_s);
   r.busbw_gbps = opt_number(j, k::busbw_gbps);
   r.exposed_exchange_share = opt_number(j, k::exposed_exchange_share);
+  r.exposed_input_share = opt_number(j, k::exposed_input_share);
   if (j.contains(k::noise_scale) && j[k::noise_scale].is_object())
     r.noise_b_simple = opt_number(j[k::noise_scale], "b_simple");
   if (r.noise_b_simple && *r.noise_b_simple <= 0) r.noise_b_simple.reset();
@@ -404,6 +411,7 @@ std::string to_json(const Comparison& c) {
                     {"noise_b_simple", opt(r.noise_b_simple)},
                     {"busbw_gbps", opt(r.busbw_gbps)},
                     {"exposed_exchange_share", opt(r.exposed_exchange_share)},
+                    {"exposed_input_share", opt(r.exposed_input_share)},
                     {"target_accuracy", r.target_accuracy},
                     {"baseline", row.baseline},
                     {"speedup", opt(row.speedup)},

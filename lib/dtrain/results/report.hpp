@@ -25,7 +25,7 @@ struct RunRecord {
   std::optional<double> final_test_acc, best_test_acc, final_train_loss, median_epoch_time_s,
       samples_per_s, time_to_target_s;
   std::optional<double> noise_b_simple;
-  std::optional<double> busbw_gbps, exposed_exchange_share;  // medians over epochs  // the gradient noise scale at the end (2+ replicas)
+  std::optional<double> busbw_gbps, exposed_exchange_share, exposed_input_share;  // medians over epochs  // the gradient noise scale at the end (2+ replicas)
   double target_accuracy = 0;
   int epochs_completed = 0;
   int64_t steps_per_epoch = 0;

@@ -55,6 +55,10 @@ const std::vector<MetricsColumn>& metrics_columns() {
        "bytes all-reduced per optimizer step"},
       {"busbw_gbps", &M::busbw_gbps, "{:.6g}", "GB/s",
        "bus bandwidth of the exchange (nccl-tests' busbw); nan with one replica"},
+      {"input_images_per_s", &M::input_images_per_s, "{:.1f}", "images/s",
+       "images decoded per second by all replicas' input threads; nan for data in memory"},
+      {"input_busy", &M::input_busy, "{:.4f}", "fraction",
+       "share of the input threads' time spent decoding; nan for data in memory"},
   };
   return cols;
 }
@@ -201,6 +205,8 @@ const std::vector<SummaryField>& summary_fields() {
       {k::exchange_bytes_per_step, "bytes all-reduced per optimizer step", "", true},
       {k::busbw_gbps, "median busbw over the epochs (null at one replica)", "", true},
       {k::exposed_exchange_share, "median share of the epoch the exchange was exposed", "", true},
+      {k::exposed_input_share,
+       "median share of the epoch steps waited for input (dataset: folder; else null)", "", true},
       {k::target_accuracy, "the accuracy time_to_target_s is measured to", "train.target_accuracy",
        true},
       {k::time_to_target_s, "training time until the test accuracy reached the target", "", true},

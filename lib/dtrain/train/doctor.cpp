@@ -10,7 +10,9 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/comm/mpi.hpp"
+#include "dtrain/data/pipeline.hpp"
 #include "dtrain/nn/model.hpp"
+#include "dtrain/train/trainer.hpp"
 
 namespace dtrain {
 
@@ -271,7 +273,60 @@ void check_model_keys(Context& c) {
                     ignored.size() == 1 ? "it" : "them", ignored.size() == 1 ? "it" : "them"));
 }
 
+// The input threads make fewer images a second than the step consumes: the step waits for its
+// batch for the difference (prefetching hides a slower pipeline's jitter, not its rate).
+void check_input(Context& c, const InputProbe& p) {
+  if (p.step_s <= 0 || p.decode_per_s <= 0 || p.workers <= 0) return;
+  const double need = static_cast<double>(p.samples_per_step) / p.step_s;
+  if (p.decode_per_s >= need) return;
+  const double per_worker = p.decode_per_s / p.workers;
+  const auto enough = static_cast<int>(std::ceil(need / per_worker));
+  const auto cores = static_cast<int>(std::thread::hardware_concurrency());
+  c.add("input-bound",
+        fmt::format("the input threads decode {:.0f} images/s per replica (data.workers: {}, "
+                    "measured), but a step consumes {:.0f} samples/s per replica ({} samples in "
+                    "{:.1f} ms, measured on data in memory), so steps will wait for their "
+                    "batch about {:.0f}% of the time; fix: data.workers: {} if each thread keeps "
+                    "its {:.0f} images/s{}, or cheaper images (smaller files, fewer pixels)",
+                    p.decode_per_s, p.workers, need, p.samples_per_step, 1e3 * p.step_s,
+                    100 * (1 - p.decode_per_s / need), enough, per_worker,
+                    cores > 0 && enough * c.cfg.gpus > cores
+                        ? fmt::format(" (with {} replicas that is more threads than this "
+                                      "machine's {} cores: they would share them with the "
+                                      "step)",
+                                      c.cfg.gpus, cores)
+                        : ""));
+}
+
 }  // namespace
+
+InputProbe probe_input(const Config& cfg, const DataSplit& data) {
+  InputProbe p;
+  p.workers = cfg.data.workers;
+  p.samples_per_step = cfg.micro_batch() * cfg.train.accumulation_steps;
+  if (!data.train.files) return p;
+  p.decode_per_s = measure_input_rate(data.train, cfg.data.workers, cfg.data.prefetch,
+                                      cfg.micro_batch(), 3 * p.samples_per_step);
+  // The same run on in-memory data of the same shape: its steps wait for no decoding.
+  Config t = cfg;
+  constexpr int64_t kSteps = 3;
+  t.data = DataConfig{};
+  t.data.dataset = DatasetKind::synthetic;
+  t.data.synthetic.shape = data.train.shape;
+  t.data.synthetic.classes = std::max(2, data.train.classes);
+  t.data.synthetic.train_size = cfg.global_batch() * kSteps;
+  t.data.synthetic.test_size = std::max<int64_t>(1, cfg.gpus);
+  t.train.epochs = 2;
+  t.train.checkpoint_steps = 0;
+  t.train.target_accuracy = 0;
+  t.optimizer.warmup_epochs = 0;
+  const TrainResult r = train(t, load_data(t.data, t.train.seed), nullptr);
+  if (r.epochs.size() == 2) {  // the first epoch sets things up
+    const EpochMetrics& e = r.epochs.back();
+    p.step_s = (e.epoch_time_s - e.data_s) / kSteps;
+  }
+  return p;
+}
 
 const std::vector<std::string>& doctor_rules() {
   static const std::vector<std::string> rules = {"sum-reduction",    "unscaled-lr",
@@ -279,11 +334,12 @@ const std::vector<std::string>& doctor_rules() {
                                                  "long-warmup",      "ordered-data",
                                                  "small-bn-batch",   "accumulation-bn",
                                                  "dropped-samples",  "oversubscribed-threads",
-                                                 "ignored-model-key", "sparse-labels"};
+                                                 "ignored-model-key", "sparse-labels",
+                                                 "input-bound"};
   return rules;
 }
 
-std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data) {
+std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data, const InputProbe* probe) {
   Context c{cfg, data, 0, 0, 1.0, 0, {}};
   c.global = cfg.global_batch();
   c.micro = cfg.micro_batch();
@@ -297,6 +353,7 @@ std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data) {
   check_threads(c);
   check_model_keys(c);
   check_labels(c);
+  if (probe) check_input(c, *probe);
   return std::move(c.out);
 }
 

@@ -17,11 +17,26 @@ struct Finding {
   std::string message;  // "<what and why>; fix: <what to change>"
 };
 
+// What `dtrain doctor` measures on this machine for dataset: folder, per replica: the images
+// per second its input threads decode and augment (data.workers of them, alone), and the busy
+// time of a training step of its samples (micro-batch x accumulation), timed on in-memory data
+// of the same shape with every other setting of the run.
+struct InputProbe {
+  int workers = 0;
+  double decode_per_s = 0;
+  double step_s = 0;
+  int64_t samples_per_step = 0;
+};
+// Decodes a few batches and trains two short epochs (three steps each; the second is timed).
+InputProbe probe_input(const Config& cfg, const DataSplit& data);
+
 // Every rule that fires for `cfg`, each saying what holds for the configured optimizer (sgd,
 // with or without momentum, against adam and adamw, whose steps are invariant to the
 // gradient's scale but for eps and adam's weight decay). `data` (may be null) adds the rules
 // that need the data: samples dropped per epoch, label-ordered training data, sparse labels.
-std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data);
+// `probe` (may be null) adds the rule that needs measurements: input-bound.
+std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data,
+                              const InputProbe* probe = nullptr);
 
 // "doctor: [rule] message", the line `dtrain doctor` prints and `dtrain run` logs.
 std::string to_line(const Finding& f);

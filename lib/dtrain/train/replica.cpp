@@ -61,7 +61,14 @@ Replica::Replica(RunContext& run, Communicator& comm)
   eval_rows_ = eval_chunk_rows(
       cfg_.train.eval_batch, micro_rows, test_.size(),
       model_size(cfg_.model, train_.shape, train_.classes).activations_per_sample);
-  if (cfg_.data.augment.enabled()) xa_.resize(*dev_, at_least_one(micro_rows * features_));
+  if (train_.files) {  // decoded and augmented by the pipeline's threads
+    const DataConfig& d = cfg_.data;
+    train_input_ = std::make_unique<ImagePipeline>(*train_.files, train_.y, d.workers,
+                                                   d.prefetch, micro_rows);
+    test_input_ = std::make_unique<ImagePipeline>(*test_.files, test_.y, d.workers, 1, eval_rows_);
+  } else if (cfg_.data.augment.enabled()) {
+    xa_.resize(*dev_, at_least_one(micro_rows * features_));
+  }
   // Shared weights: initialised once, by the trainer.
   model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes,
                        run.shared ? run.shared->params.data() : nullptr);
@@ -108,7 +115,7 @@ Replica::~Replica() = default;
 void Replica::upload_training_set() {
   train_x_ = train_.x.data();
   train_y_ = train_.y.data();
-  if (dev_->host_memory()) return;
+  if (dev_->host_memory() || train_.files) return;
   // On a GPU the training set is uploaded once and batches are gathered there.
   dev_train_x_.resize(*dev_, std::max<size_t>(1, train_.x.size()));
   dev_train_y_.resize(*dev_, std::max<size_t>(1, train_.y.size()));
@@ -151,6 +158,8 @@ void Replica::enable_graphs() {
   graph_state_ =
       cuda_graph_state(cfg_.train.cuda_graph, run_.nccl != nullptr, run_.gpus_in_process,
                        cfg_.model.batchnorm == BatchNormMode::sync && model_->has_batchnorm());
+  if (train_.files && graph_state_ == "on")  // a graph replays a fixed copy, not a new batch
+    graph_state_ = "off: images from files are copied to the GPU from the host each step";
   // What a step stages (CudaDevice's per-step values): per micro-step its batch indices, the
   // augmentation seed and a seed per dropout layer; per step the optimizer's factors.
   int64_t seeds = cfg_.data.augment.enabled() ? 1 : 0;
@@ -174,6 +183,8 @@ void Replica::report_start() {
   RunInfo& info = run_.result.info;
   info.model = model_->describe();
   info.data = run_.data.description;
+  info.class_names = run_.data.class_names;
+  info.skipped_files = run_.data.skipped;
   info.steps_per_epoch = steps_;
   info.global_batch = gbatch_;
   info.micro_batch = micro_;
@@ -216,6 +227,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   EpochTimes& t = out.times;
   const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
   if (first > 0) restore_partial_epoch(out);
+  if (train_input_) start_input(plan, epoch, first);
   // Evaluation may have freed device memory on some ranks: the graph steps agree again.
   graph_agreement_.unsettle();
   const double before = t.total;  // of a resumed epoch, the time before the stop
@@ -356,17 +368,8 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
   model_->zero_grads();
   for (int k = 0; k < accum_; ++k) {
     const auto t0 = Clock::now();
-    sampler_.micro_batch(plan, s, k, rank_, idx_);
-    const auto rows = static_cast<int64_t>(idx_.size());
-    dev_->gather(train_x_, train_y_, features_, idx_.data(), rows, xb_.data(), yb_.data());
-    const float* batch = xb_.data();
-    if (cfg_.data.augment.enabled()) {  // on the device, from one draw of the replica's stream
-      const auto& shape = train_.shape;
-      const AugmentConfig& a = cfg_.data.augment;
-      dev_->augment(xb_.data(), xa_.data(), rows, shape[0], shape[1], shape[2], a.crop_padding,
-                    a.padding_mode == PaddingMode::reflect, a.flip, replica_rng_.next());
-      batch = xa_.data();
-    }
+    int64_t rows = 0;
+    const float* batch = load_micro_batch(plan, s, k, rows);
     const auto t1 = Clock::now();
     model_->forward(batch, rows);
     const bool last = k == accum_ - 1;
@@ -381,6 +384,52 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     t.data += std::chrono::duration<double>(t1 - t0).count();
     t.compute += seconds_since(t1);
   }
+}
+
+const float* Replica::load_micro_batch(const EpochPlan& plan, int64_t s, int k, int64_t& rows) {
+  if (train_input_) {  // the time spent waiting here is the input time the step could not hide
+    const ImagePipeline::Batch b = train_input_->next();
+    rows = b.rows;
+    dev_->upload(yb_.data(), b.y, static_cast<size_t>(rows) * sizeof(int32_t));
+    if (dev_->host_memory()) return b.x;  // read before the next batch is asked for
+    dev_->upload(xb_.data(), b.x, static_cast<size_t>(rows * features_) * sizeof(float));
+    return xb_.data();
+  }
+  sampler_.micro_batch(plan, s, k, rank_, idx_);
+  rows = static_cast<int64_t>(idx_.size());
+  dev_->gather(train_x_, train_y_, features_, idx_.data(), rows, xb_.data(), yb_.data());
+  if (!cfg_.data.augment.enabled()) return xb_.data();
+  // On the device, from one draw of the replica's stream.
+  const auto& shape = train_.shape;
+  const AugmentConfig& a = cfg_.data.augment;
+  dev_->augment(xb_.data(), xa_.data(), rows, shape[0], shape[1], shape[2], a.crop_padding,
+                a.padding_mode == PaddingMode::reflect, a.flip, replica_rng_.next());
+  return xa_.data();
+}
+
+void Replica::start_input(const EpochPlan& plan, int epoch, int64_t first) {
+  input_decoded_ = train_input_->decoded();
+  input_busy_s_ = train_input_->busy_seconds();
+  // The plan is copied: the pipeline's threads read it until the next start.
+  auto p = std::make_shared<const EpochPlan>(plan);
+  auto micro = [this, p, first](int64_t b, std::vector<int64_t>& out) {
+    sampler_.micro_batch(*p, first + b / accum_, static_cast<int>(b % accum_), rank_, out);
+  };
+  train_input_->start((steps_ - first) * accum_, std::move(micro), epoch, cfg_.train.seed);
+}
+
+const float* Replica::load_test_chunk(int64_t lo, int64_t rows) {
+  if (!test_input_) {
+    dev_->upload(xb_.data(), test_.x.data() + lo * features_,
+                 static_cast<size_t>(rows * features_) * sizeof(float));
+    dev_->upload(yb_.data(), test_.y.data() + lo, static_cast<size_t>(rows) * sizeof(int32_t));
+    return xb_.data();
+  }
+  const ImagePipeline::Batch b = test_input_->next();
+  dev_->upload(yb_.data(), b.y, static_cast<size_t>(rows) * sizeof(int32_t));
+  if (dev_->host_memory()) return b.x;
+  dev_->upload(xb_.data(), b.x, static_cast<size_t>(rows * features_) * sizeof(float));
+  return xb_.data();
 }
 
 void Replica::reduce_gradients(EpochTimes& t) {
@@ -590,12 +639,19 @@ std::vector<double> Replica::evaluate() {
   const int64_t lo_end = test_.size() * rank_ / replicas_;  // this replica's contiguous slice
   const int64_t hi_end = test_.size() * (rank_ + 1) / replicas_;
   dev_->zero(dev_test_.data(), 2 * sizeof(double));
+  if (test_input_) {  // the chunks below, in order
+    const int64_t chunk = eval_rows_;
+    test_input_->start(
+        (hi_end - lo_end + chunk - 1) / chunk,
+        [lo_end, hi_end, chunk](int64_t b, std::vector<int64_t>& out) {
+          for (int64_t i = lo_end + b * chunk; i < std::min(hi_end, lo_end + (b + 1) * chunk); ++i)
+            out.push_back(i);
+        },
+        0, 0);
+  }
   for (int64_t lo = lo_end; lo < hi_end; lo += eval_rows_) {
     const int64_t rows = std::min(eval_rows_, hi_end - lo);
-    dev_->upload(xb_.data(), test_.x.data() + lo * features_,
-                 static_cast<size_t>(rows * features_) * sizeof(float));
-    dev_->upload(yb_.data(), test_.y.data() + lo, static_cast<size_t>(rows) * sizeof(int32_t));
-    model_->forward(xb_.data(), rows, /*train=*/false);
+    model_->forward(load_test_chunk(lo, rows), rows, /*train=*/false);
     model_->loss_only(yb_.data(), rows, dev_test_.data());
   }
   std::vector<double> stats(2, 0.0);
@@ -607,9 +663,21 @@ std::vector<double> Replica::evaluate() {
 EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
                                     const std::vector<double>& test, double eval_s) {
   const EpochTimes& t = tr.times;
-  // Each rank's busy time (waiting excluded), on rank 0: stragglers show here.
-  std::vector<double> busy = gather({t.data + t.compute + t.optimizer});
-  if (busy.empty()) busy.assign(1, 0.0);  // not rank 0: what it reports is not used
+  // Each rank's busy time (waiting excluded), on rank 0: stragglers show here; and its input
+  // threads' images and busy seconds over the epoch.
+  std::vector<double> mine = {t.data + t.compute + t.optimizer, 0, 0};
+  if (train_input_) {
+    mine[1] = static_cast<double>(train_input_->decoded() - input_decoded_);
+    mine[2] = train_input_->busy_seconds() - input_busy_s_;
+  }
+  const std::vector<double> all = gather(mine);
+  std::vector<double> busy(static_cast<size_t>(replicas_), 0.0);
+  double images = 0, input_s = 0;
+  for (size_t r = 0; r < all.size() / 3; ++r) {  // empty but on rank 0
+    busy[r] = all[3 * r];
+    images += all[3 * r + 1];
+    input_s += all[3 * r + 2];
+  }
 
   EpochMetrics m;
   m.epoch = epoch + 1;
@@ -629,6 +697,10 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
   m.exchange_exposed_s = t.exposed;
   m.optimizer_s = t.optimizer;
   m.eval_s = eval_s;
+  if (train_input_ && t.total > 0) {
+    m.input_images_per_s = images / t.total;
+    m.input_busy = input_s / (t.total * replicas_ * cfg_.data.workers);
+  }
   const auto [lo_it, hi_it] = std::minmax_element(busy.begin(), busy.end());
   m.rank_busy_min_s = *lo_it;
   m.rank_busy_max_s = *hi_it;

@@ -12,6 +12,7 @@
 #include "dtrain/backend/device.hpp"
 #include "dtrain/backend/gpu.hpp"  // GraphAgreement
 #include "dtrain/base/rng.hpp"
+#include "dtrain/data/pipeline.hpp"
 #include "dtrain/data/sampler.hpp"
 #include "dtrain/comm/comm.hpp"
 #include "dtrain/comm/exchange.hpp"
@@ -83,6 +84,13 @@ class Replica {
   // (loss and correct on the device, in dev_stats_).
   void train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes& t);
   void forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t);
+  // Micro-batch k of step s into yb_ and the returned rows x features (xb_, its augmented
+  // copy, or the input pipeline's buffer on the CPU); `rows` gets its size.
+  const float* load_micro_batch(const EpochPlan& plan, int64_t s, int k, int64_t& rows);
+  // Image files: the pipeline starts on the epoch's micro-batches from step `first`.
+  void start_input(const EpochPlan& plan, int epoch, int64_t first);
+  // Test samples [lo, lo + rows) into yb_ and the returned features.
+  const float* load_test_chunk(int64_t lo, int64_t rows);
   void reduce_gradients(EpochTimes& t);
   // Shared weights: the optimizer step, called by the exchange on the last rank.
   void update_shared();
@@ -155,6 +163,10 @@ class Replica {
   Buffer<float> xb_, xa_;  // batch (or evaluation chunk) and its augmented copy
   Buffer<int32_t> yb_;
   std::vector<int64_t> idx_;
+  // dataset: folder: the training and the test set's decode threads (null otherwise).
+  std::unique_ptr<ImagePipeline> train_input_, test_input_;
+  int64_t input_decoded_ = 0;  // the training pipeline's counters at the epoch's start
+  double input_busy_s_ = 0;
   Buffer<double> dev_stats_;    // per step [loss sum, correct], on the device all epoch
   Buffer<double> graph_stats_;  // a graph step's sums, at the address it was captured with
   Buffer<double> dev_test_;

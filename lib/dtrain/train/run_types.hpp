@@ -36,6 +36,9 @@ struct EpochMetrics {
   // Gradient noise scale so far (moving averages; see noise_scale.hpp), NaN where not measured
   // (one replica, or train.noise_scale: false).
   double noise_g2 = std::nan(""), noise_trace = std::nan(""), noise_b_simple = std::nan("");
+  // dataset: folder: images the replicas' decode threads made per second of the epoch, and the
+  // share of those threads' time spent decoding; NaN for data held in memory.
+  double input_images_per_s = std::nan(""), input_busy = std::nan("");
 };
 
 struct Checkpoint;
@@ -62,6 +65,9 @@ struct RunInfo {
   // GPU index -> MiB: the most device memory the CUDA backend held at once on each GPU of this
   // process during the run (see GpuMemoryGauge); empty on the CPU. Known when the run ends.
   std::map<int, double> peak_device_mib;
+  // dataset: folder: the class of each label, and the files left out (on_bad_file: skip).
+  std::vector<std::string> class_names;
+  std::vector<std::string> skipped_files;
 };
 
 enum class RunStatus { done, diverged };

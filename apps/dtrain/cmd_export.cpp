@@ -1,0 +1,49 @@
+// dtrain export-images: a config's in-memory image data written as a folder dataset (PNG or
+// JPEG files in train/<class>/ and test/<class>/), to study input pipelines on data at hand and
+// to check that the folder reader trains as the in-memory one does.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+
+#include "commands.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/config/plan.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/data/image_folder.hpp"
+
+namespace dtrain::cli {
+
+void setup_export(CLI::App& app, ExportOptions& opt) {
+  add_config_arguments(app, opt.config, opt.overrides);
+  app.add_option("--out", opt.out, "The folder to write (must not exist, or be empty)")
+      ->required();
+  app.add_option("--format", opt.format, "png (lossless) or jpeg")
+      ->check(CLI::IsMember({"png", "jpeg"}));
+  app.add_option("--quality", opt.quality, "JPEG quality")->check(CLI::Range(1, 100));
+}
+
+int run_export(const ExportOptions& opt) {
+  const auto runs = plan_runs(opt.config, opt.overrides);
+  DataConfig data = runs.front().config.data;
+  if (data.dataset == DatasetKind::folder)
+    throw UserError(fmt::format("{}: data.dataset is folder already; export-images writes "
+                                "in-memory datasets (fashion-mnist, cifar10, synthetic, ...)",
+                                opt.config));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(opt.out, ec) && !(fs::is_directory(opt.out, ec) && fs::is_empty(opt.out, ec)))
+    throw UserError(fmt::format("--out: '{}' exists and is not an empty folder", opt.out));
+  data.normalize = Normalize::off;  // pixels in [0, 1], as stored
+  data.sort_by_label = false;
+  const DataSplit s = load_data(data, runs.front().config.train.seed);
+  const int64_t n = write_image_tree(s.train, s.test, opt.out,
+                                     opt.format == "jpeg" ? opt.quality : 0);
+  fmt::print("{}: {} images ({} train, {} test) as {} files; train on them with\n"
+             "  dtrain run {} data.dataset=folder data.path={} 'data.shape=[{}]'\n",
+             opt.out, n, s.train.size(), s.test.size(), opt.format, opt.config, opt.out,
+             fmt::join(s.train.shape, ","));
+  return 0;
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,386 @@
+#include "dtrain/data/image_folder.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+#include "dtrain/data/data.hpp"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kMaxClasses = 100000;
+
+// fn(0) .. fn(n - 1) on `workers` threads (this one among them); the first exception is
+// rethrown once every thread has stopped.
+template <class F>
+void parallel_for(size_t n, int workers, F&& fn) {
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex m;
+  auto work = [&] {
+    try {
+      for (size_t i; (i = next++) < n;) fn(i);
+    } catch (...) {
+      const std::lock_guard lock(m);
+      if (!error) error = std::current_exception();
+      next = n;  // the others stop after their current item
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+bool hidden(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return !n.empty() && n[0] == '.';
+}
+
+// Why a class folder's entry cannot be a sample, or "" when it can: a regular file (a link to
+// one is followed) of at least one byte that this process may read.
+std::string entry_problem(const fs::directory_entry& e) {
+  std::error_code ec;
+  const fs::file_status st = e.status(ec);  // follows a link; a loop or dangling link fails
+  if (ec) return fmt::format("cannot be read ({})", ec.message());
+  if (!fs::is_regular_file(st)) return "not a regular file";
+  const auto size = e.file_size(ec);
+  if (ec) return fmt::format("cannot be read ({})", ec.message());
+  if (size == 0) return "empty file (0 bytes)";
+  if (::access(e.path().c_str(), R_OK) != 0)
+    return fmt::format("cannot be read ({})", std::strerror(errno));
+  return "";
+}
+
+// The files of one class folder, relative to `root`, sorted. Subfolders belong to the class;
+// links to folders are not followed (no loops).
+std::vector<std::string> class_files(const fs::path& root, const fs::path& dir, BadFile policy,
+                                     std::vector<std::string>& skipped) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, ec), end;
+  if (ec) throw UserError(fmt::format("{}: cannot list: {}", dir.string(), ec.message()));
+  for (; it != end; it.increment(ec)) {
+    if (ec) throw UserError(fmt::format("{}: cannot list: {}", dir.string(), ec.message()));
+    const fs::directory_entry& e = *it;
+    if (hidden(e.path())) {
+      if (e.is_directory(ec) && !e.is_symlink(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (e.is_directory(ec)) continue;  // walked into next, or a link to a folder: left out
+    const std::string rel = e.path().lexically_relative(root).string();
+    const std::string problem = entry_problem(e);
+    if (problem.empty()) {
+      out.push_back(rel);
+    } else if (policy == BadFile::fail) {
+      throw UserError(fmt::format("{}: {} (data.on_bad_file: skip leaves such files out)",
+                                  e.path().string(), problem));
+    } else {
+      skipped.push_back(fmt::format("{}: {}", e.path().string(), problem));
+    }
+  }
+  if (ec) throw UserError(fmt::format("{}: cannot list: {}", dir.string(), ec.message()));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The class folders of root/split, sorted by name.
+std::vector<std::string> class_folders(const fs::path& split_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(split_dir, ec))
+    throw UserError(fmt::format("{}: no such folder (dataset: folder needs train/<class>/ and "
+                                "test/<class>/ folders of images in data.path)",
+                                split_dir.string()));
+  std::vector<std::string> names;
+  fs::directory_iterator it(split_dir, ec), end;
+  if (ec) throw UserError(fmt::format("{}: cannot list: {}", split_dir.string(), ec.message()));
+  for (; it != end; it.increment(ec)) {
+    if (ec) break;
+    if (!hidden(it->path()) && it->is_directory(ec)) names.push_back(it->path().filename());
+    if (names.size() > kMaxClasses)
+      throw UserError(fmt::format("{}: more than {} class folders", split_dir.string(),
+                                  kMaxClasses));
+  }
+  if (ec) throw UserError(fmt::format("{}: cannot list: {}", split_dir.string(), ec.message()));
+  std::sort(names.begin(), names.end());
+  if (names.empty())
+    throw UserError(fmt::format("{}: holds no class folders (images go in {}/<class>/)",
+                                split_dir.string(), split_dir.string()));
+  return names;
+}
+
+void list_split(const fs::path& root, const char* split, const std::vector<std::string>& classes,
+                BadFile policy, std::vector<std::string>& files, std::vector<int32_t>& labels,
+                std::vector<std::string>& skipped) {
+  std::map<std::string, int32_t> label;
+  for (size_t i = 0; i < classes.size(); ++i) label[classes[i]] = static_cast<int32_t>(i);
+  for (const std::string& c : class_folders(root / split)) {
+    const auto it = label.find(c);
+    if (it == label.end())
+      throw UserError(fmt::format("{}: class '{}' is not among the training classes (train/ "
+                                  "has {} class folders; the test set's must be among them)",
+                                  (root / split / c).string(), c, classes.size()));
+    auto found = class_files(root, root / split / c, policy, skipped);
+    if (found.empty() && policy == BadFile::fail && std::string(split) == "train")
+      throw UserError(fmt::format("{}: holds no image files (a class needs training images; "
+                                  "data.on_bad_file: skip keeps the class without them)",
+                                  (root / split / c).string()));
+    labels.insert(labels.end(), found.size(), it->second);
+    files.insert(files.end(), std::make_move_iterator(found.begin()),
+                 std::make_move_iterator(found.end()));
+  }
+}
+
+}  // namespace
+
+FolderListing list_image_folder(const std::string& root, BadFile on_bad_file) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec))
+    throw UserError(fmt::format("data.path: '{}' is not a folder (dataset: folder needs "
+                                "train/<class>/ and test/<class>/ folders of images in it)",
+                                root));
+  FolderListing l;
+  l.classes = class_folders(fs::path(root) / "train");
+  list_split(root, "train", l.classes, on_bad_file, l.train, l.train_y, l.skipped);
+  list_split(root, "test", l.classes, on_bad_file, l.test, l.test_y, l.skipped);
+  for (const auto* split : {&l.train, &l.test})
+    if (split->empty())
+      throw UserError(fmt::format("{}/{}: holds no image files", root,
+                                  split == &l.train ? "train" : "test"));
+  return l;
+}
+
+Image read_image_file(const std::string& full_path, int channels) {
+  // O_NONBLOCK: a FIFO put in place of a file after listing must not block a worker.
+  const int fd = ::open(full_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw UserError(fmt::format("{}: cannot open: {}", full_path, std::strerror(errno)));
+  struct stat st {};
+  std::vector<uint8_t> bytes;
+  std::string problem;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    problem = "not a regular file";
+  else if (st.st_size > kMaxImageFileBytes)
+    problem = fmt::format("{} bytes, more than the {} dtrain reads for one image", st.st_size,
+                          kMaxImageFileBytes);
+  if (problem.empty()) {
+    bytes.resize(static_cast<size_t>(st.st_size));
+    size_t at = 0;
+    while (at < bytes.size()) {
+      const ssize_t n = ::read(fd, bytes.data() + at, bytes.size() - at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        problem = n < 0 ? fmt::format("read failed: {}", std::strerror(errno)) : "";
+        bytes.resize(at);  // shorter than when listed: decoded as it is now
+        break;
+      }
+      at += static_cast<size_t>(n);
+    }
+  }
+  ::close(fd);
+  if (!problem.empty()) throw UserError(fmt::format("{}: {}", full_path, problem));
+  return decode_image(bytes.data(), bytes.size(), channels, full_path);
+}
+
+namespace {
+
+void write_split(const Dataset& d, const fs::path& dir, int classes, int quality) {
+  const int width = static_cast<int>(fmt::format("{}", std::max(0, classes - 1)).size());
+  const int64_t c = d.shape[0], plane = d.shape[1] * d.shape[2], f = d.features();
+  const int digits = static_cast<int>(fmt::format("{}", d.size()).size());
+  Image img{d.shape[2], d.shape[1], static_cast<int>(c), std::vector<uint8_t>()};
+  img.pixels.resize(static_cast<size_t>(f));
+  for (int64_t i = 0; i < d.size(); ++i) {
+    const float* x = d.x.data() + i * f;
+    for (int64_t p = 0; p < plane; ++p)  // planar floats to interleaved bytes
+      for (int64_t ch = 0; ch < c; ++ch)
+        img.pixels[static_cast<size_t>(p * c + ch)] = static_cast<uint8_t>(
+            std::lround(std::clamp(x[ch * plane + p], 0.f, 1.f) * 255.f));
+    const fs::path cls = dir / fmt::format("{:0{}}", d.y[static_cast<size_t>(i)], width);
+    ensure_dir(cls.string(), "an exported class folder");
+    const auto bytes = quality > 0 ? encode_jpeg(img, quality) : encode_png(img);
+    // Plain writes: a tree of many small files, each fsynced, would take minutes.
+    const fs::path file = cls / fmt::format("{:0{}}.{}", i, digits, quality > 0 ? "jpg" : "png");
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) throw UserError(fmt::format("{}: cannot write", file.string()));
+  }
+}
+
+}  // namespace
+
+int64_t write_image_tree(const Dataset& train, const Dataset& test, const std::string& dir,
+                         int jpeg_quality) {
+  for (const Dataset* d : {&train, &test})
+    if (d->files || d->shape.size() != 3 || (d->shape[0] != 1 && d->shape[0] != 3))
+      throw UserError(fmt::format("export: needs in-memory images of 1 or 3 channels, this data "
+                                  "is [{}]",
+                                  fmt::join(d->shape, ", ")));
+  const int classes = std::max(train.classes, test.classes);
+  write_split(train, fs::path(dir) / "train", classes, jpeg_quality);
+  write_split(test, fs::path(dir) / "test", classes, jpeg_quality);
+  return train.size() + test.size();
+}
+
+void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t seed, float* out) {
+  if (index < 0 || index >= static_cast<int64_t>(f.paths.size()))
+    DTRAIN_THROW_SYSTEM(fmt::format("input: sample {} of {}", index, f.paths.size()));
+  const Image img = read_image_file(f.full_path(index), static_cast<int>(f.shape[0]));
+  const CropBox box =
+      f.train ? random_resized_crop(img.width, img.height, f.crop_scale[0], f.crop_scale[1],
+                                    f.crop_ratio[0], f.crop_ratio[1], f.flip,
+                                    sample_key(seed, epoch, index))
+              : centre_crop(img.width, img.height, f.shape[1], f.shape[2]);
+  resample(img, box, f.shape[1], f.shape[2], f.mean.data(), f.inv_std.data(), out);
+}
+
+void drop_undecodable(FolderListing& l, const std::string& root, int channels, int workers) {
+  for (auto [files, labels] : {std::pair{&l.train, &l.train_y}, std::pair{&l.test, &l.test_y}}) {
+    std::vector<std::string> why(files->size());
+    parallel_for(files->size(), workers, [&](size_t i) {
+      try {
+        read_image_file(root + "/" + (*files)[i], channels);
+      } catch (const UserError& e) {
+        why[i] = e.what();
+      }
+    });
+    size_t kept = 0;
+    for (size_t i = 0; i < files->size(); ++i) {
+      if (!why[i].empty()) {
+        l.skipped.push_back(why[i]);
+        continue;
+      }
+      if (kept != i) (*files)[kept] = std::move((*files)[i]);  // a self-move would empty it
+      (*labels)[kept++] = (*labels)[i];
+    }
+    files->resize(kept);
+    labels->resize(kept);
+  }
+}
+
+namespace {
+
+// Indices of `keep` samples spread evenly over n (all of them where keep is 0 or at least n):
+// a limit on a class-sorted list must keep every class's share, not the first classes.
+std::vector<size_t> spread(size_t n, int64_t keep) {
+  const size_t k = keep > 0 ? std::min(n, static_cast<size_t>(keep)) : n;
+  std::vector<size_t> idx(k);
+  for (size_t i = 0; i < k; ++i) idx[i] = i * n / k;  // i < k <= n: no overflow below 2^32 files
+  return idx;
+}
+
+Dataset split_dataset(const DataConfig& cfg, const FolderListing& l, bool train, int64_t limit) {
+  const auto& paths = train ? l.train : l.test;
+  const auto& labels = train ? l.train_y : l.test_y;
+  auto f = std::make_shared<ImageFiles>();
+  f->root = cfg.path;
+  f->shape = cfg.shape;
+  f->train = train;
+  f->crop_scale = cfg.augment.crop_scale;
+  f->crop_ratio = cfg.augment.crop_ratio;
+  f->flip = cfg.augment.flip;
+  f->mean.assign(static_cast<size_t>(cfg.shape[0]), 0.f);
+  f->inv_std.assign(f->mean.size(), 1.f);
+  Dataset d;
+  for (size_t i : spread(paths.size(), limit)) {
+    f->paths.push_back(paths[i]);
+    d.y.push_back(labels[i]);
+  }
+  d.shape = cfg.shape;
+  d.classes = static_cast<int>(l.classes.size());
+  d.files = std::move(f);
+  return d;
+}
+
+// Per-channel (or global) mean and std of pixel values in [0, 1], over up to 256 training
+// images spread over the set, each through the evaluation transform (decoded on `workers`).
+std::pair<std::vector<double>, std::vector<double>> measure_stats(const DataConfig& cfg,
+                                                                  const Dataset& train) {
+  ImageFiles probe = *train.files;
+  probe.train = false;
+  const auto picks = spread(probe.paths.size(), 256);
+  const int64_t c = cfg.shape[0], plane = cfg.shape[1] * cfg.shape[2];
+  std::vector<float> px(picks.size() * static_cast<size_t>(c * plane));
+  parallel_for(picks.size(), cfg.workers, [&](size_t i) {
+    make_sample(probe, static_cast<int64_t>(picks[i]), 0, 0, px.data() + i * c * plane);
+  });
+  const bool per_channel = cfg.normalize == Normalize::channel;
+  std::vector<double> sum(static_cast<size_t>(c)), sq(sum.size());
+  for (size_t i = 0; i < px.size(); ++i) {
+    const auto ch = static_cast<size_t>(static_cast<int64_t>(i) / plane % c);
+    sum[ch] += px[i];
+    sq[ch] += static_cast<double>(px[i]) * px[i];
+  }
+  if (!per_channel) {
+    for (size_t ch = 1; ch < sum.size(); ++ch) sum[0] += sum[ch], sq[0] += sq[ch];
+    sum.assign(sum.size(), sum[0]);
+    sq.assign(sq.size(), sq[0]);
+  }
+  const double n = static_cast<double>(picks.size() * plane) * (per_channel ? 1.0 : static_cast<double>(c));
+  std::vector<double> mean(sum.size()), sd(sum.size());
+  for (size_t ch = 0; ch < sum.size(); ++ch) {
+    mean[ch] = sum[ch] / n;
+    sd[ch] = std::sqrt(std::max(1e-12, sq[ch] / n - mean[ch] * mean[ch]));
+  }
+  return {mean, sd};
+}
+
+// data.normalize on both splits: the given statistics (one, or one per channel), else measured.
+void set_stats(const DataConfig& cfg, DataSplit& s) {
+  if (cfg.normalize == Normalize::off) return;
+  const auto channels = static_cast<size_t>(cfg.shape[0]);
+  std::vector<double> mean(channels), sd(channels, 1.0);
+  if (cfg.mean.empty() || cfg.stddev.empty()) std::tie(mean, sd) = measure_stats(cfg, s.train);
+  for (size_t ch = 0; ch < channels; ++ch) {
+    if (!cfg.mean.empty()) mean[ch] = cfg.mean[cfg.mean.size() == 1 ? 0 : ch];
+    if (!cfg.stddev.empty()) sd[ch] = cfg.stddev[cfg.stddev.size() == 1 ? 0 : ch];
+  }
+  for (Dataset* d : {&s.train, &s.test}) {
+    auto f = std::make_shared<ImageFiles>(*d->files);
+    for (size_t ch = 0; ch < channels; ++ch) {
+      f->mean[ch] = static_cast<float>(mean[ch]);
+      f->inv_std[ch] = static_cast<float>(1.0 / sd[ch]);
+    }
+    d->files = std::move(f);
+  }
+}
+
+}  // namespace
+
+void load_folder(const DataConfig& cfg, DataSplit& s) {
+  FolderListing l = list_image_folder(cfg.path, cfg.on_bad_file);
+  if (cfg.on_bad_file == BadFile::skip)
+    drop_undecodable(l, cfg.path, static_cast<int>(cfg.shape[0]), cfg.workers);
+  for (const auto* split : {&l.train, &l.test})
+    if (split->empty())
+      throw UserError(fmt::format("{}/{}: no image file decodes ({} skipped)", cfg.path,
+                                  split == &l.train ? "train" : "test", l.skipped.size()));
+  s.train = split_dataset(cfg, l, true, cfg.train_limit);
+  s.test = split_dataset(cfg, l, false, cfg.test_limit);
+  set_stats(cfg, s);
+  s.class_names = std::move(l.classes);
+  s.skipped = std::move(l.skipped);
+}
+
+}  // namespace dtrain

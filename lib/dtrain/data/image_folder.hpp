@@ -1,0 +1,77 @@
+#pragma once
+// dataset: folder: image files in train/<class>/... and test/<class>/... (the layout of
+// torchvision's ImageFolder, in which users keep their own data), listed once and decoded as
+// batches use them (pipeline.hpp). Class names are the training folder's subfolders, sorted;
+// a label is the class's position in that list.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/image.hpp"
+
+namespace dtrain {
+
+struct Dataset;
+struct DataSplit;
+
+// How the files of one split become samples: the files, in sample order (their labels are the
+// Dataset's y), and the transform.
+struct ImageFiles {
+  std::string root;                // data.path
+  std::vector<std::string> paths;  // relative to root: "train/cat/001.jpg"
+  std::vector<int64_t> shape;      // [C, H, W] of a sample
+  std::vector<float> mean, inv_std;  // per channel: (v / 255 - mean) * inv_std
+  bool train = true;  // a random-resized crop (and a flip), else resize and centre crop
+  std::vector<double> crop_scale, crop_ratio;
+  bool flip = false;
+  std::string full_path(int64_t i) const { return root + "/" + paths[static_cast<size_t>(i)]; }
+};
+
+// What listing a folder found, before anything is decoded.
+struct FolderListing {
+  std::vector<std::string> classes;
+  std::vector<std::string> train, test;  // relative to the root, sorted within each class
+  std::vector<int32_t> train_y, test_y;
+  std::vector<std::string> skipped;  // "<path>: <reason>", for data.on_bad_file: skip
+};
+
+// Lists root/train and root/test (hidden names skipped; subfolders of a class folder belong to
+// it; a symbolic link to a file is followed, one to a folder is not, so a link loop cannot
+// trap the listing). UserError, naming the path, for: no such folder, no class folders, more
+// than 100000 classes, a test class the training set does not have, and (on_bad_file: fail) an
+// empty class folder or an entry that is not a readable regular file of at least one byte;
+// with skip, such entries go to `skipped` instead.
+FolderListing list_image_folder(const std::string& root, BadFile on_bad_file);
+
+// data.on_bad_file: skip: decodes every listed file once (on `workers` threads) and moves each
+// one that does not decode to `skipped`, so that training never meets it.
+void drop_undecodable(FolderListing& l, const std::string& root, int channels, int workers);
+
+// The largest image file dtrain reads: 256 MiB.
+constexpr int64_t kMaxImageFileBytes = int64_t{256} << 20;
+
+// The contents of root/path decoded to `channels` channels. UserError naming the file for
+// what cannot be read or decoded (see decode_image).
+Image read_image_file(const std::string& full_path, int channels);
+
+// Sample `index` of `files` as its transform makes it, in epoch `epoch` of a run seeded `seed`
+// (the evaluation transform draws nothing): features() floats into `out`.
+void make_sample(const ImageFiles& files, int64_t index, int64_t epoch, uint64_t seed,
+                 float* out);
+
+// The whole of dataset: folder: both splits as lists with their transforms (the per-channel
+// statistics given in data.mean and data.std, else measured on up to 256 training images
+// spread over the set, through the evaluation transform), data.train_limit and test_limit as
+// samples spread evenly over each split, and what was skipped in s.skipped.
+void load_folder(const DataConfig& cfg, DataSplit& s);
+
+// Writes in-memory image data (C x H x W samples of 1 or 3 channels, values in [0, 1] as
+// data.normalize: false loads them) as a folder dataset: dir/train/<class>/<n>.<ext> and
+// dir/test/..., one file per sample, PNG (`jpeg_quality` 0) or JPEG. Class folders are the
+// labels zero-padded to one width, so that their sorted order is the labels' order; files are
+// numbered in sample order. Returns the files written.
+int64_t write_image_tree(const Dataset& train, const Dataset& test, const std::string& dir,
+                         int jpeg_quality);
+
+}  // namespace dtrain

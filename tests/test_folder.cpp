@@ -1,0 +1,316 @@
+// dataset: folder: trees of JPEG and PNG files the tests write themselves; the listing, the
+// bad-file policy, the input pipeline's determinism at any worker count, and the equivalence
+// and resume contracts with images decoded as they are used.
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "checkpoint_helpers.hpp"
+#include "dtrain/base/error.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/data/image_folder.hpp"
+#include "dtrain/data/pipeline.hpp"
+#include "dtrain/train/trainer.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+// A fresh folder under the temporary directory, removed at the end of the test.
+struct TempTree {
+  fs::path dir;
+  explicit TempTree(const std::string& name) {
+    dir = fs::temp_directory_path() / fmt::format("dtrain-folder-{}-{}", name, ::getpid());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TempTree() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+// Learnable 3-channel images: the synthetic task's clusters squashed into [0, 1].
+DataSplit image_split(int64_t train, int64_t test, int64_t side) {
+  SyntheticConfig s;
+  s.train_size = train;
+  s.test_size = test;
+  s.shape = {3, side, side};
+  s.classes = 4;
+  s.noise = 1.0;
+  DataSplit d;
+  d.train = make_synthetic(s, train, 7, 1);
+  d.test = make_synthetic(s, test, 7, 2);
+  for (Dataset* x : {&d.train, &d.test})
+    for (float& v : x->x) v = 1.f / (1.f + std::exp(-v));
+  return d;
+}
+
+// A tree of `train` + `test` images (JPEG at quality 90 where `jpeg`, else PNG).
+void write_tree(const fs::path& dir, int64_t train, int64_t test, bool jpeg = false) {
+  const DataSplit d = image_split(train, test, 12);
+  write_image_tree(d.train, d.test, dir.string(), jpeg ? 90 : 0);
+}
+
+Config folder_config(const fs::path& dir, int gpus, int64_t batch) {
+  Config c = synthetic_config(gpus, batch);
+  c.data.dataset = DatasetKind::folder;
+  c.data.path = dir.string();
+  c.data.shape = {3, 8, 8};
+  c.data.normalize = Normalize::channel;
+  c.data.augment.flip = true;
+  c.data.augment.crop_scale = {0.5, 1.0};
+  c.data.workers = 2;
+  c.model.hidden = {32};
+  return c;
+}
+
+void write_bytes(const fs::path& p, const std::string& bytes) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("a folder tree is listed: classes sorted, files sorted, hidden names left out",
+          "[folder]") {
+  TempTree t("list");
+  write_tree(t.dir, 40, 12);
+  write_bytes(t.dir / "train" / ".hidden" / "x.png", "not an image");
+  write_bytes(t.dir / "train" / "0" / ".DS_Store", "junk");
+  // A subfolder belongs to its class; a link to a folder (here a loop) is not followed.
+  fs::create_directories(t.dir / "train" / "1" / "more");
+  fs::copy_file(t.dir / "train" / "1" / fs::directory_iterator(t.dir / "train" / "1")->path()
+                                          .filename(),
+                t.dir / "train" / "1" / "more" / "copy.png");
+  fs::create_directory_symlink(t.dir / "train", t.dir / "train" / "2" / "loop");
+  const FolderListing l = list_image_folder(t.dir.string(), BadFile::fail);
+  CHECK(l.classes == std::vector<std::string>{"0", "1", "2", "3"});
+  CHECK(l.train.size() == 41);
+  CHECK(l.test.size() == 12);
+  CHECK(std::is_sorted(l.train_y.begin(), l.train_y.end()));
+  std::set<std::string> seen(l.train.begin(), l.train.end());
+  CHECK(seen.count("train/1/more/copy.png") == 1);
+  for (const auto& p : l.train) CHECK(p.find(".DS_Store") == std::string::npos);
+  CHECK(l.skipped.empty());
+}
+
+TEST_CASE("folder: what is not a tree of classes is refused with the path", "[folder]") {
+  TempTree t("bad-tree");
+  auto refused = [&](const std::string& want) {
+    try {
+      list_image_folder(t.dir.string(), BadFile::fail);
+      FAIL("accepted");
+    } catch (const UserError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(want));
+    }
+  };
+  refused("train: no such folder");
+  fs::create_directories(t.dir / "train");
+  refused("holds no class folders");
+  write_tree(t.dir, 8, 4);
+  fs::create_directories(t.dir / "train" / "9");
+  refused("train/9: holds no image files");
+  fs::remove(t.dir / "train" / "9");
+  write_bytes(t.dir / "test" / "zebra" / "a.png", "x");
+  refused("class 'zebra' is not among the training classes");
+}
+
+TEST_CASE("folder: bad files fail naming the path, or are skipped and listed", "[folder]") {
+  TempTree t("bad-files");
+  write_tree(t.dir, 24, 8);
+  write_bytes(t.dir / "train" / "0" / "empty.png", "");
+  write_bytes(t.dir / "train" / "1" / "text.jpg", "this is not an image at all");
+  const std::string png = [&] {
+    std::ifstream in(t.dir / "train" / "2" / fs::directory_iterator(t.dir / "train" / "2")
+                                                 ->path()
+                                                 .filename(),
+                     std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  write_bytes(t.dir / "train" / "2" / "cut.png", png.substr(0, png.size() / 2));
+  fs::create_symlink("self.png", t.dir / "train" / "3" / "self.png");  // a link loop
+  // fail: the listing stops at the first entry it can see is bad.
+  try {
+    list_image_folder(t.dir.string(), BadFile::fail);
+    FAIL("accepted");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("empty.png: empty file") ||
+                             Catch::Contains("self.png: cannot be read"));
+  }
+  // skip: the listing leaves out what it can see; decoding everything finds the rest.
+  FolderListing l = list_image_folder(t.dir.string(), BadFile::skip);
+  CHECK(l.skipped.size() == 2);
+  drop_undecodable(l, t.dir.string(), 3, 3);
+  REQUIRE(l.skipped.size() == 4);
+  CHECK(l.train.size() == 24);
+  std::string all;
+  for (const auto& s : l.skipped) all += s + "\n";
+  CHECK_THAT(all, Catch::Contains("text.jpg: not a JPEG or PNG file"));
+  CHECK_THAT(all, Catch::Contains("cut.png"));
+  // Through load_data, the skipped files travel with the data.
+  Config c = folder_config(t.dir, 1, 8);
+  c.data.on_bad_file = BadFile::skip;
+  const DataSplit d = load_data(c.data, 1);
+  CHECK(d.skipped.size() == 4);
+  CHECK(d.train.size() == 24);
+  CHECK(d.class_names.size() == 4);
+}
+
+TEST_CASE("folder: a file that does not decode stops training, naming it", "[folder]") {
+  TempTree t("decode-fail");
+  write_tree(t.dir, 24, 8);
+  write_bytes(t.dir / "train" / "1" / "zz-text.png", "this is not an image at all");
+  Config c = folder_config(t.dir, 1, 8);
+  c.data.normalize = Normalize::off;  // the statistics would meet the file first otherwise
+  try {
+    run_config(c);
+    FAIL("trained");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("zz-text.png: not a JPEG or PNG file"));
+  }
+}
+
+TEST_CASE("the input pipeline gives the same batches at any worker and prefetch count",
+          "[folder][determinism]") {
+  TempTree t("pipeline");
+  write_tree(t.dir, 60, 10, /*jpeg=*/true);
+  Config c = folder_config(t.dir, 1, 8);
+  const DataSplit d = load_data(c.data, 1);
+  const int64_t f = d.train.features();
+  auto batches = [&](int workers, int prefetch, int64_t epoch) {
+    ImagePipeline p(*d.train.files, d.train.y, workers, prefetch, 7);
+    std::vector<float> all;
+    std::vector<int32_t> labels;
+    p.start(
+        9, [](int64_t b, std::vector<int64_t>& out) {
+          for (int64_t i = 0; i < 7; ++i) out.push_back((b * 13 + i * 5) % 60);
+        },
+        epoch, 1);
+    for (int b = 0; b < 9; ++b) {
+      const auto batch = p.next();
+      REQUIRE(batch.rows == 7);
+      all.insert(all.end(), batch.x, batch.x + 7 * f);
+      labels.insert(labels.end(), batch.y, batch.y + 7);
+    }
+    CHECK(p.decoded() >= 63);
+    return std::pair{all, labels};
+  };
+  const auto ref = batches(1, 1, 0);
+  for (auto [w, pf] : {std::pair{2, 1}, std::pair{4, 3}, std::pair{8, 8}}) {
+    INFO(w << " workers, prefetch " << pf);
+    const auto got = batches(w, pf, 0);
+    CHECK(got.first == ref.first);  // bit for bit
+    CHECK(got.second == ref.second);
+  }
+  CHECK(batches(2, 2, 1).first != ref.first);  // another epoch, other crops
+  for (size_t i = 0; i < 7; ++i) CHECK(ref.second[i] == d.train.y[(i * 5) % 60]);
+}
+
+TEST_CASE("the input pipeline stops early, restarts, and reports a failed sample in order",
+          "[folder]") {
+  TempTree t("pipeline-stop");
+  write_tree(t.dir, 30, 6);
+  const DataSplit d = load_data(folder_config(t.dir, 1, 8).data, 1);
+  ImagePipeline p(*d.train.files, d.train.y, 3, 4, 5);
+  auto plan = [](int64_t b, std::vector<int64_t>& out) {
+    for (int64_t i = 0; i < 5; ++i) out.push_back((b * 5 + i) % 30);
+  };
+  p.start(100, plan, 0, 1);
+  p.next();
+  p.start(3, plan, 1, 1);  // the rest of the first sequence is dropped
+  for (int b = 0; b < 3; ++b) CHECK(p.next().rows == 5);
+  CHECK_THROWS_AS(p.next(), SystemError);  // past the end of the sequence
+  // A plan that names a sample out of range fails that batch, not the process.
+  p.start(2, [](int64_t b, std::vector<int64_t>& out) { out.push_back(b == 1 ? 1000 : 0); }, 0,
+          1);
+  CHECK(p.next().rows == 1);
+  CHECK_THROWS(p.next());
+  p.stop();
+}
+
+TEST_CASE("folder: 4 replicas x 16 equal 1 replica x 64 with crops and flips, step by step",
+          "[folder][equivalence]") {
+  TempTree t("equivalence");
+  write_tree(t.dir, 64 * 12, 64);
+  Config one = folder_config(t.dir, 1, 64);
+  Config four = folder_config(t.dir, 4, 16);
+  four.data.workers = 1;  // and any worker count: the crops are keyed by sample
+  one.train.epochs = four.train.epochs = 2;
+  const DataSplit d = load_data(one.data, 1);
+  const TrainResult a = train(one, d, nullptr);
+  const TrainResult b = train(four, d, nullptr);
+  REQUIRE(a.step_losses.size() == 24);
+  CHECK(max_rel_step_diff(a, b) < 1e-5);
+  CHECK(a.epochs.back().test_acc == Approx(b.epochs.back().test_acc).margin(1e-3));
+  CHECK(a.step_losses.back() < 0.8 * a.step_losses.front());  // it learns
+}
+
+TEST_CASE("folder: a run continued from any of its checkpoints gives the same bits",
+          "[folder][checkpoint]") {
+  TempTree t("resume");
+  write_tree(t.dir, 16 * 2 * 6 + 5, 32);
+  Config c = folder_config(t.dir, 2, 16);
+  c.data.drop_remainder = false;
+  c.train.epochs = 2;
+  c.train.checkpoint_steps = 4;
+  const DataSplit d = load_data(c.data, c.train.seed);
+  Keep keep;
+  const TrainResult full = train(c, d, &keep);
+  REQUIRE(keep.all.size() >= 3);
+  for (const auto& ck : keep.all) {
+    INFO("from epoch " << ck.epoch << " step " << ck.step);
+    require_same_numeric_columns(full, train(c, d, nullptr, &ck));
+  }
+}
+
+TEST_CASE("folder: limits keep every class, and statistics come from the images", "[folder]") {
+  TempTree t("limits");
+  write_tree(t.dir, 80, 20);
+  Config c = folder_config(t.dir, 1, 8);
+  c.data.train_limit = 8;
+  c.data.test_limit = 4;
+  const DataSplit d = load_data(c.data, 1);
+  REQUIRE(d.train.size() == 8);
+  CHECK(d.test.size() == 4);
+  CHECK(std::set<int32_t>(d.train.y.begin(), d.train.y.end()).size() == 4);
+  CHECK(peek_data_shape(c.data).train_size == 8);
+  CHECK(peek_data_shape(c.data).classes == 4);
+  // Squashed clusters sit near 0.5 on average; a measured std is neither 0 nor 1.
+  for (size_t ch = 0; ch < 3; ++ch) {
+    CHECK(d.train.files->mean[ch] == Approx(0.5).margin(0.15));
+    CHECK(d.train.files->inv_std[ch] > 1.5f);
+  }
+  c.data.mean = {0.25};
+  c.data.stddev = {0.5};
+  c.data.normalize = Normalize::global;
+  const DataSplit g = load_data(c.data, 1);
+  CHECK(g.test.files->mean == std::vector<float>(3, 0.25f));
+  CHECK(g.test.files->inv_std == std::vector<float>(3, 2.f));
+}
+
+TEST_CASE("folder: a tree of 20000 files is listed within 5 seconds", "[folder][slow]") {
+  TempTree t("many");
+  for (int c = 0; c < 10; ++c) {
+    const fs::path dir = t.dir / "train" / fmt::format("c{}", c);
+    fs::create_directories(dir);
+    for (int i = 0; i < 2000; ++i) std::ofstream(dir / fmt::format("{:05}.png", i)) << 'x';
+  }
+  fs::create_directories(t.dir / "test" / "c0");
+  std::ofstream(t.dir / "test" / "c0" / "a.png") << 'x';
+  const auto t0 = std::chrono::steady_clock::now();
+  const FolderListing l = list_image_folder(t.dir.string(), BadFile::fail);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(l.train.size() == 20000);
+  CHECK(s < 5.0);
+}
