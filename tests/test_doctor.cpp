@@ -413,6 +413,7 @@ TEST_CASE("doctor: input-bound, from the measured rates, with the workers that w
           "[doctor]") {
   const Config c = healthy();
   InputProbe p;
+  p.on_gpu = true;  // the step on GPUs, decoding on the host: the step waits
   p.workers = 1;
   p.samples_per_step = 64;
   p.step_s = 0.010;        // 6400 samples/s consumed
@@ -430,6 +431,29 @@ TEST_CASE("doctor: input-bound, from the measured rates, with the workers that w
   p.decode_per_s = 8000;  // enough: silent
   CHECK_FALSE(fires("input-bound", c, nullptr, &p));
   CHECK_FALSE(fires("input-bound", c));  // nothing measured, nothing said
+}
+
+TEST_CASE("doctor: input-bound on the CPU, where decoding and the step share the cores",
+          "[doctor]") {
+  const Config c = healthy();  // 8 replicas of 16
+  InputProbe p;
+  p.workers = 2;
+  p.samples_per_step = 16;
+  p.step_threads = 2;
+  p.cores = 2;
+  p.step_s = 0.064;        // 128 samples on 2 threads: 1 ms of a core per sample
+  p.decode_per_s = 1000;   // 2 ms of a core per image
+  const auto f = diagnose(c, nullptr, &p);
+  const auto it =
+      std::find_if(f.begin(), f.end(), [](const Finding& x) { return x.rule == "input-bound"; });
+  REQUIRE(it != f.end());
+  INFO(it->message);
+  CHECK_THAT(it->message, Catch::Contains("decoding takes 2.00 ms of a core per image"));
+  CHECK_THAT(it->message, Catch::Contains("the step 1.00 ms per sample"));
+  CHECK_THAT(it->message, Catch::Contains("decoding is 67% of the work"));
+  CHECK_THAT(it->message, Catch::Contains("about 3.0x as long"));
+  p.decode_per_s = 20000;  // 0.1 ms: a tenth of the step's work, silent
+  CHECK_FALSE(fires("input-bound", c, nullptr, &p));
 }
 
 TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {

@@ -37,9 +37,10 @@ int run_bench_input(const BenchInputOptions& opt) {
   const auto runs = plan_runs(opt.config, opt.overrides);
   const Config& cfg = runs.front().config;
   if (cfg.data.dataset != DatasetKind::folder)
-    throw UserError(fmt::format("{}: bench-input times image files (data.dataset: folder); "
-                                "this config's data is {} and is held in memory",
-                                opt.config, to_string(cfg.data.dataset)));
+    throw UserError(
+        fmt::format("{}: bench-input times image files (data.dataset: folder); "
+                    "this config's data is {} and is held in memory",
+                    opt.config, to_string(cfg.data.dataset)));
   const DataSplit data = load_data(cfg.data, cfg.train.seed);
   fmt::print("# {}: {}\n# batches of {} at prefetch {}, {} images a measurement, median of {}\n",
              opt.config, data.description, cfg.micro_batch(), cfg.data.prefetch, opt.images,

@@ -16,20 +16,22 @@ namespace dtrain::cli {
 
 void setup_export(CLI::App& app, ExportOptions& opt) {
   add_config_arguments(app, opt.config, opt.overrides);
-  app.add_option("--out", opt.out, "The folder to write (must not exist, or be empty)")
-      ->required();
+  app.add_option("--out", opt.out, "The folder to write (must not exist, or be empty)")->required();
   app.add_option("--format", opt.format, "png (lossless) or jpeg")
       ->check(CLI::IsMember({"png", "jpeg"}));
   app.add_option("--quality", opt.quality, "JPEG quality")->check(CLI::Range(1, 100));
+  app.add_option("--side", opt.side, "Resample each image to SIDE x SIDE pixels first")
+      ->check(CLI::Range(1, 8192));
 }
 
 int run_export(const ExportOptions& opt) {
   const auto runs = plan_runs(opt.config, opt.overrides);
   DataConfig data = runs.front().config.data;
   if (data.dataset == DatasetKind::folder)
-    throw UserError(fmt::format("{}: data.dataset is folder already; export-images writes "
-                                "in-memory datasets (fashion-mnist, cifar10, synthetic, ...)",
-                                opt.config));
+    throw UserError(
+        fmt::format("{}: data.dataset is folder already; export-images writes "
+                    "in-memory datasets (fashion-mnist, cifar10, synthetic, ...)",
+                    opt.config));
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(opt.out, ec) && !(fs::is_directory(opt.out, ec) && fs::is_empty(opt.out, ec)))
@@ -37,12 +39,13 @@ int run_export(const ExportOptions& opt) {
   data.normalize = Normalize::off;  // pixels in [0, 1], as stored
   data.sort_by_label = false;
   const DataSplit s = load_data(data, runs.front().config.train.seed);
-  const int64_t n = write_image_tree(s.train, s.test, opt.out,
-                                     opt.format == "jpeg" ? opt.quality : 0);
-  fmt::print("{}: {} images ({} train, {} test) as {} files; train on them with\n"
-             "  dtrain run {} data.dataset=folder data.path={} 'data.shape=[{}]'\n",
-             opt.out, n, s.train.size(), s.test.size(), opt.format, opt.config, opt.out,
-             fmt::join(s.train.shape, ","));
+  const int64_t n =
+      write_image_tree(s.train, s.test, opt.out, opt.format == "jpeg" ? opt.quality : 0, opt.side);
+  fmt::print(
+      "{}: {} images ({} train, {} test) as {} files; train on them with\n"
+      "  dtrain run {} data.dataset=folder data.path={} 'data.shape=[{}]'\n",
+      opt.out, n, s.train.size(), s.test.size(), opt.format, opt.config, opt.out,
+      fmt::join(s.train.shape, ","));
   return 0;
 }
 

@@ -56,6 +56,7 @@ struct ExportOptions {
   std::string out;
   std::string format = "png";
   int quality = 95;
+  int64_t side = 0;  // 0: the images' own size
 };
 void setup_export(CLI::App& app, ExportOptions& opt);
 int run_export(const ExportOptions& opt);

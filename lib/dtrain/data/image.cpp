@@ -346,19 +346,22 @@ void resample(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w
     row1 = std::max(row1, ty.first[y] + ty.count[y]);
   }
   const std::vector<float> rows = resample_rows(img, tx, row0, row1, out_w);
-  for (int64_t c = 0; c < C; ++c) {
-    const auto a = static_cast<float>(inv_std[c] / 255.0);  // (v / 255 - mean) * inv_std
-    const float b = -mean[c] * inv_std[c];
-    for (int64_t y = 0; y < out_h; ++y) {
-      const float* w = &ty.weight[static_cast<size_t>(y * ty.ksize)];
-      const int64_t first = ty.first[static_cast<size_t>(y)] - row0;
+  // The vertical pass over whole interleaved rows (contiguous, so it vectorises), then each
+  // row split into its channel planes, normalised and mirrored where asked.
+  const int64_t span = out_w * C;
+  std::vector<float> acc(static_cast<size_t>(span));
+  for (int64_t y = 0; y < out_h; ++y) {
+    const float* w = &ty.weight[static_cast<size_t>(y * ty.ksize)];
+    const float* src = rows.data() + (ty.first[static_cast<size_t>(y)] - row0) * span;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t k = 0; k < ty.count[static_cast<size_t>(y)]; ++k)
+      for (int64_t i = 0; i < span; ++i) acc[static_cast<size_t>(i)] += w[k] * src[k * span + i];
+    for (int64_t c = 0; c < C; ++c) {
+      const auto a = static_cast<float>(inv_std[c] / 255.0);  // (v / 255 - mean) * inv_std
+      const float b = -mean[c] * inv_std[c];
       float* dst = out + (c * out_h + y) * out_w;
-      for (int64_t x = 0; x < out_w; ++x) {
-        float acc = 0;
-        for (int64_t k = 0; k < ty.count[static_cast<size_t>(y)]; ++k)
-          acc += w[k] * rows[static_cast<size_t>(((first + k) * out_w + x) * C + c)];
-        dst[box.flip ? out_w - 1 - x : x] = acc * a + b;
-      }
+      for (int64_t x = 0; x < out_w; ++x)
+        dst[box.flip ? out_w - 1 - x : x] = acc[static_cast<size_t>(x * C + c)] * a + b;
     }
   }
 }

@@ -1,9 +1,8 @@
 // PNG and JPEG writers (libpng's simplified API, TurboJPEG), the inverse of image.cpp's
 // decoders: what test trees and exported datasets are made of.
+#include <fmt/format.h>
 #include <png.h>
 #include <turbojpeg.h>
-
-#include <fmt/format.h>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/data/image.hpp"
@@ -46,8 +45,8 @@ std::vector<uint8_t> encode_jpeg(const Image& img, int quality) {
   unsigned long size = 0;
   const int grey = img.channels == 1;
   const int rc = tjCompress2(h, img.pixels.data(), static_cast<int>(img.width), 0,
-                             static_cast<int>(img.height), grey ? TJPF_GRAY : TJPF_RGB, &buf,
-                             &size, grey ? TJSAMP_GRAY : TJSAMP_444, quality, TJFLAG_ACCURATEDCT);
+                             static_cast<int>(img.height), grey ? TJPF_GRAY : TJPF_RGB, &buf, &size,
+                             grey ? TJSAMP_GRAY : TJSAMP_444, quality, TJFLAG_ACCURATEDCT);
   std::string why = rc == 0 ? "" : tjGetErrorStr2(h);
   tjDestroy(h);
   std::vector<uint8_t> out;

@@ -1,9 +1,8 @@
 #include "dtrain/data/image_folder.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -110,9 +109,10 @@ std::vector<std::string> class_files(const fs::path& root, const fs::path& dir, 
 std::vector<std::string> class_folders(const fs::path& split_dir) {
   std::error_code ec;
   if (!fs::is_directory(split_dir, ec))
-    throw UserError(fmt::format("{}: no such folder (dataset: folder needs train/<class>/ and "
-                                "test/<class>/ folders of images in data.path)",
-                                split_dir.string()));
+    throw UserError(
+        fmt::format("{}: no such folder (dataset: folder needs train/<class>/ and "
+                    "test/<class>/ folders of images in data.path)",
+                    split_dir.string()));
   std::vector<std::string> names;
   fs::directory_iterator it(split_dir, ec), end;
   if (ec) throw UserError(fmt::format("{}: cannot list: {}", split_dir.string(), ec.message()));
@@ -120,8 +120,8 @@ std::vector<std::string> class_folders(const fs::path& split_dir) {
     if (ec) break;
     if (!hidden(it->path()) && it->is_directory(ec)) names.push_back(it->path().filename());
     if (names.size() > kMaxClasses)
-      throw UserError(fmt::format("{}: more than {} class folders", split_dir.string(),
-                                  kMaxClasses));
+      throw UserError(
+          fmt::format("{}: more than {} class folders", split_dir.string(), kMaxClasses));
   }
   if (ec) throw UserError(fmt::format("{}: cannot list: {}", split_dir.string(), ec.message()));
   std::sort(names.begin(), names.end());
@@ -139,14 +139,16 @@ void list_split(const fs::path& root, const char* split, const std::vector<std::
   for (const std::string& c : class_folders(root / split)) {
     const auto it = label.find(c);
     if (it == label.end())
-      throw UserError(fmt::format("{}: class '{}' is not among the training classes (train/ "
-                                  "has {} class folders; the test set's must be among them)",
-                                  (root / split / c).string(), c, classes.size()));
+      throw UserError(
+          fmt::format("{}: class '{}' is not among the training classes (train/ "
+                      "has {} class folders; the test set's must be among them)",
+                      (root / split / c).string(), c, classes.size()));
     auto found = class_files(root, root / split / c, policy, skipped);
     if (found.empty() && policy == BadFile::fail && std::string(split) == "train")
-      throw UserError(fmt::format("{}: holds no image files (a class needs training images; "
-                                  "data.on_bad_file: skip keeps the class without them)",
-                                  (root / split / c).string()));
+      throw UserError(
+          fmt::format("{}: holds no image files (a class needs training images; "
+                      "data.on_bad_file: skip keeps the class without them)",
+                      (root / split / c).string()));
     labels.insert(labels.end(), found.size(), it->second);
     files.insert(files.end(), std::make_move_iterator(found.begin()),
                  std::make_move_iterator(found.end()));
@@ -158,17 +160,18 @@ void list_split(const fs::path& root, const char* split, const std::vector<std::
 FolderListing list_image_folder(const std::string& root, BadFile on_bad_file) {
   std::error_code ec;
   if (!fs::is_directory(root, ec))
-    throw UserError(fmt::format("data.path: '{}' is not a folder (dataset: folder needs "
-                                "train/<class>/ and test/<class>/ folders of images in it)",
-                                root));
+    throw UserError(
+        fmt::format("data.path: '{}' is not a folder (dataset: folder needs "
+                    "train/<class>/ and test/<class>/ folders of images in it)",
+                    root));
   FolderListing l;
   l.classes = class_folders(fs::path(root) / "train");
   list_split(root, "train", l.classes, on_bad_file, l.train, l.train_y, l.skipped);
   list_split(root, "test", l.classes, on_bad_file, l.test, l.test_y, l.skipped);
   for (const auto* split : {&l.train, &l.test})
     if (split->empty())
-      throw UserError(fmt::format("{}/{}: holds no image files", root,
-                                  split == &l.train ? "train" : "test"));
+      throw UserError(
+          fmt::format("{}/{}: holds no image files", root, split == &l.train ? "train" : "test"));
   return l;
 }
 
@@ -205,25 +208,45 @@ Image read_image_file(const std::string& full_path, int channels) {
 
 namespace {
 
-void write_split(const Dataset& d, const fs::path& dir, int classes, int quality) {
-  const int width = static_cast<int>(fmt::format("{}", std::max(0, classes - 1)).size());
-  const int64_t c = d.shape[0], plane = d.shape[1] * d.shape[2], f = d.features();
-  const int digits = static_cast<int>(fmt::format("{}", d.size()).size());
+// Sample i of in-memory image data as 8-bit interleaved pixels, resampled to side x side where
+// `side` is not 0.
+Image sample_image(const Dataset& d, int64_t i, int64_t side) {
+  const int64_t c = d.shape[0], plane = d.shape[1] * d.shape[2];
   Image img{d.shape[2], d.shape[1], static_cast<int>(c), std::vector<uint8_t>()};
-  img.pixels.resize(static_cast<size_t>(f));
+  img.pixels.resize(static_cast<size_t>(c * plane));
+  auto to_byte = [](float v) {
+    return static_cast<uint8_t>(std::lround(std::clamp(v, 0.f, 1.f) * 255.f));
+  };
+  const float* x = d.x.data() + i * c * plane;
+  for (int64_t p = 0; p < plane; ++p)  // planar floats to interleaved bytes
+    for (int64_t ch = 0; ch < c; ++ch)
+      img.pixels[static_cast<size_t>(p * c + ch)] = to_byte(x[ch * plane + p]);
+  if (side <= 0 || (side == img.width && side == img.height)) return img;
+  std::vector<float> big(static_cast<size_t>(c * side * side));
+  const std::vector<float> zero(static_cast<size_t>(c), 0.f), one(zero.size(), 1.f);
+  resample(img, CropBox{0, 0, static_cast<double>(img.width), static_cast<double>(img.height)},
+           side, side, zero.data(), one.data(), big.data());
+  Image out{side, side, img.channels, std::vector<uint8_t>(big.size())};
+  for (int64_t p = 0; p < side * side; ++p)
+    for (int64_t ch = 0; ch < c; ++ch)
+      out.pixels[static_cast<size_t>(p * c + ch)] =
+          to_byte(big[static_cast<size_t>(ch * side * side + p)]);
+  return out;
+}
+
+void write_split(const Dataset& d, const fs::path& dir, int classes, int quality, int64_t side) {
+  const int width = static_cast<int>(fmt::format("{}", std::max(0, classes - 1)).size());
+  const int digits = static_cast<int>(fmt::format("{}", d.size()).size());
   for (int64_t i = 0; i < d.size(); ++i) {
-    const float* x = d.x.data() + i * f;
-    for (int64_t p = 0; p < plane; ++p)  // planar floats to interleaved bytes
-      for (int64_t ch = 0; ch < c; ++ch)
-        img.pixels[static_cast<size_t>(p * c + ch)] = static_cast<uint8_t>(
-            std::lround(std::clamp(x[ch * plane + p], 0.f, 1.f) * 255.f));
+    const Image img = sample_image(d, i, side);
     const fs::path cls = dir / fmt::format("{:0{}}", d.y[static_cast<size_t>(i)], width);
     ensure_dir(cls.string(), "an exported class folder");
     const auto bytes = quality > 0 ? encode_jpeg(img, quality) : encode_png(img);
     // Plain writes: a tree of many small files, each fsynced, would take minutes.
     const fs::path file = cls / fmt::format("{:0{}}.{}", i, digits, quality > 0 ? "jpg" : "png");
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     if (!out.flush()) throw UserError(fmt::format("{}: cannot write", file.string()));
   }
 }
@@ -231,15 +254,16 @@ void write_split(const Dataset& d, const fs::path& dir, int classes, int quality
 }  // namespace
 
 int64_t write_image_tree(const Dataset& train, const Dataset& test, const std::string& dir,
-                         int jpeg_quality) {
+                         int jpeg_quality, int64_t side) {
   for (const Dataset* d : {&train, &test})
     if (d->files || d->shape.size() != 3 || (d->shape[0] != 1 && d->shape[0] != 3))
-      throw UserError(fmt::format("export: needs in-memory images of 1 or 3 channels, this data "
-                                  "is [{}]",
-                                  fmt::join(d->shape, ", ")));
+      throw UserError(
+          fmt::format("export: needs in-memory images of 1 or 3 channels, this data "
+                      "is [{}]",
+                      fmt::join(d->shape, ", ")));
   const int classes = std::max(train.classes, test.classes);
-  write_split(train, fs::path(dir) / "train", classes, jpeg_quality);
-  write_split(test, fs::path(dir) / "test", classes, jpeg_quality);
+  write_split(train, fs::path(dir) / "train", classes, jpeg_quality, side);
+  write_split(test, fs::path(dir) / "test", classes, jpeg_quality, side);
   return train.size() + test.size();
 }
 
@@ -247,11 +271,11 @@ void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t see
   if (index < 0 || index >= static_cast<int64_t>(f.paths.size()))
     DTRAIN_THROW_SYSTEM(fmt::format("input: sample {} of {}", index, f.paths.size()));
   const Image img = read_image_file(f.full_path(index), static_cast<int>(f.shape[0]));
-  const CropBox box =
-      f.train ? random_resized_crop(img.width, img.height, f.crop_scale[0], f.crop_scale[1],
-                                    f.crop_ratio[0], f.crop_ratio[1], f.flip,
-                                    sample_key(seed, epoch, index))
-              : centre_crop(img.width, img.height, f.shape[1], f.shape[2]);
+  const CropBox box = f.train
+                          ? random_resized_crop(img.width, img.height, f.crop_scale[0],
+                                                f.crop_scale[1], f.crop_ratio[0], f.crop_ratio[1],
+                                                f.flip, sample_key(seed, epoch, index))
+                          : centre_crop(img.width, img.height, f.shape[1], f.shape[2]);
   resample(img, box, f.shape[1], f.shape[2], f.mean.data(), f.inv_std.data(), out);
 }
 
@@ -337,7 +361,8 @@ std::pair<std::vector<double>, std::vector<double>> measure_stats(const DataConf
     sum.assign(sum.size(), sum[0]);
     sq.assign(sq.size(), sq[0]);
   }
-  const double n = static_cast<double>(picks.size() * plane) * (per_channel ? 1.0 : static_cast<double>(c));
+  const double n =
+      static_cast<double>(picks.size() * plane) * (per_channel ? 1.0 : static_cast<double>(c));
   std::vector<double> mean(sum.size()), sd(sum.size());
   for (size_t ch = 0; ch < sum.size(); ++ch) {
     mean[ch] = sum[ch] / n;

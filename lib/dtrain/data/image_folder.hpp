@@ -18,9 +18,9 @@ struct DataSplit;
 // How the files of one split become samples: the files, in sample order (their labels are the
 // Dataset's y), and the transform.
 struct ImageFiles {
-  std::string root;                // data.path
-  std::vector<std::string> paths;  // relative to root: "train/cat/001.jpg"
-  std::vector<int64_t> shape;      // [C, H, W] of a sample
+  std::string root;                  // data.path
+  std::vector<std::string> paths;    // relative to root: "train/cat/001.jpg"
+  std::vector<int64_t> shape;        // [C, H, W] of a sample
   std::vector<float> mean, inv_std;  // per channel: (v / 255 - mean) * inv_std
   bool train = true;  // a random-resized crop (and a flip), else resize and centre crop
   std::vector<double> crop_scale, crop_ratio;
@@ -57,8 +57,7 @@ Image read_image_file(const std::string& full_path, int channels);
 
 // Sample `index` of `files` as its transform makes it, in epoch `epoch` of a run seeded `seed`
 // (the evaluation transform draws nothing): features() floats into `out`.
-void make_sample(const ImageFiles& files, int64_t index, int64_t epoch, uint64_t seed,
-                 float* out);
+void make_sample(const ImageFiles& files, int64_t index, int64_t epoch, uint64_t seed, float* out);
 
 // The whole of dataset: folder: both splits as lists with their transforms (the per-channel
 // statistics given in data.mean and data.std, else measured on up to 256 training images
@@ -70,8 +69,9 @@ void load_folder(const DataConfig& cfg, DataSplit& s);
 // data.normalize: false loads them) as a folder dataset: dir/train/<class>/<n>.<ext> and
 // dir/test/..., one file per sample, PNG (`jpeg_quality` 0) or JPEG. Class folders are the
 // labels zero-padded to one width, so that their sorted order is the labels' order; files are
-// numbered in sample order. Returns the files written.
+// numbered in sample order. `side` > 0: each image resampled to side x side first (photo-sized
+// files of small images, to study decoding). Returns the files written.
 int64_t write_image_tree(const Dataset& train, const Dataset& test, const std::string& dir,
-                         int jpeg_quality);
+                         int jpeg_quality, int64_t side = 0);
 
 }  // namespace dtrain

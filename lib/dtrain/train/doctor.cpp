@@ -273,15 +273,14 @@ void check_model_keys(Context& c) {
                     ignored.size() == 1 ? "it" : "them", ignored.size() == 1 ? "it" : "them"));
 }
 
-// The input threads make fewer images a second than the step consumes: the step waits for its
-// batch for the difference (prefetching hides a slower pipeline's jitter, not its rate).
-void check_input(Context& c, const InputProbe& p) {
-  if (p.step_s <= 0 || p.decode_per_s <= 0 || p.workers <= 0) return;
+// GPU replicas: the input threads (on the CPU) make fewer images a second than the step (on
+// the GPU) consumes, so the step waits for its batch for the difference (prefetching hides a
+// slower pipeline's jitter, not its rate).
+void check_input_wait(Context& c, const InputProbe& p) {
   const double need = static_cast<double>(p.samples_per_step) / p.step_s;
   if (p.decode_per_s >= need) return;
   const double per_worker = p.decode_per_s / p.workers;
   const auto enough = static_cast<int>(std::ceil(need / per_worker));
-  const auto cores = static_cast<int>(std::thread::hardware_concurrency());
   c.add("input-bound",
         fmt::format("the input threads decode {:.0f} images/s per replica (data.workers: {}, "
                     "measured), but a step consumes {:.0f} samples/s per replica ({} samples in "
@@ -290,12 +289,42 @@ void check_input(Context& c, const InputProbe& p) {
                     "its {:.0f} images/s{}, or cheaper images (smaller files, fewer pixels)",
                     p.decode_per_s, p.workers, need, p.samples_per_step, 1e3 * p.step_s,
                     100 * (1 - p.decode_per_s / need), enough, per_worker,
-                    cores > 0 && enough * c.cfg.gpus > cores
-                        ? fmt::format(" (with {} replicas that is more threads than this "
-                                      "machine's {} cores: they would share them with the "
-                                      "step)",
-                                      c.cfg.gpus, cores)
+                    p.cores > 0 && enough * c.cfg.gpus > p.cores
+                        ? fmt::format(" and the host's {} cores have room for {} x {} threads",
+                                      p.cores, c.cfg.gpus, enough)
                         : ""));
+}
+
+// CPU replicas: decoding and the step share the same cores, so the step does not wait for
+// input as much as it runs slower; more workers cannot help past the cores. Fires when decoding
+// is more than a fifth of the CPU work of a sample.
+void check_input_cores(Context& c, const InputProbe& p) {
+  const double step_core_s = p.step_s * p.step_threads /
+                             static_cast<double>(p.samples_per_step * c.cfg.gpus);
+  const double decode_core_s = p.workers / p.decode_per_s;
+  const double share = decode_core_s / (decode_core_s + step_core_s);
+  if (share <= 0.2) return;
+  c.add("input-bound",
+        fmt::format("decoding takes {:.2f} ms of a core per image (data.workers: {}, {:.0f} "
+                    "images/s measured) and the step {:.2f} ms per sample ({} threads); on the "
+                    "CPU both share this machine's {} cores, so decoding is {:.0f}% of the work "
+                    "and an epoch takes about {:.1f}x as long as on data in memory, whatever "
+                    "data.workers says; fix: images stored nearer the size trained (decoding "
+                    "grows with the pixels in the file); OMP_WAIT_POLICY=passive in the "
+                    "environment, so that the step's threads sleep instead of spinning while "
+                    "they wait and leave their core to the decoding (1.47x in "
+                    "results/input-study, but 0.79x on data in memory); or GPU replicas, whose "
+                    "step overlaps the decoding",
+                    1e3 * decode_core_s, p.workers, p.decode_per_s, 1e3 * step_core_s,
+                    p.step_threads, p.cores, 100 * share, 1 + decode_core_s / step_core_s));
+}
+
+void check_input(Context& c, const InputProbe& p) {
+  if (p.step_s <= 0 || p.decode_per_s <= 0 || p.workers <= 0) return;
+  if (p.on_gpu)
+    check_input_wait(c, p);
+  else if (p.step_threads > 0)
+    check_input_cores(c, p);
 }
 
 }  // namespace
@@ -321,6 +350,9 @@ InputProbe probe_input(const Config& cfg, const DataSplit& data) {
   t.train.target_accuracy = 0;
   t.optimizer.warmup_epochs = 0;
   const TrainResult r = train(t, load_data(t.data, t.train.seed), nullptr);
+  p.on_gpu = r.info.backend == "cuda";
+  p.cores = static_cast<int>(std::thread::hardware_concurrency());
+  p.step_threads = t.threads > 0 ? std::min(t.threads, std::max(1, p.cores)) : p.cores;
   if (r.epochs.size() == 2) {  // the first epoch sets things up
     const EpochMetrics& e = r.epochs.back();
     p.step_s = (e.epoch_time_s - e.data_s) / kSteps;

@@ -18,14 +18,18 @@ struct Finding {
 };
 
 // What `dtrain doctor` measures on this machine for dataset: folder, per replica: the images
-// per second its input threads decode and augment (data.workers of them, alone), and the busy
-// time of a training step of its samples (micro-batch x accumulation), timed on in-memory data
-// of the same shape with every other setting of the run.
+// per second its input threads decode and augment (data.workers of them, alone), and the time
+// of a training step (micro-batch x accumulation samples per replica), timed on in-memory data
+// of the same shape with every other setting of the run. On GPUs a pipeline slower than the
+// step makes it wait; on the CPU both share the cores, and the rule says what that costs.
 struct InputProbe {
   int workers = 0;
   double decode_per_s = 0;
-  double step_s = 0;
+  double step_s = 0;  // all the replicas of the process, on `step_threads` CPU threads or GPUs
   int64_t samples_per_step = 0;
+  bool on_gpu = false;   // the step ran on GPUs (decoding overlaps it), else on the CPU
+  int step_threads = 0;  // CPU: the threads the step ran on, all replicas together
+  int cores = 0;         // of this machine
 };
 // Decodes a few batches and trains two short epochs (three steps each; the second is timed).
 InputProbe probe_input(const Config& cfg, const DataSplit& data);
