@@ -112,6 +112,19 @@ probe gzip-trailing-garbage 2 "trailing garbage after the gzip stream" -- valida
 probe idx-longer-than-header 2 "more data than its header claims" -- validate ok.yaml data.dataset=idx data.path=longer
 probe sparse-labels-validate 0 "[sparse-labels] the training labels are 0-2 (5 each) and 200 (1)" -- validate ok.yaml data.dataset=idx data.path=sparse
 probe sparse-labels-doctor 0 "doctor: [sparse-labels]" -- doctor ok.yaml data.dataset=idx data.path=sparse
+# Image folders (dataset: folder): a PNG whose header claims 100000 x 100000 pixels (33 bytes,
+# CRC valid, refused before anything is allocated), a FIFO in a class folder, a tree without test/.
+"$bin" export-images ok.yaml 'data.synthetic.shape=[3,8,8]' --out tree >/dev/null
+printf '\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR\x00\x01\x86\xa0\x00\x01\x86\xa0\x08\x02\x00\x00\x00\x27\x30\x9c\x9f' \
+  >tree/train/1/zz-huge.png
+cp -r tree fifotree && rm fifotree/train/1/zz-huge.png && mkfifo fifotree/train/2/pipe.png
+mkdir -p notest && cp -r tree/train notest/
+folder=(data.dataset=folder 'data.shape=[3,8,8]' data.normalize=false)
+probe folder-png-100000-claim 2+ "claims 100000 x 100000 pixels" -- run ok.yaml "${folder[@]}" data.path=tree --tag png --results res
+probe folder-skip-bad-file 0 "1 files skipped" -- run ok.yaml "${folder[@]}" data.path=tree data.on_bad_file=skip --tag skip --results res
+probe folder-fifo 2 "pipe.png: not a regular file" -- validate ok.yaml "${folder[@]}" data.path=fifotree
+probe folder-no-test 2 "test: no such folder" -- validate ok.yaml "${folder[@]}" data.path=notest
+probe folder-two-channels 2 "C 1 (grey) or 3 (RGB)" -- validate ok.yaml data.dataset=folder 'data.shape=[2,8,8]' data.path=tree --no-data
 probe name-not-utf8 2 "UTF-8" -- validate ok.yaml "name=$(printf 'a\xffb')"
 # Eleven levels of ten aliases: 600 bytes standing for 10^11 values.
 { echo 'a0: &a0 [x, x, x, x, x, x, x, x, x, x]'

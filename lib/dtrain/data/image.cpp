@@ -266,6 +266,9 @@ ImageHeader read_image_header(const uint8_t* data, size_t size, const std::strin
 Image decode_image(const uint8_t* data, size_t size, int channels, const std::string& what) {
   if (channels != 1 && channels != 3)
     DTRAIN_THROW_SYSTEM(fmt::format("decode_image: {} channels (1 or 3)", channels));
+  // The header's size claim first: a file that claims too many pixels is named for that, not
+  // for whatever the decoder meets after it.
+  read_image_header(data, size, what);
   if (detect_format(data, size, what) == Format::png) return decode_png(data, size, channels, what);
   return decode_jpeg(data, size, channels, what);
 }
