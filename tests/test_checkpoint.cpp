@@ -186,6 +186,22 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   odd = keep.all.back();
   odd.epochs.pop_back();
   CHECK(refused(encode_checkpoint(odd)).find("inconsistent fields") != std::string::npos);
+  // Version 1 (before the input columns): its epochs are 16 bytes shorter and still read, with
+  // those columns NaN.
+  const Checkpoint& last = keep.all.back();
+  REQUIRE(!last.epochs.empty());
+  std::string v1 = encode_checkpoint(last);
+  v1[std::string("dtrain checkpoint ").size()] = '1';
+  // epoch_fields: an int, 8 doubles, an int64, 8 doubles, an int, an int64, 4 doubles.
+  const size_t epoch_v1 = 4 + 8 * 8 + 8 + 8 * 8 + 4 + 8 + 4 * 8;
+  const size_t epoch_v2 = epoch_v1 + 16;
+  const size_t n = last.epochs.size(), first = v1.size() - 4 - n * epoch_v2;
+  std::string body = v1.substr(0, first);
+  for (size_t e = 0; e < n; ++e) body += v1.substr(first + e * epoch_v2, epoch_v1);
+  const Checkpoint old = decode_checkpoint(resealed(body + "abcd"), "v1");
+  REQUIRE(old.epochs.size() == n);
+  CHECK(old.epochs.back().test_loss == last.epochs.back().test_loss);
+  CHECK(std::isnan(old.epochs.back().input_busy));
 }
 
 TEST_CASE("a checkpoint larger than its run can hold is refused before it is read",

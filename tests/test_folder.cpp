@@ -118,7 +118,7 @@ TEST_CASE("folder: what is not a tree of classes is refused with the path", "[fo
   refused("train: no such folder");
   fs::create_directories(t.dir / "train");
   refused("holds no class folders");
-  write_tree(t.dir, 8, 4);
+  write_tree(t.dir, 40, 8);
   fs::create_directories(t.dir / "train" / "9");
   refused("train/9: holds no image files");
   fs::remove(t.dir / "train" / "9");

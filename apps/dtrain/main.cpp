@@ -151,6 +151,14 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   return std::nullopt;
 }
 
+// A message as one line: a control character (a newline in a file's name) becomes '?'.
+std::string one_line(const char* what) {
+  std::string s(what);
+  for (char& ch : s)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+  return s;
+}
+
 // Runs the command; what it throws becomes one line and the exit code: 2 for a user mistake, 1
 // for anything else.
 int run_command(const Command& cmd) {
@@ -159,7 +167,8 @@ int run_command(const Command& cmd) {
   } catch (const dtrain::UserError& e) {
     dtrain::clear_progress();
     // Every rank sees the same mistake; one line is enough.
-    if (dtrain::mpi::rank() == 0) std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    if (dtrain::mpi::rank() == 0)
+      std::fprintf(stderr, "dtrain: error: %s\n", one_line(e.what()).c_str());
     return 2;
   } catch (const dtrain::StorageError& e) {
     dtrain::clear_progress();

@@ -118,7 +118,9 @@ std::vector<std::string> class_folders(const fs::path& split_dir) {
   if (ec) throw UserError(fmt::format("{}: cannot list: {}", split_dir.string(), ec.message()));
   for (; it != end; it.increment(ec)) {
     if (ec) break;
-    if (!hidden(it->path()) && it->is_directory(ec)) names.push_back(it->path().filename());
+    // A link to a folder is not a class (train/all -> train would hold every image).
+    if (!hidden(it->path()) && !it->is_symlink(ec) && it->is_directory(ec))
+      names.push_back(it->path().filename());
     if (names.size() > kMaxClasses)
       throw UserError(
           fmt::format("{}: more than {} class folders", split_dir.string(), kMaxClasses));
@@ -262,6 +264,16 @@ int64_t write_image_tree(const Dataset& train, const Dataset& test, const std::s
                       "is [{}]",
                       fmt::join(d->shape, ", ")));
   const int classes = std::max(train.classes, test.classes);
+  // A folder dataset's classes are its training folders: each label needs a training sample.
+  std::vector<bool> seen(static_cast<size_t>(std::max(classes, 0)), false);
+  for (int32_t y : train.y)
+    if (y >= 0 && y < classes) seen[static_cast<size_t>(y)] = true;
+  for (int c = 0; c < classes; ++c)
+    if (!seen[static_cast<size_t>(c)])
+      throw UserError(fmt::format("export: the training set has no sample of label {} (of {}), "
+                                  "and a folder dataset's classes are its training folders; "
+                                  "keep more training samples (data.train_limit)",
+                                  c, classes));
   write_split(train, fs::path(dir) / "train", classes, jpeg_quality, side);
   write_split(test, fs::path(dir) / "test", classes, jpeg_quality, side);
   return train.size() + test.size();
@@ -280,7 +292,9 @@ void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t see
 }
 
 void drop_undecodable(FolderListing& l, const std::string& root, int channels, int workers) {
-  for (auto [files, labels] : {std::pair{&l.train, &l.train_y}, std::pair{&l.test, &l.test_y}}) {
+  for (const auto& split : {std::pair{&l.train, &l.train_y}, std::pair{&l.test, &l.test_y}}) {
+    auto* files = split.first;  // named, not bound: a lambda below captures it
+    auto* labels = split.second;
     std::vector<std::string> why(files->size());
     parallel_for(files->size(), workers, [&](size_t i) {
       try {

@@ -4,6 +4,10 @@
 #include <chrono>
 #include <numeric>
 
+#include <fmt/format.h>
+
+#include <system_error>
+
 #include "dtrain/base/error.hpp"
 
 namespace dtrain {
@@ -19,10 +23,20 @@ ImagePipeline::ImagePipeline(const ImageFiles& files, const std::vector<int32_t>
     s.y.resize(static_cast<size_t>(max_rows));
     s.idx.reserve(static_cast<size_t>(max_rows));
   }
-  for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+  try {
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+  } catch (const std::system_error& e) {  // out of threads: stop those started, then say so
+    shut_down();
+    throw SystemError(fmt::format("input pipeline: cannot start {} decode threads ({}); lower "
+                                  "data.workers",
+                                  workers, e.what()),
+                      __FILE__, __LINE__);
+  }
 }
 
-ImagePipeline::~ImagePipeline() {
+ImagePipeline::~ImagePipeline() { shut_down(); }
+
+void ImagePipeline::shut_down() {
   {
     const std::lock_guard lock(m_);
     stopping_ = true;
@@ -30,6 +44,7 @@ ImagePipeline::~ImagePipeline() {
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
+  threads_.clear();
 }
 
 void ImagePipeline::stop() {
@@ -107,6 +122,11 @@ void ImagePipeline::work() {
     try {
       make_sample(files_, index, epoch, seed, slot->x.data() + row * features_);
       slot->y[static_cast<size_t>(row)] = labels_[static_cast<size_t>(index)];
+    } catch (const UserError& e) {  // a file that does not decode, met during training
+      error = std::make_exception_ptr(UserError(fmt::format(
+          "{} (data.on_bad_file: skip checks every file before training and leaves such files "
+          "out)",
+          e.what())));
     } catch (...) {
       error = std::current_exception();
     }

@@ -58,6 +58,7 @@ class ImagePipeline {
     std::exception_ptr error;
   };
   void work();
+  void shut_down();  // stops and joins the threads
   // Under the lock: a sample to decode (its slot and row), or false when there is none now.
   bool claim(Slot*& slot, int64_t& row);
   void finish_sample(Slot& slot, std::exception_ptr error, double seconds);

@@ -21,12 +21,16 @@ namespace dtrain {
 
 namespace {
 
-constexpr char kMagic[] = "dtrain checkpoint 1\n";
+// Version 2 adds the input pipeline's two columns to each finished epoch; version 1 files still
+// read (those columns then NaN, as for data held in memory).
+constexpr char kMagic[] = "dtrain checkpoint 2\n";
+constexpr char kMagicV1[] = "dtrain checkpoint 1\n";
 constexpr size_t kMagicLen = sizeof(kMagic) - 1;
+static_assert(sizeof(kMagicV1) == sizeof(kMagic));
 
 // Every field of EpochMetrics, in file order: doubles and int64s as they are in memory.
 template <class M, class F>
-void epoch_fields(M& m, F&& f) {
+void epoch_fields(M& m, F&& f, int version = 2) {
   f(m.epoch);
   for (auto* d : {&m.lr, &m.lr_end, &m.train_loss, &m.train_acc, &m.test_loss, &m.test_acc,
                   &m.epoch_time_s, &m.samples_per_s})
@@ -38,6 +42,8 @@ void epoch_fields(M& m, F&& f) {
   f(m.slowest_rank);
   f(m.exchange_bytes_per_step);
   for (auto* d : {&m.busbw_gbps, &m.noise_g2, &m.noise_trace, &m.noise_b_simple}) f(*d);
+  if (version >= 2)
+    for (auto* d : {&m.input_images_per_s, &m.input_busy}) f(*d);
 }
 
 class Writer {
@@ -265,8 +271,11 @@ namespace {
 // The fields, checked for length and CRC but not yet for range.
 Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
   Reader r(bytes, what);
-  if (bytes.size() < kMagicLen + sizeof(uint32_t) || bytes.compare(0, kMagicLen, kMagic) != 0)
+  const bool v2 = bytes.compare(0, kMagicLen, kMagic) == 0;
+  if (bytes.size() < kMagicLen + sizeof(uint32_t) ||
+      (!v2 && bytes.compare(0, kMagicLen, kMagicV1) != 0))
     r.bad("no checkpoint header");
+  const int version = v2 ? 2 : 1;
   const size_t body = bytes.size() - sizeof(uint32_t);
   uint32_t stored = 0;
   std::memcpy(&stored, bytes.data() + body, sizeof stored);
@@ -276,9 +285,9 @@ Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
   fields(r, c);
   size_t epoch_bytes = 0;
   EpochMetrics probe;
-  epoch_fields(probe, [&](const auto& v) { epoch_bytes += sizeof v; });
+  epoch_fields(probe, [&](const auto& v) { epoch_bytes += sizeof v; }, version);
   c.epochs.resize(r.count(epoch_bytes));
-  for (auto& m : c.epochs) epoch_fields(m, [&](auto& v) { r.pod(v); });
+  for (auto& m : c.epochs) epoch_fields(m, [&](auto& v) { r.pod(v); }, version);
   if (r.at() != body) r.bad("unexpected bytes after its fields");
   return c;
 }

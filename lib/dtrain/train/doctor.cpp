@@ -312,9 +312,9 @@ void check_input_cores(Context& c, const InputProbe& p) {
                     "data.workers says; fix: images stored nearer the size trained (decoding "
                     "grows with the pixels in the file); OMP_WAIT_POLICY=passive in the "
                     "environment, so that the step's threads sleep instead of spinning while "
-                    "they wait and leave their core to the decoding (1.47x in "
-                    "results/input-study, but 0.79x on data in memory); or GPU replicas, whose "
-                    "step overlaps the decoding",
+                    "they wait and leave their core to the decoding (it slows runs on data in "
+                    "memory: docs/studies.md measures both); or GPU replicas, whose step "
+                    "overlaps the decoding",
                     1e3 * decode_core_s, p.workers, p.decode_per_s, 1e3 * step_core_s,
                     p.step_threads, p.cores, 100 * share, 1 + decode_core_s / step_core_s));
 }

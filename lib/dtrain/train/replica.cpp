@@ -231,6 +231,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   // Evaluation may have freed device memory on some ranks: the graph steps agree again.
   graph_agreement_.unsettle();
   const double before = t.total;  // of a resumed epoch, the time before the stop
+  input_since_s_ = before;         // the input counters start here (start_input)
   const auto t_epoch = Clock::now();
   for (int64_t s = first; s < steps_; ++s) {
     // A stop at a step boundary, agreed by every rank: the state is saved, then every rank ends.
@@ -381,14 +382,18 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
       dev_->sum_squares(model_->grads(), static_cast<size_t>(model_->param_count()),
                         stats + kLocalNorm);
     step_stats_[static_cast<size_t>(s * kHost) + kRows] += static_cast<double>(rows);
-    t.data += std::chrono::duration<double>(t1 - t0).count();
-    t.compute += seconds_since(t1);
+    const double load = std::chrono::duration<double>(t1 - t0).count();
+    const double data = train_input_ ? input_wait_s_ : load;
+    t.data += data;
+    t.compute += load - data + seconds_since(t1);
   }
 }
 
 const float* Replica::load_micro_batch(const EpochPlan& plan, int64_t s, int k, int64_t& rows) {
   if (train_input_) {  // the time spent waiting here is the input time the step could not hide
+    const auto t0 = Clock::now();
     const ImagePipeline::Batch b = train_input_->next();
+    input_wait_s_ = seconds_since(t0);  // the copies below wait for the device: not input
     rows = b.rows;
     dev_->upload(yb_.data(), b.y, static_cast<size_t>(rows) * sizeof(int32_t));
     if (dev_->host_memory()) return b.x;  // read before the next batch is asked for
@@ -697,9 +702,10 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
   m.exchange_exposed_s = t.exposed;
   m.optimizer_s = t.optimizer;
   m.eval_s = eval_s;
-  if (train_input_ && t.total > 0) {
-    m.input_images_per_s = images / t.total;
-    m.input_busy = input_s / (t.total * replicas_ * cfg_.data.workers);
+  if (train_input_ && t.total > input_since_s_) {
+    const double span = std::max(1e-9, t.total - input_since_s_);  // since (re)start
+    m.input_images_per_s = images / span;
+    m.input_busy = input_s / (span * replicas_ * cfg_.data.workers);
   }
   const auto [lo_it, hi_it] = std::minmax_element(busy.begin(), busy.end());
   m.rank_busy_min_s = *lo_it;

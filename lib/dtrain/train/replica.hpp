@@ -167,6 +167,8 @@ class Replica {
   std::unique_ptr<ImagePipeline> train_input_, test_input_;
   int64_t input_decoded_ = 0;  // the training pipeline's counters at the epoch's start
   double input_busy_s_ = 0;
+  double input_since_s_ = 0;  // the epoch's time (t.total) when they were taken
+  double input_wait_s_ = 0;   // the last micro-batch's wait for the pipeline
   Buffer<double> dev_stats_;    // per step [loss sum, correct], on the device all epoch
   Buffer<double> graph_stats_;  // a graph step's sums, at the address it was captured with
   Buffer<double> dev_test_;
