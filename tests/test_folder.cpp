@@ -89,10 +89,10 @@ TEST_CASE("a folder tree is listed: classes sorted, files sorted, hidden names l
   write_bytes(t.dir / "train" / ".hidden" / "x.png", "not an image");
   write_bytes(t.dir / "train" / "0" / ".DS_Store", "junk");
   // A subfolder belongs to its class; a link to a folder (here a loop) is not followed.
+  // (The image is picked before the subfolder exists: a listing's order is the file system's.)
+  const fs::path image = fs::directory_iterator(t.dir / "train" / "1")->path();
   fs::create_directories(t.dir / "train" / "1" / "more");
-  fs::copy_file(
-      t.dir / "train" / "1" / fs::directory_iterator(t.dir / "train" / "1")->path().filename(),
-      t.dir / "train" / "1" / "more" / "copy.png");
+  fs::copy_file(image, t.dir / "train" / "1" / "more" / "copy.png");
   fs::create_directory_symlink(t.dir / "train", t.dir / "train" / "2" / "loop");
   const FolderListing l = list_image_folder(t.dir.string(), BadFile::fail);
   CHECK(l.classes == std::vector<std::string>{"0", "1", "2", "3"});
