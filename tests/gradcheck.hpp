@@ -30,7 +30,8 @@ inline bool grad_close(double analytic, double numeric) {
 // A whole model's gradient of its mean loss on (x, y) against central differences of that
 // loss, parameter by parameter.
 inline void check_model_gradient(Model& model, std::vector<float>& x,
-                                 const std::vector<int32_t>& y, int64_t rows) {
+                                 const std::vector<int32_t>& y, int64_t rows,
+                                 double step = kGradStep) {
   const auto loss = [&] {
     double st[2] = {0, 0};
     model.forward(x.data(), rows);
@@ -43,7 +44,7 @@ inline void check_model_gradient(Model& model, std::vector<float>& x,
   model.loss_backward(y.data(), rows, 1.f, st);
   const std::vector<float> g(model.grads(), model.grads() + model.param_count());
   for (int64_t j = 0; j < model.param_count(); ++j) {
-    const double numeric = central_diff(model.params()[j], loss);
+    const double numeric = central_diff(model.params()[j], loss, step);
     INFO("param " << j << " analytic " << g[static_cast<size_t>(j)] << " numeric " << numeric);
     CHECK(grad_close(g[static_cast<size_t>(j)], numeric));
   }

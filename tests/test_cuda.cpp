@@ -303,6 +303,165 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
   });
 }
 
+// ---- transformer operations ----
+
+namespace {
+
+// `rows` windows of t + 1 token ids (floats) over `vocab` tokens, with ids that the clamp of
+// math::token_id must catch (negative, past the vocabulary) where `damaged`.
+std::vector<float> token_windows(Rng& rng, int64_t rows, int64_t t, int64_t vocab, bool damaged) {
+  std::vector<float> v(static_cast<size_t>(rows * (t + 1)));
+  for (auto& x : v) x = static_cast<float>(rng.below(static_cast<uint64_t>(vocab)));
+  if (damaged && v.size() > 3) {
+    v[1] = -2.f;
+    v[v.size() / 2] = static_cast<float>(vocab + 5);
+    v[v.size() - 1] = static_cast<float>(vocab);
+  }
+  return v;
+}
+
+std::vector<float> downloaded_labels(Device& d, const int32_t* p, size_t n) {
+  std::vector<int32_t> got(n);
+  d.download(got.data(), p, n * sizeof(int32_t));
+  return std::vector<float>(got.begin(), got.end());
+}
+
+// Embeddings forward and backward (onto random gradients already there) and next-token targets:
+// the same bits as the CPU twin.
+void embedding_twin(Rng& rng, int64_t rows, int64_t t, int64_t c, int64_t vocab) {
+  INFO("embedding rows " << rows << " t " << t << " c " << c << " vocab " << vocab);
+  const int64_t stride = t + 1;
+  const auto tokens = token_windows(rng, rows, t, vocab, true);
+  const auto wte = random_vec(rng, vocab * c), wpe = random_vec(rng, t * c);
+  const auto dy = random_vec(rng, rows * t * c);
+  const auto n = static_cast<size_t>(rows * t);
+  twin("embedding", 0, [&](Device& d, Mirror& mr) -> Outs {
+    const float* tk = mr.in(tokens);
+    float *y = mr.in(std::vector<float>(n * c, 7.f)), *dwte = mr.in(wte), *dwpe = mr.in(wpe);
+    int32_t* labels = mr.in(std::vector<int32_t>(n, -1));
+    d.embedding_forward(tk, stride, mr.in(wte), mr.in(wpe), rows, t, c, vocab, y);
+    d.embedding_backward(tk, stride, mr.in(dy), rows, t, c, vocab, dwte, dwpe);
+    d.next_tokens(tk, stride, rows, t, vocab, labels);
+    return Outs{mr.out(y, n * c), mr.out(dwte, wte.size()), mr.out(dwpe, wpe.size()),
+                downloaded_labels(d, labels, n)};
+  });
+}
+
+// LayerNorm forward and backward (dgamma and dbeta onto random values), with and without dx.
+void layernorm_twin(Rng& rng, int64_t n, int64_t c) {
+  INFO("layernorm n " << n << " c " << c);
+  const auto x = random_vec(rng, n * c, -2, 3), dy = random_vec(rng, n * c);
+  const auto gamma = random_vec(rng, c, 0.5, 1.5), beta = random_vec(rng, c);
+  const auto g0 = random_vec(rng, c), b0 = random_vec(rng, c);
+  twin("layernorm", 1e-5, [&](Device& d, Mirror& mr) -> Outs {
+    const float* xp = mr.in(x);
+    const float* gp = mr.in(gamma);
+    float *y = mr.in(x), *stats = mr.in(std::vector<float>(2 * n)), *dx = mr.in(x),
+          *dg = mr.in(g0), *db = mr.in(b0), *dg2 = mr.in(g0), *db2 = mr.in(b0);
+    d.layernorm_forward(xp, gp, mr.in(beta), n, c, 1e-5f, y, stats);
+    d.layernorm_backward(xp, mr.in(dy), gp, stats, n, c, dx, dg, db);
+    d.layernorm_backward(xp, mr.in(dy), gp, stats, n, c, nullptr, dg2, db2);
+    const auto nc = static_cast<size_t>(n * c);
+    return Outs{mr.out(y, nc),  mr.out(stats, 2 * n), mr.out(dx, nc), mr.out(dg, c),
+                mr.out(db, c), mr.out(dg2, c),       mr.out(db2, c)};
+  });
+}
+
+// Causal self-attention forward (probabilities and output) and backward.
+void attention_twin(Rng& rng, int64_t rows, int64_t t, int64_t c, int64_t heads,
+                    Precision precision = Precision::fp32, double bound = 1e-5) {
+  INFO("attention rows " << rows << " t " << t << " c " << c << " heads " << heads);
+  const auto qkv = random_vec(rng, rows * t * 3 * c), dy = random_vec(rng, rows * t * c);
+  const auto na = static_cast<size_t>(rows * heads * t * t), ny = static_cast<size_t>(rows * t * c);
+  twin("attention", bound, [&](Device& d, Mirror& mr) -> Outs {
+    const float* q = mr.in(qkv);
+    float *att = mr.in(std::vector<float>(na, 7.f)), *y = mr.in(std::vector<float>(ny, 7.f)),
+          *dqkv = mr.in(std::vector<float>(qkv.size(), 7.f));
+    d.attention_forward(q, rows, t, c, heads, att, y);
+    d.attention_backward(q, att, mr.in(dy), rows, t, c, heads, dqkv);
+    return Outs{mr.out(att, na), mr.out(y, ny), mr.out(dqkv, qkv.size())};
+  }, precision);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA transformer kernels match their CPU twins", "[cuda][transformer]") {
+  if (!gpu_or_skip()) return;
+  Rng rng(41);
+  // Embeddings: the same bits. c past one block of threads (300), one position, and runs of
+  // one token longer than a block stages at once (vocab 2, 600 positions).
+  embedding_twin(rng, 3, 37, 40, 50);
+  embedding_twin(rng, 4, 5, 300, 11);
+  embedding_twin(rng, 2, 1, 8, 5);
+  embedding_twin(rng, 5, 120, 33, 2);
+  // LayerNorm: c below a warp, past it, and past a block's tile of vectors (n > 128).
+  layernorm_twin(rng, 7, 20);
+  layernorm_twin(rng, 70, 45);
+  layernorm_twin(rng, 300, 300);
+  layernorm_twin(rng, 1, 1);
+  // Attention: t not a multiple of 32 with several heads, t past a warp, one position, one
+  // head.
+  attention_twin(rng, 3, 37, 48, 4);
+  attention_twin(rng, 2, 70, 64, 2);
+  attention_twin(rng, 2, 1, 16, 4);
+  attention_twin(rng, 1, 9, 8, 1);
+  // precision bf16 leaves attention in FP32 (bfloat16 operands are the dense layers' and the
+  // convolutions'), on both backends.
+  attention_twin(rng, 2, 37, 48, 4, Precision::bf16);
+  // precision tf32 runs them on TF32 tensor cores, like the device's other GEMMs (see the tf32
+  // bounds below).
+  attention_twin(rng, 2, 37, 48, 4, Precision::tf32, 1e-2);
+
+  // No rows: nothing is written.
+  twin("transformer ops, no rows", 0, [&](Device& d, Mirror& mr) -> Outs {
+    const std::vector<float> seven(64, 7.f);
+    float *y = mr.in(seven), *dw = mr.in(seven), *dp = mr.in(seven), *st = mr.in(seven),
+          *att = mr.in(seven), *dq = mr.in(seven);
+    int32_t* labels = mr.in(std::vector<int32_t>(4, -1));
+    const float* in = mr.in(seven);
+    d.embedding_forward(in, 5, in, in, 0, 4, 4, 8, y);
+    d.embedding_backward(in, 5, in, 0, 4, 4, 8, dw, dp);
+    d.next_tokens(in, 5, 0, 4, 8, labels);
+    d.layernorm_forward(in, in, in, 0, 4, 1e-5f, y, st);
+    d.layernorm_backward(in, in, in, in, 0, 4, y, dw, dp);
+    d.attention_forward(in, 0, 4, 4, 2, att, y);
+    d.attention_backward(in, in, in, 0, 4, 4, 2, dq);
+    return Outs{mr.out(y, 64),   mr.out(dw, 64), mr.out(dp, 64), mr.out(st, 64),
+                mr.out(att, 64), mr.out(dq, 64), downloaded_labels(d, labels, 4)};
+  });
+
+  // Gradient clipping: the factor read from the squared norm on the device; one norm above the
+  // bound (scaled down), one below (left alone).
+  const auto grads = random_vec(rng, 5000, -1, 1);
+  for (const float bound : {1.f, 1000.f}) {
+    twin("clip_by_norm", 2e-5, [&](Device& d, Mirror& mr) -> Outs {
+      float* y = mr.in(std::vector<float>(grads.size()));
+      Buffer<double> sq(d, 1);
+      d.zero(sq.data(), sizeof(double));
+      d.sum_squares(mr.in(grads), grads.size(), sq.data());
+      d.clip_by_norm(mr.in(grads), y, grads.size(), sq.data(), bound);
+      return Outs{mr.out(y, grads.size())};
+    });
+  }
+
+  // A language model's loss statistics: stat_scale multiplies what is added.
+  std::vector<int32_t> labels(60);
+  for (auto& l : labels) l = static_cast<int32_t>(rng.below(13));
+  const auto logits = random_vec(rng, 60 * 13, -4, 4);
+  twin("softmax_xent stat_scale", 1e-6, [&](Device& d, Mirror& mr) -> Outs {
+    float* dl = mr.in(logits);
+    Buffer<double> stats(d, 2);
+    const double start[2] = {0.5, 1};
+    d.upload(stats.data(), start, sizeof(start));
+    d.softmax_xent(mr.in(logits), mr.in(labels), 60, 13, 1.f / 60, dl, stats.data(), 0.0,
+                   1.0 / 12);
+    double got[2];
+    d.download(got, stats.data(), sizeof(got));
+    return Outs{mr.out(dl, logits.size()),
+                std::vector<float>{static_cast<float>(got[0]), static_cast<float>(got[1])}};
+  });
+}
+
 // precision: bf16: the CPU twin rounds operands exactly as the GPU converts them, so GEMMs
 // (fp32 output) agree to fp32 accumulation order; convolutions write bf16, where a different
 // accumulation order can move an element across a rounding boundary (one bf16 step, 2^-8).

@@ -6,6 +6,7 @@
 #include "dtrain/base/rng.hpp"
 #include "dtrain/config/config.hpp"
 #include "dtrain/nn/model.hpp"
+#include "dtrain/nn/transformer.hpp"
 #include "gradcheck.hpp"
 
 using namespace dtrain;
@@ -78,6 +79,16 @@ TEST_CASE("dense layer gradients match finite differences", "[grad]") {
   auto dev = make_cpu_device();  // outlives the layer's buffers
   Dense layer(5, 4);
   check_layer(*dev, layer, 11);
+}
+
+TEST_CASE("transformer layer gradients match finite differences", "[grad][gpt]") {
+  auto dev = make_cpu_device();
+  LayerNorm norm(3, 5);
+  check_layer(*dev, norm, 21);
+  CausalAttention attention(4, 6, 2);
+  check_layer(*dev, attention, 22);
+  Dense per_position(3, 4, 5, 0.5);
+  check_layer(*dev, per_position, 23);
 }
 
 TEST_CASE("activation gradients match finite differences", "[grad]") {
@@ -316,6 +327,26 @@ TEST_CASE("a whole model's gradient matches finite differences of its loss", "[g
   for (auto& v : x) v = static_cast<float>(rng.uniform(-1, 1));
   const std::vector<int32_t> y = {0, 1, 2, 1, 0};
   test::check_model_gradient(*model, x, y, rows);
+}
+
+TEST_CASE("grad_clip scales the update to the clipped norm and leaves the gradients as they are",
+          "[optim]") {
+  auto dev = make_cpu_device();
+  OptimizerConfig oc;
+  oc.momentum = 0;
+  oc.grad_clip = 1.0;
+  std::vector<float> p = {0.f, 0.f}, g = {3.f, 4.f};  // norm 5
+  Optimizer clipped(*dev, oc, 2);
+  clipped.step(p.data(), g.data(), 1.0);
+  CHECK(p[0] == Approx(-0.6).epsilon(1e-6));
+  CHECK(p[1] == Approx(-0.8).epsilon(1e-6));
+  CHECK(g == std::vector<float>{3.f, 4.f});
+  // Below the bound: the plain update.
+  oc.grad_clip = 10.0;
+  Optimizer loose(*dev, oc, 2);
+  p = {0.f, 0.f};
+  loose.step(p.data(), g.data(), 1.0);
+  CHECK(p == std::vector<float>{-3.f, -4.f});
 }
 
 TEST_CASE("optimizers follow their update rules on one parameter", "[optim]") {

@@ -29,6 +29,17 @@ bool folder_key(const std::string& key) {
   return keys.count(key) > 0;
 }
 
+bool bytes_key(const std::string& key) {
+  return key == "data.block_size" || key == "data.validation";
+}
+
+// The overrides a key needs beside it: the dataset that reads it (and that dataset's model).
+std::vector<Override> context_of(const std::string& key) {
+  if (folder_key(key)) return {{"data.dataset", "folder"}};
+  if (bytes_key(key)) return {{"data.dataset", "bytes"}, {"model.type", "gpt"}};
+  return {};
+}
+
 // A valid value for `k` other than its default, as a command-line override value.
 std::string non_default(const KeyInfo& k) {
   if (k.key == "data.shape") return "[1, 8, 8]";  // [C, H, W]
@@ -66,7 +77,7 @@ std::string non_default(const KeyInfo& k) {
 // The base config with key=value (and, for a folder key, data.dataset: folder).
 Config with(const std::string& key, const std::string& value) {
   std::vector<Override> o = {{key, value}};
-  if (folder_key(key)) o.push_back({"data.dataset", "folder"});
+  for (const Override& c : context_of(key)) o.push_back(c);
   return parse_config("name: base\n", "exp.yaml", o);
 }
 
@@ -150,13 +161,14 @@ TEST_CASE("data_identity changes with every data key but those acting after the 
     if (k.key.rfind("data.", 0) != 0) continue;
     INFO(k.key);
     const Config c = with(k.key, non_default(k));
-    const Config folder = with("data.dataset", "folder");
-    const std::string against =
-        folder_key(k.key) ? data_identity(folder.data, folder.train.seed) : id;
+    // Against the same dataset with the key at its default.
+    std::vector<Override> ctx = context_of(k.key);
+    const Config same = ctx.empty() ? base : parse_config("name: base\n", "exp.yaml", ctx);
+    const std::string against = data_identity(same.data, same.train.seed);
     CHECK((data_identity(c.data, c.train.seed) != against) == !k.after_load);
     ++keys;
   }
-  CHECK(keys == 25);
+  CHECK(keys == 27);
   // The seed draws synthetic data, never files.
   CHECK(data_identity(base.data, 7) == id);
   const Config syn = with("data.dataset", "synthetic");

@@ -111,9 +111,11 @@ class Device {
   // smoothing / classes (math::softmax_xent_row). Writes dlogits = grad_scale * (softmax -
   // target) (if dlogits is non-null) and adds the summed loss and the number of correct argmax
   // predictions to stats[0] and stats[1] (device memory: nothing returns to the host here).
+  // `stat_scale` multiplies what is added to stats (a language model's 1/T: one sample's T
+  // positions count as one sample's loss and accuracy).
   virtual void softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
                             int64_t classes, float grad_scale, float* dlogits, double* stats,
-                            double smoothing = 0.0) = 0;
+                            double smoothing = 0.0, double stat_scale = 1.0) = 0;
   // dst rows i = src rows idx[i] (idx on the host); labels likewise.
   virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
                       const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
@@ -170,7 +172,46 @@ class Device {
   // two input gradients).
   virtual void add(const float* a, const float* b, float* y, size_t n) = 0;
 
+  // ---- transformer operations: a sample is t positions of c features, [t, c] row-major ----
+  // Token and position embeddings, y[r, i] = wte[id(r, i)] + wpe[i], for `rows` samples whose
+  // first t of `stride` floats are token ids (math::token_id: exact integers, clamped into
+  // [0, vocab) so that no id reads outside the table).
+  virtual void embedding_forward(const float* tokens, int64_t stride, const float* wte,
+                                 const float* wpe, int64_t rows, int64_t t, int64_t c,
+                                 int64_t vocab, float* y) = 0;
+  // dwte[id(r, i)] += dy[r, i] and dwpe[i] += dy[r, i], each element summed over samples, then
+  // positions, in ascending order (the same bits on every backend and thread count).
+  virtual void embedding_backward(const float* tokens, int64_t stride, const float* dy,
+                                  int64_t rows, int64_t t, int64_t c, int64_t vocab, float* dwte,
+                                  float* dwpe) = 0;
+  // Next-token targets of the same windows: labels[r * t + i] = id(r, i + 1) (stride > t).
+  virtual void next_tokens(const float* tokens, int64_t stride, int64_t rows, int64_t t,
+                           int64_t vocab, int32_t* labels) = 0;
+  // LayerNorm of n vectors of c features: y = (x - mean) * rstd * gamma + beta (math::
+  // layernorm_stats); stats = [mean, rstd] per vector (2n floats), kept for backward.
+  virtual void layernorm_forward(const float* x, const float* gamma, const float* beta, int64_t n,
+                                 int64_t c, float eps, float* y, float* stats) = 0;
+  // dx = (overwritten; skipped when null); dgamma and dbeta (+=), summed over the n vectors in
+  // ascending order.
+  virtual void layernorm_backward(const float* x, const float* dy, const float* gamma,
+                                  const float* stats, int64_t n, int64_t c, float* dx,
+                                  float* dgamma, float* dbeta) = 0;
+  // Causal multi-head self-attention of `rows` samples. qkv [rows, t, 3c] holds q, k and v side
+  // by side (c = heads x d each; head h in columns h*d .. h*d+d-1 of each); per head,
+  // y = softmax(q k^T / sqrt(d), position j <= i) v into y [rows, t, c]; att [rows, heads, t, t]
+  // keeps the probabilities (0 above the diagonal) for backward.
+  virtual void attention_forward(const float* qkv, int64_t rows, int64_t t, int64_t c,
+                                 int64_t heads, float* att, float* y) = 0;
+  // dqkv (overwritten, [rows, t, 3c]) from dy [rows, t, c] and the forward's qkv and att.
+  virtual void attention_backward(const float* qkv, const float* att, const float* dy,
+                                  int64_t rows, int64_t t, int64_t c, int64_t heads,
+                                  float* dqkv) = 0;
+
   virtual void scale(float* x, size_t n, float a) = 0;  // x *= a
+  // Gradient clipping by the global norm: y = x * math::clip_factor(*sumsq, max_norm), the
+  // squared norm read from device memory (sum_squares of x), so no value returns to the host.
+  virtual void clip_by_norm(const float* x, float* y, size_t n, const double* sumsq,
+                            float max_norm) = 0;
   // acc = (first ? x : acc + x) * scale, element by element (math::fold): one replica's turn
   // in the ordered sum of replicas that share one copy of the weights.
   virtual void fold(float* acc, const float* x, size_t n, bool first, float scale) = 0;

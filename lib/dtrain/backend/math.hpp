@@ -95,6 +95,58 @@ DTRAIN_HD inline XentRow softmax_xent_row(const float* z, int32_t y, int64_t cla
   return row;
 }
 
+// ---- transformer: token ids, LayerNorm ----
+
+// A token id stored as a float (exact below 2^24), clamped into [0, vocab): loaders refuse ids
+// outside the vocabulary, and the clamp keeps a damaged value from reading outside the table.
+DTRAIN_HD inline int64_t token_id(float v, int64_t vocab) {
+  const auto id = static_cast<int64_t>(v >= 0.f ? v : 0.f);
+  return id < vocab ? id : vocab - 1;
+}
+
+struct LnStats {
+  float mean, rstd;
+};
+// The mean and 1/sqrt(variance + eps) of one vector of c features (biased variance, as
+// PyTorch's LayerNorm), summed in double.
+DTRAIN_HD inline LnStats layernorm_stats(const float* x, int64_t c, float eps) {
+  double s = 0.0;
+  for (int64_t i = 0; i < c; ++i) s += static_cast<double>(x[i]);
+  const double mean = s / static_cast<double>(c);
+  double v = 0.0;
+  for (int64_t i = 0; i < c; ++i) {
+    const double d = static_cast<double>(x[i]) - mean;
+    v += d * d;
+  }
+  const double var = v / static_cast<double>(c);
+  return {static_cast<float>(mean), static_cast<float>(1.0 / ::sqrt(var + static_cast<double>(eps)))};
+}
+DTRAIN_HD inline float layernorm_one(float x, float mean, float rstd, float gamma, float beta) {
+  return (x - mean) * rstd * gamma + beta;
+}
+// Backward of one vector: with g = dy * gamma and xhat the normalised input,
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); the two means in double.
+struct LnBackMeans {
+  float g, gx;
+};
+DTRAIN_HD inline LnBackMeans layernorm_back_means(const float* x, const float* dy,
+                                                  const float* gamma, int64_t c, float mean,
+                                                  float rstd) {
+  double a = 0.0, b = 0.0;
+  for (int64_t i = 0; i < c; ++i) {
+    const double g = static_cast<double>(dy[i] * gamma[i]);
+    a += g;
+    b += g * static_cast<double>((x[i] - mean) * rstd);
+  }
+  return {static_cast<float>(a / static_cast<double>(c)),
+          static_cast<float>(b / static_cast<double>(c))};
+}
+DTRAIN_HD inline float layernorm_dx_one(float x, float dy, float gamma, float mean, float rstd,
+                                        const LnBackMeans& m) {
+  const float xhat = (x - mean) * rstd;
+  return rstd * (dy * gamma - m.g - xhat * m.gx);
+}
+
 // ---- max pooling ----
 
 struct PoolMax {
@@ -204,6 +256,18 @@ DTRAIN_HD inline float bn_dx_one(const BnDx& t, float dy, float x) {
 // The kept elements' scale, 1/(1-p).
 DTRAIN_HD inline float dropout_keep(double p) {
   return static_cast<float>(1.0 / (1.0 - p));
+}
+
+// ---- gradient clipping ----
+
+// The factor that scales gradients of squared norm `sumsq` to a norm of at most max_norm:
+// max_norm / (norm + 1e-6) where the norm is above max_norm, else 1 (PyTorch's
+// clip_grad_norm_).
+DTRAIN_HD inline float clip_factor(double sumsq, float max_norm) {
+  const double norm = ::sqrt(sumsq);
+  return norm > static_cast<double>(max_norm)
+             ? static_cast<float>(static_cast<double>(max_norm) / (norm + 1e-6))
+             : 1.f;
 }
 
 // ---- the ordered sum of replicas that share weights (Device::fold) ----

@@ -640,6 +640,41 @@ void check_data(const DataConfig& d, const MapReader& r) {
   }
 }
 
+// dataset: bytes holds token ids: never normalised (off unless the file says otherwise, which is
+// refused below), and read by model.type gpt alone, which reads nothing else.
+void resolve_bytes(Config& c, const MapReader& top) {
+  if (c.data.dataset == DatasetKind::bytes && !top.at("data").node("normalize"))
+    c.data.normalize = Normalize::off;
+}
+
+void check_bytes(const Config& c, const MapReader& top) {
+  const MapReader d = top.at("data");
+  const bool bytes = c.data.dataset == DatasetKind::bytes;
+  if (c.model.type == ModelType::gpt && !bytes)
+    d.fail("dataset", d.node("dataset"),
+           fmt::format("model.type gpt reads token windows: dataset: bytes (got {})",
+                       to_string(c.data.dataset)));
+  if (!bytes) {
+    const DataConfig def;
+    if (c.data.block_size != def.block_size)
+      d.fail("block_size", d.node("block_size"), "only for dataset: bytes");
+    if (c.data.validation != def.validation)
+      d.fail("validation", d.node("validation"), "only for dataset: bytes");
+    return;
+  }
+  if (c.model.type != ModelType::gpt) {
+    const MapReader m = top.at("model");
+    m.fail("type", m.node("type"),
+           fmt::format("dataset: bytes is read by model.type gpt (got {})", to_string(c.model.type)));
+  }
+  if (c.data.normalize != Normalize::off)
+    d.fail("normalize", d.node("normalize"), "dataset: bytes holds token ids: only off");
+  if (c.data.sort_by_label)
+    d.fail("sort_by_label", d.node("sort_by_label"), "dataset: bytes has no labels to sort by");
+  if (c.data.augment.enabled())
+    d.fail("augment", d.node("augment"), "dataset: bytes takes no image augmentation");
+}
+
 void check_rules(const Config& c, const MapReader& top, const Source& src) {
   if (c.precision == Precision::tf32 && c.backend == Backend::cpu)
     top.fail("precision", top.node("precision"),
@@ -658,6 +693,7 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
                                   int64_t{1} << 28));
   }
   check_data(c.data, top.at("data"));
+  check_bytes(c, top);
   if (c.optimizer.warmup_epochs > c.train.epochs)
     throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
                                 c.optimizer.warmup_epochs, c.train.epochs));
@@ -670,6 +706,7 @@ Config decode(const YAML::Node& root, const Source& src) {
   MapReader top(root, "", src);
   visit(c, top);
   top.finish();
+  resolve_bytes(c, top);
   check_rules(c, top, src);
   return c;
 }

@@ -22,7 +22,7 @@ inline const EnumTable<Backend>& choices(Backend) {
   return names;
 }
 
-enum class DatasetKind { fashion_mnist, mnist, idx, synthetic, cifar10, cifar100, folder };
+enum class DatasetKind { fashion_mnist, mnist, idx, synthetic, cifar10, cifar100, folder, bytes };
 inline const EnumTable<DatasetKind>& choices(DatasetKind) {
   static const EnumTable<DatasetKind> names = {{"fashion-mnist", DatasetKind::fashion_mnist},
                                                {"mnist", DatasetKind::mnist},
@@ -30,7 +30,8 @@ inline const EnumTable<DatasetKind>& choices(DatasetKind) {
                                                {"synthetic", DatasetKind::synthetic},
                                                {"cifar10", DatasetKind::cifar10},
                                                {"cifar100", DatasetKind::cifar100},
-                                               {"folder", DatasetKind::folder}};
+                                               {"folder", DatasetKind::folder},
+                                               {"bytes", DatasetKind::bytes}};
   return names;
 }
 
@@ -83,13 +84,14 @@ inline const EnumTable<Schedule>& choices(Schedule) {
   return names;
 }
 
-enum class ModelType { mlp, lenet5, cnn, layers, resnet };
+enum class ModelType { mlp, lenet5, cnn, layers, resnet, gpt };
 inline const EnumTable<ModelType>& choices(ModelType) {
   static const EnumTable<ModelType> names = {{"mlp", ModelType::mlp},
                                              {"lenet5", ModelType::lenet5},
                                              {"cnn", ModelType::cnn},
                                              {"layers", ModelType::layers},
-                                             {"resnet", ModelType::resnet}};
+                                             {"resnet", ModelType::resnet},
+                                             {"gpt", ModelType::gpt}};
   return names;
 }
 
@@ -233,6 +235,11 @@ struct DataConfig {
   int workers = 2;                             // decode threads per replica
   int prefetch = 2;                            // batches decoded ahead of the one in use
   BadFile on_bad_file = BadFile::fail;
+  // dataset: bytes (data.path: a text file, or a folder of them read in name order): a sample is
+  // a window of block_size + 1 bytes, the model predicting each next byte; the last
+  // `validation` share of the bytes is the test set.
+  int64_t block_size = 64;
+  double validation = 0.1;
 };
 
 // One entry of `model.layers` (type: layers). Fields a type does not use stay at defaults.
@@ -263,6 +270,11 @@ struct ModelConfig {
   int64_t depth = 20;
   std::vector<int64_t> widths;  // resnet: one per stage; empty = the depth's standard widths
   ResnetStem stem = ResnetStem::cifar;
+  // gpt: pre-LayerNorm transformer blocks (GPT-2's layout; the context is data.block_size, the
+  // vocabulary the data's).
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
 };
 
 struct TrainConfig {
@@ -315,6 +327,9 @@ struct OptimizerConfig {
   double step_size = 30.0;  // epochs between decays (schedule: step)
   double gamma = 0.1;       // decay factor (schedule: step)
   double min_lr = 0.0;      // floor of the cosine schedule
+  // Clip the reduced gradient to this global L2 norm before the update (0: no clipping). Every
+  // rank clips the same all-reduced gradient, so the factor is the same everywhere.
+  double grad_clip = 0.0;
 };
 
 struct Config {

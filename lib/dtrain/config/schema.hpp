@@ -115,6 +115,8 @@ void visit(C& d, V& v) {
   v(Key("workers").within(1, 256).acts_after_load(), d.workers);
   v(Key("prefetch").within(1, 64).acts_after_load(), d.prefetch);
   v(Key("on_bad_file"), d.on_bad_file);
+  v(Key("block_size").within(1, 8192), d.block_size);
+  v(Key("validation").within(0.0, 0.5), d.validation);
 }
 
 // The parameters of one entry of model.layers; which ones depends on its type.
@@ -160,6 +162,9 @@ void visit(C& m, V& v) {
   v(Key("depth").within(8, 1000), m.depth);
   v(Key("widths").at_least(1), m.widths);
   v(Key("stem"), m.stem);
+  v(Key("n_layer").within(1, 1000), m.n_layer);
+  v(Key("n_head").within(1, 1024), m.n_head);
+  v(Key("n_embd").within(1, 65536), m.n_embd);
 }
 
 template <ConfigPart<TrainConfig> C, class V>
@@ -199,6 +204,7 @@ void visit(C& o, V& v) {
   v(Key("step_size").within(1e-9, 1e6), o.step_size);
   v(Key("gamma").within(0.0, 1.0), o.gamma);
   v(Key("min_lr").within(0.0, 1e6), o.min_lr);
+  v(Key("grad_clip").within(0.0, 1e6), o.grad_clip);
 }
 
 // The order here is the order of config.resolved.yaml.

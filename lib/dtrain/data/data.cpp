@@ -1,4 +1,5 @@
 #include "dtrain/data/data.hpp"
+#include "dtrain/data/text.hpp"
 
 #include <fmt/format.h>
 #include <zlib.h>
@@ -494,6 +495,7 @@ bool is_cifar(DatasetKind k) {
 std::vector<int64_t> nominal_shape(const DataConfig& cfg) {
   if (cfg.dataset == DatasetKind::synthetic) return cfg.synthetic.shape;
   if (cfg.dataset == DatasetKind::folder) return cfg.shape;
+  if (cfg.dataset == DatasetKind::bytes) return {cfg.block_size + 1};
   if (is_cifar(cfg.dataset)) return {3, 32, 32};
   return {1, 28, 28};  // Fashion-MNIST and MNIST; IDX files of other sizes say so when read
 }
@@ -506,6 +508,7 @@ DataShape peek_data_shape(const DataConfig& cfg) {
     d.train_size = kept(cfg.train_limit, cfg.synthetic.train_size);
     return d;
   }
+  if (cfg.dataset == DatasetKind::bytes) return peek_bytes(cfg);
   if (is_cifar(cfg.dataset)) {
     const CifarFormat& f = cifar_format(cfg.dataset);
     d.shape = nominal_shape(cfg);
@@ -597,6 +600,8 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
                s.test);
   } else if (cfg.dataset == DatasetKind::folder) {
     load_folder(cfg, s);  // limits and statistics applied to the file lists
+  } else if (cfg.dataset == DatasetKind::bytes) {
+    load_bytes(cfg, s);  // limits applied to the windows; token ids are not normalised
   } else {
     if (!fs::is_directory(cfg.path))
       throw UserError(
@@ -617,7 +622,7 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
                                   "data.dataset: idx for other label sets",
                                   cfg.path, s.train.classes - 1, to_string(cfg.dataset)));
   }
-  if (cfg.dataset != DatasetKind::folder) {
+  if (cfg.dataset != DatasetKind::folder && cfg.dataset != DatasetKind::bytes) {
     truncate(s.train, cfg.train_limit);
     truncate(s.test, cfg.test_limit);
     normalize(cfg, s);

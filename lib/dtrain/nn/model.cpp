@@ -8,6 +8,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/comm/comm.hpp"
+#include "dtrain/nn/transformer.hpp"
 
 namespace dtrain {
 
@@ -36,37 +37,44 @@ const float* Layer::backward(Device& d, const float* dy, int64_t rows, bool need
 }
 
 std::string Dense::describe() const {
-  return fmt::format("dense({}->{})", in_features(), out_features());
+  if (positions_ > 1) return fmt::format("dense({}->{} x{})", in_, out_, positions_);
+  return fmt::format("dense({}->{})", in_, out_);
 }
 
 void Dense::bind(float* params, float* grads) {
   w_ = params;
-  b_ = params + in_features() * out_features();
+  b_ = params + in_ * out_;
   dw_ = grads;
-  db_ = grads + in_features() * out_features();
+  db_ = grads + in_ * out_;
 }
 
 void Dense::init(Rng& rng, float* params) const {
+  if (init_std_ > 0.0) {
+    for (int64_t i = 0; i < in_ * out_; ++i)
+      params[i] = static_cast<float>(init_std_ * rng.normal());
+    std::fill(params + in_ * out_, params + param_count(), 0.f);
+    return;
+  }
   // U(-1/sqrt(in), 1/sqrt(in)) for weights and bias: the default of PyTorch's nn.Linear,
   // so recipes tuned there carry over.
-  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features()));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
   for (int64_t i = 0; i < param_count(); ++i)
     params[i] = static_cast<float>(rng.uniform(-bound, bound));
 }
 
 void Dense::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
-  const int64_t in = in_features(), out = out_features();
-  d.gemm(false, false, rows, out, in, 1.f, x, in, w_, out, 0.f, y, out);
-  d.add_bias(y, b_, rows, out);
+  const int64_t m = rows * positions_;
+  d.gemm(false, false, m, out_, in_, 1.f, x, in_, w_, out_, 0.f, y, out_);
+  d.add_bias(y, b_, m, out_);
 }
 
 void Dense::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
                           int64_t rows) {
-  const int64_t in = in_features(), out = out_features();
+  const int64_t m = rows * positions_;
   // Gradients accumulate (beta = 1) so accumulation steps need no extra buffer.
-  d.gemm(true, false, in, out, rows, 1.f, x, in, dy, out, 1.f, dw_, out);
-  d.bias_grad(dy, db_, rows, out, Accumulate::add);
-  if (dx) d.gemm(false, true, rows, in, out, 1.f, dy, out, w_, out, 0.f, dx, in);
+  d.gemm(true, false, in_, out_, m, 1.f, x, in_, dy, out_, 1.f, dw_, out_);
+  d.bias_grad(dy, db_, m, out_, Accumulate::add);
+  if (dx) d.gemm(false, true, m, in_, out_, 1.f, dy, out_, w_, out_, 0.f, dx, in_);
 }
 
 std::string ActivationLayer::describe() const {
@@ -86,11 +94,15 @@ void ActivationLayer::backward_impl(Device& d, const float* x, const float* y, c
 }
 
 Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes,
-             float* shared_params)
-    : dev_(d), layers_(std::move(layers)), classes_(classes), shared_params_(shared_params) {
+             float* shared_params, int64_t positions)
+    : dev_(d),
+      layers_(std::move(layers)),
+      classes_(classes),
+      positions_(positions),
+      shared_params_(shared_params) {
   if (layers_.empty()) DTRAIN_THROW_SYSTEM("model has no layers");
-  if (layers_.back()->out_features() != classes)
-    DTRAIN_THROW_SYSTEM("last layer does not produce one logit per class");
+  if (positions_ < 1 || layers_.back()->out_features() != classes * positions_)
+    DTRAIN_THROW_SYSTEM("last layer does not produce one logit per class and position");
   for (const auto& l : layers_) n_params_ += l->param_count();
   if (!shared_params_) params_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
   grads_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
@@ -198,6 +210,10 @@ const float* Model::forward(const float* x, int64_t rows, bool train) {
   for (auto& l : layers_) h = l->forward(dev_, h, rows);
   logits_ = h;
   rows_ = rows;
+  if (positions_ > 1) {  // a language model: the targets are the windows' next tokens
+    targets_.resize(dev_, static_cast<size_t>(std::max<int64_t>(1, rows * positions_)));
+    dev_.next_tokens(x, in_features(), rows, positions_, classes_, targets_.data());
+  }
   return h;
 }
 
@@ -205,9 +221,13 @@ void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale,
                           const GradsReady& ready) {
   if (rows != rows_) DTRAIN_THROW_SYSTEM("loss_backward: batch differs from the last forward");
   // No early return for rows == 0: synchronised layers still take part in their collectives.
-  dlogits_.resize(dev_, static_cast<size_t>(std::max<int64_t>(rows, 1) * classes_));
-  dev_.softmax_xent(logits_, labels, rows, classes_, grad_scale, dlogits_.data(), stats,
-                    label_smoothing_);
+  // A language model's loss is the mean over the T positions: per sample, 1/T of their sum.
+  const int64_t n = rows * positions_;
+  const double per = 1.0 / static_cast<double>(positions_);
+  dlogits_.resize(dev_, static_cast<size_t>(std::max<int64_t>(n, 1) * classes_));
+  dev_.softmax_xent(logits_, positions_ > 1 ? targets_.data() : labels, n, classes_,
+                    grad_scale * static_cast<float>(per), dlogits_.data(), stats,
+                    label_smoothing_, per);
   const float* g = dlogits_.data();
   for (size_t i = layers_.size(); i-- > 0;) {
     g = layers_[i]->backward(dev_, g, rows, i > 0);
@@ -218,7 +238,9 @@ void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale,
 
 void Model::loss_only(const int32_t* labels, int64_t rows, double* stats) {
   if (rows == 0) return;
-  dev_.softmax_xent(logits_, labels, rows, classes_, 0.f, nullptr, stats);
+  const double per = 1.0 / static_cast<double>(positions_);
+  dev_.softmax_xent(logits_, positions_ > 1 ? targets_.data() : labels, rows * positions_,
+                    classes_, 0.f, nullptr, stats, 0.0, per);
 }
 
 LayerSpec layer_spec(LayerType t) {
@@ -275,6 +297,8 @@ std::vector<LayerSpec> expand_layers(const ModelConfig& cfg) {
       return cfg.layers;
     case ModelType::resnet:
       return resnet_layers(cfg);
+    case ModelType::gpt:
+      return {};  // not a layer list: build_layers makes its layers (transformer.cpp)
     case ModelType::mlp:
       out.push_back(layer_spec(LayerType::flatten));
       for (int64_t h : cfg.hidden) {
@@ -420,6 +444,7 @@ std::vector<std::unique_ptr<Layer>> make_layers(const std::vector<LayerSpec>& sp
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg,
                                                  const std::vector<int64_t>& input_shape,
                                                  int classes) {
+  if (cfg.type == ModelType::gpt) return gpt_layers(cfg, input_shape, classes);
   MapShape cur = input_map(input_shape);
   const bool sync = cfg.batchnorm == BatchNormMode::sync;
   // Name the layer: the user's list, or the preset that stands for it.
@@ -436,8 +461,9 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelConfig& cfg,
 std::unique_ptr<Model> build_model(Device& d, const ModelConfig& cfg,
                                    const std::vector<int64_t>& input_shape, int classes,
                                    float* shared_params) {
+  const int64_t positions = cfg.type == ModelType::gpt ? gpt_positions(input_shape) : 1;
   return std::make_unique<Model>(d, build_layers(cfg, input_shape, classes), classes,
-                                 shared_params);
+                                 shared_params, positions);
 }
 
 ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_shape, int classes) {

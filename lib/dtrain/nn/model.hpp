@@ -94,17 +94,25 @@ class Layer {
   Buffer<float> y_, dx_;
 };
 
-// y = x W + b, W stored as [in x out].
+// y = x W + b, W stored as [in x out]. With `positions` > 1 a sample is that many rows of `in`
+// features, each mapped by the same W (a transformer's per-position layers). init_std > 0 draws
+// W from N(0, init_std) with b = 0 (GPT-2's initialisation); 0 keeps PyTorch's nn.Linear
+// default.
 class Dense final : public Layer {
  public:
-  Dense(int64_t in, int64_t out) : Layer(in, out) {}
+  Dense(int64_t in, int64_t out, int64_t positions = 1, double init_std = 0.0)
+      : Layer(in * positions, out * positions),
+        in_(in),
+        out_(out),
+        positions_(positions),
+        init_std_(init_std) {}
   std::string describe() const override;
-  int64_t param_count() const override { return in_features() * out_features() + out_features(); }
-  int64_t macs_per_sample() const override { return in_features() * out_features(); }
+  int64_t param_count() const override { return in_ * out_ + out_; }
+  int64_t macs_per_sample() const override { return in_ * out_ * positions_; }
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
   void weight_ranges(int64_t offset, std::vector<ParamRange>& out) const override {
-    out.push_back({offset, in_features() * out_features()});
+    out.push_back({offset, in_ * out_});
   }
 
  protected:
@@ -113,6 +121,8 @@ class Dense final : public Layer {
                      int64_t rows) override;
 
  private:
+  int64_t in_, out_, positions_;
+  double init_std_;
   float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
 };
 
@@ -302,12 +312,16 @@ class Model {
   // `shared_params`: the model reads its weights from there (param_count() floats that another
   // Model of the same layers owns and keeps alive) and allocates none of its own; gradients
   // are always its own.
+  // `positions` > 1: a language model, whose last layer gives `positions` rows of `classes`
+  // logits per sample and whose targets are the next tokens of the input windows (the labels
+  // passed to the loss are not read); its loss and accuracy are means over the positions.
   Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes,
-        float* shared_params = nullptr);
+        float* shared_params = nullptr, int64_t positions = 1);
   Device& device() { return dev_; }
   int64_t param_count() const { return n_params_; }
   int64_t in_features() const { return layers_.front()->in_features(); }
   int classes() const { return classes_; }
+  int64_t positions() const { return positions_; }
   float* params() { return shared_params_ ? shared_params_ : params_.data(); }
   float* grads() { return grads_.data(); }
   std::string describe() const;
@@ -350,8 +364,10 @@ class Model {
   std::vector<int64_t> offsets_;  // each layer's first parameter in the flat buffers
   std::vector<Buffer<float>*> state_;  // every layer's state, in order (collect_state)
   int classes_;
+  int64_t positions_ = 1;
   int64_t n_params_ = 0;
   Buffer<float> params_, grads_, dlogits_;
+  Buffer<int32_t> targets_;  // a language model's next tokens of the last forward
   float* shared_params_ = nullptr;
   const float* logits_ = nullptr;
   int64_t rows_ = 0;

@@ -26,6 +26,10 @@ Optimizer::Optimizer(Device& d, const OptimizerConfig& cfg, size_t n,
     v_.resize(d, std::max<size_t>(n, 1));
     dev_.fill(v_.data(), n, 0.f);
   }
+  if (cfg_.grad_clip > 0) {
+    clipped_.resize(d, std::max<size_t>(n, 1));
+    sumsq_.resize(d, 1);
+  }
 }
 
 void Optimizer::step(float* params, const float* grads, double lr) {
@@ -35,6 +39,12 @@ void Optimizer::step(float* params, const float* grads, double lr) {
 
 void Optimizer::update(Device& d, float* params, const float* grads, double lr, int64_t t) {
   const auto f = [](double x) { return static_cast<float>(x); };
+  if (cfg_.grad_clip > 0) {  // by the norm of the whole (reduced) gradient
+    d.zero(sumsq_.data(), sizeof(double));
+    d.sum_squares(grads, n_, sumsq_.data());
+    d.clip_by_norm(grads, clipped_.data(), n_, sumsq_.data(), f(cfg_.grad_clip));
+    grads = clipped_.data();
+  }
   for (const Segment& s : segments_) {
     const float wd = s.decay ? f(cfg_.weight_decay) : 0.f;
     float* p = params + s.offset;

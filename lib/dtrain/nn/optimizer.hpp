@@ -25,7 +25,9 @@ class Optimizer {
   void step(float* params, const float* grads, double lr);
   // The update of step number `t` (1-based) on device `d` (whose memory holds the buffers),
   // leaving steps_taken() alone: step() is update(dev, ..., steps_taken() + 1). For replicas
-  // that share this optimizer, whichever of them runs the update.
+  // that share this optimizer, whichever of them runs the update. With cfg.grad_clip > 0 the
+  // update reads a clipped copy of `grads` (the gradients themselves stay as they are, for
+  // the noise scale that reads them after the update).
   void update(Device& d, float* params, const float* grads, double lr, int64_t t);
   int64_t steps_taken() const { return t_; }
   // The state a checkpoint keeps: the step count and the moments (m: SGD's momentum or Adam's
@@ -41,6 +43,8 @@ class Optimizer {
   size_t n_;
   int64_t t_ = 0;
   Buffer<float> m_, v_;
+  Buffer<float> clipped_;   // grad_clip > 0: the gradients the update reads
+  Buffer<double> sumsq_;    // their squared norm before clipping, on the device
   // The buffer in order, cut where the decay changes: one segment (all decayed) unless only
   // weights decay. Elementwise updates per segment give the bits of one update over all.
   struct Segment {

@@ -254,8 +254,13 @@ void check_model_keys(Context& c) {
   if ((m.type == ModelType::lenet5 || m.type == ModelType::layers || m.type == ModelType::resnet) &&
       m.dropout != d.dropout)
     ignored.emplace_back("model.dropout");
-  if (m.type == ModelType::layers && m.activation != d.activation)
+  if ((m.type == ModelType::layers || m.type == ModelType::gpt) && m.activation != d.activation)
     ignored.emplace_back("model.activation");
+  if (m.type != ModelType::gpt) {
+    if (m.n_layer != d.n_layer) ignored.emplace_back("model.n_layer");
+    if (m.n_head != d.n_head) ignored.emplace_back("model.n_head");
+    if (m.n_embd != d.n_embd) ignored.emplace_back("model.n_embd");
+  }
   if (m.type != ModelType::resnet) {
     if (m.depth != d.depth) ignored.emplace_back("model.depth");
     if (m.widths != d.widths) ignored.emplace_back("model.widths");
@@ -265,8 +270,8 @@ void check_model_keys(Context& c) {
   c.add("ignored-model-key",
         fmt::format("{} {} set, but model.type {} does not read {}, so the run trains without "
                     "{}; fix: the model.type that reads {} (hidden: mlp; layers: layers; "
-                    "depth, widths, stem: resnet; dropout: mlp or cnn, or dropout layers in "
-                    "model.layers; activation: the "
+                    "depth, widths, stem: resnet; n_layer, n_head, n_embd: gpt; dropout: mlp, cnn "
+                    "or gpt, or dropout layers in model.layers; activation: the image "
                     "presets, or activation layers in model.layers), or remove {}",
                     fmt::join(ignored, ", "), ignored.size() == 1 ? "is" : "are", type,
                     ignored.size() == 1 ? "it" : "them", ignored.size() == 1 ? "it" : "them",

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dtrain/base/bf16.hpp"
+#include "dtrain/backend/cpu/transformer.hpp"
 #include "dtrain/backend/device.hpp"
 #include "dtrain/backend/math.hpp"
 #include "dtrain/base/error.hpp"
@@ -385,7 +386,8 @@ class CpuDevice final : public Device {
   }
 
   void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                    float grad_scale, float* dlogits, double* stats, double smoothing) override {
+                    float grad_scale, float* dlogits, double* stats, double smoothing,
+                    double stat_scale) override {
     double loss = 0.0, correct = 0.0;
     for (int64_t r = 0; r < rows; ++r) {
       const math::XentRow row =
@@ -394,8 +396,39 @@ class CpuDevice final : public Device {
       loss += row.loss;
       correct += row.hit ? 1.0 : 0.0;
     }
-    stats[0] += loss;
-    stats[1] += correct;
+    stats[0] += loss * stat_scale;
+    stats[1] += correct * stat_scale;
+  }
+
+  void embedding_forward(const float* tokens, int64_t stride, const float* wte, const float* wpe,
+                         int64_t rows, int64_t t, int64_t c, int64_t vocab, float* y) override {
+    cpu::embedding_forward(threads_, tokens, stride, wte, wpe, rows, t, c, vocab, y);
+  }
+  void embedding_backward(const float* tokens, int64_t stride, const float* dy, int64_t rows,
+                          int64_t t, int64_t c, int64_t vocab, float* dwte,
+                          float* dwpe) override {
+    cpu::embedding_backward(threads_, tokens, stride, dy, rows, t, c, vocab, dwte, dwpe);
+  }
+  void next_tokens(const float* tokens, int64_t stride, int64_t rows, int64_t t, int64_t vocab,
+                   int32_t* labels) override {
+    cpu::next_tokens(tokens, stride, rows, t, vocab, labels);
+  }
+  void layernorm_forward(const float* x, const float* gamma, const float* beta, int64_t n,
+                         int64_t c, float eps, float* y, float* stats) override {
+    cpu::layernorm_forward(threads_, x, gamma, beta, n, c, eps, y, stats);
+  }
+  void layernorm_backward(const float* x, const float* dy, const float* gamma,
+                          const float* stats, int64_t n, int64_t c, float* dx, float* dgamma,
+                          float* dbeta) override {
+    cpu::layernorm_backward(threads_, x, dy, gamma, stats, n, c, dx, dgamma, dbeta);
+  }
+  void attention_forward(const float* qkv, int64_t rows, int64_t t, int64_t c, int64_t heads,
+                         float* att, float* y) override {
+    cpu::attention_forward(threads_, qkv, rows, t, c, heads, att, y);
+  }
+  void attention_backward(const float* qkv, const float* att, const float* dy, int64_t rows,
+                          int64_t t, int64_t c, int64_t heads, float* dqkv) override {
+    cpu::attention_backward(threads_, qkv, att, dy, rows, t, c, heads, dqkv);
   }
 
   void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
@@ -721,6 +754,14 @@ class CpuDevice final : public Device {
     const auto len = static_cast<int64_t>(n);
 #pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
     for (int64_t i = 0; i < len; ++i) y[i] = a[i] + b[i];
+  }
+
+  void clip_by_norm(const float* x, float* y, size_t n, const double* sumsq,
+                    float max_norm) override {
+    const float a = math::clip_factor(*sumsq, max_norm);
+    const auto len = static_cast<int64_t>(n);
+#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
+    for (int64_t i = 0; i < len; ++i) y[i] = x[i] * a;
   }
 
   void scale(float* x, size_t n, float a) override {

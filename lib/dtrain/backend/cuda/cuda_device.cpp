@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/backend/gpu_check.hpp"
@@ -58,6 +59,10 @@ CudaDevice::~CudaDevice() {
   graph_.drop();
   row_stats_ = Buffer<double>();  // while the stream still exists
   norm_partials_ = Buffer<double>();
+  token_sort_ = Buffer<int32_t>();
+  sort_tmp_ = Buffer<unsigned char>();
+  attn_heads_ = Buffer<float>();
+  attn_ds_ = Buffer<float>();
   for (auto* b : {&a16_, &b16_, &x16_, &w16_, &y16_, &dy16_, &dw16_}) *b = Buffer<Bf16>();
   graph_.release();  // the staging area
   plans_.clear();    // their descriptors
@@ -295,7 +300,7 @@ void CudaDevice::activation_backward(Activation a, const float* x, const float* 
 
 void CudaDevice::softmax_xent(const float* logits, const int32_t* labels, int64_t rows,
                               int64_t classes, float grad_scale, float* dlogits, double* stats,
-                              double smoothing) {
+                              double smoothing, double stat_scale) {
   if (rows == 0) return;
   enqueue([&] {
     if (row_stats_.size() < static_cast<size_t>(2 * rows)) row_stats_.resize(*this, 2 * rows);
@@ -304,7 +309,7 @@ void CudaDevice::softmax_xent(const float* logits, const int32_t* labels, int64_
       kernels::softmax_xent_rows(logits, labels, rows, classes, grad_scale, dlogits, row_stats,
                                  smoothing, s);
     });
-    launch([&](cudaStream_t s) { kernels::sum_pairs(row_stats, rows, stats, s); });
+    launch([&](cudaStream_t s) { kernels::sum_pairs(row_stats, rows, stats, stat_scale, s); });
   });
 }
 
@@ -399,9 +404,171 @@ void CudaDevice::add(const float* a, const float* b, float* y, size_t n) {
   launch([&](cudaStream_t s) { kernels::add(a, b, y, n, s); });
 }
 
+// ---- transformer operations ----
+
+void CudaDevice::embedding_forward(const float* tokens, int64_t stride, const float* wte,
+                                   const float* wpe, int64_t rows, int64_t t, int64_t c,
+                                   int64_t vocab, float* y) {
+  if (rows * t * c == 0) return;
+  launch([&](cudaStream_t s) {
+    kernels::embedding_forward(tokens, stride, wte, wpe, rows, t, c, vocab, y, s);
+  });
+}
+
+// dwte through a stable sort of the positions by token id, so that each id's positions are
+// added in ascending order, as the CPU twin adds them (the same bits); dwpe one thread per
+// element. The sort (CUB, several kernels) counts as one launch.
+void CudaDevice::embedding_backward(const float* tokens, int64_t stride, const float* dy,
+                                    int64_t rows, int64_t t, int64_t c, int64_t vocab,
+                                    float* dwte, float* dwpe) {
+  if (rows * t * c == 0) return;
+  const int n = narrow_int(rows * t, "embedding gradient: token positions", rank_);
+  narrow_int(vocab, "embedding gradient: vocabulary", rank_);
+  enqueue([&] {
+    const auto un = static_cast<size_t>(n);
+    if (token_sort_.size() < 4 * un) token_sort_.resize(*this, 4 * un);
+    const size_t tmp_bytes = kernels::sort_tokens_bytes(n, vocab);
+    // Never null: CUB takes a null scratch for a query of its size.
+    if (sort_tmp_.size() < std::max<size_t>(tmp_bytes, 16))
+      sort_tmp_.resize(*this, std::max<size_t>(tmp_bytes, 16));
+    int32_t *keys = token_sort_.data(), *pos = keys + un, *skeys = pos + un, *spos = skeys + un;
+    void* tmp = sort_tmp_.data();
+    launch([&](cudaStream_t s) {
+      kernels::token_keys(tokens, stride, rows, t, vocab, keys, pos, s);
+    });
+    launch([&](cudaStream_t s) {
+      DT_CUDA(kernels::sort_tokens(tmp, tmp_bytes, keys, skeys, pos, spos, n, vocab, s), rank_);
+    });
+    launch([&](cudaStream_t s) { kernels::embedding_dwte(skeys, spos, n, dy, c, dwte, s); });
+  });
+  launch([&](cudaStream_t s) { kernels::embedding_dwpe(dy, rows, t, c, dwpe, s); });
+}
+
+void CudaDevice::next_tokens(const float* tokens, int64_t stride, int64_t rows, int64_t t,
+                             int64_t vocab, int32_t* labels) {
+  if (rows * t == 0) return;
+  launch([&](cudaStream_t s) { kernels::next_tokens(tokens, stride, rows, t, vocab, labels, s); });
+}
+
+void CudaDevice::layernorm_forward(const float* x, const float* gamma, const float* beta,
+                                   int64_t n, int64_t c, float eps, float* y, float* stats) {
+  if (n * c == 0) return;
+  launch([&](cudaStream_t s) {
+    kernels::layernorm_forward(x, gamma, beta, n, c, eps, y, stats, s);
+  });
+}
+
+void CudaDevice::layernorm_backward(const float* x, const float* dy, const float* gamma,
+                                    const float* stats, int64_t n, int64_t c, float* dx,
+                                    float* dgamma, float* dbeta) {
+  if (n * c == 0) return;
+  if (dx) launch([&](cudaStream_t s) { kernels::layernorm_dx(x, dy, gamma, stats, n, c, dx, s); });
+  launch([&](cudaStream_t s) {
+    kernels::layernorm_dparams(x, dy, stats, n, c, dgamma, dbeta, s);
+  });
+}
+
+// Attention as llm.c does it: q, k, v split into [rows, heads, t, d] (attn_scratch), each
+// product one strided batched GEMM over the rows x heads pairs. The GEMMs run in the math mode
+// of the device's cuBLAS handle: FP32 (precision fp32, and bf16, whose bfloat16 operands are
+// the dense layers' and convolutions' only), TF32 tensor cores (tf32). cuBLAS is column-major:
+// a row-major [m, n] matrix is its column-major transpose, so each product is written
+// transposed (C^T = B^T A^T).
+CudaDevice::AttnDims CudaDevice::attn_dims(int64_t rows, int64_t t, int64_t c, int64_t heads) {
+  const int64_t d = c / heads;
+  AttnDims a{};
+  a.t = narrow_int(t, "attention: positions", rank_);
+  a.d = narrow_int(d, "attention: head size", rank_);
+  a.batch = narrow_int(rows * heads, "attention: samples x heads", rank_);
+  a.nc = rows * t * c;
+  a.tt = static_cast<long long>(t) * t;
+  a.td = static_cast<long long>(t) * d;
+  return a;
+}
+
+void CudaDevice::batched_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                              int lda, long long sa, const float* b, int ldb, long long sb,
+                              float* c, int ldc, long long sc, int batch) {
+  const float beta = 0.f;
+  ++launches_;
+  DT_CUBLAS(cublasSgemmStridedBatched(blas_, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, lda, sa,
+                                      b, ldb, sb, &beta, c, ldc, sc, batch),
+            rank_);
+}
+
+float* CudaDevice::attn_scratch(int64_t nc) {
+  const auto need = static_cast<size_t>(6 * nc);
+  if (attn_heads_.size() < need) attn_heads_.resize(*this, need);
+  return attn_heads_.data();
+}
+
+void CudaDevice::attention_forward(const float* qkv, int64_t rows, int64_t t, int64_t c,
+                                   int64_t heads, float* att, float* y) {
+  if (rows * t * c == 0) return;
+  const AttnDims a = attn_dims(rows, t, c, heads);
+  const int64_t d = a.d;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));  // as the CPU twin's
+  if (!blas_ws_) make_blas_workspace();
+  enqueue([&] {
+    float* q = attn_scratch(a.nc);
+    float *k = q + a.nc, *v = k + a.nc, *o = v + a.nc;
+    launch([&](cudaStream_t s) { kernels::split_heads(qkv, 3 * c, 3, rows, t, heads, d, q, s); });
+    // S = scale q k^T: S^T = scale k q^T.
+    batched_gemm(true, false, a.t, a.t, a.d, scale, k, a.d, a.td, q, a.d, a.td, att, a.t, a.tt,
+                 a.batch);
+    launch([&](cudaStream_t s) { kernels::causal_softmax(att, rows * heads * t, t, s); });
+    // o = P v: o^T = v^T P^T.
+    batched_gemm(false, false, a.d, a.t, a.t, 1.f, v, a.d, a.td, att, a.t, a.tt, o, a.d, a.td,
+                 a.batch);
+    launch([&](cudaStream_t s) { kernels::merge_heads(o, 1, rows, t, heads, d, y, c, s); });
+  });
+}
+
+// dP = dy v^T, dv = P^T dy, dS = P (dP - rowsum(dP P)) * scale, dq = dS k, dk = dS^T q.
+void CudaDevice::attention_backward(const float* qkv, const float* att, const float* dy,
+                                    int64_t rows, int64_t t, int64_t c, int64_t heads,
+                                    float* dqkv) {
+  if (rows * t * c == 0) return;
+  const AttnDims a = attn_dims(rows, t, c, heads);
+  const int64_t d = a.d;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  if (!blas_ws_) make_blas_workspace();
+  enqueue([&] {
+    float* q = attn_scratch(a.nc);
+    float *k = q + a.nc, *v = k + a.nc, *dq = v + a.nc, *dk = dq + a.nc, *dv = dk + a.nc;
+    const auto scores = static_cast<size_t>(a.batch) * static_cast<size_t>(a.tt);
+    if (attn_ds_.size() < scores) attn_ds_.resize(*this, scores);
+    float* ds = attn_ds_.data();
+    float* g = dq;  // dy's heads, in dq's place until dq is written
+    launch([&](cudaStream_t s) { kernels::split_heads(qkv, 3 * c, 3, rows, t, heads, d, q, s); });
+    launch([&](cudaStream_t s) { kernels::split_heads(dy, c, 1, rows, t, heads, d, g, s); });
+    // dP^T = v g^T; dv^T = g^T P.
+    batched_gemm(true, false, a.t, a.t, a.d, 1.f, v, a.d, a.td, g, a.d, a.td, ds, a.t, a.tt,
+                 a.batch);
+    batched_gemm(false, true, a.d, a.t, a.t, 1.f, g, a.d, a.td, att, a.t, a.tt, dv, a.d, a.td,
+                 a.batch);
+    launch([&](cudaStream_t s) {
+      kernels::causal_softmax_backward(att, ds, rows * heads * t, t, scale, s);
+    });
+    // dq^T = k^T dS^T; dk^T = q^T dS.
+    batched_gemm(false, false, a.d, a.t, a.t, 1.f, k, a.d, a.td, ds, a.t, a.tt, dq, a.d, a.td,
+                 a.batch);
+    batched_gemm(false, true, a.d, a.t, a.t, 1.f, q, a.d, a.td, ds, a.t, a.tt, dk, a.d, a.td,
+                 a.batch);
+    launch([&](cudaStream_t s) { kernels::merge_heads(dq, 3, rows, t, heads, d, dqkv, 3 * c, s); });
+  });
+}
+
 void CudaDevice::scale(float* x, size_t n, float a) {
   if (n == 0) return;
   launch([&](cudaStream_t s) { kernels::scale(x, n, a, s); });
+}
+
+void CudaDevice::clip_by_norm(const float* x, float* y, size_t n, const double* sumsq,
+                              float max_norm) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::clip_by_norm(x, y, n, sumsq, max_norm, s); });
 }
 
 void CudaDevice::fold(float* acc, const float* x, size_t n, bool first, float scale) {

@@ -72,7 +72,8 @@ class CudaDevice final : public Device, public DeviceQueue {
   void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
                            size_t n) override;
   void softmax_xent(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
-                    float grad_scale, float* dlogits, double* stats, double smoothing) override;
+                    float grad_scale, float* dlogits, double* stats, double smoothing,
+                    double stat_scale) override;
   void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
               int64_t count, float* dst, int32_t* dst_labels) override;
   void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
@@ -100,7 +101,25 @@ class CudaDevice final : public Device, public DeviceQueue {
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override;
   void multiply(const float* x, const float* mask, float* y, size_t n) override;
   void add(const float* a, const float* b, float* y, size_t n) override;
+  // Transformer operations (cuda_device.cpp).
+  void embedding_forward(const float* tokens, int64_t stride, const float* wte, const float* wpe,
+                         int64_t rows, int64_t t, int64_t c, int64_t vocab, float* y) override;
+  void embedding_backward(const float* tokens, int64_t stride, const float* dy, int64_t rows,
+                          int64_t t, int64_t c, int64_t vocab, float* dwte,
+                          float* dwpe) override;
+  void next_tokens(const float* tokens, int64_t stride, int64_t rows, int64_t t, int64_t vocab,
+                   int32_t* labels) override;
+  void layernorm_forward(const float* x, const float* gamma, const float* beta, int64_t n,
+                         int64_t c, float eps, float* y, float* stats) override;
+  void layernorm_backward(const float* x, const float* dy, const float* gamma, const float* stats,
+                          int64_t n, int64_t c, float* dx, float* dgamma, float* dbeta) override;
+  void attention_forward(const float* qkv, int64_t rows, int64_t t, int64_t c, int64_t heads,
+                         float* att, float* y) override;
+  void attention_backward(const float* qkv, const float* att, const float* dy, int64_t rows,
+                          int64_t t, int64_t c, int64_t heads, float* dqkv) override;
   void scale(float* x, size_t n, float a) override;
+  void clip_by_norm(const float* x, float* y, size_t n, const double* sumsq,
+                    float max_norm) override;
   void fold(float* acc, const float* x, size_t n, bool first, float scale) override;
   void sum_squares(const float* x, size_t n, double* acc) override;
   void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
@@ -148,7 +167,18 @@ class CudaDevice final : public Device, public DeviceQueue {
   void grow_workspace(size_t bytes);
   void conv_backward_bf16(const ConvPlan& p, const ConvGeom& g, int64_t n, const float* x,
                           const float* w, const float* dy, float* dw, float* db, float* dx);
-
+  // Attention: the sizes cuBLAS takes (checked), one strided batched GEMM over the (sample,
+  // head) pairs in cuBLAS's column-major terms, and the scratch of split heads.
+  struct AttnDims {
+    int t, d, batch;  // batch = rows * heads
+    int64_t nc;       // rows * t * c: one [rows, heads, t, d] tensor
+    long long tt, td;  // the strides of one pair's scores and one pair's head
+  };
+  AttnDims attn_dims(int64_t rows, int64_t t, int64_t c, int64_t heads);
+  void batched_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                    long long sa, const float* b, int ldb, long long sb, float* c, int ldc,
+                    long long sc, int batch);
+  float* attn_scratch(int64_t nc);  // 6 tensors of nc floats
   // Step timing by events: a ring of slots, so the host can run a few steps ahead; a slot is
   // read (waiting for it if need be) before it is reused.
   struct Slot {
@@ -176,6 +206,12 @@ class CudaDevice final : public Device, public DeviceQueue {
   size_t workspace_bytes_ = 0;
   Buffer<double> row_stats_;
   Buffer<double> norm_partials_;  // sum_squares: one partial sum per block
+  // Transformer scratch, grown on demand and never shrunk (a free drops the CUDA graphs):
+  // embedding_backward's sort of token ids (keys, positions, sorted keys, sorted positions)
+  // and CUB's scratch; attention's split heads and its scores' gradient.
+  Buffer<int32_t> token_sort_;
+  Buffer<unsigned char> sort_tmp_;
+  Buffer<float> attn_heads_, attn_ds_;
   void* blas_ws_ = nullptr;
   static constexpr size_t kBlasWorkspace = size_t{32} << 20;
   using PlanKey = std::array<int64_t, 8>;  // geometry and batch size

@@ -31,6 +31,8 @@ using Bf16 = uint16_t;
 // ---- elementwise.cuh ----
 void fill(float* x, size_t n, float v, cudaStream_t s);
 void scale(float* x, size_t n, float a, cudaStream_t s);  // x *= a
+void clip_by_norm(const float* x, float* y, size_t n, const double* sumsq, float max_norm,
+                  cudaStream_t s);
 // Squared norm in double, in two launches: sum_squares_partial writes sum_squares_blocks(n)
 // (at most 256) partial sums, add_partials adds them in order to *acc.
 unsigned sum_squares_blocks(size_t n);
@@ -57,8 +59,8 @@ void activation_backward(Activation a, const float* x, const float* y, const flo
 void softmax_xent_rows(const float* logits, const int32_t* labels, int64_t rows, int64_t classes,
                        float grad_scale, float* dlogits, double* row_stats, double smoothing,
                        cudaStream_t s);
-// Adds the sums of `rows` (loss, hit) pairs to out[0..1] (one block).
-void sum_pairs(const double* row_stats, int64_t rows, double* out, cudaStream_t s);
+// Adds the sums of `rows` (loss, hit) pairs, times `scale`, to out[0..1] (one block).
+void sum_pairs(const double* row_stats, int64_t rows, double* out, double scale, cudaStream_t s);
 
 // ---- gather_augment.cuh ----
 // dst rows i = src rows idx[i]; labels likewise.
@@ -93,6 +95,52 @@ void bn_backward_sums(const float* x, const float* dy, const float* stats, const
 void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
                     const double* sums, double m, int64_t n, int64_t c, int64_t spatial, float* dx,
                     cudaStream_t s);
+
+// ---- embedding.cuh (token ids are floats: math::token_id) ----
+void embedding_forward(const float* tokens, int64_t stride, const float* wte, const float* wpe,
+                       int64_t rows, int64_t t, int64_t c, int64_t vocab, float* y,
+                       cudaStream_t s);
+// dwte in three steps, giving the CPU twin's bits: token_keys writes each of the rows * t
+// positions' id and index, sort_tokens sorts them by id (stable: positions stay ascending),
+// embedding_dwte adds each id's positions of dy, in order, to its row of dwte. sort_tokens is
+// CUB's radix sort (several kernels), with sort_tokens_bytes of scratch `tmp`; it returns
+// CUB's status.
+void token_keys(const float* tokens, int64_t stride, int64_t rows, int64_t t, int64_t vocab,
+                int32_t* keys, int32_t* pos, cudaStream_t s);
+size_t sort_tokens_bytes(int n, int64_t vocab);
+cudaError_t sort_tokens(void* tmp, size_t tmp_bytes, const int32_t* keys, int32_t* keys_out,
+                        const int32_t* pos, int32_t* pos_out, int n, int64_t vocab,
+                        cudaStream_t s);
+// `n` sorted (id, position) pairs.
+void embedding_dwte(const int32_t* keys, const int32_t* pos, int64_t n, const float* dy,
+                    int64_t c, float* dwte, cudaStream_t s);
+// dwpe [t, c] += dy summed over the rows in order.
+void embedding_dwpe(const float* dy, int64_t rows, int64_t t, int64_t c, float* dwpe,
+                    cudaStream_t s);
+void next_tokens(const float* tokens, int64_t stride, int64_t rows, int64_t t, int64_t vocab,
+                 int32_t* labels, cudaStream_t s);
+
+// ---- layernorm.cuh (stats = [mean, rstd] per vector) ----
+void layernorm_forward(const float* x, const float* gamma, const float* beta, int64_t n, int64_t c,
+                       float eps, float* y, float* stats, cudaStream_t s);
+void layernorm_dx(const float* x, const float* dy, const float* gamma, const float* stats,
+                  int64_t n, int64_t c, float* dx, cudaStream_t s);
+// dgamma, dbeta += (the vectors in ascending order).
+void layernorm_dparams(const float* x, const float* dy, const float* stats, int64_t n, int64_t c,
+                       float* dgamma, float* dbeta, cudaStream_t s);
+
+// ---- attention.cuh (the GEMMs between these are CudaDevice's cuBLAS calls) ----
+// Columns part * c .. part * c + c - 1 (c = heads * d) of [rows, t] rows of `ld` floats, for
+// parts 0 .. parts - 1, to [parts][rows, heads, t, d]; merge_heads is its inverse.
+void split_heads(const float* src, int64_t ld, int parts, int64_t rows, int64_t t, int64_t heads,
+                 int64_t d, float* dst, cudaStream_t s);
+void merge_heads(const float* src, int parts, int64_t rows, int64_t t, int64_t heads, int64_t d,
+                 float* dst, int64_t ld, cudaStream_t s);
+// In place over `rows` rows of t scores (row r is position r % t): the causal softmax, and its
+// backward (ds: dP in, dS = P (dP - rowsum(dP P)) * scale out).
+void causal_softmax(float* att, int64_t rows, int64_t t, cudaStream_t s);
+void causal_softmax_backward(const float* att, float* ds, int64_t rows, int64_t t, float scale,
+                             cudaStream_t s);
 
 // ---- optimizer.cuh ----
 void sgd(float* p, const float* g, float* buf, size_t n, Param<float> lr, float momentum, float wd,

@@ -22,6 +22,13 @@ inline unsigned blocks_for(size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); \
        i += size_t(gridDim.x) * blockDim.x)
 
+// Grid-stride over items of one warp each (v the same for the warp's lanes, which stay
+// together: the loop bound is the same for all of them).
+constexpr int kWarp = 32;
+#define WARP_STRIDE(v, n)                                                              \
+  for (int64_t v = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; v < (n); \
+       v += int64_t(gridDim.x) * blockDim.x / kWarp)
+
 template <class T>
 __device__ T value_of(const Param<T>& p) {
   return p.at ? *p.at : p.value;
@@ -46,6 +53,17 @@ __device__ void block_sum2(double& a, double& b) {
   }
   a = s0[0];
   b = s1[0];
+}
+
+// Sum and maximum over a warp's 32 lanes (butterfly: every lane gets the result).
+template <class T>
+__device__ T warp_sum(T v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
 }  // namespace

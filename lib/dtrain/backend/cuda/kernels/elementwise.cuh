@@ -14,6 +14,13 @@ __global__ void k_scale(float* x, size_t n, float a) {
   GRID_STRIDE(i, n) x[i] *= a;
 }
 
+// The factor read on the device, from the squared norm sum_squares left there.
+__global__ void k_clip_by_norm(const float* x, float* y, size_t n, const double* sumsq,
+                               float max_norm) {
+  const float a = math::clip_factor(*sumsq, max_norm);
+  GRID_STRIDE(i, n) y[i] = x[i] * a;
+}
+
 __global__ void k_multiply(const float* x, const float* mask, float* y, size_t n) {
   GRID_STRIDE(i, n) y[i] = x[i] * mask[i];
 }
@@ -34,6 +41,11 @@ void fill(float* x, size_t n, float v, cudaStream_t s) {
 
 void scale(float* x, size_t n, float a, cudaStream_t s) {
   k_scale<<<blocks_for(n), kThreads, 0, s>>>(x, n, a);
+}
+
+void clip_by_norm(const float* x, float* y, size_t n, const double* sumsq, float max_norm,
+                  cudaStream_t s) {
+  k_clip_by_norm<<<blocks_for(n), kThreads, 0, s>>>(x, y, n, sumsq, max_norm);
 }
 
 void multiply(const float* x, const float* mask, float* y, size_t n, cudaStream_t s) {

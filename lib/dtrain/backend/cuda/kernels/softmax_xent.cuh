@@ -1,6 +1,6 @@
 #pragma once
 // Softmax cross-entropy: one thread per row (math::softmax_xent_row, in double like the CPU
-// twin), then one block sums the rows' (loss, hit) pairs.
+// twin), then one block sums the rows' (loss, hit) pairs and scales the sums (stat_scale).
 #include "dtrain/backend/cuda/kernels/common.cuh"
 
 namespace dtrain::kernels {
@@ -21,8 +21,8 @@ __global__ void k_softmax_xent(const float* logits, const int32_t* labels, int64
   }
 }
 
-// Sums `rows` (loss, hit) pairs in one block and adds them to out[0..1].
-__global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
+// Sums `rows` (loss, hit) pairs in one block and adds them, times `scale`, to out[0..1].
+__global__ void k_sum_pairs(const double* v, int64_t rows, double* out, double scale) {
   double a = 0, b = 0;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
     a += v[2 * i];
@@ -30,8 +30,8 @@ __global__ void k_sum_pairs(const double* v, int64_t rows, double* out) {
   }
   block_sum2(a, b);
   if (threadIdx.x == 0) {
-    out[0] += a;
-    out[1] += b;
+    out[0] += a * scale;
+    out[1] += b * scale;
   }
 }
 
@@ -44,8 +44,9 @@ void softmax_xent_rows(const float* logits, const int32_t* labels, int64_t rows,
                                                        dlogits, row_stats, smoothing);
 }
 
-void sum_pairs(const double* row_stats, int64_t rows, double* out, cudaStream_t s) {
-  k_sum_pairs<<<1, kThreads, 0, s>>>(row_stats, rows, out);
+void sum_pairs(const double* row_stats, int64_t rows, double* out, double scale,
+               cudaStream_t s) {
+  k_sum_pairs<<<1, kThreads, 0, s>>>(row_stats, rows, out, scale);
 }
 
 }  // namespace dtrain::kernels

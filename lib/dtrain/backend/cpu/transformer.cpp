@@ -1,0 +1,187 @@
+#include "dtrain/backend/cpu/transformer.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "dtrain/backend/math.hpp"
+
+namespace dtrain::cpu {
+
+namespace {
+
+// Loops below this many elements stay on the calling thread.
+constexpr int64_t kParallelMin = 1 << 15;
+
+int team(int threads, int64_t work) {
+  return work >= kParallelMin ? std::max(1, threads) : 1;
+}
+
+// C = alpha op(A) op(B) + beta C, one single-threaded OpenBLAS call (row-major).
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+// The scale of the scores, 1/sqrt(d), as the CUDA twin computes it.
+float score_scale(int64_t d) {
+  return 1.f / std::sqrt(static_cast<float>(d));
+}
+
+}  // namespace
+
+void embedding_forward(int threads, const float* tokens, int64_t stride, const float* wte,
+                       const float* wpe, int64_t rows, int64_t t, int64_t c, int64_t vocab,
+                       float* y) {
+#pragma omp parallel for num_threads(team(threads, rows * t * c)) schedule(static)
+  for (int64_t p = 0; p < rows * t; ++p) {
+    const int64_t r = p / t, i = p % t;
+    const float* e = wte + math::token_id(tokens[r * stride + i], vocab) * c;
+    const float* q = wpe + i * c;
+    float* out = y + p * c;
+    for (int64_t k = 0; k < c; ++k) out[k] = e[k] + q[k];
+  }
+}
+
+void embedding_backward(int threads, const float* tokens, int64_t stride, const float* dy,
+                        int64_t rows, int64_t t, int64_t c, int64_t vocab, float* dwte,
+                        float* dwpe) {
+  // Channels split among threads: each element of dwte and dwpe is summed by one thread, over
+  // samples and then positions, in ascending order.
+  const int nt = team(threads, rows * t * c);
+  const int64_t block = (c + nt - 1) / nt;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int part = 0; part < nt; ++part) {
+    const int64_t lo = part * block, hi = std::min(c, lo + block);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < t; ++i) {
+        const float* g = dy + (r * t + i) * c;
+        float* e = dwte + math::token_id(tokens[r * stride + i], vocab) * c;
+        float* q = dwpe + i * c;
+        for (int64_t k = lo; k < hi; ++k) {
+          e[k] += g[k];
+          q[k] += g[k];
+        }
+      }
+  }
+}
+
+void next_tokens(const float* tokens, int64_t stride, int64_t rows, int64_t t, int64_t vocab,
+                 int32_t* labels) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < t; ++i)
+      labels[r * t + i] = static_cast<int32_t>(math::token_id(tokens[r * stride + i + 1], vocab));
+}
+
+void layernorm_forward(int threads, const float* x, const float* gamma, const float* beta,
+                       int64_t n, int64_t c, float eps, float* y, float* stats) {
+#pragma omp parallel for num_threads(team(threads, n * c)) schedule(static)
+  for (int64_t v = 0; v < n; ++v) {
+    const float* in = x + v * c;
+    const math::LnStats s = math::layernorm_stats(in, c, eps);
+    float* out = y + v * c;
+    for (int64_t k = 0; k < c; ++k) out[k] = math::layernorm_one(in[k], s.mean, s.rstd, gamma[k], beta[k]);
+    stats[2 * v] = s.mean;
+    stats[2 * v + 1] = s.rstd;
+  }
+}
+
+void layernorm_backward(int threads, const float* x, const float* dy, const float* gamma,
+                        const float* stats, int64_t n, int64_t c, float* dx, float* dgamma,
+                        float* dbeta) {
+  const int nt = team(threads, n * c);
+  if (dx) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t v = 0; v < n; ++v) {
+      const float *in = x + v * c, *g = dy + v * c;
+      const float mean = stats[2 * v], rstd = stats[2 * v + 1];
+      const math::LnBackMeans m = math::layernorm_back_means(in, g, gamma, c, mean, rstd);
+      float* out = dx + v * c;
+      for (int64_t k = 0; k < c; ++k)
+        out[k] = math::layernorm_dx_one(in[k], g[k], gamma[k], mean, rstd, m);
+    }
+  }
+  // dgamma and dbeta: channels split among threads, vectors in ascending order.
+  const int64_t block = (c + nt - 1) / nt;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int part = 0; part < nt; ++part) {
+    const int64_t lo = part * block, hi = std::min(c, lo + block);
+    for (int64_t v = 0; v < n; ++v) {
+      const float *in = x + v * c, *g = dy + v * c;
+      const float mean = stats[2 * v], rstd = stats[2 * v + 1];
+      for (int64_t k = lo; k < hi; ++k) {
+        dgamma[k] += g[k] * ((in[k] - mean) * rstd);
+        dbeta[k] += g[k];
+      }
+    }
+  }
+}
+
+// One (sample, head) pair per iteration: S = q k^T * scale (GEMM), the causal softmax row by
+// row, then y = P v (GEMM); att keeps P.
+void attention_forward(int threads, const float* qkv, int64_t rows, int64_t t, int64_t c,
+                       int64_t heads, float* att, float* y) {
+  const int64_t d = c / heads, ld = 3 * c;
+  const float scale = score_scale(d);
+#pragma omp parallel for num_threads(team(threads, rows * heads * t * t)) schedule(static)
+  for (int64_t p = 0; p < rows * heads; ++p) {
+    const int64_t r = p / heads, h = p % heads;
+    const float* q = qkv + r * t * ld + h * d;
+    float* s = att + p * t * t;
+    sgemm(false, true, t, t, d, scale, q, ld, q + c, ld, 0.f, s, t);
+    for (int64_t i = 0; i < t; ++i) {
+      float* row = s + i * t;
+      float mx = row[0];
+      for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+      float sum = 0.f;
+      for (int64_t j = 0; j <= i; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        sum += row[j];
+      }
+      const float inv = 1.f / sum;
+      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+      std::fill(row + i + 1, row + t, 0.f);
+    }
+    sgemm(false, false, t, d, t, 1.f, s, t, q + 2 * c, ld, 0.f, y + r * t * c + h * d, c);
+  }
+}
+
+// dP = dy v^T, dv = P^T dy, dS = P (dP - rowsum(dP P)) * scale, dq = dS k, dk = dS^T q.
+void attention_backward(int threads, const float* qkv, const float* att, const float* dy,
+                        int64_t rows, int64_t t, int64_t c, int64_t heads, float* dqkv) {
+  const int64_t d = c / heads, ld = 3 * c;
+  const float scale = score_scale(d);
+  const int nt = team(threads, rows * heads * t * t);
+  std::vector<std::vector<float>> scratch(static_cast<size_t>(nt));
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t p = 0; p < rows * heads; ++p) {
+    auto& ds = scratch[static_cast<size_t>(omp_get_thread_num())];
+    ds.resize(static_cast<size_t>(t * t));
+    const int64_t r = p / heads, h = p % heads;
+    const float* q = qkv + r * t * ld + h * d;
+    const float* prob = att + p * t * t;
+    const float* g = dy + r * t * c + h * d;
+    float* dq = dqkv + r * t * ld + h * d;
+    sgemm(false, true, t, t, d, 1.f, g, c, q + 2 * c, ld, 0.f, ds.data(), t);
+    sgemm(true, false, t, d, t, 1.f, prob, t, g, c, 0.f, dq + 2 * c, ld);
+    for (int64_t i = 0; i < t; ++i) {
+      const float* pr = prob + i * t;
+      float* row = ds.data() + i * t;
+      float dot = 0.f;
+      for (int64_t j = 0; j <= i; ++j) dot += row[j] * pr[j];
+      for (int64_t j = 0; j <= i; ++j) row[j] = pr[j] * (row[j] - dot) * scale;
+      std::fill(row + i + 1, row + t, 0.f);
+    }
+    sgemm(false, false, t, d, t, 1.f, ds.data(), t, q + c, ld, 0.f, dq, ld);
+    sgemm(true, false, t, d, t, 1.f, ds.data(), t, q, ld, 0.f, dq + c, ld);
+  }
+}
+
+}  // namespace dtrain::cpu

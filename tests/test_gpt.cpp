@@ -1,0 +1,323 @@
+// The GPT and dataset: bytes: the transformer operations against plain loops, the whole
+// model's gradient against finite differences, the spine (N x B against 1 x NB, resume to the
+// same bits), and what is refused.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "checkpoint_helpers.hpp"
+#include "dtrain/backend/device.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/data/text.hpp"
+#include "dtrain/nn/model.hpp"
+#include "dtrain/nn/transformer.hpp"
+#include "dtrain/train/trainer.hpp"
+#include "gradcheck.hpp"
+#include "helpers.hpp"
+
+using namespace dtrain;
+namespace fs = std::filesystem;
+using test::random_vec;
+
+namespace {
+
+// Text with structure a small model learns within an epoch: words from a short list, in an
+// order drawn from `seed`.
+std::string corpus_text(size_t bytes, uint64_t seed) {
+  static const char* words[] = {"the ", "replica ", "gradient ", "batch ", "reduces ",
+                                "mean ", "of ", "and ", "step.\n", "learning "};
+  Rng rng(seed);
+  std::string s;
+  while (s.size() < bytes) s += words[rng.next() % 10];
+  s.resize(bytes);
+  return s;
+}
+
+Config gpt_config(const std::string& path, int gpus, int64_t batch) {
+  Config c;
+  c.name = "gpt-test";
+  c.backend = Backend::cpu;
+  c.gpus = gpus;
+  c.threads = 1;
+  c.data.dataset = DatasetKind::bytes;
+  c.data.path = path;
+  c.data.block_size = 16;
+  c.data.normalize = Normalize::off;
+  c.model.type = ModelType::gpt;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.n_embd = 16;
+  c.train.epochs = 1;
+  c.train.per_replica_batch = batch;
+  c.train.target_accuracy = 0;
+  c.optimizer.type = OptimizerType::adamw;
+  c.optimizer.lr = 3e-3;
+  c.optimizer.base_batch = 32;
+  c.optimizer.weight_decay = 0.1;
+  c.optimizer.decay_bn_and_bias = false;
+  c.optimizer.beta2 = 0.95;
+  c.optimizer.warmup_epochs = 0.25;
+  c.optimizer.schedule = Schedule::cosine;
+  c.optimizer.lr_scaling = LrScaling::none;
+  return c;
+}
+
+// Causal attention in double, by the definition: per sample and head, softmax over j <= i.
+void attention_reference(const std::vector<float>& qkv, int64_t rows, int64_t t, int64_t c,
+                         int64_t heads, std::vector<double>& y) {
+  const int64_t d = c / heads;
+  y.assign(static_cast<size_t>(rows * t * c), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < t; ++i) {
+        std::vector<double> s(static_cast<size_t>(i + 1));
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t k = 0; k < d; ++k)
+            dot += double(qkv[static_cast<size_t>((r * t + i) * 3 * c + h * d + k)]) *
+                   qkv[static_cast<size_t>((r * t + j) * 3 * c + c + h * d + k)];
+          s[static_cast<size_t>(j)] = dot / std::sqrt(double(d));
+          mx = std::max(mx, s[static_cast<size_t>(j)]);
+        }
+        for (auto& v : s) sum += (v = std::exp(v - mx));
+        for (int64_t k = 0; k < d; ++k) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j)
+            acc += s[static_cast<size_t>(j)] / sum *
+                   qkv[static_cast<size_t>((r * t + j) * 3 * c + 2 * c + h * d + k)];
+          y[static_cast<size_t>((r * t + i) * c + h * d + k)] = acc;
+        }
+      }
+}
+
+}  // namespace
+
+TEST_CASE("causal attention equals its definition, and rows never see later positions",
+          "[gpt]") {
+  auto dev = make_cpu_device();
+  Rng rng(3);
+  const int64_t rows = 2, t = 7, c = 12, heads = 3;
+  std::vector<float> qkv = random_vec(rng, static_cast<size_t>(rows * t * 3 * c), -2, 2);
+  std::vector<float> att(static_cast<size_t>(rows * heads * t * t)), y(static_cast<size_t>(rows * t * c));
+  dev->attention_forward(qkv.data(), rows, t, c, heads, att.data(), y.data());
+  std::vector<double> want;
+  attention_reference(qkv, rows, t, c, heads, want);
+  for (size_t i = 0; i < y.size(); ++i) CHECK(y[i] == Approx(want[i]).margin(1e-5));
+  for (int64_t p = 0; p < rows * heads; ++p)
+    for (int64_t i = 0; i < t; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < t; ++j) {
+        const float a = att[static_cast<size_t>((p * t + i) * t + j)];
+        if (j > i) CHECK(a == 0.f);
+        sum += a;
+      }
+      CHECK(sum == Approx(1.0).margin(1e-6));
+    }
+  // Changing the last position's keys and values leaves every earlier output as it was.
+  for (int64_t k = c; k < 3 * c; ++k) qkv[static_cast<size_t>((t - 1) * 3 * c + k)] += 1.f;
+  std::vector<float> y2(y.size());
+  dev->attention_forward(qkv.data(), rows, t, c, heads, att.data(), y2.data());
+  CHECK(std::memcmp(y.data(), y2.data(), static_cast<size_t>((t - 1) * c) * sizeof(float)) == 0);
+}
+
+TEST_CASE("transformer operations give the same bits on 1 and 2 threads", "[gpt]") {
+  CpuOptions one, two;
+  two.threads = 2;
+  auto a = make_cpu_device(one), b = make_cpu_device(two);
+  Rng rng(9);
+  // Large enough to pass the parallel threshold.
+  const int64_t rows = 8, t = 64, c = 64, heads = 4, vocab = 50;
+  const auto n = static_cast<size_t>(rows * t * c);
+  std::vector<float> tokens(static_cast<size_t>(rows * (t + 1)));
+  for (auto& v : tokens) v = static_cast<float>(rng.next() % vocab);
+  const auto wte = random_vec(rng, static_cast<size_t>(vocab * c));
+  const auto wpe = random_vec(rng, static_cast<size_t>(t * c));
+  const auto dy = random_vec(rng, n), gamma = random_vec(rng, static_cast<size_t>(c));
+  const auto qkv = random_vec(rng, 3 * n), dy3 = random_vec(rng, n);
+  auto run = [&](Device& d) {
+    std::vector<float> out(n), dwte(wte.size()), dwpe(wpe.size()), y(n), stats(2 * n / c),
+        dx(n), dg(gamma.size()), db(gamma.size()), att(static_cast<size_t>(rows * heads * t * t)),
+        ya(n), dqkv(3 * n);
+    d.embedding_forward(tokens.data(), t + 1, wte.data(), wpe.data(), rows, t, c, vocab, out.data());
+    d.embedding_backward(tokens.data(), t + 1, dy.data(), rows, t, c, vocab, dwte.data(), dwpe.data());
+    d.layernorm_forward(out.data(), gamma.data(), gamma.data(), rows * t, c, 1e-5f, y.data(), stats.data());
+    d.layernorm_backward(out.data(), dy.data(), gamma.data(), stats.data(), rows * t, c, dx.data(), dg.data(), db.data());
+    d.attention_forward(qkv.data(), rows, t, c, heads, att.data(), ya.data());
+    d.attention_backward(qkv.data(), att.data(), dy3.data(), rows, t, c, heads, dqkv.data());
+    std::vector<float> all;
+    for (const auto* v : {&out, &dwte, &dwpe, &y, &stats, &dx, &dg, &db, &att, &ya, &dqkv})
+      all.insert(all.end(), v->begin(), v->end());
+    return all;
+  };
+  const auto x = run(*a), z = run(*b);
+  REQUIRE(x.size() == z.size());
+  CHECK(std::memcmp(x.data(), z.data(), x.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("embedding gradients add up per token, and next tokens are the window shifted",
+          "[gpt]") {
+  auto dev = make_cpu_device();
+  const int64_t t = 3, c = 2, vocab = 4;
+  // Two windows of t + 1 ids: token 1 occurs three times; 9 is clamped to the last id.
+  const std::vector<float> tokens = {1, 2, 1, 3, 1, 0, 9, 2};
+  std::vector<float> dy(static_cast<size_t>(2 * t * c));
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = static_cast<float>(i + 1);
+  std::vector<float> dwte(static_cast<size_t>(vocab * c)), dwpe(static_cast<size_t>(t * c));
+  dev->embedding_backward(tokens.data(), t + 1, dy.data(), 2, t, c, vocab, dwte.data(), dwpe.data());
+  // Token 1 at (0, 0), (0, 2), (1, 0): dy rows 0, 2, 3.
+  CHECK(dwte[2] == 1 + 5 + 7);
+  CHECK(dwte[3] == 2 + 6 + 8);
+  CHECK(dwte[6] == 11);  // the clamped 9 is id 3, at (1, 2): dy row 5
+  CHECK(dwpe[0] == 1 + 7);
+  std::vector<int32_t> labels(static_cast<size_t>(2 * t));
+  dev->next_tokens(tokens.data(), t + 1, 2, t, vocab, labels.data());
+  CHECK(labels == std::vector<int32_t>{2, 1, 3, 0, 3, 2});
+}
+
+TEST_CASE("a GPT's gradient matches finite differences of its next-token loss", "[gpt][grad]") {
+  auto dev = make_cpu_device();
+  // Through the model: a one-block GPT's every parameter against central differences of its
+  // mean next-token loss (the embedding, tied head, LayerNorms, attention and MLP).
+  ModelConfig mc;
+  mc.type = ModelType::gpt;
+  mc.n_layer = 1;
+  mc.n_head = 2;
+  mc.n_embd = 8;
+  const int64_t t = 5, vocab = 7, rows = 3;
+  auto model = build_model(*dev, mc, {t + 1}, vocab);
+  model->init(4);
+  // Weights 4x GPT-2's 0.02, so every term moves the loss measurably (larger ones curve it
+  // past what central differences resolve).
+  std::vector<float> p(model->params(), model->params() + model->param_count());
+  for (auto& v : p) v *= 4.f;
+  std::memcpy(model->params(), p.data(), p.size() * sizeof(float));
+  Rng rng(8);
+  std::vector<float> x(static_cast<size_t>(rows * (t + 1)));
+  for (auto& v : x) v = static_cast<float>(rng.next() % vocab);
+  const std::vector<int32_t> unused(static_cast<size_t>(rows), 0);
+  test::check_model_gradient(*model, x, unused, rows, 2e-3);
+}
+
+TEST_CASE("dataset bytes: windows every block_size bytes, the tail for validation", "[gpt][data]") {
+  test::TempDir dir("bytes");
+  const std::string text = corpus_text(1000, 1);
+  test::put(dir.path / "a.txt", text.substr(0, 600));
+  test::put(dir.path / "b.txt", text.substr(600));
+  test::put(dir.path / ".hidden", "never read");
+  DataConfig d;
+  d.dataset = DatasetKind::bytes;
+  d.path = dir.path.string();
+  d.block_size = 10;
+  d.validation = 0.1;
+  const DataSplit s = load_data(d, 1);
+  // 900 training bytes: 89 windows of 11; 100 test bytes: 9.
+  REQUIRE(s.train.size() == 89);
+  REQUIRE(s.test.size() == 9);
+  CHECK(s.train.shape == std::vector<int64_t>{11});
+  CHECK(s.train.classes == 256);
+  for (int64_t w : {int64_t{0}, int64_t{88}})
+    for (int64_t i = 0; i <= 10; ++i)
+      CHECK(s.train.x[static_cast<size_t>(w * 11 + i)] ==
+            static_cast<float>(static_cast<uint8_t>(text[static_cast<size_t>(w * 10 + i)])));
+  CHECK(s.test.x[0] == static_cast<float>(static_cast<uint8_t>(text[900])));
+  const DataShape peek = peek_data_shape(d);
+  CHECK(peek.train_size == 89);
+  CHECK(peek.shape == s.train.shape);
+  d.train_limit = 5;
+  CHECK(load_data(d, 1).train.size() == 5);
+}
+
+TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line", "[gpt][data]") {
+  test::TempDir dir("bytes-bad");
+  test::put(dir.path / "small.txt", std::string(40, 'a'));
+  fs::create_directories(dir.path / "empty");
+  DataConfig d;
+  d.dataset = DatasetKind::bytes;
+  d.block_size = 16;
+  d.path = (dir.path / "missing").string();
+  CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("does not exist"));
+  d.path = (dir.path / "empty").string();
+  CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("holds no files"));
+  d.path = (dir.path / "small.txt").string();
+  CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("data.validation"));
+  d.block_size = 64;
+  CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("lower data.block_size"));
+  const std::string gpt = "model: {type: gpt}\n";
+  CHECK_THAT(test::config_error(gpt), Catch::Contains("data.dataset: model.type gpt reads token windows"));
+  const std::string bytes = "data: {dataset: bytes, path: /x}\n";
+  CHECK_THAT(test::config_error(bytes), Catch::Contains("is read by model.type gpt"));
+  CHECK_THAT(test::config_error(bytes + "model: {type: gpt}\n"), Catch::Equals(""));
+  CHECK_THAT(test::config_error("data: {dataset: bytes, path: /x, normalize: global}\nmodel: {type: gpt}\n"),
+             Catch::Contains("only off"));
+  CHECK_THAT(test::config_error("data: {block_size: 32}\n"), Catch::Contains("only for dataset: bytes"));
+  ModelConfig mc;
+  mc.type = ModelType::gpt;
+  mc.n_embd = 30;
+  mc.n_head = 4;
+  CHECK_THAT(test::error_of([&] { build_layers(mc, {17}, 256); }),
+             Catch::Contains("model.n_embd (30) must be a multiple of model.n_head (4)"));
+  mc.n_embd = 32;
+  CHECK_THAT(test::error_of([&] { build_layers(mc, {1, 28, 28}, 10); }),
+             Catch::Contains("windows of token ids"));
+}
+
+TEST_CASE("gpt: 4 replicas x 8 equal 1 replica x 32 with AdamW, warmup and cosine, step by step",
+          "[gpt][equivalence]") {
+  test::TempDir dir("gpt-eq");
+  test::put(dir.path / "corpus.txt", corpus_text(16 * 32 * 10 + 200, 2));
+  Config one = gpt_config((dir.path / "corpus.txt").string(), 1, 32);
+  Config four = gpt_config(one.data.path, 4, 8);
+  const DataSplit d = load_data(one.data, 1);
+  const TrainResult a = train(one, d, nullptr);
+  const TrainResult b = train(four, d, nullptr);
+  REQUIRE(a.step_losses.size() == 9);
+  CHECK(test::max_rel_step_diff(a, b) < 1e-5);
+  CHECK(a.epochs.back().test_loss == Approx(b.epochs.back().test_loss).epsilon(1e-5));
+  // It learns: the mean next-byte loss falls from about log(256).
+  CHECK(a.step_losses.front() > 4.5);
+  CHECK(a.step_losses.back() < a.step_losses.front() - 0.3);
+}
+
+TEST_CASE("gpt: clipping by the global norm holds N x B = 1 x NB, and it engages",
+          "[gpt][equivalence]") {
+  test::TempDir dir("gpt-clip");
+  test::put(dir.path / "corpus.txt", corpus_text(16 * 32 * 6 + 200, 4));
+  Config one = gpt_config((dir.path / "corpus.txt").string(), 1, 32);
+  // SGD: Adam's update is nearly blind to a gradient scale that changes slowly.
+  one.optimizer.type = OptimizerType::sgd;
+  one.optimizer.lr = 0.5;
+  one.optimizer.momentum = 0.9;
+  one.optimizer.grad_clip = 0.05;  // below the first steps' norms
+  Config four = one;
+  four.gpus = 4;
+  four.train.per_replica_batch = 8;
+  Config loose = one;
+  loose.optimizer.grad_clip = 0;
+  const DataSplit d = load_data(one.data, 1);
+  const TrainResult a = train(one, d, nullptr), b = train(four, d, nullptr);
+  const TrainResult c = train(loose, d, nullptr);
+  REQUIRE(a.step_losses.size() == 5);
+  CHECK(test::max_rel_step_diff(a, b) < 1e-5);
+  CHECK(test::max_rel_step_diff(a, c) > 1e-3);
+}
+
+TEST_CASE("gpt: a run continued from any of its checkpoints gives the same bits",
+          "[gpt][checkpoint]") {
+  test::TempDir dir("gpt-resume");
+  test::put(dir.path / "corpus.txt", corpus_text(16 * 16 * 8 + 300, 3));
+  Config c = gpt_config((dir.path / "corpus.txt").string(), 2, 8);
+  c.data.drop_remainder = false;
+  c.train.epochs = 2;
+  c.train.checkpoint_steps = 3;
+  const DataSplit d = load_data(c.data, c.train.seed);
+  test::Keep keep;
+  const TrainResult full = train(c, d, &keep);
+  REQUIRE(keep.all.size() >= 3);
+  for (const auto& ck : keep.all) {
+    INFO("from epoch " << ck.epoch << " step " << ck.step);
+    test::require_same_numeric_columns(full, train(c, d, nullptr, &ck));
+  }
+}
