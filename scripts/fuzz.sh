@@ -3,7 +3,7 @@
 # copy of its committed seed corpus (fuzz/corpus/<target>), with a memory limit that catches a
 # reader allocating what a hostile header claims.
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]     # default 60 seconds each, targets config, idx, cifar and image
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     # default 60 seconds each, targets config, idx, cifar, image and tokens
 #
 # Prints one line per target (executions, crashes, timeouts, out-of-memory) and exits 1 if any
 # target found a crash; its input is kept in build-fuzz/findings/<target>/.
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config idx cifar image)
+[ ${#targets[@]} -gt 0 ] || targets=(config idx cifar image tokens)
 case $seconds in '' | *[!0-9]*) echo "fuzz: SECONDS must be a whole number, got '$seconds'"; exit 2 ;; esac
 
 if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then

@@ -1,11 +1,15 @@
-// The GPT and dataset: bytes: the transformer operations against plain loops, the whole
-// model's gradient against finite differences, the spine (N x B against 1 x NB, resume to the
-// same bits), and what is refused.
+// The GPT and datasets bytes and tokens: the transformer operations against plain loops, the
+// whole model's gradient against finite differences, the spine (N x B against 1 x NB, resume to
+// the same bits), the token shard reader, and what is refused.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint_helpers.hpp"
 #include "dtrain/backend/device.hpp"
@@ -62,6 +66,32 @@ Config gpt_config(const std::string& path, int gpus, int64_t batch) {
   c.optimizer.schedule = Schedule::cosine;
   c.optimizer.lr_scaling = LrScaling::none;
   return c;
+}
+
+// An llm.c token shard as dev/data/data_common.py's write_datafile writes it: a header of 256
+// little-endian int32 (magic, version, token count, zeros), then the tokens as little-endian
+// uint16. `count` < 0: the tokens' own.
+std::string shard(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
+                  int32_t version = 1, int64_t count = -1) {
+  std::string s(1024, '\0');
+  const int64_t n = count < 0 ? static_cast<int64_t>(tokens.size()) : count;
+  const uint32_t h[3] = {static_cast<uint32_t>(magic), static_cast<uint32_t>(version),
+                         static_cast<uint32_t>(n)};
+  for (int i = 0; i < 3; ++i)
+    for (int b = 0; b < 4; ++b)
+      s[static_cast<size_t>(4 * i + b)] = static_cast<char>(h[i] >> (8 * b));
+  for (uint16_t t : tokens) {
+    s += static_cast<char>(t & 0xff);
+    s += static_cast<char>(t >> 8);
+  }
+  return s;
+}
+
+// `n` tokens counting up from `first`.
+std::vector<uint16_t> counting(uint16_t first, int n) {
+  std::vector<uint16_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<uint16_t>(first + i);
+  return t;
 }
 
 // Causal attention in double, by the definition: per sample and head, softmax over j <= i.
@@ -223,6 +253,8 @@ TEST_CASE("dataset bytes: windows every block_size bytes, the tail for validatio
       CHECK(s.train.x[static_cast<size_t>(w * 11 + i)] ==
             static_cast<float>(static_cast<uint8_t>(text[static_cast<size_t>(w * 10 + i)])));
   CHECK(s.test.x[0] == static_cast<float>(static_cast<uint8_t>(text[900])));
+  // y holds each window's last byte, which is no label: no warning of untrained classes.
+  CHECK(label_warning(s).empty());
   const DataShape peek = peek_data_shape(d);
   CHECK(peek.train_size == 89);
   CHECK(peek.shape == s.train.shape);
@@ -264,6 +296,195 @@ TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line"
              Catch::Contains("windows of token ids"));
 }
 
+TEST_CASE("dataset tokens: a folder's train shards, then its val shards, in name order",
+          "[gpt][data]") {
+  test::TempDir dir("tokens");
+  // Written out of order; the names order them. What is not a *train* or *val* .bin is not read.
+  test::put(dir.path / "fineweb_train_000002.bin", shard(counting(1050, 30)));
+  test::put(dir.path / "fineweb_train_000001.bin", shard(counting(1000, 50)));
+  test::put(dir.path / "fineweb_val_000000.bin", shard(counting(2000, 21)));
+  test::put(dir.path / ".fineweb_train_000000.bin", "hidden: never read");
+  test::put(dir.path / "notes_train.txt", "not a shard");
+  test::put(dir.path / "sub" / "fineweb_train_000000.bin", "a sub-folder: never read");
+  DataConfig d;
+  d.dataset = DatasetKind::tokens;
+  d.path = dir.path.string();
+  d.block_size = 10;
+  d.vocab_size = 3000;
+  const DataSplit s = load_data(d, 1);
+  // 80 training tokens as one stream: 7 windows of 11, the fifth crossing into the second
+  // shard; 21 val tokens: 2.
+  REQUIRE(s.train.size() == 7);
+  REQUIRE(s.test.size() == 2);
+  CHECK(s.train.shape == std::vector<int64_t>{11});
+  CHECK(s.train.classes == 3000);
+  CHECK(s.test.classes == 3000);
+  for (int64_t w = 0; w < 7; ++w)
+    for (int64_t i = 0; i <= 10; ++i)
+      CHECK(s.train.x[static_cast<size_t>(w * 11 + i)] == static_cast<float>(1000 + w * 10 + i));
+  for (int64_t w = 0; w < 2; ++w)
+    for (int64_t i = 0; i <= 10; ++i)
+      CHECK(s.test.x[static_cast<size_t>(w * 11 + i)] == static_cast<float>(2000 + w * 10 + i));
+  CHECK(s.train.y[4] == 1050);  // the window's last token, from the second shard
+  const DataShape peek = peek_data_shape(d);
+  CHECK(peek.train_size == 7);
+  CHECK(peek.classes == 3000);
+  CHECK(peek.shape == s.train.shape);
+  CHECK(nominal_shape(d) == s.train.shape);
+  d.train_limit = 3;
+  CHECK(load_data(d, 1).train.size() == 3);
+  CHECK(peek_data_shape(d).train_size == 3);
+}
+
+TEST_CASE("dataset tokens: one shard is split as bytes are, its tail for validation",
+          "[gpt][data]") {
+  test::TempDir dir("tokens-one");
+  test::put(dir.path / "tiny.bin", shard(counting(0, 100)));
+  DataConfig d;
+  d.dataset = DatasetKind::tokens;
+  d.path = (dir.path / "tiny.bin").string();
+  d.block_size = 10;
+  d.validation = 0.2;
+  d.vocab_size = 300;
+  const DataSplit s = load_data(d, 1);
+  // 80 training tokens: 7 windows; 20 test tokens: 1, from token 80.
+  REQUIRE(s.train.size() == 7);
+  REQUIRE(s.test.size() == 1);
+  CHECK(s.train.x[66] == 60.f);
+  CHECK(s.test.x[0] == 80.f);
+  CHECK(s.test.x[10] == 90.f);
+  CHECK(s.train.classes == 300);
+  CHECK(peek_data_shape(d).train_size == 7);
+  // The largest token the vocabulary holds is read; one more is refused (below).
+  test::put(dir.path / "edge.bin", shard(counting(280, 20)));
+  d.path = (dir.path / "edge.bin").string();
+  d.block_size = 1;
+  CHECK(load_data(d, 1).test.x.back() == 299.f);
+}
+
+TEST_CASE("dataset tokens: a file that is not a version-1 llm.c shard is refused, naming it",
+          "[gpt][data]") {
+  test::TempDir dir("tokens-bad");
+  const std::vector<uint16_t> t = counting(0, 40);
+  const std::string good = shard(t);
+  std::vector<uint16_t> over = t;
+  over[2] = 300;
+  const std::pair<std::string, std::string> cases[] = {
+      {good.substr(0, 1000), "shorter than its header of 1024 bytes"},
+      {std::string(2000, 'a'), "not an llm.c token shard (magic 1633771873, expected 20240520)"},
+      {shard(t, 20240520, 2),
+       "version 2; dtrain reads version 1 (uint16 tokens), not yet version 2"},
+      {shard(t, 20240520, 7), "llm.c token shard version 7"},
+      {good.substr(0, good.size() - 1), "cut short: its header claims 40 tokens, 1104 bytes"},
+      {good + "xy", "2 bytes follow the 40 tokens its header claims"},
+      {shard({}), "the shard holds no tokens"},
+      {shard(t, 20240520, 1, 0x80000000LL),
+       "the shard holds no tokens (its header says -2147483648)"},
+      {shard(over), "token 300 at index 2 is not below data.vocab_size (300)"},
+  };
+  DataConfig d;
+  d.dataset = DatasetKind::tokens;
+  d.block_size = 2;
+  d.vocab_size = 300;
+  int i = 0;
+  for (const auto& [bytes, message] : cases) {
+    const fs::path p = dir.path / fmt::format("case{}.bin", i++);
+    test::put(p, bytes);
+    d.path = p.string();
+    INFO(message);
+    CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::StartsWith(p.string() + ": "));
+    CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains(message));
+  }
+  // The headers are checked before any token is read: peek refuses what load refuses.
+  d.path = (dir.path / "case4.bin").string();
+  CHECK_THAT(test::error_of([&] { peek_data_shape(d); }), Catch::Contains("cut short"));
+}
+
+TEST_CASE("dataset tokens: folders, sizes and keys that cannot work are refused in one line",
+          "[gpt][data]") {
+  test::TempDir dir("tokens-folders");
+  const std::string ok = shard(counting(0, 40));
+  test::put(dir.path / "no-val" / "x_train.bin", ok);
+  test::put(dir.path / "no-train" / "x_val.bin", ok);
+  test::put(dir.path / "both" / "x_train.bin", ok);
+  test::put(dir.path / "both" / "x_val.bin", ok);
+  test::put(dir.path / "both" / "train_val.bin", ok);
+  test::put(dir.path / "short" / "x_train.bin", ok);
+  test::put(dir.path / "short" / "x_val.bin", shard(counting(0, 4)));
+  DataConfig d;
+  d.dataset = DatasetKind::tokens;
+  d.block_size = 8;
+  const auto error = [&](const fs::path& p) {
+    d.path = p.string();
+    return test::error_of([&] { load_data(d, 1); });
+  };
+  CHECK_THAT(error(dir.path / "missing"), Catch::Contains("does not exist (dataset: tokens"));
+  CHECK_THAT(error(dir.path / "no-val"),
+             Catch::Contains("holds no validation shards: llm.c token shards (*.bin) whose name "
+                             "contains 'val'"));
+  CHECK_THAT(error(dir.path / "no-train"),
+             Catch::Contains("holds no training shards: llm.c token shards (*.bin) whose name "
+                             "contains 'train'"));
+  CHECK_THAT(error(dir.path / "both"),
+             Catch::Contains("'train_val.bin' is named both train and val"));
+  fs::create_directories(dir.path / "dangling");
+  fs::create_symlink(dir.path / "nowhere.bin", dir.path / "dangling" / "x_train.bin");
+  CHECK_THAT(error(dir.path / "dangling"),
+             Catch::Contains((dir.path / "dangling" / "x_train.bin").string() +
+                             ": cannot be read"));
+  CHECK_THAT(error(dir.path / "short"),
+             Catch::Contains("the val shards of '" + (dir.path / "short").string() +
+                             "' hold 4 tokens, no window of data.block_size + 1 = 9 tokens"));
+  d.validation = 0.2;
+  CHECK_THAT(error(dir.path / "short"),
+             Catch::Contains("data.validation: 0.2 splits a single shard file"));
+  d.validation = 0.1;
+  CHECK_THAT(error(dir.path / "no-val" / "x_train.bin"),
+             Catch::Contains("data.validation: 0.1 of '"));
+  // Past 2^31 tokens from the headers alone (the files are sparse: nothing is read or held).
+  for (const char* name : {"a_train.bin", "b_train.bin"}) {
+    const fs::path p = dir.path / "huge" / name;
+    test::put(p, shard({}, 20240520, 1, 0x7fffffff));
+    fs::resize_file(p, 1024 + 2 * uint64_t{0x7fffffff});
+  }
+  test::put(dir.path / "huge" / "a_val.bin", ok);
+  CHECK_THAT(error(dir.path / "huge"),
+             Catch::Contains("pass 2147483648 tokens (2^31) at " +
+                             (dir.path / "huge" / "b_train.bin").string()));
+}
+
+TEST_CASE("dataset tokens: data.vocab_size is its own, and tokens are read by gpt alone",
+          "[gpt][data]") {
+  const std::string tokens = "data: {dataset: tokens, path: /x, vocab_size: 300}\n";
+  CHECK_THAT(test::config_error(tokens + "model: {type: gpt}\n"), Catch::Equals(""));
+  CHECK_THAT(test::config_error(tokens),
+             Catch::Contains("model.type: dataset: tokens is read by model.type gpt (got mlp)"));
+  CHECK_THAT(test::config_error("data: {vocab_size: 300}\n"),
+             Catch::Contains("data.vocab_size: only for dataset: tokens"));
+  CHECK_THAT(test::config_error("data: {dataset: bytes, path: /x, vocab_size: 300}\n"
+                                "model: {type: gpt}\n"),
+             Catch::Contains("dataset: bytes has a vocabulary of 256"));
+  CHECK_THAT(test::config_error("data: {dataset: tokens, path: /x, vocab_size: 1}\n"
+                                "model: {type: gpt}\n"),
+             Catch::Contains("data.vocab_size"));
+  const std::pair<const char*, const char*> refused[] = {
+      {"normalize: global", "data.normalize: dataset: tokens holds token ids: only off"},
+      {"sort_by_label: true", "data.sort_by_label: dataset: tokens has no labels to sort by"},
+      {"augment: {flip: true}", "data.augment: dataset: tokens takes no image augmentation"}};
+  for (const auto& [bad, message] : refused)
+    CHECK_THAT(test::config_error(fmt::format("data: {{dataset: tokens, path: /x, {}}}\n"
+                                              "model: {{type: gpt}}\n",
+                                              bad)),
+               Catch::Contains(message));
+  CHECK_THAT(test::config_error("data: {validation: 0.2}\n"),
+             Catch::Contains("only for dataset: bytes or tokens"));
+  // Resolved with normalize off, as bytes are.
+  const Config c = parse_config(tokens + "model: {type: gpt}\n", "exp.yaml", {});
+  CHECK(c.data.normalize == Normalize::off);
+  CHECK(c.data.vocab_size == 300);
+  CHECK(parse_config("name: x\n", "exp.yaml", {}).data.vocab_size == 50257);
+}
+
 TEST_CASE("gpt: 4 replicas x 8 equal 1 replica x 32 with AdamW, warmup and cosine, step by step",
           "[gpt][equivalence]") {
   test::TempDir dir("gpt-eq");
@@ -302,6 +523,42 @@ TEST_CASE("gpt: clipping by the global norm holds N x B = 1 x NB, and it engages
   REQUIRE(a.step_losses.size() == 5);
   CHECK(test::max_rel_step_diff(a, b) < 1e-5);
   CHECK(test::max_rel_step_diff(a, c) > 1e-3);
+}
+
+TEST_CASE("gpt on llm.c token shards: 2 replicas x 8 equal 1 replica x 16, step by step",
+          "[gpt][equivalence]") {
+  test::TempDir dir("gpt-tokens-eq");
+  // The words of corpus_text as tokens: its bytes, each space the token 299 of a vocabulary
+  // of 300; two training shards and one val shard.
+  const size_t cut = 16 * 16 * 8 + 1;  // 128 windows of 17, every 16 tokens; 4 to test
+  const std::string text = corpus_text(cut + 16 * 4 + 1, 5);
+  std::vector<uint16_t> t;
+  for (char ch : text) t.push_back(ch == ' ' ? 299 : static_cast<uint8_t>(ch));
+  const auto part = [&](size_t lo, size_t hi) {
+    return std::vector<uint16_t>(t.begin() + static_cast<int64_t>(lo),
+                                 t.begin() + static_cast<int64_t>(hi));
+  };
+  test::put(dir.path / "words_train_000001.bin", shard(part(0, 1000)));
+  test::put(dir.path / "words_train_000002.bin", shard(part(1000, cut)));
+  test::put(dir.path / "words_val_000000.bin", shard(part(cut, t.size())));
+  Config one = gpt_config(dir.path.string(), 1, 16);
+  one.data.dataset = DatasetKind::tokens;
+  one.data.vocab_size = 300;
+  Config two = one;
+  two.gpus = 2;
+  two.train.per_replica_batch = 8;
+  const DataSplit d = load_data(one.data, 1);
+  REQUIRE(d.train.size() == 128);
+  REQUIRE(d.test.size() == 4);
+  CHECK(d.train.classes == 300);
+  const TrainResult a = train(one, d, nullptr);
+  const TrainResult b = train(two, d, nullptr);
+  REQUIRE(a.step_losses.size() == 8);
+  CHECK(test::max_rel_step_diff(a, b) < 1e-5);
+  CHECK(a.epochs.back().test_loss == Approx(b.epochs.back().test_loss).epsilon(1e-5));
+  // It learns: the mean next-token loss falls from about log(300).
+  CHECK(a.step_losses.front() > 5.0);
+  CHECK(a.step_losses.back() < a.step_losses.front() - 0.3);
 }
 
 TEST_CASE("gpt: a run continued from any of its checkpoints gives the same bits",

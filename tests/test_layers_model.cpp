@@ -197,6 +197,25 @@ TEST_CASE("resnet presets have the standard parameter counts", "[model][residual
                                 Catch::Contains("global-avg-pool -> dense(64->10)"));
 }
 
+TEST_CASE("gpt has GPT-2's parameter count and FLOPs at GPT-2 124M's shape", "[model][gpt]") {
+  // GPT-2 small: 12 layers, 12 heads, width 768, context 1024, GPT-2's 50257 tokens, the head
+  // tied: 124,439,808 parameters (wte 38.6M, wpe 0.79M, 12 blocks of 7.09M, the last LayerNorm).
+  ModelConfig m;
+  m.type = ModelType::gpt;
+  m.n_layer = 12;
+  m.n_head = 12;
+  m.n_embd = 768;
+  const ModelSize s = model_size(m, {1025}, 50257);
+  CHECK(s.params == 124439808);
+  // Forward multiply-adds per window: per position the dense layers (12 x 7,077,888) and the
+  // head (768 x 50257), and per layer the two attention products, 2 x 1024 x 768 per position.
+  const double per_position = 12.0 * 7077888 + 768.0 * 50257 + 12.0 * 2 * 1024 * 768;
+  CHECK(s.forward_flops == Approx(2 * 1024 * per_position));
+  // Backward: twice the forward (the embedding, first, has no GEMM to skip).
+  CHECK(s.backward_flops == Approx(2 * s.forward_flops));
+  CHECK(s.batchnorm_positions.empty());
+}
+
 TEST_CASE("a residual network with sync BatchNorm: 4 replicas x 8 equal 1 replica x 32",
           "[equivalence][residual][bn]") {
   const auto one = run(residual_config(1, 32, BatchNormMode::sync));

@@ -33,10 +33,16 @@ bool bytes_key(const std::string& key) {
   return key == "data.block_size" || key == "data.validation";
 }
 
+// Keys of dataset: tokens alone.
+bool tokens_key(const std::string& key) {
+  return key == "data.vocab_size";
+}
+
 // The overrides a key needs beside it: the dataset that reads it (and that dataset's model).
 std::vector<Override> context_of(const std::string& key) {
   if (folder_key(key)) return {{"data.dataset", "folder"}};
   if (bytes_key(key)) return {{"data.dataset", "bytes"}, {"model.type", "gpt"}};
+  if (tokens_key(key)) return {{"data.dataset", "tokens"}, {"model.type", "gpt"}};
   return {};
 }
 
@@ -168,7 +174,7 @@ TEST_CASE("data_identity changes with every data key but those acting after the 
     CHECK((data_identity(c.data, c.train.seed) != against) == !k.after_load);
     ++keys;
   }
-  CHECK(keys == 27);
+  CHECK(keys == 28);
   // The seed draws synthetic data, never files.
   CHECK(data_identity(base.data, 7) == id);
   const Config syn = with("data.dataset", "synthetic");

@@ -640,39 +640,55 @@ void check_data(const DataConfig& d, const MapReader& r) {
   }
 }
 
-// dataset: bytes holds token ids: never normalised (off unless the file says otherwise, which is
-// refused below), and read by model.type gpt alone, which reads nothing else.
-void resolve_bytes(Config& c, const MapReader& top) {
-  if (c.data.dataset == DatasetKind::bytes && !top.at("data").node("normalize"))
+// The token datasets (bytes, tokens) hold token ids: never normalised (off unless the file
+// says otherwise, which is refused below), and read by model.type gpt alone, which reads
+// nothing else.
+void resolve_tokens(Config& c, const MapReader& top) {
+  if (token_dataset(c.data.dataset) && !top.at("data").node("normalize"))
     c.data.normalize = Normalize::off;
 }
 
-void check_bytes(const Config& c, const MapReader& top) {
+// The keys of the token datasets, refused elsewhere when set to other than their default
+// (config.resolved.yaml writes every key).
+void check_token_keys(const DataConfig& data, const MapReader& d) {
+  const DataConfig def;
+  if (data.dataset != DatasetKind::tokens && data.vocab_size != def.vocab_size)
+    d.fail("vocab_size", d.node("vocab_size"),
+           data.dataset == DatasetKind::bytes
+               ? "only for dataset: tokens (dataset: bytes has a vocabulary of 256)"
+               : "only for dataset: tokens");
+  if (token_dataset(data.dataset)) return;
+  if (data.block_size != def.block_size)
+    d.fail("block_size", d.node("block_size"), "only for dataset: bytes or tokens");
+  if (data.validation != def.validation)
+    d.fail("validation", d.node("validation"), "only for dataset: bytes or tokens");
+}
+
+void check_tokens(const Config& c, const MapReader& top) {
   const MapReader d = top.at("data");
-  const bool bytes = c.data.dataset == DatasetKind::bytes;
-  if (c.model.type == ModelType::gpt && !bytes)
+  const bool tokens = token_dataset(c.data.dataset);
+  if (c.model.type == ModelType::gpt && !tokens)
     d.fail("dataset", d.node("dataset"),
-           fmt::format("model.type gpt reads token windows: dataset: bytes (got {})",
+           fmt::format("model.type gpt reads token windows: dataset: bytes or tokens (got {})",
                        to_string(c.data.dataset)));
-  if (!bytes) {
-    const DataConfig def;
-    if (c.data.block_size != def.block_size)
-      d.fail("block_size", d.node("block_size"), "only for dataset: bytes");
-    if (c.data.validation != def.validation)
-      d.fail("validation", d.node("validation"), "only for dataset: bytes");
-    return;
-  }
+  check_token_keys(c.data, d);
+  if (!tokens) return;
+  const std::string name = to_string(c.data.dataset);
   if (c.model.type != ModelType::gpt) {
     const MapReader m = top.at("model");
     m.fail("type", m.node("type"),
-           fmt::format("dataset: bytes is read by model.type gpt (got {})", to_string(c.model.type)));
+           fmt::format("dataset: {} is read by model.type gpt (got {})", name,
+                       to_string(c.model.type)));
   }
   if (c.data.normalize != Normalize::off)
-    d.fail("normalize", d.node("normalize"), "dataset: bytes holds token ids: only off");
+    d.fail("normalize", d.node("normalize"),
+           fmt::format("dataset: {} holds token ids: only off", name));
   if (c.data.sort_by_label)
-    d.fail("sort_by_label", d.node("sort_by_label"), "dataset: bytes has no labels to sort by");
+    d.fail("sort_by_label", d.node("sort_by_label"),
+           fmt::format("dataset: {} has no labels to sort by", name));
   if (c.data.augment.enabled())
-    d.fail("augment", d.node("augment"), "dataset: bytes takes no image augmentation");
+    d.fail("augment", d.node("augment"),
+           fmt::format("dataset: {} takes no image augmentation", name));
 }
 
 void check_rules(const Config& c, const MapReader& top, const Source& src) {
@@ -693,7 +709,7 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
                                   int64_t{1} << 28));
   }
   check_data(c.data, top.at("data"));
-  check_bytes(c, top);
+  check_tokens(c, top);
   if (c.optimizer.warmup_epochs > c.train.epochs)
     throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
                                 c.optimizer.warmup_epochs, c.train.epochs));
@@ -706,7 +722,7 @@ Config decode(const YAML::Node& root, const Source& src) {
   MapReader top(root, "", src);
   visit(c, top);
   top.finish();
-  resolve_bytes(c, top);
+  resolve_tokens(c, top);
   check_rules(c, top, src);
   return c;
 }

@@ -22,7 +22,17 @@ inline const EnumTable<Backend>& choices(Backend) {
   return names;
 }
 
-enum class DatasetKind { fashion_mnist, mnist, idx, synthetic, cifar10, cifar100, folder, bytes };
+enum class DatasetKind {
+  fashion_mnist,
+  mnist,
+  idx,
+  synthetic,
+  cifar10,
+  cifar100,
+  folder,
+  bytes,
+  tokens
+};
 inline const EnumTable<DatasetKind>& choices(DatasetKind) {
   static const EnumTable<DatasetKind> names = {{"fashion-mnist", DatasetKind::fashion_mnist},
                                                {"mnist", DatasetKind::mnist},
@@ -31,8 +41,13 @@ inline const EnumTable<DatasetKind>& choices(DatasetKind) {
                                                {"cifar10", DatasetKind::cifar10},
                                                {"cifar100", DatasetKind::cifar100},
                                                {"folder", DatasetKind::folder},
-                                               {"bytes", DatasetKind::bytes}};
+                                               {"bytes", DatasetKind::bytes},
+                                               {"tokens", DatasetKind::tokens}};
   return names;
+}
+// The datasets of token windows (bytes; llm.c token shards), read by model.type gpt alone.
+inline bool token_dataset(DatasetKind k) {
+  return k == DatasetKind::bytes || k == DatasetKind::tokens;
 }
 
 // What a folder dataset does with a file that cannot be decoded: stop the run naming it, or
@@ -235,11 +250,14 @@ struct DataConfig {
   int workers = 2;                             // decode threads per replica
   int prefetch = 2;                            // batches decoded ahead of the one in use
   BadFile on_bad_file = BadFile::fail;
-  // dataset: bytes (data.path: a text file, or a folder of them read in name order): a sample is
-  // a window of block_size + 1 bytes, the model predicting each next byte; the last
-  // `validation` share of the bytes is the test set.
+  // dataset: bytes (data.path: a text file, or a folder of them read in name order) and tokens
+  // (llm.c token shards: one, or a folder of *train* and *val* shards): a sample is a window of
+  // block_size + 1 tokens, the model predicting each next token; the last `validation` share of
+  // the stream is the test set (a folder of shards: its val shards instead).
   int64_t block_size = 64;
   double validation = 0.1;
+  // dataset: tokens: the vocabulary (GPT-2's by default); every token must lie below it.
+  int64_t vocab_size = 50257;
 };
 
 // One entry of `model.layers` (type: layers). Fields a type does not use stay at defaults.
@@ -288,6 +306,9 @@ struct TrainConfig {
   int accumulation_steps = 1;
   uint64_t seed = 1;
   double target_accuracy = 0.85;  // 0 disables time-to-target
+  // A test loss to reach (a language model's yardstick); 0 disables it. With both targets set,
+  // the target is reached when both are.
+  double target_loss = 0.0;
   int64_t eval_batch = 1000;
   // Multi-process runs: give up on a collective that makes no progress for this long.
   double collective_timeout_s = 300.0;

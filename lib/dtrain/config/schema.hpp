@@ -117,6 +117,7 @@ void visit(C& d, V& v) {
   v(Key("on_bad_file"), d.on_bad_file);
   v(Key("block_size").within(1, 8192), d.block_size);
   v(Key("validation").within(0.0, 0.5), d.validation);
+  v(Key("vocab_size").within(2, 1000000), d.vocab_size);
 }
 
 // The parameters of one entry of model.layers; which ones depends on its type.
@@ -177,6 +178,7 @@ void visit(C& t, V& v) {
   v(Key("accumulation_steps").within(1, 1 << 20), t.accumulation_steps);
   v(Key("seed").at_least(0), t.seed);
   v(Key("target_accuracy").within(0.0, 1.0), t.target_accuracy);
+  v(Key("target_loss").within(0.0, 1e6), t.target_loss);
   v(Key("eval_batch").at_least(1), t.eval_batch);
   v(Key("collective_timeout_s").within(1.0, 1e7), t.collective_timeout_s);
   v(Key("bucket_mb").within(0.0, 1e6), t.bucket_mb);

@@ -401,6 +401,7 @@ std::string describe_labels(const Dataset& d) {
 }
 
 std::string label_warning(const DataSplit& d) {
+  if (d.token_windows) return "";  // the model predicts every token of a window, not y
   std::set<int32_t> trained(d.train.y.begin(), d.train.y.end());
   int64_t untrained = 0;
   for (int32_t c = 0; c < d.train.classes; ++c) untrained += trained.count(c) == 0;
@@ -495,7 +496,7 @@ bool is_cifar(DatasetKind k) {
 std::vector<int64_t> nominal_shape(const DataConfig& cfg) {
   if (cfg.dataset == DatasetKind::synthetic) return cfg.synthetic.shape;
   if (cfg.dataset == DatasetKind::folder) return cfg.shape;
-  if (cfg.dataset == DatasetKind::bytes) return {cfg.block_size + 1};
+  if (token_dataset(cfg.dataset)) return {cfg.block_size + 1};
   if (is_cifar(cfg.dataset)) return {3, 32, 32};
   return {1, 28, 28};  // Fashion-MNIST and MNIST; IDX files of other sizes say so when read
 }
@@ -509,6 +510,7 @@ DataShape peek_data_shape(const DataConfig& cfg) {
     return d;
   }
   if (cfg.dataset == DatasetKind::bytes) return peek_bytes(cfg);
+  if (cfg.dataset == DatasetKind::tokens) return peek_tokens(cfg);  // from the headers
   if (is_cifar(cfg.dataset)) {
     const CifarFormat& f = cifar_format(cfg.dataset);
     d.shape = nominal_shape(cfg);
@@ -602,6 +604,10 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
     load_folder(cfg, s);  // limits and statistics applied to the file lists
   } else if (cfg.dataset == DatasetKind::bytes) {
     load_bytes(cfg, s);  // limits applied to the windows; token ids are not normalised
+    s.token_windows = true;
+  } else if (cfg.dataset == DatasetKind::tokens) {
+    load_tokens(cfg, s);  // the same
+    s.token_windows = true;
   } else {
     if (!fs::is_directory(cfg.path))
       throw UserError(
@@ -622,7 +628,7 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
                                   "data.dataset: idx for other label sets",
                                   cfg.path, s.train.classes - 1, to_string(cfg.dataset)));
   }
-  if (cfg.dataset != DatasetKind::folder && cfg.dataset != DatasetKind::bytes) {
+  if (cfg.dataset != DatasetKind::folder && !token_dataset(cfg.dataset)) {
     truncate(s.train, cfg.train_limit);
     truncate(s.test, cfg.test_limit);
     normalize(cfg, s);

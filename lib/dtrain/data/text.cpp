@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <system_error>
+#include <utility>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 
 namespace dtrain {
 
@@ -65,18 +67,19 @@ void read_file(const std::string& path, std::vector<uint8_t>& out) {
   if (in.bad()) throw UserError(fmt::format("{}: read error", path));
 }
 
-// The windows of bytes [lo, lo + n) of the corpus, at most `limit` (0: all).
-Dataset windows(const std::vector<uint8_t>& all, int64_t lo, int64_t n, int64_t block,
-                int64_t limit) {
+// The windows of tokens [lo, lo + n) of the stream, at most `limit` (0: all).
+template <class Token>
+Dataset windows(const std::vector<Token>& all, int64_t lo, int64_t n, int64_t block,
+                int64_t limit, int64_t vocab) {
   Dataset d;
   int64_t count = byte_windows(n, block);
   if (limit > 0) count = std::min(count, limit);
   d.shape = {block + 1};
-  d.classes = kByteVocab;
+  d.classes = static_cast<int>(vocab);
   d.x.resize(static_cast<size_t>(count * (block + 1)));
   d.y.resize(static_cast<size_t>(count));
   for (int64_t w = 0; w < count; ++w) {
-    const uint8_t* src = all.data() + lo + w * block;
+    const Token* src = all.data() + lo + w * block;
     float* dst = d.x.data() + w * (block + 1);
     for (int64_t i = 0; i <= block; ++i) dst[i] = static_cast<float>(src[i]);
     d.y[static_cast<size_t>(w)] = src[block];  // the window's last target, for summaries
@@ -118,18 +121,20 @@ int64_t byte_windows(int64_t bytes, int64_t block) {
 namespace {
 
 // Both splits must hold a window; the message says how large the corpus would need to be.
-void check_windows(const DataConfig& cfg, int64_t total, const CorpusSplit& sp) {
+// `unit`: what the stream counts ("bytes", "tokens").
+void check_windows(const DataConfig& cfg, int64_t total, const CorpusSplit& sp,
+                   const char* unit = "bytes") {
   const int64_t need = cfg.block_size + 1;
   if (byte_windows(sp.train, cfg.block_size) == 0)
-    throw UserError(fmt::format("data.path: '{}' has {} bytes; its training share ({} bytes) "
-                                "holds no window of data.block_size + 1 = {} bytes; lower "
+    throw UserError(fmt::format("data.path: '{}' has {} {}; its training share ({} {}) "
+                                "holds no window of data.block_size + 1 = {} {}; lower "
                                 "data.block_size or bring more text",
-                                cfg.path, total, sp.train, need));
+                                cfg.path, total, unit, sp.train, unit, need, unit));
   if (byte_windows(sp.test, cfg.block_size) == 0)
-    throw UserError(fmt::format("data.validation: {} of '{}' ({} bytes) holds no window of "
-                                "data.block_size + 1 = {} bytes; raise data.validation or lower "
+    throw UserError(fmt::format("data.validation: {} of '{}' ({} {}) holds no window of "
+                                "data.block_size + 1 = {} {}; raise data.validation or lower "
                                 "data.block_size",
-                                cfg.validation, cfg.path, sp.test, need));
+                                cfg.validation, cfg.path, sp.test, unit, need, unit));
 }
 
 }  // namespace
@@ -142,8 +147,8 @@ void load_bytes(const DataConfig& cfg, DataSplit& s) {
   const auto total = static_cast<int64_t>(all.size());
   const CorpusSplit sp = split_bytes(total, cfg.validation);
   check_windows(cfg, total, sp);
-  s.train = windows(all, 0, sp.train, cfg.block_size, cfg.train_limit);
-  s.test = windows(all, sp.train, sp.test, cfg.block_size, cfg.test_limit);
+  s.train = windows(all, 0, sp.train, cfg.block_size, cfg.train_limit, kByteVocab);
+  s.test = windows(all, sp.train, sp.test, cfg.block_size, cfg.test_limit, kByteVocab);
 }
 
 DataShape peek_bytes(const DataConfig& cfg) {
@@ -153,6 +158,220 @@ DataShape peek_bytes(const DataConfig& cfg) {
   DataShape d;
   d.shape = {cfg.block_size + 1};
   d.classes = kByteVocab;
+  const int64_t n = byte_windows(sp.train, cfg.block_size);
+  d.train_size = cfg.train_limit > 0 ? std::min(n, cfg.train_limit) : n;
+  return d;
+}
+
+// ---- dataset: tokens (llm.c token shards)
+
+namespace {
+
+int64_t le32(const unsigned char* p) {
+  const uint32_t u = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
+                     uint32_t{p[3]} << 24;
+  return static_cast<int32_t>(u);
+}
+
+// Checks the header of the shard open in `in` against the file's size and leaves `in` at the
+// first token; returns the token count.
+int64_t read_shard_header(std::istream& in, const std::string& path) {
+  in.seekg(0, std::ios::end);
+  const int64_t size = in.tellg();
+  in.seekg(0);
+  if (!in || size < 0) throw UserError(fmt::format("{}: cannot read its size", path));
+  if (size < kShardHeaderBytes)
+    throw UserError(fmt::format("{}: not an llm.c token shard: {} bytes, shorter than its header "
+                                "of {} bytes",
+                                path, size, kShardHeaderBytes));
+  unsigned char h[12];
+  if (!in.read(reinterpret_cast<char*>(h), sizeof h))
+    throw UserError(fmt::format("{}: read error in the header", path));
+  const int64_t magic = le32(h), version = le32(h + 4), count = le32(h + 8);
+  if (magic != kShardMagic)
+    throw UserError(fmt::format("{}: not an llm.c token shard (magic {}, expected {})", path,
+                                magic, kShardMagic));
+  if (version != 1)
+    throw UserError(fmt::format("{}: llm.c token shard version {}; dtrain reads version 1 "
+                                "(uint16 tokens){}",
+                                path, version,
+                                version == 2 ? ", not yet version 2 (uint32 tokens)" : ""));
+  if (count <= 0)
+    throw UserError(fmt::format("{}: the shard holds no tokens (its header says {})", path,
+                                count));
+  const int64_t want = kShardHeaderBytes + 2 * count;
+  if (size < want)
+    throw UserError(fmt::format("{}: cut short: its header claims {} tokens, {} bytes in all, "
+                                "and the file has {}",
+                                path, count, want, size));
+  if (size > want)
+    throw UserError(fmt::format("{}: {} bytes follow the {} tokens its header claims (a shard is "
+                                "1024 + 2 x count = {} bytes)",
+                                path, size - want, count, want));
+  in.seekg(kShardHeaderBytes);
+  return count;
+}
+
+std::ifstream open_shard(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(fmt::format("{}: cannot be opened for reading", path));
+  return in;
+}
+
+// The regular *.bin files of a folder (links to files followed; hidden names skipped),
+// sorted: those named *val* are test shards, the other *train* ones training shards.
+TokenShards folder_shards(const std::string& path) {
+  TokenShards sh;
+  sh.folder = true;
+  std::error_code ec;
+  fs::directory_iterator it(path, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (hidden(it->path()) || it->path().extension() != ".bin") continue;
+    std::error_code link;  // a link to nothing is named, not taken for a failed listing
+    const bool file = it->is_regular_file(link);
+    if (link)
+      throw UserError(fmt::format("{}: cannot be read ({})", it->path().string(), link.message()));
+    if (!file) continue;
+    const bool val = name.find("val") != std::string::npos;
+    const bool train = name.find("train") != std::string::npos;
+    if (val && train)
+      throw UserError(fmt::format("data.path: '{}': '{}' is named both train and val; rename "
+                                  "it so that only one of the two words is in its name",
+                                  path, name));
+    if (val) sh.test.push_back(it->path().string());
+    if (train) sh.train.push_back(it->path().string());
+  }
+  if (ec) throw UserError(fmt::format("data.path: cannot list '{}' ({})", path, ec.message()));
+  std::sort(sh.train.begin(), sh.train.end());
+  std::sort(sh.test.begin(), sh.test.end());
+  const auto none = [&](const char* what, const char* word, const char* example) {
+    return UserError(fmt::format("data.path: '{}' holds no {} shards: llm.c token shards (*.bin) "
+                                 "whose name contains '{}', such as {}",
+                                 path, what, word, example));
+  };
+  if (sh.train.empty()) throw none("training", "train", "fineweb_train_000001.bin");
+  if (sh.test.empty()) throw none("validation", "val", "fineweb_val_000000.bin");
+  return sh;
+}
+
+// The tokens of `files`, from their headers, added to `total`: at most kMaxShardTokens.
+int64_t shard_total(const std::string& path, const std::vector<std::string>& files,
+                    int64_t total) {
+  for (const auto& f : files) {
+    total += shard_tokens(f);
+    if (total > kMaxShardTokens)
+      throw UserError(fmt::format("data.path: the shards of '{}' pass {} tokens (2^31) at {}; "
+                                  "dataset: tokens reads at most that many",
+                                  path, kMaxShardTokens, f));
+  }
+  return total;
+}
+
+// The tokens of the training and the test split, from the headers; both must hold a window.
+CorpusSplit token_split(const DataConfig& cfg, const TokenShards& sh) {
+  if (sh.folder && cfg.validation != DataConfig{}.validation)
+    throw UserError(fmt::format("data.validation: {} splits a single shard file; '{}' is a "
+                                "folder, whose val shards are the test set: leave "
+                                "data.validation out",
+                                cfg.validation, cfg.path));
+  const int64_t train = shard_total(cfg.path, sh.train, 0);
+  if (!sh.folder) {
+    const CorpusSplit sp = split_bytes(train, cfg.validation);
+    check_windows(cfg, train, sp, "tokens");
+    return sp;
+  }
+  const CorpusSplit sp{train, shard_total(cfg.path, sh.test, train) - train};
+  const int64_t need = cfg.block_size + 1;
+  for (const auto& [what, n] : {std::pair{"training", sp.train}, std::pair{"val", sp.test}})
+    if (byte_windows(n, cfg.block_size) == 0)
+      throw UserError(fmt::format("data.path: the {} shards of '{}' hold {} tokens, no window "
+                                  "of data.block_size + 1 = {} tokens; lower data.block_size",
+                                  what, cfg.path, n, need));
+  return sp;
+}
+
+// Refuses, before anything is read, a stream whose tokens and windows would not fit in the
+// memory available: 2 bytes a token read, 4 (block + 1) a window kept.
+void check_tokens_fit(const DataConfig& cfg, const CorpusSplit& sp) {
+  const auto kept = [&](int64_t n, int64_t limit) {
+    const int64_t w = byte_windows(n, cfg.block_size);
+    return static_cast<double>(limit > 0 ? std::min(w, limit) : w);
+  };
+  const double need = 2.0 * static_cast<double>(sp.train + sp.test) +
+                      4.0 * static_cast<double>(cfg.block_size + 1) *
+                          (kept(sp.train, cfg.train_limit) + kept(sp.test, cfg.test_limit));
+  const double have = available_host_memory();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  if (have > 0 && need > have)
+    throw UserError(fmt::format("data.path: the {} tokens of '{}' need about {:.1f} GiB in "
+                                "memory as windows, and {:.1f} GiB are available; read fewer "
+                                "shards or lower data.train_limit",
+                                sp.train + sp.test, cfg.path, need / kGiB, have / kGiB));
+}
+
+}  // namespace
+
+int64_t shard_tokens(const std::string& path) {
+  std::ifstream in = open_shard(path);
+  return read_shard_header(in, path);
+}
+
+void read_shard(const std::string& path, int64_t vocab, std::vector<uint16_t>& out) {
+  std::ifstream in = open_shard(path);
+  const int64_t count = read_shard_header(in, path);  // the file holds them all
+  out.reserve(out.size() + static_cast<size_t>(count));
+  unsigned char buf[1 << 16];
+  for (int64_t at = 0; at < count;) {
+    const int64_t n = std::min<int64_t>(count - at, sizeof buf / 2);
+    if (!in.read(reinterpret_cast<char*>(buf), 2 * n))
+      throw UserError(fmt::format("{}: cut short after {} of {} tokens while read", path, at,
+                                  count));
+    for (int64_t i = 0; i < n; ++i, ++at) {
+      const auto t = static_cast<uint16_t>(buf[2 * i] | buf[2 * i + 1] << 8);
+      if (t >= vocab)
+        throw UserError(fmt::format("{}: token {} at index {} is not below data.vocab_size ({}); "
+                                    "set data.vocab_size to the tokenizer's vocabulary",
+                                    path, t, at, vocab));
+      out.push_back(t);
+    }
+  }
+}
+
+TokenShards token_shards(const std::string& path) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
+    throw UserError(fmt::format("data.path: '{}' does not exist (dataset: tokens reads an llm.c "
+                                "token shard, or a folder of *train* and *val* shards)",
+                                path));
+  if (fs::is_directory(st)) return folder_shards(path);
+  if (!fs::is_regular_file(st))
+    throw UserError(fmt::format("data.path: '{}' is neither a file nor a folder", path));
+  TokenShards sh;
+  sh.train.push_back(path);
+  return sh;
+}
+
+void load_tokens(const DataConfig& cfg, DataSplit& s) {
+  const TokenShards sh = token_shards(cfg.path);
+  const CorpusSplit sp = token_split(cfg, sh);
+  check_tokens_fit(cfg, sp);
+  std::vector<uint16_t> all;
+  all.reserve(static_cast<size_t>(sp.train + sp.test));
+  for (const auto* list : {&sh.train, &sh.test})
+    for (const auto& f : *list) read_shard(f, cfg.vocab_size, all);
+  if (static_cast<int64_t>(all.size()) != sp.train + sp.test)
+    throw UserError(fmt::format("data.path: the shards of '{}' changed while read", cfg.path));
+  s.train = windows(all, 0, sp.train, cfg.block_size, cfg.train_limit, cfg.vocab_size);
+  s.test = windows(all, sp.train, sp.test, cfg.block_size, cfg.test_limit, cfg.vocab_size);
+}
+
+DataShape peek_tokens(const DataConfig& cfg) {
+  const CorpusSplit sp = token_split(cfg, token_shards(cfg.path));
+  DataShape d;
+  d.shape = {cfg.block_size + 1};
+  d.classes = static_cast<int>(cfg.vocab_size);
   const int64_t n = byte_windows(sp.train, cfg.block_size);
   d.train_size = cfg.train_limit > 0 ? std::min(n, cfg.train_limit) : n;
   return d;

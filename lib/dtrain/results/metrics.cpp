@@ -13,7 +13,7 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-RunStats summarize(const std::vector<EpochMetrics>& epochs, double target) {
+RunStats summarize(const std::vector<EpochMetrics>& epochs, const Targets& target) {
   RunStats s;
   if (epochs.empty()) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -33,7 +33,7 @@ RunStats summarize(const std::vector<EpochMetrics>& epochs, double target) {
       input.push_back(e.data_s / e.epoch_time_s);
     elapsed += e.epoch_time_s;
     s.best_test_acc = std::max(s.best_test_acc, e.test_acc);
-    if (target > 0 && !s.time_to_target_s && e.test_acc >= target) {
+    if (!s.time_to_target_s && target.reached(e)) {
       s.time_to_target_s = elapsed;
       s.epochs_to_target = e.epoch;
     }

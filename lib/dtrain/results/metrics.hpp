@@ -10,8 +10,8 @@ namespace dtrain {
 struct RunStats {
   double final_test_acc = 0, best_test_acc = 0, final_train_loss = 0, final_test_loss = 0;
   double median_epoch_time_s = 0, median_samples_per_s = 0, total_train_time_s = 0;
-  // Training time (evaluation excluded) up to the end of the first epoch whose test accuracy
-  // reaches the target; empty if never reached or the target is 0.
+  // Training time (evaluation excluded) up to the end of the first epoch that reaches the
+  // targets; empty if never reached or no target is set.
   std::optional<double> time_to_target_s;
   std::optional<int> epochs_to_target;
   // Medians over epochs: the exchange's achieved bus bandwidth (NaN with one replica) and the
@@ -22,7 +22,17 @@ struct RunStats {
   double median_input_share = 0;
 };
 
-RunStats summarize(const std::vector<EpochMetrics>& epochs, double target_accuracy);
+// What time_to_target_s measures to: a test accuracy to reach, a test loss to get below, or
+// both (0: not set). Nothing set: no target.
+struct Targets {
+  double accuracy = 0, loss = 0;
+  bool any() const { return accuracy > 0 || loss > 0; }
+  bool reached(const EpochMetrics& e) const {
+    return any() && (accuracy <= 0 || e.test_acc >= accuracy) && (loss <= 0 || e.test_loss <= loss);
+  }
+};
+
+RunStats summarize(const std::vector<EpochMetrics>& epochs, const Targets& target);
 double median(std::vector<double> v);
 
 }  // namespace dtrain

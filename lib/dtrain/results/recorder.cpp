@@ -257,7 +257,8 @@ static nlohmann::json noise_scale_json(const std::vector<EpochMetrics>& epochs, 
 
 void RunRecorder::write_summary(const std::string& status, const std::string& error) {
   namespace k = summary_key;  // the field names and what they mean: run_schema.hpp
-  const RunStats st = summarize(epochs_, cfg_.train.target_accuracy);
+  const RunStats st =
+      summarize(epochs_, Targets{cfg_.train.target_accuracy, cfg_.train.target_loss});
   nlohmann::json j;
   j[k::run_id] = run_id_;
   j[k::experiment] = cfg_.name;
@@ -276,6 +277,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j[k::exposed_exchange_share] = number_or_null(st.median_exposed_share);
   j[k::exposed_input_share] = number_or_null(st.median_input_share);
   j[k::target_accuracy] = cfg_.train.target_accuracy;
+  j[k::target_loss] = cfg_.train.target_loss;
   j[k::time_to_target_s] = st.time_to_target_s ? nlohmann::json(*st.time_to_target_s) : nullptr;
   j[k::epochs_to_target] = st.epochs_to_target ? nlohmann::json(*st.epochs_to_target) : nullptr;
   j[k::epochs_completed] = epochs_.size();

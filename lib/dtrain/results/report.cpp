@@ -91,7 +91,7 @@ const std::vector<Column>& columns() {
        }},
       {"time to target",
        [](const ComparisonRow& r) {
-         if (r.run.target_accuracy <= 0) return std::string("-");
+         if (r.run.target_accuracy <= 0 && r.run.target_loss <= 0) return std::string("-");
          return r.run.time_to_target_s ? fmt::format("{:.1f}s", *r.run.time_to_target_s)
                                        : std::string("not reached");
        }},
@@ -251,6 +251,7 @@ RunRecord load_run(const std::string& dir) {
     r.peak_lr = j.value(k::peak_lr, 0.0);
     r.lr = j.value(k::lr, 0.0);
     r.target_accuracy = j.value(k::target_accuracy, 0.0);
+    r.target_loss = j.value(k::target_loss, 0.0);
     r.epochs_completed = static_cast<int>(int_in(j, k::epochs_completed, 0, 100000, 0, path));
     r.steps_per_epoch = int_in(j, k::steps_per_epoch, 0, int64_t{1} << 50, 0, path);
     r.param_count = param_count_of(j);
@@ -413,6 +414,7 @@ std::string to_json(const Comparison& c) {
                     {"exposed_exchange_share", opt(r.exposed_exchange_share)},
                     {"exposed_input_share", opt(r.exposed_input_share)},
                     {"target_accuracy", r.target_accuracy},
+                    {"target_loss", r.target_loss},
                     {"baseline", row.baseline},
                     {"speedup", opt(row.speedup)},
                     {"efficiency", opt(row.efficiency)},

@@ -27,6 +27,7 @@ struct RunRecord {
   std::optional<double> noise_b_simple;
   std::optional<double> busbw_gbps, exposed_exchange_share, exposed_input_share;  // medians over epochs  // the gradient noise scale at the end (2+ replicas)
   double target_accuracy = 0;
+  double target_loss = 0;
   int epochs_completed = 0;
   int64_t steps_per_epoch = 0;
   // summary.json's "param_count", or for older folders the end of its model description
