@@ -282,6 +282,14 @@ TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line"
   const std::string bytes = "data: {dataset: bytes, path: /x}\n";
   CHECK_THAT(test::config_error(bytes), Catch::Contains("is read by model.type gpt"));
   CHECK_THAT(test::config_error(bytes + "model: {type: gpt}\n"), Catch::Equals(""));
+  // No accuracy target for a language model unless the file sets one.
+  CHECK(parse_config(bytes + "model: {type: gpt}\n", "exp.yaml").train.target_accuracy == 0);
+  CHECK(parse_config(bytes + "model: {type: gpt}\ntrain: {target_accuracy: 0.5}\n", "exp.yaml")
+            .train.target_accuracy == 0.5);
+  CHECK_THAT(test::config_error("data: {dataset: bytes}\nmodel: {type: gpt}\n"),
+             Catch::Contains("data.path: dataset: bytes needs data.path"));
+  CHECK_THAT(test::config_error(bytes + "model: {type: gpt, n_embd: 30, n_head: 4}\n"),
+             Catch::Contains("model.n_head: 4 heads do not divide model.n_embd (30)"));
   CHECK_THAT(test::config_error("data: {dataset: bytes, path: /x, normalize: global}\nmodel: {type: gpt}\n"),
              Catch::Contains("only off"));
   CHECK_THAT(test::config_error("data: {block_size: 32}\n"), Catch::Contains("only for dataset: bytes"));
@@ -500,6 +508,24 @@ TEST_CASE("gpt: 4 replicas x 8 equal 1 replica x 32 with AdamW, warmup and cosin
   // It learns: the mean next-byte loss falls from about log(256).
   CHECK(a.step_losses.front() > 4.5);
   CHECK(a.step_losses.back() < a.step_losses.front() - 0.3);
+}
+
+TEST_CASE("gpt: replicas with their own weights, gradients sent in buckets during backward "
+          "and 2 accumulation steps equal 1 x 32",
+          "[gpt][equivalence]") {
+  // The tied head adds to the token embedding's gradient first, which the embedding finishes
+  // last: a bucket that holds it must not leave before both.
+  test::TempDir dir("gpt-buckets");
+  test::put(dir.path / "corpus.txt", corpus_text(16 * 32 * 6 + 200, 5));
+  Config one = gpt_config((dir.path / "corpus.txt").string(), 1, 32);
+  Config two = gpt_config(one.data.path, 2, 8);
+  two.train.accumulation_steps = 2;
+  two.replicas = ReplicaMode::threads;
+  two.train.bucket_mb = 0.004;  // about 1,000 floats: a dozen buckets
+  const DataSplit d = load_data(one.data, 1);
+  const TrainResult a = train(one, d, nullptr), b = train(two, d, nullptr);
+  REQUIRE(a.step_losses.size() == 5);
+  CHECK(test::max_rel_step_diff(a, b) < 1e-5);
 }
 
 TEST_CASE("gpt: clipping by the global norm holds N x B = 1 x NB, and it engages",

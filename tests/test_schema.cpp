@@ -41,8 +41,10 @@ bool tokens_key(const std::string& key) {
 // The overrides a key needs beside it: the dataset that reads it (and that dataset's model).
 std::vector<Override> context_of(const std::string& key) {
   if (folder_key(key)) return {{"data.dataset", "folder"}};
-  if (bytes_key(key)) return {{"data.dataset", "bytes"}, {"model.type", "gpt"}};
-  if (tokens_key(key)) return {{"data.dataset", "tokens"}, {"model.type", "gpt"}};
+  if (bytes_key(key))
+    return {{"data.dataset", "bytes"}, {"model.type", "gpt"}, {"data.path", "corpus.txt"}};
+  if (tokens_key(key))
+    return {{"data.dataset", "tokens"}, {"model.type", "gpt"}, {"data.path", "shards"}};
   return {};
 }
 

@@ -130,6 +130,7 @@ DTRAIN_HD inline XentRow softmax_xent_row(const float* z, int32_t y, int64_t cla
 // A token id stored as a float (exact below 2^24), clamped into [0, vocab): loaders refuse ids
 // outside the vocabulary, and the clamp keeps a damaged value from reading outside the table.
 DTRAIN_HD inline int64_t token_id(float v, int64_t vocab) {
+  if (!(v < static_cast<float>(vocab))) return vocab - 1;  // also +inf and NaN: no cast of those
   const auto id = static_cast<int64_t>(v >= 0.f ? v : 0.f);
   return id < vocab ? id : vocab - 1;
 }

@@ -644,8 +644,11 @@ void check_data(const DataConfig& d, const MapReader& r) {
 // says otherwise, which is refused below), and read by model.type gpt alone, which reads
 // nothing else.
 void resolve_tokens(Config& c, const MapReader& top) {
-  if (token_dataset(c.data.dataset) && !top.at("data").node("normalize"))
-    c.data.normalize = Normalize::off;
+  if (!token_dataset(c.data.dataset)) return;
+  if (!top.at("data").node("normalize")) c.data.normalize = Normalize::off;
+  // A language model's next-token accuracy never nears the images' 0.85: no accuracy target
+  // unless the file sets one (train.target_loss is the yardstick).
+  if (!top.at("train").node("target_accuracy")) c.train.target_accuracy = 0;
 }
 
 // The keys of the token datasets, refused elsewhere when set to other than their default
@@ -672,8 +675,21 @@ void check_tokens(const Config& c, const MapReader& top) {
            fmt::format("model.type gpt reads token windows: dataset: bytes or tokens (got {})",
                        to_string(c.data.dataset)));
   check_token_keys(c.data, d);
+  if (c.model.type == ModelType::gpt && c.model.n_embd % c.model.n_head != 0) {
+    const MapReader m = top.at("model");
+    m.fail("n_head", m.node("n_head"),
+           fmt::format("{} heads do not divide model.n_embd ({}); give a divisor of it",
+                       c.model.n_head, c.model.n_embd));
+  }
   if (!tokens) return;
   const std::string name = to_string(c.data.dataset);
+  // The default path is Fashion-MNIST's folder, which bytes would read as text.
+  if (!d.node("path"))
+    d.fail("path", d.node("path"),
+           fmt::format("dataset: {} needs data.path: {}", name,
+                       c.data.dataset == DatasetKind::bytes
+                           ? "a text file, or a folder of files"
+                           : "a folder of llm.c token shards, or one shard"));
   if (c.model.type != ModelType::gpt) {
     const MapReader m = top.at("model");
     m.fail("type", m.node("type"),

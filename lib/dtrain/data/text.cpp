@@ -44,11 +44,15 @@ std::vector<std::string> folder_files(const std::string& path) {
   // Links to folders are not followed (a loop would never end); links to files are read.
   fs::recursive_directory_iterator it(path, fs::directory_options::none, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
+    std::error_code entry;  // a dangling or looping link: named, not taken for the folder's
     if (hidden(it->path())) {
-      if (it->is_directory(ec)) it.disable_recursion_pending();
+      if (it->is_directory(entry)) it.disable_recursion_pending();
       continue;
     }
-    if (it->is_regular_file(ec)) files.push_back(it->path().string());
+    const bool file = it->is_regular_file(entry);
+    if (entry)
+      throw UserError(fmt::format("{}: cannot be read ({})", it->path().string(), entry.message()));
+    if (file) files.push_back(it->path().string());
   }
   if (ec) throw UserError(fmt::format("data.path: cannot list '{}' ({})", path, ec.message()));
   std::sort(files.begin(), files.end());
@@ -139,10 +143,37 @@ void check_windows(const DataConfig& cfg, int64_t total, const CorpusSplit& sp,
 
 }  // namespace
 
+namespace {
+
+// Refuses, before anything is read, a stream whose tokens and windows would not fit in the
+// memory available: `per_token` bytes a token read (1 for bytes, 2 for uint16 tokens), 4
+// (block + 1) a window kept.
+void check_stream_fits(const DataConfig& cfg, const CorpusSplit& sp, double per_token,
+                       const char* unit) {
+  const auto kept = [&](int64_t n, int64_t limit) {
+    const int64_t w = byte_windows(n, cfg.block_size);
+    return static_cast<double>(limit > 0 ? std::min(w, limit) : w);
+  };
+  const double need = per_token * static_cast<double>(sp.train + sp.test) +
+                      4.0 * static_cast<double>(cfg.block_size + 1) *
+                          (kept(sp.train, cfg.train_limit) + kept(sp.test, cfg.test_limit));
+  const double have = available_host_memory();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  if (have > 0 && need > have)
+    throw UserError(fmt::format("data.path: the {} {} of '{}' need about {:.1f} GiB in "
+                                "memory as windows, and {:.1f} GiB are available; read less "
+                                "or lower data.train_limit",
+                                sp.train + sp.test, unit, cfg.path, need / kGiB, have / kGiB));
+}
+
+}  // namespace
+
 void load_bytes(const DataConfig& cfg, DataSplit& s) {
   const std::vector<std::string> files = corpus_files(cfg.path);
+  const int64_t size = total_size(files);
+  check_stream_fits(cfg, split_bytes(size, cfg.validation), 1.0, "bytes");
   std::vector<uint8_t> all;
-  all.reserve(static_cast<size_t>(total_size(files)));
+  all.reserve(static_cast<size_t>(size));
   for (const auto& f : files) read_file(f, all);
   const auto total = static_cast<int64_t>(all.size());
   const CorpusSplit sp = split_bytes(total, cfg.validation);
@@ -291,25 +322,6 @@ CorpusSplit token_split(const DataConfig& cfg, const TokenShards& sh) {
   return sp;
 }
 
-// Refuses, before anything is read, a stream whose tokens and windows would not fit in the
-// memory available: 2 bytes a token read, 4 (block + 1) a window kept.
-void check_tokens_fit(const DataConfig& cfg, const CorpusSplit& sp) {
-  const auto kept = [&](int64_t n, int64_t limit) {
-    const int64_t w = byte_windows(n, cfg.block_size);
-    return static_cast<double>(limit > 0 ? std::min(w, limit) : w);
-  };
-  const double need = 2.0 * static_cast<double>(sp.train + sp.test) +
-                      4.0 * static_cast<double>(cfg.block_size + 1) *
-                          (kept(sp.train, cfg.train_limit) + kept(sp.test, cfg.test_limit));
-  const double have = available_host_memory();
-  constexpr double kGiB = 1024.0 * 1024 * 1024;
-  if (have > 0 && need > have)
-    throw UserError(fmt::format("data.path: the {} tokens of '{}' need about {:.1f} GiB in "
-                                "memory as windows, and {:.1f} GiB are available; read fewer "
-                                "shards or lower data.train_limit",
-                                sp.train + sp.test, cfg.path, need / kGiB, have / kGiB));
-}
-
 }  // namespace
 
 int64_t shard_tokens(const std::string& path) {
@@ -356,7 +368,7 @@ TokenShards token_shards(const std::string& path) {
 void load_tokens(const DataConfig& cfg, DataSplit& s) {
   const TokenShards sh = token_shards(cfg.path);
   const CorpusSplit sp = token_split(cfg, sh);
-  check_tokens_fit(cfg, sp);
+  check_stream_fits(cfg, sp, 2.0, "tokens");
   std::vector<uint16_t> all;
   all.reserve(static_cast<size_t>(sp.train + sp.test));
   for (const auto* list : {&sh.train, &sh.test})
