@@ -220,6 +220,9 @@ gpu_runs=(
   "configs/quickstart.yaml|colocate=true devices=[0] gpus=4 replicas=shared train.epochs=2|mlp-colocated-shared"
   "configs/quickstart.yaml|train.accumulation_steps=4 train.per_replica_batch=16 train.epochs=2|mlp-accum"
   "configs/fmnist-cnn.yaml|colocate=true devices=[0] gpus=1,4 replicas=shared model.batchnorm=sync train.epochs=2 optimizer.warmup_epochs=1|cnn-shared-syncbn"
+  # The GPT reads its own corpus (every Debian and Ubuntu system has it), not Fashion-MNIST.
+  "configs/bytes-gpt.yaml|train.epochs=1 data.path=/usr/share/common-licenses|gpt"
+  "configs/bytes-gpt.yaml|colocate=true gpus=1,4 train.epochs=1 data.path=/usr/share/common-licenses|gpt-colocated"
 )
 
 # One line per run from its summary.json, which dtrain writes one top-level key per line,
@@ -246,11 +249,13 @@ stage_runs() {
   for spec in "${gpu_runs[@]}"; do
     IFS='|' read -r cfg over tag <<<"$spec"
     read -ra over <<<"$over"
+    # The carried Fashion-MNIST files, unless the run names its own data.
+    case " ${over[*]}" in *" data.path="*) ;; *) over+=(data.path="$data") ;; esac
     if [ "$rehearsal" = 1 ]; then
       # No GPU: the same runs must at least validate, on the CPU.
-      "$b/apps/dtrain" validate "$cfg" backend=cpu "${over[@]}" data.path="$data" || rc=1
+      "$b/apps/dtrain" validate "$cfg" backend=cpu "${over[@]}" || rc=1
     else
-      "$b/apps/dtrain" run "$cfg" backend=cuda "${over[@]}" data.path="$data" \
+      "$b/apps/dtrain" run "$cfg" backend=cuda "${over[@]}" \
         --results "$sdir" --tag "$tag" --quiet || rc=1
     fi
   done
