@@ -208,11 +208,18 @@ def main():
     ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
                     help="before each run wait up to S seconds for the machine's other work to "
                          "fall under 0.3 cores (0: do not wait)")
+    ap.add_argument("--note", action="append", default=[],
+                    help="with --render: a paragraph for the file's Notes (repeatable; stored "
+                         "in the json's meta.notes, replacing earlier notes)")
     ap.add_argument("--stem", default="gpt-vs-pytorch", help="output file name, no extension")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
             j = json.load(f)
+        if args.note:
+            j["meta"]["notes"] = args.note
+            with open(args.render, "w") as f:
+                json.dump(j, f, indent=2)
         render(j["meta"], j["rows"], j["runs"], os.path.splitext(args.render)[0] + ".md",
                j.get("seed_runs"))
         return
@@ -369,7 +376,9 @@ def render(m, rows, runs, md_path, seed_runs=None):
         f"context {m['block']}, vocabulary 256 (bytes), tied head, "
         f"{m['params_pytorch']:,} parameters. Data: `{m['data']}` as one byte stream "
         f"(configs/bytes-gpt.yaml, dtrain's data.dataset bytes; the PyTorch side reads the same "
-        f"windows), the last 10% for validation; data.train_limit {m['train_limit']} windows, so "
+        f"windows), the last 10% for validation; "
+        + (f"data.train_limit {m['train_limit']} windows" if m['train_limit'] else
+           "all training windows") + ", so "
         f"{m['steps_per_epoch']} steps of batch {m['batch']} = {m['tokens_per_epoch']:,} tokens per "
         f"epoch, {m['epochs']} epochs = {m['tokens_per_run']:,} training tokens per run. "
         f"Recipe (both): {RECIPE}. PyTorch: scripts/bench/torch_gpt.py (nanoGPT's model "
@@ -453,6 +462,10 @@ def render(m, rows, runs, md_path, seed_runs=None):
               f"{dphase['data_s']:.3f} s of {dphase['epoch_time_s']:.1f} s (evaluation, "
               f"untimed, {dphase['eval_s']:.1f} s).",
               "", f"Reproduce: `scripts/bench-gpt-vs-pytorch.sh {flags}`", ""]
+    if m.get("notes"):
+        lines += ["## Notes", ""]
+        for n in m["notes"]:
+            lines += [n, ""]
     with open(md_path, "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
