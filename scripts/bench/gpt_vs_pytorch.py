@@ -359,6 +359,12 @@ def render(m, rows, runs, md_path, seed_runs=None):
              f"--block {m['block']} --batch {m['batch']} --threads {m['threads']}"
              + (f" --seeds {m['seeds']}" if m.get("seeds") else "")
              + (f" --wait-idle {m['wait_idle_s']:g}" if m.get("wait_idle_s") else ""))
+    peer_modes = [r["contender"][len("pytorch-"):] for r in rows[1:]]
+    if peer_modes != ["eager", "compile"]:
+        flags += f" --modes {','.join(peer_modes)}"
+    stem = os.path.splitext(os.path.basename(md_path))[0]
+    if stem != "gpt-vs-pytorch":
+        flags += f" --stem {stem}"
     lines = [
         "# dtrain against PyTorch on the CPU: a GPT on bytes",
         "",
