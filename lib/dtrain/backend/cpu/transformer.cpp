@@ -1,7 +1,6 @@
 #include "dtrain/backend/cpu/transformer.hpp"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -159,11 +158,12 @@ void attention_backward(int threads, const float* qkv, const float* att, const f
   const int64_t d = c / heads, ld = 3 * c;
   const float scale = score_scale(d);
   const int nt = team(threads, rows * heads * t * t);
-  std::vector<std::vector<float>> scratch(static_cast<size_t>(nt));
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t p = 0; p < rows * heads; ++p) {
-    auto& ds = scratch[static_cast<size_t>(omp_get_thread_num())];
-    ds.resize(static_cast<size_t>(t * t));
+    // dP, then dS: one t x t scratch per thread, kept across calls (OpenMP's threads persist),
+    // so a training step allocates nothing here.
+    thread_local std::vector<float> ds;
+    if (ds.size() < static_cast<size_t>(t * t)) ds.resize(static_cast<size_t>(t * t));
     const int64_t r = p / heads, h = p % heads;
     const float* q = qkv + r * t * ld + h * d;
     const float* prob = att + p * t * t;
