@@ -4,6 +4,7 @@ the data pipeline and recipe of dtrain's `data.dataset: bytes` + `model.type: gp
 
   python3 torch_gpt.py --epochs 3 --threads 2                    # eager
   python3 torch_gpt.py --epochs 3 --threads 2 --mode compile     # torch.compile (Inductor, C++)
+  python3 torch_gpt.py --order sequential --start-from RUN/checkpoint.bin   # continue a dtrain run
 
 The model: token and position embeddings; n_layer pre-LayerNorm blocks, each
 x + attention(LN(x)) then x + MLP(LN(x)); the attention one dense C -> 3C (queries, keys, values,
@@ -34,6 +35,11 @@ mode it is where torch.compile compiles (the forward and backward graphs). Each 
 training only; the validation loss (the mean over every position of every validation window) is
 computed after it, untimed, by the eager module (the same parameters). The first epoch is
 reported apart from the steady-state median of the later ones.
+
+--start-from continues a 1-replica dtrain run of the same model and recipe from its checkpoint
+(dtrain_checkpoint.py: the weights, Adam's moments and step count), skipping the steps it holds;
+with --order sequential (dtrain's data.shuffle none) both programs then see the same batches, so
+what remains between them is arithmetic (scripts/bench/gpt_same_start.py).
 
 Prints one JSON line per epoch and a final JSON summary line (prefixed "SUMMARY ").
 """
@@ -209,7 +215,14 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mode", choices=["eager", "compile"], default="eager")
     p.add_argument("--optimizer-impl", choices=["fused", "foreach"], default="fused")
+    p.add_argument("--order", choices=["shuffled", "sequential"], default="shuffled",
+                   help="sequential: every epoch visits the windows in order (data.shuffle none)")
+    p.add_argument("--start-from", metavar="CHECKPOINT",
+                   help="continue a 1-replica dtrain run of this model from its checkpoint.bin: "
+                        "its weights, Adam moments and step count (needs --order sequential)")
     args = p.parse_args()
+    if args.start_from and args.order != "sequential":
+        p.error("--start-from needs --order sequential (dtrain's shuffled order is its own)")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -217,6 +230,12 @@ def main():
     model = GPT(256, args.block, args.n_layer, args.n_head, args.n_embd)
     params = sum(p.numel() for p in model.parameters())
     opt, opt_impl = make_optimizer(model, args)
+    done = 0  # optimizer steps already taken (in the checkpoint)
+    if args.start_from:
+        import dtrain_checkpoint
+        ckpt = dtrain_checkpoint.read_checkpoint(args.start_from)
+        dtrain_checkpoint.load_gpt(model, opt, ckpt)
+        done = ckpt["global_step"]
     step_model = model
     compile_error = None
     if args.mode == "compile":
@@ -246,11 +265,13 @@ def main():
     times, rows = [], []
     tokens_per_epoch = steps * args.batch * args.block
     for epoch in range(args.epochs):
-        perm = torch.randperm(train.shape[0], generator=gen)
+        perm = (torch.randperm(train.shape[0], generator=gen) if args.order == "shuffled"
+                else torch.arange(train.shape[0]))
         model.train()
         t0 = time.perf_counter()
         loss_sum = torch.zeros(())
-        for s in range(steps):
+        first = min(steps, max(0, done - epoch * steps))  # steps the checkpoint took
+        for s in range(first, steps):
             lr = lr_at(args, epoch + s / steps)
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -266,7 +287,8 @@ def main():
         times.append(dt)
         val = validation_loss(model, test)
         row = {"epoch": epoch + 1, "epoch_time_s": dt, "tokens_per_s": tokens_per_epoch / dt,
-               "train_loss": (loss_sum / steps).item(), "test_loss": val}
+               "train_loss": (loss_sum / max(1, steps - first)).item(), "test_loss": val,
+               "first_step": first}
         rows.append(row)
         print(json.dumps(row), flush=True)
     steady = statistics.median(times[1:]) if len(times) > 1 else times[0]
