@@ -94,7 +94,13 @@ void GradExchange::launch_ready() {
       norm_dev_->sum_squares(bucket, n, norm_);
       seconds_ -= std::chrono::duration<double>(Clock::now() - t_norm).count();
     }
-    reduce(bucket, n);
+    if (hook_) {
+      const auto start = Clock::now();
+      reduce(bucket, n);
+      hook_(next_, t0, start, Clock::now());
+    } else {
+      reduce(bucket, n);
+    }
     ++next_;
   }
   seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -6,6 +6,7 @@
 // of each element does not depend on the bucket it falls in, so any bucket size gives the same
 // result as one all-reduce of the whole buffer.
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -50,6 +51,14 @@ class GradExchange {
   // on the host (then seconds() is the measure).
   virtual double take_device_seconds(bool /*wait*/) { return -1; }
 
+  // Called after each bucket's reduction call returns (on a host exchange: the reduction is
+  // done; on a device: queued) with the bucket's number, when the launch found it ready, and
+  // the call's start and end. Null: nothing is called (a step trace sets it).
+  using Clock = std::chrono::steady_clock;
+  using BucketHook = std::function<void(size_t bucket, Clock::time_point ready,
+                                        Clock::time_point start, Clock::time_point end)>;
+  void on_bucket(BucketHook hook) { hook_ = std::move(hook); }
+
   size_t bucket_count() const { return starts_.size(); }
   size_t buckets_launched() const { return next_; }
   // Host seconds spent inside the exchange since the last begin().
@@ -72,6 +81,7 @@ class GradExchange {
   bool single_ = false;  // one bucket, reduced in finish()
   Device* norm_dev_ = nullptr;
   double* norm_ = nullptr;
+  BucketHook hook_;
 };
 
 // All-reduce through a host Communicator (in-process threads or MPI). On a device whose memory

@@ -295,6 +295,14 @@ struct ModelConfig {
   int64_t n_embd = 128;
 };
 
+// A step trace (trace.json in the run folder, Chrome's trace-event format): what every rank did
+// and when, over `steps` optimizer steps from the 1-based global step `from_step`. 0 steps: off.
+struct TraceConfig {
+  int64_t from_step = 1;
+  int64_t steps = 0;
+  bool enabled() const { return steps > 0; }
+};
+
 struct TrainConfig {
   int epochs = 10;
   // A config gives at most one of the two. A given global_batch defines the run (the
@@ -328,6 +336,7 @@ struct TrainConfig {
   int64_t checkpoint_steps = 0;
   // The cross-entropy target is (1 - eps) one-hot + eps / classes (PyTorch's definition).
   double label_smoothing = 0.0;
+  TraceConfig trace;
 };
 
 struct OptimizerConfig {

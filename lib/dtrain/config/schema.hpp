@@ -96,6 +96,12 @@ void visit(C& a, V& v) {
   v(Key("crop_ratio").within(1e-3, 1e3), a.crop_ratio);
 }
 
+template <ConfigPart<TraceConfig> C, class V>
+void visit(C& t, V& v) {
+  v(Key("from_step").at_least(1), t.from_step);
+  v(Key("steps").within(0, 1000), t.steps);
+}
+
 template <ConfigPart<DataConfig> C, class V>
 void visit(C& d, V& v) {
   v(Key("dataset"), d.dataset);
@@ -186,6 +192,7 @@ void visit(C& t, V& v) {
   v(Key("noise_scale"), t.noise_scale);
   v(Key("checkpoint_steps").at_least(0), t.checkpoint_steps);
   v(Key("label_smoothing").within(0.0, 0.999), t.label_smoothing);
+  v.section(Key("trace"), t.trace);
 }
 
 template <ConfigPart<OptimizerConfig> C, class V>

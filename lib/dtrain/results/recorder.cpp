@@ -340,6 +340,11 @@ void RunRecorder::on_checkpoint(const Checkpoint& c) {
   save_checkpoint(dir_, c);
 }
 
+void RunRecorder::on_trace(const std::string& json) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
+  write_file_atomic(dir_ + "/trace.json", json);
+}
+
 void RunRecorder::resume(const Checkpoint& c) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
   epochs_ = c.epochs;

@@ -55,6 +55,8 @@ class RunRecorder : public TrainObserver {
   void on_epoch(const EpochMetrics& m) override;
   // Saves the checkpoint in the run folder (checkpoint.bin).
   void on_checkpoint(const Checkpoint& c) override;
+  // Writes trace.json (replaced whole, atomically, each time the trace grows).
+  void on_trace(const std::string& json) override;
 
   // A run continued from `c`: its finished epochs go to metrics.csv, and the checkpoint is
   // saved here at once, so that the folder can be resumed again before its next one.

@@ -39,6 +39,7 @@ std::string resume_identity(const std::string& yaml) {
   try {
     Config c = parse_config(yaml, "config.resolved.yaml");
     c.replicas = ReplicaMode::auto_;
+    c.train.trace = {};  // a trace observes the run; it changes no result
     return to_yaml(c);
   } catch (const UserError&) {
     return yaml;

@@ -1,6 +1,7 @@
 #include "dtrain/train/replica.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
@@ -48,6 +50,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
       sampler_(run.data.train.size(), run.cfg.global_batch(), comm.size(),
                run.cfg.train.accumulation_steps, run.cfg.data.shuffle, run.cfg.data.sharding,
                run.cfg.data.drop_remainder, run.cfg.train.seed),
+      trace_(run.cfg.train.trace),
       abort_on_unwind_{run.nccl.get()} {
   dev_ = run.place.backend == Backend::cuda
              ? make_cuda_device(run.place.gpu_of_replica[static_cast<size_t>(rank_)], rank_,
@@ -149,6 +152,10 @@ void Replica::make_exchange(size_t n_params) {
       queue_->synchronize();
     exchange_->ready(off, count);
   };
+  // Buckets in the step trace (shared weights reduce the whole buffer at once, in finish()).
+  if (cfg_.train.trace.enabled() && !run_.shared)
+    exchange_->on_bucket([this](size_t b, Clock::time_point ready, Clock::time_point t0,
+                                Clock::time_point t1) { trace_.bucket(b, ready, t0, t1); });
 }
 
 void Replica::enable_graphs() {
@@ -198,10 +205,12 @@ void Replica::report_start() {
 }
 
 void Replica::run() {
+  if (cfg_.train.trace.enabled()) start_trace_clock();
   for (int epoch = start_epoch_; epoch < cfg_.train.epochs; ++epoch) {
     const EpochTotals tr = train_epoch(epoch);
     const auto t_eval = Clock::now();
     const std::vector<double> test = evaluate();
+    trace_.span(TracePhase::evaluation, t_eval, Clock::now());
     const EpochMetrics m = epoch_metrics(epoch, tr, test, seconds_since(t_eval));
     const bool diverged = !std::isfinite(m.train_loss) || !std::isfinite(m.test_loss);
     if (rank_ == 0) {
@@ -213,8 +222,11 @@ void Replica::run() {
       if (diverged) run_.result.status = RunStatus::diverged;
       if (run_.observer) run_.observer->on_epoch(m);
     }
+    if (!diverged && epoch + 1 < cfg_.train.epochs) checkpoint(epoch + 1, 0, nullptr);
+    if (cfg_.train.trace.enabled() && global_step_ >= cfg_.train.trace.from_step &&
+        !trace_written_)
+      write_trace();
     if (diverged) break;  // every rank sees the same reduced numbers, so all stop together
-    if (epoch + 1 < cfg_.train.epochs) checkpoint(epoch + 1, 0, nullptr);
   }
   if (rank_ == 0) run_.result.info.cuda_graph_steps = queue_ ? queue_->graph_launches() : 0;
 }
@@ -246,6 +258,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     out.lr_last = lr;
     // Kernels per step, counted on the second step (the first sets things up).
     const int64_t launches_before = queue_ ? queue_->launches() : 0;
+    trace_.set_step(global_step_ + 1);
     train_step(plan, s, lr, t);
     if (rank_ == 0 && epoch == 0 && s == 1)
       run_.result.info.launches_per_step = (queue_ ? queue_->launches() : 0) - launches_before;
@@ -321,6 +334,7 @@ void Replica::check_fault() {
 }
 
 void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes& t) {
+  const auto t_step = Clock::now();
   check_fault();
   const bool in_graph = graph_policy(plan.batch_size(s)) != GraphMode::eager;
   double* stats = in_graph ? graph_stats_.data() : dev_stats_.data() + s * kDev;
@@ -333,7 +347,9 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     mark(1);
     step_lr_ = lr;
     const double exchange_before = t.exchange;
+    const auto t_exchange = Clock::now();
     reduce_gradients(t);  // shared weights: the last rank also runs the optimizer
+    trace_.span(TracePhase::exchange, t_exchange, Clock::now());
     mark(2);
     if (run_.shared) {  // that update's time is the optimizer's on every rank that waited for it
       const double u =
@@ -344,6 +360,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
       const auto t0 = Clock::now();
       opt_->step(model_->params(), model_->grads(), lr);
       t.optimizer += seconds_since(t0);
+      trace_.span(TracePhase::optimizer, t0, Clock::now());
     }
     mark(3);
     if (measure_noise_) reduced_norm(stats + kReducedNorm);
@@ -360,6 +377,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     throw;
   }
   if (in_graph) dev_->copy(dev_stats_.data() + s * kDev, stats, kDev * sizeof(double));
+  trace_.span(TracePhase::step, t_step, Clock::now());
 }
 
 void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t) {
@@ -373,10 +391,14 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     const float* batch = load_micro_batch(plan, s, k, rows);
     const auto t1 = Clock::now();
     model_->forward(batch, rows);
+    const auto t2 = Clock::now();
     const bool last = k == accum_ - 1;
     if (last) exchange_->begin(model_->grads());
     model_->loss_backward(yb_.data(), rows, grad_scale, stats,
                           last ? on_ready_ : Model::GradsReady{});
+    trace_.span(TracePhase::data, t0, t1);
+    trace_.span(TracePhase::forward, t1, t2);
+    trace_.span(TracePhase::backward, t2, Clock::now());
     // One replica: the buffer now holds the first micro-batch's gradient, the small batch.
     if (noise_from_micro_ && k == 0)
       dev_->sum_squares(model_->grads(), static_cast<size_t>(model_->param_count()),
@@ -454,6 +476,7 @@ void Replica::update_shared() {
   sw.opt->update(*dev_, sw.params.data(), reduced_grads(), step_lr_, global_step_);
   if (queue_) queue_->synchronize();  // a GPU: the update's time, not its queueing
   sw.update_s[global_step_ & 1] = seconds_since(t0);
+  trace_.span(TracePhase::optimizer, t0, Clock::now());
 }
 
 void Replica::pull_step_stats(int64_t steps) {
@@ -511,9 +534,56 @@ std::vector<uint64_t> Replica::gather_words(const std::vector<uint64_t>& mine) {
   return all;
 }
 
+// The trace's origin: rank 0's clock reading, which ranks on its machine share exactly (one
+// monotonic clock); ranks elsewhere take the moment they leave the collective that sent it.
+void Replica::start_trace_clock() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  const double host = static_cast<double>(std::hash<std::string>{}(name) & 0xffffffffu);
+  const auto now = Clock::now();
+  std::vector<double> v = {host, static_cast<double>(now.time_since_epoch().count())};
+  if (rank_ != 0) v = {0, 0};
+  comm_.allreduce(v.data(), v.size(), ReduceOp::sum);
+  if (v[0] == host)
+    trace_.start_clock(Clock::time_point(Clock::duration(static_cast<Clock::rep>(v[1]))));
+  else
+    trace_.start_clock(Clock::now());
+}
+
+void Replica::write_trace() {
+  const TraceConfig& w = cfg_.train.trace;
+  trace_written_ = global_step_ >= w.from_step + w.steps - 1;
+  const std::vector<double> mine = trace_.take();
+  // Ranks may hold different counts: pad to the largest with empty (NaN) spans.
+  std::vector<double> counts(static_cast<size_t>(replicas_), 0.0);
+  counts[static_cast<size_t>(rank_)] = static_cast<double>(mine.size());
+  comm_.allreduce(counts.data(), counts.size(), ReduceOp::sum);
+  const auto most = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+  std::vector<double> padded(most, std::nan(""));
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  const std::vector<double> all = gather(padded);
+  if (rank_ != 0) return;
+  trace_ranks_.resize(static_cast<size_t>(replicas_));
+  for (size_t r = 0; r < trace_ranks_.size(); ++r) {
+    const auto n = static_cast<size_t>(counts[r]);
+    const std::vector<TraceSpan> spans = unpack_spans(all.data() + r * most, n);
+    trace_ranks_[r].insert(trace_ranks_[r].end(), spans.begin(), spans.end());
+  }
+  if (run_.observer)
+    run_.observer->on_trace(trace_json(
+        trace_ranks_, fmt::format("dtrain {} replicas, steps {} to {}", replicas_, w.from_step,
+                                  w.from_step + w.steps - 1)));
+}
+
 void Replica::checkpoint(int epoch, int64_t next_step, const EpochTotals* partial) {
   if (global_step_ == last_checkpoint_) return;  // the same state as the last one
   last_checkpoint_ = global_step_;
+  const auto t0 = Clock::now();
+  struct Span {  // recorded however the function returns
+    StepTrace& trace;
+    Clock::time_point t0;
+    ~Span() { trace.span(TracePhase::checkpoint, t0, Clock::now()); }
+  } span{trace_, t0};
   graph_agreement_.unsettle();  // every rank checkpoints at this step: the graphs re-agree
   // Per rank: the random stream and the BatchNorm statistics (per replica with `local`).
   std::vector<uint64_t> mine(4);

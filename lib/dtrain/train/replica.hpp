@@ -19,6 +19,7 @@
 #include "dtrain/nn/model.hpp"
 #include "dtrain/nn/optimizer.hpp"
 #include "dtrain/train/noise_scale.hpp"
+#include "dtrain/train/trace.hpp"
 #include "dtrain/train/trainer.hpp"
 
 namespace dtrain {
@@ -130,6 +131,10 @@ class Replica {
   void mark(int phase) {
     if (queue_) queue_->step_mark(phase);
   }
+  // train.trace: every rank's spans since the last call to rank 0, which hands the whole trace
+  // so far to the observer (trace.json). Collective: called where the window has begun.
+  void write_trace();
+  void start_trace_clock();
 
   RunContext& run_;
   const Config& cfg_;
@@ -186,6 +191,9 @@ class Replica {
   int start_epoch_ = 0;      // where a resumed run continues
   int64_t start_step_ = 0;
   int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
+  StepTrace trace_;
+  std::vector<std::vector<TraceSpan>> trace_ranks_;  // rank 0: every rank's spans so far
+  bool trace_written_ = false;                       // the window is over and written
 
   // Declared last, so destroyed first: a failure in this replica aborts NCCL before anything
   // that waits on its streams unwinds (the exchange's and the device's destructors), or a

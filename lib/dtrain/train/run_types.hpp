@@ -88,6 +88,8 @@ class TrainObserver {
   virtual void on_epoch(const EpochMetrics&) {}
   // Called by rank 0 with the run's state at a step boundary (see checkpoint.hpp).
   virtual void on_checkpoint(const Checkpoint&) {}
+  // Called by rank 0 with the step trace so far (train.trace; trace-event JSON, see trace.hpp).
+  virtual void on_trace(const std::string& /*json*/) {}
 };
 
 }  // namespace dtrain

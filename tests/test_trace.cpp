@@ -1,0 +1,194 @@
+// Step traces (train.trace): the window, the packing between ranks, and whole runs' trace.json
+// read back as trace-event JSON: every span complete, nested in its step, the ranks' steps
+// aligned, in process and under mpirun.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dtrain/train/trace.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+std::string write_config(const fs::path& dir) {
+  const auto p = dir / "tr.yaml";
+  std::ofstream(p) << "name: tr\nthreads: 1\ndata:\n  dataset: synthetic\n"
+                      "  synthetic: {train_size: 512, test_size: 64, shape: [24], classes: 4}\n"
+                      "model: {hidden: [64, 32]}\n"
+                      "train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0, "
+                      "bucket_mb: 0.002}\noptimizer: {lr: 0.05, base_batch: 16}\n";
+  return p.string();
+}
+
+struct Span {
+  std::string cat;
+  int64_t step = 0;
+  double t0 = 0, t1 = 0;
+};
+
+// Checks what Perfetto needs of a JSON trace and what dtrain promises of its spans; returns
+// each rank's spans.
+std::map<int, std::vector<Span>> read_trace(const fs::path& file, int ranks, int64_t from,
+                                            int64_t steps) {
+  const auto doc = nlohmann::json::parse(slurp(file));
+  REQUIRE(doc.at("traceEvents").is_array());
+  std::map<int, std::vector<Span>> by_rank;
+  std::set<int> named;
+  for (const auto& e : doc["traceEvents"]) {
+    const std::string ph = e.at("ph");
+    const int pid = e.at("pid");
+    REQUIRE((pid >= 0 && pid < ranks));
+    if (ph == "M") {
+      if (e.at("name") == "process_name") named.insert(pid);
+      continue;
+    }
+    REQUIRE(ph == "X");  // complete events only
+    const double ts = e.at("ts"), dur = e.at("dur");
+    REQUIRE(dur >= 0);
+    REQUIRE(e.at("tid") == 0);
+    by_rank[pid].push_back({e.at("cat"), e.at("args").at("step"), ts, ts + dur});
+  }
+  CHECK(static_cast<int>(named.size()) == ranks);
+  REQUIRE(static_cast<int>(by_rank.size()) == ranks);
+  for (auto& [rank, spans] : by_rank) {
+    INFO("rank " << rank);
+    std::map<int64_t, Span> step_of;
+    for (const Span& s : spans)
+      if (s.cat == "step") step_of[s.step] = s;
+    CHECK(static_cast<int64_t>(step_of.size()) == steps);  // the window, whole
+    CHECK(step_of.begin()->first == from);
+    for (const Span& s : spans) {
+      INFO(s.cat << " of step " << s.step);
+      CHECK((s.step >= from && s.step < from + steps));
+      if (s.cat == "step" || s.cat == "evaluation" || s.cat == "checkpoint") continue;
+      const Span& st = step_of.at(s.step);  // nested in its step (a microsecond of rounding)
+      CHECK(s.t0 >= st.t0 - 1e-3);
+      CHECK(s.t1 <= st.t1 + 1e-3);
+    }
+  }
+  // Aligned: each step's spans overlap on every rank (the all-reduce holds them together).
+  for (int64_t s = from; s < from + steps; ++s) {
+    double latest_start = -1e300, earliest_end = 1e300;
+    for (auto& [rank, spans] : by_rank)
+      for (const Span& x : spans)
+        if (x.cat == "step" && x.step == s) {
+          latest_start = std::max(latest_start, x.t0);
+          earliest_end = std::min(earliest_end, x.t1);
+        }
+    INFO("step " << s);
+    CHECK(latest_start < earliest_end);
+  }
+  return by_rank;
+}
+
+int count(const std::vector<Span>& spans, const std::string& cat) {
+  return static_cast<int>(
+      std::count_if(spans.begin(), spans.end(), [&](const Span& s) { return s.cat == cat; }));
+}
+
+}  // namespace
+
+TEST_CASE("a step trace records its window only and packs to the same spans", "[trace]") {
+  TraceConfig w;
+  w.from_step = 3;
+  w.steps = 2;
+  StepTrace t(w);
+  t.start_clock(StepTrace::Clock::now());
+  const auto now = StepTrace::Clock::now();
+  for (int64_t s = 1; s <= 6; ++s) {
+    t.set_step(s);
+    CHECK(t.on() == (s == 3 || s == 4));
+    t.span(TracePhase::forward, now, now + std::chrono::microseconds(10 * s));
+    t.bucket(2, now, now, now + std::chrono::microseconds(5));
+  }
+  const std::vector<double> packed = t.take();
+  const auto spans = unpack_spans(packed.data(), packed.size());
+  REQUIRE(spans.size() == 4);
+  CHECK(spans[0].phase == TracePhase::forward);
+  CHECK(spans[0].step == 3);
+  CHECK(spans[0].dur_us == Approx(30));
+  CHECK(spans[1].phase == TracePhase::bucket);
+  CHECK(spans[1].index == 2);
+  CHECK(spans[1].ready_us >= 0);
+  CHECK(spans[2].step == 4);
+  CHECK(t.take().empty());  // taken once
+  CHECK_THROWS_AS(unpack_spans(packed.data(), packed.size() - 1), SystemError);
+  std::vector<double> bad = packed;
+  bad[0] = 99;  // no such phase
+  CHECK_THROWS_AS(unpack_spans(bad.data(), bad.size()), SystemError);
+  StepTrace off(TraceConfig{});
+  off.set_step(1);
+  CHECK(!off.on());
+}
+
+TEST_CASE("a 4-replica run's trace.json nests every span in its step, ranks aligned",
+          "[trace]") {
+  TempDir d("trace");
+  const auto cfg = write_config(d.path);
+  const auto res = (d.path / "res").string();
+  // 512 / (4 x 16) = 8 steps an epoch: the window crosses the epoch's end.
+  const auto r = dtrain_cli("run " + cfg + " gpus=4 replicas=threads train.trace.from_step=7 " +
+                            "train.trace.steps=4 --quiet --tag t --results " + res);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto spans = read_trace(fs::path(res) / "tr" / "t-g4" / "trace.json", 4, 7, 4);
+  for (const auto& [rank, s] : spans) {
+    INFO("rank " << rank);
+    CHECK(count(s, "forward") == 4);
+    CHECK(count(s, "backward") == 4);
+    CHECK(count(s, "optimizer") == 4);
+    CHECK(count(s, "bucket") >= 8);  // the 2 KB buckets: several a step
+    CHECK(count(s, "evaluation") == 1);  // after step 8, the first epoch's last
+    CHECK(count(s, "checkpoint") == 1);
+  }
+  // Off: no file; shared weights: the last rank's optimizer inside its exchange.
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=2 --quiet --tag off --results " + res).code == 0);
+  CHECK(!fs::exists(fs::path(res) / "tr" / "off-g2" / "trace.json"));
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=2 replicas=shared train.trace.steps=3 --quiet " +
+                     "--tag sh --results " + res)
+              .code == 0);
+  const auto sh = read_trace(fs::path(res) / "tr" / "sh-g2" / "trace.json", 2, 1, 3);
+  CHECK(count(sh.at(0), "optimizer") + count(sh.at(1), "optimizer") == 3);
+}
+
+TEST_CASE("a trace is no part of a run's identity, and its window is checked", "[trace]") {
+  TempDir d("trace-id");
+  const auto cfg = write_config(d.path);
+  const auto res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " --quiet --tag a --results " + res).code == 0);
+  // The finished run is reused with a trace asked for: a trace changes no result.
+  const auto again = dtrain_cli("run " + cfg + " train.trace.steps=2 --resume --quiet --tag a " +
+                                "--results " + res);
+  INFO(again.out);
+  CHECK(again.code == 0);
+  const auto big = dtrain_cli("validate " + cfg + " train.trace.steps=5000");
+  CHECK(big.code == 2);
+  CHECK_THAT(big.out, Catch::Contains("train.trace.steps"));
+  CHECK(dtrain_cli("validate " + cfg + " train.trace.from_step=0").code == 2);
+}
+
+TEST_CASE("under mpirun the ranks' traces line up in one trace.json", "[trace][mpi]") {
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir d("trace-mpi");
+  const auto cfg = write_config(d.path);
+  const auto res = (d.path / "res").string();
+  const auto r = shell(mpirun(2) + dtrain_binary() + " run " + cfg +
+                       " gpus=2 train.trace.from_step=2 train.trace.steps=3 --quiet --tag m "
+                       "--results " + res);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto spans = read_trace(fs::path(res) / "tr" / "m-g2" / "trace.json", 2, 2, 3);
+  for (const auto& [rank, s] : spans) CHECK(count(s, "bucket") >= 3);
+}
