@@ -286,7 +286,7 @@ TEST_CASE("report --by train.seed tests each row against the first", "[report][c
   REQUIRE(j["rows"].size() == 2);
   REQUIRE(j["settings"] == json::array({"optimizer.lr"}));
   const json &first = j["rows"][0], &second = j["rows"][1];
-  CHECK(first["final_test_accuracy_diff"].is_null());
+  CHECK(first["final_test_accuracy_diff_points"].is_null());
   CHECK(first["final_test_accuracy_test"].is_null());
   const auto lr_of = [](const json& row) {
     return json(std::stod(row["optimizer.lr"].get<std::string>())).dump();
@@ -295,7 +295,7 @@ TEST_CASE("report --by train.seed tests each row against the first", "[report][c
   const auto [mb, sb] = mean_sd(acc.at(lr_of(second)));
   const json& t = second["final_test_accuracy_test"];
   INFO(t.dump());
-  CHECK(second["final_test_accuracy_diff"].get<double>() == Approx(mb - ma));
+  CHECK(second["final_test_accuracy_diff_points"].get<double>() == Approx(mb - ma));
   CHECK(t["n"] == json::array({3, 3}));
   const double se = std::sqrt(sa * sa / 3 + sb * sb / 3);
   if (se > 0) {
@@ -310,6 +310,7 @@ TEST_CASE("report --by train.seed tests each row against the first", "[report][c
     CHECK(t["test"] == "exact");
   }
   CHECK(second["final_train_loss_test"]["test"].is_string());
+  CHECK(second["final_train_loss_diff"].is_number());
   // The text tables: the difference columns and the note under the table.
   const std::string md = slurp(out / "seeds-by-train.seed.md");
   CHECK_THAT(md, Catch::Contains("| final test acc vs first (pts) [95% CI] | final test acc p |"));

@@ -157,13 +157,16 @@ std::string equivalence_line(const std::vector<RungResult>& rs) {
   if (equivalent_matches(rs[0], rs[1]))
     return "The equivalent run matches the baseline (final train loss within 1e-4): the "
            "replica count alone costs nothing.";
-  if (equivalent_within_noise(rs[0], rs[1]))
+  if (equivalent_within_noise(rs[0], rs[1])) {
+    const WelchTest w = loss_test(rs[0], rs[1]);
     return fmt::format(
         "The equivalent run matches the baseline within the seed noise (final train loss "
-        "differs by {:.1e}, more than 1e-4, but {}): the N-replica sum rounds differently and "
-        "over many steps that shows; the replica count alone costs nothing measurable.",
-        std::abs(*rs[1].loss.mean - *rs[0].loss.mean),
-        verdict_text(loss_test(rs[0], rs[1]), "seeds"));
+        "differs by {:.1e}: more than 1e-4, but not distinguishable at {} seeds, p={:.3g}): the "
+        "N-replica sum rounds differently and over many steps that shows; the replica count "
+        "alone costs nothing measurable.",
+        std::abs(w.diff),
+        w.n_a == w.n_b ? std::to_string(w.n_a) : fmt::format("{} and {}", w.n_a, w.n_b), w.p);
+  }
   return "The equivalent run DOES NOT match the baseline (final train loss differs by more "
          "than 1e-4): the N-replica step is not the 1-replica step here.";
 }

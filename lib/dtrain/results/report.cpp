@@ -663,16 +663,19 @@ bool has_tests(const Aggregate& a) {
   return false;
 }
 
-// The difference from the first row with its CI, and what the test says, as two columns.
-void add_test(std::vector<Field>& f, const std::string& title, const char* unit,
-              const std::string& key, const WelchTest& w, int digits, bool first) {
-  const std::string diff_title = title + " vs first" + unit + " [95% CI]";
+// The difference from the first row with its CI, and what the test says, as two columns;
+// accuracies in points (the JSON's too: "_diff_points").
+void add_test(std::vector<Field>& f, const std::string& title, const std::string& key,
+              const WelchTest& w, bool points, bool first) {
+  const std::string diff_title =
+      title + (points ? " vs first (pts) [95% CI]" : " vs first [95% CI]");
+  const std::string diff_key = key + (points ? "_diff_points" : "_diff");
   if (first) {
-    f.push_back({diff_title, key + "_diff", "-", nullptr});
+    f.push_back({diff_title, diff_key, "-", nullptr});
     f.push_back({title + " p", key + "_test", "-", nullptr});
     return;
   }
-  f.push_back({diff_title, key + "_diff", difference_text(w, digits), number_or_null(w.diff)});
+  f.push_back({diff_title, diff_key, difference_text(w, points ? 2 : 4), number_or_null(w.diff)});
   f.push_back({title + " p", key + "_test", verdict_text(w, "runs"), test_json(w)});
 }
 
@@ -688,12 +691,11 @@ std::vector<Field> aggregate_fields(const Aggregate& a, const AggregateRow& r) {
   const bool tests = has_tests(a), first = a.rows.empty() || &r == &a.rows.front();
   add_stat(f, "final test acc", "final_test_accuracy", r.final_test_acc, 100, "{:.2f}", "%");
   if (tests)
-    add_test(f, "final test acc", " (pts)", "final_test_accuracy", r.final_test_acc_test, 2,
-             first);
+    add_test(f, "final test acc", "final_test_accuracy", r.final_test_acc_test, true, first);
   add_stat(f, "best test acc", "best_test_accuracy", r.best_test_acc, 100, "{:.2f}", "%");
   add_stat(f, "final train loss", "final_train_loss", r.final_train_loss, 1, "{:.4f}", "");
   if (tests)
-    add_test(f, "final train loss", "", "final_train_loss", r.final_train_loss_test, 4, first);
+    add_test(f, "final train loss", "final_train_loss", r.final_train_loss_test, false, first);
   add_stat(f, "median epoch s", "median_epoch_time_s", r.median_epoch_time_s, 1, "{:.3f}", "");
   f.push_back({"run ids", "run_ids", fmt::format("{}", fmt::join(r.run_ids, ", ")), r.run_ids});
   return f;
