@@ -160,6 +160,14 @@ TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", 
   }
   INFO("largest accuracy change: " << by_acc << ", largest loss change: " << by_loss);
   CHECK((by_acc == "reduction" || by_loss == "reduction"));
+  // One seed per rung: a delta but no test, and no p columns in the table.
+  const auto& one = j["rungs"][2]["delta_acc_points"];
+  CHECK(one["test"] == "too_few");
+  CHECK(one["p"].is_null());
+  CHECK(one["distinguishable"].is_null());
+  CHECK(!one.contains("noise"));
+  CHECK(r.out.find("| acc p |") == std::string::npos);
+  CHECK(r.out.find("not distinguishable") == std::string::npos);
   // The waterfall figure, where gnuplot is installed (install-deps.sh installs it): a bar per
   // rung after the baseline, each labelled with its name in the script.
   if (dtrain::gnuplot_available()) {
@@ -182,4 +190,87 @@ TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", 
   CHECK(again.code == 0);
   CHECK(again.out.find("already finished") != std::string::npos);
   CHECK(dtrain_cli("explain " + cfg + " gpus=2 --order nope --results " + res).code == 2);
+}
+
+namespace {
+
+// A delta of explain's JSON against the two rungs' statistics (mean, sd over 3 seeds), in
+// units of `scale`: the fields exist and agree with each other and with Welch's formulas.
+void check_delta(const nlohmann::json& d, const nlohmann::json& prev, const nlohmann::json& cur,
+                 double scale) {
+  INFO(d.dump());
+  REQUIRE(d.is_object());
+  CHECK(!d.contains("noise"));
+  REQUIRE(d["test"] == "welch");
+  CHECK(d["n"] == nlohmann::json::array({3, 3}));
+  const double value = d["value"], lo = d["ci_low"], hi = d["ci_high"], p = d["p"];
+  const double se = d["se"], df = d["df"];
+  CHECK(value == Approx(scale * (cur["mean"].get<double>() - prev["mean"].get<double>())));
+  const double sa = scale * prev["sd"].get<double>(), sb = scale * cur["sd"].get<double>();
+  CHECK(se == Approx(std::sqrt(sa * sa / 3 + sb * sb / 3)));
+  CHECK(df == Approx(std::pow(sa * sa + sb * sb, 2) / (std::pow(sa, 4) / 2 + std::pow(sb, 4) / 2)));
+  // With 3 values a side the df lies between 2 and 4, so the CI's half-width between
+  // t(0.975, 4) = 2.776 and t(0.975, 2) = 4.303 standard errors.
+  CHECK(df >= 2 - 1e-9);
+  CHECK(df <= 4 + 1e-9);
+  CHECK((hi + lo) / 2 == Approx(value).margin(1e-9));
+  CHECK((hi - lo) / 2 >= 2.776 * se);
+  CHECK((hi - lo) / 2 <= 4.303 * se);
+  CHECK(p >= 0);
+  CHECK(p <= 1);
+  // Distinguishable exactly when p < 0.05, exactly when the CI leaves out 0.
+  const bool distinguishable = d["distinguishable"];
+  CHECK(distinguishable == (p < 0.05));
+  CHECK(distinguishable == (lo > 0 || hi < 0));
+  CHECK(d["mdd"].get<double>() > 0);
+  if (!distinguishable) {
+    // More seeds than 3 would be needed: a number above 3, or more than the cap.
+    CHECK(std::abs(value) < d["mdd"].get<double>());
+    if (d["seeds_needed"].is_null())
+      CHECK(d["seeds_needed_over_cap"].get<bool>());
+    else
+      CHECK(d["seeds_needed"].get<int>() > 3);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("explain CLI --seeds: each delta carries Welch's test", "[explain][cli]") {
+  TempDir dir("explain-seeds");
+  const auto cfg = dir.write("tiny.yaml", tiny_config("tiny"));
+  const auto res = (dir.path / "results").string();
+  const auto r = dtrain_cli("explain " + cfg +
+                            " gpus=2 train.reduction=sum optimizer.lr=0.4 --seeds 3 -q --tag s "
+                            "--results " + res);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j =
+      nlohmann::json::parse(slurp(dir.path / "results" / "tiny" / "explain-s-gpus_2.json"));
+  const nlohmann::json* prev = nullptr;
+  int tested = 0, undecided = 0;
+  for (const auto& rung : j["rungs"]) {
+    if (rung["skipped"].get<bool>()) continue;
+    REQUIRE(rung["final_test_acc"]["n"] == 3);
+    if (prev) {
+      INFO("rung " << rung["name"]);
+      check_delta(rung["delta_acc_points"], (*prev)["final_test_acc"], rung["final_test_acc"],
+                  100);
+      check_delta(rung["delta_train_loss"], (*prev)["final_train_loss"],
+                  rung["final_train_loss"], 1);
+      tested += 2;
+      undecided += !rung["delta_acc_points"]["distinguishable"].get<bool>();
+    }
+    prev = &rung;
+  }
+  CHECK(tested >= 6);
+  // The table: CI in the delta cells, p columns, the wording for undecided deltas, and the
+  // note that says what they mean; the old rule of thumb is gone.
+  CHECK(r.out.find("| delta acc (points) [95% CI] | acc p |") != std::string::npos);
+  CHECK(r.out.find("(noise)") == std::string::npos);
+  CHECK(r.out.find("Welch's t-test") != std::string::npos);
+  if (undecided > 0) CHECK(r.out.find("not distinguishable at 3 seeds (") != std::string::npos);
+  // The equivalent rung is the baseline's step: within 1e-4, or not distinguishable.
+  const auto& eq = j["rungs"][1]["delta_train_loss"];
+  CHECK((j["equivalent_matches"].get<bool>() || j["equivalent_within_noise"].get<bool>()));
+  CHECK(!eq["distinguishable"].get<bool>());
 }

@@ -254,6 +254,71 @@ TEST_CASE("report --by train.seed aggregates runs over seeds", "[report][cli][sc
   check_report(tmp.path / "r2");
 }
 
+TEST_CASE("report --by train.seed tests each row against the first", "[report][cli][schema]") {
+  TempDir tmp("report-by-test");
+  const auto cfg = tmp.write("cfg.yaml", tiny_config("seeds"));
+  const auto res = tmp.path / "res";
+  const auto run = dtrain_cli("run " + cfg +
+                              " train.seed=1,2,3 optimizer.lr=0.05,0.4 --quiet --tag t --results " +
+                              res.string());
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  // Each lr's mean and sd of final test accuracy (in points), from the runs' summary.json.
+  std::map<std::string, std::vector<double>> acc;
+  for (const auto& e : fs::directory_iterator(res / "seeds")) {
+    if (!fs::exists(e.path() / "summary.json")) continue;
+    const json s = read_json(e.path() / "summary.json");
+    acc[s["config"]["optimizer"]["lr"].dump()].push_back(
+        100 * s["final_test_accuracy"].get<double>());
+  }
+  REQUIRE(acc.size() == 2);
+  const auto mean_sd = [](const std::vector<double>& v) {
+    const double m = (v[0] + v[1] + v[2]) / 3;
+    double sq = 0;
+    for (double x : v) sq += (x - m) * (x - m);
+    return std::pair<double, double>{m, std::sqrt(sq / 2)};
+  };
+  const auto out = tmp.path / "r";
+  const auto r = dtrain_cli("report --by train.seed " + res.string() + " --out " + out.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const json j = read_json(out / "seeds-by-train.seed.json");
+  REQUIRE(j["rows"].size() == 2);
+  REQUIRE(j["settings"] == json::array({"optimizer.lr"}));
+  const json &first = j["rows"][0], &second = j["rows"][1];
+  CHECK(first["final_test_accuracy_diff_points"].is_null());
+  CHECK(first["final_test_accuracy_test"].is_null());
+  const auto lr_of = [](const json& row) {
+    return json(std::stod(row["optimizer.lr"].get<std::string>())).dump();
+  };
+  const auto [ma, sa] = mean_sd(acc.at(lr_of(first)));
+  const auto [mb, sb] = mean_sd(acc.at(lr_of(second)));
+  const json& t = second["final_test_accuracy_test"];
+  INFO(t.dump());
+  CHECK(second["final_test_accuracy_diff_points"].get<double>() == Approx(mb - ma));
+  CHECK(t["n"] == json::array({3, 3}));
+  const double se = std::sqrt(sa * sa / 3 + sb * sb / 3);
+  if (se > 0) {
+    REQUIRE(t["test"] == "welch");
+    CHECK(t["se"].get<double>() == Approx(se));
+    CHECK(t["df"].get<double>() ==
+          Approx(std::pow(se, 4) / (std::pow(sa, 4) / 18 + std::pow(sb, 4) / 18)));
+    CHECK(t["ci_low"].get<double>() < mb - ma);
+    CHECK(t["ci_high"].get<double>() > mb - ma);
+    CHECK(t["distinguishable"].get<bool>() == (t["p"].get<double>() < 0.05));
+  } else {
+    CHECK(t["test"] == "exact");
+  }
+  CHECK(second["final_train_loss_test"]["test"].is_string());
+  CHECK(second["final_train_loss_diff"].is_number());
+  // The text tables: the difference columns and the note under the table.
+  const std::string md = slurp(out / "seeds-by-train.seed.md");
+  CHECK_THAT(md, Catch::Contains("| final test acc vs first (pts) [95% CI] | final test acc p |"));
+  CHECK_THAT(md, Catch::Contains("compared with the first by Welch's t-test"));
+  CHECK_THAT(md, Catch::Contains(fmt::format("| {:+.2f} [", mb - ma)));
+  CHECK(count_lines(slurp(out / "seeds-by-train.seed.csv")) == 3);
+}
+
 TEST_CASE("report --by an unknown key exits 2 with one line naming it and the valid keys",
           "[report][cli][errors]") {
   TempDir tmp("report-by-bad");

@@ -116,24 +116,16 @@ std::string stat_cell(const Stat& s, double scale, int digits) {
   return fmt::format("{:.{}f} ± {:.{}f}", *s.mean * scale, digits, *s.sd * scale, digits);
 }
 
-struct Delta {
-  std::optional<double> value;
-  bool noise = false;
-};
-
-Delta delta_of(const Stat& prev, const Stat& cur, double scale) {
-  Delta d;
-  if (!prev.mean || !cur.mean) return d;
-  d.value = (*cur.mean - *prev.mean) * scale;
-  const double sd = std::max(prev.sd.value_or(0), cur.sd.value_or(0)) * scale;
-  d.noise = sd > 0 && std::abs(*d.value) < sd;
-  return d;
+// A rung against the one before it (Welch's t-test over the seeds; accuracy in points).
+WelchTest acc_test(const RungResult& prev, const RungResult& cur) {
+  return test_of(prev.acc, cur.acc, 100);
+}
+WelchTest loss_test(const RungResult& prev, const RungResult& cur) {
+  return test_of(prev.loss, cur.loss, 1);
 }
 
-std::string delta_cell(const Delta& d, int digits) {
-  if (!d.value) return "-";
-  return fmt::format("{:+.{}f}{}", *d.value, digits, d.noise ? " (noise)" : "");
-}
+// A test that ran and cannot tell the two apart.
+bool not_distinguishable(const WelchTest& w) { return w.tested() && !w.distinguishable; }
 
 // "matches the baseline" when the equivalent's final train loss is the baseline's (1e-4).
 bool equivalent_matches(const RungResult& base, const RungResult& eq) {
@@ -142,12 +134,14 @@ bool equivalent_matches(const RungResult& base, const RungResult& eq) {
   return std::abs(a - b) <= 1e-4 * std::max({std::abs(a), std::abs(b), 1e-12});
 }
 
-// Not within 1e-4, but within the seeds' spread in loss and accuracy: the N-replica sum rounds
-// differently, and over thousands of steps on real data that grows past 1e-4.
+// Not within 1e-4, but not distinguishable over the seeds (Welch's t-test at 95%) in loss nor
+// in accuracy: the N-replica sum rounds differently, and over thousands of steps on real data
+// that grows past 1e-4.
 bool equivalent_within_noise(const RungResult& base, const RungResult& eq) {
   if (!base.loss.mean || !eq.loss.mean) return false;
-  const Delta dl = delta_of(base.loss, eq.loss, 1), da = delta_of(base.acc, eq.acc, 100);
-  return dl.noise && (!da.value || da.noise || *da.value == 0);
+  const WelchTest dl = loss_test(base, eq), da = acc_test(base, eq);
+  return not_distinguishable(dl) &&
+         (std::isnan(da.diff) || not_distinguishable(da) || da.diff == 0);
 }
 
 }  // namespace
@@ -163,36 +157,70 @@ std::string equivalence_line(const std::vector<RungResult>& rs) {
   if (equivalent_matches(rs[0], rs[1]))
     return "The equivalent run matches the baseline (final train loss within 1e-4): the "
            "replica count alone costs nothing.";
-  if (equivalent_within_noise(rs[0], rs[1]))
+  if (equivalent_within_noise(rs[0], rs[1])) {
+    const WelchTest w = loss_test(rs[0], rs[1]);
     return fmt::format(
         "The equivalent run matches the baseline within the seed noise (final train loss "
-        "differs by {:.1e}, less than the seeds' sd, but more than 1e-4): the N-replica sum "
-        "rounds differently and over many steps that shows; the replica count alone costs "
-        "nothing measurable.",
-        std::abs(*rs[1].loss.mean - *rs[0].loss.mean));
+        "differs by {:.1e}: more than 1e-4, but not distinguishable at {} seeds, p={:.3g}): the "
+        "N-replica sum rounds differently and over many steps that shows; the replica count "
+        "alone costs nothing measurable.",
+        std::abs(w.diff),
+        w.n_a == w.n_b ? std::to_string(w.n_a) : fmt::format("{} and {}", w.n_a, w.n_b), w.p);
+  }
   return "The equivalent run DOES NOT match the baseline (final train loss differs by more "
          "than 1e-4): the N-replica step is not the 1-replica step here.";
 }
 
+const char* kTestNote =
+    "Deltas are from the rung before, with the 95% confidence interval of the difference "
+    "(Welch's t-test over the seeds) and its two-sided p-value; \"not distinguishable at K "
+    "seeds\" means p >= 0.05, with the seeds per rung that would resolve a difference of this "
+    "size at 95% confidence and 80% power (with these sds).";
+
+// Whether any rung has the two seeds a test needs.
+bool have_tests(const std::vector<RungResult>& rs) {
+  for (const auto& r : rs)
+    if (!r.rung.skipped && (r.acc.n >= 2 || r.loss.n >= 2)) return true;
+  return false;
+}
+
+// One rung's row; `prev` is the rung before that ran (null for the baseline).
+std::string markdown_row(const std::string& name, const RungResult& r, const RungResult* prev,
+                         bool tests) {
+  const WelchTest none;
+  const WelchTest da = prev ? acc_test(*prev, r) : none, dl = prev ? loss_test(*prev, r) : none;
+  std::vector<std::string> cells = {name, r.rung.change, std::to_string(r.run_ids.size()),
+                                    stat_cell(r.acc, 100, 2), difference_text(da, 2)};
+  if (tests) cells.push_back(verdict_text(da, "seeds"));
+  cells.push_back(stat_cell(r.loss, 1, 4));
+  cells.push_back(difference_text(dl, 4));
+  if (tests) cells.push_back(verdict_text(dl, "seeds"));
+  cells.push_back(stat_cell(r.time, 1, 3));
+  return fmt::format("| {} |\n", fmt::join(cells, " | "));
+}
+
 std::string to_markdown(const std::vector<RungResult>& rs) {
+  const bool tests = have_tests(rs);
   std::string md = std::string(kOrderNote) + "\n\n" + equivalence_line(rs) + "\n\n";
-  md += "| rung | setting changed | runs | final test acc (%) | delta acc (points) | final "
-        "train loss | delta loss | median epoch (s) |\n|---|---|---|---|---|---|---|---|\n";
+  md += tests ? "| rung | setting changed | runs | final test acc (%) | delta acc (points) [95% "
+                "CI] | acc p | final train loss | delta loss [95% CI] | loss p | median epoch "
+                "(s) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+              : "| rung | setting changed | runs | final test acc (%) | delta acc (points) | "
+                "final train loss | delta loss | median epoch (s) |\n|---|---|---|---|---|---|---|"
+                "---|\n";
   const RungResult* prev = nullptr;
   for (size_t k = 0; k < rs.size(); ++k) {
     const auto& r = rs[k];
     const std::string name = fmt::format("{} {}", k, r.rung.name);
     if (r.rung.skipped) {
-      md += fmt::format("| {} | {} | 0 | | | | | |\n", name, r.rung.change);
+      md += fmt::format("| {} | {} | 0 |{}\n", name, r.rung.change, tests ? " | | | | | | |"
+                                                                           : " | | | | |");
       continue;
     }
-    const Delta da = prev ? delta_of(prev->acc, r.acc, 100) : Delta{};
-    const Delta dl = prev ? delta_of(prev->loss, r.loss, 1) : Delta{};
-    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", name, r.rung.change,
-                      r.run_ids.size(), stat_cell(r.acc, 100, 2), delta_cell(da, 2),
-                      stat_cell(r.loss, 1, 4), delta_cell(dl, 4), stat_cell(r.time, 1, 3));
+    md += markdown_row(name, r, prev, tests);
     prev = &r;
   }
+  if (tests) md += fmt::format("\n{}\n", kTestNote);
   return md;
 }
 
@@ -203,9 +231,12 @@ nlohmann::json stat_json(const Stat& s) {
   return j;
 }
 
-nlohmann::json delta_json(const Delta& d) {
-  if (!d.value) return nullptr;
-  return {{"value", *d.value}, {"noise", d.noise}};
+// A delta: its "value" and the test's fields (test_json), or null where there is none.
+nlohmann::json delta_json(const WelchTest& w) {
+  if (std::isnan(w.diff)) return nullptr;
+  nlohmann::json j = test_json(w);
+  j["value"] = w.diff;
+  return j;
 }
 
 std::string to_json(const std::string& experiment, const std::vector<RungResult>& rs) {
@@ -219,8 +250,8 @@ std::string to_json(const std::string& experiment, const std::vector<RungResult>
                         {"final_train_loss", stat_json(r.loss)},
                         {"median_epoch_time_s", stat_json(r.time)}};
     if (!r.rung.skipped) {
-      j["delta_acc_points"] = prev ? delta_json(delta_of(prev->acc, r.acc, 100)) : nullptr;
-      j["delta_train_loss"] = prev ? delta_json(delta_of(prev->loss, r.loss, 1)) : nullptr;
+      j["delta_acc_points"] = prev ? delta_json(acc_test(*prev, r)) : nullptr;
+      j["delta_train_loss"] = prev ? delta_json(loss_test(*prev, r)) : nullptr;
       prev = &r;
     }
     rungs.push_back(std::move(j));
@@ -248,9 +279,10 @@ void draw_figure(const std::vector<RungResult>& rs, const std::string& title,
   for (const auto& r : rs) {
     if (r.rung.skipped) continue;
     if (prev) {
-      const Delta d = delta_of(prev->acc, r.acc, 100);
-      const double sd = std::max(prev->acc.sd.value_or(0), r.acc.sd.value_or(0)) * 100;
-      if (d.value) bars.push_back({r.rung.name, *d.value, sd, d.noise});
+      const WelchTest d = acc_test(*prev, r);
+      const double half = d.kind == WelchTest::Kind::welch ? (d.ci_high - d.ci_low) / 2 : 0;
+      if (!std::isnan(d.diff))
+        bars.push_back({r.rung.name, d.diff, half, not_distinguishable(d)});
     }
     prev = &r;
   }

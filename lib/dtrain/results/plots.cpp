@@ -412,12 +412,13 @@ std::string draw_waterfall(const std::vector<WaterfallBar>& bars, const std::str
   const fs::path data = fs::path(out_dir) / "data";
   fs::create_directories(data);
   Figure f(data, stem);
-  // Columns: position, delta, sd, 1 for a noise bar; tic labels are rung names (our own
-  // identifiers, checked), placed in the script by position.
-  std::string rows = "# rung delta_points sd_points noise\n", tics;
+  // Columns: position, delta, half the 95% CI, 1 for a bar not distinguishable from the rung
+  // before; tic labels are rung names (our own identifiers, checked), placed in the script by
+  // position.
+  std::string rows = "# rung delta_points half_ci_points not_distinguishable\n", tics;
   for (size_t i = 0; i < bars.size(); ++i) {
-    rows += fmt::format("{} {} {} {}\n", i, num(bars[i].delta), num(bars[i].sd),
-                        bars[i].noise ? 1 : 0);
+    rows += fmt::format("{} {} {} {}\n", i, num(bars[i].delta), num(bars[i].half_ci),
+                        bars[i].not_distinguishable ? 1 : 0);
     tics += fmt::format("{}'{}' {}", i ? ", " : "", script_name(bars[i].label), i);
   }
   const std::string file = data_file(data, f.stem() + ".dat", rows);
@@ -430,8 +431,8 @@ std::string draw_waterfall(const std::vector<WaterfallBar>& bars, const std::str
   const std::string plot = fmt::format(
       "plot {0} using 1:($4 > 0 ? NaN : $2) with boxes lc rgb '#3465a4' title 'change', "
       "{0} using 1:($4 > 0 ? $2 : NaN) with boxes fs pattern 4 lc rgb '#888a85' "
-      "title 'within the seed noise', "
-      "{0} using 1:2:3 with yerrorbars lc rgb 'black' pt 0 title 'seed sd'",
+      "title 'not distinguishable (p >= 0.05)', "
+      "{0} using 1:2:3 with yerrorbars lc rgb 'black' pt 0 title '95% CI'",
       file);
   return f.render(gnuplot, out_dir, setup, plot);
 }

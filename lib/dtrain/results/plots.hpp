@@ -30,15 +30,16 @@ Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<E
                   const std::string& out_dir);
 
 // One rung of a `dtrain explain` waterfall: the change in final test accuracy (points) from the
-// rung before, and the larger of the two rungs' seed standard deviations (0 with one seed).
+// rung before, and half its 95% confidence interval over the seeds (0 without a test).
 struct WaterfallBar {
   std::string label;  // the rung's name: ours, [a-z_0-9]
-  double delta = 0, sd = 0;
-  bool noise = false;  // |delta| within the seed noise
+  double delta = 0, half_ci = 0;
+  bool not_distinguishable = false;  // a test ran and p >= 0.05
 };
 
 // Draws the waterfall as out_dir/STEM.png and .svg (data and script in out_dir/data/): one bar
-// per rung, error bars where there were seeds, noise bars hatched. Returns "" or what failed;
+// per rung, the confidence interval as error bars where there were seeds, bars not
+// distinguishable from the rung before hatched. Returns "" or what failed;
 // throws UserError without gnuplot.
 std::string draw_waterfall(const std::vector<WaterfallBar>& bars, const std::string& title,
                            const std::string& out_dir, const std::string& stem);

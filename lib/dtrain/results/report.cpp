@@ -465,6 +465,71 @@ Stat stat_of(const std::vector<double>& values) {
   return s;
 }
 
+WelchTest test_of(const Stat& base, const Stat& other, double scale) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto sample = [&](const Stat& s) {
+    return Sample{s.mean ? *s.mean * scale : nan, s.sd ? *s.sd * std::abs(scale) : nan, s.n};
+  };
+  return welch_test(sample(base), sample(other));
+}
+
+std::string difference_text(const WelchTest& w, int digits) {
+  if (std::isnan(w.diff)) return "-";
+  if (w.kind != WelchTest::Kind::welch) return fmt::format("{:+.{}f}", w.diff, digits);
+  return fmt::format("{:+.{}f} [{:+.{}f}, {:+.{}f}]", w.diff, digits, w.ci_low, digits,
+                     w.ci_high, digits);
+}
+
+std::string verdict_text(const WelchTest& w, const char* unit) {
+  if (w.kind == WelchTest::Kind::exact)
+    return w.distinguishable ? "exact (sd 0), different" : "exact (sd 0), no difference";
+  if (w.kind != WelchTest::Kind::welch) return "-";
+  const std::string p = w.p < 0.001 ? std::string("p<0.001") : fmt::format("p={:.3g}", w.p);
+  if (w.distinguishable) return p;
+  const std::string counts = w.n_a == w.n_b ? fmt::format("{} {}", w.n_a, unit)
+                                            : fmt::format("{} and {} {}", w.n_a, w.n_b, unit);
+  const std::string more = w.diff == 0 ? std::string("the means are equal")
+                           : w.seeds_needed > kSeedsCap
+                               ? fmt::format("more than {} needed", kSeedsCap)
+                               : fmt::format("{} would resolve it", w.seeds_needed);
+  return fmt::format("{}, not distinguishable at {} ({})", p, counts, more);
+}
+
+namespace {
+
+nlohmann::json number_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+const char* test_kind(const WelchTest& w) {
+  switch (w.kind) {
+    case WelchTest::Kind::welch: return "welch";
+    case WelchTest::Kind::exact: return "exact";
+    case WelchTest::Kind::too_few: return "too_few";
+    case WelchTest::Kind::invalid: break;
+  }
+  return "invalid";
+}
+
+}  // namespace
+
+nlohmann::json test_json(const WelchTest& w) {
+  nlohmann::json j = {{"test", test_kind(w)},
+                      {"n", {w.n_a, w.n_b}},
+                      {"distinguishable", nullptr},
+                      {"p", number_or_null(w.p)},
+                      {"ci_low", number_or_null(w.ci_low)},
+                      {"ci_high", number_or_null(w.ci_high)},
+                      {"se", number_or_null(w.se)},
+                      {"df", number_or_null(w.df)},
+                      {"mdd", number_or_null(w.mdd)},
+                      {"seeds_needed", nullptr},
+                      {"seeds_needed_over_cap", w.seeds_needed > kSeedsCap}};
+  if (w.tested()) j["distinguishable"] = w.distinguishable;
+  if (w.seeds_needed > 0 && w.seeds_needed <= kSeedsCap) j["seeds_needed"] = w.seeds_needed;
+  return j;
+}
+
 namespace {
 
 struct AggregateInput {
@@ -557,6 +622,12 @@ Aggregate aggregate(const std::vector<RunRecord>& runs, const std::vector<std::s
     row.median_epoch_time_s = stat_of(time);
     a.rows.push_back(std::move(row));
   }
+  for (size_t i = 1; i < a.rows.size(); ++i) {
+    a.rows[i].final_test_acc_test =
+        test_of(a.rows[0].final_test_acc, a.rows[i].final_test_acc, 100);
+    a.rows[i].final_train_loss_test =
+        test_of(a.rows[0].final_train_loss, a.rows[i].final_train_loss, 1);
+  }
   return a;
 }
 
@@ -584,6 +655,30 @@ void add_stat(std::vector<Field>& f, const std::string& title, const std::string
                opt_json(s.sd)});
 }
 
+// Rows after the first are tested against it where there are rows to compare and seeds.
+bool has_tests(const Aggregate& a) {
+  if (a.rows.size() < 2) return false;
+  for (const auto& r : a.rows)
+    if (r.final_test_acc.n >= 2 || r.final_train_loss.n >= 2) return true;
+  return false;
+}
+
+// The difference from the first row with its CI, and what the test says, as two columns;
+// accuracies in points (the JSON's too: "_diff_points").
+void add_test(std::vector<Field>& f, const std::string& title, const std::string& key,
+              const WelchTest& w, bool points, bool first) {
+  const std::string diff_title =
+      title + (points ? " vs first (pts) [95% CI]" : " vs first [95% CI]");
+  const std::string diff_key = key + (points ? "_diff_points" : "_diff");
+  if (first) {
+    f.push_back({diff_title, diff_key, "-", nullptr});
+    f.push_back({title + " p", key + "_test", "-", nullptr});
+    return;
+  }
+  f.push_back({diff_title, diff_key, difference_text(w, points ? 2 : 4), number_or_null(w.diff)});
+  f.push_back({title + " p", key + "_test", verdict_text(w, "runs"), test_json(w)});
+}
+
 std::vector<Field> aggregate_fields(const Aggregate& a, const AggregateRow& r) {
   std::vector<Field> f;
   for (size_t i = 0; i < a.settings.size(); ++i)
@@ -593,9 +688,14 @@ std::vector<Field> aggregate_fields(const Aggregate& a, const AggregateRow& r) {
     f.push_back(
         {a.by[i], a.by[i], fmt::format("{}", fmt::join(r.by_values[i], ", ")), r.by_values[i]});
   // Accuracies in percent, their standard deviations in percentage points.
+  const bool tests = has_tests(a), first = a.rows.empty() || &r == &a.rows.front();
   add_stat(f, "final test acc", "final_test_accuracy", r.final_test_acc, 100, "{:.2f}", "%");
+  if (tests)
+    add_test(f, "final test acc", "final_test_accuracy", r.final_test_acc_test, true, first);
   add_stat(f, "best test acc", "best_test_accuracy", r.best_test_acc, 100, "{:.2f}", "%");
   add_stat(f, "final train loss", "final_train_loss", r.final_train_loss, 1, "{:.4f}", "");
+  if (tests)
+    add_test(f, "final train loss", "final_train_loss", r.final_train_loss_test, false, first);
   add_stat(f, "median epoch s", "median_epoch_time_s", r.median_epoch_time_s, 1, "{:.3f}", "");
   f.push_back({"run ids", "run_ids", fmt::format("{}", fmt::join(r.run_ids, ", ")), r.run_ids});
   return f;
@@ -629,6 +729,11 @@ std::string to_markdown(const Aggregate& a) {
       "\nRuns that differ only in {} form one row: mean and sample standard deviation (sd; "
       "accuracies in percentage points) over its runs.\n",
       fmt::join(a.by, " and "));
+  if (has_tests(a))
+    out << "Each row after the first is compared with the first by Welch's t-test: the "
+           "difference of the means with its 95% confidence interval, and the two-sided p-value; "
+           "\"not distinguishable at K runs\" means p >= 0.05, with the runs per row that would "
+           "resolve a difference this size at 95% confidence and 80% power.\n";
   if (!a.left_out.empty()) out << fmt::format("Left out: {}.\n", fmt::join(a.left_out, "; "));
   return out.str();
 }

@@ -2,9 +2,12 @@
 // Comparison tables of runs, always built from run folders (summary.json), never from memory.
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "dtrain/results/stats.hpp"
 
 namespace dtrain {
 
@@ -96,11 +99,29 @@ struct Stat {
 };
 Stat stat_of(const std::vector<double>& values);
 
+// Welch's t-test of `other` against `base` (the difference other - base), both scaled by
+// `scale` (100: accuracies in points).
+WelchTest test_of(const Stat& base, const Stat& other, double scale = 1);
+// The difference with its 95% confidence interval, "+1.23 [-0.40, +2.90]"; the difference alone
+// where there is no interval (a side with one value, or sds of 0), "-" where there is none.
+std::string difference_text(const WelchTest& w, int digits);
+// What the test says: "p=0.012"; "p=0.24, not distinguishable at 3 seeds (25 would resolve
+// it)", or "(more than 1000 needed)"; "exact (sd 0), no difference"; "-" without a test. `unit`
+// is what a side counts ("seeds", "runs").
+std::string verdict_text(const WelchTest& w, const char* unit);
+// The test as JSON: "test" (welch, exact, too_few or invalid), "n" ([a, b]), "distinguishable"
+// (null without a test), "p", "ci_low", "ci_high", "se", "df", "mdd" (null where they do not
+// exist), "seeds_needed" (null where it does not apply or is over the cap) and
+// "seeds_needed_over_cap".
+nlohmann::json test_json(const WelchTest& w);
+
 struct AggregateRow {
   std::vector<std::string> settings;  // this row's value of each Aggregate::settings key
   std::vector<std::string> run_ids;
   std::vector<std::vector<std::string>> by_values;  // per --by key, each run's value
   Stat final_test_acc, best_test_acc, final_train_loss, median_epoch_time_s;
+  // Against the first row (Welch's t-test; accuracy in points); untested in the first row.
+  WelchTest final_test_acc_test, final_train_loss_test;
 };
 
 struct Aggregate {
@@ -111,7 +132,8 @@ struct Aggregate {
   std::vector<std::string> left_out;  // runs not aggregated, each with the reason
 };
 
-// Finished runs (done or diverged) that differ only in the `by` keys form one row.
+// Finished runs (done or diverged) that differ only in the `by` keys form one row. Each row
+// after the first is tested against the first in final test accuracy and final train loss.
 Aggregate aggregate(const std::vector<RunRecord>& runs, const std::vector<std::string>& by);
 
 std::string to_markdown(const Aggregate& a);

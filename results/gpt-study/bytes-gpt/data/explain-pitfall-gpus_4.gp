@@ -14,7 +14,7 @@ set style fill solid 0.7 border -1
 set boxwidth 0.6
 set key top right
 set xzeroaxis lt -1
-plot 'explain-pitfall-gpus_4.dat' using 1:($4 > 0 ? NaN : $2) with boxes lc rgb '#3465a4' title 'change', 'explain-pitfall-gpus_4.dat' using 1:($4 > 0 ? $2 : NaN) with boxes fs pattern 4 lc rgb '#888a85' title 'within the seed noise', 'explain-pitfall-gpus_4.dat' using 1:2:3 with yerrorbars lc rgb 'black' pt 0 title 'seed sd'
+plot 'explain-pitfall-gpus_4.dat' using 1:($4 > 0 ? NaN : $2) with boxes lc rgb '#3465a4' title 'change', 'explain-pitfall-gpus_4.dat' using 1:($4 > 0 ? $2 : NaN) with boxes fs pattern 4 lc rgb '#888a85' title 'not distinguishable (p >= 0.05)', 'explain-pitfall-gpus_4.dat' using 1:2:3 with yerrorbars lc rgb 'black' pt 0 title '95% CI'
 set output
 set terminal svg size 1100,600 font 'sans,11' noenhanced
 set output 'explain-pitfall-gpus_4.svg'
@@ -27,5 +27,5 @@ set style fill solid 0.7 border -1
 set boxwidth 0.6
 set key top right
 set xzeroaxis lt -1
-plot 'explain-pitfall-gpus_4.dat' using 1:($4 > 0 ? NaN : $2) with boxes lc rgb '#3465a4' title 'change', 'explain-pitfall-gpus_4.dat' using 1:($4 > 0 ? $2 : NaN) with boxes fs pattern 4 lc rgb '#888a85' title 'within the seed noise', 'explain-pitfall-gpus_4.dat' using 1:2:3 with yerrorbars lc rgb 'black' pt 0 title 'seed sd'
+plot 'explain-pitfall-gpus_4.dat' using 1:($4 > 0 ? NaN : $2) with boxes lc rgb '#3465a4' title 'change', 'explain-pitfall-gpus_4.dat' using 1:($4 > 0 ? $2 : NaN) with boxes fs pattern 4 lc rgb '#888a85' title 'not distinguishable (p >= 0.05)', 'explain-pitfall-gpus_4.dat' using 1:2:3 with yerrorbars lc rgb 'black' pt 0 title '95% CI'
 set output
