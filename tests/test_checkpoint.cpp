@@ -186,22 +186,36 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   odd = keep.all.back();
   odd.epochs.pop_back();
   CHECK(refused(encode_checkpoint(odd)).find("inconsistent fields") != std::string::npos);
-  // Version 1 (before the input columns): its epochs are 16 bytes shorter and still read, with
-  // those columns NaN.
+  // Versions 1 (before the input columns) and 2 (before the straggler's): their epochs are
+  // shorter and still read, the columns they lack as for a run that measured none.
   const Checkpoint& last = keep.all.back();
   REQUIRE(!last.epochs.empty());
-  std::string v1 = encode_checkpoint(last);
-  v1[std::string("dtrain checkpoint ").size()] = '1';
-  // epoch_fields: an int, 8 doubles, an int64, 8 doubles, an int, an int64, 4 doubles.
+  // epoch_fields: an int, 8 doubles, an int64, 8 doubles, an int, an int64, 4 doubles; then 2
+  // doubles (version 2); then 2 ints and a double (version 3).
   const size_t epoch_v1 = 4 + 8 * 8 + 8 + 8 * 8 + 4 + 8 + 4 * 8;
-  const size_t epoch_v2 = epoch_v1 + 16;
-  const size_t n = last.epochs.size(), first = v1.size() - 4 - n * epoch_v2;
-  std::string body = v1.substr(0, first);
-  for (size_t e = 0; e < n; ++e) body += v1.substr(first + e * epoch_v2, epoch_v1);
-  const Checkpoint old = decode_checkpoint(resealed(body + "abcd"), "v1");
-  REQUIRE(old.epochs.size() == n);
-  CHECK(old.epochs.back().test_loss == last.epochs.back().test_loss);
-  CHECK(std::isnan(old.epochs.back().input_busy));
+  const size_t epoch_v2 = epoch_v1 + 16, epoch_v3 = epoch_v2 + 16;
+  for (const int version : {1, 2}) {
+    INFO("version " << version);
+    std::string bytes_now = encode_checkpoint(last);
+    bytes_now[std::string("dtrain checkpoint ").size()] = static_cast<char>('0' + version);
+    const size_t keep_bytes = version == 1 ? epoch_v1 : epoch_v2;
+    const size_t n = last.epochs.size(), first = bytes_now.size() - 4 - n * epoch_v3;
+    std::string body = bytes_now.substr(0, first);
+    for (size_t e = 0; e < n; ++e) body += bytes_now.substr(first + e * epoch_v3, keep_bytes);
+    const Checkpoint old = decode_checkpoint(resealed(body + "abcd"), "old");
+    REQUIRE(old.epochs.size() == n);
+    CHECK(old.epochs.back().test_loss == last.epochs.back().test_loss);
+    CHECK(std::isnan(old.epochs.back().input_busy));
+    CHECK(old.epochs.back().straggler_rank == -1);
+    CHECK(std::isnan(old.epochs.back().straggler_excess));
+  }
+  // A straggler rank past the replicas, or a phase that is none, is refused.
+  odd = last;
+  odd.epochs.back().straggler_rank = odd.replicas;
+  CHECK(refused(encode_checkpoint(odd)).find("straggler rank") != std::string::npos);
+  odd = last;
+  odd.epochs.back().straggler_phase = 5;
+  CHECK(refused(encode_checkpoint(odd)).find("straggler phase") != std::string::npos);
 }
 
 TEST_CASE("a checkpoint larger than its run can hold is refused before it is read",

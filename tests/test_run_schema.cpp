@@ -113,7 +113,8 @@ TEST_CASE("metrics.csv's header and rows are the table's, as dtrain has always w
         "epoch,lr,lr_end,train_loss,train_acc,test_loss,test_acc,epoch_time_s,samples_per_s,"
         "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
         "rank_busy_max_s,slowest_rank,exchange_exposed_s,noise_b_simple,noise_grad_sq,"
-        "noise_trace,exchange_bytes_per_step,busbw_gbps,input_images_per_s,input_busy\n");
+        "noise_trace,exchange_bytes_per_step,busbw_gbps,input_images_per_s,input_busy,"
+        "straggler_rank,straggler_phase,straggler_excess\n");
   EpochMetrics m = sample_epoch(7);
   m.lr = 1.0 / 3;  // digits past each format's precision
   m.epoch_time_s = 2.0 / 3;
@@ -122,18 +123,21 @@ TEST_CASE("metrics.csv's header and rows are the table's, as dtrain has always w
   m.busbw_gbps = 12.345678912;
   m.input_images_per_s = 1e4 / 3;
   m.input_busy = 2.0 / 3;
+  m.straggler_rank = 2;
+  m.straggler_phase = 1;
+  m.straggler_excess = 1.0 / 9;
   CHECK(metrics_csv_row(m) ==
         fmt::format("{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
                     "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f},{:.6g},{:.6g},{:.6g},{},{:.6g},"
-                    "{:.1f},{:.4f}\n",
+                    "{:.1f},{:.4f},{},{},{:.4f}\n",
                     m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc,
                     m.epoch_time_s, m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s,
                     m.optimizer_s, m.eval_s, m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank,
                     m.exchange_exposed_s, m.noise_b_simple, m.noise_g2, m.noise_trace,
                     m.exchange_bytes_per_step, m.busbw_gbps, m.input_images_per_s,
-                    m.input_busy));
+                    m.input_busy, m.straggler_rank, m.straggler_phase, m.straggler_excess));
   CHECK(split(metrics_csv_row(m)).size() == metrics_columns().size());
-  CHECK(&metrics_column("input_busy") == &metrics_columns().back());
+  CHECK(&metrics_column("straggler_excess") == &metrics_columns().back());
   CHECK_THROWS_AS(metrics_column("no_such_column"), std::logic_error);
 }
 
@@ -203,7 +207,7 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   put(d.path / "metrics.csv", "epoch,lr\n1,0.0\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("no column 'train_loss'"));
   put(d.path / "metrics.csv", metrics_csv_header() + metrics_csv_row(sample_epoch(1)) + "1,2\n");
-  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":3: 2 cells, header has 26"));
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":3: 2 cells, header has 29"));
   CHECK(read_metrics_csv(d.path.string(), RaggedRows::skip).rows.size() == 1);
   put(d.path / "metrics.csv",
       "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
@@ -220,7 +224,7 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   std::string wide = "epoch";
   for (int i = 0; i < 100; ++i) wide += ",c" + std::to_string(i);
   put(d.path / "metrics.csv", wide + "\n");
-  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("101 columns; dtrain writes 26"));
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("101 columns; dtrain writes 29"));
   fs::remove(d.path / "metrics.csv");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("metrics.csv: missing"));
 }

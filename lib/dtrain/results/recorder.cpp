@@ -25,6 +25,7 @@
 #include "dtrain/results/metrics.hpp"
 #include "dtrain/results/run_schema.hpp"
 #include "dtrain/train/checkpoint.hpp"
+#include "dtrain/train/straggler.hpp"
 #include "dtrain/base/version.hpp"
 #include "dtrain/config/schema.hpp"
 
@@ -229,6 +230,21 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
   if (cfg_.gpus > 1)
     log().info("           replicas busy {:.2f}-{:.2f}s, slowest rank {}", m.rank_busy_min_s,
                m.rank_busy_max_s, m.slowest_rank);
+  if (m.straggler_rank >= 0)
+    log().warn("straggler: {}", describe(Straggler{m.straggler_rank, m.straggler_phase,
+                                                     m.straggler_excess, 1.0}));
+}
+
+// The epochs that named a straggler (straggler.hpp).
+static nlohmann::json stragglers_json(const std::vector<EpochMetrics>& epochs) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const EpochMetrics& m : epochs)
+    if (m.straggler_rank >= 0)
+      out.push_back({{"epoch", m.epoch},
+                     {"rank", m.straggler_rank},
+                     {"phase", to_string(static_cast<StepPhase>(m.straggler_phase))},
+                     {"excess", number_or_null(m.straggler_excess)}});
+  return out;
 }
 
 // The last epoch's gradient noise scale and what it says about more replicas: to first order
@@ -321,6 +337,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j[k::data] = info_.data;
   j[k::steps_per_epoch] = info_.steps_per_epoch;
   j[k::noise_scale] = noise_scale_json(epochs_, cfg_);
+  if (cfg_.gpus > 1) j[k::stragglers] = stragglers_json(epochs_);
   // Every value in force, through the same schema as config.resolved.yaml: the keys above stay
   // for the scripts that read them, `report --by` reads any key from here.
   j[k::config] = config_to_json(cfg_);

@@ -59,6 +59,12 @@ const std::vector<MetricsColumn>& metrics_columns() {
        "images decoded per second by all replicas' input threads; nan for data in memory"},
       {"input_busy", &M::input_busy, "{:.4f}", "fraction",
        "share of the input threads' time spent decoding; nan for data in memory"},
+      {"straggler_rank", &M::straggler_rank, "{}", "",
+       "the rank named as the epoch's straggler (busy time per phase, waits excluded); -1: none"},
+      {"straggler_phase", &M::straggler_phase, "{}", "",
+       "its phase: 0 data, 1 forward, 2 backward, 3 exchange, 4 optimizer; -1: none"},
+      {"straggler_excess", &M::straggler_excess, "{:.4f}", "fraction",
+       "its median excess over the other ranks' median in that phase; nan: none"},
   };
   return cols;
 }
@@ -247,6 +253,9 @@ const std::vector<SummaryField>& summary_fields() {
       {k::data, "the data set, in words", "", true},
       {k::steps_per_epoch, "optimizer steps per epoch", "", true},
       {k::noise_scale, "the last epoch's gradient noise scale and advice (or null)", "", true},
+      {k::stragglers,
+       "each epoch that named a straggler: its rank, phase, median excess (empty where none)",
+       "", false},
       {k::config, "every config value in force, as config.resolved.yaml", "", true},
       {k::git_sha, "the build's commit", "", true},
       {k::dtrain_version, "the build's version", "", true},

@@ -16,21 +16,23 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
 #include "dtrain/nn/model.hpp"
+#include "dtrain/train/straggler.hpp"
 
 namespace dtrain {
 
 namespace {
 
-// Version 2 adds the input pipeline's two columns to each finished epoch; version 1 files still
-// read (those columns then NaN, as for data held in memory).
-constexpr char kMagic[] = "dtrain checkpoint 2\n";
-constexpr char kMagicV1[] = "dtrain checkpoint 1\n";
+// Version 2 adds the input pipeline's two columns to each finished epoch, version 3 the
+// straggler's three; older files still read (the columns they lack as for a run that measured
+// none: NaN, and no straggler).
+constexpr int kVersion = 3;
+constexpr char kMagic[] = "dtrain checkpoint 3\n";
+constexpr char kMagicPrefix[] = "dtrain checkpoint ";
 constexpr size_t kMagicLen = sizeof(kMagic) - 1;
-static_assert(sizeof(kMagicV1) == sizeof(kMagic));
 
 // Every field of EpochMetrics, in file order: doubles and int64s as they are in memory.
 template <class M, class F>
-void epoch_fields(M& m, F&& f, int version = 2) {
+void epoch_fields(M& m, F&& f, int version = kVersion) {
   f(m.epoch);
   for (auto* d : {&m.lr, &m.lr_end, &m.train_loss, &m.train_acc, &m.test_loss, &m.test_acc,
                   &m.epoch_time_s, &m.samples_per_s})
@@ -44,6 +46,21 @@ void epoch_fields(M& m, F&& f, int version = 2) {
   for (auto* d : {&m.busbw_gbps, &m.noise_g2, &m.noise_trace, &m.noise_b_simple}) f(*d);
   if (version >= 2)
     for (auto* d : {&m.input_images_per_s, &m.input_busy}) f(*d);
+  if (version >= 3) {
+    f(m.straggler_rank);
+    f(m.straggler_phase);
+    f(m.straggler_excess);
+  }
+}
+
+// The version of a checkpoint's header line, or 0 where it is none dtrain reads.
+int header_version(const std::string& bytes) {
+  const size_t n = sizeof(kMagicPrefix) - 1;
+  if (bytes.size() < kMagicLen || bytes.compare(0, n, kMagicPrefix) != 0 ||
+      bytes[kMagicLen - 1] != '\n')
+    return 0;
+  const char v = bytes[n];
+  return v >= '1' && v <= '0' + kVersion ? v - '0' : 0;
 }
 
 class Writer {
@@ -212,6 +229,9 @@ void check_epochs(const Checkpoint& c, const Check& k, double max_samples) {
     k.within(m.test_acc, 0, 1, "the test accuracy of finished epoch", e);
     k.whole(static_cast<double>(m.samples), max_samples, "the samples of finished epoch", e);
     k.whole(m.slowest_rank, c.replicas - 1, "the slowest rank of finished epoch", e);
+    k.whole(m.straggler_rank + 1, c.replicas, "the straggler rank (+1) of finished epoch", e);
+    k.whole(m.straggler_phase + 1, kStepPhases, "the straggler phase (+1) of finished epoch", e);
+    k.nan_or_finite(m.straggler_excess, "the straggler excess of finished epoch", e);
     k.whole(static_cast<double>(m.exchange_bytes_per_step), 0x1p62,
             "the exchange bytes per step of finished epoch", e);
     for (double v : {m.noise_g2, m.noise_trace})  // b_simple, their ratio, may be anything
@@ -272,11 +292,8 @@ namespace {
 // The fields, checked for length and CRC but not yet for range.
 Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
   Reader r(bytes, what);
-  const bool v2 = bytes.compare(0, kMagicLen, kMagic) == 0;
-  if (bytes.size() < kMagicLen + sizeof(uint32_t) ||
-      (!v2 && bytes.compare(0, kMagicLen, kMagicV1) != 0))
-    r.bad("no checkpoint header");
-  const int version = v2 ? 2 : 1;
+  const int version = header_version(bytes);
+  if (bytes.size() < kMagicLen + sizeof(uint32_t) || version == 0) r.bad("no checkpoint header");
   const size_t body = bytes.size() - sizeof(uint32_t);
   uint32_t stored = 0;
   std::memcpy(&stored, bytes.data() + body, sizeof stored);

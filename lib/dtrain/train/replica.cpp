@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <thread>
 
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
@@ -22,6 +23,9 @@ namespace dtrain {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -95,6 +99,8 @@ Replica::Replica(RunContext& run, Communicator& comm)
   idx_.reserve(static_cast<size_t>(cap));
 
   make_exchange(n_params);
+  track_stragglers_ = replicas_ > 1 && !queue_;
+  step_log_ = {steps_, run.shared ? 1 : static_cast<int>(exchange_->bucket_count())};
   enable_graphs();
   graph_stats_.resize(*dev_, kDev);
   dev_stats_.resize(*dev_, at_least_one(steps_ * kDev));
@@ -152,10 +158,15 @@ void Replica::make_exchange(size_t n_params) {
       queue_->synchronize();
     exchange_->ready(off, count);
   };
-  // Buckets in the step trace (shared weights reduce the whole buffer at once, in finish()).
-  if (cfg_.train.trace.enabled() && !run_.shared)
+  // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
+  // reduce the whole buffer at once, in finish().
+  const bool arrivals = replicas_ > 1 && dev_->host_memory();
+  if ((cfg_.train.trace.enabled() || arrivals) && !run_.shared)
     exchange_->on_bucket([this](size_t b, Clock::time_point ready, Clock::time_point t0,
-                                Clock::time_point t1) { trace_.bucket(b, ready, t0, t1); });
+                                Clock::time_point t1) {
+      trace_.bucket(b, ready, t0, t1);
+      if (phase_row_) phase_row_[kStepPhases + b] = trace_.seconds_at(t0);
+    });
 }
 
 void Replica::enable_graphs() {
@@ -184,6 +195,47 @@ void Replica::read_fault_injection() {
     long long fs = -1;
     if (std::sscanf(f, "%d:%lld", &fr, &fs) == 2 && fr == rank_) fault_step_ = fs;
   }
+  // DTRAIN_SLOW=RANK:PHASE:FACTOR stretches that rank's phase (data, forward, backward,
+  // exchange, optimizer) to FACTOR times its time: a straggler to find.
+  if (const char* f = std::getenv("DTRAIN_SLOW")) {
+    int fr = -1;
+    char phase[32] = {};
+    double factor = 1;
+    if (std::sscanf(f, "%d:%31[a-z]:%lf", &fr, phase, &factor) == 3 && fr == rank_ &&
+        factor >= 1 && factor <= 100)
+      if (const auto p = step_phase_named(phase)) {
+        slow_phase_ = static_cast<int>(*p);
+        slow_factor_ = factor;
+      }
+  }
+}
+
+void Replica::slow_down(StepPhase p, double busy_s) {
+  if (static_cast<int>(p) != slow_phase_ || !(busy_s > 0)) return;
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>((slow_factor_ - 1) * busy_s));
+  // Sleep through most of it, then yield to the end: a core shared with other replicas is not
+  // held, and the end is kept to a few microseconds.
+  for (auto now = Clock::now(); now < until; now = Clock::now()) {
+    if (until - now > std::chrono::microseconds(300))
+      std::this_thread::sleep_for(until - now - std::chrono::microseconds(200));
+    else
+      std::this_thread::yield();
+  }
+}
+
+Straggler Replica::epoch_straggler() {
+  // The same decision on every rank: each holds as many values.
+  if (!track_stragglers_ ||
+      static_cast<double>(replicas_) * static_cast<double>(phase_log_.size()) > 0x1p25)
+    return {};
+  const std::vector<double> all = gather(phase_log_);
+  if (rank_ != 0) return {};
+  std::vector<std::vector<double>> ranks(static_cast<size_t>(replicas_));
+  for (size_t r = 0; r < ranks.size(); ++r)
+    ranks[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r * phase_log_.size()),
+                    all.begin() + static_cast<std::ptrdiff_t>((r + 1) * phase_log_.size()));
+  return name_straggler(ranks, step_log_);
 }
 
 void Replica::report_start() {
@@ -205,13 +257,17 @@ void Replica::report_start() {
 }
 
 void Replica::run() {
-  if (cfg_.train.trace.enabled()) start_trace_clock();
+  if (cfg_.train.trace.enabled() || replicas_ > 1) start_clock();
   for (int epoch = start_epoch_; epoch < cfg_.train.epochs; ++epoch) {
     const EpochTotals tr = train_epoch(epoch);
     const auto t_eval = Clock::now();
     const std::vector<double> test = evaluate();
     trace_.span(TracePhase::evaluation, t_eval, Clock::now());
-    const EpochMetrics m = epoch_metrics(epoch, tr, test, seconds_since(t_eval));
+    EpochMetrics m = epoch_metrics(epoch, tr, test, seconds_since(t_eval));
+    const Straggler slow = epoch_straggler();
+    m.straggler_rank = slow.rank;
+    m.straggler_phase = slow.phase;
+    m.straggler_excess = slow.excess;
     const bool diverged = !std::isfinite(m.train_loss) || !std::isfinite(m.test_loss);
     if (rank_ == 0) {
       for (int64_t s = 0; s < steps_; ++s) {
@@ -235,6 +291,8 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   const EpochPlan plan = sampler_.plan(epoch);
   step_stats_.assign(static_cast<size_t>(steps_ * kHost), 0.0);
   dev_->zero(dev_stats_.data(), dev_stats_.size() * sizeof(double));
+  if (track_stragglers_)
+    phase_log_.assign(static_cast<size_t>(steps_) * step_log_.stride(), 0.0);
   EpochTotals out;
   EpochTimes& t = out.times;
   const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
@@ -259,7 +317,10 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     // Kernels per step, counted on the second step (the first sets things up).
     const int64_t launches_before = queue_ ? queue_->launches() : 0;
     trace_.set_step(global_step_ + 1);
+    if (track_stragglers_)
+      phase_row_ = phase_log_.data() + static_cast<size_t>(s) * step_log_.stride();
     train_step(plan, s, lr, t);
+    phase_row_ = nullptr;
     if (rank_ == 0 && epoch == 0 && s == 1)
       run_.result.info.launches_per_step = (queue_ ? queue_->launches() : 0) - launches_before;
     if (rank_ == 0 && run_.observer) run_.observer->on_step(epoch + 1, s + 1, steps_);
@@ -356,10 +417,14 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
           std::min(run_.shared->update_s[global_step_ & 1], t.exchange - exchange_before);
       t.exchange -= u;
       t.optimizer += u;
+      log_phase(StepPhase::exchange, -u);  // as the times: every rank waited for the update
+      log_phase(StepPhase::optimizer, u);
     } else {
       const auto t0 = Clock::now();
       opt_->step(model_->params(), model_->grads(), lr);
+      slow_down(StepPhase::optimizer, seconds_since(t0));
       t.optimizer += seconds_since(t0);
+      log_phase(StepPhase::optimizer, seconds_since(t0));
       trace_.span(TracePhase::optimizer, t0, Clock::now());
     }
     mark(3);
@@ -389,16 +454,24 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     const auto t0 = Clock::now();
     int64_t rows = 0;
     const float* batch = load_micro_batch(plan, s, k, rows);
+    slow_down(StepPhase::data, seconds_since(t0));
     const auto t1 = Clock::now();
     model_->forward(batch, rows);
+    slow_down(StepPhase::forward, seconds_since(t1));
     const auto t2 = Clock::now();
     const bool last = k == accum_ - 1;
     if (last) exchange_->begin(model_->grads());
     model_->loss_backward(yb_.data(), rows, grad_scale, stats,
                           last ? on_ready_ : Model::GradsReady{});
+    const double buckets = last ? exchange_->seconds() : 0.0;  // reduced on this thread
+    slow_down(StepPhase::backward, seconds_since(t2) - buckets);
+    const auto t3 = Clock::now();
     trace_.span(TracePhase::data, t0, t1);
     trace_.span(TracePhase::forward, t1, t2);
-    trace_.span(TracePhase::backward, t2, Clock::now());
+    trace_.span(TracePhase::backward, t2, t3);
+    log_phase(StepPhase::data, seconds(t1 - t0));
+    log_phase(StepPhase::forward, seconds(t2 - t1));
+    log_phase(StepPhase::backward, seconds(t3 - t2) - buckets);
     // One replica: the buffer now holds the first micro-batch's gradient, the small batch.
     if (noise_from_micro_ && k == 0)
       dev_->sum_squares(model_->grads(), static_cast<size_t>(model_->param_count()),
@@ -464,9 +537,12 @@ void Replica::reduce_gradients(EpochTimes& t) {
   const double during_backward = exchange_->seconds();
   if (wait_before_exchange_) queue_->synchronize();  // see on_ready_
   const auto t0 = Clock::now();
+  if (run_.shared && phase_row_) phase_row_[kStepPhases] = trace_.seconds_at(t0);  // arrival
   exchange_->finish();
+  slow_down(StepPhase::exchange, during_backward + seconds_since(t0));
   t.compute -= during_backward;
   t.exchange += during_backward + seconds_since(t0);
+  log_phase(StepPhase::exchange, during_backward + seconds_since(t0));
 }
 
 void Replica::update_shared() {
@@ -475,6 +551,7 @@ void Replica::update_shared() {
   // global_step_ counts this step already: it is the optimizer's 1-based step number.
   sw.opt->update(*dev_, sw.params.data(), reduced_grads(), step_lr_, global_step_);
   if (queue_) queue_->synchronize();  // a GPU: the update's time, not its queueing
+  slow_down(StepPhase::optimizer, seconds_since(t0));
   sw.update_s[global_step_ & 1] = seconds_since(t0);
   trace_.span(TracePhase::optimizer, t0, Clock::now());
 }
@@ -536,7 +613,7 @@ std::vector<uint64_t> Replica::gather_words(const std::vector<uint64_t>& mine) {
 
 // The trace's origin: rank 0's clock reading, which ranks on its machine share exactly (one
 // monotonic clock); ranks elsewhere take the moment they leave the collective that sent it.
-void Replica::start_trace_clock() {
+void Replica::start_clock() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   const double host = static_cast<double>(std::hash<std::string>{}(name) & 0xffffffffu);

@@ -19,6 +19,7 @@
 #include "dtrain/nn/model.hpp"
 #include "dtrain/nn/optimizer.hpp"
 #include "dtrain/train/noise_scale.hpp"
+#include "dtrain/train/straggler.hpp"
 #include "dtrain/train/trace.hpp"
 #include "dtrain/train/trainer.hpp"
 
@@ -134,7 +135,17 @@ class Replica {
   // train.trace: every rank's spans since the last call to rank 0, which hands the whole trace
   // so far to the observer (trace.json). Collective: called where the window has begun.
   void write_trace();
-  void start_trace_clock();
+  // The origin of the trace's and the straggler log's times, common to every rank.
+  void start_clock();
+  // Stragglers: adds seconds to the step in progress's phase (CPU, more than one replica).
+  void log_phase(StepPhase p, double seconds) {
+    if (phase_row_) phase_row_[static_cast<int>(p)] += seconds;
+  }
+  // DTRAIN_SLOW: stretches this rank's phase by its factor, given the phase's time so far.
+  void slow_down(StepPhase p, double busy_s);
+  // The epoch's straggler, from every rank's phase log (collective; rank 0's answer, none
+  // elsewhere).
+  Straggler epoch_straggler();
 
   RunContext& run_;
   const Config& cfg_;
@@ -192,6 +203,12 @@ class Replica {
   int64_t start_step_ = 0;
   int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
   StepTrace trace_;
+  bool track_stragglers_ = false;  // the CPU with more than one replica
+  StepLog step_log_;
+  std::vector<double> phase_log_;  // this epoch's StepLog values
+  double* phase_row_ = nullptr;    // the step in progress's
+  int slow_phase_ = -1;            // DTRAIN_SLOW=RANK:PHASE:FACTOR (a StepPhase; -1: none)
+  double slow_factor_ = 1;
   std::vector<std::vector<TraceSpan>> trace_ranks_;  // rank 0: every rank's spans so far
   bool trace_written_ = false;                       // the window is over and written
 

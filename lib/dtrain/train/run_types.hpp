@@ -28,6 +28,11 @@ struct EpochMetrics {
   // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
   double rank_busy_min_s = 0, rank_busy_max_s = 0;
   int slowest_rank = 0;
+  // The straggler named from every rank's busy time per phase (straggler.hpp; the CPU with more
+  // than one replica): its rank and phase (0 data, 1 forward, 2 backward, 3 exchange,
+  // 4 optimizer), -1 for none, and its median excess over the other ranks (NaN for none).
+  int straggler_rank = -1, straggler_phase = -1;
+  double straggler_excess = std::nan("");
   // The gradient exchange: bytes all-reduced per optimizer step (the flat gradient buffer) and
   // the bus bandwidth achieved, busbw = bytes / (exchange_s per step) x 2(n-1)/n (nccl-tests'
   // definition: comparable across replica counts); NaN with one replica.

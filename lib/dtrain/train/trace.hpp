@@ -58,6 +58,10 @@ class StepTrace {
           global_step < cfg_.from_step + cfg_.steps;
   }
   bool on() const { return on_; }
+  // Seconds from the origin to t.
+  double seconds_at(Clock::time_point t) const {
+    return std::chrono::duration<double>(t - origin_).count();
+  }
   void span(TracePhase p, Clock::time_point t0, Clock::time_point t1) {
     if (on_) add(p, t0, t1, -1, nullptr);
   }

@@ -1,0 +1,137 @@
+// Stragglers named: the rule on step logs with known answers (a slow phase, waits in the
+// exchange, noise alone), and whole runs where one rank is slowed on purpose (DTRAIN_SLOW).
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dtrain/base/rng.hpp"
+#include "dtrain/train/straggler.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+// `ranks` ranks' logs of `steps` steps with one collective each: every phase 1 ms times
+// (1 + noise), rank `slow` `factor` times slower in `phase`. A rank that is late to the
+// collective makes the others wait there: their exchange grows by the wait, which their arrival
+// times show.
+std::vector<std::vector<double>> logs(int ranks, int64_t steps, double noise, int slow,
+                                      StepPhase phase, double factor, uint64_t seed = 7) {
+  Rng rng(seed);
+  const StepLog log{steps, 1};
+  const std::vector<double> empty(static_cast<size_t>(steps) * log.stride());
+  std::vector<std::vector<double>> out(static_cast<size_t>(ranks), empty);
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<double> before(static_cast<size_t>(ranks));  // busy time before the collective
+    for (int r = 0; r < ranks; ++r) {
+      double* v = out[static_cast<size_t>(r)].data() + static_cast<size_t>(s) * log.stride();
+      for (int p = 0; p < kStepPhases; ++p) {
+        v[p] = 1e-3 * (1 + noise * rng.uniform(-1, 1));
+        if (r == slow && p == static_cast<int>(phase)) v[p] *= factor;
+      }
+      before[static_cast<size_t>(r)] = v[0] + v[1] + v[2];
+    }
+    const double last = *std::max_element(before.begin(), before.end());
+    for (int r = 0; r < ranks; ++r) {
+      double* v = out[static_cast<size_t>(r)].data() + static_cast<size_t>(s) * log.stride();
+      v[kStepPhases] = 10.0 * static_cast<double>(s) + before[static_cast<size_t>(r)];
+      v[static_cast<int>(StepPhase::exchange)] += last - before[static_cast<size_t>(r)];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the straggler rule names the slow rank and phase, and waits are not busy",
+          "[straggler]") {
+  const StepLog log{60, 1};
+  for (const StepPhase p : {StepPhase::data, StepPhase::forward, StepPhase::backward,
+                            StepPhase::exchange, StepPhase::optimizer}) {
+    INFO(to_string(p));
+    const Straggler s = name_straggler(logs(4, 60, 0.02, 2, p, 1.1), log);
+    CHECK(s.rank == 2);
+    CHECK(s.phase == static_cast<int>(p));
+    CHECK(s.excess == Approx(0.1).margin(0.02));
+    CHECK(s.share >= 0.9);
+  }
+  // Two ranks: the other rank's median is the other rank.
+  const Straggler two = name_straggler(logs(2, 60, 0.02, 0, StepPhase::forward, 1.2), log);
+  CHECK(two.rank == 0);
+  CHECK(two.phase == static_cast<int>(StepPhase::forward));
+  // Noise alone (up to 3% either way) names no one, in many draws.
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    const Straggler none = name_straggler(logs(4, 60, 0.03, 0, StepPhase::data, 1.0, seed), log);
+    INFO("seed " << seed << ": " << describe(none));
+    CHECK(none.rank == -1);
+    CHECK(none.share < 0.6);
+  }
+  // A slowdown below the rule's threshold, or in too few steps, is not named.
+  CHECK(name_straggler(logs(4, 60, 0.0, 1, StepPhase::forward, 1.05), log).rank == -1);
+  // Without the arrivals, the rank that waited would look slow in the exchange.
+  auto no_waits = logs(2, 60, 0.0, 1, StepPhase::backward, 1.3);
+  for (size_t s = 0; s < 60; ++s) {  // rank 1 also 0.2 ms late with its data: 0.5 ms of waits
+    double* late = no_waits[1].data() + s * log.stride();
+    late[static_cast<int>(StepPhase::data)] += 0.2e-3;
+    late[kStepPhases] += 0.2e-3;
+    no_waits[0][s * log.stride() + static_cast<int>(StepPhase::exchange)] += 0.2e-3;
+  }
+  const Straggler named = name_straggler(no_waits, log);
+  CHECK(named.rank == 1);
+  CHECK(named.phase == static_cast<int>(StepPhase::backward));
+  for (auto& v : no_waits)
+    for (size_t s = 0; s < 60; ++s)  // every rank arrives at once
+      v[s * log.stride() + kStepPhases] = 10.0 * static_cast<double>(s);
+  const Straggler fooled = name_straggler(no_waits, log);
+  CHECK(fooled.rank == 0);
+  CHECK(fooled.phase == static_cast<int>(StepPhase::exchange));
+  // Nothing to compare: one rank, no steps, a short log.
+  CHECK(name_straggler({std::vector<double>(60 * log.stride(), 1e-3)}, log).rank == -1);
+  CHECK(name_straggler(logs(4, 60, 0, 1, StepPhase::data, 2), StepLog{0, 1}).rank == -1);
+  CHECK(name_straggler({{1e-3}, {1e-3}}, log).rank == -1);
+  CHECK(describe(Straggler{2, 1, 0.123, 0.85}) == "rank 2 in forward: +12% in 85% of steps");
+  CHECK(describe(Straggler{}) == "none");
+  CHECK(step_phase_named("backward") == StepPhase::backward);
+  CHECK(!step_phase_named("sleep"));
+}
+
+TEST_CASE("a rank slowed on purpose is named in the log, metrics.csv and summary.json",
+          "[straggler]") {
+  TempDir d("straggler");
+  const auto cfg = d.path / "s.yaml";
+  // Phases of milliseconds (a 6.4M-parameter MLP on augmented 3x32x32 images), 16 steps.
+  std::ofstream(cfg) << "name: s\nthreads: 1\ndata:\n  dataset: synthetic\n"
+                        "  synthetic: {train_size: 2048, test_size: 128, shape: [3, 32, 32], "
+                        "classes: 10}\n  augment: {crop_padding: 4, flip: true}\n"
+                        "model: {hidden: [1024, 256]}\n"
+                        "train: {epochs: 1, per_replica_batch: 64, target_accuracy: 0}\n"
+                        "optimizer: {lr: 0.05, base_batch: 64}\n";
+  const auto res = (d.path / "res").string();
+  for (const std::string phase : {"forward", "backward"}) {
+    INFO(phase);
+    const auto r = shell("DTRAIN_SLOW=1:" + phase + ":2 " + dtrain_binary() + " run " +
+                         cfg.string() + " gpus=2 replicas=threads --tag " + phase +
+                         " --results " + res + " 2>&1");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("straggler: rank 1 in " + phase));
+    const auto run = fs::path(res) / "s" / (phase + "-g2");
+    const auto j = nlohmann::json::parse(slurp(run / "summary.json"));
+    REQUIRE(j.at("stragglers").size() == 1);
+    CHECK(j["stragglers"][0].at("rank") == 1);
+    CHECK(j["stragglers"][0].at("phase") == phase);
+    CHECK(j["stragglers"][0].at("excess").get<double>() > 0.5);
+    const std::string csv = slurp(run / "metrics.csv");
+    CHECK_THAT(csv, Catch::Contains("straggler_rank,straggler_phase,straggler_excess"));
+  }
+  // One replica: nothing to compare, no field.
+  REQUIRE(dtrain_cli("run " + cfg.string() + " --quiet --tag one --results " + res).code == 0);
+  CHECK(!nlohmann::json::parse(slurp(fs::path(res) / "s" / "one-g1" / "summary.json"))
+             .contains("stragglers"));
+}
