@@ -6,6 +6,7 @@
 # Writes results/bench/noise-scale-cost.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/epoch-times.sh
 rounds=${1:-3} epochs=${2:-4}
 dtrain=${DTRAIN:-build/apps/dtrain}
 tmp=$(mktemp -d)
@@ -16,16 +17,8 @@ for r in $(seq "$rounds"); do
       train.noise_scale="$on" --results "$tmp" --tag "r$r-$on" --quiet >/dev/null
   done
 done
-# Epoch times (column epoch_time_s) of every run but each run's first epoch, per setting.
-times() {
-  for f in "$tmp"/fmnist-mlp/r*-"$1"-g4/metrics.csv; do
-    awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "epoch_time_s") c = i; next }
-             NR > 2 { print $c }' "$f"
-  done | sort -g
-}
-median() { awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-on=$(times true | median)
-off=$(times false | median)
+on=$(steady_epoch_times "$tmp"/fmnist-mlp/r*-true-g4/metrics.csv | median)
+off=$(steady_epoch_times "$tmp"/fmnist-mlp/r*-false-g4/metrics.csv | median)
 b=$(grep -o '"b_simple": [0-9.e+-]*' "$tmp"/fmnist-mlp/r1-true-g4/summary.json | head -n 1 |
   cut -d' ' -f2)
 mkdir -p results/bench

@@ -8,6 +8,7 @@
 # Writes results/bench/trace-cost.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/epoch-times.sh
 rounds=${1:-3} epochs=${2:-4}
 dtrain=${DTRAIN:-build/apps/dtrain}
 tmp=$(mktemp -d)
@@ -19,15 +20,8 @@ for r in $(seq "$rounds"); do
       --results "$tmp" --tag "r$r-$steps" --quiet >/dev/null
   done
 done
-times() {
-  for f in "$tmp"/fmnist-mlp/r*-"$1"-g4/metrics.csv; do
-    awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "epoch_time_s") c = i; next }
-             NR > 2 { print $c }' "$f"
-  done | sort -g
-}
-median() { awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-on=$(times 1000 | median)
-off=$(times 0 | median)
+on=$(steady_epoch_times "$tmp"/fmnist-mlp/r*-1000-g4/metrics.csv | median)
+off=$(steady_epoch_times "$tmp"/fmnist-mlp/r*-0-g4/metrics.csv | median)
 events=$(grep -c '"ph": "X"' "$tmp"/fmnist-mlp/r1-1000-g4/trace.json)
 bytes=$(stat -c %s "$tmp"/fmnist-mlp/r1-1000-g4/trace.json)
 mkdir -p results/bench
