@@ -160,6 +160,26 @@ TEST_CASE("a 4-replica run's trace.json nests every span in its step, ranks alig
   CHECK(count(sh.at(0), "optimizer") + count(sh.at(1), "optimizer") == 3);
 }
 
+TEST_CASE("a run resumed after its trace window keeps the trace it wrote", "[trace]") {
+  TempDir d("trace-resume");
+  const auto cfg = write_config(d.path);
+  const auto res = (d.path / "res").string();
+  // 8 steps an epoch at 4 x 16: the window is steps 2 and 3, the run fails at step 12 and
+  // continues from its checkpoint at step 8.
+  const std::string run = dtrain_binary() + " run " + cfg + " gpus=4 replicas=threads " +
+                          "train.trace.from_step=2 train.trace.steps=2 --quiet --tag r " +
+                          "--results " + res;
+  REQUIRE(shell("DTRAIN_FAULT=0:12 " + run + " 2>&1").code != 0);
+  const fs::path trace = fs::path(res) / "tr" / "r-g4" / "trace.json";
+  REQUIRE(fs::exists(trace));
+  const std::string before = slurp(trace);
+  const auto again = shell(run + " --resume 2>&1");
+  INFO(again.out);
+  REQUIRE(again.code == 0);
+  CHECK(slurp(trace) == before);
+  read_trace(trace, 4, 2, 2);
+}
+
 TEST_CASE("a trace is no part of a run's identity, and its window is checked", "[trace]") {
   TempDir d("trace-id");
   const auto cfg = write_config(d.path);

@@ -445,6 +445,7 @@ void open_folder(const RunOptions& opt, const Sweep& s, size_t i, RunHold& h) {
         std::make_unique<RunRecorder>(s.dirs[i], run_id(s.tag, r), r.group, r.config, r.overrides);
   if (h.rec && h.resume_from) {
     h.rec->resume(*h.resume_from);  // saved in the new folder before the old copy goes
+    h.rec->carry(attempt, "trace.json");
     std::error_code ec;
     fs::remove(checkpoint_path(attempt), ec);
   }

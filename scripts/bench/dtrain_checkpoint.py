@@ -2,7 +2,7 @@
 flat parameter vector onto torch_gpt.py's modules, so that PyTorch can continue a dtrain run from
 the same weights and Adam moments.
 
-The file (lib/dtrain/train/checkpoint.{hpp,cpp}), little-endian: the line "dtrain checkpoint 2\n";
+The file (lib/dtrain/train/checkpoint.{hpp,cpp}), little-endian: the line "dtrain checkpoint 3\n";
 the resolved config (u64 length, bytes); replicas, epoch (i32 each); step, global step (i64 each);
 params, Adam's first and second moments, BatchNorm state (u64 count, f32 each); the random
 streams (u64 count, u64 each); the noise-scale averages (4 f64); per finished step of the epoch
@@ -21,16 +21,17 @@ import zlib
 
 import numpy as np
 
-MAGIC = b"dtrain checkpoint 2\n"
+MAGIC = b"dtrain checkpoint "  # then the version (1, 2 or 3: they differ only in the epochs' fields,
+                               # after everything read here) and a newline
 
 
 def read_checkpoint(path):
     b = open(path, "rb").read()
-    if not b.startswith(MAGIC):
-        raise SystemExit(f"{path}: not a dtrain checkpoint (version 2)")
+    if not b.startswith(MAGIC) or b[len(MAGIC):len(MAGIC) + 2] not in (b"1\n", b"2\n", b"3\n"):
+        raise SystemExit(f"{path}: not a dtrain checkpoint of version 1 to 3")
     if struct.unpack_from("<I", b, len(b) - 4)[0] != zlib.crc32(b[:-4]):
         raise SystemExit(f"{path}: its checksum does not match")
-    at = len(MAGIC)
+    at = len(MAGIC) + 2
 
     def pod(fmt):
         nonlocal at

@@ -84,13 +84,13 @@ def render(args, rows, factors):
              "(`DTRAIN_SLOW=1:PHASE:FACTOR`), or not at all; one epoch of 16 steps of a "
              "6.4M-parameter MLP on augmented 3x32x32 images; the epoch's verdict from "
              "`summary.json`. Right: the slowed rank and phase named (no slowdown: no one named).",
-             "", "| slowdown | phase | right | trials | what was named (rank phase excess: count) |",
+             "", "| slowdown | phase | right | trials | what was named (rank phase: count) |",
              "|---|---|---|---|---|"]
     for (factor, phase), rs in tally.items():
-        named = collections.Counter(
-            f"{r['named']['rank']} {r['named']['phase']} {r['named']['excess']:+.0%}".rsplit(" ", 1)[0]
-            if r["named"] else "none" for r in rs)
-        excess = [r["named"]["excess"] for r in rs if r["named"]]
+        named = collections.Counter(f"{r['named']['rank']} {r['named']['phase']}"
+                                    if r["named"] else "none" for r in rs)
+        excess = [r["named"]["excess"] for r in rs
+                  if r["named"] and r["named"]["excess"] is not None]
         what = ", ".join(f"{k}: {v}" for k, v in named.most_common())
         if excess:
             what += f" (median excess {sorted(excess)[len(excess) // 2]:+.0%})"

@@ -98,7 +98,7 @@ void visit(C& a, V& v) {
 
 template <ConfigPart<TraceConfig> C, class V>
 void visit(C& t, V& v) {
-  v(Key("from_step").at_least(1), t.from_step);
+  v(Key("from_step").within(int64_t{1}, int64_t{1} << 50), t.from_step);
   v(Key("steps").within(0, 1000), t.steps);
 }
 

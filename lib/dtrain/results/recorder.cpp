@@ -232,7 +232,7 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
                m.rank_busy_max_s, m.slowest_rank);
   if (m.straggler_rank >= 0)
     log().warn("straggler: {}", describe(Straggler{m.straggler_rank, m.straggler_phase,
-                                                     m.straggler_excess, 1.0}));
+                                                     m.straggler_excess, 0.0}));
 }
 
 // The epochs that named a straggler (straggler.hpp).
@@ -337,7 +337,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j[k::data] = info_.data;
   j[k::steps_per_epoch] = info_.steps_per_epoch;
   j[k::noise_scale] = noise_scale_json(epochs_, cfg_);
-  if (cfg_.gpus > 1) j[k::stragglers] = stragglers_json(epochs_);
+  if (cfg_.gpus > 1 && info_.backend == "cpu") j[k::stragglers] = stragglers_json(epochs_);
   // Every value in force, through the same schema as config.resolved.yaml: the keys above stay
   // for the scripts that read them, `report --by` reads any key from here.
   j[k::config] = config_to_json(cfg_);
@@ -360,6 +360,15 @@ void RunRecorder::on_checkpoint(const Checkpoint& c) {
 void RunRecorder::on_trace(const std::string& json) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
   write_file_atomic(dir_ + "/trace.json", json);
+}
+
+void RunRecorder::carry(const std::string& attempt_dir, const std::string& name) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
+  std::error_code ec;
+  const fs::path from = fs::path(attempt_dir) / name;
+  if (attempt_dir.empty() || !fs::is_regular_file(fs::symlink_status(from, ec))) return;
+  fs::copy_file(from, fs::path(dir_) / name, fs::copy_options::overwrite_existing, ec);
+  if (ec) log().warn("resume: {} not carried over from {}: {}", name, attempt_dir, ec.message());
 }
 
 void RunRecorder::resume(const Checkpoint& c) {

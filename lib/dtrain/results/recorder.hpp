@@ -57,6 +57,10 @@ class RunRecorder : public TrainObserver {
   void on_checkpoint(const Checkpoint& c) override;
   // Writes trace.json (replaced whole, atomically, each time the trace grows).
   void on_trace(const std::string& json) override;
+  // Copies file `name` of an earlier attempt's folder into this run's, where it is a regular
+  // file there (never through a link): what the attempt wrote that its checkpoint does not
+  // hold (trace.json). Nothing where it has none.
+  void carry(const std::string& attempt_dir, const std::string& name);
 
   // A run continued from `c`: its finished epochs go to metrics.csv, and the checkpoint is
   // saved here at once, so that the folder can be resumed again before its next one.

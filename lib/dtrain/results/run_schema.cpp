@@ -254,7 +254,8 @@ const std::vector<SummaryField>& summary_fields() {
       {k::steps_per_epoch, "optimizer steps per epoch", "", true},
       {k::noise_scale, "the last epoch's gradient noise scale and advice (or null)", "", true},
       {k::stragglers,
-       "each epoch that named a straggler: its rank, phase, median excess (empty where none)",
+       "CPU runs of several replicas: each epoch that named a straggler, with its rank, phase "
+       "and median excess (empty where none)",
        "", false},
       {k::config, "every config value in force, as config.resolved.yaml", "", true},
       {k::git_sha, "the build's commit", "", true},

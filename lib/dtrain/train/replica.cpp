@@ -99,8 +99,6 @@ Replica::Replica(RunContext& run, Communicator& comm)
   idx_.reserve(static_cast<size_t>(cap));
 
   make_exchange(n_params);
-  track_stragglers_ = replicas_ > 1 && !queue_;
-  step_log_ = {steps_, run.shared ? 1 : static_cast<int>(exchange_->bucket_count())};
   enable_graphs();
   graph_stats_.resize(*dev_, kDev);
   dev_stats_.resize(*dev_, at_least_one(steps_ * kDev));
@@ -158,10 +156,15 @@ void Replica::make_exchange(size_t n_params) {
       queue_->synchronize();
     exchange_->ready(off, count);
   };
+  // The straggler log: per step the phases and an arrival per bucket (one, for shared weights).
+  // Rank 0 gathers every rank's at each epoch's end: at most 2^25 values (256 MB).
+  step_log_ = {steps_, run_.shared ? 1 : static_cast<int>(exchange_->bucket_count())};
+  track_stragglers_ = replicas_ > 1 && dev_->host_memory() &&
+                      static_cast<double>(replicas_) * static_cast<double>(steps_) *
+                              static_cast<double>(step_log_.stride()) <= 0x1p25;
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
   // reduce the whole buffer at once, in finish().
-  const bool arrivals = replicas_ > 1 && dev_->host_memory();
-  if ((cfg_.train.trace.enabled() || arrivals) && !run_.shared)
+  if ((cfg_.train.trace.enabled() || track_stragglers_) && !run_.shared)
     exchange_->on_bucket([this](size_t b, Clock::time_point ready, Clock::time_point t0,
                                 Clock::time_point t1) {
       trace_.bucket(b, ready, t0, t1);
@@ -226,16 +229,16 @@ void Replica::slow_down(StepPhase p, double busy_s) {
 
 Straggler Replica::epoch_straggler() {
   // The same decision on every rank: each holds as many values.
-  if (!track_stragglers_ ||
-      static_cast<double>(replicas_) * static_cast<double>(phase_log_.size()) > 0x1p25)
-    return {};
+  if (!track_stragglers_) return {};
   const std::vector<double> all = gather(phase_log_);
   if (rank_ != 0) return {};
+  // The steps this process ran (a resumed epoch's earlier ones are not in the log).
+  const size_t skip = static_cast<size_t>(phase_first_) * step_log_.stride();
   std::vector<std::vector<double>> ranks(static_cast<size_t>(replicas_));
   for (size_t r = 0; r < ranks.size(); ++r)
-    ranks[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r * phase_log_.size()),
+    ranks[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r * phase_log_.size() + skip),
                     all.begin() + static_cast<std::ptrdiff_t>((r + 1) * phase_log_.size()));
-  return name_straggler(ranks, step_log_);
+  return name_straggler(ranks, StepLog{steps_ - phase_first_, step_log_.arrivals});
 }
 
 void Replica::report_start() {
@@ -258,6 +261,9 @@ void Replica::report_start() {
 
 void Replica::run() {
   if (cfg_.train.trace.enabled() || replicas_ > 1) start_clock();
+  // Resumed past the window: its trace.json is whole already.
+  const TraceConfig& window = cfg_.train.trace;
+  trace_written_ = global_step_ >= window.from_step + window.steps - 1;
   for (int epoch = start_epoch_; epoch < cfg_.train.epochs; ++epoch) {
     const EpochTotals tr = train_epoch(epoch);
     const auto t_eval = Clock::now();
@@ -296,6 +302,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   EpochTotals out;
   EpochTimes& t = out.times;
   const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
+  phase_first_ = first;
   if (first > 0) restore_partial_epoch(out);
   if (train_input_) start_input(plan, epoch, first);
   // Evaluation may have freed device memory on some ranks: the graph steps agree again.
@@ -611,20 +618,23 @@ std::vector<uint64_t> Replica::gather_words(const std::vector<uint64_t>& mine) {
   return all;
 }
 
-// The trace's origin: rank 0's clock reading, which ranks on its machine share exactly (one
-// monotonic clock); ranks elsewhere take the moment they leave the collective that sent it.
+// The common origin: the moment every rank leaves one collective, as rank 0 read it. Ranks on
+// rank 0's machine share its monotonic clock and take its reading exactly; a rank on another
+// machine takes its own reading of that moment (aligned to the collective's exit skew).
 void Replica::start_clock() {
+  double meet = 0;
+  comm_.allreduce(&meet, 1, ReduceOp::sum);
+  const auto left = Clock::now();
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   const double host = static_cast<double>(std::hash<std::string>{}(name) & 0xffffffffu);
-  const auto now = Clock::now();
-  std::vector<double> v = {host, static_cast<double>(now.time_since_epoch().count())};
+  std::vector<double> v = {host, static_cast<double>(left.time_since_epoch().count())};
   if (rank_ != 0) v = {0, 0};
   comm_.allreduce(v.data(), v.size(), ReduceOp::sum);
   if (v[0] == host)
     trace_.start_clock(Clock::time_point(Clock::duration(static_cast<Clock::rep>(v[1]))));
   else
-    trace_.start_clock(Clock::now());
+    trace_.start_clock(left);
 }
 
 void Replica::write_trace() {
@@ -636,6 +646,7 @@ void Replica::write_trace() {
   counts[static_cast<size_t>(rank_)] = static_cast<double>(mine.size());
   comm_.allreduce(counts.data(), counts.size(), ReduceOp::sum);
   const auto most = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+  if (most == 0) return;  // nothing new: the file stays as it is
   std::vector<double> padded(most, std::nan(""));
   std::copy(mine.begin(), mine.end(), padded.begin());
   const std::vector<double> all = gather(padded);

@@ -135,7 +135,7 @@ class Replica {
   // train.trace: every rank's spans since the last call to rank 0, which hands the whole trace
   // so far to the observer (trace.json). Collective: called where the window has begun.
   void write_trace();
-  // The origin of the trace's and the straggler log's times, common to every rank.
+  // The origin of the trace's and the straggler log's times, common to every rank (collective).
   void start_clock();
   // Stragglers: adds seconds to the step in progress's phase (CPU, more than one replica).
   void log_phase(StepPhase p, double seconds) {
@@ -207,6 +207,7 @@ class Replica {
   StepLog step_log_;
   std::vector<double> phase_log_;  // this epoch's StepLog values
   double* phase_row_ = nullptr;    // the step in progress's
+  int64_t phase_first_ = 0;        // the epoch's first step run here (a resumed epoch's later)
   int slow_phase_ = -1;            // DTRAIN_SLOW=RANK:PHASE:FACTOR (a StepPhase; -1: none)
   double slow_factor_ = 1;
   std::vector<std::vector<TraceSpan>> trace_ranks_;  // rank 0: every rank's spans so far

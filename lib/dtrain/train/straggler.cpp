@@ -100,8 +100,10 @@ Straggler name_straggler(const std::vector<std::vector<double>>& ranks, const St
 
 std::string describe(const Straggler& s) {
   if (s.rank < 0) return "none";
-  return fmt::format("rank {} in {}: {:+.0f}% in {:.0f}% of steps", s.rank,
-                     to_string(static_cast<StepPhase>(s.phase)), 100 * s.excess, 100 * s.share);
+  std::string out = fmt::format("rank {} in {}: ", s.rank, to_string(static_cast<StepPhase>(s.phase)));
+  out += std::isfinite(s.excess) ? fmt::format("{:+.0f}%", 100 * s.excess) : "slower";
+  if (s.share > 0) out += fmt::format(" in {:.0f}% of steps", 100 * s.share);
+  return out;
 }
 
 }  // namespace dtrain

@@ -53,7 +53,7 @@ struct Straggler {
 Straggler name_straggler(const std::vector<std::vector<double>>& ranks, const StepLog& log,
                          const StragglerRule& rule = {});
 
-// "rank 2 in backward: +12% in 85% of steps", or "none".
+// "rank 2 in backward: +12% in 85% of steps" (the share left out where it is 0), or "none".
 std::string describe(const Straggler& s);
 
 }  // namespace dtrain

@@ -58,8 +58,9 @@ std::vector<TraceSpan> unpack_spans(const double* packed, size_t n) {
   out.reserve(n / kPacked);
   for (size_t i = 0; i < n; i += kPacked) {
     const double* v = packed + i;
-    if (!(v[0] >= 0 && v[0] < static_cast<double>(kPhases)) || !std::isfinite(v[3]) ||
-        !(v[4] >= 0))
+    const auto whole = [](double x) { return std::abs(x) < 0x1p62 && x == std::floor(x); };
+    if (!(v[0] >= 0 && v[0] < static_cast<double>(kPhases)) || !whole(v[1]) || !whole(v[2]) ||
+        !std::isfinite(v[3]) || !(v[4] >= 0))
       DTRAIN_THROW_SYSTEM("trace: a malformed packed span");
     out.push_back({static_cast<TracePhase>(static_cast<int>(v[0])), static_cast<int64_t>(v[1]),
                    static_cast<int64_t>(v[2]), v[3], v[4], std::isfinite(v[5]) ? v[5] : -1.0});

@@ -6,13 +6,14 @@
 // sits inside the backward pass that made it ready (or inside the exchange that finished it).
 // After the epoch: evaluation and checkpoints.
 //
-// Times are host clocks from one origin: rank 0's reading of the monotonic clock, which every
-// rank on its machine shares exactly; a rank on another machine takes the moment it leaves the
-// collective that sent it (aligned to that collective's exit skew; clock drift over the run is
-// not corrected). On a GPU the host spans are when work was queued, not when it ran.
+// Times are host clocks from one origin: the moment every rank left one collective, as rank 0's
+// monotonic clock read it, which every rank on its machine shares exactly; a rank on another
+// machine takes its own reading of that moment (aligned to the collective's exit skew; clock
+// drift over the run is not corrected). On a GPU the host spans are when work was queued, not
+// when it ran.
 //
-// Off (train.trace.steps 0), a span site costs one branch. On, a span is two clock reads and a
-// push into a vector reserved for the window.
+// Off (train.trace.steps 0), a span site costs its clock reads and one branch. On, a span is
+// also a push into a vector.
 #include <chrono>
 #include <cstdint>
 #include <string>
