@@ -1,5 +1,6 @@
-// Stragglers named: the rule on step logs with known answers (a slow phase, waits in the
-// exchange, noise alone), and whole runs where one rank is slowed on purpose (DTRAIN_SLOW).
+// Who is slow: the straggler rule on step logs with known answers (a slow phase, waits in the
+// exchange, noise alone), whole runs where one rank is slowed on purpose (DTRAIN_SLOW), and the
+// model FLOPs utilisation in summary.json.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/rng.hpp"
 #include "dtrain/train/straggler.hpp"
 #include "helpers.hpp"
@@ -147,4 +149,50 @@ TEST_CASE("a rank slowed on purpose is named in the log, metrics.csv and summary
   REQUIRE(dtrain_cli("run " + cfg.string() + " --quiet --tag one --results " + res).code == 0);
   CHECK(!nlohmann::json::parse(slurp(fs::path(res) / "s" / "one-g1" / "summary.json"))
              .contains("stragglers"));
+}
+
+TEST_CASE("summary.json's utilisation: the shape engine's FLOPs at the run's rate, over a peak",
+          "[straggler][utilisation]") {
+  TempDir d("mfu");
+  const auto cfg = d.path / "m.yaml";
+  // An MLP 64 -> 128 -> 32 -> 4: forward 2 x (64*128 + 128*32 + 32*4) FLOPs per sample.
+  std::ofstream(cfg) << "name: m\nthreads: 1\ndata:\n  dataset: synthetic\n"
+                        "  synthetic: {train_size: 1024, test_size: 64, shape: [64], classes: 4}\n"
+                        "model: {hidden: [128, 32]}\n"
+                        "train: {epochs: 2, per_replica_batch: 32, target_accuracy: 0}\n"
+                        "optimizer: {lr: 0.05, base_batch: 32}\n";
+  const auto res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg.string() + " gpus=2 --quiet --tag u --results " + res).code ==
+          0);
+  const auto j = nlohmann::json::parse(slurp(fs::path(res) / "m" / "u-g2" / "summary.json"));
+  const auto& u = j.at("utilisation");
+  const double forward = 2.0 * (64 * 128 + 128 * 32 + 32 * 4);
+  CHECK(u.at("flops_per_sample").at("forward").get<double>() == forward);
+  // Backward: the weights' gradients of every layer, the inputs' of all but the first.
+  CHECK(u.at("flops_per_sample").at("backward").get<double>() ==
+        2.0 * (64 * 128 + 128 * 32 + 32 * 4) + 2.0 * (128 * 32 + 32 * 4));
+  const double flops = u["flops_per_sample"]["forward"].get<double>() +
+                       u["flops_per_sample"]["backward"].get<double>();
+  const double achieved = u.at("achieved_tflops_per_replica").get<double>();
+  CHECK(achieved == Approx(j.at("samples_per_s").get<double>() * flops / 2 / 1e12));
+  const double peak = u.at("peak_tflops_per_replica").get<double>();
+  CHECK(peak > 1e-3);  // a 512^3 SGEMM on one thread: a few GFLOP/s at least
+  CHECK(u.at("mfu").get<double>() == Approx(achieved / peak));
+  CHECK_THAT(u.at("peak_source").get<std::string>(), Catch::Contains("SGEMM"));
+}
+
+TEST_CASE("a GPU's documented peak by name and precision", "[utilisation]") {
+  CHECK(documented_peak("NVIDIA H100 80GB HBM3", Precision::bf16).tflops == 989.4);
+  CHECK(documented_peak("NVIDIA H100 80GB HBM3", Precision::tf32).tflops == 494.7);
+  CHECK(documented_peak("NVIDIA H100 80GB HBM3", Precision::fp32).tflops == 67);
+  CHECK(documented_peak("NVIDIA H100 PCIe", Precision::bf16).tflops == 756);
+  CHECK(documented_peak("NVIDIA H200", Precision::bf16).tflops == 989.4);
+  CHECK(documented_peak("NVIDIA A100-SXM4-80GB", Precision::fp32).tflops == 19.5);
+  CHECK_THAT(documented_peak("NVIDIA A100-SXM4-80GB", Precision::tf32).source,
+             Catch::Contains("A100 tf32 dense peak"));
+  // Variants with other figures, and GPUs not in the table: none.
+  CHECK(documented_peak("NVIDIA H100 NVL", Precision::bf16).tflops == 0);
+  CHECK(documented_peak("NVIDIA H200 NVL", Precision::bf16).tflops == 0);
+  CHECK(documented_peak("NVIDIA GeForce RTX 4090", Precision::bf16).tflops == 0);
+  CHECK(documented_peak("", Precision::fp32).source.empty());
 }

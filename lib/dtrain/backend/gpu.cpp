@@ -191,3 +191,34 @@ std::unique_ptr<Device> make_cuda_device(int, int rank, Precision) {
 #endif
 
 }  // namespace dtrain
+
+namespace dtrain {
+
+DocumentedPeak documented_peak(const std::string& gpu_name, Precision precision) {
+  // Dense TFLOP/s, fp32 / tf32 / bf16, from NVIDIA's datasheets (the tensor-core figures there
+  // are quoted with sparsity: these are half of them).
+  struct Row {
+    const char* has;
+    const char* lacks;  // a variant with other figures, left out
+    double fp32, tf32, bf16;
+    const char* sheet;
+  };
+  static const Row rows[] = {
+      {"H200", "NVL", 67, 494.7, 989.4, "NVIDIA H200 Tensor Core GPU datasheet (SXM)"},
+      {"H100 PCIe", "", 51, 378, 756, "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"},
+      {"H100", "NVL", 67, 494.7, 989.4, "NVIDIA H100 Tensor Core GPU datasheet (SXM)"},
+      {"A100", "", 19.5, 156, 312, "NVIDIA A100 Tensor Core GPU datasheet"},
+      {"L40S", "", 91.6, 183, 362.05, "NVIDIA L40S datasheet"},
+  };
+  for (const Row& r : rows) {
+    if (gpu_name.find(r.has) == std::string::npos) continue;
+    if (*r.lacks && gpu_name.find(r.lacks) != std::string::npos) return {};
+    const double t = precision == Precision::bf16   ? r.bf16
+                     : precision == Precision::tf32 ? r.tf32
+                                                    : r.fp32;
+    return {t, fmt::format("{} {} dense peak, {}", r.has, to_string(precision), r.sheet)};
+  }
+  return {};
+}
+
+}  // namespace dtrain

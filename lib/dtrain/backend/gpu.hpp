@@ -48,6 +48,16 @@ struct GpuFloors {
 };
 GpuFloors measure_gpu(int index);
 
+// A GPU's documented dense peak in TFLOP/s for a training precision (fp32: the FP32 units;
+// tf32 and bf16: the tensor cores without sparsity), from its name as the driver gives it
+// (e.g. "NVIDIA H100 80GB HBM3"), with the datasheet it comes from; 0 and "" for a GPU not in
+// the table (A100, H100 and H200 SXM and PCIe/NVL, L40S).
+struct DocumentedPeak {
+  double tflops = 0;
+  std::string source;
+};
+DocumentedPeak documented_peak(const std::string& gpu_name, Precision precision);
+
 // The CUDA backend on GPU `index`; `rank` names the replica in error messages.
 // Throws SystemError where dtrain was built without CUDA or the GPU cannot be used.
 std::unique_ptr<Device> make_cuda_device(int index, int rank,

@@ -235,6 +235,22 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
                                                      m.straggler_excess, 0.0}));
 }
 
+// Model FLOPs utilisation: the shape engine's FLOPs per sample times the median epoch's samples
+// per second, per replica, against a replica's peak (RunInfo).
+static nlohmann::json utilisation_json(const RunInfo& info, double samples_per_s, int replicas) {
+  const double flops = info.forward_flops + info.backward_flops;
+  const double achieved = std::isfinite(samples_per_s) && flops > 0
+                              ? samples_per_s * flops / std::max(1, replicas) / 1e12
+                              : std::nan("");
+  const double peak = info.peak_tflops > 0 ? info.peak_tflops : std::nan("");
+  return {{"flops_per_sample", {{"forward", info.forward_flops}, {"backward", info.backward_flops}}},
+          {"achieved_tflops_per_replica", number_or_null(achieved)},
+          {"peak_tflops_per_replica", number_or_null(peak)},
+          {"peak_source", info.peak_source.empty() ? nlohmann::json(nullptr)
+                                                   : nlohmann::json(info.peak_source)},
+          {"mfu", number_or_null(achieved / peak)}};
+}
+
 // The epochs that named a straggler (straggler.hpp).
 static nlohmann::json stragglers_json(const std::vector<EpochMetrics>& epochs) {
   nlohmann::json out = nlohmann::json::array();
@@ -271,6 +287,28 @@ static nlohmann::json noise_scale_json(const std::vector<EpochMetrics>& epochs, 
   return j;
 }
 
+// The config values summary.json repeats beside "config" (run_schema.cpp marks them), kept for
+// the scripts and older readers that read them there.
+static void put_config_repeats(nlohmann::json& j, const Config& cfg, double peak_lr) {
+  namespace k = summary_key;
+  j[k::gpus] = cfg.gpus;
+  j[k::per_replica_batch] = cfg.micro_batch();
+  j[k::accumulation_steps] = cfg.train.accumulation_steps;
+  j[k::global_batch] = cfg.global_batch();
+  j[k::lr] = cfg.optimizer.lr;
+  j[k::base_batch] = cfg.optimizer.base_batch;
+  j[k::lr_scaling] = to_string(cfg.optimizer.lr_scaling);
+  j[k::peak_lr] = peak_lr;
+  j[k::warmup_epochs] = cfg.optimizer.warmup_epochs;
+  j[k::schedule] = to_string(cfg.optimizer.schedule);
+  j[k::optimizer] = to_string(cfg.optimizer.type);
+  j[k::reduction] = to_string(cfg.train.reduction);
+  j[k::shuffle] = to_string(cfg.data.shuffle);
+  j[k::sharding] = to_string(cfg.data.sharding);
+  j[k::sort_by_label] = cfg.data.sort_by_label;
+  j[k::seed] = cfg.train.seed;
+}
+
 void RunRecorder::write_summary(const std::string& status, const std::string& error) {
   namespace k = summary_key;  // the field names and what they mean: run_schema.hpp
   const RunStats st =
@@ -287,6 +325,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j[k::final_test_loss] = number_or_null(st.final_test_loss);
   j[k::median_epoch_time_s] = number_or_null(st.median_epoch_time_s);
   j[k::samples_per_s] = number_or_null(st.median_samples_per_s);
+  j[k::utilisation] = utilisation_json(info_, st.median_samples_per_s, cfg_.gpus);
   j[k::total_train_time_s] = number_or_null(st.total_train_time_s);
   j[k::exchange_bytes_per_step] = info_.param_count * static_cast<int64_t>(sizeof(float));
   j[k::busbw_gbps] = number_or_null(st.median_busbw_gbps);
@@ -298,22 +337,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   j[k::epochs_to_target] = st.epochs_to_target ? nlohmann::json(*st.epochs_to_target) : nullptr;
   j[k::epochs_completed] = epochs_.size();
   j[k::epochs_planned] = cfg_.train.epochs;
-  j[k::gpus] = cfg_.gpus;
-  j[k::per_replica_batch] = cfg_.micro_batch();
-  j[k::accumulation_steps] = cfg_.train.accumulation_steps;
-  j[k::global_batch] = cfg_.global_batch();
-  j[k::lr] = cfg_.optimizer.lr;
-  j[k::base_batch] = cfg_.optimizer.base_batch;
-  j[k::lr_scaling] = to_string(cfg_.optimizer.lr_scaling);
-  j[k::peak_lr] = info_.peak_lr;
-  j[k::warmup_epochs] = cfg_.optimizer.warmup_epochs;
-  j[k::schedule] = to_string(cfg_.optimizer.schedule);
-  j[k::optimizer] = to_string(cfg_.optimizer.type);
-  j[k::reduction] = to_string(cfg_.train.reduction);
-  j[k::shuffle] = to_string(cfg_.data.shuffle);
-  j[k::sharding] = to_string(cfg_.data.sharding);
-  j[k::sort_by_label] = cfg_.data.sort_by_label;
-  j[k::seed] = cfg_.train.seed;
+  put_config_repeats(j, cfg_, info_.peak_lr);
   j[k::backend] = info_.backend;
   j[k::precision] = info_.precision;
   if (info_.launches_per_step > 0) j[k::launches_per_step] = info_.launches_per_step;

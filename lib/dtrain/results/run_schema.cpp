@@ -253,6 +253,10 @@ const std::vector<SummaryField>& summary_fields() {
       {k::data, "the data set, in words", "", true},
       {k::steps_per_epoch, "optimizer steps per epoch", "", true},
       {k::noise_scale, "the last epoch's gradient noise scale and advice (or null)", "", true},
+      {k::utilisation,
+       "FLOPs per sample (forward, backward), achieved TFLOP/s per replica (median epoch), "
+       "a replica's peak and its source, and their ratio (model FLOPs utilisation)",
+       "", true},
       {k::stragglers,
        "CPU runs of several replicas: each epoch that named a straggler, with its rank, phase "
        "and median excess (empty where none)",

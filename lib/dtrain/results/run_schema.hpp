@@ -129,6 +129,7 @@ inline constexpr const char* data = "data";
 inline constexpr const char* steps_per_epoch = "steps_per_epoch";
 inline constexpr const char* noise_scale = "noise_scale";
 inline constexpr const char* stragglers = "stragglers";
+inline constexpr const char* utilisation = "utilisation";
 inline constexpr const char* config = "config";
 inline constexpr const char* git_sha = "git_sha";
 inline constexpr const char* dtrain_version = "dtrain_version";

@@ -23,6 +23,24 @@ namespace dtrain {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+// One replica's CPU peak: the best of three 512 x 512 x 512 SGEMMs on its device (its BLAS
+// threads), in TFLOP/s.
+double measure_sgemm_tflops(Device& d) {
+  constexpr int64_t n = 512;
+  Buffer<float> a, b, c;
+  for (Buffer<float>* x : {&a, &b, &c}) {
+    x->resize(d, static_cast<size_t>(n * n));
+    d.fill(x->data(), static_cast<size_t>(n * n), 0.5f);
+  }
+  double best = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    d.gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(n * n * n) / std::max(best, 1e-9) / 1e12;
+}
+
 double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -252,6 +270,18 @@ void Replica::report_start() {
   info.micro_batch = micro_;
   info.peak_lr = scaled_lr(cfg_.optimizer, gbatch_);
   info.param_count = model_->param_count();
+  const ModelSize size = model_size(cfg_.model, train_.shape, train_.classes);
+  info.forward_flops = size.forward_flops;
+  info.backward_flops = size.backward_flops;
+  if (run_.place.backend == Backend::cuda) {
+    const GpuSystem sys = query_gpus();
+    const auto gpu = static_cast<size_t>(run_.place.gpu_of_replica[static_cast<size_t>(rank_)]);
+    if (gpu < sys.gpus.size()) {
+      const DocumentedPeak peak = documented_peak(sys.gpus[gpu].name, cfg_.precision);
+      info.peak_tflops = peak.tflops;
+      info.peak_source = peak.source;
+    }
+  }
   info.backend = to_string(run_.place.backend);
   info.precision = to_string(cfg_.precision);
   info.cuda_graph = graph_state_;
@@ -291,6 +321,12 @@ void Replica::run() {
     if (diverged) break;  // every rank sees the same reduced numbers, so all stop together
   }
   if (rank_ == 0) run_.result.info.cuda_graph_steps = queue_ ? queue_->graph_launches() : 0;
+  if (rank_ == 0 && dev_->host_memory()) {  // the CPU's peak, once training is over
+    RunInfo& info = run_.result.info;
+    info.peak_tflops = measure_sgemm_tflops(*dev_);
+    info.peak_source = fmt::format("SGEMM 512^3 measured on one replica's {} BLAS thread(s)",
+                                   run_.cpu.threads);
+  }
 }
 
 Replica::EpochTotals Replica::train_epoch(int epoch) {

@@ -61,6 +61,12 @@ struct RunInfo {
   int64_t micro_batch = 0;
   double peak_lr = 0;
   int64_t param_count = 0;
+  // FLOPs per sample of a training step (the shape engine's, model_size), and one replica's
+  // peak in TFLOP/s with where it comes from (a GEMM measured on the replica's CPU threads when
+  // the run ends, or a GPU's documented peak for the precision); 0 and "" where none is known.
+  double forward_flops = 0, backward_flops = 0;
+  double peak_tflops = 0;
+  std::string peak_source;
   std::string backend = "cpu";  // where the replicas ran: cpu or cuda
   std::string precision = "fp32";
   std::string blas;  // the OpenBLAS build and kernel family (see blas_description)
