@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "dtrain/base/rng.hpp"
 #include "dtrain/results/stats.hpp"
 
 using namespace dtrain;
@@ -218,4 +219,44 @@ TEST_CASE("stats: too few values, no spread and NaN are said, not guessed", "[st
   const WelchTest half = welch_test({0.5, 0, 4}, {0.6, 0.1, 5});
   CHECK(half.kind == WelchTest::Kind::welch);
   CHECK(half.df == Approx(4));
+}
+
+TEST_CASE("the batch-size law's fit recovers S_min and B_noise from steps to target",
+          "[stats]") {
+  std::vector<double> batch, steps;
+  for (double b = 64; b <= 8192; b *= 2) {
+    batch.push_back(b);
+    steps.push_back(1000 * (1 + 512 / b));  // S_min 1000, B_noise 512
+  }
+  const BatchLawFit exact = fit_batch_law(batch, steps);
+  REQUIRE(exact.ok);
+  CHECK(exact.points == 8);
+  CHECK(exact.s_min == Approx(1000).epsilon(1e-9));
+  CHECK(exact.b_noise == Approx(512).epsilon(1e-9));
+  CHECK(exact.s_min_se == Approx(0).margin(1e-6));
+  CHECK(exact.rms_relative == Approx(0).margin(1e-12));
+  // 5% multiplicative noise, 3 seeds a batch: within three standard errors, which are not 0.
+  Rng rng(3);
+  std::vector<double> nb, ns;
+  for (double b : batch)
+    for (int seed = 0; seed < 3; ++seed) {
+      nb.push_back(b);
+      ns.push_back(1000 * (1 + 512 / b) * (1 + 0.05 * rng.normal()));
+    }
+  const BatchLawFit noisy = fit_batch_law(nb, ns);
+  REQUIRE(noisy.ok);
+  CHECK(noisy.s_min_se > 0);
+  CHECK(noisy.b_noise_se > 0);
+  CHECK(std::abs(noisy.s_min - 1000) < 3 * noisy.s_min_se);
+  CHECK(std::abs(noisy.b_noise - 512) < 3 * noisy.b_noise_se);
+  CHECK(noisy.rms_relative == Approx(0.05).margin(0.03));
+  // What cannot be fitted says why.
+  CHECK_FALSE(fit_batch_law({64, 128}, {3000, 2000}).ok);
+  CHECK(fit_batch_law({64, 64, 64}, {3000, 2000, 1000}).why == "fewer than three batch sizes");
+  CHECK_THAT(fit_batch_law({64, 128, 256}, {1000, 2000, 4000}).why,  // steps grow with B
+             Catch::Contains("do not fall"));
+  CHECK_THAT(fit_batch_law({64, 128, 256}, {500, 200, 80}).why,  // faster than 1/B
+             Catch::Contains("perfect scaling"));
+  CHECK_FALSE(fit_batch_law({64, 128, 0}, {1000, 900, 800}).ok);
+  CHECK_FALSE(fit_batch_law({64, 128, 256}, {1000, std::nan(""), 800}).ok);
 }

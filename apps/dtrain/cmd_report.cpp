@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/config/plan.hpp"
+#include "dtrain/results/batch_law.hpp"
 #include "dtrain/results/plots.hpp"
 #include "dtrain/results/recorder.hpp"
 #include "dtrain/results/report.hpp"
@@ -133,6 +134,11 @@ int write_experiment(const std::string& name, const std::string& stem_name,
   const auto cmp = compare(runs, has_baseline ? opt.baseline : "");
   write_tables(name, stem_name, to_markdown(cmp), to_csv(cmp), to_json(cmp), out, index, written);
   if (!opt.by.empty()) write_aggregate(name, stem_name, runs, opt.by, out, index, written);
+  if (opt.batch_law) {
+    const BatchLaw law = batch_law(runs);
+    write_tables(name + ", batch-size law", stem_name + "-batch-law", to_markdown(law),
+                 to_csv(law), to_json(law), out, index, written);
+  }
   return opt.plots ? write_figures(cmp, out, index, written) : 0;
 }
 }  // namespace
@@ -150,6 +156,9 @@ void setup_report(CLI::App& app, ReportOptions& opt) {
                  "Config key to aggregate over, e.g. train.seed (repeatable): runs that differ "
                  "only in it form one row, with the mean and standard deviation of their results")
       ->allow_extra_args(false);
+  app.add_flag("--batch-law", opt.batch_law,
+               "Steps to the target against the global batch: each batch's best LR, the fit "
+               "S = S_min (1 + B_noise / B) and the measured noise scale B_simple");
 }
 
 int run_report(const ReportOptions& opt) {

@@ -89,6 +89,7 @@ struct ReportOptions {
   std::string baseline;
   bool plots = false;
   std::vector<std::string> by;  // config keys to aggregate over (--by)
+  bool batch_law = false;       // steps to target against the global batch (--batch-law)
 };
 void setup_report(CLI::App& app, ReportOptions& opt);
 int run_report(const ReportOptions& opt);

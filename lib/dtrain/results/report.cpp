@@ -264,6 +264,7 @@ RunRecord load_run(const std::string& dir) {
   r.median_epoch_time_s = opt_number(j, k::median_epoch_time_s);
   r.samples_per_s = opt_number(j, k::samples_per_s);
   r.time_to_target_s = opt_number(j, k::time_to_target_s);
+  r.epochs_to_target = opt_number(j, k::epochs_to_target);
   r.busbw_gbps = opt_number(j, k::busbw_gbps);
   r.exposed_exchange_share = opt_number(j, k::exposed_exchange_share);
   r.exposed_input_share = opt_number(j, k::exposed_input_share);

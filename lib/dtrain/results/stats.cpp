@@ -215,3 +215,61 @@ WelchTest welch_test(const Sample& a, const Sample& b) {
 }
 
 }  // namespace dtrain
+
+namespace dtrain {
+
+BatchLawFit fit_batch_law(const std::vector<double>& batch, const std::vector<double>& steps) {
+  BatchLawFit f;
+  f.points = static_cast<int>(std::min(batch.size(), steps.size()));
+  std::vector<double> distinct;
+  for (int i = 0; i < f.points; ++i) {
+    const double b = batch[static_cast<size_t>(i)], s = steps[static_cast<size_t>(i)];
+    if (!(b > 0 && s > 0 && std::isfinite(b) && std::isfinite(s))) {
+      f.why = "a batch or a step count that is not a positive number";
+      return f;
+    }
+    if (std::find(distinct.begin(), distinct.end(), b) == distinct.end()) distinct.push_back(b);
+  }
+  if (distinct.size() < 3) {
+    f.why = "fewer than three batch sizes";
+    return f;
+  }
+  // Weighted least squares of S on x = 1/B with weights 1/S^2: the normal equations.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (int i = 0; i < f.points; ++i) {
+    const double x = 1 / batch[static_cast<size_t>(i)], y = steps[static_cast<size_t>(i)];
+    const double w = 1 / (y * y);
+    sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y;
+  }
+  const double det = sw * sxx - sx * sx;
+  const double a = (sxx * sy - sx * sxy) / det, b = (sw * sxy - sx * sy) / det;  // S_min, E_min
+  if (!(det > 0) || !(b > 0)) {
+    f.why = "the steps do not fall as the batch grows (B_noise <= 0)";
+    return f;
+  }
+  if (!(a > 0)) {
+    f.why = "the steps fall as 1/B over the whole range (perfect scaling, S_min <= 0): the "
+            "critical batch lies beyond the largest batch run";
+    return f;
+  }
+  double chi2 = 0, rel2 = 0;
+  for (int i = 0; i < f.points; ++i) {
+    const double y = steps[static_cast<size_t>(i)];
+    const double r = y - (a + b / batch[static_cast<size_t>(i)]);
+    chi2 += r * r / (y * y);
+    rel2 += (r / y) * (r / y);
+  }
+  // Residual variance per unit weight; its covariance of (a, b).
+  const double sigma2 = f.points > 2 ? chi2 / (f.points - 2) : 0;
+  const double var_a = sigma2 * sxx / det, var_b = sigma2 * sw / det, cov = -sigma2 * sx / det;
+  f.ok = true;
+  f.s_min = a;
+  f.b_noise = b / a;
+  f.s_min_se = std::sqrt(var_a);
+  f.b_noise_se = f.b_noise * std::sqrt(std::max(
+                                 0.0, var_b / (b * b) + var_a / (a * a) - 2 * cov / (a * b)));
+  f.rms_relative = std::sqrt(rel2 / f.points);
+  return f;
+}
+
+}  // namespace dtrain

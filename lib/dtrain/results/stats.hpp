@@ -8,6 +8,8 @@
 // continued fraction (modified Lentz), which agrees with 40-digit mpmath to about 1e-12 for df
 // up to 1e4 (1e-10 up to 1e8; beyond, the normal distribution stands in).
 #include <limits>
+#include <string>
+#include <vector>
 
 namespace dtrain {
 
@@ -69,5 +71,26 @@ double min_detectable_difference(double sd_a, int n_a, double sd_b, int n_b, dou
 // most |diff|; kSeedsCap + 1 where even kSeedsCap seeds are not enough (diff 0 say); 0 where
 // there is nothing to compute (NaN arguments, both sds 0).
 int seeds_needed(double diff, double sd_a, double sd_b, double alpha = 0.05, double power = 0.8);
+
+}  // namespace dtrain
+
+namespace dtrain {
+
+// The batch-size law (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training";
+// Shallue et al. 2019 measured it): the optimizer steps S a target takes at batch B follow
+// S = S_min (1 + B_noise / B), S_min the fewest steps any batch can take and B_noise the
+// critical batch, where steps are twice S_min (and samples twice their own minimum,
+// S_min x B_noise). Linear in 1/B: S = S_min + E_min / B with E_min = S_min x B_noise, fitted
+// here by least squares weighted by 1/S^2 (relative errors: steps span orders of magnitude).
+struct BatchLawFit {
+  bool ok = false;
+  std::string why;  // when not ok: what the points cannot give
+  int points = 0;
+  double s_min = 0, b_noise = 0;        // the fit
+  double s_min_se = 0, b_noise_se = 0;  // standard errors (the latter by the delta method)
+  double rms_relative = 0;              // root mean square of (S - fit) / S over the points
+};
+// From (batch, steps) points (batch > 0, steps > 0, at least three distinct batches).
+BatchLawFit fit_batch_law(const std::vector<double>& batch, const std::vector<double>& steps);
 
 }  // namespace dtrain

@@ -1,0 +1,164 @@
+#include "dtrain/results/batch_law.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/base/error.hpp"
+
+namespace dtrain {
+
+namespace {
+
+bool finished(const RunRecord& r) { return r.status == "done" || r.status == "diverged"; }
+
+// One LR's runs at one batch.
+BatchLawRow summarize_lr(long long batch, double lr, const std::vector<const RunRecord*>& rs) {
+  BatchLawRow row;
+  row.global_batch = batch;
+  row.best_lr = lr;
+  row.runs = static_cast<int>(rs.size());
+  double sum = 0;
+  for (const RunRecord* r : rs)
+    if (r->epochs_to_target && r->steps_per_epoch > 0) {
+      ++row.reached;
+      sum += *r->epochs_to_target * static_cast<double>(r->steps_per_epoch);
+    }
+  row.steps = row.reached > 0 ? sum / row.reached : 0;
+  row.samples = row.steps * static_cast<double>(batch);
+  return row;
+}
+
+// Better: all runs reached the target, then more of them, then fewer steps.
+bool better(const BatchLawRow& a, const BatchLawRow& b) {
+  const bool all_a = a.reached == a.runs, all_b = b.reached == b.runs;
+  if (all_a != all_b) return all_a;
+  if (a.reached != b.reached) return a.reached > b.reached;
+  return a.steps < b.steps;
+}
+
+std::optional<double> median_b_simple(const std::vector<RunRecord>& runs) {
+  std::vector<double> v;
+  for (const RunRecord& r : runs)
+    if (finished(r) && r.noise_b_simple && std::isfinite(*r.noise_b_simple) &&
+        *r.noise_b_simple > 0)
+      v.push_back(*r.noise_b_simple);
+  if (v.empty()) return std::nullopt;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+}  // namespace
+
+BatchLaw batch_law(const std::vector<RunRecord>& runs) {
+  BatchLaw law;
+  std::map<long long, std::map<double, std::vector<const RunRecord*>>> by_batch;
+  const RunRecord* first = nullptr;
+  for (const RunRecord& r : runs) {
+    if (!finished(r)) continue;
+    if (!first) first = &r;
+    if (r.target_accuracy != first->target_accuracy || r.target_loss != first->target_loss)
+      throw UserError(fmt::format(
+          "--batch-law: {} and {} have different targets (accuracy {} and {}, loss {} and {}); "
+          "steps to one target are compared",
+          first->dir, r.dir, first->target_accuracy, r.target_accuracy, first->target_loss,
+          r.target_loss));
+    by_batch[r.global_batch][r.peak_lr].push_back(&r);
+  }
+  if (first) {
+    law.target_accuracy = first->target_accuracy;
+    law.target_loss = first->target_loss;
+  }
+  std::vector<double> b, s;
+  for (const auto& [batch, lrs] : by_batch) {
+    std::optional<BatchLawRow> best;
+    for (const auto& [lr, rs] : lrs) {
+      const BatchLawRow row = summarize_lr(batch, lr, rs);
+      if (!best || better(row, *best)) best = row;
+    }
+    best->lrs_tried = static_cast<int>(lrs.size());
+    if (best->reached == 0) {
+      law.never_reached.push_back(batch);
+      continue;
+    }
+    law.rows.push_back(*best);
+    b.push_back(static_cast<double>(batch));
+    s.push_back(best->steps);
+  }
+  law.fit = fit_batch_law(b, s);
+  law.b_simple = median_b_simple(runs);
+  return law;
+}
+
+std::string to_markdown(const BatchLaw& law) {
+  std::string md = fmt::format(
+      "Steps to the target (test accuracy {}{}) at each global batch, with the learning rate "
+      "that took the fewest (of those whose runs all reached it), mean over the seeds that "
+      "reached it; counted in whole epochs.\n\n"
+      "| global batch | LRs tried | best peak LR | runs | reached | steps to target | samples "
+      "to target |\n|---|---|---|---|---|---|---|\n",
+      law.target_accuracy, law.target_loss > 0 ? fmt::format(", test loss {}", law.target_loss)
+                                               : std::string());
+  for (const BatchLawRow& r : law.rows)
+    md += fmt::format("| {} | {} | {:.6g} | {} | {} | {:.1f} | {:.0f} |\n", r.global_batch,
+                      r.lrs_tried, r.best_lr, r.runs, r.reached, r.steps, r.samples);
+  if (!law.never_reached.empty())
+    md += fmt::format("\nNo run reached the target at global batch {}.\n",
+                      fmt::join(law.never_reached, ", "));
+  const BatchLawFit& f = law.fit;
+  md += f.ok ? fmt::format(
+                   "\nFit S = S_min (1 + B_noise / B) over {} batches: S_min = {:.1f} ± {:.1f} "
+                   "steps, B_noise (the critical batch) = {:.0f} ± {:.0f} samples; rms relative "
+                   "misfit {:.1f}%.\n",
+                   f.points, f.s_min, f.s_min_se, f.b_noise, f.b_noise_se, 100 * f.rms_relative)
+             : fmt::format("\nNo fit: {}.\n", f.why);
+  md += law.b_simple ? fmt::format("Gradient noise scale B_simple measured in these runs "
+                                   "(median): {:.0f} samples{}.\n",
+                                   *law.b_simple,
+                                   f.ok ? fmt::format(", {:.2g}x the fitted B_noise",
+                                                      *law.b_simple / f.b_noise)
+                                        : std::string())
+                     : std::string("No run measured the gradient noise scale (it needs 2+ "
+                                   "replicas or accumulation).\n");
+  return md;
+}
+
+std::string to_csv(const BatchLaw& law) {
+  std::string csv = "global_batch,lrs_tried,best_peak_lr,runs,reached,steps_to_target,"
+                    "samples_to_target\n";
+  for (const BatchLawRow& r : law.rows)
+    csv += fmt::format("{},{},{:.9g},{},{},{:.6g},{:.6g}\n", r.global_batch, r.lrs_tried,
+                       r.best_lr, r.runs, r.reached, r.steps, r.samples);
+  return csv;
+}
+
+std::string to_json(const BatchLaw& law) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const BatchLawRow& r : law.rows)
+    rows.push_back({{"global_batch", r.global_batch}, {"lrs_tried", r.lrs_tried},
+                    {"best_peak_lr", r.best_lr}, {"runs", r.runs}, {"reached", r.reached},
+                    {"steps_to_target", r.steps}, {"samples_to_target", r.samples}});
+  const BatchLawFit& f = law.fit;
+  nlohmann::json fit = f.ok ? nlohmann::json{{"s_min", f.s_min},
+                                             {"s_min_se", f.s_min_se},
+                                             {"b_noise", f.b_noise},
+                                             {"b_noise_se", f.b_noise_se},
+                                             {"points", f.points},
+                                             {"rms_relative", f.rms_relative}}
+                            : nlohmann::json{{"error", f.why}};
+  return nlohmann::json{{"target_accuracy", law.target_accuracy},
+                        {"target_loss", law.target_loss},
+                        {"rows", rows},
+                        {"never_reached", law.never_reached},
+                        {"fit", fit},
+                        {"b_simple", law.b_simple ? nlohmann::json(*law.b_simple)
+                                                  : nlohmann::json(nullptr)}}
+             .dump(2) +
+         "\n";
+}
+
+}  // namespace dtrain

@@ -1,0 +1,46 @@
+#pragma once
+// The batch-size law measured from run folders: for each global batch, the optimizer steps its
+// best learning rate took to the target (the mean over the seeds that reached it), the law's
+// fit S = S_min (1 + B_noise / B) over those batches (stats.hpp), and beside it the gradient
+// noise scale B_simple the same runs measured (McCandlish et al. 2018 find the two within an
+// order of magnitude). Shallue et al. (2019) tune the learning rate per batch and keep the
+// best, as here.
+//
+// Steps to target are counted in whole epochs (the target is checked after each epoch's
+// evaluation): epochs to target x steps per epoch, exact to within one epoch's steps.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/results/report.hpp"
+#include "dtrain/results/stats.hpp"
+
+namespace dtrain {
+
+struct BatchLawRow {
+  long long global_batch = 0;
+  double best_lr = 0;       // the peak LR of the runs kept
+  int runs = 0, reached = 0;  // of that LR's runs: how many, how many reached the target
+  double steps = 0;         // mean steps to target over those that reached it
+  double samples = 0;       // steps x global batch
+  int lrs_tried = 0;        // LRs run at this batch
+};
+
+struct BatchLaw {
+  std::vector<BatchLawRow> rows;          // by batch, ascending
+  std::vector<long long> never_reached;   // batches where no run reached the target
+  BatchLawFit fit;
+  std::optional<double> b_simple;         // the median over the runs that measured it
+  double target_accuracy = 0, target_loss = 0;
+};
+
+// From finished runs (done or diverged) of one experiment. At each batch the LR kept is the
+// one whose runs all reached the target in the fewest mean steps (else the one that reached it
+// most often). Runs with another target are refused (UserError naming both).
+BatchLaw batch_law(const std::vector<RunRecord>& runs);
+
+std::string to_markdown(const BatchLaw& law);
+std::string to_csv(const BatchLaw& law);
+std::string to_json(const BatchLaw& law);
+
+}  // namespace dtrain
