@@ -144,4 +144,11 @@ struct ExplainOptions {
 void setup_explain(CLI::App& app, ExplainOptions& opt);
 int run_explain(const ExplainOptions& opt);
 
+struct ExplainTimeOptions {
+  std::string small, large;  // run folders
+  std::string json;          // --json FILE
+};
+void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt);
+int run_explain_time(const ExplainTimeOptions& opt);
+
 }  // namespace dtrain::cli

@@ -51,6 +51,7 @@ struct AllOptions {
   dtrain::cli::ValidateOptions validate;
   dtrain::cli::DoctorOptions doctor;
   dtrain::cli::ExplainOptions explain;
+  dtrain::cli::ExplainTimeOptions explain_time;
   dtrain::cli::ReportOptions report;
   dtrain::cli::DevicesOptions devices;
   dtrain::cli::BenchCommOptions bench_comm;
@@ -90,6 +91,9 @@ std::vector<Command> add_commands(CLI::App& app, AllOptions& o) {
           setup_doctor, run_doctor),
       add(app, "explain", "Attribute the accuracy gap of N replicas against 1, one setting per run",
           o.explain, setup_explain, run_explain, true),
+      add(app, "explain-time",
+          "Attribute the epoch time of N replicas against fewer, one measured term at a time",
+          o.explain_time, setup_explain_time, run_explain_time),
       add(app, "report", "Regenerate comparison tables (and figures) from run folders", o.report,
           setup_report, run_report),
       add(app, "devices",

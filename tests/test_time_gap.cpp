@@ -1,0 +1,97 @@
+// Why N replicas are not N times faster: the waterfall's terms on epochs with known phases, and
+// `dtrain explain-time` on two real runs.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dtrain/results/time_gap.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+EpochMetrics epoch(double total, double data, double compute, double optimizer, double exposed,
+                   double busy_max) {
+  EpochMetrics m;
+  m.epoch_time_s = total;
+  m.data_s = data;
+  m.compute_s = compute;
+  m.optimizer_s = optimizer;
+  m.exchange_exposed_s = exposed;
+  m.exchange_s = exposed;
+  m.rank_busy_max_s = busy_max;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("the time waterfall's terms add up to the measured epoch", "[report]") {
+  // 1 replica: 8 s an epoch (data 0.4, compute 6, optimizer 1, rest 0.6); the first epoch
+  // (slower) is left out of the medians.
+  const std::vector<EpochMetrics> one = {epoch(20, 1, 15, 2, 0, 18), epoch(8, 0.4, 6, 1, 0, 7.4),
+                                         epoch(8, 0.4, 6, 1, 0, 7.4)};
+  // 4 replicas: compute 2 (not 1.5), data 0.1, optimizer 1 (each replica: not 0.25), exposed
+  // exchange 0.9 of which 0.3 waiting for a rank busy 3.4 against rank 0's 3.1.
+  const std::vector<EpochMetrics> four = {epoch(9, 0.1, 2, 1, 0.9, 3.4),
+                                          epoch(4.4, 0.1, 2, 1, 0.9, 3.4)};
+  const TimeGap g = time_gap(one, 1, four, 4);
+  CHECK(g.epochs_small == 2);
+  CHECK(g.epochs_large == 1);
+  CHECK(g.ideal == Approx(2.0));
+  CHECK(g.measured_large == Approx(4.4));
+  std::map<std::string, double> t;
+  double sum = g.ideal;
+  for (const auto& term : g.terms) {
+    t[term.name] = term.seconds;
+    sum += term.seconds;
+  }
+  CHECK(sum == Approx(g.measured_large));
+  CHECK(t["compute"] == Approx(0.5));
+  CHECK(t["data"] == Approx(0.0));
+  CHECK(t["optimizer"] == Approx(0.75));
+  CHECK(t["waiting"] == Approx(0.3));
+  CHECK(t["exchange"] == Approx(0.6));
+  CHECK(t["the rest"] == Approx(0.25));  // 4.4 - (2 + 0.5 + 0 + 0.75 + 0.3 + 0.6)
+  const std::string md = to_markdown(g);
+  CHECK_THAT(md, Catch::Contains("| + optimizer | +0.750 | 31% |"));
+  CHECK_THAT(md, Catch::Contains("speedup 1.82x of 4x"));
+  CHECK(nlohmann::json::parse(to_json(g)).at("terms").size() == 6);
+  CHECK_THROWS_AS(time_gap(one, 4, four, 4), UserError);
+  CHECK_THROWS_AS(time_gap({}, 1, four, 4), UserError);
+}
+
+TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "[report][cli]") {
+  TempDir d("explain-time");
+  const auto cfg = d.path / "t.yaml";
+  std::ofstream(cfg) << "name: t\nthreads: 1\ndata:\n  dataset: synthetic\n"
+                        "  synthetic: {train_size: 1024, test_size: 64, shape: [16], classes: 4}\n"
+                        "model: {hidden: [32]}\n"
+                        "train: {epochs: 2, per_replica_batch: 16, target_accuracy: 0}\n"
+                        "optimizer: {lr: 0.05, base_batch: 16}\n";
+  const auto res = (d.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg.string() + " gpus=1,2 --quiet --tag x --results " + res).code ==
+          0);
+  const auto one = (fs::path(res) / "t" / "x-g1").string(),
+             two = (fs::path(res) / "t" / "x-g2").string();
+  const auto json = (d.path / "gap.json").string();
+  const auto r = dtrain_cli("explain-time " + one + " " + two + " --json " + json);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("| + waiting |"));
+  const auto j = nlohmann::json::parse(slurp(json));
+  double sum = j.at("ideal_s").get<double>();
+  for (const auto& t : j.at("terms")) sum += t.at("seconds").get<double>();
+  CHECK(sum == Approx(j.at("measured_large_s").get<double>()));
+  // The wrong way round, and a folder that is no run: one line, exit 2.
+  const auto swapped = dtrain_cli("explain-time " + two + " " + one);
+  CHECK(swapped.code == 2);
+  CHECK_THAT(swapped.out, Catch::Contains("needs more replicas"));
+  CHECK(dtrain_cli("explain-time " + one + " " + d.path.string()).code == 2);
+}
