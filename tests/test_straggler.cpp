@@ -194,5 +194,7 @@ TEST_CASE("a GPU's documented peak by name and precision", "[utilisation]") {
   CHECK(documented_peak("NVIDIA H100 NVL", Precision::bf16).tflops == 0);
   CHECK(documented_peak("NVIDIA H200 NVL", Precision::bf16).tflops == 0);
   CHECK(documented_peak("NVIDIA GeForce RTX 4090", Precision::bf16).tflops == 0);
+  CHECK(documented_peak("NVIDIA RTX A1000", Precision::fp32).tflops == 0);  // not an A100
+  CHECK(documented_peak("NVIDIA GH200 480GB", Precision::bf16).tflops == 0);
   CHECK(documented_peak("", Precision::fp32).source.empty());
 }

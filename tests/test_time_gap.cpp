@@ -65,6 +65,19 @@ TEST_CASE("the time waterfall's terms add up to the measured epoch", "[report]")
   CHECK(nlohmann::json::parse(to_json(g)).at("terms").size() == 6);
   CHECK_THROWS_AS(time_gap(one, 4, four, 4), UserError);
   CHECK_THROWS_AS(time_gap({}, 1, four, 4), UserError);
+  // Every phase from the one median epoch, not a median per column: epochs 2..4 of 5, 6, 7 s
+  // whose data times rise the other way.
+  const std::vector<EpochMetrics> mixed = {epoch(30, 0, 9, 1, 0, 10), epoch(7, 0.1, 5, 1, 0, 6.1),
+                                           epoch(5, 0.3, 3, 1, 0, 4.3), epoch(6, 0.2, 4, 1, 0, 5.2)};
+  const TimeGap m = time_gap(mixed, 1, four, 4);
+  CHECK(m.measured_small == 6);
+  CHECK(m.terms[1].seconds == Approx(0.1 - 0.2 / 4));  // data from the 6 s epoch
+  // A damaged metrics.csv (NaN, a negative time) is refused, not averaged.
+  std::vector<EpochMetrics> damaged = four;
+  damaged.back().compute_s = std::nan("");
+  CHECK_THROWS_AS(time_gap(one, 1, damaged, 4), UserError);
+  damaged.back().compute_s = -1;
+  CHECK_THROWS_AS(time_gap(one, 1, damaged, 4), UserError);
 }
 
 TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "[report][cli]") {
@@ -89,9 +102,21 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
   double sum = j.at("ideal_s").get<double>();
   for (const auto& t : j.at("terms")) sum += t.at("seconds").get<double>();
   CHECK(sum == Approx(j.at("measured_large_s").get<double>()));
+  CHECK(j.at("ideal_s").get<double>() == Approx(j.at("measured_small_s").get<double>() / 2));
+  for (const auto& t : j.at("terms"))
+    if (t.at("name") == "waiting") CHECK(t.at("seconds").get<double>() >= 0);
   // The wrong way round, and a folder that is no run: one line, exit 2.
   const auto swapped = dtrain_cli("explain-time " + two + " " + one);
   CHECK(swapped.code == 2);
   CHECK_THAT(swapped.out, Catch::Contains("needs more replicas"));
   CHECK(dtrain_cli("explain-time " + one + " " + d.path.string()).code == 2);
+  // Runs of two experiments: refused.
+  const auto other = d.path / "o.yaml";
+  std::ofstream(other) << slurp(cfg).replace(0, 7, "name: o");
+  REQUIRE(dtrain_cli("run " + other.string() + " gpus=2 --quiet --tag y --results " + res).code ==
+          0);
+  const auto mixed = dtrain_cli("explain-time " + one + " " +
+                                (fs::path(res) / "o" / "y-g2").string());
+  CHECK(mixed.code == 2);
+  CHECK_THAT(mixed.out, Catch::Contains("must be of one experiment"));
 }

@@ -20,12 +20,21 @@ void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {
 
 int run_explain_time(const ExplainTimeOptions& opt) {
   const RunRecord small = load_run(opt.small), large = load_run(opt.large);
+  for (const RunRecord* r : {&small, &large})
+    if (r->status != "done")
+      throw UserError(fmt::format("explain-time: {} is {}, not done: its epochs are not a whole "
+                                  "run's",
+                                  r->dir, r->status));
+  if (small.experiment != large.experiment)
+    throw UserError(fmt::format("explain-time: {} is experiment '{}' and {} is '{}': the two "
+                                "runs must be of one experiment",
+                                small.dir, small.experiment, large.dir, large.experiment));
   const std::vector<std::string_view> cols = {"epoch_time_s", "data_s", "compute_s",
                                               "optimizer_s", "exchange_exposed_s",
                                               "rank_busy_max_s"};
   auto epochs = [&](const std::string& dir) {
     const MetricsCsv csv = read_metrics_csv(dir);
-    csv.require(cols, "(written by an older dtrain)");
+    csv.require(cols, " (written by an older dtrain)");
     return read_epochs(csv, cols);
   };
   const TimeGap g = time_gap(epochs(opt.small), small.gpus, epochs(opt.large), large.gpus);

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
@@ -132,13 +133,13 @@ int write_experiment(const std::string& name, const std::string& stem_name,
   bool has_baseline = false;
   for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
   const auto cmp = compare(runs, has_baseline ? opt.baseline : "");
+  const std::optional<BatchLaw> law =  // refused (runs of other targets) before anything is written
+      opt.batch_law ? std::optional<BatchLaw>(batch_law(runs)) : std::nullopt;
   write_tables(name, stem_name, to_markdown(cmp), to_csv(cmp), to_json(cmp), out, index, written);
   if (!opt.by.empty()) write_aggregate(name, stem_name, runs, opt.by, out, index, written);
-  if (opt.batch_law) {
-    const BatchLaw law = batch_law(runs);
-    write_tables(name + ", batch-size law", stem_name + "-batch-law", to_markdown(law),
-                 to_csv(law), to_json(law), out, index, written);
-  }
+  if (law)
+    write_tables(name + ", batch-size law", stem_name + "-batch-law", to_markdown(*law),
+                 to_csv(*law), to_json(*law), out, index, written);
   return opt.plots ? write_figures(cmp, out, index, written) : 0;
 }
 }  // namespace

@@ -210,9 +210,20 @@ DocumentedPeak documented_peak(const std::string& gpu_name, Precision precision)
       {"A100", "", 19.5, 156, 312, "NVIDIA A100 Tensor Core GPU datasheet"},
       {"L40S", "", 91.6, 183, 362.05, "NVIDIA L40S datasheet"},
   };
+  // A name's token: at its start or after a space, and at its end or before a space or '-'
+  // ("A100" is not "RTX A1000", "H200" not "GH200").
+  const auto has_token = [&](const std::string& t) {
+    for (size_t at = gpu_name.find(t); at != std::string::npos; at = gpu_name.find(t, at + 1)) {
+      const size_t end = at + t.size();
+      if ((at == 0 || gpu_name[at - 1] == ' ') &&
+          (end == gpu_name.size() || gpu_name[end] == ' ' || gpu_name[end] == '-'))
+        return true;
+    }
+    return false;
+  };
   for (const Row& r : rows) {
-    if (gpu_name.find(r.has) == std::string::npos) continue;
-    if (*r.lacks && gpu_name.find(r.lacks) != std::string::npos) return {};
+    if (!has_token(r.has)) continue;
+    if (*r.lacks && has_token(r.lacks)) return {};
     const double t = precision == Precision::bf16   ? r.bf16
                      : precision == Precision::tf32 ? r.tf32
                                                     : r.fp32;

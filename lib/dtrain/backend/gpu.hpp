@@ -51,7 +51,7 @@ GpuFloors measure_gpu(int index);
 // A GPU's documented dense peak in TFLOP/s for a training precision (fp32: the FP32 units;
 // tf32 and bf16: the tensor cores without sparsity), from its name as the driver gives it
 // (e.g. "NVIDIA H100 80GB HBM3"), with the datasheet it comes from; 0 and "" for a GPU not in
-// the table (A100, H100 and H200 SXM and PCIe/NVL, L40S).
+// the table (A100, H100 SXM and PCIe, H200 SXM, L40S; not the NVL parts, not GH200).
 struct DocumentedPeak {
   double tflops = 0;
   std::string source;

@@ -24,6 +24,9 @@ BatchLawRow summarize_lr(long long batch, double lr, const std::vector<const Run
   double sum = 0;
   for (const RunRecord* r : rs)
     if (r->epochs_to_target && r->steps_per_epoch > 0) {
+      if (!(std::isfinite(*r->epochs_to_target) && *r->epochs_to_target >= 0))
+        throw UserError(fmt::format("--batch-law: {}: epochs_to_target {} is not a count",
+                                    r->dir, *r->epochs_to_target));
       ++row.reached;
       sum += *r->epochs_to_target * static_cast<double>(r->steps_per_epoch);
     }
@@ -96,13 +99,15 @@ BatchLaw batch_law(const std::vector<RunRecord>& runs) {
 
 std::string to_markdown(const BatchLaw& law) {
   std::string md = fmt::format(
-      "Steps to the target (test accuracy {}{}) at each global batch, with the learning rate "
+      "Steps to the target ({}) at each global batch, with the learning rate "
       "that took the fewest (of those whose runs all reached it), mean over the seeds that "
       "reached it; counted in whole epochs.\n\n"
       "| global batch | LRs tried | best peak LR | runs | reached | steps to target | samples "
       "to target |\n|---|---|---|---|---|---|---|\n",
-      law.target_accuracy, law.target_loss > 0 ? fmt::format(", test loss {}", law.target_loss)
-                                               : std::string());
+      law.target_loss > 0 && law.target_accuracy > 0
+          ? fmt::format("test accuracy {}, test loss {}", law.target_accuracy, law.target_loss)
+      : law.target_loss > 0 ? fmt::format("test loss {}", law.target_loss)
+                            : fmt::format("test accuracy {}", law.target_accuracy));
   for (const BatchLawRow& r : law.rows)
     md += fmt::format("| {} | {} | {:.6g} | {} | {} | {:.1f} | {:.0f} |\n", r.global_batch,
                       r.lrs_tried, r.best_lr, r.runs, r.reached, r.steps, r.samples);

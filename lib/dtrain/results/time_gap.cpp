@@ -12,31 +12,35 @@ namespace dtrain {
 
 namespace {
 
-// The median epoch's phases (epochs after the first where there are more than one).
+// The median epoch's phases: the epoch (after the first, where there are more) whose time is
+// the median (the lower of the two middle ones), every phase from that one epoch.
 struct Phases {
   double epoch = 0, data = 0, compute = 0, optimizer = 0, exposed = 0, busy0 = 0, busy_max = 0;
   int epochs = 0;
 };
 
-double median_of(const std::vector<EpochMetrics>& e, double EpochMetrics::*field) {
-  std::vector<double> v;
-  for (const EpochMetrics& m : e) v.push_back(m.*field);
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
-
 Phases phases_of(const std::vector<EpochMetrics>& all, const char* which) {
   if (all.empty()) throw UserError(fmt::format("explain-time: the {} run has no epochs", which));
-  const std::vector<EpochMetrics> e(all.begin() + (all.size() > 1 ? 1 : 0), all.end());
+  std::vector<EpochMetrics> e(all.begin() + (all.size() > 1 ? 1 : 0), all.end());
+  for (const EpochMetrics& m : e)
+    for (double v : {m.epoch_time_s, m.data_s, m.compute_s, m.optimizer_s, m.exchange_exposed_s,
+                     m.rank_busy_max_s})
+      if (!(std::isfinite(v) && v >= 0) || !(m.epoch_time_s > 0))
+        throw UserError(fmt::format("explain-time: the {} run's epoch {} has a time that is not "
+                                    "a positive number ({}); its metrics.csv is damaged",
+                                    which, m.epoch, v));
+  std::sort(e.begin(), e.end(), [](const EpochMetrics& a, const EpochMetrics& b) {
+    return a.epoch_time_s < b.epoch_time_s;
+  });
+  const EpochMetrics& m = e[(e.size() - 1) / 2];
   Phases p;
   p.epochs = static_cast<int>(e.size());
-  p.epoch = median_of(e, &EpochMetrics::epoch_time_s);
-  p.data = median_of(e, &EpochMetrics::data_s);
-  p.compute = median_of(e, &EpochMetrics::compute_s);
-  p.optimizer = median_of(e, &EpochMetrics::optimizer_s);
-  p.exposed = median_of(e, &EpochMetrics::exchange_exposed_s);
-  p.busy_max = median_of(e, &EpochMetrics::rank_busy_max_s);
+  p.epoch = m.epoch_time_s;
+  p.data = m.data_s;
+  p.compute = m.compute_s;
+  p.optimizer = m.optimizer_s;
+  p.exposed = m.exchange_exposed_s;
+  p.busy_max = m.rank_busy_max_s;
   p.busy0 = p.data + p.compute + p.optimizer;
   return p;
 }
@@ -64,7 +68,8 @@ TimeGap time_gap(const std::vector<EpochMetrics>& small, int replicas_small,
       {"compute", "rank 0's forward and backward over its share of the smaller run's",
        l.compute - s.compute * share},
       {"data", "rank 0's batch fetching over its share", l.data - s.data * share},
-      {"optimizer", "the update, run by every replica each step, over its share",
+      {"optimizer", "rank 0's update over its share (with shared weights: the wait for the rank "
+                    "that runs it)",
        l.optimizer - s.optimizer * share},
       {"waiting", "for the busiest rank: its busy time over rank 0's", waiting},
       {"exchange", "the exposed gradient exchange, less the waiting",

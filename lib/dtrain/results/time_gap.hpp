@@ -2,12 +2,14 @@
 // Why N replicas are not N times faster, measured: the epoch time of an N-replica run against
 // a 1-replica run (or any smaller one) as a waterfall, from the ideal (the smaller run's epoch
 // time shared out over the replicas) to the measured, one term per cause, from the two runs'
-// metrics.csv (their median epoch after the first):
+// metrics.csv (each run's median epoch after the first: the epoch whose time is the median,
+// every phase from that epoch):
 //   compute     rank 0's forward and backward against its ideal share (smaller per-replica
 //               batches run less efficiently; replicas sharing cores or a GPU slow each other)
 //   data        rank 0's batch fetching against its share
-//   optimizer   every replica updates the whole model each step: with N replicas the update
-//               runs N times as often per sample
+//   optimizer   rank 0's update over its share (at a fixed global batch every replica runs the
+//               whole update for 1/N of the samples; with shared weights, the wait for the rank
+//               that runs it)
 //   waiting     for the busiest rank: its busy time (data, compute, optimizer) over rank 0's
 //   exchange    the exposed gradient exchange, less that waiting
 //   the rest    loop overhead and the epoch's end: whatever the terms above leave
@@ -33,7 +35,8 @@ struct TimeGap {
   std::vector<TimeGapTerm> terms;
 };
 
-// Throws UserError where a run has no epochs, or the larger has no more replicas.
+// Throws UserError where a run has no epochs or a time that is not a number >= 0 (a positive
+// epoch time), or the larger has no more replicas.
 TimeGap time_gap(const std::vector<EpochMetrics>& small, int replicas_small,
                  const std::vector<EpochMetrics>& large, int replicas_large);
 
