@@ -120,17 +120,19 @@ TEST_CASE("a rank slowed on purpose is named in the log, metrics.csv and summary
           "[straggler]") {
   TempDir d("straggler");
   const auto cfg = d.path / "s.yaml";
-  // Phases of milliseconds (a 6.4M-parameter MLP on augmented 3x32x32 images), 16 steps.
+  // Phases of milliseconds (a 3.4M-parameter MLP on augmented 3x32x32 images), 3 epochs of 16
+  // steps. Timing on a shared machine (CTest runs two tests at once on two cores): rank 1's
+  // phase takes 3 times as long, and it must be named in most epochs, not in every one.
   std::ofstream(cfg) << "name: s\nthreads: 1\ndata:\n  dataset: synthetic\n"
                         "  synthetic: {train_size: 2048, test_size: 128, shape: [3, 32, 32], "
                         "classes: 10}\n  augment: {crop_padding: 4, flip: true}\n"
                         "model: {hidden: [1024, 256]}\n"
-                        "train: {epochs: 1, per_replica_batch: 64, target_accuracy: 0}\n"
-                        "optimizer: {lr: 0.05, base_batch: 64}\n";
+                        "train: {epochs: 3, per_replica_batch: 64, target_accuracy: 0}\n"
+                        "optimizer: {lr: 0.05, base_batch: 64, warmup_epochs: 0}\n";
   const auto res = (d.path / "res").string();
   for (const std::string phase : {"forward", "backward"}) {
     INFO(phase);
-    const auto r = shell("DTRAIN_SLOW=1:" + phase + ":2 " + dtrain_binary() + " run " +
+    const auto r = shell("DTRAIN_SLOW=1:" + phase + ":3 " + dtrain_binary() + " run " +
                          cfg.string() + " gpus=2 replicas=threads --tag " + phase +
                          " --results " + res + " 2>&1");
     INFO(r.out);
@@ -138,10 +140,11 @@ TEST_CASE("a rank slowed on purpose is named in the log, metrics.csv and summary
     CHECK_THAT(r.out, Catch::Contains("straggler: rank 1 in " + phase));
     const auto run = fs::path(res) / "s" / (phase + "-g2");
     const auto j = nlohmann::json::parse(slurp(run / "summary.json"));
-    REQUIRE(j.at("stragglers").size() == 1);
-    CHECK(j["stragglers"][0].at("rank") == 1);
-    CHECK(j["stragglers"][0].at("phase") == phase);
-    CHECK(j["stragglers"][0].at("excess").get<double>() > 0.5);
+    int right = 0;
+    for (const auto& e : j.at("stragglers"))
+      if (e.at("rank") == 1 && e.at("phase") == phase && e.at("excess").get<double>() > 0.5)
+        ++right;
+    CHECK(right >= 2);
     const std::string csv = slurp(run / "metrics.csv");
     CHECK_THAT(csv, Catch::Contains("straggler_rank,straggler_phase,straggler_excess"));
   }
