@@ -273,6 +273,12 @@ TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line"
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("does not exist"));
   d.path = (dir.path / "empty").string();
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("holds no files"));
+  // A link to nothing inside a corpus folder is named, not skipped.
+  test::put(dir.path / "linked" / "a.txt", std::string(4096, 'a'));
+  fs::create_symlink(dir.path / "nowhere.txt", dir.path / "linked" / "b.txt");
+  d.path = (dir.path / "linked").string();
+  CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
+             Catch::Contains((dir.path / "linked" / "b.txt").string() + ": cannot be read"));
   d.path = (dir.path / "small.txt").string();
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("data.validation"));
   d.block_size = 64;
