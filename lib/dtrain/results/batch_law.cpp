@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/results/metrics.hpp"
 
 namespace dtrain {
 
@@ -50,9 +51,7 @@ std::optional<double> median_b_simple(const std::vector<RunRecord>& runs) {
         *r.noise_b_simple > 0)
       v.push_back(*r.noise_b_simple);
   if (v.empty()) return std::nullopt;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+  return median(std::move(v));
 }
 
 }  // namespace

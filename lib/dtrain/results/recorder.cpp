@@ -23,6 +23,7 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/results/metrics.hpp"
+#include "dtrain/results/report.hpp"
 #include "dtrain/results/run_schema.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/straggler.hpp"
@@ -47,11 +48,7 @@ std::string utc_now() {
   gmtime_r(&t, &tm);
   return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", tm);
 }
-nlohmann::json number_or_null(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
 }  // namespace
-
 
 namespace {
 std::string lock_path(const std::string& run_dir) {

@@ -496,11 +496,11 @@ std::string verdict_text(const WelchTest& w, const char* unit) {
   return fmt::format("{}, not distinguishable at {} ({})", p, counts, more);
 }
 
-namespace {
-
 nlohmann::json number_or_null(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
+
+namespace {
 
 const char* test_kind(const WelchTest& w) {
   switch (w.kind) {

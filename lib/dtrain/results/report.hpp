@@ -115,6 +115,9 @@ std::string verdict_text(const WelchTest& w, const char* unit);
 // "seeds_needed_over_cap".
 nlohmann::json test_json(const WelchTest& w);
 
+// A number as JSON, or null where it is not finite (JSON has no NaN or infinity).
+nlohmann::json number_or_null(double v);
+
 struct AggregateRow {
   std::vector<std::string> settings;  // this row's value of each Aggregate::settings key
   std::vector<std::string> run_ids;
