@@ -74,6 +74,11 @@ TEST_CASE("the batch-size law keeps each batch's best LR and fits the steps", "[
   runs.back().status = "done";
   runs.back().target_accuracy = 0.8;
   CHECK_THROWS_AS(batch_law(runs), UserError);
+  // A damaged epochs_to_target is refused, naming its run.
+  std::vector<RunRecord> damaged = {run(64, 0.1, -1.0, 100), run(128, 0.1, 2.0, 100),
+                                    run(256, 0.1, 1.0, 100)};
+  CHECK_THAT(error_of([&] { batch_law(damaged); }),
+             Catch::Contains("runs/b64: epochs_to_target -1 is not a count"));
   // Too few batches: no fit, and why.
   const BatchLaw two = batch_law({run(64, 0.1, 3.0, 100), run(128, 0.1, 2.0, 100)});
   CHECK_FALSE(two.fit.ok);

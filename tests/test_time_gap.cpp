@@ -119,4 +119,15 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
                                 (fs::path(res) / "o" / "y-g2").string());
   CHECK(mixed.code == 2);
   CHECK_THAT(mixed.out, Catch::Contains("must be of one experiment"));
+  // A run that did not finish: refused.
+  const fs::path failed = d.path / "failed-g2";
+  fs::copy(two, failed, fs::copy_options::recursive);
+  std::string summary = slurp(failed / "summary.json");
+  const std::string done = "\"status\": \"done\"";
+  REQUIRE(summary.find(done) != std::string::npos);
+  summary.replace(summary.find(done), done.size(), "\"status\": \"failed\"");
+  put(failed / "summary.json", summary);
+  const auto unfinished = dtrain_cli("explain-time " + one + " " + failed.string());
+  CHECK(unfinished.code == 2);
+  CHECK_THAT(unfinished.out, Catch::Contains("is failed, not done"));
 }
