@@ -1,5 +1,6 @@
 // The run folder's schema (run_schema.hpp): metrics.csv's writer and readers follow one table
-// of columns, the table and docs/run.md agree, and summary.json's fields are those declared.
+// of columns, the table and docs/run.md agree; summary.json is written from its field table,
+// each value of its declared type, and docs/run.md lists the fields as the table has them.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "dtrain/results/recorder.hpp"
 #include "dtrain/results/report.hpp"
 #include "dtrain/results/run_schema.hpp"
+#include "dtrain/results/summary.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -98,6 +100,17 @@ std::vector<std::string> documented_columns() {
     name.erase(name.find_last_not_of(' ') + 1);
     out.push_back(name);
   }
+  return out;
+}
+
+// The fields of docs/run.md's summary.json table, one markdown row each, as the field table
+// says they should read.
+std::string summary_table_rows() {
+  std::string out;
+  for (const auto& f : summary_fields())
+    out += fmt::format("| `{}` | {}{} | {} | {}{} |\n", f.name, to_string(f.type),
+                       f.nullable ? " or null" : "", *f.unit ? f.unit : "-", f.meaning,
+                       *f.repeats ? fmt::format(" (repeats `{}`)", f.repeats) : "");
   return out;
 }
 
@@ -276,4 +289,64 @@ TEST_CASE("summary.json holds the declared fields, and its repeated values are t
   CHECK(back.schema_version == kSummaryVersion);
   CHECK(back.gpus == 2);
   CHECK(back.param_count == 100);
+}
+
+TEST_CASE("summary.json's fields are written from the table, each of its declared type",
+          "[schema][recorder]") {
+  std::set<std::string> declared;
+  for (const auto& f : summary_fields()) CHECK(declared.insert(f.name).second);
+
+  // A 1-replica CPU run with no epochs: every number a null where the run has none.
+  const Config one = synthetic_config(1, 16);
+  RunInfo bare;
+  const std::vector<EpochMetrics> none;
+  const RunStats no_stats = summarize(none, Targets{});
+  SummarySource first(one, bare, none, no_stats);
+  first.status = "failed";
+  const json a = summary_json(first);
+  // A GPU-like run of two replicas that has every optional field.
+  RunInfo full;
+  full.launches_per_step = 42;
+  full.cuda_graph = "on";
+  full.cuda_graph_steps = 7;
+  full.replica_mode = "processes";
+  full.placement = "rank 0: host0/0";
+  full.peak_device_mib = {{0, 512.5}, {1, 500.0}};
+  full.backend = "cpu";  // stragglers are looked for on the CPU only
+  std::vector<EpochMetrics> epochs = {sample_epoch(1)};
+  epochs[0].straggler_rank = 1;
+  epochs[0].straggler_phase = 2;
+  epochs[0].straggler_excess = 0.5;
+  const RunStats stats = summarize(epochs, Targets{0.5, 0});
+  const Config two = synthetic_config(2, 16);
+  SummarySource second(two, full, epochs, stats);
+  second.error = "stopped";
+  const json b = summary_json(second);
+
+  for (const auto& f : summary_fields()) {
+    INFO(f.name);
+    if (f.always) {
+      REQUIRE(a.contains(f.name));
+      CHECK(has_declared_type(f, a[f.name]));
+    } else {
+      CHECK_FALSE(a.contains(f.name));  // an optional field the bare run has no value for
+    }
+    REQUIRE(b.contains(f.name));
+    CHECK(has_declared_type(f, b[f.name]));
+  }
+  CHECK(a.size() < b.size());
+  for (const auto& [key, value] : b.items()) CHECK(declared.count(key) == 1);
+  CHECK(a["final_test_accuracy"].is_null());
+  CHECK(b["final_test_accuracy"] == 0.5625);
+  CHECK(b["epochs_to_target"] == 1);
+  CHECK(b["peak_device_mib"]["cuda:0"] == 512.5);
+  CHECK(b["stragglers"][0]["rank"] == 1);
+  CHECK(b["exchange_bytes_per_step"] == 0);
+}
+
+TEST_CASE("docs/run.md lists summary.json's fields as the table has them", "[schema][docs]") {
+  const std::string doc = slurp(fs::path(source_dir()) / "docs" / "run.md");
+  const std::string rows = summary_table_rows();
+  INFO("docs/run.md should hold these rows:\n" << rows);
+  CHECK(doc.find(rows) != std::string::npos);
 }

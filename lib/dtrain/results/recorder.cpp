@@ -23,11 +23,10 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/results/metrics.hpp"
-#include "dtrain/results/report.hpp"
 #include "dtrain/results/run_schema.hpp"
+#include "dtrain/results/summary.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/straggler.hpp"
-#include "dtrain/base/version.hpp"
 #include "dtrain/config/schema.hpp"
 
 namespace dtrain {
@@ -232,142 +231,20 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
                                                      m.straggler_excess, 0.0}));
 }
 
-// Model FLOPs utilisation: the shape engine's FLOPs per sample times the median epoch's samples
-// per second, per replica, against a replica's peak (RunInfo).
-static nlohmann::json utilisation_json(const RunInfo& info, double samples_per_s, int replicas) {
-  const double flops = info.forward_flops + info.backward_flops;
-  const double achieved = std::isfinite(samples_per_s) && flops > 0
-                              ? samples_per_s * flops / std::max(1, replicas) / 1e12
-                              : std::nan("");
-  const double peak = info.peak_tflops > 0 ? info.peak_tflops : std::nan("");
-  return {{"flops_per_sample", {{"forward", info.forward_flops}, {"backward", info.backward_flops}}},
-          {"achieved_tflops_per_replica", number_or_null(achieved)},
-          {"peak_tflops_per_replica", number_or_null(peak)},
-          {"peak_source", info.peak_source.empty() ? nlohmann::json(nullptr)
-                                                   : nlohmann::json(info.peak_source)},
-          {"mfu", number_or_null(achieved / peak)}};
-}
-
-// The epochs that named a straggler (straggler.hpp).
-static nlohmann::json stragglers_json(const std::vector<EpochMetrics>& epochs) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const EpochMetrics& m : epochs)
-    if (m.straggler_rank >= 0)
-      out.push_back({{"epoch", m.epoch},
-                     {"rank", m.straggler_rank},
-                     {"phase", to_string(static_cast<StepPhase>(m.straggler_phase))},
-                     {"excess", number_or_null(m.straggler_excess)}});
-  return out;
-}
-
-// The last epoch's gradient noise scale and what it says about more replicas: to first order
-// (McCandlish et al. 2018), steps shrink in proportion to the global batch below B_simple and
-// stop shrinking well above it. Null where it was not measured.
-static nlohmann::json noise_scale_json(const std::vector<EpochMetrics>& epochs, const Config& cfg) {
-  // Early in training, or on a noisy run, the averaged trace can still be negative: no advice.
-  if (epochs.empty() || !std::isfinite(epochs.back().noise_b_simple) ||
-      epochs.back().noise_b_simple <= 0)
-    return nullptr;
-  const EpochMetrics& m = epochs.back();
-  const double per_replica = static_cast<double>(cfg.global_batch()) / cfg.gpus;
-  const double replicas = m.noise_b_simple / per_replica;
-  nlohmann::json j;
-  j["b_simple"] = m.noise_b_simple;
-  j["gradient_sq_norm"] = number_or_null(m.noise_g2);
-  j["trace_covariance"] = number_or_null(m.noise_trace);
-  j["critical_replicas"] = number_or_null(replicas);
-  j["advice"] = fmt::format(
-      "B_simple {:.0f}: up to a global batch of about {:.0f} ({:.1f} replicas of {:g}), more "
-      "replicas cut the steps to a given loss nearly in proportion; well beyond it they stop "
-      "paying (the estimate grows as training goes on)",
-      m.noise_b_simple, m.noise_b_simple, replicas, per_replica);
-  return j;
-}
-
-// The config values summary.json repeats beside "config" (run_schema.cpp marks them), kept for
-// the scripts and older readers that read them there.
-static void put_config_repeats(nlohmann::json& j, const Config& cfg, double peak_lr) {
-  namespace k = summary_key;
-  j[k::gpus] = cfg.gpus;
-  j[k::per_replica_batch] = cfg.micro_batch();
-  j[k::accumulation_steps] = cfg.train.accumulation_steps;
-  j[k::global_batch] = cfg.global_batch();
-  j[k::lr] = cfg.optimizer.lr;
-  j[k::base_batch] = cfg.optimizer.base_batch;
-  j[k::lr_scaling] = to_string(cfg.optimizer.lr_scaling);
-  j[k::peak_lr] = peak_lr;
-  j[k::warmup_epochs] = cfg.optimizer.warmup_epochs;
-  j[k::schedule] = to_string(cfg.optimizer.schedule);
-  j[k::optimizer] = to_string(cfg.optimizer.type);
-  j[k::reduction] = to_string(cfg.train.reduction);
-  j[k::shuffle] = to_string(cfg.data.shuffle);
-  j[k::sharding] = to_string(cfg.data.sharding);
-  j[k::sort_by_label] = cfg.data.sort_by_label;
-  j[k::seed] = cfg.train.seed;
-}
-
 void RunRecorder::write_summary(const std::string& status, const std::string& error) {
-  namespace k = summary_key;  // the field names and what they mean: run_schema.hpp
   const RunStats st =
       summarize(epochs_, Targets{cfg_.train.target_accuracy, cfg_.train.target_loss});
-  nlohmann::json j;
-  j[k::run_id] = run_id_;
-  j[k::experiment] = cfg_.name;
-  j[k::group] = group_;
-  j[k::status] = status;
-  if (!error.empty()) j[k::error] = error;
-  j[k::final_test_accuracy] = number_or_null(st.final_test_acc);
-  j[k::best_test_accuracy] = number_or_null(st.best_test_acc);
-  j[k::final_train_loss] = number_or_null(st.final_train_loss);
-  j[k::final_test_loss] = number_or_null(st.final_test_loss);
-  j[k::median_epoch_time_s] = number_or_null(st.median_epoch_time_s);
-  j[k::samples_per_s] = number_or_null(st.median_samples_per_s);
-  j[k::utilisation] = utilisation_json(info_, st.median_samples_per_s, cfg_.gpus);
-  j[k::total_train_time_s] = number_or_null(st.total_train_time_s);
-  j[k::exchange_bytes_per_step] = info_.param_count * static_cast<int64_t>(sizeof(float));
-  j[k::busbw_gbps] = number_or_null(st.median_busbw_gbps);
-  j[k::exposed_exchange_share] = number_or_null(st.median_exposed_share);
-  j[k::exposed_input_share] = number_or_null(st.median_input_share);
-  j[k::target_accuracy] = cfg_.train.target_accuracy;
-  j[k::target_loss] = cfg_.train.target_loss;
-  j[k::time_to_target_s] = st.time_to_target_s ? nlohmann::json(*st.time_to_target_s) : nullptr;
-  j[k::epochs_to_target] = st.epochs_to_target ? nlohmann::json(*st.epochs_to_target) : nullptr;
-  j[k::epochs_completed] = epochs_.size();
-  j[k::epochs_planned] = cfg_.train.epochs;
-  put_config_repeats(j, cfg_, info_.peak_lr);
-  j[k::backend] = info_.backend;
-  j[k::precision] = info_.precision;
-  if (info_.launches_per_step > 0) j[k::launches_per_step] = info_.launches_per_step;
-  if (!info_.cuda_graph.empty()) {
-    j[k::cuda_graph] = info_.cuda_graph;
-    j[k::cuda_graph_steps] = info_.cuda_graph_steps;
-  }
-  j[k::devices] = info_.devices;
-  if (!info_.replica_mode.empty()) j[k::replica_mode] = info_.replica_mode;
-  if (!info_.placement.empty()) j[k::placement] = info_.placement;
-  j[k::peak_rss_mib] = peak_rss_mib();
-  // GPU runs: what the CUDA backend held at most on each of this process's GPUs.
-  if (!info_.peak_device_mib.empty()) {
-    nlohmann::json dev = nlohmann::json::object();
-    for (const auto& [gpu, mib] : info_.peak_device_mib) dev[fmt::format("cuda:{}", gpu)] = mib;
-    j[k::peak_device_mib] = dev;
-  }
-  j[k::blas] = info_.blas;
-  j[k::model] = info_.model;
-  j[k::param_count] = info_.param_count;
-  j[k::data] = info_.data;
-  j[k::steps_per_epoch] = info_.steps_per_epoch;
-  j[k::noise_scale] = noise_scale_json(epochs_, cfg_);
-  if (cfg_.gpus > 1 && info_.backend == "cpu") j[k::stragglers] = stragglers_json(epochs_);
-  // Every value in force, through the same schema as config.resolved.yaml: the keys above stay
-  // for the scripts that read them, `report --by` reads any key from here.
-  j[k::config] = config_to_json(cfg_);
-  j[k::git_sha] = kGitSha;
-  j[k::dtrain_version] = kVersion;
-  j[k::started_at] = started_at_;
-  j[k::finished_at] = utc_now();
-  j[k::wall_time_s] =
+  SummarySource src{cfg_, info_, epochs_, st};
+  src.run_id = run_id_;
+  src.group = group_;
+  src.status = status;
+  src.error = error;
+  src.started_at = started_at_;
+  src.finished_at = utc_now();
+  src.wall_time_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+  src.peak_rss_mib = peak_rss_mib();
+  const nlohmann::json j = summary_json(src);  // its fields: summary.cpp
   // The summary first: readers trust its status over the `status` file (read_run_status).
   write_file_atomic(dir_ + "/summary.json", j.dump(2) + "\n");
   write_file_atomic(dir_ + "/status", status + "\n");

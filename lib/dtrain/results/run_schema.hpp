@@ -138,16 +138,4 @@ inline constexpr const char* finished_at = "finished_at";
 inline constexpr const char* wall_time_s = "wall_time_s";
 }  // namespace summary_key
 
-// One top-level field of summary.json (version 1).
-struct SummaryField {
-  const char* name;
-  const char* meaning;
-  // The config key whose value it repeats (kept for the scripts and older readers that read it
-  // here rather than from "config"), or "".
-  const char* repeats;
-  bool always;  // written in every summary (the others only where they apply)
-};
-// The fields in the order of the writer's code (the file lists them sorted by name).
-const std::vector<SummaryField>& summary_fields();
-
 }  // namespace dtrain
