@@ -69,6 +69,29 @@ TEST_CASE("a missing or corrupt summary.json is named", "[report][errors]") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("a summary field of another type than the table's is named", "[report][errors]") {
+  const auto dir = fs::temp_directory_path() / ("dtrain-types-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto read = [&](const std::string& body) {
+    std::ofstream(dir / "summary.json") << "{\"gpus\": 2, " << body << "}";
+    return load_run(dir.string());
+  };
+  CHECK_THROWS_WITH(read("\"final_test_accuracy\": \"high\""),
+                    Catch::Contains("summary.json: 'final_test_accuracy' is \"high\"; dtrain "
+                                    "writes a number or null"));
+  CHECK_THROWS_WITH(read("\"status\": 3"), Catch::Contains("'status' is 3; dtrain writes a string"));
+  CHECK_THROWS_WITH(read("\"noise_scale\": [1]"),
+                    Catch::Contains("'noise_scale' is [1]; dtrain writes an object or null"));
+  CHECK_THROWS_WITH(read("\"group\": \"" + std::string(100, 'g') + "\", \"seed\": \"7\""),
+                    Catch::Contains("'seed' is \"7\"; dtrain writes an integer"));
+  // A whole number written with a fraction part, null where a number may be null, and a field
+  // of a later version: read.
+  const RunRecord r = read("\"global_batch\": 64.0, \"final_test_accuracy\": null, \"new\": []");
+  CHECK(r.global_batch == 64);
+  CHECK_FALSE(r.final_test_acc);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("atomic writes replace whole files", "[report]") {
   const auto p = fs::temp_directory_path() / ("dtrain-atomic-" + std::to_string(::getpid()));
   write_file_atomic(p.string(), "one\n");

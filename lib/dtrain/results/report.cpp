@@ -16,6 +16,7 @@
 #include "dtrain/base/files.hpp"
 #include "dtrain/config/schema.hpp"
 #include "dtrain/results/run_schema.hpp"
+#include "dtrain/results/summary.hpp"
 
 namespace dtrain {
 
@@ -226,6 +227,8 @@ RunRecord load_run(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: corrupt JSON: {}", path, e.what()));
   }
+  if (const std::string bad = summary_type_error(j); !bad.empty())
+    throw UserError(fmt::format("{}: {} (a damaged file?)", path, bad));
   RunRecord r;
   r.dir = dir;
   try {

@@ -338,4 +338,19 @@ bool has_declared_type(const SummaryField& f, const json& v) {
   return false;
 }
 
+std::string summary_type_error(const json& summary) {
+  if (!summary.is_object()) return "not a JSON object";
+  for (const SummaryField& f : summary_fields()) {
+    const auto it = summary.find(f.name);
+    if (it == summary.end() || has_declared_type(f, *it)) continue;
+    if (f.type == T::integer && it->is_number_float()) continue;  // whole or not: int_in's call
+    std::string shown = it->dump();
+    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+    const bool vowel = f.type == T::integer || f.type == T::object || f.type == T::array;
+    return fmt::format("'{}' is {}; dtrain writes {} {}{}", f.name, shown, vowel ? "an" : "a",
+                       to_string(f.type), f.nullable ? " or null" : "");
+  }
+  return "";
+}
+
 }  // namespace dtrain
