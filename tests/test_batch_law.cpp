@@ -1,6 +1,8 @@
 // The batch-size law from run folders: each batch's best LR, batches that never reach the
-// target, the fit and the noise scale beside it, and `report --batch-law` on real runs.
+// target, the fit and the noise scale beside it, and `report --batch-law` on real runs; the
+// reference convergence points built from such a study, and runs judged against them.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -8,6 +10,8 @@
 #include <vector>
 
 #include "dtrain/results/batch_law.hpp"
+#include "dtrain/results/reference.hpp"
+#include "dtrain/results/stats.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -108,4 +112,107 @@ TEST_CASE("report --batch-law over a small sweep of batches and LRs writes its t
   CHECK(j.at("target_accuracy").get<double>() == 0.6);
   CHECK(j.at("rows").size() + j.at("never_reached").size() == 3);
   for (const auto& row : j["rows"]) CHECK(row.at("lrs_tried") == 2);
+  const auto ref = nlohmann::json::parse(slurp(d.path / "rep" / "bl-reference.json"));
+  CHECK(ref.at("points").size() + ref.at("left_out").size() == 3);
+
+  // Two replicas at the study's smallest batch, judged against it.
+  const auto more = (d.path / "more").string();
+  REQUIRE(dtrain_cli("run " + cfg.string() + " gpus=2 train.per_replica_batch=8 --quiet --tag m "
+                     "--results " + more).code == 0);
+  const auto vs = dtrain_cli("report " + more + " --reference " + res + " --out " +
+                             (d.path / "vs").string());
+  INFO(vs.out);
+  REQUIRE(vs.code == 0);
+  const auto checks = nlohmann::json::parse(slurp(d.path / "vs" / "bl-vs-reference.json"));
+  REQUIRE(checks.size() == 1);
+  CHECK(checks[0].at("global_batch") == 16);
+  CHECK(checks[0].at("verdict").get<std::string>() != "");
+  // A study of another experiment, or none: refused before anything is written.
+  const auto other = (d.path / "other").string();
+  REQUIRE(dtrain_cli("run " + cfg.string() + " name=other train.epochs=1 --quiet --tag o "
+                     "--results " + other).code == 0);
+  const auto wrong = dtrain_cli("report " + more + " --reference " + other + " --out " +
+                                (d.path / "vs2").string());
+  CHECK(wrong.code == 2);
+  CHECK_THAT(wrong.out, Catch::Contains("--reference " + other +
+                                        ": no runs of experiment 'bl' (it has 'other')"));
+  CHECK_FALSE(fs::exists(d.path / "vs2"));
+  const auto missing = dtrain_cli("report " + more + " --reference " + (d.path / "nothing").string());
+  CHECK(missing.code == 2);
+}
+
+TEST_CASE("reference points: olympic means per batch, interpolated between batches",
+          "[report][stats]") {
+  std::vector<RunRecord> runs;
+  // Five runs at 64: the fastest (3) and the slowest (9) are left out, 4, 4, 5 stay.
+  for (double e : {4.0, 9.0, 3.0, 5.0, 4.0}) runs.push_back(run(64, 0.1, e, 100));
+  runs.push_back(run(64, 0.4, 2.0, 100));  // another LR that did not always get there
+  runs.push_back(run(64, 0.4, std::nullopt, 100));
+  // Three runs at 256: all stay.
+  for (double e : {6.0, 7.0, 6.0}) runs.push_back(run(256, 0.2, e, 25));
+  // Five runs at 1024, one of which never reached the target: left out as the slowest.
+  for (std::optional<double> e : {std::optional<double>(9.0), {10.0}, {}, {9.0}, {8.0}})
+    runs.push_back(run(1024, 0.4, e, 6));
+  // Three at 4096, one never: no reference there.
+  for (std::optional<double> e : {std::optional<double>(20.0), {}, {21.0}})
+    runs.push_back(run(4096, 0.8, e, 2));
+  const Reference ref = reference_points(runs);
+  REQUIRE(ref.points.size() == 3);
+  const ReferencePoint& a = ref.points[0];
+  CHECK(a.global_batch == 64);
+  CHECK(a.peak_lr == 0.1);
+  CHECK(a.runs == 5);
+  CHECK(a.kept == 3);
+  CHECK(a.mean_epochs == Approx(13.0 / 3));
+  CHECK(a.sd_epochs == Approx(std::sqrt(1.0 / 3)));
+  CHECK(ref.points[1].kept == 3);
+  CHECK(ref.points[1].mean_epochs == Approx(19.0 / 3));
+  CHECK(ref.points[2].mean_epochs == Approx(28.0 / 3));  // 8 and never left out: 9, 9, 10
+  REQUIRE(ref.left_out.size() == 1);
+  CHECK_THAT(ref.left_out[0], Catch::Contains("global batch 4096: 1 of 3 runs at LR 0.8 did not "
+                                              "reach the target"));
+  // A third of the way from 64 to 256: a third of the way from 13/3 to 19/3.
+  const auto at128 = reference_at(ref, 128);
+  REQUIRE(at128);
+  CHECK(at128->interpolated);
+  CHECK(at128->mean_epochs == Approx(5.0));
+  CHECK(at128->sd_epochs == Approx(std::sqrt(1.0 / 3)));
+  CHECK(reference_at(ref, 256)->mean_epochs == Approx(19.0 / 3));
+  CHECK_FALSE(reference_at(ref, 32));
+  CHECK_FALSE(reference_at(ref, 2048));  // beyond the last batch with a reference
+  CHECK_THAT(to_markdown(ref), Catch::Contains("| 64 | 0.1 | 5 | 3 | 4.33 | 0.58 |"));
+  CHECK_THAT(to_markdown(ref), Catch::Contains("Left out: global batch 4096"));
+}
+
+TEST_CASE("runs are judged against the reference at their global batch", "[report][stats]") {
+  std::vector<RunRecord> study;
+  for (double e : {4.0, 9.0, 3.0, 5.0, 4.0}) study.push_back(run(64, 0.1, e, 100));
+  for (double e : {6.0, 7.0, 6.0}) study.push_back(run(256, 0.2, e, 25));
+  const Reference ref = reference_points(study);
+  // t(0.975, 2) sd sqrt(1 + 1/3) with sd = sqrt(1/3) is t x 2/3; then one epoch each side.
+  const double half = t_quantile(0.975, 2) * 2.0 / 3 + 1;
+  std::vector<RunRecord> runs = {run(64, 0.1, 4.0, 100), run(64, 0.1, 13.0 / 3 + half + 0.01, 100),
+                                 run(128, 0.1, 1.0, 50), run(64, 0.1, std::nullopt, 100),
+                                 run(8192, 0.1, 1.0, 8), run(64, 0.1, 4.0, 100)};
+  runs.back().target_accuracy = 0.8;
+  RunRecord failed = run(64, 0.1, 4.0, 100);
+  failed.status = "failed";
+  runs.push_back(failed);
+  const auto checks = check_against(ref, runs);
+  REQUIRE(checks.size() == 6);  // the failed run is not judged
+  CHECK(checks[0].verdict == Convergence::within);
+  CHECK(checks[0].low == Approx(13.0 / 3 - half));
+  CHECK(checks[0].high == Approx(13.0 / 3 + half));
+  CHECK(checks[1].verdict == Convergence::slower);
+  CHECK(checks[2].verdict == Convergence::faster);  // 1 epoch where the reference says 5 -+ 3.9
+  CHECK(checks[2].at->interpolated);
+  CHECK(checks[3].verdict == Convergence::not_reached);
+  CHECK(checks[4].verdict == Convergence::no_reference);
+  CHECK(checks[5].verdict == Convergence::other_target);
+  const std::string md = checks_markdown(ref, checks);
+  CHECK_THAT(md, Catch::Contains("| 5.00 (interpolated) |"));
+  CHECK_THAT(md, Catch::Contains("slower than the reference"));
+  const auto j = nlohmann::json::parse(checks_json(checks));
+  CHECK(j[4]["reference"].is_null());
+  CHECK(j[1]["verdict"] == "slower than the reference");
 }

@@ -12,6 +12,7 @@
 #include "dtrain/results/batch_law.hpp"
 #include "dtrain/results/plots.hpp"
 #include "dtrain/results/recorder.hpp"
+#include "dtrain/results/reference.hpp"
 #include "dtrain/results/report.hpp"
 
 namespace dtrain::cli {
@@ -126,9 +127,10 @@ void write_aggregate(const std::string& name, const std::string& stem_name,
 }
 
 // Writes one experiment's tables (and figures) as STEM.*; returns how many figures failed.
+// `ref`: the reference convergence points its runs are judged against (--reference), or null.
 int write_experiment(const std::string& name, const std::string& stem_name,
                      const std::vector<RunRecord>& runs, const ReportOptions& opt,
-                     const std::string& out, std::string& index,
+                     const Reference* ref, const std::string& out, std::string& index,
                      std::vector<std::string>& written) {
   bool has_baseline = false;
   for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
@@ -137,10 +139,42 @@ int write_experiment(const std::string& name, const std::string& stem_name,
       opt.batch_law ? std::optional<BatchLaw>(batch_law(runs)) : std::nullopt;
   write_tables(name, stem_name, to_markdown(cmp), to_csv(cmp), to_json(cmp), out, index, written);
   if (!opt.by.empty()) write_aggregate(name, stem_name, runs, opt.by, out, index, written);
-  if (law)
+  if (law) {
     write_tables(name + ", batch-size law", stem_name + "-batch-law", to_markdown(*law),
                  to_csv(*law), to_json(*law), out, index, written);
+    const Reference own = reference_points(runs);
+    write_tables(name + ", reference convergence points", stem_name + "-reference",
+                 to_markdown(own), to_csv(own), to_json(own), out, index, written);
+  }
+  if (ref) {
+    const auto checks = check_against(*ref, runs);
+    write_tables(name + ", against the reference", stem_name + "-vs-reference",
+                 checks_markdown(*ref, checks), checks_csv(checks), checks_json(checks), out,
+                 index, written);
+  }
   return opt.plots ? write_figures(cmp, out, index, written) : 0;
+}
+
+// --reference: each experiment's reference convergence points from the study's runs of the
+// same experiment, built before anything is written (a study without the experiment, or with
+// runs of different targets, is refused).
+std::map<std::string, Reference> read_references(const std::string& study,
+                                                 const RunsByExperiment& checked) {
+  std::map<std::string, Reference> refs;
+  if (study.empty()) return refs;
+  int unreadable = 0;
+  const RunsByExperiment runs = read_runs(find_run_dirs({study}), unreadable);
+  for (const auto& [name, mine] : checked) {
+    const auto it = runs.find(name);
+    if (it == runs.end()) {
+      std::vector<std::string> names;
+      for (const auto& [n, rs] : runs) names.push_back("'" + n + "'");
+      throw UserError(fmt::format("--reference {}: no runs of experiment '{}' (it has {})", study,
+                                  name, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+    }
+    refs.emplace(name, reference_points(it->second));
+  }
+  return refs;
 }
 }  // namespace
 
@@ -159,7 +193,11 @@ void setup_report(CLI::App& app, ReportOptions& opt) {
       ->allow_extra_args(false);
   app.add_flag("--batch-law", opt.batch_law,
                "Steps to the target against the global batch: each batch's best LR, the fit "
-               "S = S_min (1 + B_noise / B) and the measured noise scale B_simple");
+               "S = S_min (1 + B_noise / B) and the measured noise scale B_simple, and the "
+               "reference convergence points (epochs to target per batch, MLPerf's procedure)");
+  app.add_option("--reference", opt.reference,
+                 "A batch-size study's folder (run with --batch-law's sweep): judge each run's "
+                 "epochs to the target against the study's at the run's global batch");
 }
 
 int run_report(const ReportOptions& opt) {
@@ -188,6 +226,8 @@ int run_report(const ReportOptions& opt) {
                                   fmt::join(opt.paths, ", ")));
   }
 
+  const std::map<std::string, Reference> refs = read_references(opt.reference, by_experiment);
+
   ensure_dir(out, "report");
   const fs::path manifest = fs::path(out) / ".manifest";
   remove_previous_report(out, manifest);
@@ -200,7 +240,10 @@ int run_report(const ReportOptions& opt) {
     const std::string base = slug(name);
     const int n = ++stems[base];
     const std::string stem_name = n == 1 ? base : fmt::format("{}-{}", base, n);
-    plot_failures += write_experiment(name, stem_name, runs, opt, out, index, written);
+    const auto ref = refs.find(name);
+    plot_failures += write_experiment(name, stem_name, runs, opt,
+                                      ref == refs.end() ? nullptr : &ref->second, out, index,
+                                      written);
   }
   write_file_atomic((fs::path(out) / "index.md").string(), index);
   write_file_atomic(manifest.string(), fmt::format("{}\n", fmt::join(written, "\n")));

@@ -90,6 +90,7 @@ struct ReportOptions {
   bool plots = false;
   std::vector<std::string> by;  // config keys to aggregate over (--by)
   bool batch_law = false;       // steps to target against the global batch (--batch-law)
+  std::string reference;        // a batch-size study to judge each run against (--reference)
 };
 void setup_report(CLI::App& app, ReportOptions& opt);
 int run_report(const ReportOptions& opt);

@@ -56,8 +56,8 @@ std::optional<double> median_b_simple(const std::vector<RunRecord>& runs) {
 
 }  // namespace
 
-BatchLaw batch_law(const std::vector<RunRecord>& runs) {
-  BatchLaw law;
+KeptLrs kept_runs(const std::vector<RunRecord>& runs) {
+  KeptLrs kept;
   std::map<long long, std::map<double, std::vector<const RunRecord*>>> by_batch;
   const RunRecord* first = nullptr;
   for (const RunRecord& r : runs) {
@@ -65,35 +65,52 @@ BatchLaw batch_law(const std::vector<RunRecord>& runs) {
     if (!first) first = &r;
     if (r.target_accuracy != first->target_accuracy || r.target_loss != first->target_loss)
       throw UserError(fmt::format(
-          "--batch-law: {} and {} have different targets (accuracy {} and {}, loss {} and {}); "
-          "steps to one target are compared",
+          "{} and {} have different targets (accuracy {} and {}, loss {} and {}); steps to one "
+          "target are compared",
           first->dir, r.dir, first->target_accuracy, r.target_accuracy, first->target_loss,
           r.target_loss));
     by_batch[r.global_batch][r.peak_lr].push_back(&r);
   }
   if (first) {
-    law.target_accuracy = first->target_accuracy;
-    law.target_loss = first->target_loss;
+    kept.target_accuracy = first->target_accuracy;
+    kept.target_loss = first->target_loss;
   }
-  std::vector<double> b, s;
   for (const auto& [batch, lrs] : by_batch) {
-    std::optional<BatchLawRow> best;
+    std::optional<KeptRuns> best;
     for (const auto& [lr, rs] : lrs) {
-      const BatchLawRow row = summarize_lr(batch, lr, rs);
-      if (!best || better(row, *best)) best = row;
+      KeptRuns k{summarize_lr(batch, lr, rs), rs};
+      if (!best || better(k.row, best->row)) best = std::move(k);
     }
-    best->lrs_tried = static_cast<int>(lrs.size());
-    if (best->reached == 0) {
-      law.never_reached.push_back(batch);
+    best->row.lrs_tried = static_cast<int>(lrs.size());
+    kept.batches.push_back(std::move(*best));
+  }
+  return kept;
+}
+
+BatchLaw batch_law(const std::vector<RunRecord>& runs) {
+  BatchLaw law;
+  const KeptLrs kept = kept_runs(runs);
+  law.target_accuracy = kept.target_accuracy;
+  law.target_loss = kept.target_loss;
+  std::vector<double> b, s;
+  for (const KeptRuns& k : kept.batches) {
+    if (k.row.reached == 0) {
+      law.never_reached.push_back(k.row.global_batch);
       continue;
     }
-    law.rows.push_back(*best);
-    b.push_back(static_cast<double>(batch));
-    s.push_back(best->steps);
+    law.rows.push_back(k.row);
+    b.push_back(static_cast<double>(k.row.global_batch));
+    s.push_back(k.row.steps);
   }
   law.fit = fit_batch_law(b, s);
   law.b_simple = median_b_simple(runs);
   return law;
+}
+
+std::string target_text(double accuracy, double loss) {
+  return loss > 0 && accuracy > 0 ? fmt::format("test accuracy {}, test loss {}", accuracy, loss)
+         : loss > 0               ? fmt::format("test loss {}", loss)
+                                  : fmt::format("test accuracy {}", accuracy);
 }
 
 std::string to_markdown(const BatchLaw& law) {
@@ -103,10 +120,7 @@ std::string to_markdown(const BatchLaw& law) {
       "reached it; counted in whole epochs.\n\n"
       "| global batch | LRs tried | best peak LR | runs | reached | steps to target | samples "
       "to target |\n|---|---|---|---|---|---|---|\n",
-      law.target_loss > 0 && law.target_accuracy > 0
-          ? fmt::format("test accuracy {}, test loss {}", law.target_accuracy, law.target_loss)
-      : law.target_loss > 0 ? fmt::format("test loss {}", law.target_loss)
-                            : fmt::format("test accuracy {}", law.target_accuracy));
+      target_text(law.target_accuracy, law.target_loss));
   for (const BatchLawRow& r : law.rows)
     md += fmt::format("| {} | {} | {:.6g} | {} | {} | {:.1f} | {:.0f} |\n", r.global_batch,
                       r.lrs_tried, r.best_lr, r.runs, r.reached, r.steps, r.samples);

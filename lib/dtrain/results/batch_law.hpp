@@ -34,10 +34,25 @@ struct BatchLaw {
   double target_accuracy = 0, target_loss = 0;
 };
 
-// From finished runs (done or diverged) of one experiment. At each batch the LR kept is the
-// one whose runs all reached the target in the fewest mean steps (else the one that reached it
-// most often). Runs with another target are refused (UserError naming both).
+// The runs of the learning rate kept at one global batch: the LR whose runs all reached the
+// target in the fewest mean steps (else the one that reached it most often).
+struct KeptRuns {
+  BatchLawRow row;
+  std::vector<const RunRecord*> runs;  // pointing into kept_runs()'s argument
+};
+struct KeptLrs {
+  std::vector<KeptRuns> batches;  // by batch, ascending (where no run reached it too)
+  double target_accuracy = 0, target_loss = 0;
+};
+// From finished runs (done or diverged) of one experiment; runs with another target than the
+// first are refused (UserError naming both).
+KeptLrs kept_runs(const std::vector<RunRecord>& runs);
+
+// The law over kept_runs()'s choice at each batch.
 BatchLaw batch_law(const std::vector<RunRecord>& runs);
+
+// "test accuracy 0.85", "test loss 0.4" or both.
+std::string target_text(double accuracy, double loss);
 
 std::string to_markdown(const BatchLaw& law);
 std::string to_csv(const BatchLaw& law);

@@ -27,8 +27,9 @@ struct RunRecord {
   double peak_lr = 0, lr = 0;
   std::optional<double> final_test_acc, best_test_acc, final_train_loss, median_epoch_time_s,
       samples_per_s, time_to_target_s, epochs_to_target;
-  std::optional<double> noise_b_simple;
-  std::optional<double> busbw_gbps, exposed_exchange_share, exposed_input_share;  // medians over epochs  // the gradient noise scale at the end (2+ replicas)
+  std::optional<double> noise_b_simple;  // the gradient noise scale at the end (2+ replicas)
+  // Medians over the epochs.
+  std::optional<double> busbw_gbps, exposed_exchange_share, exposed_input_share;
   double target_accuracy = 0;
   double target_loss = 0;
   int epochs_completed = 0;
