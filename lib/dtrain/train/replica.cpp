@@ -1,16 +1,12 @@
 #include "dtrain/train/replica.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
-#include <thread>
 
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
@@ -19,6 +15,7 @@
 #include "dtrain/comm/nccl.hpp"
 #include "dtrain/nn/schedule.hpp"
 #include "dtrain/train/checkpoint.hpp"
+#include "dtrain/train/rank_gather.hpp"
 
 namespace dtrain {
 
@@ -81,7 +78,10 @@ Replica::Replica(RunContext& run, Communicator& comm)
       sampler_(run.data.train.size(), run.cfg.global_batch(), comm.size(),
                run.cfg.train.accumulation_steps, run.cfg.data.shuffle, run.cfg.data.sharding,
                run.cfg.data.drop_remainder, run.cfg.train.seed),
+      noise_(run.cfg, comm.size()),
       trace_(run.cfg.train.trace),
+      trace_window_(run.cfg.train.trace),
+      slow_(SlowPhase::from_env(comm.rank())),
       abort_on_unwind_{run.nccl.get()} {
   dev_ = run.place.backend == Backend::cuda
              ? make_cuda_device(run.place.gpu_of_replica[static_cast<size_t>(rank_)], rank_,
@@ -127,12 +127,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
 
   make_exchange(n_params);
   enable_graphs();
-  graph_stats_.resize(*dev_, kDev);
-  dev_stats_.resize(*dev_, at_least_one(steps_ * kDev));
-  // The noise scale needs a smaller batch to compare with: each replica's, or with one replica
-  // and gradient accumulation, the first micro-batch's.
-  measure_noise_ = cfg_.train.noise_scale && (replicas_ > 1 || accum_ > 1);
-  noise_from_micro_ = measure_noise_ && replicas_ == 1;
+  stats_ = StepStats(*dev_, steps_);
   dev_test_.resize(*dev_, 2);
 
   read_fault_injection();
@@ -184,18 +179,15 @@ void Replica::make_exchange(size_t n_params) {
     exchange_->ready(off, count);
   };
   // The straggler log: per step the phases and an arrival per bucket (one, for shared weights).
-  // Rank 0 gathers every rank's at each epoch's end: at most 2^25 values (256 MB).
-  step_log_ = {steps_, run_.shared ? 1 : static_cast<int>(exchange_->bucket_count())};
-  track_stragglers_ = replicas_ > 1 && dev_->host_memory() &&
-                      static_cast<double>(replicas_) * static_cast<double>(steps_) *
-                              static_cast<double>(step_log_.stride()) <= 0x1p25;
+  const int arrivals = run_.shared ? 1 : static_cast<int>(exchange_->bucket_count());
+  phases_ = PhaseLog(replicas_, steps_, arrivals, dev_->host_memory());
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
   // reduce the whole buffer at once, in finish().
-  if ((cfg_.train.trace.enabled() || track_stragglers_) && !run_.shared)
+  if ((cfg_.train.trace.enabled() || phases_.on()) && !run_.shared)
     exchange_->on_bucket([this](size_t b, Clock::time_point ready, Clock::time_point t0,
                                 Clock::time_point t1) {
       trace_.bucket(b, ready, t0, t1);
-      if (phase_row_) phase_row_[kStepPhases + b] = trace_.seconds_at(t0);
+      phases_.arrive(b, trace_.seconds_at(t0));
     });
 }
 
@@ -225,47 +217,6 @@ void Replica::read_fault_injection() {
     long long fs = -1;
     if (std::sscanf(f, "%d:%lld", &fr, &fs) == 2 && fr == rank_) fault_step_ = fs;
   }
-  // DTRAIN_SLOW=RANK:PHASE:FACTOR stretches that rank's phase (data, forward, backward,
-  // exchange, optimizer) to FACTOR times its time: a straggler to find.
-  if (const char* f = std::getenv("DTRAIN_SLOW")) {
-    int fr = -1;
-    char phase[32] = {};
-    double factor = 1;
-    if (std::sscanf(f, "%d:%31[a-z]:%lf", &fr, phase, &factor) == 3 && fr == rank_ &&
-        factor >= 1 && factor <= 100)
-      if (const auto p = step_phase_named(phase)) {
-        slow_phase_ = static_cast<int>(*p);
-        slow_factor_ = factor;
-      }
-  }
-}
-
-void Replica::slow_down(StepPhase p, double busy_s) {
-  if (static_cast<int>(p) != slow_phase_ || !(busy_s > 0)) return;
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>((slow_factor_ - 1) * busy_s));
-  // Sleep through most of it, then yield to the end: a core shared with other replicas is not
-  // held, and the end is kept to a few microseconds.
-  for (auto now = Clock::now(); now < until; now = Clock::now()) {
-    if (until - now > std::chrono::microseconds(300))
-      std::this_thread::sleep_for(until - now - std::chrono::microseconds(200));
-    else
-      std::this_thread::yield();
-  }
-}
-
-Straggler Replica::epoch_straggler() {
-  // The same decision on every rank: each holds as many values.
-  if (!track_stragglers_) return {};
-  const std::vector<double> all = gather(phase_log_);
-  if (rank_ != 0) return {};
-  // The steps this process ran (a resumed epoch's earlier ones are not in the log).
-  const size_t skip = static_cast<size_t>(phase_first_) * step_log_.stride();
-  std::vector<std::vector<double>> ranks(static_cast<size_t>(replicas_));
-  for (size_t r = 0; r < ranks.size(); ++r)
-    ranks[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r * phase_log_.size() + skip),
-                    all.begin() + static_cast<std::ptrdiff_t>((r + 1) * phase_log_.size()));
-  return name_straggler(ranks, StepLog{steps_ - phase_first_, step_log_.arrivals});
 }
 
 void Replica::report_start() {
@@ -299,34 +250,32 @@ void Replica::report_start() {
 }
 
 void Replica::run() {
-  if (cfg_.train.trace.enabled() || replicas_ > 1) start_clock();
-  // Resumed past the window: its trace.json is whole already.
-  const TraceConfig& window = cfg_.train.trace;
-  trace_written_ = global_step_ >= window.from_step + window.steps - 1;
+  // The origin of the trace's and the straggler log's times, common to every rank.
+  if (cfg_.train.trace.enabled() || replicas_ > 1) trace_.start_clock(common_clock_origin(comm_));
+  trace_window_.start(global_step_);
   for (int epoch = start_epoch_; epoch < cfg_.train.epochs; ++epoch) {
     const EpochTotals tr = train_epoch(epoch);
     const auto t_eval = Clock::now();
     const std::vector<double> test = evaluate();
     trace_.span(TracePhase::evaluation, t_eval, Clock::now());
     EpochMetrics m = epoch_metrics(epoch, tr, test, seconds_since(t_eval));
-    const Straggler slow = epoch_straggler();
+    const Straggler slow = phases_.epoch_straggler(comm_);
     m.straggler_rank = slow.rank;
     m.straggler_phase = slow.phase;
     m.straggler_excess = slow.excess;
     const bool diverged = !std::isfinite(m.train_loss) || !std::isfinite(m.test_loss);
     if (rank_ == 0) {
       for (int64_t s = 0; s < steps_; ++s) {
-        const double* st = step_stats_.data() + s * kHost;
-        run_.result.step_losses.push_back(st[kRows] > 0 ? st[kLoss] / st[kRows] : 0.0);
+        const double* st = stats_.host_row(s);
+        const double rows = st[StepStats::kRows];
+        run_.result.step_losses.push_back(rows > 0 ? st[StepStats::kLoss] / rows : 0.0);
       }
       run_.result.epochs.push_back(m);
       if (diverged) run_.result.status = RunStatus::diverged;
       if (run_.observer) run_.observer->on_epoch(m);
     }
     if (!diverged && epoch + 1 < cfg_.train.epochs) checkpoint(epoch + 1, 0, nullptr);
-    if (cfg_.train.trace.enabled() && global_step_ >= cfg_.train.trace.from_step &&
-        !trace_written_)
-      write_trace();
+    trace_window_.after_epoch(comm_, trace_, global_step_, run_.observer);
     if (diverged) break;  // every rank sees the same reduced numbers, so all stop together
   }
   if (rank_ == 0) run_.result.info.cuda_graph_steps = queue_ ? queue_->graph_launches() : 0;
@@ -340,15 +289,12 @@ void Replica::run() {
 
 Replica::EpochTotals Replica::train_epoch(int epoch) {
   const EpochPlan plan = sampler_.plan(epoch);
-  step_stats_.assign(static_cast<size_t>(steps_ * kHost), 0.0);
-  dev_->zero(dev_stats_.data(), dev_stats_.size() * sizeof(double));
-  if (track_stragglers_)
-    phase_log_.assign(static_cast<size_t>(steps_) * step_log_.stride(), 0.0);
+  stats_.begin_epoch();
   EpochTotals out;
   EpochTimes& t = out.times;
   const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
-  phase_first_ = first;
-  if (first > 0) restore_partial_epoch(out);
+  phases_.begin_epoch(first);
+  if (first > 0) resume_epoch(out);
   if (train_input_) start_input(plan, epoch, first);
   // Evaluation may have freed device memory on some ranks: the graph steps agree again.
   graph_agreement_.unsettle();
@@ -369,10 +315,9 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     // Kernels per step, counted on the second step (the first sets things up).
     const int64_t launches_before = queue_ ? queue_->launches() : 0;
     trace_.set_step(global_step_ + 1);
-    if (track_stragglers_)
-      phase_row_ = phase_log_.data() + static_cast<size_t>(s) * step_log_.stride();
+    phases_.begin_step(s);
     train_step(plan, s, lr, t);
-    phase_row_ = nullptr;
+    phases_.end_step();
     if (rank_ == 0 && epoch == 0 && s == 1)
       run_.result.info.launches_per_step = (queue_ ? queue_->launches() : 0) - launches_before;
     if (rank_ == 0 && run_.observer) run_.observer->on_step(epoch + 1, s + 1, steps_);
@@ -384,8 +329,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   }
   // The epoch's only wait for the device; then one exchange turns local per-step stats into
   // global ones.
-  pull_step_stats(steps_);
-  comm_.allreduce(step_stats_.data(), step_stats_.size(), ReduceOp::sum);
+  stats_.finish_epoch(comm_);
   t.total = before + seconds_since(t_epoch);
   // On a GPU the host only queues work: the split comes from device events instead (but for
   // an exchange that runs on the host).
@@ -400,44 +344,14 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   t.exchange = p.exchange;
   t.exposed = p.exchange_exposed;
   t.optimizer = p.optimizer;
-  for (size_t s = 0; s < static_cast<size_t>(steps_); ++s) {
-    const double* st = step_stats_.data() + s * kHost;
-    out.loss_sum += st[kLoss];
-    out.correct += st[kCorrect];
-    out.seen += st[kRows];
-    if (measure_noise_) add_noise_step(st);
+  for (int64_t s = 0; s < steps_; ++s) {
+    const double* st = stats_.host_row(s);
+    out.loss_sum += st[StepStats::kLoss];
+    out.correct += st[StepStats::kCorrect];
+    out.seen += st[StepStats::kRows];
+    noise_.add_step(st);
   }
   return out;
-}
-
-// This rank's slice of the reduced gradients' squared norm (the optimizer only read them): the
-// reduced buffer is the same on every rank, so the slices add up to its whole norm over the
-// ranks, at 1/N of the cost. Outside the timed phases.
-void Replica::reduced_norm(double* out) {
-  const auto n = static_cast<size_t>(model_->param_count()), r = static_cast<size_t>(rank_);
-  const auto size = static_cast<size_t>(replicas_);
-  const size_t lo = n * r / size, hi = n * (r + 1) / size;
-  if (hi > lo) dev_->sum_squares(reduced_grads() + lo, hi - lo, out);
-}
-
-// One step's squared norms, summed over ranks: the local ones average to |G_small|^2 over the
-// replicas' B_small = B_big / N samples each; the ranks' slices of the reduced buffer add up to
-// its whole norm, which a `sum` reduction makes N^2 |G_big|^2.
-void Replica::add_noise_step(const double* st) {
-  const double n = replicas_;
-  const double b_big = st[kRows];
-  // A short last step splits its rows unevenly (a rank may even get none): its local
-  // gradients are not means over B_big / N samples, so it is left out.
-  if (b_big != static_cast<double>(gbatch_)) return;
-  if (noise_from_micro_) {
-    // Gradients are scaled by 1/B_big, so the first micro-batch's mean gradient was held
-    // scaled by B_small/B_big = 1/accumulation_steps.
-    const double a = accum_;
-    noise_.add(static_cast<double>(micro_), b_big, st[kLocalNorm] * a * a, st[kReducedNorm]);
-    return;
-  }
-  const double big_scale = cfg_.train.reduction == Reduction::sum ? n * n : 1.0;
-  noise_.add(b_big / n, b_big, st[kLocalNorm] / n, st[kReducedNorm] / big_scale);
 }
 
 void Replica::check_fault() {
@@ -450,12 +364,11 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
   const auto t_step = Clock::now();
   check_fault();
   const bool in_graph = graph_policy(plan.batch_size(s)) != GraphMode::eager;
-  double* stats = in_graph ? graph_stats_.data() : dev_stats_.data() + s * kDev;
-  if (measure_noise_ && !noise_from_micro_)
-    exchange_->measure_norm(dev_.get(), stats + kLocalNorm);
+  double* stats = stats_.device_row(s, in_graph);
+  noise_.measure_local(*exchange_, dev_.get(), stats);
   try {
     mark(0);
-    if (in_graph) dev_->zero(stats, kDev * sizeof(double));
+    if (in_graph) stats_.clear_graph_row();
     forward_backward(plan, s, stats, t);  // the last backward starts reducing gradients
     mark(1);
     step_lr_ = lr;
@@ -469,18 +382,20 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
           std::min(run_.shared->update_s[global_step_ & 1], t.exchange - exchange_before);
       t.exchange -= u;
       t.optimizer += u;
-      log_phase(StepPhase::exchange, -u);  // as the times: every rank waited for the update
-      log_phase(StepPhase::optimizer, u);
+      phases_.add(StepPhase::exchange, -u);  // as the times: every rank waited for the update
+      phases_.add(StepPhase::optimizer, u);
     } else {
       const auto t0 = Clock::now();
       opt_->step(model_->params(), model_->grads(), lr);
-      slow_down(StepPhase::optimizer, seconds_since(t0));
+      slow_.stretch(StepPhase::optimizer, seconds_since(t0));
       t.optimizer += seconds_since(t0);
-      log_phase(StepPhase::optimizer, seconds_since(t0));
+      phases_.add(StepPhase::optimizer, seconds_since(t0));
       trace_.span(TracePhase::optimizer, t0, Clock::now());
     }
     mark(3);
-    if (measure_noise_) reduced_norm(stats + kReducedNorm);
+    // The optimizer only read the reduced gradients: they are still the step's.
+    noise_.measure_reduced(*dev_, reduced_grads(), static_cast<size_t>(model_->param_count()),
+                           rank_, stats);
     if (in_graph) queue_->graph_step_end();
   } catch (const SystemError& e) {
     if (!in_graph) throw;
@@ -493,7 +408,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     if (in_graph) queue_->graph_step_abort();
     throw;
   }
-  if (in_graph) dev_->copy(dev_stats_.data() + s * kDev, stats, kDev * sizeof(double));
+  if (in_graph) stats_.keep_graph_row(s);
   trace_.span(TracePhase::step, t_step, Clock::now());
 }
 
@@ -506,29 +421,27 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     const auto t0 = Clock::now();
     int64_t rows = 0;
     const float* batch = load_micro_batch(plan, s, k, rows);
-    slow_down(StepPhase::data, seconds_since(t0));
+    slow_.stretch(StepPhase::data, seconds_since(t0));
     const auto t1 = Clock::now();
     model_->forward(batch, rows);
-    slow_down(StepPhase::forward, seconds_since(t1));
+    slow_.stretch(StepPhase::forward, seconds_since(t1));
     const auto t2 = Clock::now();
     const bool last = k == accum_ - 1;
     if (last) exchange_->begin(model_->grads());
     model_->loss_backward(yb_.data(), rows, grad_scale, stats,
                           last ? on_ready_ : Model::GradsReady{});
     const double buckets = last ? exchange_->seconds() : 0.0;  // reduced on this thread
-    slow_down(StepPhase::backward, seconds_since(t2) - buckets);
+    slow_.stretch(StepPhase::backward, seconds_since(t2) - buckets);
     const auto t3 = Clock::now();
     trace_.span(TracePhase::data, t0, t1);
     trace_.span(TracePhase::forward, t1, t2);
     trace_.span(TracePhase::backward, t2, t3);
-    log_phase(StepPhase::data, seconds(t1 - t0));
-    log_phase(StepPhase::forward, seconds(t2 - t1));
-    log_phase(StepPhase::backward, seconds(t3 - t2) - buckets);
-    // One replica: the buffer now holds the first micro-batch's gradient, the small batch.
-    if (noise_from_micro_ && k == 0)
-      dev_->sum_squares(model_->grads(), static_cast<size_t>(model_->param_count()),
-                        stats + kLocalNorm);
-    step_stats_[static_cast<size_t>(s * kHost) + kRows] += static_cast<double>(rows);
+    phases_.add(StepPhase::data, seconds(t1 - t0));
+    phases_.add(StepPhase::forward, seconds(t2 - t1));
+    phases_.add(StepPhase::backward, seconds(t3 - t2) - buckets);
+    noise_.measure_micro(*dev_, k, model_->grads(), static_cast<size_t>(model_->param_count()),
+                         stats);
+    stats_.add_rows(s, static_cast<double>(rows));
     const double load = std::chrono::duration<double>(t1 - t0).count();
     const double data = train_input_ ? input_wait_s_ : load;
     t.data += data;
@@ -589,12 +502,12 @@ void Replica::reduce_gradients(EpochTimes& t) {
   const double during_backward = exchange_->seconds();
   if (wait_before_exchange_) queue_->synchronize();  // see on_ready_
   const auto t0 = Clock::now();
-  if (run_.shared && phase_row_) phase_row_[kStepPhases] = trace_.seconds_at(t0);  // arrival
+  if (run_.shared) phases_.arrive(0, trace_.seconds_at(t0));
   exchange_->finish();
-  slow_down(StepPhase::exchange, during_backward + seconds_since(t0));
+  slow_.stretch(StepPhase::exchange, during_backward + seconds_since(t0));
   t.compute -= during_backward;
   t.exchange += during_backward + seconds_since(t0);
-  log_phase(StepPhase::exchange, during_backward + seconds_since(t0));
+  phases_.add(StepPhase::exchange, during_backward + seconds_since(t0));
 }
 
 void Replica::update_shared() {
@@ -603,17 +516,9 @@ void Replica::update_shared() {
   // global_step_ counts this step already: it is the optimizer's 1-based step number.
   sw.opt->update(*dev_, sw.params.data(), reduced_grads(), step_lr_, global_step_);
   if (queue_) queue_->synchronize();  // a GPU: the update's time, not its queueing
-  slow_down(StepPhase::optimizer, seconds_since(t0));
+  slow_.stretch(StepPhase::optimizer, seconds_since(t0));
   sw.update_s[global_step_ & 1] = seconds_since(t0);
   trace_.span(TracePhase::optimizer, t0, Clock::now());
-}
-
-void Replica::pull_step_stats(int64_t steps) {
-  std::vector<double> host(static_cast<size_t>(steps) * kDev);
-  dev_->download(host.data(), dev_stats_.data(), host.size() * sizeof(double));
-  for (size_t s = 0; s < static_cast<size_t>(steps); ++s)
-    for (size_t k : {kLoss, kCorrect, kLocalNorm, kReducedNorm})
-      step_stats_[s * kHost + k] = host[s * kDev + k];
 }
 
 bool Replica::stop_agreed(int64_t step) {
@@ -627,87 +532,6 @@ bool Replica::stop_agreed(int64_t step) {
   return stop > 0;
 }
 
-std::vector<double> Replica::gather(const std::vector<double>& mine) {
-  // A block of ranks at a time, at most 8 blocks: one all-reduce of every rank's values would
-  // hold N x N values at once where the N ranks share a process (4096 replicas: gigabytes),
-  // and every block is one more meeting of all ranks. Adding zeros to a value leaves it as it
-  // is, so the sums are the values.
-  const size_t n = mine.size(), ranks = static_cast<size_t>(replicas_);
-  const size_t kBlock = std::max<size_t>(64, (ranks + 7) / 8);
-  const auto me = static_cast<size_t>(rank_);
-  std::vector<double> all, block;
-  if (rank_ == 0) all.resize(n * ranks);
-  for (size_t first = 0; first < ranks; first += kBlock) {
-    const size_t count = std::min(kBlock, ranks - first);
-    block.assign(n * count, 0.0);
-    if (me >= first && me < first + count)
-      std::copy_n(mine.begin(), n, block.begin() + static_cast<std::ptrdiff_t>((me - first) * n));
-    comm_.allreduce(block.data(), block.size(), ReduceOp::sum);
-    if (rank_ == 0)
-      std::copy_n(block.begin(), block.size(),
-                  all.begin() + static_cast<std::ptrdiff_t>(first * n));
-  }
-  return all;
-}
-
-std::vector<uint64_t> Replica::gather_words(const std::vector<uint64_t>& mine) {
-  std::vector<double> pieces(4 * mine.size());
-  for (size_t i = 0; i < mine.size(); ++i)
-    for (size_t p = 0; p < 4; ++p)
-      pieces[i * 4 + p] = static_cast<double>((mine[i] >> (16 * p)) & 0xffff);
-  const std::vector<double> all_pieces = gather(pieces);
-  std::vector<uint64_t> all(all_pieces.size() / 4, 0);
-  for (size_t i = 0; i < all.size(); ++i)
-    for (size_t p = 0; p < 4; ++p)
-      all[i] |= static_cast<uint64_t>(all_pieces[i * 4 + p]) << (16 * p);
-  return all;
-}
-
-// The common origin: the moment every rank leaves one collective, as rank 0 read it. Ranks on
-// rank 0's machine share its monotonic clock and take its reading exactly; a rank on another
-// machine takes its own reading of that moment (aligned to the collective's exit skew).
-void Replica::start_clock() {
-  double meet = 0;
-  comm_.allreduce(&meet, 1, ReduceOp::sum);
-  const auto left = Clock::now();
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  const double host = static_cast<double>(std::hash<std::string>{}(name) & 0xffffffffu);
-  std::vector<double> v = {host, static_cast<double>(left.time_since_epoch().count())};
-  if (rank_ != 0) v = {0, 0};
-  comm_.allreduce(v.data(), v.size(), ReduceOp::sum);
-  if (v[0] == host)
-    trace_.start_clock(Clock::time_point(Clock::duration(static_cast<Clock::rep>(v[1]))));
-  else
-    trace_.start_clock(left);
-}
-
-void Replica::write_trace() {
-  const TraceConfig& w = cfg_.train.trace;
-  trace_written_ = global_step_ >= w.from_step + w.steps - 1;
-  const std::vector<double> mine = trace_.take();
-  // Ranks may hold different counts: pad to the largest with empty (NaN) spans.
-  std::vector<double> counts(static_cast<size_t>(replicas_), 0.0);
-  counts[static_cast<size_t>(rank_)] = static_cast<double>(mine.size());
-  comm_.allreduce(counts.data(), counts.size(), ReduceOp::sum);
-  const auto most = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
-  if (most == 0) return;  // nothing new: the file stays as it is
-  std::vector<double> padded(most, std::nan(""));
-  std::copy(mine.begin(), mine.end(), padded.begin());
-  const std::vector<double> all = gather(padded);
-  if (rank_ != 0) return;
-  trace_ranks_.resize(static_cast<size_t>(replicas_));
-  for (size_t r = 0; r < trace_ranks_.size(); ++r) {
-    const auto n = static_cast<size_t>(counts[r]);
-    const std::vector<TraceSpan> spans = unpack_spans(all.data() + r * most, n);
-    trace_ranks_[r].insert(trace_ranks_[r].end(), spans.begin(), spans.end());
-  }
-  if (run_.observer)
-    run_.observer->on_trace(trace_json(
-        trace_ranks_, fmt::format("dtrain {} replicas, steps {} to {}", replicas_, w.from_step,
-                                  w.from_step + w.steps - 1)));
-}
-
 void Replica::checkpoint(int epoch, int64_t next_step, const EpochTotals* partial) {
   if (global_step_ == last_checkpoint_) return;  // the same state as the last one
   last_checkpoint_ = global_step_;
@@ -718,111 +542,36 @@ void Replica::checkpoint(int epoch, int64_t next_step, const EpochTotals* partia
     ~Span() { trace.span(TracePhase::checkpoint, t0, Clock::now()); }
   } span{trace_, t0};
   graph_agreement_.unsettle();  // every rank checkpoints at this step: the graphs re-agree
-  // Per rank: the random stream and the BatchNorm statistics (per replica with `local`).
-  std::vector<uint64_t> mine(4);
-  replica_rng_.get_state(mine.data());
-  const std::vector<float> bn = model_->download_state();
-  for (float v : bn) mine.push_back(std::bit_cast<uint32_t>(v));
-  const std::vector<uint64_t> all = gather_words(mine);
-  // The finished steps' sums, reduced over the ranks as at the epoch's end.
-  std::vector<double> part;
-  if (partial && next_step > 0) {
-    pull_step_stats(next_step);  // the epoch's end pulls them again, with the later steps
-    part.assign(step_stats_.begin(),
-                step_stats_.begin() + static_cast<std::ptrdiff_t>(next_step * kHost));
-    comm_.allreduce(part.data(), part.size(), ReduceOp::sum);
-  }
-  if (rank_ != 0 || !run_.observer) return;
-  Checkpoint c;
-  c.config_yaml = to_yaml(cfg_);
-  c.replicas = replicas_;
-  c.epoch = epoch;
-  c.step = next_step;
-  c.global_step = global_step_;
-  c.params.resize(static_cast<size_t>(model_->param_count()));
-  dev_->download(c.params.data(), model_->params(), c.params.size() * sizeof(float));
-  auto take = [&](Buffer<float>& b, std::vector<float>& out) {
-    if (b.size() == 0) return;
-    out.resize(optimizer().size());
-    dev_->download(out.data(), b.data(), out.size() * sizeof(float));
-  };
-  take(optimizer().first_moment(), c.opt_m);
-  take(optimizer().second_moment(), c.opt_v);
-  const size_t per = mine.size();
-  for (int r = 0; r < replicas_; ++r) {
-    const auto* w = all.data() + static_cast<size_t>(r) * per;
-    c.rng.insert(c.rng.end(), w, w + 4);
-    for (size_t i = 4; i < per; ++i)
-      c.bn_state.push_back(std::bit_cast<float>(static_cast<uint32_t>(w[i])));
-  }
-  c.noise = noise_.save();
-  c.partial_stats = std::move(part);
+  PartialEpoch part;
   if (partial) {
     const EpochTimes& t = partial->times;
-    c.partial_lr_first = partial->lr_first;
-    c.partial_times = {t.data, t.compute, t.exchange, t.exposed, t.optimizer, t.total};
+    part = {partial->lr_first, {t.data, t.compute, t.exchange, t.exposed, t.optimizer, t.total}};
   }
-  c.epochs = run_.result.epochs;
-  c.step_losses = run_.result.step_losses;
-  c.launches_per_step = run_.result.info.launches_per_step;
-  run_.observer->on_checkpoint(c);
+  const bool keep = rank_ == 0 && run_.observer;
+  const std::optional<Checkpoint> c =
+      collect_checkpoint(state(), {epoch, next_step, global_step_}, partial ? &part : nullptr,
+                         keep ? &run_.result : nullptr);
+  if (c) run_.observer->on_checkpoint(*c);
 }
 
 void Replica::restore(const Checkpoint& c) {
-  const auto n = static_cast<size_t>(model_->param_count());
-  if (c.replicas != replicas_ || c.params.size() != n)
-    throw UserError(fmt::format(
-        "checkpoint: it is of {} replica(s) and {} parameters, this run has {} and {}; delete "
-        "checkpoint.bin to start the run over",
-        c.replicas, c.params.size(), replicas_, n));
-  if (c.epoch >= cfg_.train.epochs || c.step >= steps_ ||
-      (c.step > 0) != !c.partial_stats.empty() ||
-      c.partial_stats.size() != static_cast<size_t>(c.step) * kHost ||
-      c.step_losses.size() != static_cast<size_t>(c.epoch) * static_cast<size_t>(steps_) ||
-      c.global_step != static_cast<int64_t>(c.epoch) * steps_ + c.step)
-    throw UserError("checkpoint: its position is not a step of this run");
-  auto put = [&](Buffer<float>& b, const std::vector<float>& in) {
-    if (b.size() == 0) return;
-    if (in.size() != optimizer().size())
-      throw UserError("checkpoint: optimizer state of another run");
-    dev_->upload(b.data(), in.data(), in.size() * sizeof(float));
-  };
-  if (!run_.shared || rank_ == 0) {  // shared weights: one copy, restored once
-    dev_->upload(model_->params(), c.params.data(), n * sizeof(float));
-    put(optimizer().first_moment(), c.opt_m);
-    put(optimizer().second_moment(), c.opt_v);
-    optimizer().set_steps_taken(c.global_step);
-  }
-  const size_t per_bn = c.bn_state.size() / static_cast<size_t>(replicas_);
-  const auto* bn = c.bn_state.data() + per_bn * static_cast<size_t>(rank_);
-  model_->upload_state(std::vector<float>(bn, bn + per_bn));
-  replica_rng_.set_state(c.rng.data() + 4 * static_cast<size_t>(rank_));
-  noise_.restore(c.noise);
-  global_step_ = last_checkpoint_ = c.global_step;
-  start_epoch_ = c.epoch;
-  start_step_ = c.step;
-  if (rank_ != 0) return;
-  run_.result.epochs = c.epochs;
-  run_.result.step_losses = c.step_losses;
-  run_.result.info.launches_per_step = c.launches_per_step;
+  const RunPosition at = restore_checkpoint(state(), c, rank_ == 0 ? &run_.result : nullptr);
+  global_step_ = last_checkpoint_ = at.global_step;
+  start_epoch_ = at.epoch;
+  start_step_ = at.step;
 }
 
-// The first steps of a resumed epoch: their sums (already reduced, so rank 0 holds them and
-// the others zeros, which the epoch's reduction adds to the same bits) and rank 0's times.
-void Replica::restore_partial_epoch(EpochTotals& out) {
-  const Checkpoint& c = *run_.resume;
-  out.lr_first = c.partial_lr_first;
+void Replica::resume_epoch(EpochTotals& out) {
+  const PartialEpoch part = restore_partial_epoch(state(), *run_.resume);
+  out.lr_first = part.lr_first;
   EpochTimes& t = out.times;
-  t.data = c.partial_times[0], t.compute = c.partial_times[1], t.exchange = c.partial_times[2];
-  t.exposed = c.partial_times[3], t.optimizer = c.partial_times[4], t.total = c.partial_times[5];
-  if (rank_ != 0) return;
-  std::vector<double> dev(static_cast<size_t>(c.step) * kDev);
-  for (size_t s = 0; s < static_cast<size_t>(c.step); ++s) {
-    for (size_t k : {kLoss, kCorrect, kLocalNorm, kReducedNorm})
-      dev[s * kDev + k] = c.partial_stats[s * kHost + k];
-    step_stats_[s * kHost + kRows] = c.partial_stats[s * kHost + kRows];
-  }
-  dev_->upload(dev_stats_.data(), dev.data(), dev.size() * sizeof(double));
+  t.data = part.times[0], t.compute = part.times[1], t.exchange = part.times[2];
+  t.exposed = part.times[3], t.optimizer = part.times[4], t.total = part.times[5];
+}
+
+ReplicaState Replica::state() {
+  return {cfg_,        steps_, comm_,        *dev_,  *model_, optimizer(), run_.shared != nullptr,
+          replica_rng_, noise_.scale(), stats_};
 }
 
 GraphMode Replica::graph_policy(int64_t global_rows) {
@@ -878,7 +627,7 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
     mine[1] = static_cast<double>(train_input_->decoded() - input_decoded_);
     mine[2] = train_input_->busy_seconds() - input_busy_s_;
   }
-  const std::vector<double> all = gather(mine);
+  const std::vector<double> all = gather(comm_, mine);
   std::vector<double> busy(static_cast<size_t>(replicas_), 0.0);
   double images = 0, input_s = 0;
   for (size_t r = 0; r < all.size() / 3; ++r) {  // empty but on rank 0
@@ -921,11 +670,7 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
                          static_cast<double>(steps_) / t.exchange;
     m.busbw_gbps = algbw * 2 * (n - 1) / n / 1e9;
   }
-  if (noise_.steps() > 0) {
-    m.noise_g2 = noise_.g2();
-    m.noise_trace = noise_.trace();
-    m.noise_b_simple = noise_.b_simple();
-  }
+  noise_.report(m);
   return m;
 }
 

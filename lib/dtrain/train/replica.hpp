@@ -2,7 +2,10 @@
 // One replica of a run: its device, model, optimizer, gradient exchange, sampler shard and
 // buffers. run() trains every epoch; a training step reads top to bottom in train_step():
 // forward and backward over the micro-batches (buckets are reduced while backward runs), the
-// rest of the reduction, the optimizer update.
+// rest of the reduction, the optimizer update. What a step measures besides training is kept by
+// objects of their own: the per-step sums (StepStats), the noise scale (NoiseProbe), the
+// straggler log (PhaseLog), the step trace (StepTrace, TraceWindow); checkpoints are
+// replica_checkpoint.hpp's.
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -18,9 +21,12 @@
 #include "dtrain/comm/exchange.hpp"
 #include "dtrain/nn/model.hpp"
 #include "dtrain/nn/optimizer.hpp"
-#include "dtrain/train/noise_scale.hpp"
-#include "dtrain/train/straggler.hpp"
+#include "dtrain/train/noise_probe.hpp"
+#include "dtrain/train/phase_log.hpp"
+#include "dtrain/train/replica_checkpoint.hpp"
+#include "dtrain/train/step_stats.hpp"
 #include "dtrain/train/trace.hpp"
+#include "dtrain/train/trace_window.hpp"
 #include "dtrain/train/trainer.hpp"
 
 namespace dtrain {
@@ -82,8 +88,8 @@ class Replica {
   };
 
   EpochTotals train_epoch(int epoch);
-  // forward, backward and reduce, update; step_stats gets this rank's [loss, correct, rows]
-  // (loss and correct on the device, in dev_stats_).
+  // forward, backward and reduce, update; stats_ gets this rank's sums of step s (see
+  // StepStats).
   void train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes& t);
   void forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t);
   // Micro-batch k of step s into yb_ and the returned rows x features (xb_, its augmented
@@ -114,38 +120,18 @@ class Replica {
   void read_fault_injection();
   void report_start();
   void check_fault();
-  void add_noise_step(const double* st);
-  void reduced_norm(double* out);
   // Checkpoints (collective: every rank calls them at the same step). `partial`: the epoch in
   // progress, of which `next_step` steps are done.
   void checkpoint(int epoch, int64_t next_step, const EpochTotals* partial);
   void restore(const Checkpoint& c);
-  void restore_partial_epoch(EpochTotals& out);
+  // The first steps of the epoch a resumed run continues in: their sums and times.
+  void resume_epoch(EpochTotals& out);
+  // What a checkpoint reads from this replica and a restore writes.
+  ReplicaState state();
   bool stop_agreed(int64_t step);
-  // Copies the device's per-step sums of the first `steps` steps into step_stats_ (whose rows
-  // the host counted).
-  void pull_step_stats(int64_t steps);
-  // Every rank's values (the same count on each), in rank order, on rank 0; empty elsewhere.
-  std::vector<double> gather(const std::vector<double>& mine);
-  // The same for words, sent in 16-bit pieces, which doubles hold exactly.
-  std::vector<uint64_t> gather_words(const std::vector<uint64_t>& mine);
   void mark(int phase) {
     if (queue_) queue_->step_mark(phase);
   }
-  // train.trace: every rank's spans since the last call to rank 0, which hands the whole trace
-  // so far to the observer (trace.json). Collective: called where the window has begun.
-  void write_trace();
-  // The origin of the trace's and the straggler log's times, common to every rank (collective).
-  void start_clock();
-  // Stragglers: adds seconds to the step in progress's phase (CPU, more than one replica).
-  void log_phase(StepPhase p, double seconds) {
-    if (phase_row_) phase_row_[static_cast<int>(p)] += seconds;
-  }
-  // DTRAIN_SLOW: stretches this rank's phase by its factor, given the phase's time so far.
-  void slow_down(StepPhase p, double busy_s);
-  // The epoch's straggler, from every rank's phase log (collective; rank 0's answer, none
-  // elsewhere).
-  Straggler epoch_straggler();
 
   RunContext& run_;
   const Config& cfg_;
@@ -185,33 +171,18 @@ class Replica {
   double input_busy_s_ = 0;
   double input_since_s_ = 0;  // the epoch's time (t.total) when they were taken
   double input_wait_s_ = 0;   // the last micro-batch's wait for the pipeline
-  Buffer<double> dev_stats_;    // per step [loss sum, correct], on the device all epoch
-  Buffer<double> graph_stats_;  // a graph step's sums, at the address it was captured with
+  StepStats stats_;  // the epoch's per-step sums
   Buffer<double> dev_test_;
-  // Per step on the device (kDev values) and, at the epoch's end, on the host summed over the
-  // ranks (kHost values): loss sum, correct predictions, and for the noise scale the squared
-  // gradient norm before and after the exchange; the host adds the step's rows.
-  static constexpr size_t kLoss = 0, kCorrect = 1, kLocalNorm = 2, kReducedNorm = 3, kRows = 4;
-  static constexpr size_t kDev = 4, kHost = 5;
-  std::vector<double> step_stats_;
-  bool measure_noise_ = false;
-  bool noise_from_micro_ = false;  // one replica: the first micro-batch is the small batch
-  NoiseScale noise_;
+  NoiseProbe noise_;  // the gradient noise scale
   int64_t global_step_ = 0;
   int64_t fault_step_ = -1;  // DTRAIN_FAULT
   int start_epoch_ = 0;      // where a resumed run continues
   int64_t start_step_ = 0;
   int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
   StepTrace trace_;
-  bool track_stragglers_ = false;  // the CPU with more than one replica
-  StepLog step_log_;
-  std::vector<double> phase_log_;  // this epoch's StepLog values
-  double* phase_row_ = nullptr;    // the step in progress's
-  int64_t phase_first_ = 0;        // the epoch's first step run here (a resumed epoch's later)
-  int slow_phase_ = -1;            // DTRAIN_SLOW=RANK:PHASE:FACTOR (a StepPhase; -1: none)
-  double slow_factor_ = 1;
-  std::vector<std::vector<TraceSpan>> trace_ranks_;  // rank 0: every rank's spans so far
-  bool trace_written_ = false;                       // the window is over and written
+  TraceWindow trace_window_;
+  PhaseLog phases_;  // stragglers: the epoch's phase times
+  SlowPhase slow_;   // DTRAIN_SLOW: a straggler planted here
 
   // Declared last, so destroyed first: a failure in this replica aborts NCCL before anything
   // that waits on its streams unwinds (the exchange's and the device's destructors), or a

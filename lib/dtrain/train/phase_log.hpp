@@ -1,0 +1,67 @@
+#pragma once
+// One rank's side of finding stragglers (straggler.hpp names them): the phase log, per step of
+// the epoch its busy seconds in each phase and when it arrived at each of the step's
+// collectives, which rank 0 gathers at the epoch's end; and the straggler the tests plant,
+// DTRAIN_SLOW, which stretches one rank's phase.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "dtrain/comm/comm.hpp"
+#include "dtrain/train/straggler.hpp"
+
+namespace dtrain {
+
+class PhaseLog {
+ public:
+  PhaseLog() = default;
+  // `arrivals`: the collectives of a step (one per bucket; one for shared weights). The log is
+  // kept on the CPU (`host_memory`: on a GPU the host only queues work) with more than one
+  // replica, where every rank's epoch fits in 2^25 values (256 MB) on rank 0.
+  PhaseLog(int replicas, int64_t steps, int arrivals, bool host_memory);
+
+  bool on() const { return on_; }
+  // The epoch starts at step `first` (a resumed epoch's earlier steps are not in the log).
+  void begin_epoch(int64_t first);
+  // Step s is in progress: add() and arrive() write its row until end_step().
+  void begin_step(int64_t s) {
+    if (on_) row_ = values_.data() + static_cast<size_t>(s) * log_.stride();
+  }
+  void end_step() { row_ = nullptr; }
+  // Adds seconds to the step in progress's phase.
+  void add(StepPhase p, double seconds) {
+    if (row_) row_[static_cast<int>(p)] += seconds;
+  }
+  // The step in progress's collective i began at `seconds` (from the origin every rank shares).
+  void arrive(size_t i, double seconds) {
+    if (row_) row_[kStepPhases + i] = seconds;
+  }
+  // Collective: the epoch's straggler from every rank's log, on rank 0 (none elsewhere, and
+  // none where the log is off).
+  Straggler epoch_straggler(Communicator& comm) const;
+
+ private:
+  bool on_ = false;
+  int replicas_ = 1;
+  StepLog log_;
+  std::vector<double> values_;  // this epoch's StepLog values
+  double* row_ = nullptr;       // the step in progress's
+  int64_t first_ = 0;           // the epoch's first step run here
+};
+
+// DTRAIN_SLOW=RANK:PHASE:FACTOR stretches that rank's phase (data, forward, backward,
+// exchange, optimizer) to FACTOR times its time: a straggler to find.
+class SlowPhase {
+ public:
+  // This rank's, from the environment: none where DTRAIN_SLOW is unset, malformed, names
+  // another rank, or a factor outside [1, 100].
+  static SlowPhase from_env(int rank);
+  // Waits out the rest of phase p's stretched time, given its busy seconds so far.
+  void stretch(StepPhase p, double busy_s) const;
+
+ private:
+  int phase_ = -1;  // a StepPhase; -1: none
+  double factor_ = 1;
+};
+
+}  // namespace dtrain
