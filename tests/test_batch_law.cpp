@@ -69,7 +69,7 @@ TEST_CASE("the batch-size law keeps each batch's best LR and fits the steps", "[
   CHECK(law.fit.b_noise == Approx(512));
   CHECK(law.b_simple == Approx(400));  // the median of 300 and 500 (x4)
   const std::string md = to_markdown(law);
-  CHECK_THAT(md, Catch::Contains("| 1024 | 3 | 0.1 | 2 | 2 | 1500.0 | 1536000 |"));
+  CHECK_THAT(md, Catch::Contains("| 1024 | 3 | 0.1 | 2 | 2 | 1500.0 | 1536000 | 100 |"));
   CHECK_THAT(md, Catch::Contains("B_noise (the critical batch) = 512"));
   CHECK_THAT(md, Catch::Contains("No run reached the target at global batch 16384."));
   CHECK(nlohmann::json::parse(to_json(law)).at("fit").at("b_noise").get<double>() ==
@@ -83,6 +83,18 @@ TEST_CASE("the batch-size law keeps each batch's best LR and fits the steps", "[
                                     run(256, 0.1, 1.0, 100)};
   CHECK_THAT(error_of([&] { batch_law(damaged); }),
              Catch::Contains("runs/b64: epochs_to_target -1 is not a count"));
+  // Steps to target counted between epochs (train.eval_steps) are taken over whole epochs,
+  // with their resolution.
+  RunRecord fine = run(64, 0.1, 13.0, 100);
+  fine.steps_to_target = 1234;
+  fine.target_resolution_steps = 10;
+  CHECK(steps_to_target(fine) == 1234);
+  CHECK(resolution_steps(fine) == 10);
+  CHECK(steps_to_target(run(64, 0.1, 13.0, 100)) == 1300);
+  CHECK(resolution_steps(run(64, 0.1, 13.0, 100)) == 100);
+  fine.steps_to_target = -3;
+  CHECK_THAT(error_of([&] { steps_to_target(fine); }),
+             Catch::Contains("runs/b64: steps_to_target -3 is not a count"));
   // Too few batches: no fit, and why.
   const BatchLaw two = batch_law({run(64, 0.1, 3.0, 100), run(128, 0.1, 2.0, 100)});
   CHECK_FALSE(two.fit.ok);

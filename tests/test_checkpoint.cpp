@@ -197,24 +197,46 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   }
   CHECK(decode_checkpoint(encode_checkpoint(last), "v3").epochs.back().straggler_excess == 0.25);
   // epoch_fields: an int, 8 doubles, an int64, 8 doubles, an int, an int64, 4 doubles; then 2
-  // doubles (version 2); then 2 ints and a double (version 3).
+  // doubles (version 2); then 2 ints and a double (version 3); version 4 adds the count of
+  // test scorings (none here) after the epochs.
   const size_t epoch_v1 = 4 + 8 * 8 + 8 + 8 * 8 + 4 + 8 + 4 * 8;
   const size_t epoch_v2 = epoch_v1 + 16, epoch_v3 = epoch_v2 + 16;
-  for (const int version : {1, 2}) {
+  REQUIRE(last.evals.empty());
+  for (const int version : {1, 2, 3}) {
     INFO("version " << version);
     std::string bytes_now = encode_checkpoint(last);
     bytes_now[std::string("dtrain checkpoint ").size()] = static_cast<char>('0' + version);
-    const size_t keep_bytes = version == 1 ? epoch_v1 : epoch_v2;
-    const size_t n = last.epochs.size(), first = bytes_now.size() - 4 - n * epoch_v3;
+    const size_t keep_bytes = version == 1 ? epoch_v1 : version == 2 ? epoch_v2 : epoch_v3;
+    const size_t n = last.epochs.size(), first = bytes_now.size() - 4 - 8 - n * epoch_v3;
     std::string body = bytes_now.substr(0, first);
     for (size_t e = 0; e < n; ++e) body += bytes_now.substr(first + e * epoch_v3, keep_bytes);
     const Checkpoint old = decode_checkpoint(resealed(body + "abcd"), "old");
     REQUIRE(old.epochs.size() == n);
     CHECK(old.epochs.back().test_loss == last.epochs.back().test_loss);
-    CHECK(std::isnan(old.epochs.back().input_busy));
-    CHECK(old.epochs.back().straggler_rank == -1);
-    CHECK(std::isnan(old.epochs.back().straggler_excess));
+    if (version < 3) {
+      CHECK(std::isnan(old.epochs.back().input_busy));
+      CHECK(old.epochs.back().straggler_rank == -1);
+      CHECK(std::isnan(old.epochs.back().straggler_excess));
+    }
+    CHECK(old.evals.empty());
   }
+  // Version 4's test scorings round-trip; one out of order, or of an accuracy above 1, is
+  // refused.
+  Checkpoint scored = last;
+  scored.evals = {{1, 3, 3, 96, 0.5, 1.25, 0.5}, {1, 13, 13, 400, 1.5, 0.75, 0.75}};
+  const Checkpoint back = decode_checkpoint(encode_checkpoint(scored), "v4");
+  REQUIRE(back.evals.size() == 2);
+  CHECK(back.evals[1].samples == 400);
+  CHECK(back.evals[1].test_acc == 0.75);
+  CHECK(back.evals[0].train_time_s == 0.5);
+  odd = scored;
+  std::swap(odd.evals[0], odd.evals[1]);
+  CHECK(refused(encode_checkpoint(odd)).find("the global step of test scoring 2") !=
+        std::string::npos);
+  odd = scored;
+  odd.evals[0].test_acc = 1.5;
+  CHECK(refused(encode_checkpoint(odd)).find("the test accuracy of test scoring 1") !=
+        std::string::npos);
   // A straggler rank past the replicas, or a phase that is none, is refused.
   odd = last;
   odd.epochs.back().straggler_rank = odd.replicas;

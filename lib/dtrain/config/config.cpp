@@ -729,6 +729,10 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
   if (c.optimizer.warmup_epochs > c.train.epochs)
     throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
                                 c.optimizer.warmup_epochs, c.train.epochs));
+  if (c.train.stop_at_target && c.train.target_accuracy <= 0 && c.train.target_loss <= 0)
+    throw UserError(fmt::format("{}: train.stop_at_target needs a target: train.target_accuracy "
+                                "or train.target_loss above 0",
+                                src.file));
 }
 
 Config decode(const YAML::Node& root, const Source& src) {

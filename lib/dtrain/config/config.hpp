@@ -318,6 +318,12 @@ struct TrainConfig {
   // the target is reached when both are.
   double target_loss = 0.0;
   int64_t eval_batch = 1000;
+  // Also score the test set every this many optimizer steps (0: at each epoch's end only):
+  // evals.csv, and the steps and samples to the target to within this many steps.
+  int64_t eval_steps = 0;
+  // End the run after the epoch in which the target was first reached (a batch-size study's
+  // runs need no more).
+  bool stop_at_target = false;
   // Multi-process runs: give up on a collective that makes no progress for this long.
   double collective_timeout_s = 300.0;
   // Gradient buckets: each is all-reduced as soon as backward has finished it (0 = one

@@ -186,6 +186,8 @@ void visit(C& t, V& v) {
   v(Key("target_accuracy").within(0.0, 1.0), t.target_accuracy);
   v(Key("target_loss").within(0.0, 1e6), t.target_loss);
   v(Key("eval_batch").at_least(1), t.eval_batch);
+  v(Key("eval_steps").at_least(0), t.eval_steps);
+  v(Key("stop_at_target"), t.stop_at_target);
   v(Key("collective_timeout_s").within(1.0, 1e7), t.collective_timeout_s);
   v(Key("bucket_mb").within(0.0, 1e6), t.bucket_mb);
   v(Key("cuda_graph"), t.cuda_graph);

@@ -24,12 +24,10 @@ BatchLawRow summarize_lr(long long batch, double lr, const std::vector<const Run
   row.runs = static_cast<int>(rs.size());
   double sum = 0;
   for (const RunRecord* r : rs)
-    if (r->epochs_to_target && r->steps_per_epoch > 0) {
-      if (!(std::isfinite(*r->epochs_to_target) && *r->epochs_to_target >= 0))
-        throw UserError(fmt::format("--batch-law: {}: epochs_to_target {} is not a count",
-                                    r->dir, *r->epochs_to_target));
+    if (const auto steps = steps_to_target(*r)) {
       ++row.reached;
-      sum += *r->epochs_to_target * static_cast<double>(r->steps_per_epoch);
+      sum += *steps;
+      row.resolution = std::max(row.resolution, resolution_steps(*r));
     }
   row.steps = row.reached > 0 ? sum / row.reached : 0;
   row.samples = row.steps * static_cast<double>(batch);
@@ -55,6 +53,23 @@ std::optional<double> median_b_simple(const std::vector<RunRecord>& runs) {
 }
 
 }  // namespace
+
+std::optional<double> steps_to_target(const RunRecord& r) {
+  const auto count = [&](const char* key, double v) {
+    if (!(std::isfinite(v) && v >= 0))
+      throw UserError(fmt::format("--batch-law: {}: {} {} is not a count", r.dir, key, v));
+    return v;
+  };
+  if (r.steps_to_target) return count("steps_to_target", *r.steps_to_target);
+  if (!r.epochs_to_target || r.steps_per_epoch <= 0) return std::nullopt;
+  return count("epochs_to_target", *r.epochs_to_target) * static_cast<double>(r.steps_per_epoch);
+}
+
+double resolution_steps(const RunRecord& r) {
+  return r.target_resolution_steps && *r.target_resolution_steps > 0
+             ? *r.target_resolution_steps
+             : static_cast<double>(r.steps_per_epoch);
+}
 
 KeptLrs kept_runs(const std::vector<RunRecord>& runs) {
   KeptLrs kept;
@@ -117,13 +132,15 @@ std::string to_markdown(const BatchLaw& law) {
   std::string md = fmt::format(
       "Steps to the target ({}) at each global batch, with the learning rate "
       "that took the fewest (of those whose runs all reached it), mean over the seeds that "
-      "reached it; counted in whole epochs.\n\n"
+      "reached it; each known to within the steps between two scorings of the test set "
+      "(resolution: train.eval_steps, else an epoch's).\n\n"
       "| global batch | LRs tried | best peak LR | runs | reached | steps to target | samples "
-      "to target |\n|---|---|---|---|---|---|---|\n",
+      "to target | resolution (steps) |\n|---|---|---|---|---|---|---|---|\n",
       target_text(law.target_accuracy, law.target_loss));
   for (const BatchLawRow& r : law.rows)
-    md += fmt::format("| {} | {} | {:.6g} | {} | {} | {:.1f} | {:.0f} |\n", r.global_batch,
-                      r.lrs_tried, r.best_lr, r.runs, r.reached, r.steps, r.samples);
+    md += fmt::format("| {} | {} | {:.6g} | {} | {} | {:.1f} | {:.0f} | {:.0f} |\n",
+                      r.global_batch, r.lrs_tried, r.best_lr, r.runs, r.reached, r.steps,
+                      r.samples, r.resolution);
   if (!law.never_reached.empty())
     md += fmt::format("\nNo run reached the target at global batch {}.\n",
                       fmt::join(law.never_reached, ", "));
@@ -147,10 +164,10 @@ std::string to_markdown(const BatchLaw& law) {
 
 std::string to_csv(const BatchLaw& law) {
   std::string csv = "global_batch,lrs_tried,best_peak_lr,runs,reached,steps_to_target,"
-                    "samples_to_target\n";
+                    "samples_to_target,resolution_steps\n";
   for (const BatchLawRow& r : law.rows)
-    csv += fmt::format("{},{},{:.9g},{},{},{:.6g},{:.6g}\n", r.global_batch, r.lrs_tried,
-                       r.best_lr, r.runs, r.reached, r.steps, r.samples);
+    csv += fmt::format("{},{},{:.9g},{},{},{:.6g},{:.6g},{:.6g}\n", r.global_batch, r.lrs_tried,
+                       r.best_lr, r.runs, r.reached, r.steps, r.samples, r.resolution);
   return csv;
 }
 
@@ -159,7 +176,8 @@ std::string to_json(const BatchLaw& law) {
   for (const BatchLawRow& r : law.rows)
     rows.push_back({{"global_batch", r.global_batch}, {"lrs_tried", r.lrs_tried},
                     {"best_peak_lr", r.best_lr}, {"runs", r.runs}, {"reached", r.reached},
-                    {"steps_to_target", r.steps}, {"samples_to_target", r.samples}});
+                    {"steps_to_target", r.steps}, {"samples_to_target", r.samples},
+                    {"resolution_steps", r.resolution}});
   const BatchLawFit& f = law.fit;
   nlohmann::json fit = f.ok ? nlohmann::json{{"s_min", f.s_min},
                                              {"s_min_se", f.s_min_se},

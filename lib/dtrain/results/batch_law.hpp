@@ -6,8 +6,9 @@
 // order of magnitude). Shallue et al. (2019) tune the learning rate per batch and keep the
 // best, as here.
 //
-// Steps to target are counted in whole epochs (the target is checked after each epoch's
-// evaluation): epochs to target x steps per epoch, exact to within one epoch's steps.
+// Steps to target are summary.json's steps_to_target, known to within the steps between two
+// scorings of the test set (train.eval_steps, else an epoch's); for run folders written before
+// it was there, epochs to target x steps per epoch.
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct BatchLawRow {
   int runs = 0, reached = 0;  // of that LR's runs: how many, how many reached the target
   double steps = 0;         // mean steps to target over those that reached it
   double samples = 0;       // steps x global batch
+  double resolution = 0;    // the steps are known to within this many (the coarsest run's)
   int lrs_tried = 0;        // LRs run at this batch
 };
 
@@ -44,6 +46,12 @@ struct KeptLrs {
   std::vector<KeptRuns> batches;  // by batch, ascending (where no run reached it too)
   double target_accuracy = 0, target_loss = 0;
 };
+// A run's optimizer steps to its target (see above); none where it did not reach it. Throws
+// UserError naming the run for a value that is no count.
+std::optional<double> steps_to_target(const RunRecord& r);
+// The steps that is known to within: target_resolution_steps, else an epoch's.
+double resolution_steps(const RunRecord& r);
+
 // From finished runs (done or diverged) of one experiment; runs with another target than the
 // first are refused (UserError naming both).
 KeptLrs kept_runs(const std::vector<RunRecord>& runs);

@@ -22,16 +22,6 @@ struct RunStats {
   double median_input_share = 0;
 };
 
-// What time_to_target_s measures to: a test accuracy to reach, a test loss to get below, or
-// both (0: not set). Nothing set: no target.
-struct Targets {
-  double accuracy = 0, loss = 0;
-  bool any() const { return accuracy > 0 || loss > 0; }
-  bool reached(const EpochMetrics& e) const {
-    return any() && (accuracy <= 0 || e.test_acc >= accuracy) && (loss <= 0 || e.test_loss <= loss);
-  }
-};
-
 RunStats summarize(const std::vector<EpochMetrics>& epochs, const Targets& target);
 double median(std::vector<double> v);
 

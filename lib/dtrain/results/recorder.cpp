@@ -210,6 +210,25 @@ void RunRecorder::on_step(int epoch, int64_t step, int64_t steps) {
                             elapsed));
 }
 
+void RunRecorder::on_eval(const EvalPoint& p) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
+  if (evals_.empty()) evals_csv_ = evals_csv_header();
+  evals_.push_back(p);
+  evals_csv_ += evals_csv_row(p);
+  write_file_atomic(dir_ + "/evals.csv", evals_csv_);
+  // The rows are in evals.csv; the log names the first that reached the targets.
+  const Targets targets{cfg_.train.target_accuracy, cfg_.train.target_loss};
+  const bool first = targets.reached(p) &&
+                     std::none_of(evals_.begin(), evals_.end() - 1,
+                                  [&](const EvalPoint& e) { return targets.reached(e); });
+  if (first) {
+    clear_progress();
+    log().info("  target reached at step {} of epoch {} (global step {}, {} samples): test loss "
+               "{:.4f} acc {:.2f}%",
+               p.step, p.epoch, p.global_step, p.samples, p.test_loss, 100 * p.test_acc);
+  }
+}
+
 void RunRecorder::on_epoch(const EpochMetrics& m) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
   clear_progress();
@@ -235,6 +254,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   const RunStats st =
       summarize(epochs_, Targets{cfg_.train.target_accuracy, cfg_.train.target_loss});
   SummarySource src{cfg_, info_, epochs_, st};
+  src.evals = evals_;
   src.run_id = run_id_;
   src.group = group_;
   src.status = status;
@@ -275,6 +295,12 @@ void RunRecorder::resume(const Checkpoint& c) {
   csv_ = metrics_csv_header();
   for (const auto& m : epochs_) csv_ += metrics_csv_row(m);
   write_file_atomic(dir_ + "/metrics.csv", csv_);
+  evals_ = c.evals;
+  if (!evals_.empty()) {
+    evals_csv_ = evals_csv_header();
+    for (const auto& p : evals_) evals_csv_ += evals_csv_row(p);
+    write_file_atomic(dir_ + "/evals.csv", evals_csv_);
+  }
   save_checkpoint(dir_, c);
   log().info("resume: continuing at epoch {}, step {} ({} epochs finished before)", c.epoch + 1,
              c.step, c.epochs.size());

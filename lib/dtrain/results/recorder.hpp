@@ -53,6 +53,8 @@ class RunRecorder : public TrainObserver {
   void on_start(const RunInfo& info) override;
   void on_step(int epoch, int64_t step, int64_t steps) override;
   void on_epoch(const EpochMetrics& m) override;
+  // train.eval_steps: a row of evals.csv.
+  void on_eval(const EvalPoint& p) override;
   // Saves the checkpoint in the run folder (checkpoint.bin).
   void on_checkpoint(const Checkpoint& c) override;
   // Writes trace.json (replaced whole, atomically, each time the trace grows).
@@ -82,7 +84,8 @@ class RunRecorder : public TrainObserver {
   Config cfg_;
   RunInfo info_;
   std::vector<EpochMetrics> epochs_;
-  std::string csv_;
+  std::vector<EvalPoint> evals_;
+  std::string csv_, evals_csv_;
   std::string started_at_;
   std::chrono::steady_clock::time_point t_start_, t_last_progress_;
   std::unique_ptr<RunLogFile> log_file_;

@@ -16,14 +16,18 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kOlympicFrom = 5;  // runs at a batch from which the fastest and slowest are left out
-constexpr double kResolutionEpochs = 1;  // epochs to target are whole epochs
 
 bool finished(const RunRecord& r) { return r.status == "done" || r.status == "diverged"; }
 
-// A run's epochs to the target; infinity where it never reached it.
-double epochs_of(const RunRecord& r) {
-  return r.epochs_to_target && std::isfinite(*r.epochs_to_target) ? *r.epochs_to_target : kInf;
+// A run's epochs to the target (its steps to the target over its steps per epoch: a fraction
+// where it was scored between steps); none where it never reached it.
+std::optional<double> epochs_to(const RunRecord& r) {
+  const auto steps = steps_to_target(r);
+  if (!steps || r.steps_per_epoch <= 0) return std::nullopt;
+  return *steps / static_cast<double>(r.steps_per_epoch);
 }
+
+double epochs_of(const RunRecord& r) { return epochs_to(r).value_or(kInf); }
 
 // One batch's reference from the runs of its kept LR, or why there is none.
 std::optional<ReferencePoint> point_of(const KeptRuns& k, std::string& why) {
@@ -127,7 +131,7 @@ std::vector<ReferenceCheck> check_against(const Reference& ref,
     c.dir = r.dir;
     c.gpus = r.gpus;
     c.global_batch = r.global_batch;
-    if (r.epochs_to_target && std::isfinite(*r.epochs_to_target)) c.epochs = r.epochs_to_target;
+    c.epochs = epochs_to(r);
     c.at = reference_at(ref, r.global_batch);
     if (r.target_accuracy != ref.target_accuracy || r.target_loss != ref.target_loss) {
       c.verdict = Convergence::other_target;
@@ -137,8 +141,9 @@ std::vector<ReferenceCheck> check_against(const Reference& ref,
       // A prediction interval needs a spread: with one kept run the interval is the resolution.
       const double t = c.at->kept > 1 ? t_quantile(0.975, c.at->kept - 1) : 0;
       const double half = t * c.at->sd_epochs * std::sqrt(1.0 + 1.0 / c.at->kept);
-      c.low = std::max(0.0, c.at->mean_epochs - half - kResolutionEpochs);
-      c.high = c.at->mean_epochs + half + kResolutionEpochs;
+      c.resolution = resolution_steps(r) / static_cast<double>(r.steps_per_epoch);
+      c.low = std::max(0.0, c.at->mean_epochs - half - c.resolution);
+      c.high = c.at->mean_epochs + half + c.resolution;
       c.verdict = *c.epochs > c.high  ? Convergence::slower
                   : *c.epochs < c.low ? Convergence::faster
                                       : Convergence::within;
@@ -188,7 +193,8 @@ std::string checks_markdown(const Reference& ref, const std::vector<ReferenceChe
   std::string md = fmt::format(
       "Each run against the reference at its global batch (interpolated between the study's "
       "batches): the interval one run of the reference's recipe falls in 95 times in 100, "
-      "widened by one epoch at each end for the counting in whole epochs. Target: {}.\n\n"
+      "widened at each end by the run's resolution (the epochs between two scorings of its "
+      "test set). Target: {}.\n\n"
       "| run | gpus | global batch | epochs to target | reference mean | interval | verdict |\n"
       "|---|---|---|---|---|---|---|\n",
       target_text(ref.target_accuracy, ref.target_loss));
@@ -226,6 +232,7 @@ std::string checks_json(const std::vector<ReferenceCheck>& checks) {
                     {"global_batch", c.global_batch},
                     {"epochs_to_target", c.epochs ? nlohmann::json(*c.epochs) : nullptr},
                     {"reference", c.at ? point_json(*c.at) : nlohmann::json(nullptr)},
+                    {"resolution_epochs", c.resolution},
                     {"low", c.low},
                     {"high", c.high},
                     {"verdict", to_string(c.verdict)}});

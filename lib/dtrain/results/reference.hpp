@@ -9,8 +9,9 @@
 //
 // MLPerf leaves one run out at each end of every reference (of 10 to 20); here that is done
 // where a batch has at least 5 runs, so that at least 3 remain for a spread. Epochs to target
-// are counted in whole epochs (the target is checked after each epoch), so each value is known
-// only to within one epoch: the verdict widens its interval by that much.
+// are steps to target over steps per epoch (batch_law.hpp's steps_to_target), known only to
+// within the steps between two scorings of the test set (an epoch's, unless train.eval_steps
+// is set): the verdict widens its interval by that much.
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,8 +62,9 @@ struct ReferenceCheck {
   std::optional<double> epochs;      // to the target
   std::optional<ReferencePoint> at;  // the reference at its batch
   // The interval one run of the reference's recipe falls in 95 times in 100: mean -+ t(0.975,
-  // kept - 1) sd sqrt(1 + 1/kept), widened by one epoch at each end (the counting's resolution),
-  // and never below 0.
+  // kept - 1) sd sqrt(1 + 1/kept), widened at each end by the run's resolution (in epochs: the
+  // steps between two scorings of its test set over its steps per epoch), and never below 0.
+  double resolution = 0;
   double low = 0, high = 0;
   Convergence verdict = Convergence::no_reference;
 };

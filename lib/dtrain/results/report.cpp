@@ -268,6 +268,9 @@ RunRecord load_run(const std::string& dir) {
   r.samples_per_s = opt_number(j, k::samples_per_s);
   r.time_to_target_s = opt_number(j, k::time_to_target_s);
   r.epochs_to_target = opt_number(j, k::epochs_to_target);
+  r.steps_to_target = opt_number(j, k::steps_to_target);
+  r.samples_to_target = opt_number(j, k::samples_to_target);
+  r.target_resolution_steps = opt_number(j, k::target_resolution_steps);
   r.busbw_gbps = opt_number(j, k::busbw_gbps);
   r.exposed_exchange_share = opt_number(j, k::exposed_exchange_share);
   r.exposed_input_share = opt_number(j, k::exposed_input_share);

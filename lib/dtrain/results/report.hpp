@@ -27,6 +27,9 @@ struct RunRecord {
   double peak_lr = 0, lr = 0;
   std::optional<double> final_test_acc, best_test_acc, final_train_loss, median_epoch_time_s,
       samples_per_s, time_to_target_s, epochs_to_target;
+  // Optimizer steps and samples until the targets were first reached, and the steps that is
+  // known to within (summary.json; folders written before they were there have none).
+  std::optional<double> steps_to_target, samples_to_target, target_resolution_steps;
   std::optional<double> noise_b_simple;  // the gradient noise scale at the end (2+ replicas)
   // Medians over the epochs.
   std::optional<double> busbw_gbps, exposed_exchange_share, exposed_input_share;

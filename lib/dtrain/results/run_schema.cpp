@@ -90,6 +90,36 @@ std::string metrics_csv_row(const EpochMetrics& m) {
   return s + "\n";
 }
 
+const std::vector<EvalColumn>& eval_columns() {
+  using P = EvalPoint;
+  static const std::vector<EvalColumn> cols = {
+      {"epoch", &P::epoch, "{}", "", "the epoch in progress, or just finished (1-based)"},
+      {"step", &P::step, "{}", "", "optimizer steps of that epoch done"},
+      {"global_step", &P::global_step, "{}", "", "optimizer steps of the run done"},
+      {"samples", &P::samples, "{}", "", "training samples of the run seen"},
+      {"train_time_s", &P::train_time_s, "{:.4f}", "s",
+       "training time so far, evaluation excluded"},
+      {"test_loss", &P::test_loss, "{:.6f}", "", "mean test loss"},
+      {"test_acc", &P::test_acc, "{:.6f}", "", "test accuracy (0 to 1)"},
+  };
+  return cols;
+}
+
+std::string evals_csv_header() {
+  std::string s;
+  for (const auto& c : eval_columns()) s += (s.empty() ? "" : ",") + std::string(c.name);
+  return s + "\n";
+}
+
+std::string evals_csv_row(const EvalPoint& p) {
+  std::string s;
+  for (const auto& c : eval_columns()) {
+    if (!s.empty()) s += ',';
+    std::visit([&](auto field) { s += fmt::format(fmt::runtime(c.format), p.*field); }, c.field);
+  }
+  return s + "\n";
+}
+
 std::optional<double> metrics_value(const std::string& cell) {
   char* end = nullptr;
   errno = 0;

@@ -37,6 +37,20 @@ const MetricsColumn& metrics_column(std::string_view name);
 std::string metrics_csv_header();
 std::string metrics_csv_row(const EpochMetrics& m);
 
+// evals.csv (train.eval_steps): one row per scoring of the test set, between steps and at each
+// epoch's end, in the order they were made.
+struct EvalColumn {
+  using Field = std::variant<int EvalPoint::*, int64_t EvalPoint::*, double EvalPoint::*>;
+  const char* name;
+  Field field;
+  const char* format;
+  const char* unit;
+  const char* meaning;
+};
+const std::vector<EvalColumn>& eval_columns();
+std::string evals_csv_header();
+std::string evals_csv_row(const EvalPoint& p);
+
 // One cell of metrics.csv as a number: the whole text must be one. Non-finite values ("nan",
 // "-nan", "inf", as fmt writes them) come back as NaN; nullopt where it is not a number.
 std::optional<double> metrics_value(const std::string& cell);
@@ -94,6 +108,9 @@ inline constexpr const char* target_accuracy = "target_accuracy";
 inline constexpr const char* target_loss = "target_loss";
 inline constexpr const char* time_to_target_s = "time_to_target_s";
 inline constexpr const char* epochs_to_target = "epochs_to_target";
+inline constexpr const char* steps_to_target = "steps_to_target";
+inline constexpr const char* samples_to_target = "samples_to_target";
+inline constexpr const char* target_resolution_steps = "target_resolution_steps";
 inline constexpr const char* epochs_completed = "epochs_completed";
 inline constexpr const char* epochs_planned = "epochs_planned";
 inline constexpr const char* gpus = "gpus";

@@ -89,6 +89,30 @@ json peak_device_json(const S& s) {
 
 json text_or_absent(const std::string& v) { return v.empty() ? absent() : json(v); }
 
+// Where the targets were first reached: a scoring between steps (train.eval_steps), else the end
+// of the first epoch that reached them; none where they were not (or none is set).
+struct TargetPoint {
+  int64_t steps = 0, samples = 0;
+};
+std::optional<TargetPoint> target_point(const S& s) {
+  const Targets targets{s.cfg.train.target_accuracy, s.cfg.train.target_loss};
+  for (const EvalPoint& p : s.evals)
+    if (targets.reached(p)) return TargetPoint{p.global_step, p.samples};
+  if (!s.stats.epochs_to_target) return std::nullopt;
+  TargetPoint t;
+  for (int e = 0; e < *s.stats.epochs_to_target && e < static_cast<int>(s.epochs.size()); ++e)
+    t.samples += s.epochs[static_cast<size_t>(e)].samples;
+  t.steps = *s.stats.epochs_to_target * s.info.steps_per_epoch;
+  return t;
+}
+
+// The steps between two scorings of the test set, at most: what steps_to_target is known to.
+int64_t target_resolution(const S& s) {
+  const int64_t epoch = s.info.steps_per_epoch;
+  const int64_t every = s.cfg.train.eval_steps;
+  return every > 0 && (every < epoch || epoch <= 0) ? every : epoch;
+}
+
 // What the run reached, and how long it took.
 std::vector<SummaryField> outcome_fields() {
   namespace k = summary_key;
@@ -149,6 +173,21 @@ std::vector<SummaryField> target_fields() {
        [](const S& s) -> json {
          return s.stats.epochs_to_target ? json(*s.stats.epochs_to_target) : json(nullptr);
        }},
+      {k::steps_to_target, T::integer, true, "",
+       "optimizer steps until the targets were first reached, at a scoring between steps "
+       "(train.eval_steps) or an epoch's end (null: not reached, or no target)",
+       "", true, [](const S& s) -> json {
+         const auto t = target_point(s);
+         return t ? json(t->steps) : json(nullptr);
+       }},
+      {k::samples_to_target, T::integer, true, "", "training samples seen until then", "", true,
+       [](const S& s) -> json {
+         const auto t = target_point(s);
+         return t ? json(t->samples) : json(nullptr);
+       }},
+      {k::target_resolution_steps, T::integer, false, "",
+       "steps_to_target is known to within this many steps: train.eval_steps, or an epoch's",
+       "", true, [](const S& s) -> json { return target_resolution(s); }},
       {k::epochs_completed, T::integer, false, "", "epochs finished", "", true,
        [](const S& s) -> json { return s.epochs.size(); }},
       {k::epochs_planned, T::integer, false, "", "epochs asked for", "train.epochs", true,

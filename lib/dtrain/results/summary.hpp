@@ -22,6 +22,7 @@ struct SummarySource {
   const RunInfo& info;
   const std::vector<EpochMetrics>& epochs;
   const RunStats& stats;  // summarize(epochs, the config's targets)
+  std::vector<EvalPoint> evals;  // train.eval_steps: the scorings of the test set
   std::string run_id, group, status, error;
   std::string started_at, finished_at;  // UTC, ISO 8601
   double wall_time_s = 0;

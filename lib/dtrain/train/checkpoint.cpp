@@ -23,10 +23,11 @@ namespace dtrain {
 namespace {
 
 // Version 2 adds the input pipeline's two columns to each finished epoch, version 3 the
-// straggler's three; older files still read (the columns they lack as for a run that measured
-// none: NaN, and no straggler).
-constexpr int kVersion = 3;
-constexpr char kMagic[] = "dtrain checkpoint 3\n";
+// straggler's three, version 4 the scorings of the test set (train.eval_steps) after the
+// epochs; older files still read (the columns they lack as for a run that measured none: NaN,
+// no straggler, no scorings).
+constexpr int kVersion = 4;
+constexpr char kMagic[] = "dtrain checkpoint 4\n";
 constexpr char kMagicPrefix[] = "dtrain checkpoint ";
 constexpr size_t kMagicLen = sizeof(kMagic) - 1;
 
@@ -51,6 +52,23 @@ void epoch_fields(M& m, F&& f, int version = kVersion) {
     f(m.straggler_phase);
     f(m.straggler_excess);
   }
+}
+
+// Every field of EvalPoint, in file order.
+template <class P, class F>
+void eval_fields(P& p, F&& f) {
+  f(p.epoch);
+  f(p.step);
+  f(p.global_step);
+  f(p.samples);
+  for (auto* d : {&p.train_time_s, &p.test_loss, &p.test_acc}) f(*d);
+}
+
+size_t eval_bytes() {
+  size_t n = 0;
+  EvalPoint probe;
+  eval_fields(probe, [&](const auto& v) { n += sizeof v; });
+  return n;
 }
 
 // The version of a checkpoint's header line, or 0 where it is none dtrain reads.
@@ -241,6 +259,25 @@ void check_epochs(const Checkpoint& c, const Check& k, double max_samples) {
     k.finite(c.step_losses[i], "the loss of finished step", static_cast<int64_t>(i) + 1);
 }
 
+// The scorings of the test set so far, in the order they were made, none after the checkpoint's
+// step; a mid-epoch loss may be NaN or infinite (the run then ends diverged at the epoch's end).
+void check_evals(const Checkpoint& c, const Check& k, double max_samples) {
+  int64_t last = 0;
+  for (size_t i = 0; i < c.evals.size(); ++i) {
+    const EvalPoint& p = c.evals[i];
+    const auto n = static_cast<int64_t>(i) + 1;
+    k.within(p.epoch, 1, c.epoch + 1, "the epoch of test scoring", n);
+    k.whole(static_cast<double>(p.step), 0x1p53, "the step of test scoring", n);
+    k.within(static_cast<double>(p.global_step), static_cast<double>(last) + (i > 0),
+             static_cast<double>(c.global_step), "the global step of test scoring", n);
+    last = p.global_step;
+    k.whole(static_cast<double>(p.samples), max_samples, "the samples of test scoring", n);
+    k.finite(p.train_time_s, "the training time of test scoring", n);
+    k.within(p.test_acc, 0, 1, "the test accuracy of test scoring", n);
+    if (p.test_loss < 0) k.finite(p.test_loss, "the test loss of test scoring", n);  // refused
+  }
+}
+
 }  // namespace
 
 void check_checkpoint(const Checkpoint& c, const std::string& what, const CheckpointRun* run) {
@@ -277,6 +314,7 @@ void check_checkpoint(const Checkpoint& c, const std::string& what, const Checkp
   const double big = 0x1p53;  // without a run: whole numbers a double holds exactly
   check_partial(c, k, run ? static_cast<double>(run->global_batch) : big);
   check_epochs(c, k, run ? static_cast<double>(run->train_size) : big);
+  check_evals(c, k, run ? static_cast<double>(run->train_size) * run->epochs : big);
 }
 
 std::string encode_checkpoint(const Checkpoint& c) {
@@ -284,6 +322,8 @@ std::string encode_checkpoint(const Checkpoint& c) {
   fields(w, c);
   w.pod(static_cast<uint64_t>(c.epochs.size()));
   for (const auto& m : c.epochs) epoch_fields(m, [&](const auto& v) { w.pod(v); });
+  w.pod(static_cast<uint64_t>(c.evals.size()));
+  for (const auto& p : c.evals) eval_fields(p, [&](const auto& v) { w.pod(v); });
   w.pod(crc_of(w.out, w.out.size()));
   return std::move(w.out);
 }
@@ -306,6 +346,10 @@ Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
   epoch_fields(probe, [&](const auto& v) { epoch_bytes += sizeof v; }, version);
   c.epochs.resize(r.count(epoch_bytes));
   for (auto& m : c.epochs) epoch_fields(m, [&](auto& v) { r.pod(v); }, version);
+  if (version >= 4) {
+    c.evals.resize(r.count(eval_bytes()));
+    for (auto& p : c.evals) eval_fields(p, [&](auto& v) { r.pod(v); });
+  }
   if (r.at() != body) r.bad("unexpected bytes after its fields");
   return c;
 }
@@ -349,7 +393,8 @@ CheckpointRun checkpoint_run(const Config& cfg, const DataShape& data) {
                        8 + 48 +                 // its first LR and phase times
                        8 + 8 * e * steps +      // the finished steps' losses
                        8 +                      // launches per step
-                       8 + e * static_cast<double>(epoch_bytes) + 4;  // epochs, CRC
+                       8 + e * static_cast<double>(epoch_bytes) +  // epochs
+                       8 + e * (steps + 1) * static_cast<double>(eval_bytes()) + 4;  // evals, CRC
   run.max_bytes = bytes >= 0x1p63 ? UINT64_MAX : static_cast<uint64_t>(bytes);
   return run;
 }

@@ -38,6 +38,7 @@ struct Checkpoint {
   std::vector<EpochMetrics> epochs;     // finished epochs
   std::vector<double> step_losses;      // of every finished step
   int64_t launches_per_step = 0;
+  std::vector<EvalPoint> evals;         // train.eval_steps: the test set's scorings so far
 };
 
 std::string encode_checkpoint(const Checkpoint& c);

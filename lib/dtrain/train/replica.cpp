@@ -79,6 +79,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
                run.cfg.train.accumulation_steps, run.cfg.data.shuffle, run.cfg.data.sharding,
                run.cfg.data.drop_remainder, run.cfg.train.seed),
       noise_(run.cfg, comm.size()),
+      targets_{run.cfg.train.target_accuracy, run.cfg.train.target_loss},
       trace_(run.cfg.train.trace),
       trace_window_(run.cfg.train.trace),
       slow_(SlowPhase::from_env(comm.rank())),
@@ -258,7 +259,9 @@ void Replica::run() {
     const auto t_eval = Clock::now();
     const std::vector<double> test = evaluate();
     trace_.span(TracePhase::evaluation, t_eval, Clock::now());
-    EpochMetrics m = epoch_metrics(epoch, tr, test, seconds_since(t_eval));
+    record_scoring(epoch, steps_, (epoch + 1) * static_cast<int64_t>(tr.seen), test,
+                   tr.times.total);
+    EpochMetrics m = epoch_metrics(epoch, tr, test, seconds_since(t_eval) + tr.scoring_s);
     const Straggler slow = phases_.epoch_straggler(comm_);
     m.straggler_rank = slow.rank;
     m.straggler_phase = slow.phase;
@@ -274,9 +277,11 @@ void Replica::run() {
       if (diverged) run_.result.status = RunStatus::diverged;
       if (run_.observer) run_.observer->on_epoch(m);
     }
-    if (!diverged && epoch + 1 < cfg_.train.epochs) checkpoint(epoch + 1, 0, nullptr);
+    // Every rank sees the same reduced numbers, so all stop together.
+    const bool done = cfg_.train.stop_at_target && target_reached_;
+    if (!diverged && !done && epoch + 1 < cfg_.train.epochs) checkpoint(epoch + 1, 0, nullptr);
     trace_window_.after_epoch(comm_, trace_, global_step_, run_.observer);
-    if (diverged) break;  // every rank sees the same reduced numbers, so all stop together
+    if (diverged || done) break;
   }
   if (rank_ == 0) run_.result.info.cuda_graph_steps = queue_ ? queue_->graph_launches() : 0;
   if (rank_ == 0 && dev_->host_memory()) {  // the CPU's peak, once training is over
@@ -301,10 +306,11 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   const double before = t.total;  // of a resumed epoch, the time before the stop
   input_since_s_ = before;         // the input counters start here (start_input)
   const auto t_epoch = Clock::now();
+  const auto elapsed = [&] { return before + seconds_since(t_epoch) - out.scoring_s; };
   for (int64_t s = first; s < steps_; ++s) {
     // A stop at a step boundary, agreed by every rank: the state is saved, then every rank ends.
     if (stop_agreed(s)) {
-      t.total = before + seconds_since(t_epoch);
+      t.total = elapsed();
       checkpoint(epoch, s, &out);
       throw Interrupted("interrupted by the user");
     }
@@ -321,16 +327,17 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     if (rank_ == 0 && epoch == 0 && s == 1)
       run_.result.info.launches_per_step = (queue_ ? queue_->launches() : 0) - launches_before;
     if (rank_ == 0 && run_.observer) run_.observer->on_step(epoch + 1, s + 1, steps_);
+    if (scoring_due(s)) out.scoring_s += score_between_steps(epoch, s + 1, plan, elapsed());
     const int64_t every = cfg_.train.checkpoint_steps;
     if (every > 0 && global_step_ % every == 0 && s + 1 < steps_) {
-      t.total = before + seconds_since(t_epoch);
+      t.total = elapsed();
       checkpoint(epoch, s + 1, &out);
     }
   }
   // The epoch's only wait for the device; then one exchange turns local per-step stats into
   // global ones.
   stats_.finish_epoch(comm_);
-  t.total = before + seconds_since(t_epoch);
+  t.total = elapsed();
   // On a GPU the host only queues work: the split comes from device events instead (but for
   // an exchange that runs on the host).
   double dt[3] = {0, 0, 0};
@@ -352,6 +359,41 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     noise_.add_step(st);
   }
   return out;
+}
+
+double Replica::score_between_steps(int epoch, int64_t done, const EpochPlan& plan,
+                                    double train_s) {
+  const auto t0 = Clock::now();
+  // Replicas with BatchNorm statistics of their own average them to evaluate: kept aside, so
+  // that training goes on from the statistics it had, as without this scoring.
+  const bool averages = cfg_.model.batchnorm == BatchNormMode::local && replicas_ > 1 &&
+                        model_->has_batchnorm();
+  const std::vector<float> kept = averages ? model_->download_state() : std::vector<float>{};
+  const std::vector<double> test = evaluate();
+  if (averages) model_->upload_state(kept);
+  trace_.span(TracePhase::evaluation, t0, Clock::now());
+  graph_agreement_.unsettle();  // evaluation may have freed device memory on some ranks
+  record_scoring(epoch, done, epoch * plan.offsets.back() + plan.offsets[static_cast<size_t>(done)],
+                 test, train_s);
+  return seconds_since(t0);
+}
+
+void Replica::record_scoring(int epoch, int64_t done, int64_t samples,
+                             const std::vector<double>& test, double train_s) {
+  const auto n_test = static_cast<double>(test_.size());
+  EvalPoint p;
+  p.epoch = epoch + 1;
+  p.step = done;
+  p.global_step = global_step_;
+  p.samples = samples;
+  p.test_loss = n_test > 0 ? test[0] / n_test : 0.0;
+  p.test_acc = n_test > 0 ? test[1] / n_test : 0.0;
+  if (targets_.reached(p)) target_reached_ = true;
+  if (rank_ != 0 || cfg_.train.eval_steps <= 0) return;
+  p.train_time_s = train_s;
+  for (const EpochMetrics& m : run_.result.epochs) p.train_time_s += m.epoch_time_s;
+  run_.result.evals.push_back(p);
+  if (run_.observer) run_.observer->on_eval(p);
 }
 
 void Replica::check_fault() {
@@ -559,6 +601,8 @@ void Replica::restore(const Checkpoint& c) {
   global_step_ = last_checkpoint_ = at.global_step;
   start_epoch_ = at.epoch;
   start_step_ = at.step;
+  // A scoring before the stop may have reached the targets (train.stop_at_target).
+  for (const EvalPoint& p : c.evals) target_reached_ = target_reached_ || targets_.reached(p);
 }
 
 void Replica::resume_epoch(EpochTotals& out) {

@@ -85,6 +85,7 @@ class Replica {
     double loss_sum = 0, correct = 0, seen = 0;
     double lr_first = 0, lr_last = 0;
     EpochTimes times;
+    double scoring_s = 0;  // train.eval_steps: scoring the test set between steps (not in times)
   };
 
   EpochTotals train_epoch(int epoch);
@@ -112,6 +113,21 @@ class Replica {
   // Test loss sum and correct predictions over the whole test set (every rank scores its
   // shard; the counts are summed).
   std::vector<double> evaluate();
+  // train.eval_steps: whether the test set is scored after step s (0-based) of an epoch; the
+  // epoch's last step is scored by the epoch's own evaluation.
+  bool scoring_due(int64_t s) const {
+    return cfg_.train.eval_steps > 0 && global_step_ % cfg_.train.eval_steps == 0 &&
+           s + 1 < steps_;
+  }
+  // Scores the test set after `done` steps of `epoch` without changing what training or a later
+  // evaluation sees (collective); returns the seconds it took. `train_s`: the epoch's training
+  // time so far.
+  double score_between_steps(int epoch, int64_t done, const EpochPlan& plan, double train_s);
+  // One scoring (`test`: evaluate()'s sums) after `done` steps of `epoch`, `samples` into the
+  // run: whether it reached the targets (every rank), and with train.eval_steps its point,
+  // recorded by rank 0.
+  void record_scoring(int epoch, int64_t done, int64_t samples, const std::vector<double>& test,
+                      double train_s);
   EpochMetrics epoch_metrics(int epoch, const EpochTotals& tr, const std::vector<double>& test,
                              double eval_s);
   void upload_training_set();
@@ -179,6 +195,8 @@ class Replica {
   int start_epoch_ = 0;      // where a resumed run continues
   int64_t start_step_ = 0;
   int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
+  const Targets targets_;
+  bool target_reached_ = false;  // by a scoring so far (train.stop_at_target)
   StepTrace trace_;
   TraceWindow trace_window_;
   PhaseLog phases_;  // stragglers: the epoch's phase times

@@ -88,6 +88,7 @@ std::optional<Checkpoint> collect_checkpoint(const ReplicaState& r, const RunPos
   }
   c.epochs = record->epochs;
   c.step_losses = record->step_losses;
+  c.evals = record->evals;
   c.launches_per_step = record->info.launches_per_step;
   return c;
 }
@@ -109,6 +110,7 @@ RunPosition restore_checkpoint(const ReplicaState& r, const Checkpoint& c, Train
   if (record) {
     record->epochs = c.epochs;
     record->step_losses = c.step_losses;
+    record->evals = c.evals;
     record->info.launches_per_step = c.launches_per_step;
   }
   return {c.epoch, c.step, c.global_step};

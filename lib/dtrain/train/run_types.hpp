@@ -46,6 +46,30 @@ struct EpochMetrics {
   double input_images_per_s = std::nan(""), input_busy = std::nan("");
 };
 
+// One scoring of the test set: after each epoch, and with train.eval_steps every that many
+// optimizer steps in between (evals.csv), so that the steps a target takes are known to within
+// that many.
+struct EvalPoint {
+  int epoch = 0;            // 1-based: the epoch in progress (or just finished)
+  int64_t step = 0;         // optimizer steps of that epoch done
+  int64_t global_step = 0;  // optimizer steps of the run done
+  int64_t samples = 0;      // training samples of the run seen
+  double train_time_s = 0;  // training time so far (evaluation excluded)
+  double test_loss = 0, test_acc = 0;
+};
+
+// What time_to_target_s and the steps to target measure to: a test accuracy to reach, a test
+// loss to get below, or both (0: not set). Nothing set: no target.
+struct Targets {
+  double accuracy = 0, loss = 0;
+  bool any() const { return accuracy > 0 || loss > 0; }
+  bool reached(double test_acc, double test_loss) const {
+    return any() && (accuracy <= 0 || test_acc >= accuracy) && (loss <= 0 || test_loss <= loss);
+  }
+  bool reached(const EpochMetrics& e) const { return reached(e.test_acc, e.test_loss); }
+  bool reached(const EvalPoint& e) const { return reached(e.test_acc, e.test_loss); }
+};
+
 struct Checkpoint;
 
 struct RunInfo {
@@ -87,6 +111,7 @@ struct TrainResult {
   RunInfo info;
   std::vector<EpochMetrics> epochs;
   std::vector<double> step_losses;  // global mean loss of every optimizer step, in order
+  std::vector<EvalPoint> evals;     // train.eval_steps: every scoring of the test set
   RunStatus status = RunStatus::done;
 };
 
@@ -97,6 +122,9 @@ class TrainObserver {
   // Called by rank 0 after every optimizer step.
   virtual void on_step(int /*epoch*/, int64_t /*step*/, int64_t /*steps*/) {}
   virtual void on_epoch(const EpochMetrics&) {}
+  // Called by rank 0 after each scoring of the test set, where train.eval_steps is set (the
+  // epoch's own scoring comes before on_epoch).
+  virtual void on_eval(const EvalPoint&) {}
   // Called by rank 0 with the run's state at a step boundary (see checkpoint.hpp).
   virtual void on_checkpoint(const Checkpoint&) {}
   // Called by rank 0 with the step trace so far (train.trace; trace-event JSON, see trace.hpp).
