@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <filesystem>
 #include <fstream>
 
@@ -100,4 +101,38 @@ TEST_CASE("atomic writes replace whole files", "[report]") {
   std::string s((std::istreambuf_iterator<char>(in)), {});
   CHECK(s == "two\n");
   fs::remove(p);
+}
+
+TEST_CASE("report --by: rows against the first are Holm-corrected as a family", "[report][stats]") {
+  std::vector<RunRecord> runs;
+  const std::vector<std::pair<std::string, std::vector<double>>> rows = {
+      {"0.1", {0.80, 0.81, 0.82}}, {"0.2", {0.83, 0.84, 0.85}}, {"0.4", {0.81, 0.83, 0.85}}};
+  for (const auto& [lr, accs] : rows)
+    for (size_t s = 0; s < accs.size(); ++s) {
+      RunRecord r;
+      r.run_id = "lr" + lr + "-seed" + std::to_string(s + 1);
+      r.status = "done";
+      r.gpus = 1;
+      r.final_test_acc = accs[s];
+      r.final_train_loss = 0.5 + 0.01 * static_cast<double>(s);
+      r.config = {{"optimizer.lr", lr}, {"train.seed", std::to_string(s + 1)}};
+      runs.push_back(r);
+    }
+  const Aggregate a = aggregate(runs, {"train.seed"});
+  REQUIRE(a.rows.size() == 3);
+  for (size_t i = 1; i < 3; ++i) {
+    const WelchTest& w = a.rows[i].final_test_acc_test;
+    INFO("row " << i);
+    REQUIRE(w.kind == WelchTest::Kind::welch);
+    CHECK(w.family == 2);
+    CHECK(w.p_holm >= w.p);
+    CHECK(w.distinguishable == (w.p_holm < 0.05));
+  }
+  // The smaller p is doubled (two comparisons); the larger kept at least as large.
+  const double p1 = a.rows[1].final_test_acc_test.p, p2 = a.rows[2].final_test_acc_test.p;
+  REQUIRE(p1 < p2);
+  CHECK(a.rows[1].final_test_acc_test.p_holm == Approx(2 * p1));
+  CHECK(a.rows[2].final_test_acc_test.p_holm == Approx(std::max(2 * p1, p2)));
+  CHECK_THAT(to_markdown(a), Catch::Contains("Holm p=") && Catch::Contains(" of 2"));
+  CHECK(nlohmann::json::parse(to_json(a))["rows"][1]["final_test_accuracy_test"]["family"] == 2);
 }

@@ -260,3 +260,39 @@ TEST_CASE("the batch-size law's fit recovers S_min and B_noise from steps to tar
   CHECK_FALSE(fit_batch_law({64, 128, 0}, {1000, 900, 800}).ok);
   CHECK_FALSE(fit_batch_law({64, 128, 256}, {1000, std::nan(""), 800}).ok);
 }
+
+TEST_CASE("stats: Holm's correction of a family of p-values", "[stats]") {
+  // Sorted 0.01, 0.03, 0.04 of 3: x3, x2 (0.06), x1 kept at least 0.06.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> adjusted = holm_adjust({0.04, 0.01, nan, 0.03});
+  REQUIRE(adjusted.size() == 4);
+  CHECK(adjusted[0] == Approx(0.06));
+  CHECK(adjusted[1] == Approx(0.03));
+  CHECK(std::isnan(adjusted[2]));
+  CHECK(adjusted[3] == Approx(0.06));
+  CHECK(holm_adjust({0.6, 0.7})[1] == 1.0);  // capped at 1
+  CHECK(holm_adjust({0.02}) == std::vector<double>{0.02});
+  // Three rows against one: the raw p-values say "different" for two, Holm for one.
+  WelchTest a, b, c, exact;
+  a.kind = b.kind = c.kind = WelchTest::Kind::welch;
+  a.p = 0.01, b.p = 0.04, c.p = 0.03;
+  a.distinguishable = b.distinguishable = c.distinguishable = true;
+  exact.kind = WelchTest::Kind::exact;  // not a p-value: not in the family
+  exact.distinguishable = true;
+  holm_correct({&a, &b, &c, &exact});
+  CHECK(a.family == 3);
+  CHECK(a.p_holm == Approx(0.03));
+  CHECK(a.distinguishable);
+  CHECK_FALSE(b.distinguishable);
+  CHECK_FALSE(c.distinguishable);
+  CHECK(exact.family == 1);
+  CHECK(exact.distinguishable);
+  // A family of one changes nothing.
+  WelchTest alone;
+  alone.kind = WelchTest::Kind::welch;
+  alone.p = 0.04;
+  alone.distinguishable = true;
+  holm_correct({&alone});
+  CHECK(alone.distinguishable);
+  CHECK(alone.p_holm == Approx(0.04));
+}

@@ -491,7 +491,12 @@ std::string verdict_text(const WelchTest& w, const char* unit) {
   if (w.kind == WelchTest::Kind::exact)
     return w.distinguishable ? "exact (sd 0), different" : "exact (sd 0), no difference";
   if (w.kind != WelchTest::Kind::welch) return "-";
-  const std::string p = w.p < 0.001 ? std::string("p<0.001") : fmt::format("p={:.3g}", w.p);
+  const auto p_text = [](double p) {
+    return p < 0.001 ? std::string("<0.001") : fmt::format("={:.3g}", p);
+  };
+  const std::string p =
+      w.family > 1 ? fmt::format("p{}, Holm p{} of {}", p_text(w.p), p_text(w.p_holm), w.family)
+                   : "p" + p_text(w.p);
   if (w.distinguishable) return p;
   const std::string counts = w.n_a == w.n_b ? fmt::format("{} {}", w.n_a, unit)
                                             : fmt::format("{} and {} {}", w.n_a, w.n_b, unit);
@@ -531,7 +536,9 @@ nlohmann::json test_json(const WelchTest& w) {
                       {"df", number_or_null(w.df)},
                       {"mdd", number_or_null(w.mdd)},
                       {"seeds_needed", nullptr},
-                      {"seeds_needed_over_cap", w.seeds_needed > kSeedsCap}};
+                      {"seeds_needed_over_cap", w.seeds_needed > kSeedsCap},
+                      {"family", w.family},
+                      {"p_holm", number_or_null(w.p_holm)}};
   if (w.tested()) j["distinguishable"] = w.distinguishable;
   if (w.seeds_needed > 0 && w.seeds_needed <= kSeedsCap) j["seeds_needed"] = w.seeds_needed;
   return j;
@@ -629,12 +636,19 @@ Aggregate aggregate(const std::vector<RunRecord>& runs, const std::vector<std::s
     row.median_epoch_time_s = stat_of(time);
     a.rows.push_back(std::move(row));
   }
+  std::vector<WelchTest*> acc_family, loss_family;
   for (size_t i = 1; i < a.rows.size(); ++i) {
     a.rows[i].final_test_acc_test =
         test_of(a.rows[0].final_test_acc, a.rows[i].final_test_acc, 100);
     a.rows[i].final_train_loss_test =
         test_of(a.rows[0].final_train_loss, a.rows[i].final_train_loss, 1);
+    acc_family.push_back(&a.rows[i].final_test_acc_test);
+    loss_family.push_back(&a.rows[i].final_train_loss_test);
   }
+  // Several rows against the first are several chances of a false "different": Holm's
+  // correction keeps the chance of any at 5% per column.
+  holm_correct(acc_family);
+  holm_correct(loss_family);
   return a;
 }
 
@@ -740,7 +754,9 @@ std::string to_markdown(const Aggregate& a) {
     out << "Each row after the first is compared with the first by Welch's t-test: the "
            "difference of the means with its 95% confidence interval, and the two-sided p-value; "
            "\"not distinguishable at K runs\" means p >= 0.05, with the runs per row that would "
-           "resolve a difference this size at 95% confidence and 80% power.\n";
+           "resolve a difference this size at 95% confidence and 80% power. With more than two "
+           "rows, each column's p-values are also Holm-corrected for the number of comparisons "
+           "(\"Holm p=... of N\"), and that corrected p decides.\n";
   if (!a.left_out.empty()) out << fmt::format("Left out: {}.\n", fmt::join(a.left_out, "; "));
   return out.str();
 }

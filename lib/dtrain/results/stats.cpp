@@ -272,4 +272,35 @@ BatchLawFit fit_batch_law(const std::vector<double>& batch, const std::vector<do
   return f;
 }
 
+std::vector<double> holm_adjust(const std::vector<double>& p) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (!std::isnan(p[i])) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] < p[b]; });
+  std::vector<double> out(p.size(), std::numeric_limits<double>::quiet_NaN());
+  const auto m = static_cast<double>(order.size());
+  double running = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    running = std::max(running, std::min(1.0, (m - static_cast<double>(k)) * p[order[k]]));
+    out[order[k]] = running;
+  }
+  return out;
+}
+
+void holm_correct(const std::vector<WelchTest*>& family, double alpha) {
+  std::vector<WelchTest*> tests;
+  std::vector<double> p;
+  for (WelchTest* w : family)
+    if (w && w->kind == WelchTest::Kind::welch) {
+      tests.push_back(w);
+      p.push_back(w->p);
+    }
+  const std::vector<double> adjusted = holm_adjust(p);
+  for (size_t i = 0; i < tests.size(); ++i) {
+    tests[i]->family = static_cast<int>(tests.size());
+    tests[i]->p_holm = adjusted[i];
+    if (tests.size() > 1) tests[i]->distinguishable = adjusted[i] < alpha;
+  }
+}
+
 }  // namespace dtrain

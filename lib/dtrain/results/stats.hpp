@@ -55,11 +55,24 @@ struct WelchTest {
   // Seeds per side that would resolve |diff| at 95% confidence and 80% power with these sds
   // (welch only; 0 where it does not apply, kSeedsCap + 1 for "more than kSeedsCap").
   int seeds_needed = 0;
+  // One of a family of comparisons (rows against one baseline): the family's size and this
+  // test's Holm-adjusted p (holm_correct); a family of 1 leaves p as it is.
+  int family = 1;
+  double p_holm = kNaN;
   bool tested() const { return kind == Kind::welch || kind == Kind::exact; }
 };
 
 // Welch's two-sample t-test of b against a (the difference is b - a).
 WelchTest welch_test(const Sample& a, const Sample& b);
+
+// Holm's step-down correction (Holm 1979) of a family of p-values: sorted ascending, the k-th
+// smallest (from 0) is multiplied by m - k, each kept at least as large as the one before and
+// at most 1, m being the number of p-values that are not NaN (NaN stays NaN). Controls the
+// chance of any false "different" in the family at alpha, without assuming independence.
+std::vector<double> holm_adjust(const std::vector<double>& p);
+// Sets family and p_holm of each Welch test of the family (others are not counted), and
+// distinguishable to p_holm < alpha where the family has more than one.
+void holm_correct(const std::vector<WelchTest*>& family, double alpha = 0.05);
 
 // The minimum detectable difference, two-sided at level alpha with the given power:
 // (t_{1-alpha/2, df} + t_{power, df}) * se, with se and df Welch's for these sds and counts.
