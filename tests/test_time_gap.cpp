@@ -80,6 +80,64 @@ TEST_CASE("the time waterfall's terms add up to the measured epoch", "[report]")
   CHECK_THROWS_AS(time_gap(one, 1, damaged, 4), UserError);
 }
 
+TEST_CASE("a projection's terms stand beside the measured ones and add up to its epoch",
+          "[report]") {
+  const std::vector<EpochMetrics> one = {epoch(8, 0.4, 6, 1, 0, 7.4), epoch(8, 0.4, 6, 1, 0, 7.4)};
+  const std::vector<EpochMetrics> four = {epoch(4.4, 0.1, 2, 1, 0.9, 3.4)};
+  TimeGap g = time_gap(one, 1, four, 4);
+  // 100 steps an epoch at 1 replica, 25 at 4: per step data 4 ms, compute 60, optimizer 10,
+  // and 8 ms of exposed exchange at 4.
+  ProjectedEpoch p;
+  p.link = "test-link";
+  p.steps_per_epoch = 25;
+  p.data_s = 0.004;
+  p.compute_s = 0.06;
+  p.optimizer_s = 0.01;
+  p.exposed_s = 0.008;
+  p.epoch_s = 25 * (0.004 + 0.06 + 0.01 + 0.008);
+  add_projection(g, p);
+  REQUIRE(g.projections.size() == 1);
+  std::map<std::string, double> t;
+  double sum = g.ideal;
+  for (const auto& term : g.terms) {
+    REQUIRE(term.projected.size() == 1);
+    t[term.name] = term.projected[0];
+    sum += term.projected[0];
+  }
+  CHECK(sum == Approx(p.epoch_s));
+  CHECK(t["compute"] == Approx(25 * 0.06 - 6.0 / 4));  // 0: no contention in the model
+  CHECK(t["optimizer"] == Approx(25 * 0.01 - 1.0 / 4));
+  CHECK(t["waiting"] == 0);
+  CHECK(t["exchange"] == Approx(25 * 0.008));
+  const std::string md = to_markdown(g);
+  CHECK_THAT(md, Catch::Contains("| projected (test-link) |"));
+  CHECK_THAT(md, Catch::Contains("| + exchange | +0.600 | 25% | +0.200 |"));
+  const auto j = nlohmann::json::parse(to_json(g));
+  CHECK(j["projections"][0]["epoch_s"].get<double>() == Approx(2.05));
+  CHECK(j["terms"][4]["projected"]["test-link"].get<double>() == Approx(0.2));
+
+  // A projection file: its row for 4 replicas, none for 3; a damaged one is named.
+  const std::string file = R"({"link": {"name": "pcie4"},
+    "step_1_replica_s": {"data": 0.004, "compute": 0.06, "optimizer": 0.01},
+    "rows": [{"gpus": 2, "steps_per_epoch": 50, "exposed_s": 0.002, "epoch_s": 3.8},
+             {"gpus": 4, "steps_per_epoch": 25, "exposed_s": 0.008, "epoch_s": 2.05}]})";
+  const auto row = projected_epoch(file, "p.json", 4);
+  REQUIRE(row);
+  CHECK(row->link == "pcie4");
+  CHECK(row->steps_per_epoch == 25);
+  CHECK(row->exposed_s == 0.008);
+  CHECK(row->compute_s == 0.06);
+  CHECK_FALSE(projected_epoch(file, "p.json", 3));
+  std::string negative = file;
+  negative.replace(negative.find("0.008"), 5, "-1e99");
+  CHECK_THAT(error_of([&] { projected_epoch(negative, "p.json", 4); }),
+             Catch::Contains("p.json: not a projection dtrain project wrote ('exposed_s' is"));
+  CHECK_THROWS_AS(projected_epoch("[1, 2", "p.json", 4), UserError);
+  CHECK_THROWS_AS(projected_epoch(std::string(100, '[') + std::string(100, ']'), "p.json", 4),
+                  UserError);
+  CHECK_THROWS_AS(projected_epoch(R"({"rows": []})", "p.json", 4), UserError);
+}
+
 TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "[report][cli]") {
   TempDir d("explain-time");
   const auto cfg = d.path / "t.yaml";
@@ -105,6 +163,21 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
   CHECK(j.at("ideal_s").get<double>() == Approx(j.at("measured_small_s").get<double>() / 2));
   for (const auto& t : j.at("terms"))
     if (t.at("name") == "waiting") CHECK(t.at("seconds").get<double>() >= 0);
+  CHECK(j.at("projections").empty());
+  // A projection of the 1-replica run, made by `dtrain project`, joins the waterfall; a
+  // damaged projection file beside it is named in a warning and passed over.
+  REQUIRE(dtrain_cli("project " + one + " --link pcie4 --gpus 2,4").code == 0);
+  put(fs::path(one) / "projection-zz.json", "{\"rows\": 5}");
+  const auto projected = dtrain_cli("explain-time " + one + " " + two + " --json " + json);
+  INFO(projected.out);
+  REQUIRE(projected.code == 0);
+  CHECK_THAT(projected.out, Catch::Contains("| projected (pcie4) |"));
+  CHECK_THAT(projected.out, Catch::Contains("projection-zz.json: not a projection"));
+  const auto pj = nlohmann::json::parse(slurp(json));
+  REQUIRE(pj.at("projections").size() == 1);
+  double projected_sum = pj.at("ideal_s").get<double>();
+  for (const auto& t : pj.at("terms")) projected_sum += t.at("projected").at("pcie4").get<double>();
+  CHECK(projected_sum == Approx(pj.at("projections")[0].at("epoch_s").get<double>()));
   // The wrong way round, and a folder that is no run: one line, exit 2.
   const auto swapped = dtrain_cli("explain-time " + two + " " + one);
   CHECK(swapped.code == 2);

@@ -2,6 +2,10 @@
 // waterfall of measured terms (lib/dtrain/results/time_gap.hpp).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
@@ -10,6 +14,33 @@
 #include "dtrain/results/time_gap.hpp"
 
 namespace dtrain::cli {
+
+namespace {
+
+// The projections `dtrain project` left in the smaller run's folder (projection-*.json, sorted
+// by name) that have a row for the larger run's replicas, beside the measured terms. A file that
+// is not such a projection is named in a warning and passed over.
+void add_projections(TimeGap& g, const std::string& small_dir, int gpus) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(small_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("projection-", 0) == 0 && e.path().extension() == ".json")
+      files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const fs::path& f : files) {
+    try {
+      const std::string text = read_own_file(f.string(), "projection", 4 << 20);
+      if (const auto p = projected_epoch(text, f.string(), gpus)) add_projection(g, *p);
+    } catch (const UserError& e) {
+      std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
+    }
+  }
+}
+
+}  // namespace
 
 void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {
   app.add_option("small", opt.small, "Run folder of the run with fewer replicas (e.g. 1)")
@@ -37,7 +68,8 @@ int run_explain_time(const ExplainTimeOptions& opt) {
     csv.require(cols, " (written by an older dtrain)");
     return read_epochs(csv, cols);
   };
-  const TimeGap g = time_gap(epochs(opt.small), small.gpus, epochs(opt.large), large.gpus);
+  TimeGap g = time_gap(epochs(opt.small), small.gpus, epochs(opt.large), large.gpus);
+  add_projections(g, opt.small, large.gpus);
   fmt::print("{}", to_markdown(g));
   if (!opt.json.empty()) write_file_atomic(opt.json, to_json(g));
   return 0;

@@ -66,46 +66,130 @@ TimeGap time_gap(const std::vector<EpochMetrics>& small, int replicas_small,
   const double waiting = std::max(0.0, l.busy_max - l.busy0);
   g.terms = {
       {"compute", "rank 0's forward and backward over its share of the smaller run's",
-       l.compute - s.compute * share},
-      {"data", "rank 0's batch fetching over its share", l.data - s.data * share},
+       l.compute - s.compute * share, {}},
+      {"data", "rank 0's batch fetching over its share", l.data - s.data * share, {}},
       {"optimizer", "rank 0's update over its share (with shared weights: the wait for the rank "
                     "that runs it)",
-       l.optimizer - s.optimizer * share},
-      {"waiting", "for the busiest rank: its busy time over rank 0's", waiting},
+       l.optimizer - s.optimizer * share, {}},
+      {"waiting", "for the busiest rank: its busy time over rank 0's", waiting, {}},
       {"exchange", "the exposed gradient exchange, less the waiting",
-       l.exposed - waiting - s.exposed * share},
+       l.exposed - waiting - s.exposed * share, {}},
   };
   double sum = g.ideal;
   for (const TimeGapTerm& t : g.terms) sum += t.seconds;
-  g.terms.push_back({"the rest", "loop overhead and the epoch's end", l.epoch - sum});
+  g.terms.push_back({"the rest", "loop overhead and the epoch's end", l.epoch - sum, {}});
+  g.small_data = s.data;
+  g.small_compute = s.compute;
+  g.small_optimizer = s.optimizer;
+  g.small_exposed = s.exposed;
   return g;
 }
 
+void add_projection(TimeGap& g, const ProjectedEpoch& p) {
+  const double share = static_cast<double>(g.replicas_small) / g.replicas_large;
+  const auto steps = static_cast<double>(p.steps_per_epoch);
+  const double predicted[] = {steps * p.compute_s - g.small_compute * share,
+                              steps * p.data_s - g.small_data * share,
+                              steps * p.optimizer_s - g.small_optimizer * share,
+                              0.0,
+                              steps * p.exposed_s - g.small_exposed * share};
+  double sum = g.ideal;
+  for (size_t i = 0; i + 1 < g.terms.size() && i < std::size(predicted); ++i) {
+    g.terms[i].projected.push_back(predicted[i]);
+    sum += predicted[i];
+  }
+  g.terms.back().projected.push_back(p.epoch_s - sum);
+  g.projections.push_back(p);
+}
+
+std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std::string& path,
+                                              int gpus) {
+  const auto bad = [&](const std::string& why) {
+    return UserError(fmt::format("{}: not a projection dtrain project wrote ({})", path, why));
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text, [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      return depth <= 8;  // dtrain writes 3 levels; deeper is not read
+    });
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(e.what());
+  }
+  const auto number = [&](const nlohmann::json& o, const char* key) {
+    if (!o.is_object() || !o.contains(key) || !o[key].is_number())
+      throw bad(fmt::format("no number '{}'", key));
+    const double v = o[key].get<double>();
+    if (!(std::isfinite(v) && v >= 0)) throw bad(fmt::format("'{}' is {}", key, v));
+    return v;
+  };
+  if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array() || !j.contains("link") ||
+      !j["link"].is_object() || !j["link"].contains("name") || !j["link"]["name"].is_string())
+    throw bad("no link name or rows");
+  const nlohmann::json& step = j.contains("step_1_replica_s") ? j["step_1_replica_s"] : j;
+  for (const nlohmann::json& row : j["rows"]) {
+    if (number(row, "gpus") != gpus) continue;
+    ProjectedEpoch p;
+    p.link = j["link"]["name"].get<std::string>();
+    p.steps_per_epoch = static_cast<int64_t>(std::min(number(row, "steps_per_epoch"), 1e15));
+    p.data_s = number(step, "data");
+    p.compute_s = number(step, "compute");
+    p.optimizer_s = number(step, "optimizer");
+    p.exposed_s = number(row, "exposed_s");
+    p.epoch_s = number(row, "epoch_s");
+    return p;
+  }
+  return std::nullopt;
+}
+
 std::string to_markdown(const TimeGap& g) {
+  std::string proj_head, proj_rule;
+  for (const ProjectedEpoch& p : g.projections) {
+    proj_head += fmt::format(" projected ({}) |", p.link);
+    proj_rule += "---|";
+  }
   std::string md = fmt::format(
       "Epoch time of {} replicas against {} (median epoch after the first: {} and {} epochs), "
       "from the ideal (the smaller run's epoch shared out) to the measured.\n\n"
-      "| | seconds per epoch | share of the gap | what |\n|---|---|---|---|\n",
-      g.replicas_large, g.replicas_small, g.epochs_large, g.epochs_small);
+      "| | seconds per epoch | share of the gap |{} what |\n|---|---|---|{}---|\n",
+      g.replicas_large, g.replicas_small, g.epochs_large, g.epochs_small, proj_head, proj_rule);
   const double gap = g.measured_large - g.ideal;
-  md += fmt::format("| ideal ({:.3f} s x {}/{}) | {:.3f} | | the smaller run's epoch, shared out |\n",
-                    g.measured_small, g.replicas_small, g.replicas_large, g.ideal);
+  std::string ideal_cells;
+  for (size_t i = 0; i < g.projections.size(); ++i) ideal_cells += fmt::format(" {:.3f} |", g.ideal);
+  md += fmt::format("| ideal ({:.3f} s x {}/{}) | {:.3f} | |{} the smaller run's epoch, shared "
+                    "out |\n",
+                    g.measured_small, g.replicas_small, g.replicas_large, g.ideal, ideal_cells);
   for (const TimeGapTerm& t : g.terms) {
     const double pct = gap != 0 ? 100 * t.seconds / gap : 0;
-    md += fmt::format("| + {} | {:+.3f} | {} | {} |\n", t.name, t.seconds,
+    std::string cells;
+    for (double v : t.projected) cells += fmt::format(" {:+.3f} |", v);
+    md += fmt::format("| + {} | {:+.3f} | {} |{} {} |\n", t.name, t.seconds,
                       gap == 0 ? "-" : fmt::format("{:.0f}%", std::abs(pct) < 0.5 ? 0.0 : pct),
-                      t.meaning);
+                      cells, t.meaning);
   }
-  md += fmt::format("| = measured | {:.3f} | | speedup {:.2f}x of {}x |\n", g.measured_large,
-                    g.measured_small / g.measured_large,
+  std::string totals;
+  for (const ProjectedEpoch& p : g.projections) totals += fmt::format(" {:.3f} |", p.epoch_s);
+  md += fmt::format("| = measured | {:.3f} | |{} speedup {:.2f}x of {}x |\n", g.measured_large,
+                    totals, g.measured_small / g.measured_large,
                     static_cast<double>(g.replicas_large) / g.replicas_small);
+  if (!g.projections.empty())
+    md += "\nProjected: what `dtrain project` predicted from the smaller run (a model of the "
+          "exchange on a link: no contention for cores or devices, no stragglers), term by term; "
+          "its last line is the projected epoch.\n";
   return md;
 }
 
 std::string to_json(const TimeGap& g) {
   nlohmann::json terms = nlohmann::json::array();
-  for (const TimeGapTerm& t : g.terms)
-    terms.push_back({{"name", t.name}, {"seconds", t.seconds}, {"meaning", t.meaning}});
+  for (const TimeGapTerm& t : g.terms) {
+    nlohmann::json projected = nlohmann::json::object();
+    for (size_t i = 0; i < t.projected.size(); ++i)
+      projected[g.projections[i].link] = t.projected[i];
+    terms.push_back({{"name", t.name}, {"seconds", t.seconds}, {"meaning", t.meaning},
+                     {"projected", projected}});
+  }
+  nlohmann::json projections = nlohmann::json::array();
+  for (const ProjectedEpoch& p : g.projections)
+    projections.push_back({{"link", p.link}, {"epoch_s", p.epoch_s}});
   return nlohmann::json{{"replicas_small", g.replicas_small},
                         {"replicas_large", g.replicas_large},
                         {"epochs_small", g.epochs_small},
@@ -113,7 +197,8 @@ std::string to_json(const TimeGap& g) {
                         {"measured_small_s", g.measured_small},
                         {"ideal_s", g.ideal},
                         {"measured_large_s", g.measured_large},
-                        {"terms", terms}}
+                        {"terms", terms},
+                        {"projections", projections}}
              .dump(2) +
          "\n";
 }

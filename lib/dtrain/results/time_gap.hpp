@@ -14,6 +14,7 @@
 //   exchange    the exposed gradient exchange, less that waiting
 //   the rest    loop overhead and the epoch's end: whatever the terms above leave
 // The terms add up to the measured epoch time exactly.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,17 @@ namespace dtrain {
 struct TimeGapTerm {
   std::string name, meaning;
   double seconds = 0;  // per epoch, may be negative (a term that got faster than its share)
+  std::vector<double> projected;  // the same term as each of TimeGap::projections predicted it
+};
+
+// What `dtrain project` predicted for the larger run from the smaller (1-replica) run: its row
+// for the larger run's replicas (project.hpp; the JSON it writes beside the run).
+struct ProjectedEpoch {
+  std::string link;             // the link's name
+  int64_t steps_per_epoch = 0;  // at the larger run's replicas
+  double data_s = 0, compute_s = 0, optimizer_s = 0;  // the 1-replica step's, per step
+  double exposed_s = 0;                               // the exposed exchange, per step
+  double epoch_s = 0;
 };
 
 struct TimeGap {
@@ -33,7 +45,23 @@ struct TimeGap {
   double ideal = 0;           // measured_small x replicas_small / replicas_large
   double measured_large = 0;  // epoch seconds of the larger run
   std::vector<TimeGapTerm> terms;
+  // The smaller run's median epoch: data, compute, optimizer and exposed exchange seconds.
+  double small_data = 0, small_compute = 0, small_optimizer = 0, small_exposed = 0;
+  std::vector<ProjectedEpoch> projections;  // add_projection's, in order
 };
+
+// Adds a projection's terms beside the measured ones, by the projection's own arithmetic:
+// compute, data and optimizer are the 1-replica step's times the steps of an epoch at N, less
+// their share of the smaller run's (about 0: the model has no contention); waiting is 0 (it
+// models no stragglers); the exchange is the exposed ring all-reduce of each step; the rest
+// makes the terms add up to the projected epoch.
+void add_projection(TimeGap& g, const ProjectedEpoch& p);
+
+// The row for `gpus` replicas of a projection `dtrain project` wrote (its JSON text, read from
+// `path`), or none where it has no such row. Throws UserError naming `path` where the text is
+// not such a projection (a number missing, negative or not finite).
+std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std::string& path,
+                                              int gpus);
 
 // Throws UserError where a run has no epochs or a time that is not a number >= 0 (a positive
 // epoch time), or the larger has no more replicas.
