@@ -136,3 +136,25 @@ TEST_CASE("report --by: rows against the first are Holm-corrected as a family", 
   CHECK_THAT(to_markdown(a), Catch::Contains("Holm p=") && Catch::Contains(" of 2"));
   CHECK(nlohmann::json::parse(to_json(a))["rows"][1]["final_test_accuracy_test"]["family"] == 2);
 }
+
+TEST_CASE("the comparison table's MFU and straggler come from summary.json", "[report]") {
+  const auto dir = fs::temp_directory_path() / ("dtrain-strag-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto read = [&](const std::string& body) {
+    std::ofstream(dir / "summary.json") << "{\"gpus\": 4, \"epochs_completed\": 5, " << body << "}";
+    return load_run(dir.string());
+  };
+  RunRecord r = read(R"("utilisation": {"mfu": 0.25}, "stragglers": [
+      {"epoch": 1, "rank": 2, "phase": "backward"}, {"epoch": 2, "rank": 1, "phase": "data"},
+      {"epoch": 3, "rank": 2, "phase": "backward"}, {"epoch": 4, "rank": -3, "phase": "data"},
+      {"epoch": 5, "rank": 1, "phase": 7}])");
+  CHECK(r.mfu == 0.25);
+  CHECK(r.straggler == "rank 2, backward, 2 of 5 epochs");
+  CHECK(read(R"("stragglers": [])").straggler == "none");
+  r = read(R"("utilisation": {"mfu": null})");
+  CHECK_FALSE(r.mfu);
+  CHECK(r.straggler.empty());  // not looked for
+  Comparison c = compare({r}, "");
+  CHECK_THAT(to_markdown(c), Catch::Contains("| noise scale | MFU | straggler | status"));
+  fs::remove_all(dir);
+}

@@ -147,6 +147,9 @@ TEST_CASE("a rank slowed on purpose is named in the log, metrics.csv and summary
     CHECK(right >= 2);
     const std::string csv = slurp(run / "metrics.csv");
     CHECK_THAT(csv, Catch::Contains("straggler_rank,straggler_phase,straggler_excess"));
+    // The comparison table names the straggler named most often.
+    CHECK_THAT(slurp(fs::path(res) / "s" / ("comparison-" + phase + ".md")),
+               Catch::Contains("| rank 1, " + phase + ", "));
   }
   // One replica: nothing to compare, no field.
   REQUIRE(dtrain_cli("run " + cfg.string() + " --quiet --tag one --results " + res).code == 0);

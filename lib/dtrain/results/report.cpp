@@ -111,6 +111,14 @@ const std::vector<Column>& columns() {
       {"busbw GB/s", [](const ComparisonRow& r) { return fmt_opt(r.run.busbw_gbps, "{:.2f}"); }},
       {"noise scale",
        [](const ComparisonRow& r) { return fmt_opt(r.run.noise_b_simple, "{:.0f}"); }},
+      {"MFU",
+       [](const ComparisonRow& r) {
+         return r.run.mfu ? fmt::format("{:.3g}%", 100 * *r.run.mfu) : std::string("-");
+       }},
+      {"straggler",
+       [](const ComparisonRow& r) {
+         return r.run.straggler.empty() ? std::string("-") : r.run.straggler;
+       }},
       {"status", [](const ComparisonRow& r) { return r.run.status; }},
   };
   return cols;
@@ -209,6 +217,30 @@ bool simulated_run(const nlohmann::json& j, int gpus) {
 
 }  // namespace
 
+namespace {
+// summary.json's "stragglers" (an array, by the type check) in a few words: the rank and phase
+// named most often (the first of equals), or "none". Entries without a whole rank from 0 and a
+// phase of up to 16 characters are not counted.
+std::string straggler_text(const nlohmann::json& epochs, int epochs_completed) {
+  std::map<std::pair<int64_t, std::string>, int> count;
+  for (const auto& e : epochs) {
+    if (!e.is_object() || !e.contains("rank") || !e["rank"].is_number_integer() ||
+        !e.contains("phase") || !e["phase"].is_string())
+      continue;
+    const auto rank = e["rank"].get<int64_t>();
+    const auto phase = e["phase"].get<std::string>();
+    if (rank < 0 || phase.empty() || phase.size() > 16) continue;
+    ++count[{rank, phase}];
+  }
+  if (count.empty()) return "none";
+  auto best = count.begin();
+  for (auto it = count.begin(); it != count.end(); ++it)
+    if (it->second > best->second) best = it;
+  return fmt::format("rank {}, {}, {} of {} epochs", best->first.first, best->first.second,
+                     best->second, std::max(epochs_completed, best->second));
+}
+}  // namespace
+
 RunRecord load_run(const std::string& dir) {
   namespace k = summary_key;
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
@@ -278,6 +310,9 @@ RunRecord load_run(const std::string& dir) {
     r.noise_b_simple = opt_number(j[k::noise_scale], "b_simple");
   if (r.noise_b_simple && *r.noise_b_simple <= 0) r.noise_b_simple.reset();
   if (j.contains(k::config) && j[k::config].is_object()) r.config = config_values(j[k::config]);
+  if (j.contains(k::utilisation) && j[k::utilisation].is_object())
+    r.mfu = opt_number(j[k::utilisation], "mfu");
+  if (j.contains(k::stragglers)) r.straggler = straggler_text(j[k::stragglers], r.epochs_completed);
   return r;
 }
 
@@ -417,6 +452,8 @@ std::string to_json(const Comparison& c) {
                     {"samples_per_s", opt(r.samples_per_s)},
                     {"time_to_target_s", opt(r.time_to_target_s)},
                     {"noise_b_simple", opt(r.noise_b_simple)},
+                    {"mfu", opt(r.mfu)},
+                    {"straggler", r.straggler},
                     {"busbw_gbps", opt(r.busbw_gbps)},
                     {"exposed_exchange_share", opt(r.exposed_exchange_share)},
                     {"exposed_input_share", opt(r.exposed_input_share)},

@@ -31,6 +31,10 @@ struct RunRecord {
   // known to within (summary.json; folders written before they were there have none).
   std::optional<double> steps_to_target, samples_to_target, target_resolution_steps;
   std::optional<double> noise_b_simple;  // the gradient noise scale at the end (2+ replicas)
+  std::optional<double> mfu;  // model FLOPs utilisation (summary.json's utilisation.mfu)
+  // The straggler named most often ("rank 2, backward, 3 of 4 epochs"), "none" where stragglers
+  // were looked for and none was named, "" where they were not looked for.
+  std::string straggler;
   // Medians over the epochs.
   std::optional<double> busbw_gbps, exposed_exchange_share, exposed_input_share;
   double target_accuracy = 0;
