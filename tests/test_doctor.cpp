@@ -30,6 +30,13 @@ bool fires(const std::string& rule, const Config& c, const DataSplit* data = nul
   return std::find(r.begin(), r.end(), rule) != r.end();
 }
 
+// The message of the first finding of `rule`, or "".
+std::string message_of(const std::string& rule, const Config& c) {
+  for (const auto& f : diagnose(c, nullptr, nullptr))
+    if (f.rule == rule) return f.message;
+  return "";
+}
+
 // The healthy baseline: 8 replicas of 16 (global 128 = base_batch), mean, linear scaling, a
 // short warmup, per-sample shuffle, no BatchNorm, and a global batch that divides the data.
 Config healthy() {
@@ -203,6 +210,27 @@ TEST_CASE("doctor: a linear LR rule with Adam or AdamW", "[doctor]") {
   c.optimizer.type = OptimizerType::sgd;
   c.optimizer.lr_scaling = LrScaling::linear;
   CHECK_FALSE(fires("linear-adam", c));
+}
+
+TEST_CASE("doctor: gradient clipping that differs across N", "[doctor]") {
+  Config c = healthy();
+  c.optimizer.grad_clip = 1.0;
+  CHECK_FALSE(fires("clip-across-n", c));  // at the base batch: the run the clip was tuned on
+  c.train.per_replica_batch = 64;          // global 512: 4x base_batch 128
+  CHECK(fires("clip-across-n", c));
+  CHECK_THAT(message_of("clip-across-n", c), Catch::Contains("(0.5x here)"));
+  c.optimizer.grad_clip = 0;
+  CHECK_FALSE(fires("clip-across-n", c));
+  // Summed over replicas: the norm grows with them.
+  c = healthy();
+  c.optimizer.grad_clip = 1.0;
+  c.gpus = 4;
+  c.optimizer.base_batch = c.global_batch();
+  c.train.reduction = Reduction::sum;
+  CHECK(fires("clip-across-n", c));
+  CHECK_THAT(message_of("clip-across-n", c), Catch::Contains("or grad_clip 4"));
+  c.train.reduction = Reduction::mean;
+  CHECK_FALSE(fires("clip-across-n", c));
 }
 
 TEST_CASE("doctor: warmup longer than a fifth of training", "[doctor]") {
@@ -460,7 +488,7 @@ TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {
   // The rule list is what `dtrain doctor` counts; a rule added without a case here fails.
   const std::vector<std::string> tested = {
       "sum-reduction", "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
-      "ordered-data",  "small-bn-batch", "accumulation-bn",  "dropped-samples",
+      "clip-across-n", "ordered-data",   "small-bn-batch",   "accumulation-bn",  "dropped-samples",
       "oversubscribed-threads", "ignored-model-key", "sparse-labels", "input-bound"};
   CHECK(doctor_rules() == tested);
 }
@@ -493,5 +521,5 @@ TEST_CASE("dtrain doctor prints one line per finding and exits 0", "[doctor][cli
                                 " train.reduction=mean data.drop_remainder=false gpus=1");
   INFO(clean.out);
   CHECK(clean.code == 0);
-  CHECK(clean.out.find("none of the 13 known pitfalls") != std::string::npos);
+  CHECK(clean.out.find("none of the 14 known pitfalls") != std::string::npos);
 }

@@ -142,6 +142,32 @@ void check_lr_rule(Context& c) {
                       o.warmup_epochs, c.cfg.train.epochs, c.cfg.train.epochs / 5.0));
 }
 
+// Gradient clipping is applied to the reduced gradient, whose norm depends on N: summed, it
+// grows with the replicas; averaged over a larger global batch, its noise part shrinks, since
+// E|g_B|^2 = |G|^2 + tr(S) / B (McCandlish et al. 2018, arXiv:1812.06162, appendix A). Either
+// way a threshold tuned at 1 replica clips the N-replica run differently.
+void check_clipping(Context& c) {
+  const Config& cfg = c.cfg;
+  const double clip = cfg.optimizer.grad_clip;
+  if (clip <= 0) return;
+  if (cfg.train.reduction == Reduction::sum && cfg.gpus > 1) {
+    c.add("clip-across-n",
+          fmt::format("optimizer.grad_clip {:g} clips the sum of {} replicas' gradients, whose "
+                      "norm is up to {}x the mean's, so it cuts harder than at 1 replica; fix: "
+                      "train.reduction: mean, or grad_clip {:g}",
+                      clip, cfg.gpus, cfg.gpus, clip * cfg.gpus));
+    return;
+  }
+  if (c.scale > 1.0)
+    c.add("clip-across-n",
+          fmt::format("optimizer.grad_clip {:g} clips the mean gradient of a global batch {:g}x "
+                      "optimizer.base_batch {}; its noise shrinks as 1/sqrt(batch) ({:.2g}x "
+                      "here), so a threshold tuned at the base batch engages less often and the "
+                      "runs are clipped differently; fix: tune grad_clip at this global batch, or "
+                      "compare with optimizer.grad_clip: 0",
+                      clip, c.scale, cfg.optimizer.base_batch, 1.0 / std::sqrt(c.scale)));
+}
+
 // Labels that leave outputs untrained or ask for classes the training set lacks: one byte of
 // 200 among labels 0-9 builds a 201-way output layer without a word.
 void check_labels(Context& c) {
@@ -368,7 +394,8 @@ InputProbe probe_input(const Config& cfg, const DataSplit& data) {
 const std::vector<std::string>& doctor_rules() {
   static const std::vector<std::string> rules = {"sum-reduction",    "unscaled-lr",
                                                  "linear-no-warmup", "linear-adam",
-                                                 "long-warmup",      "ordered-data",
+                                                 "long-warmup",      "clip-across-n",
+                                                 "ordered-data",
                                                  "small-bn-batch",   "accumulation-bn",
                                                  "dropped-samples",  "oversubscribed-threads",
                                                  "ignored-model-key", "sparse-labels",
@@ -384,6 +411,7 @@ std::vector<Finding> diagnose(const Config& cfg, const DataSplit* data, const In
   c.bn_positions = fewest_bn_positions(c);
   check_reduction(c);
   check_lr_rule(c);
+  check_clipping(c);
   check_data_order(c);
   check_batchnorm(c);
   check_dropped(c);
