@@ -318,7 +318,8 @@ TEST_CASE("summary.json's fields are written from the table, each of its declare
   epochs[0].straggler_phase = 2;
   epochs[0].straggler_excess = 0.5;
   const RunStats stats = summarize(epochs, Targets{0.5, 0});
-  const Config two = synthetic_config(2, 16);
+  Config two = synthetic_config(2, 16);
+  two.data.dataset = DatasetKind::bytes;  // a language model's bits per byte
   SummarySource second(two, full, epochs, stats);
   second.error = "stopped";
   const json b = summary_json(second);
@@ -342,6 +343,7 @@ TEST_CASE("summary.json's fields are written from the table, each of its declare
   CHECK(b["peak_device_mib"]["cuda:0"] == 512.5);
   CHECK(b["stragglers"][0]["rank"] == 1);
   CHECK(b["exchange_bytes_per_step"] == 0);
+  CHECK(b["final_test_bits_per_byte"].get<double>() == Approx(1.5 / std::log(2.0)));
 }
 
 TEST_CASE("docs/run.md lists summary.json's fields as the table has them", "[schema][docs]") {

@@ -242,6 +242,9 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
       m.epoch, cfg_.train.epochs, m.lr, m.train_loss, 100 * m.train_acc, m.test_loss,
       100 * m.test_acc, m.epoch_time_s, m.samples_per_s, m.compute_s, m.exchange_s, m.optimizer_s,
       m.data_s);
+  if (cfg_.data.dataset == DatasetKind::bytes)
+    log().info("           bits per byte: train {:.4f}, test {:.4f}", m.train_loss / std::log(2.0),
+               m.test_loss / std::log(2.0));
   if (cfg_.gpus > 1)
     log().info("           replicas busy {:.2f}-{:.2f}s, slowest rank {}", m.rank_busy_min_s,
                m.rank_busy_max_s, m.slowest_rank);

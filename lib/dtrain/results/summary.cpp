@@ -89,6 +89,13 @@ json peak_device_json(const S& s) {
 
 json text_or_absent(const std::string& v) { return v.empty() ? absent() : json(v); }
 
+// A language model on bytes: its loss in nats per byte as bits per byte (the yardstick of
+// byte-level models); other data has none.
+json bits_per_byte(const S& s, double nats) {
+  if (s.cfg.data.dataset != DatasetKind::bytes) return absent();
+  return number_or_null(nats / std::log(2.0));
+}
+
 // Where the targets were first reached: a scoring between steps (train.eval_steps), else the end
 // of the first epoch that reached them; none where they were not (or none is set).
 struct TargetPoint {
@@ -136,6 +143,12 @@ std::vector<SummaryField> outcome_fields() {
        [](const S& s) { return number_or_null(s.stats.final_train_loss); }},
       {k::final_test_loss, T::number, true, "", "test loss after the last epoch", "", true,
        [](const S& s) { return number_or_null(s.stats.final_test_loss); }},
+      {k::final_train_bits_per_byte, T::number, true, "bit",
+       "dataset: bytes: final_train_loss (nats per byte) over ln 2", "", false,
+       [](const S& s) { return bits_per_byte(s, s.stats.final_train_loss); }},
+      {k::final_test_bits_per_byte, T::number, true, "bit",
+       "dataset: bytes: final_test_loss (nats per byte) over ln 2", "", false,
+       [](const S& s) { return bits_per_byte(s, s.stats.final_test_loss); }},
       {k::median_epoch_time_s, T::number, true, "s", "median of metrics.csv's epoch_time_s", "",
        true, [](const S& s) { return number_or_null(s.stats.median_epoch_time_s); }},
       {k::samples_per_s, T::number, true, "1/s", "median of metrics.csv's samples_per_s", "",
