@@ -352,3 +352,27 @@ TEST_CASE("docs/run.md lists summary.json's fields as the table has them", "[sch
   INFO("docs/run.md should hold these rows:\n" << rows);
   CHECK(doc.find(rows) != std::string::npos);
 }
+
+TEST_CASE("evals.csv: its header is the table's, and docs/run.md lists its columns", "[schema][docs]") {
+  std::vector<std::string> names;
+  for (const auto& c : eval_columns()) names.push_back(c.name);
+  CHECK(evals_csv_header() == fmt::format("{}\n", fmt::join(names, ",")));
+  EvalPoint p;
+  p.epoch = 2;
+  p.step = 7;
+  p.global_step = 20;
+  p.samples = 1280;
+  p.train_time_s = 1.5;
+  p.test_loss = 0.25;
+  p.test_acc = 0.875;
+  CHECK(evals_csv_row(p) == "2,7,20,1280,1.5000,0.250000,0.875000\n");
+  // The folder listing's entry, its lines joined.
+  std::string doc = slurp(fs::path(source_dir()) / "docs" / "run.md");
+  const size_t at = doc.find("  evals.csv ");
+  REQUIRE(at != std::string::npos);
+  std::string entry = doc.substr(at, doc.find("  classes.txt", at) - at);
+  std::string flat;
+  for (char ch : entry)
+    if (ch != '\n' && !(ch == ' ' && !flat.empty() && flat.back() == ' ')) flat += ch;
+  CHECK_THAT(flat, Catch::Contains(fmt::format("{}", fmt::join(names, ", "))));
+}

@@ -75,20 +75,30 @@ const MetricsColumn& metrics_column(std::string_view name) {
   throw std::logic_error(fmt::format("metrics.csv has no column '{}'", name));
 }
 
-std::string metrics_csv_header() {
+namespace {
+// A CSV header and row from a table of columns (MetricsColumn, EvalColumn): each column's name,
+// and its member of the record in the column's format.
+template <class Columns>
+std::string csv_header_of(const Columns& cols) {
   std::string s;
-  for (const auto& c : metrics_columns()) s += (s.empty() ? "" : ",") + std::string(c.name);
+  for (const auto& c : cols) s += (s.empty() ? "" : ",") + std::string(c.name);
   return s + "\n";
 }
 
-std::string metrics_csv_row(const EpochMetrics& m) {
+template <class Columns, class Record>
+std::string csv_row_of(const Columns& cols, const Record& r) {
   std::string s;
-  for (const auto& c : metrics_columns()) {
+  for (const auto& c : cols) {
     if (!s.empty()) s += ',';
-    std::visit([&](auto field) { s += fmt::format(fmt::runtime(c.format), m.*field); }, c.field);
+    std::visit([&](auto field) { s += fmt::format(fmt::runtime(c.format), r.*field); }, c.field);
   }
   return s + "\n";
 }
+}  // namespace
+
+std::string metrics_csv_header() { return csv_header_of(metrics_columns()); }
+
+std::string metrics_csv_row(const EpochMetrics& m) { return csv_row_of(metrics_columns(), m); }
 
 const std::vector<EvalColumn>& eval_columns() {
   using P = EvalPoint;
@@ -105,20 +115,9 @@ const std::vector<EvalColumn>& eval_columns() {
   return cols;
 }
 
-std::string evals_csv_header() {
-  std::string s;
-  for (const auto& c : eval_columns()) s += (s.empty() ? "" : ",") + std::string(c.name);
-  return s + "\n";
-}
+std::string evals_csv_header() { return csv_header_of(eval_columns()); }
 
-std::string evals_csv_row(const EvalPoint& p) {
-  std::string s;
-  for (const auto& c : eval_columns()) {
-    if (!s.empty()) s += ',';
-    std::visit([&](auto field) { s += fmt::format(fmt::runtime(c.format), p.*field); }, c.field);
-  }
-  return s + "\n";
-}
+std::string evals_csv_row(const EvalPoint& p) { return csv_row_of(eval_columns(), p); }
 
 std::optional<double> metrics_value(const std::string& cell) {
   char* end = nullptr;
