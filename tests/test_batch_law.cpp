@@ -192,6 +192,15 @@ TEST_CASE("reference points: olympic means per batch, interpolated between batch
   CHECK(reference_at(ref, 256)->mean_epochs == Approx(19.0 / 3));
   CHECK_FALSE(reference_at(ref, 32));
   CHECK_FALSE(reference_at(ref, 2048));  // beyond the last batch with a reference
+  // A batch the study left out between two with points: none at it, none across it.
+  std::vector<RunRecord> gap = runs;
+  for (std::optional<double> e : {std::optional<double>(7.0), {}, {}})
+    gap.push_back(run(512, 0.3, e, 12));
+  const Reference holed = reference_points(gap);
+  CHECK(holed.left_out_batches == std::vector<long long>{512, 4096});
+  CHECK_FALSE(reference_at(holed, 512));
+  CHECK_FALSE(reference_at(holed, 384));
+  CHECK(reference_at(holed, 128));  // 64 to 256: nothing left out between
   CHECK_THAT(to_markdown(ref), Catch::Contains("| 64 | 0.1 | 5 | 3 | 4.33 | 0.58 |"));
   CHECK_THAT(to_markdown(ref), Catch::Contains("Left out: global batch 4096"));
 }

@@ -237,6 +237,19 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   odd.evals[0].test_acc = 1.5;
   CHECK(refused(encode_checkpoint(odd)).find("the test accuracy of test scoring 1") !=
         std::string::npos);
+  // Against the run (13 steps an epoch): a step past the epoch's, or a global step that does
+  // not follow from the epoch and the step, is refused.
+  const CheckpointRun run = checkpoint_run(cfg, peek_data_shape(cfg.data));
+  REQUIRE(run.steps == 13);
+  CHECK_NOTHROW(check_checkpoint(scored, "ck", &run));
+  odd = scored;
+  odd.evals[0].step = 14;
+  CHECK_THAT(error_of([&] { check_checkpoint(odd, "ck", &run); }),
+             Catch::Contains("the step of test scoring 1 is 14"));
+  odd = scored;
+  odd.evals[1].epoch = 2;  // step 13 of epoch 2 is global step 26
+  CHECK_THAT(error_of([&] { check_checkpoint(odd, "ck", &run); }),
+             Catch::Contains("test scoring 2 at step 13 of epoch 2 says global step 13, not 26"));
   // A straggler rank past the replicas, or a phase that is none, is refused.
   odd = last;
   odd.epochs.back().straggler_rank = odd.replicas;

@@ -376,3 +376,34 @@ TEST_CASE("evals.csv: its header is the table's, and docs/run.md lists its colum
     if (ch != '\n' && !(ch == ' ' && !flat.empty() && flat.back() == ' ')) flat += ch;
   CHECK_THAT(flat, Catch::Contains(fmt::format("{}", fmt::join(names, ", "))));
 }
+
+TEST_CASE("summary.json's to-target fields agree: a scoring between steps sets them all",
+          "[schema][evals]") {
+  Config cfg = synthetic_config(1, 16);
+  cfg.train.target_accuracy = 0.8;
+  cfg.train.eval_steps = 100;
+  RunInfo info;
+  info.steps_per_epoch = 400;
+  // Reached at step 300 of epoch 1, lost again by the epoch's end (0.79).
+  std::vector<EpochMetrics> epochs = {sample_epoch(1)};
+  epochs[0].test_acc = 0.79;
+  epochs[0].epoch_time_s = 4;
+  const RunStats stats = summarize(epochs, Targets{0.8, 0});
+  REQUIRE_FALSE(stats.time_to_target_s);
+  SummarySource src(cfg, info, epochs, stats);
+  src.evals = {{1, 100, 100, 1600, 1.0, 0.9, 0.7}, {1, 300, 300, 4800, 3.0, 0.6, 0.81},
+               {1, 400, 400, 6400, 4.0, 0.62, 0.79}};
+  const json j = summary_json(src);
+  CHECK(j["steps_to_target"] == 300);
+  CHECK(j["samples_to_target"] == 4800);
+  CHECK(j["time_to_target_s"] == 3.0);
+  CHECK(j["epochs_to_target"] == 1);
+  CHECK(j["target_resolution_steps"] == 100);
+  // Without scorings between steps: the epoch's end, which did not reach it.
+  src.evals.clear();
+  cfg.train.eval_steps = 0;
+  const json k = summary_json(src);
+  CHECK(k["steps_to_target"].is_null());
+  CHECK(k["time_to_target_s"].is_null());
+  CHECK(k["target_resolution_steps"] == 400);
+}

@@ -20,7 +20,7 @@ namespace {
 // The projections `dtrain project` left in the smaller run's folder (projection-*.json, sorted
 // by name) that have a row for the larger run's replicas, beside the measured terms. A file that
 // is not such a projection is named in a warning and passed over.
-void add_projections(TimeGap& g, const std::string& small_dir, int gpus) {
+void add_projections(TimeGap& g, const std::string& small_dir, const RunRecord& large) {
   namespace fs = std::filesystem;
   std::vector<fs::path> files;
   std::error_code ec;
@@ -33,7 +33,21 @@ void add_projections(TimeGap& g, const std::string& small_dir, int gpus) {
   for (const fs::path& f : files) {
     try {
       const std::string text = read_own_file(f.string(), "projection", 4 << 20);
-      if (const auto p = projected_epoch(text, f.string(), gpus)) add_projection(g, *p);
+      auto p = projected_epoch(text, f.string(), large.gpus);
+      if (!p) continue;
+      // project keeps the per-replica batch: a larger run that kept the global batch instead
+      // has other steps per epoch, and the projection does not describe it.
+      if (p->steps_per_epoch != large.steps_per_epoch) {
+        std::fprintf(stderr,
+                     "dtrain: warning: %s projects %lld steps per epoch at %d replicas, but %s "
+                     "has %lld; left out\n",
+                     f.string().c_str(), static_cast<long long>(p->steps_per_epoch), large.gpus,
+                     large.dir.c_str(), static_cast<long long>(large.steps_per_epoch));
+        continue;
+      }
+      // Named by the file (projection-NAME.json), which is unique, not by its link's name.
+      p->link = f.stem().string().substr(std::string("projection-").size());
+      add_projection(g, *p);
     } catch (const UserError& e) {
       std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
     }
@@ -69,7 +83,7 @@ int run_explain_time(const ExplainTimeOptions& opt) {
     return read_epochs(csv, cols);
   };
   TimeGap g = time_gap(epochs(opt.small), small.gpus, epochs(opt.large), large.gpus);
-  add_projections(g, opt.small, large.gpus);
+  add_projections(g, opt.small, large);
   fmt::print("{}", to_markdown(g));
   if (!opt.json.empty()) write_file_atomic(opt.json, to_json(g));
   return 0;

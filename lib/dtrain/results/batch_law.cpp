@@ -57,7 +57,8 @@ std::optional<double> median_b_simple(const std::vector<RunRecord>& runs) {
 std::optional<double> steps_to_target(const RunRecord& r) {
   const auto count = [&](const char* key, double v) {
     if (!(std::isfinite(v) && v >= 0))
-      throw UserError(fmt::format("--batch-law: {}: {} {} is not a count", r.dir, key, v));
+      throw UserError(fmt::format("{}: {} {} is not a count (a damaged summary.json?)", r.dir,
+                                  key, v));
     return v;
   };
   if (r.steps_to_target) return count("steps_to_target", *r.steps_to_target);

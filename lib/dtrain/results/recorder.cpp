@@ -212,10 +212,12 @@ void RunRecorder::on_step(int epoch, int64_t step, int64_t steps) {
 
 void RunRecorder::on_eval(const EvalPoint& p) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
+  // Written whole at each epoch's end and with the summary (write_evals), not at every scoring:
+  // one row each time would rewrite the file quadratically often. A stop keeps them in the
+  // checkpoint.
   if (evals_.empty()) evals_csv_ = evals_csv_header();
   evals_.push_back(p);
   evals_csv_ += evals_csv_row(p);
-  write_file_atomic(dir_ + "/evals.csv", evals_csv_);
   // The rows are in evals.csv; the log names the first that reached the targets.
   const Targets targets{cfg_.train.target_accuracy, cfg_.train.target_loss};
   const bool first = targets.reached(p) &&
@@ -229,12 +231,17 @@ void RunRecorder::on_eval(const EvalPoint& p) {
   }
 }
 
+void RunRecorder::write_evals() {
+  if (!evals_.empty()) write_file_atomic(dir_ + "/evals.csv", evals_csv_);
+}
+
 void RunRecorder::on_epoch(const EpochMetrics& m) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
   clear_progress();
   epochs_.push_back(m);
   csv_ += metrics_csv_row(m);
   write_file_atomic(dir_ + "/metrics.csv", csv_);
+  write_evals();
   log().info(
       "epoch {:>3}/{}  lr {:.5f}  train loss {:.4f} acc {:6.2f}%  test loss {:.4f} acc "
       "{:6.2f}%  {:.2f}s ({:.0f} samples/s; compute {:.2f} exchange {:.2f} opt {:.2f} "
@@ -268,6 +275,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
   src.peak_rss_mib = peak_rss_mib();
   const nlohmann::json j = summary_json(src);  // its fields: summary.cpp
+  write_evals();
   // The summary first: readers trust its status over the `status` file (read_run_status).
   write_file_atomic(dir_ + "/summary.json", j.dump(2) + "\n");
   write_file_atomic(dir_ + "/status", status + "\n");
@@ -299,11 +307,9 @@ void RunRecorder::resume(const Checkpoint& c) {
   for (const auto& m : epochs_) csv_ += metrics_csv_row(m);
   write_file_atomic(dir_ + "/metrics.csv", csv_);
   evals_ = c.evals;
-  if (!evals_.empty()) {
-    evals_csv_ = evals_csv_header();
-    for (const auto& p : evals_) evals_csv_ += evals_csv_row(p);
-    write_file_atomic(dir_ + "/evals.csv", evals_csv_);
-  }
+  evals_csv_ = evals_csv_header();
+  for (const auto& p : evals_) evals_csv_ += evals_csv_row(p);
+  write_evals();
   save_checkpoint(dir_, c);
   log().info("resume: continuing at epoch {}, step {} ({} epochs finished before)", c.epoch + 1,
              c.step, c.epochs.size());

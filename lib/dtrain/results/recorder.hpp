@@ -79,6 +79,7 @@ class RunRecorder : public TrainObserver {
 
  private:
   void write_summary(const std::string& status, const std::string& error);
+  void write_evals();  // evals.csv, where the run has scorings
 
   std::string dir_, run_id_, group_;
   Config cfg_;

@@ -79,10 +79,12 @@ Reference reference_points(const std::vector<RunRecord>& runs) {
   ref.target_loss = kept.target_loss;
   for (const KeptRuns& k : kept.batches) {
     std::string why;
-    if (auto p = point_of(k, why))
+    if (auto p = point_of(k, why)) {
       ref.points.push_back(*p);
-    else
+    } else {
       ref.left_out.push_back(why);
+      ref.left_out_batches.push_back(k.row.global_batch);
+    }
   }
   return ref;
 }
@@ -97,6 +99,8 @@ std::optional<ReferencePoint> reference_at(const Reference& ref, long long globa
   if (above == pts.begin()) return std::nullopt;
   const ReferencePoint& lo = *(above - 1);
   const ReferencePoint& hi = *above;
+  for (long long b : ref.left_out_batches)
+    if (b > lo.global_batch && b < hi.global_batch) return std::nullopt;
   const double w = static_cast<double>(global_batch - lo.global_batch) /
                    static_cast<double>(hi.global_batch - lo.global_batch);
   ReferencePoint p;
@@ -135,6 +139,8 @@ std::vector<ReferenceCheck> check_against(const Reference& ref,
     c.at = reference_at(ref, r.global_batch);
     if (r.target_accuracy != ref.target_accuracy || r.target_loss != ref.target_loss) {
       c.verdict = Convergence::other_target;
+    } else if (r.steps_per_epoch <= 0) {
+      c.verdict = Convergence::no_reference;  // epochs to target cannot be counted
     } else if (!c.epochs) {
       c.verdict = Convergence::not_reached;
     } else if (c.at) {

@@ -34,6 +34,7 @@ struct Reference {
   // Batches of the study left out of the reference, each with why ("2 of 3 runs did not reach
   // the target").
   std::vector<std::string> left_out;
+  std::vector<long long> left_out_batches;  // their global batches
   double target_accuracy = 0, target_loss = 0;
 };
 
@@ -42,7 +43,8 @@ struct Reference {
 Reference reference_points(const std::vector<RunRecord>& runs);
 
 // The reference at `global_batch`: the study's own point, or one interpolated between its two
-// neighbours; none outside the study's batches.
+// neighbours; none outside the study's batches, at a batch it left out, or across one (the
+// study could not say what happens there).
 std::optional<ReferencePoint> reference_at(const Reference& ref, long long global_batch);
 
 enum class Convergence {

@@ -17,6 +17,7 @@
 #include "dtrain/config/schema.hpp"
 #include "dtrain/results/run_schema.hpp"
 #include "dtrain/results/summary.hpp"
+#include "dtrain/train/straggler.hpp"
 
 namespace dtrain {
 
@@ -219,8 +220,8 @@ bool simulated_run(const nlohmann::json& j, int gpus) {
 
 namespace {
 // summary.json's "stragglers" (an array, by the type check) in a few words: the rank and phase
-// named most often (the first of equals), or "none". Entries without a whole rank from 0 and a
-// phase of up to 16 characters are not counted.
+// named most often (the first of equals), or "none". Entries without a whole rank from 0 and
+// one of the phases dtrain names (straggler.hpp) are not counted.
 std::string straggler_text(const nlohmann::json& epochs, int epochs_completed) {
   std::map<std::pair<int64_t, std::string>, int> count;
   for (const auto& e : epochs) {
@@ -229,7 +230,7 @@ std::string straggler_text(const nlohmann::json& epochs, int epochs_completed) {
       continue;
     const auto rank = e["rank"].get<int64_t>();
     const auto phase = e["phase"].get<std::string>();
-    if (rank < 0 || phase.empty() || phase.size() > 16) continue;
+    if (rank < 0 || !step_phase_named(phase)) continue;
     ++count[{rank, phase}];
   }
   if (count.empty()) return "none";
@@ -541,7 +542,9 @@ std::string verdict_text(const WelchTest& w, const char* unit) {
                            : w.seeds_needed > kSeedsCap
                                ? fmt::format("more than {} needed", kSeedsCap)
                                : fmt::format("{} would resolve it", w.seeds_needed);
-  return fmt::format("{}, not distinguishable at {} ({})", p, counts, more);
+  // seeds_needed is for this comparison alone, at 5%: Holm's correction asks for more.
+  return fmt::format("{}, not distinguishable at {} ({}{})", p, counts, more,
+                     w.family > 1 && w.diff != 0 ? " for this comparison alone" : "");
 }
 
 nlohmann::json number_or_null(double v) {
@@ -790,7 +793,8 @@ std::string to_markdown(const Aggregate& a) {
   if (has_tests(a))
     out << "Each row after the first is compared with the first by Welch's t-test: the "
            "difference of the means with its 95% confidence interval, and the two-sided p-value; "
-           "\"not distinguishable at K runs\" means p >= 0.05, with the runs per row that would "
+           "\"not distinguishable at K runs\" means p >= 0.05 (the corrected p where Holm's "
+           "correction applies, below), with the runs per row that would "
            "resolve a difference this size at 95% confidence and 80% power. With more than two "
            "rows, each column's p-values are also Holm-corrected for the number of comparisons "
            "(\"Holm p=... of N\"), and that corrected p decides.\n";

@@ -22,8 +22,6 @@ namespace {
 
 json absent() { return json(json::value_t::discarded); }
 
-json optional_number(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
-
 // Model FLOPs utilisation: the shape engine's FLOPs per sample times the median epoch's samples
 // per second, per replica, against a replica's peak (RunInfo).
 json utilisation_json(const S& s) {
@@ -98,18 +96,23 @@ json bits_per_byte(const S& s, double nats) {
 
 // Where the targets were first reached: a scoring between steps (train.eval_steps), else the end
 // of the first epoch that reached them; none where they were not (or none is set).
+// Every "to target" field comes from the same point, so that they agree.
 struct TargetPoint {
   int64_t steps = 0, samples = 0;
+  int epoch = 0;        // the epoch in which it was reached (at its end, without eval_steps)
+  double time_s = 0;    // training time until then
 };
 std::optional<TargetPoint> target_point(const S& s) {
   const Targets targets{s.cfg.train.target_accuracy, s.cfg.train.target_loss};
   for (const EvalPoint& p : s.evals)
-    if (targets.reached(p)) return TargetPoint{p.global_step, p.samples};
-  if (!s.stats.epochs_to_target) return std::nullopt;
+    if (targets.reached(p)) return TargetPoint{p.global_step, p.samples, p.epoch, p.train_time_s};
+  if (!s.stats.epochs_to_target || !s.stats.time_to_target_s) return std::nullopt;
   TargetPoint t;
   for (int e = 0; e < *s.stats.epochs_to_target && e < static_cast<int>(s.epochs.size()); ++e)
     t.samples += s.epochs[static_cast<size_t>(e)].samples;
   t.steps = *s.stats.epochs_to_target * s.info.steps_per_epoch;
+  t.epoch = *s.stats.epochs_to_target;
+  t.time_s = *s.stats.time_to_target_s;
   return t;
 }
 
@@ -180,16 +183,19 @@ std::vector<SummaryField> target_fields() {
        "the test loss time_to_target_s is measured to (0: none)", "train.target_loss", true,
        [](const S& s) -> json { return s.cfg.train.target_loss; }},
       {k::time_to_target_s, T::number, true, "s",
-       "training time until the targets were reached (null: not reached, or no target)", "",
-       true, [](const S& s) { return optional_number(s.stats.time_to_target_s); }},
-      {k::epochs_to_target, T::integer, true, "", "epochs until it did", "", true,
-       [](const S& s) -> json {
-         return s.stats.epochs_to_target ? json(*s.stats.epochs_to_target) : json(nullptr);
-       }},
-      {k::steps_to_target, T::integer, true, "",
-       "optimizer steps until the targets were first reached, at a scoring between steps "
+       "training time until the targets were first reached, at a scoring between steps "
        "(train.eval_steps) or an epoch's end (null: not reached, or no target)",
        "", true, [](const S& s) -> json {
+         const auto t = target_point(s);
+         return t ? json(t->time_s) : json(nullptr);
+       }},
+      {k::epochs_to_target, T::integer, true, "", "the epoch in which that was", "", true,
+       [](const S& s) -> json {
+         const auto t = target_point(s);
+         return t ? json(t->epoch) : json(nullptr);
+       }},
+      {k::steps_to_target, T::integer, true, "", "optimizer steps until then", "", true,
+       [](const S& s) -> json {
          const auto t = target_point(s);
          return t ? json(t->steps) : json(nullptr);
        }},
@@ -395,7 +401,9 @@ std::string summary_type_error(const json& summary) {
   for (const SummaryField& f : summary_fields()) {
     const auto it = summary.find(f.name);
     if (it == summary.end() || has_declared_type(f, *it)) continue;
-    if (f.type == T::integer && it->is_number_float()) continue;  // whole or not: int_in's call
+    if (f.type == T::integer && it->is_number_float() &&
+        std::floor(it->get<double>()) == it->get<double>())
+      continue;  // a whole number written as 64.0, as a script's rewrite may
     std::string shown = it->dump();
     if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
     const bool vowel = f.type == T::integer || f.type == T::object || f.type == T::array;

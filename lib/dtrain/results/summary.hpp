@@ -58,9 +58,9 @@ nlohmann::json summary_json(const SummarySource& s);
 bool has_declared_type(const SummaryField& f, const nlohmann::json& v);
 
 // What a reader makes of a summary's top-level fields: "" where every declared field present
-// has its declared type (an integer may also be written as a whole number with a fraction
-// part of 0, as a script's rewrite may), else "'KEY' is VALUE; dtrain writes TYPE" for the
-// first that has not. Fields the table does not declare (a later version's) are left alone.
+// has its declared type (an integer may also be written as 64.0, as a script's rewrite may;
+// 12.7 is no integer), else "'KEY' is VALUE; dtrain writes TYPE" for the first that has not.
+// Fields the table does not declare (a later version's) are left alone.
 std::string summary_type_error(const nlohmann::json& summary);
 
 }  // namespace dtrain

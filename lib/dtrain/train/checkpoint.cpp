@@ -261,13 +261,19 @@ void check_epochs(const Checkpoint& c, const Check& k, double max_samples) {
 
 // The scorings of the test set so far, in the order they were made, none after the checkpoint's
 // step; a mid-epoch loss may be NaN or infinite (the run then ends diverged at the epoch's end).
-void check_evals(const Checkpoint& c, const Check& k, double max_samples) {
+// With the run known (`steps` per epoch > 0), each one's step is a step of its epoch and its
+// global step follows from the two.
+void check_evals(const Checkpoint& c, const Check& k, double max_samples, int64_t steps) {
   int64_t last = 0;
   for (size_t i = 0; i < c.evals.size(); ++i) {
     const EvalPoint& p = c.evals[i];
     const auto n = static_cast<int64_t>(i) + 1;
     k.within(p.epoch, 1, c.epoch + 1, "the epoch of test scoring", n);
-    k.whole(static_cast<double>(p.step), 0x1p53, "the step of test scoring", n);
+    k.whole(static_cast<double>(p.step), steps > 0 ? static_cast<double>(steps) : 0x1p53,
+            "the step of test scoring", n);
+    if (steps > 0 && p.global_step != (p.epoch - 1) * steps + p.step)
+      k.fail(fmt::format("test scoring {} at step {} of epoch {} says global step {}, not {}", n,
+                         p.step, p.epoch, p.global_step, (p.epoch - 1) * steps + p.step));
     k.within(static_cast<double>(p.global_step), static_cast<double>(last) + (i > 0),
              static_cast<double>(c.global_step), "the global step of test scoring", n);
     last = p.global_step;
@@ -314,7 +320,8 @@ void check_checkpoint(const Checkpoint& c, const std::string& what, const Checkp
   const double big = 0x1p53;  // without a run: whole numbers a double holds exactly
   check_partial(c, k, run ? static_cast<double>(run->global_batch) : big);
   check_epochs(c, k, run ? static_cast<double>(run->train_size) : big);
-  check_evals(c, k, run ? static_cast<double>(run->train_size) * run->epochs : big);
+  check_evals(c, k, run ? static_cast<double>(run->train_size) * run->epochs : big,
+              run ? run->steps : 0);
 }
 
 std::string encode_checkpoint(const Checkpoint& c) {

@@ -277,8 +277,10 @@ void Replica::run() {
       if (diverged) run_.result.status = RunStatus::diverged;
       if (run_.observer) run_.observer->on_epoch(m);
     }
-    // Every rank sees the same reduced numbers, so all stop together.
-    const bool done = cfg_.train.stop_at_target && target_reached_;
+    // Every rank sees the same reduced numbers, so all stop together; the target, near its
+    // threshold, is agreed as well (a rank that alone stopped would leave the others waiting in
+    // the next collective).
+    const bool done = cfg_.train.stop_at_target && reached_everywhere();
     if (!diverged && !done && epoch + 1 < cfg_.train.epochs) checkpoint(epoch + 1, 0, nullptr);
     trace_window_.after_epoch(comm_, trace_, global_step_, run_.observer);
     if (diverged || done) break;
@@ -363,6 +365,8 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
 
 double Replica::score_between_steps(int epoch, int64_t done, const EpochPlan& plan,
                                     double train_s) {
+  // A GPU runs steps behind the host: they finish first, as training time, not scoring time.
+  if (queue_) queue_->synchronize();
   const auto t0 = Clock::now();
   // Replicas with BatchNorm statistics of their own average them to evaluate: kept aside, so
   // that training goes on from the statistics it had, as without this scoring.
@@ -376,6 +380,12 @@ double Replica::score_between_steps(int epoch, int64_t done, const EpochPlan& pl
   record_scoring(epoch, done, epoch * plan.offsets.back() + plan.offsets[static_cast<size_t>(done)],
                  test, train_s);
   return seconds_since(t0);
+}
+
+bool Replica::reached_everywhere() {
+  double any = target_reached_ ? 1.0 : 0.0;
+  if (replicas_ > 1) comm_.allreduce(&any, 1, ReduceOp::sum);
+  return any > 0;
 }
 
 void Replica::record_scoring(int epoch, int64_t done, int64_t samples,

@@ -128,6 +128,8 @@ class Replica {
   // recorded by rank 0.
   void record_scoring(int epoch, int64_t done, int64_t samples, const std::vector<double>& test,
                       double train_s);
+  // Whether any rank's scorings reached the targets (collective).
+  bool reached_everywhere();
   EpochMetrics epoch_metrics(int epoch, const EpochTotals& tr, const std::vector<double>& test,
                              double eval_s);
   void upload_training_set();
