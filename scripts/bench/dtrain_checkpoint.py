@@ -2,13 +2,14 @@
 flat parameter vector onto torch_gpt.py's modules, so that PyTorch can continue a dtrain run from
 the same weights and Adam moments.
 
-The file (lib/dtrain/train/checkpoint.{hpp,cpp}), little-endian: the line "dtrain checkpoint 3\n";
+The file (lib/dtrain/train/checkpoint.{hpp,cpp}), little-endian: the line "dtrain checkpoint 4\n";
 the resolved config (u64 length, bytes); replicas, epoch (i32 each); step, global step (i64 each);
 params, Adam's first and second moments, BatchNorm state (u64 count, f32 each); the random
 streams (u64 count, u64 each); the noise-scale averages (4 f64); per finished step of the epoch
 in progress [loss sum, correct, local norm^2, reduced norm^2, rows] (u64 count, f64 each); the
 epoch's first LR (f64); its phase times (6 f64); every finished step's loss (u64 count, f64
-each); launches per step (i64); the finished epochs' metrics; a CRC-32 of everything before it.
+each); launches per step (i64); the finished epochs' metrics; (version 4) the scorings of the
+test set; a CRC-32 of everything before it.
 
 dtrain's GPT lays its parameters out layer by layer (lib/dtrain/nn/transformer.cpp, gpt_layers):
 the token then the position embedding ([rows, C] each); per block the LayerNorm (scale, shift),
@@ -21,14 +22,15 @@ import zlib
 
 import numpy as np
 
-MAGIC = b"dtrain checkpoint "  # then the version (1, 2 or 3: they differ only in the epochs' fields,
-                               # after everything read here) and a newline
+MAGIC = b"dtrain checkpoint "  # then the version (1 to 4: they differ only in the epochs' fields
+                               # and the test scorings, after everything read here) and a newline
 
 
 def read_checkpoint(path):
     b = open(path, "rb").read()
-    if not b.startswith(MAGIC) or b[len(MAGIC):len(MAGIC) + 2] not in (b"1\n", b"2\n", b"3\n"):
-        raise SystemExit(f"{path}: not a dtrain checkpoint of version 1 to 3")
+    if not b.startswith(MAGIC) or b[len(MAGIC):len(MAGIC) + 2] not in (b"1\n", b"2\n", b"3\n",
+                                                                      b"4\n"):
+        raise SystemExit(f"{path}: not a dtrain checkpoint of version 1 to 4")
     if struct.unpack_from("<I", b, len(b) - 4)[0] != zlib.crc32(b[:-4]):
         raise SystemExit(f"{path}: its checksum does not match")
     at = len(MAGIC) + 2
