@@ -194,22 +194,23 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
     m.straggler_rank = 1;
     m.straggler_phase = 2;
     m.straggler_excess = 0.25;
+    m.bn_sync_s = 0.5;
   }
   CHECK(decode_checkpoint(encode_checkpoint(last), "v3").epochs.back().straggler_excess == 0.25);
   // epoch_fields: an int, 8 doubles, an int64, 8 doubles, an int, an int64, 4 doubles; then 2
-  // doubles (version 2); then 2 ints and a double (version 3); version 4 adds the count of
-  // test scorings (none here) after the epochs.
+  // doubles (version 2); then 2 ints and a double (version 3); then a double (version 4), which
+  // also adds the count of test scorings (none here) after the epochs.
   const size_t epoch_v1 = 4 + 8 * 8 + 8 + 8 * 8 + 4 + 8 + 4 * 8;
-  const size_t epoch_v2 = epoch_v1 + 16, epoch_v3 = epoch_v2 + 16;
+  const size_t epoch_v2 = epoch_v1 + 16, epoch_v3 = epoch_v2 + 16, epoch_v4 = epoch_v3 + 8;
   REQUIRE(last.evals.empty());
   for (const int version : {1, 2, 3}) {
     INFO("version " << version);
     std::string bytes_now = encode_checkpoint(last);
     bytes_now[std::string("dtrain checkpoint ").size()] = static_cast<char>('0' + version);
     const size_t keep_bytes = version == 1 ? epoch_v1 : version == 2 ? epoch_v2 : epoch_v3;
-    const size_t n = last.epochs.size(), first = bytes_now.size() - 4 - 8 - n * epoch_v3;
+    const size_t n = last.epochs.size(), first = bytes_now.size() - 4 - 8 - n * epoch_v4;
     std::string body = bytes_now.substr(0, first);
-    for (size_t e = 0; e < n; ++e) body += bytes_now.substr(first + e * epoch_v3, keep_bytes);
+    for (size_t e = 0; e < n; ++e) body += bytes_now.substr(first + e * epoch_v4, keep_bytes);
     const Checkpoint old = decode_checkpoint(resealed(body + "abcd"), "old");
     REQUIRE(old.epochs.size() == n);
     CHECK(old.epochs.back().test_loss == last.epochs.back().test_loss);
@@ -219,7 +220,9 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
       CHECK(std::isnan(old.epochs.back().straggler_excess));
     }
     CHECK(old.evals.empty());
+    CHECK(old.epochs.back().bn_sync_s == 0);
   }
+  CHECK(decode_checkpoint(encode_checkpoint(last), "v4").epochs.back().bn_sync_s == 0.5);
   // Version 4's test scorings round-trip; one out of order, or of an accuracy above 1, is
   // refused.
   Checkpoint scored = last;

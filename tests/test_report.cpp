@@ -158,3 +158,25 @@ TEST_CASE("the comparison table's MFU and straggler come from summary.json", "[r
   CHECK_THAT(to_markdown(c), Catch::Contains("| noise scale | MFU | straggler | status"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("a summary's steps to target must be a count the run could have taken", "[report]") {
+  const auto dir = fs::temp_directory_path() / ("dtrain-steps-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto read = [&](const std::string& body) {
+    std::ofstream(dir / "summary.json")
+        << "{\"gpus\": 1, \"steps_per_epoch\": 100, \"epochs_completed\": 3, " << body << "}";
+    return load_run(dir.string());
+  };
+  CHECK(*read("\"steps_to_target\": 250, \"target_resolution_steps\": 10").steps_to_target == 250);
+  CHECK(*read("\"steps_to_target\": 399").steps_to_target == 399);  // in the 4th, unfinished
+  for (const char* bad : {"\"steps_to_target\": 401", "\"steps_to_target\": 1e300",
+                          "\"steps_to_target\": -10", "\"target_resolution_steps\": 1e300",
+                          "\"epochs_to_target\": -1", "\"samples_to_target\": 2.5"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(read(bad), UserError);
+  }
+  CHECK_THROWS_WITH(read("\"steps_to_target\": 401"),
+                    Catch::Contains("summary.json: 'steps_to_target' is 401, past the 400 steps"));
+  CHECK_FALSE(read("\"steps_to_target\": null").steps_to_target);
+  fs::remove_all(dir);
+}

@@ -127,7 +127,7 @@ TEST_CASE("metrics.csv's header and rows are the table's, as dtrain has always w
         "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
         "rank_busy_max_s,slowest_rank,exchange_exposed_s,noise_b_simple,noise_grad_sq,"
         "noise_trace,exchange_bytes_per_step,busbw_gbps,input_images_per_s,input_busy,"
-        "straggler_rank,straggler_phase,straggler_excess\n");
+        "straggler_rank,straggler_phase,straggler_excess,bn_sync_s\n");
   EpochMetrics m = sample_epoch(7);
   m.lr = 1.0 / 3;  // digits past each format's precision
   m.epoch_time_s = 2.0 / 3;
@@ -139,18 +139,20 @@ TEST_CASE("metrics.csv's header and rows are the table's, as dtrain has always w
   m.straggler_rank = 2;
   m.straggler_phase = 1;
   m.straggler_excess = 1.0 / 9;
+  m.bn_sync_s = 1.0 / 7;
   CHECK(metrics_csv_row(m) ==
         fmt::format("{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
                     "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f},{:.6g},{:.6g},{:.6g},{},{:.6g},"
-                    "{:.1f},{:.4f},{},{},{:.4f}\n",
+                    "{:.1f},{:.4f},{},{},{:.4f},{:.6f}\n",
                     m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc,
                     m.epoch_time_s, m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s,
                     m.optimizer_s, m.eval_s, m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank,
                     m.exchange_exposed_s, m.noise_b_simple, m.noise_g2, m.noise_trace,
                     m.exchange_bytes_per_step, m.busbw_gbps, m.input_images_per_s,
-                    m.input_busy, m.straggler_rank, m.straggler_phase, m.straggler_excess));
+                    m.input_busy, m.straggler_rank, m.straggler_phase, m.straggler_excess,
+                    m.bn_sync_s));
   CHECK(split(metrics_csv_row(m)).size() == metrics_columns().size());
-  CHECK(&metrics_column("straggler_excess") == &metrics_columns().back());
+  CHECK(&metrics_column("bn_sync_s") == &metrics_columns().back());
   CHECK_THROWS_AS(metrics_column("no_such_column"), std::logic_error);
 }
 
@@ -220,7 +222,7 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   put(d.path / "metrics.csv", "epoch,lr\n1,0.0\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("no column 'train_loss'"));
   put(d.path / "metrics.csv", metrics_csv_header() + metrics_csv_row(sample_epoch(1)) + "1,2\n");
-  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":3: 2 cells, header has 29"));
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":3: 2 cells, header has 30"));
   CHECK(read_metrics_csv(d.path.string(), RaggedRows::skip).rows.size() == 1);
   put(d.path / "metrics.csv",
       "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
@@ -237,7 +239,7 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   std::string wide = "epoch";
   for (int i = 0; i < 100; ++i) wide += ",c" + std::to_string(i);
   put(d.path / "metrics.csv", wide + "\n");
-  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("101 columns; dtrain writes 29"));
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("101 columns; dtrain writes 30"));
   fs::remove(d.path / "metrics.csv");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("metrics.csv: missing"));
 }
@@ -365,7 +367,7 @@ TEST_CASE("evals.csv: its header is the table's, and docs/run.md lists its colum
   p.train_time_s = 1.5;
   p.test_loss = 0.25;
   p.test_acc = 0.875;
-  CHECK(evals_csv_row(p) == "2,7,20,1280,1.5000,0.250000,0.875000\n");
+  CHECK(evals_csv_row(p) == "2,7,20,1280,1.500000,0.250000,0.875000\n");
   // The folder listing's entry, its lines joined.
   std::string doc = slurp(fs::path(source_dir()) / "docs" / "run.md");
   const size_t at = doc.find("  evals.csv ");

@@ -11,6 +11,7 @@
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/rng.hpp"
 #include "dtrain/train/straggler.hpp"
+#include "dtrain/train/trainer.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -203,4 +204,21 @@ TEST_CASE("a GPU's documented peak by name and precision", "[utilisation]") {
   CHECK(documented_peak("NVIDIA RTX A1000", Precision::fp32).tflops == 0);  // not an A100
   CHECK(documented_peak("NVIDIA GH200 480GB", Precision::bf16).tflops == 0);
   CHECK(documented_peak("", Precision::fp32).source.empty());
+}
+
+TEST_CASE("synchronised BatchNorm's exchanges are timed apart, within compute",
+          "[straggler][batchnorm]") {
+  // Two replicas of a small CNN with BatchNorm: its statistics exchanged (sync) or not (local).
+  Config c = small_image_config(2, 16, 16 * 2 * 6);
+  c.train.epochs = 1;
+  c.train.target_accuracy = 0;
+  const DataSplit data = load_data(c.data, c.train.seed);
+  c.model.batchnorm = BatchNormMode::sync;
+  const TrainResult synced = train(c, data);
+  REQUIRE(synced.epochs.size() == 1);
+  const EpochMetrics& m = synced.epochs[0];
+  CHECK(m.bn_sync_s > 0);
+  CHECK(m.bn_sync_s <= m.compute_s);  // part of forward and backward
+  c.model.batchnorm = BatchNormMode::local;
+  CHECK(train(c, data).epochs[0].bn_sync_s == 0);
 }

@@ -72,6 +72,25 @@ TEST_CASE("the time waterfall's terms add up to the measured epoch", "[report]")
   const TimeGap m = time_gap(mixed, 1, four, 4);
   CHECK(m.measured_small == 6);
   CHECK(m.terms[1].seconds == Approx(0.1 - 0.2 / 4));  // data from the 6 s epoch
+  // Synchronised BatchNorm: 0.4 s of the 4-replica run's compute exchanged statistics, a term
+  // of its own, and the terms still add up.
+  std::vector<EpochMetrics> synced = four;
+  for (auto& e : synced) e.bn_sync_s = 0.4;
+  TimeGap b = time_gap(one, 1, synced, 4);
+  REQUIRE(b.terms.size() == 7);
+  CHECK(b.terms[0].seconds == Approx(0.1));  // compute: 2 - 0.4 against 6/4
+  CHECK(b.terms[5].name == "bn sync");
+  CHECK(b.terms[5].seconds == Approx(0.4));
+  CHECK(b.terms[6].name == "the rest");
+  double all = b.ideal;
+  for (const auto& term : b.terms) all += term.seconds;
+  CHECK(all == Approx(b.measured_large));
+  ProjectedEpoch q;
+  q.link = "l";
+  q.steps_per_epoch = 25;
+  q.epoch_s = 2;
+  add_projection(b, q);
+  CHECK(b.terms[5].projected[0] == 0);  // the model has no synchronised BatchNorm
   // A damaged metrics.csv (NaN, a negative time) is refused, not averaged.
   std::vector<EpochMetrics> damaged = four;
   damaged.back().compute_s = std::nan("");

@@ -80,7 +80,9 @@ int run_explain_time(const ExplainTimeOptions& opt) {
   auto epochs = [&](const std::string& dir) {
     const MetricsCsv csv = read_metrics_csv(dir);
     csv.require(cols, " (written by an older dtrain)");
-    return read_epochs(csv, cols);
+    std::vector<std::string_view> with = cols;
+    if (csv.find("bn_sync_s")) with.push_back("bn_sync_s");  // older folders have none
+    return read_epochs(csv, with);
   };
   TimeGap g = time_gap(epochs(opt.small), small.gpus, epochs(opt.large), large.gpus);
   add_projections(g, opt.small, large);

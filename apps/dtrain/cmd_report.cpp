@@ -159,10 +159,10 @@ int write_experiment(const std::string& name, const std::string& stem_name,
 // same experiment, built before anything is written (a study without the experiment, or with
 // runs of different targets, is refused).
 std::map<std::string, Reference> read_references(const std::string& study,
-                                                 const RunsByExperiment& checked) {
+                                                 const RunsByExperiment& checked,
+                                                 int& unreadable) {
   std::map<std::string, Reference> refs;
   if (study.empty()) return refs;
-  int unreadable = 0;
   const RunsByExperiment runs = read_runs(find_run_dirs({study}), unreadable);
   for (const auto& [name, mine] : checked) {
     const auto it = runs.find(name);
@@ -197,7 +197,10 @@ void setup_report(CLI::App& app, ReportOptions& opt) {
                "reference convergence points (epochs to target per batch, MLPerf's procedure)");
   app.add_option("--reference", opt.reference,
                  "A batch-size study's folder (run with --batch-law's sweep): judge each run's "
-                 "epochs to the target against the study's at the run's global batch");
+                 "epochs to the target against the study's at the run's global batch")
+      ->check([](const std::string& s) {
+        return s.empty() ? std::string("give the folder of a batch-size study") : std::string();
+      });
 }
 
 int run_report(const ReportOptions& opt) {
@@ -226,7 +229,9 @@ int run_report(const ReportOptions& opt) {
                                   fmt::join(opt.paths, ", ")));
   }
 
-  const std::map<std::string, Reference> refs = read_references(opt.reference, by_experiment);
+  // A study's unreadable run is named and counted like the report's own (exit 1).
+  const std::map<std::string, Reference> refs =
+      read_references(opt.reference, by_experiment, unreadable);
 
   ensure_dir(out, "report");
   const fs::path manifest = fs::path(out) / ".manifest";

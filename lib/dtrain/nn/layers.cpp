@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "dtrain/comm/comm.hpp"
@@ -189,7 +190,18 @@ void BatchNorm::backward_impl(Device& d, const float* x, const float*, const flo
 
 // SyncBatchNorm's exchange: the 2c sums (and the element count) summed over replicas. The sums
 // cross the host here, so synchronised BatchNorm waits for the device once per layer and pass.
+// Its time (waiting for the other replicas included, the device's queued work not) goes to the
+// context's sync_seconds.
 void BatchNorm::all_reduce_over_replicas(Device& d, Buffer<double>& v, double* count) {
+  if (ctx_->sync_seconds && d.queue()) d.queue()->synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Timed {
+    double* to;
+    std::chrono::steady_clock::time_point t0;
+    ~Timed() {
+      if (to) *to += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } timed{ctx_->sync_seconds, t0};
   const auto n = static_cast<size_t>(2 * in_.c);
   host_.assign(n + 1, 0.0);
   d.download(host_.data(), v.data(), n * sizeof(double));

@@ -137,9 +137,10 @@ std::vector<ParamRange> Model::weight_ranges() const {
   return dtrain::weight_ranges(layers_);
 }
 
-void Model::set_context(Communicator* comm, Rng* rng) {
+void Model::set_context(Communicator* comm, Rng* rng, double* sync_seconds) {
   ctx_.comm = comm;
   ctx_.rng = rng;
+  ctx_.sync_seconds = sync_seconds;
 }
 
 void Model::average_state(Communicator& comm) {

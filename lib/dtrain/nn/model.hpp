@@ -25,6 +25,8 @@ struct LayerContext {
   bool train = true;
   Communicator* comm = nullptr;
   Rng* rng = nullptr;
+  // Synchronised BatchNorm adds the seconds of its statistics' exchanges here (null: not kept).
+  double* sync_seconds = nullptr;
 };
 
 // Per-sample feature map shape (CHW); dense layers use {features, 1, 1, flat}. `flat`: features
@@ -335,7 +337,8 @@ class Model {
   // dropout (true) or running statistics and no dropout (false).
   const float* forward(const float* x, int64_t rows, bool train = true);
   // The replica group (for synchronised BatchNorm) and the replica's random stream.
-  void set_context(Communicator* comm, Rng* rng);
+  // `sync_seconds`: where synchronised BatchNorm adds the time of its exchanges (or null).
+  void set_context(Communicator* comm, Rng* rng, double* sync_seconds = nullptr);
   // Averages evaluation state (BatchNorm running statistics) over replicas, so every replica
   // evaluates the same model. No-op for models without such state.
   void average_state(Communicator& comm);

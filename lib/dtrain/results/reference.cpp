@@ -44,6 +44,12 @@ std::optional<ReferencePoint> point_of(const KeptRuns& k, std::string& why) {
                       k.row.best_lr);
     return std::nullopt;
   }
+  if (kept.size() < 2) {
+    why = fmt::format("global batch {}: one run at LR {:g}, and a reference needs a spread: two "
+                      "runs or more",
+                      k.row.global_batch, k.row.best_lr);
+    return std::nullopt;
+  }
   ReferencePoint p;
   p.global_batch = k.row.global_batch;
   p.peak_lr = k.row.best_lr;
@@ -144,8 +150,7 @@ std::vector<ReferenceCheck> check_against(const Reference& ref,
     } else if (!c.epochs) {
       c.verdict = Convergence::not_reached;
     } else if (c.at) {
-      // A prediction interval needs a spread: with one kept run the interval is the resolution.
-      const double t = c.at->kept > 1 ? t_quantile(0.975, c.at->kept - 1) : 0;
+      const double t = t_quantile(0.975, c.at->kept - 1);  // kept >= 2 (point_of)
       const double half = t * c.at->sd_epochs * std::sqrt(1.0 + 1.0 / c.at->kept);
       c.resolution = resolution_steps(r) / static_cast<double>(r.steps_per_epoch);
       c.low = std::max(0.0, c.at->mean_epochs - half - c.resolution);

@@ -242,6 +242,37 @@ std::string straggler_text(const nlohmann::json& epochs, int epochs_completed) {
 }
 }  // namespace
 
+namespace {
+// A count of summary.json that may be null: absent or null, none; else a whole number from 0 to
+// `hi`, or the file is named as damaged.
+std::optional<double> opt_count(const nlohmann::json& j, const char* key, double hi,
+                                const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  const double v = j[key].is_number() ? j[key].get<double>() : -1;
+  if (!(v >= 0 && v <= hi && std::floor(v) == v))
+    throw UserError(fmt::format("{}: '{}' is {}; expected a whole number from 0 to {} (a "
+                                "damaged file?)",
+                                path, key, j[key].dump().substr(0, 40), hi));
+  return v;
+}
+
+// Where the run reached its targets: epochs, steps and samples, and the steps that is known to
+// within; none past the epoch in progress when the summary was written (a damaged file).
+void read_to_target(const nlohmann::json& j, const std::string& path, RunRecord& r) {
+  namespace k = summary_key;
+  r.epochs_to_target = opt_count(j, k::epochs_to_target, 1e5, path);
+  r.steps_to_target = opt_count(j, k::steps_to_target, 0x1p50, path);
+  r.samples_to_target = opt_count(j, k::samples_to_target, 0x1p60, path);
+  r.target_resolution_steps = opt_count(j, k::target_resolution_steps, 0x1p50, path);
+  const auto trained = static_cast<double>(r.steps_per_epoch) * (r.epochs_completed + 1);
+  if (r.steps_to_target && r.steps_per_epoch > 0 && *r.steps_to_target > trained)
+    throw UserError(fmt::format("{}: 'steps_to_target' is {}, past the {} steps the run can have "
+                                "trained (a damaged file?)",
+                                path, *r.steps_to_target, trained));
+  if (r.target_resolution_steps && *r.target_resolution_steps < 1) r.target_resolution_steps.reset();
+}
+}  // namespace
+
 RunRecord load_run(const std::string& dir) {
   namespace k = summary_key;
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
@@ -300,10 +331,7 @@ RunRecord load_run(const std::string& dir) {
   r.median_epoch_time_s = opt_number(j, k::median_epoch_time_s);
   r.samples_per_s = opt_number(j, k::samples_per_s);
   r.time_to_target_s = opt_number(j, k::time_to_target_s);
-  r.epochs_to_target = opt_number(j, k::epochs_to_target);
-  r.steps_to_target = opt_number(j, k::steps_to_target);
-  r.samples_to_target = opt_number(j, k::samples_to_target);
-  r.target_resolution_steps = opt_number(j, k::target_resolution_steps);
+  read_to_target(j, path, r);
   r.busbw_gbps = opt_number(j, k::busbw_gbps);
   r.exposed_exchange_share = opt_number(j, k::exposed_exchange_share);
   r.exposed_input_share = opt_number(j, k::exposed_input_share);

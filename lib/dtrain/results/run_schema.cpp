@@ -65,6 +65,9 @@ const std::vector<MetricsColumn>& metrics_columns() {
        "its phase: 0 data, 1 forward, 2 backward, 3 exchange, 4 optimizer; -1: none"},
       {"straggler_excess", &M::straggler_excess, "{:.4f}", "fraction",
        "its median excess over the other ranks' median in that phase; nan: none"},
+      {"bn_sync_s", &M::bn_sync_s, "{:.6f}", "s",
+       "model.batchnorm: sync: rank 0's time in the BatchNorm statistics' exchanges over the "
+       "replicas, part of compute_s; 0 without"},
   };
   return cols;
 }
@@ -107,7 +110,7 @@ const std::vector<EvalColumn>& eval_columns() {
       {"step", &P::step, "{}", "", "optimizer steps of that epoch done"},
       {"global_step", &P::global_step, "{}", "", "optimizer steps of the run done"},
       {"samples", &P::samples, "{}", "", "training samples of the run seen"},
-      {"train_time_s", &P::train_time_s, "{:.4f}", "s",
+      {"train_time_s", &P::train_time_s, "{:.6f}", "s",
        "training time so far, evaluation excluded"},
       {"test_loss", &P::test_loss, "{:.6f}", "", "mean test loss"},
       {"test_acc", &P::test_acc, "{:.6f}", "", "test accuracy (0 to 1)"},

@@ -16,6 +16,7 @@ namespace {
 // the median (the lower of the two middle ones), every phase from that one epoch.
 struct Phases {
   double epoch = 0, data = 0, compute = 0, optimizer = 0, exposed = 0, busy0 = 0, busy_max = 0;
+  double bn_sync = 0;  // part of compute
   int epochs = 0;
 };
 
@@ -24,7 +25,7 @@ Phases phases_of(const std::vector<EpochMetrics>& all, const char* which) {
   std::vector<EpochMetrics> e(all.begin() + (all.size() > 1 ? 1 : 0), all.end());
   for (const EpochMetrics& m : e)
     for (double v : {m.epoch_time_s, m.data_s, m.compute_s, m.optimizer_s, m.exchange_exposed_s,
-                     m.rank_busy_max_s})
+                     m.rank_busy_max_s, m.bn_sync_s})
       if (!(std::isfinite(v) && v >= 0) || !(m.epoch_time_s > 0))
         throw UserError(fmt::format("explain-time: the {} run's epoch {} has a time that is not "
                                     "a positive number ({}); its metrics.csv is damaged",
@@ -41,6 +42,7 @@ Phases phases_of(const std::vector<EpochMetrics>& all, const char* which) {
   p.optimizer = m.optimizer_s;
   p.exposed = m.exchange_exposed_s;
   p.busy_max = m.rank_busy_max_s;
+  p.bn_sync = std::min(m.bn_sync_s, m.compute_s);
   p.busy0 = p.data + p.compute + p.optimizer;
   return p;
 }
@@ -66,7 +68,7 @@ TimeGap time_gap(const std::vector<EpochMetrics>& small, int replicas_small,
   const double waiting = std::max(0.0, l.busy_max - l.busy0);
   g.terms = {
       {"compute", "rank 0's forward and backward over its share of the smaller run's",
-       l.compute - s.compute * share, {}},
+       (l.compute - l.bn_sync) - (s.compute - s.bn_sync) * share, {}},
       {"data", "rank 0's batch fetching over its share", l.data - s.data * share, {}},
       {"optimizer", "rank 0's update over its share (with shared weights: the wait for the rank "
                     "that runs it)",
@@ -75,6 +77,10 @@ TimeGap time_gap(const std::vector<EpochMetrics>& small, int replicas_small,
       {"exchange", "the exposed gradient exchange, less the waiting",
        l.exposed - waiting - s.exposed * share, {}},
   };
+  // Synchronised BatchNorm: its exchanges inside forward and backward, apart from compute.
+  if (l.bn_sync > 0 || s.bn_sync > 0)
+    g.terms.push_back({"bn sync", "synchronised BatchNorm's exchanges in forward and backward",
+                       l.bn_sync - s.bn_sync * share, {}});
   double sum = g.ideal;
   for (const TimeGapTerm& t : g.terms) sum += t.seconds;
   g.terms.push_back({"the rest", "loop overhead and the epoch's end", l.epoch - sum, {}});
@@ -88,15 +94,18 @@ TimeGap time_gap(const std::vector<EpochMetrics>& small, int replicas_small,
 void add_projection(TimeGap& g, const ProjectedEpoch& p) {
   const double share = static_cast<double>(g.replicas_small) / g.replicas_large;
   const auto steps = static_cast<double>(p.steps_per_epoch);
-  const double predicted[] = {steps * p.compute_s - g.small_compute * share,
-                              steps * p.data_s - g.small_data * share,
-                              steps * p.optimizer_s - g.small_optimizer * share,
-                              0.0,
-                              steps * p.exposed_s - g.small_exposed * share};
+  const auto predicted = [&](const std::string& term) {
+    if (term == "compute") return steps * p.compute_s - g.small_compute * share;
+    if (term == "data") return steps * p.data_s - g.small_data * share;
+    if (term == "optimizer") return steps * p.optimizer_s - g.small_optimizer * share;
+    if (term == "exchange") return steps * p.exposed_s - g.small_exposed * share;
+    return 0.0;  // waiting and synchronised BatchNorm: the model has neither
+  };
   double sum = g.ideal;
-  for (size_t i = 0; i + 1 < g.terms.size() && i < std::size(predicted); ++i) {
-    g.terms[i].projected.push_back(predicted[i]);
-    sum += predicted[i];
+  for (size_t i = 0; i + 1 < g.terms.size(); ++i) {
+    const double v = predicted(g.terms[i].name);
+    g.terms[i].projected.push_back(v);
+    sum += v;
   }
   g.terms.back().projected.push_back(p.epoch_s - sum);
   g.projections.push_back(p);
@@ -115,11 +124,13 @@ std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std
   } catch (const nlohmann::json::exception& e) {
     throw bad(e.what());
   }
-  const auto number = [&](const nlohmann::json& o, const char* key) {
+  // Times and counts dtrain project can write: at most a day a step, a year an epoch, 10^15
+  // steps an epoch (a count of GPUs: whole).
+  const auto number = [&](const nlohmann::json& o, const char* key, double hi = 86400) {
     if (!o.is_object() || !o.contains(key) || !o[key].is_number())
       throw bad(fmt::format("no number '{}'", key));
     const double v = o[key].get<double>();
-    if (!(std::isfinite(v) && v >= 0)) throw bad(fmt::format("'{}' is {}", key, v));
+    if (!(std::isfinite(v) && v >= 0 && v <= hi)) throw bad(fmt::format("'{}' is {}", key, v));
     return v;
   };
   if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array() || !j.contains("link") ||
@@ -127,15 +138,15 @@ std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std
     throw bad("no link name or rows");
   const nlohmann::json& step = j.contains("step_1_replica_s") ? j["step_1_replica_s"] : j;
   for (const nlohmann::json& row : j["rows"]) {
-    if (number(row, "gpus") != gpus) continue;
+    if (number(row, "gpus", 1 << 20) != gpus) continue;
     ProjectedEpoch p;
     p.link = j["link"]["name"].get<std::string>();
-    p.steps_per_epoch = static_cast<int64_t>(std::min(number(row, "steps_per_epoch"), 1e15));
+    p.steps_per_epoch = static_cast<int64_t>(number(row, "steps_per_epoch", 1e15));
     p.data_s = number(step, "data");
     p.compute_s = number(step, "compute");
     p.optimizer_s = number(step, "optimizer");
     p.exposed_s = number(row, "exposed_s");
-    p.epoch_s = number(row, "epoch_s");
+    p.epoch_s = number(row, "epoch_s", 3.2e7);
     return p;
   }
   return std::nullopt;

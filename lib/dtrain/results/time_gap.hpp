@@ -12,6 +12,8 @@
 //               that runs it)
 //   waiting     for the busiest rank: its busy time (data, compute, optimizer) over rank 0's
 //   exchange    the exposed gradient exchange, less that waiting
+//   bn sync     (model.batchnorm: sync) BatchNorm's statistics exchanged inside forward and
+//               backward, taken out of compute
 //   the rest    loop overhead and the epoch's end: whatever the terms above leave
 // The terms add up to the measured epoch time exactly.
 #include <optional>

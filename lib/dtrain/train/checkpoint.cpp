@@ -23,9 +23,9 @@ namespace dtrain {
 namespace {
 
 // Version 2 adds the input pipeline's two columns to each finished epoch, version 3 the
-// straggler's three, version 4 the scorings of the test set (train.eval_steps) after the
-// epochs; older files still read (the columns they lack as for a run that measured none: NaN,
-// no straggler, no scorings).
+// straggler's three, version 4 the synchronised-BatchNorm time and, after the epochs, the
+// scorings of the test set (train.eval_steps); older files still read (the columns they lack as
+// for a run that measured none: NaN, no straggler, 0, no scorings).
 constexpr int kVersion = 4;
 constexpr char kMagic[] = "dtrain checkpoint 4\n";
 constexpr char kMagicPrefix[] = "dtrain checkpoint ";
@@ -52,6 +52,7 @@ void epoch_fields(M& m, F&& f, int version = kVersion) {
     f(m.straggler_phase);
     f(m.straggler_excess);
   }
+  if (version >= 4) f(m.bn_sync_s);
 }
 
 // Every field of EvalPoint, in file order.
@@ -238,7 +239,7 @@ void check_epochs(const Checkpoint& c, const Check& k, double max_samples) {
     if (m.epoch != e) k.fail(fmt::format("finished epoch {} is numbered {}", e, m.epoch));
     for (double v : {m.lr, m.lr_end, m.train_loss, m.test_loss, m.epoch_time_s, m.data_s,
                      m.compute_s, m.exchange_s, m.optimizer_s, m.exchange_exposed_s, m.eval_s,
-                     m.rank_busy_min_s, m.rank_busy_max_s})
+                     m.rank_busy_min_s, m.rank_busy_max_s, m.bn_sync_s})
       k.finite(v, "a learning rate, loss or time of finished epoch", e);
     // Rates: over a time that may round to 0 (then inf), NaN where not measured.
     for (double v : {m.samples_per_s, m.busbw_gbps})

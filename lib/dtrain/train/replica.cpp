@@ -114,7 +114,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
     model_->init(cfg_.train.seed);
   // Each replica's own stream for dropout (and augmentation): results differ with the replica
   // count whenever these are used, as they do in every framework.
-  model_->set_context(&comm_, &replica_rng_);
+  model_->set_context(&comm_, &replica_rng_, &bn_sync_s_);
   const auto n_params = static_cast<size_t>(model_->param_count());
   if (!run.shared)
     opt_ = std::make_unique<Optimizer>(*dev_, cfg_.optimizer, n_params, model_->weight_ranges());
@@ -297,6 +297,7 @@ void Replica::run() {
 Replica::EpochTotals Replica::train_epoch(int epoch) {
   const EpochPlan plan = sampler_.plan(epoch);
   stats_.begin_epoch();
+  bn_sync_s_ = 0;
   EpochTotals out;
   EpochTimes& t = out.times;
   const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
@@ -708,6 +709,7 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
   m.exchange_exposed_s = t.exposed;
   m.optimizer_s = t.optimizer;
   m.eval_s = eval_s;
+  m.bn_sync_s = bn_sync_s_;
   if (train_input_ && t.total > input_since_s_) {
     const double span = std::max(1e-9, t.total - input_since_s_);  // since (re)start
     m.input_images_per_s = images / span;

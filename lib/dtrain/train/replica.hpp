@@ -197,6 +197,7 @@ class Replica {
   int start_epoch_ = 0;      // where a resumed run continues
   int64_t start_step_ = 0;
   int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
+  double bn_sync_s_ = 0;  // the epoch's synchronised-BatchNorm exchanges (LayerContext)
   const Targets targets_;
   bool target_reached_ = false;  // by a scoring so far (train.stop_at_target)
   StepTrace trace_;

@@ -25,6 +25,9 @@ struct EpochMetrics {
   // synchronous, as on the CPU).
   double exchange_exposed_s = 0;
   double eval_s = 0;
+  // model.batchnorm: sync: rank 0's seconds in the BatchNorm statistics' exchanges over the
+  // replicas (part of compute_s; 0 without).
+  double bn_sync_s = 0;
   // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
   double rank_busy_min_s = 0, rank_busy_max_s = 0;
   int slowest_rank = 0;
