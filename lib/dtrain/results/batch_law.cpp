@@ -14,8 +14,6 @@ namespace dtrain {
 
 namespace {
 
-bool finished(const RunRecord& r) { return r.status == "done" || r.status == "diverged"; }
-
 // One LR's runs at one batch.
 BatchLawRow summarize_lr(long long batch, double lr, const std::vector<const RunRecord*>& rs) {
   BatchLawRow row;
@@ -53,6 +51,8 @@ std::optional<double> median_b_simple(const std::vector<RunRecord>& runs) {
 }
 
 }  // namespace
+
+bool finished(const RunRecord& r) { return r.status == "done" || r.status == "diverged"; }
 
 std::optional<double> steps_to_target(const RunRecord& r) {
   const auto count = [&](const char* key, double v) {

@@ -46,6 +46,9 @@ struct KeptLrs {
   std::vector<KeptRuns> batches;  // by batch, ascending (where no run reached it too)
   double target_accuracy = 0, target_loss = 0;
 };
+// A run that ended by itself (done or diverged): one whose epochs to target count.
+bool finished(const RunRecord& r);
+
 // A run's optimizer steps to its target (see above); none where it did not reach it. Throws
 // UserError naming the run for a value that is no count.
 std::optional<double> steps_to_target(const RunRecord& r);

@@ -17,8 +17,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kOlympicFrom = 5;  // runs at a batch from which the fastest and slowest are left out
 
-bool finished(const RunRecord& r) { return r.status == "done" || r.status == "diverged"; }
-
 // A run's epochs to the target (its steps to the target over its steps per epoch: a fraction
 // where it was scored between steps); none where it never reached it.
 std::optional<double> epochs_to(const RunRecord& r) {
