@@ -151,6 +151,9 @@ TEST_CASE("report --batch-law over a small sweep of batches and LRs writes its t
   CHECK_FALSE(fs::exists(d.path / "vs2"));
   const auto missing = dtrain_cli("report " + more + " --reference " + (d.path / "nothing").string());
   CHECK(missing.code == 2);
+  const auto empty = dtrain_cli("report " + more + " --reference ''");
+  CHECK(empty.code == 2);
+  CHECK_THAT(empty.out, Catch::Contains("--reference: give the folder of a batch-size study"));
 }
 
 TEST_CASE("reference points: olympic means per batch, interpolated between batches",
