@@ -13,7 +13,8 @@ esac
 packages=(
   build-essential cmake git pkg-config
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev catch2 nlohmann-json3-dev
-  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libturbojpeg0-dev libpng-dev
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libturbojpeg0-dev
+  libjpeg62-turbo-dev libpng-dev
   libopenmpi-dev openmpi-bin
   gnuplot-nox
   universal-ctags time

@@ -7,6 +7,7 @@
 #include <turbojpeg.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -39,14 +40,14 @@ Image synthetic(int64_t w, int64_t h, int channels) {
   return img;
 }
 
-Bytes to_jpeg(const Image& img, int pixel_format, int subsamp, int quality = 95) {
+Bytes to_jpeg(const Image& img, int pixel_format, int subsamp, int quality = 95, int flags = 0) {
   tjhandle h = tjInitCompress();
   REQUIRE(h);
   unsigned char* buf = nullptr;
   unsigned long size = 0;
   const int rc = tjCompress2(h, img.pixels.data(), static_cast<int>(img.width), 0,
                              static_cast<int>(img.height), pixel_format, &buf, &size, subsamp,
-                             quality, TJFLAG_ACCURATEDCT);
+                             quality, TJFLAG_ACCURATEDCT | flags);
   INFO(tjGetErrorStr2(h));
   REQUIRE(rc == 0);
   Bytes out(buf, buf + size);
@@ -366,4 +367,119 @@ TEST_CASE("Flipped crops mirror the unflipped ones exactly", "[image]") {
       for (int x = 0; x < 17; ++x)
         REQUIRE(mirrored[static_cast<size_t>((c * 11 + y) * 17 + x)] ==
                 plain[static_cast<size_t>((c * 11 + y) * 17 + 16 - x)]);
+}
+
+namespace {
+
+// Colour that changes at every pixel (noise on smooth gradients): a window's edges and the
+// chroma upsampling across them show in every value.
+Image textured(int64_t w, int64_t h) {
+  Image img = synthetic(w, h, 3);
+  uint32_t state = 12345;
+  for (uint8_t& v : img.pixels) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<uint8_t>(std::clamp(int(v) + int(state >> 28) - 8, 0, 255));
+  }
+  return img;
+}
+
+// The pixels of `rect` of `whole`.
+Bytes window_of(const Image& whole, const PixelRect& rect) {
+  Bytes out;
+  for (int64_t y = rect.y0; y < rect.y0 + rect.height; ++y)
+    for (int64_t x = rect.x0; x < rect.x0 + rect.width; ++x)
+      for (int c = 0; c < whole.channels; ++c)
+        out.push_back(whole.pixels[static_cast<size_t>((y * whole.width + x) * whole.channels + c)]);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("A JPEG window decodes to the pixels a whole decode gives there", "[image]") {
+  const Image src = textured(97, 75);  // not a multiple of any iMCU
+  Image grey{src.width, src.height, 1, {}};
+  for (size_t i = 0; i < src.pixels.size(); i += 3) grey.pixels.push_back(src.pixels[i]);
+  const std::vector<std::pair<std::string, Bytes>> files = {
+      {"4:4:4", to_jpeg(src, TJPF_RGB, TJSAMP_444)},
+      {"4:2:2", to_jpeg(src, TJPF_RGB, TJSAMP_422)},
+      {"4:2:0", to_jpeg(src, TJPF_RGB, TJSAMP_420)},
+      {"4:4:0", to_jpeg(src, TJPF_RGB, TJSAMP_440)},
+      {"4:2:0 progressive", to_jpeg(src, TJPF_RGB, TJSAMP_420, 90, TJFLAG_PROGRESSIVE)},
+      {"grey", to_jpeg(grey, TJPF_GRAY, TJSAMP_GRAY)}};
+  const std::vector<PixelRect> wants = {{0, 0, 97, 75},  {0, 0, 1, 1},    {96, 74, 1, 1},
+                                        {13, 9, 40, 30}, {50, 0, 47, 75}, {0, 40, 97, 35},
+                                        {31, 17, 3, 50}, {-5, -5, 20, 20}, {90, 70, 50, 50}};
+  for (const auto& [name, bytes] : files)
+    for (int channels : {1, 3}) {
+      const Image whole = decode(bytes, channels);
+      for (const PixelRect& want : wants)
+        for (bool to_end : {true, false}) {
+          INFO(name << ", " << channels << " channels, want (" << want.x0 << ", " << want.y0
+                    << ") " << want.width << " x " << want.height << ", to_end " << to_end);
+          const ImagePart part =
+              decode_image_part(bytes.data(), bytes.size(), channels, want, "a.jpg", to_end);
+          const PixelRect& r = part.rect;
+          CHECK((part.full_width == 97 && part.full_height == 75));
+          CHECK((part.image.width == r.width && part.image.height == r.height &&
+                 part.image.channels == channels));
+          // It covers the wanted pixels that lie in the image, and no more rows than those.
+          const int64_t x0 = std::max<int64_t>(want.x0, 0), y0 = std::max<int64_t>(want.y0, 0);
+          CHECK((r.x0 <= x0 && r.x0 + r.width >= std::min<int64_t>(want.x0 + want.width, 97)));
+          CHECK((r.y0 == y0 && r.y0 + r.height == std::min<int64_t>(want.y0 + want.height, 75)));
+          CHECK(r.x0 + r.width <= 97);
+          REQUIRE(part.image.pixels == window_of(whole, r));
+        }
+    }
+}
+
+TEST_CASE("A JPEG damaged below a window is refused, unless its decode stops there", "[image]") {
+  const Image src = textured(64, 64);
+  const Bytes jpeg = to_jpeg(src, TJPF_RGB, TJSAMP_420);
+  const Bytes cut(jpeg.begin(), jpeg.begin() + static_cast<long>(jpeg.size() * 3 / 4));
+  const PixelRect top{8, 0, 32, 8};
+  const std::string why = error_of(
+      [&] { decode_image_part(cut.data(), cut.size(), 3, top, "train/cat/1.jpg", true); });
+  CHECK_THAT(why, Catch::StartsWith("train/cat/1.jpg: JPEG data cut short or corrupt"));
+  // Stopping at the window's last row never meets the damage; its pixels are the intact file's.
+  const ImagePart part = decode_image_part(cut.data(), cut.size(), 3, top, "a.jpg", false);
+  CHECK(part.image.pixels == window_of(decode(jpeg, 3), part.rect));
+  // A window that reaches the damage is refused either way.
+  CHECK_THAT(error_of([&] {
+               decode_image_part(cut.data(), cut.size(), 3, {0, 56, 64, 8}, "a.jpg", false);
+             }),
+             Catch::StartsWith("a.jpg: JPEG data cut short or corrupt"));
+}
+
+TEST_CASE("Resampling the part of an image a crop reads gives the bits of the whole", "[image]") {
+  const Image src = textured(120, 90);
+  const Bytes jpeg = to_jpeg(src, TJPF_RGB, TJSAMP_420), png = to_png(src);
+  for (const Bytes* file : {&jpeg, &png})
+    for (int channels : {1, 3}) {
+      const Image whole = decode(*file, channels);
+      for (uint64_t key = 0; key < 40; ++key) {
+        const auto [h, w] = key % 3 == 0 ? std::pair{32, 32} : std::pair{17, 29};
+        const CropBox box = key % 5 == 4
+                                ? centre_crop(120, 90, h, w)
+                                : random_resized_crop(120, 90, 0.08, 1.0, 0.75, 4.0 / 3, true, key);
+        const PixelRect reads = resample_reads(120, 90, box, h, w);
+        const ImagePart part =
+            decode_image_part(file->data(), file->size(), channels, reads, "a", key % 2 == 0);
+        std::vector<float> from_part(static_cast<size_t>(channels * h * w));
+        const float mean[3] = {0.1f, 0.2f, 0.3f}, inv_std[3] = {2.f, 3.f, 4.f};
+        resample(part, box, h, w, mean, inv_std, from_part.data());
+        std::vector<float> from_whole(from_part.size());
+        resample(whole, box, h, w, mean, inv_std, from_whole.data());
+        INFO("key " << key << ", " << channels << " channels");
+        REQUIRE(from_part == from_whole);
+      }
+      // A part that lacks pixels the crop reads is a caller's bug, not a guess (a PNG's part
+      // is all of it).
+      if (file == &png) continue;
+      const CropBox all{0, 0, 120, 90, false};
+      const ImagePart corner =
+          decode_image_part(file->data(), file->size(), channels, {0, 0, 8, 8}, "a");
+      std::vector<float> out(static_cast<size_t>(channels * 16 * 16));
+      const float zero[3] = {0, 0, 0}, one[3] = {1, 1, 1};
+      CHECK_THROWS_AS(resample(corner, all, 16, 16, zero, one, out.data()), SystemError);
+    }
 }

@@ -10,8 +10,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csetjmp>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+
+// After <cstdio>: jpeglib.h uses FILE and size_t without including what declares them.
+#include <jpeglib.h>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/hash.hpp"
@@ -86,26 +91,131 @@ JpegHeader jpeg_header(const TjDecompressor& tj, const uint8_t* data, size_t siz
   return h;
 }
 
-Image decode_jpeg(const uint8_t* data, size_t size, int channels, const std::string& what) {
-  TjDecompressor tj;
-  const JpegHeader h = jpeg_header(tj, data, size, what);
-  // TurboJPEG decodes CMYK and YCCK only to CMYK pixels, and turning those into RGB needs a
-  // colour profile, which is no job for a training pipeline.
-  if (h.colorspace == TJCS_CMYK || h.colorspace == TJCS_YCCK)
-    throw UserError(what + ": a CMYK JPEG, which dtrain does not decode (convert it to RGB)");
-  Image img;
-  img.width = h.width;
-  img.height = h.height;
-  img.channels = channels;
-  img.pixels.resize(static_cast<size_t>(img.width * img.height * channels));
-  // STOPONWARNING: libjpeg fills what a truncated or damaged file lacks with grey and calls it
-  // a warning; LIMITSCANS: a progressive file of thousands of scans is an attack, not a photo.
-  if (tjDecompress2(tj.get(), data, static_cast<unsigned long>(size), img.pixels.data(), h.width, 0,
-                    h.height, channels == 1 ? TJPF_GRAY : TJPF_RGB,
-                    TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS) != 0)
+// libjpeg's error manager, made to stop on warnings as on errors: libjpeg fills what a
+// truncated or damaged file lacks with grey and calls it a warning (TurboJPEG's
+// TJFLAG_STOPONWARNING). And a progressive file of more than 500 scans is an attack, not a photo
+// (TurboJPEG's TJFLAG_LIMITSCANS).
+struct JpegErrors {
+  jpeg_error_mgr mgr;
+  jpeg_progress_mgr progress;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX] = "";
+};
+
+[[noreturn]] void jpeg_fail(j_common_ptr c) {
+  auto* e = reinterpret_cast<JpegErrors*>(c->err);
+  (*c->err->format_message)(c, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+void jpeg_message(j_common_ptr c, int level) {
+  if (level < 0) jpeg_fail(c);  // a warning; higher levels are trace messages
+}
+
+void jpeg_limit_scans(j_common_ptr c) {
+  if (!c->is_decompressor) return;
+  if (reinterpret_cast<j_decompress_ptr>(c)->input_scan_number > 500) {
+    auto* e = reinterpret_cast<JpegErrors*>(c->err);
+    std::snprintf(e->message, sizeof e->message, "a progressive file of more than 500 scans");
+    std::longjmp(e->jump, 1);
+  }
+}
+
+// Decodes rows [want.y0, want.y0 + want.height) and at least columns [want.x0, want.x0 +
+// want.width) into `pixels` (sized by the caller for full-width rows), setting `got` to the
+// columns decoded (libjpeg widens them to whole iMCU columns). Only those rows and columns go
+// through the inverse DCT, upsampling and colour conversion; the rows above are entropy-decoded
+// and dropped, and where `to_end` so are the rows below and the file is read to its end, so
+// that damage anywhere stops the decode. False with errors.message on any complaint. Nothing
+// with a destructor lives in this frame, which a longjmp leaves.
+bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const PixelRect& want,
+                      bool to_end, uint8_t* pixels, PixelRect& got, JpegErrors& errors) {
+  jpeg_decompress_struct cinfo;
+  cinfo.err = jpeg_std_error(&errors.mgr);
+  errors.mgr.error_exit = jpeg_fail;
+  errors.mgr.emit_message = jpeg_message;
+  errors.progress.progress_monitor = jpeg_limit_scans;
+  if (setjmp(errors.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  cinfo.progress = &errors.progress;
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    std::snprintf(errors.message, sizeof errors.message, "CMYK");
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  // Fancy upsampling makes the outer columns of a cropped decode differ from a whole decode's
+  // (the chroma samples past the crop are missing): an iMCU more is decoded on each side and
+  // only columns at least that far inside the crop's edges (or at the image's) are kept.
+  const JDIMENSION imcu = static_cast<JDIMENSION>(cinfo.max_h_samp_factor * DCTSIZE);
+  const JDIMENSION full = cinfo.output_width;
+  const auto want0 = static_cast<JDIMENSION>(want.x0);
+  const auto want1 = static_cast<JDIMENSION>(want.x0 + want.width);
+  JDIMENSION x0 = want0 > imcu ? want0 - imcu : 0;
+  JDIMENSION width = std::min(want1 + imcu, full) - x0;
+  if (width < full) jpeg_crop_scanline(&cinfo, &x0, &width);
+  const JDIMENSION keep0 = x0 == 0 ? 0 : x0 + imcu;
+  const JDIMENSION keep1 = x0 + width >= full ? full : x0 + width - imcu;
+  const auto y0 = static_cast<JDIMENSION>(want.y0);
+  const auto y1 = static_cast<JDIMENSION>(want.y0 + want.height);
+  if (y0 > 0) jpeg_skip_scanlines(&cinfo, y0);
+  const size_t stride = static_cast<size_t>(width) * static_cast<size_t>(channels);
+  const size_t kept = static_cast<size_t>(keep1 - keep0) * static_cast<size_t>(channels);
+  const size_t skip = static_cast<size_t>(keep0 - x0) * static_cast<size_t>(channels);
+  while (cinfo.output_scanline < y1) {
+    const size_t r = cinfo.output_scanline - y0;
+    JSAMPROW row = pixels + r * stride;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+    std::memmove(pixels + r * kept, row + skip, kept);  // to its place in the kept rows
+  }
+  got = {keep0, want.y0, keep1 - keep0, want.height};
+  if (!to_end) {
+    // What is left unread is not looked at (jpeg_skip_scanlines to the last row would not
+    // look either: it only marks the rows done).
+    jpeg_abort_decompress(&cinfo);
+  } else {
+    // Skipping short of the last row entropy-decodes what it skips; the last row is read.
+    if (cinfo.output_scanline + 1 < cinfo.output_height)
+      jpeg_skip_scanlines(&cinfo, cinfo.output_height - 1 - cinfo.output_scanline);
+    if (cinfo.output_scanline < cinfo.output_height) {
+      JSAMPARRAY scratch = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo),
+                                                      JPOOL_IMAGE, width * channels, 1);
+      jpeg_read_scanlines(&cinfo, scratch, 1);
+    }
+    jpeg_finish_decompress(&cinfo);
+  }
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+ImagePart decode_jpeg(const uint8_t* data, size_t size, int channels, const JpegHeader& h,
+                      const PixelRect& want, bool to_end, const std::string& what) {
+  ImagePart part;
+  part.full_width = h.width;
+  part.full_height = h.height;
+  // Rows of the whole width: libjpeg's widened columns never need more.
+  part.image.pixels.resize(static_cast<size_t>(h.width * want.height * channels));
+  JpegErrors errors;
+  if (!jpeg_decode_rows(data, size, channels, want, to_end, part.image.pixels.data(), part.rect,
+                        errors)) {
+    // TurboJPEG decodes CMYK and YCCK only to CMYK pixels, and turning those into RGB needs a
+    // colour profile, which is no job for a training pipeline.
+    if (std::strcmp(errors.message, "CMYK") == 0)
+      throw UserError(what + ": a CMYK JPEG, which dtrain does not decode (convert it to RGB)");
     throw UserError(
-        fmt::format("{}: JPEG data cut short or corrupt (libjpeg-turbo: {})", what, tj.error()));
-  return img;
+        fmt::format("{}: JPEG data cut short or corrupt (libjpeg-turbo: {})", what, errors.message));
+  }
+  part.image.width = part.rect.width;
+  part.image.height = part.rect.height;
+  part.image.channels = channels;
+  part.image.pixels.resize(static_cast<size_t>(part.rect.width * part.rect.height * channels));
+  return part;
 }
 
 // The PNG header read without libpng: the signature, then the IHDR chunk's width and height.
@@ -234,24 +344,55 @@ AxisTaps axis_taps(double x0, double len, int64_t in, int64_t out) {
   return t;
 }
 
-// The horizontal pass over source rows [row0, row1): out_w x channels floats a row, 0 to 255.
-std::vector<float> resample_rows(const Image& img, const AxisTaps& tx, int64_t row0, int64_t row1,
-                                 int64_t out_w) {
-  const int64_t C = img.channels;
-  std::vector<float> rows(static_cast<size_t>((row1 - row0) * out_w * C));
+// What resampling reads: `rect` of an image of full_width x full_height, its pixels
+// interleaved, row by row (rect.width x channels bytes a row).
+struct PixelView {
+  const uint8_t* pixels = nullptr;
+  int channels = 0;
+  PixelRect rect;
+  int64_t full_width = 0, full_height = 0;
+};
+
+// The horizontal pass over source rows [row0, row1) of `v`: out_w x C floats a row, 0 to 255.
+// The taps are in the whole image's columns. C is a constant so that the channel loops unroll
+// (a loop of a run-time count that copies, GCC makes a memcpy call: one per output pixel).
+template <int C>
+void resample_rows(const PixelView& v, const AxisTaps& tx, int64_t row0, int64_t row1,
+                   int64_t out_w, float* rows) {
   for (int64_t r = row0; r < row1; ++r) {
-    const uint8_t* src = &img.pixels[static_cast<size_t>(r * img.width * C)];
-    float* dst = &rows[static_cast<size_t>((r - row0) * out_w * C)];
+    const uint8_t* src = v.pixels + ((r - v.rect.y0) * v.rect.width - v.rect.x0) * C;
+    float* dst = rows + (r - row0) * out_w * C;
     for (int64_t x = 0; x < out_w; ++x) {
       const float* w = &tx.weight[static_cast<size_t>(x * tx.ksize)];
       const uint8_t* s = src + tx.first[static_cast<size_t>(x)] * C;
-      float acc[3] = {0, 0, 0};
+      float acc[C] = {};
       for (int64_t k = 0; k < tx.count[static_cast<size_t>(x)]; ++k)
-        for (int64_t c = 0; c < C; ++c) acc[c] += w[k] * static_cast<float>(s[k * C + c]);
-      for (int64_t c = 0; c < C; ++c) dst[x * C + c] = acc[c];
+        for (int c = 0; c < C; ++c) acc[c] += w[k] * static_cast<float>(s[k * C + c]);
+      for (int c = 0; c < C; ++c) dst[x * C + c] = acc[c];
     }
   }
-  return rows;
+}
+
+// The source pixels a resample with these taps reads.
+PixelRect taps_extent(const AxisTaps& tx, const AxisTaps& ty) {
+  auto extent = [](const AxisTaps& t, int64_t& lo, int64_t& len) {
+    int64_t hi = 0;
+    lo = std::numeric_limits<int64_t>::max();
+    for (size_t o = 0; o < t.first.size(); ++o) {
+      lo = std::min(lo, t.first[o]);
+      hi = std::max(hi, t.first[o] + t.count[o]);
+    }
+    len = hi - lo;
+  };
+  PixelRect r;
+  extent(tx, r.x0, r.width);
+  extent(ty, r.y0, r.height);
+  return r;
+}
+
+bool valid_box(const CropBox& box) {
+  return std::isfinite(box.x0) && std::isfinite(box.y0) && box.width > 0 && box.height > 0 &&
+         std::isfinite(box.width) && std::isfinite(box.height);
 }
 
 }  // namespace
@@ -263,14 +404,38 @@ ImageHeader read_image_header(const uint8_t* data, size_t size, const std::strin
   return ImageHeader{h.width, h.height, "JPEG"};
 }
 
-Image decode_image(const uint8_t* data, size_t size, int channels, const std::string& what) {
+ImagePart decode_image_part(const uint8_t* data, size_t size, int channels, const PixelRect& want,
+                            const std::string& what, bool to_end) {
   if (channels != 1 && channels != 3)
-    DTRAIN_THROW_SYSTEM(fmt::format("decode_image: {} channels (1 or 3)", channels));
+    DTRAIN_THROW_SYSTEM(fmt::format("decode_image_part: {} channels (1 or 3)", channels));
   // The header's size claim first: a file that claims too many pixels is named for that, not
   // for whatever the decoder meets after it.
-  read_image_header(data, size, what);
-  if (detect_format(data, size, what) == Format::png) return decode_png(data, size, channels, what);
-  return decode_jpeg(data, size, channels, what);
+  const Format format = detect_format(data, size, what);
+  ImageHeader header;
+  JpegHeader jpeg;
+  if (format == Format::png) {
+    header = png_header(data, size, what);
+  } else {
+    TjDecompressor tj;
+    jpeg = jpeg_header(tj, data, size, what);
+    header = ImageHeader{jpeg.width, jpeg.height, "JPEG"};
+  }
+  const int64_t x0 = std::clamp<int64_t>(want.x0, 0, header.width - 1);
+  const int64_t y0 = std::clamp<int64_t>(want.y0, 0, header.height - 1);
+  const PixelRect rect{x0, y0, std::clamp<int64_t>(want.x0 + want.width, x0 + 1, header.width) - x0,
+                       std::clamp<int64_t>(want.y0 + want.height, y0 + 1, header.height) - y0};
+  if (format == Format::jpeg) return decode_jpeg(data, size, channels, jpeg, rect, to_end, what);
+  ImagePart part;
+  part.image = decode_png(data, size, channels, what);
+  part.rect = {0, 0, part.image.width, part.image.height};
+  part.full_width = part.image.width;
+  part.full_height = part.image.height;
+  return part;
+}
+
+Image decode_image(const uint8_t* data, size_t size, int channels, const std::string& what) {
+  const PixelRect all{0, 0, kMaxImagePixels, kMaxImagePixels};
+  return decode_image_part(data, size, channels, all, what).image;
 }
 
 CropBox random_resized_crop(int64_t width, int64_t height, double scale_lo, double scale_hi,
@@ -330,25 +495,45 @@ uint64_t sample_key(uint64_t seed, int64_t epoch, int64_t index) {
                             mix64(static_cast<uint64_t>(index))));
 }
 
-void resample(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w, const float* mean,
-              const float* inv_std, float* out) {
-  const int64_t C = img.channels;
-  if ((C != 1 && C != 3) || img.width <= 0 || img.height <= 0 ||
-      img.pixels.size() != static_cast<size_t>(img.width * img.height * C) || out_h <= 0 ||
-      out_w <= 0 || !std::isfinite(box.x0) || !std::isfinite(box.y0) || !(box.width > 0) ||
-      !(box.height > 0) || !std::isfinite(box.width) || !std::isfinite(box.height))
-    DTRAIN_THROW_SYSTEM(
-        fmt::format("resample: {} x {} x {} image, box ({}, {}) {} x {}, to {} x {}", img.width,
-                    img.height, C, box.x0, box.y0, box.width, box.height, out_w, out_h));
-  const AxisTaps tx = axis_taps(box.x0, box.width, img.width, out_w);
-  const AxisTaps ty = axis_taps(box.y0, box.height, img.height, out_h);
-  // Only the source rows some output row reads go through the horizontal pass.
-  int64_t row0 = img.height, row1 = 0;
-  for (size_t y = 0; y < ty.first.size(); ++y) {
-    row0 = std::min(row0, ty.first[y]);
-    row1 = std::max(row1, ty.first[y] + ty.count[y]);
-  }
-  const std::vector<float> rows = resample_rows(img, tx, row0, row1, out_w);
+PixelRect resample_reads(int64_t width, int64_t height, const CropBox& box, int64_t out_h,
+                         int64_t out_w) {
+  if (width <= 0 || height <= 0 || out_h <= 0 || out_w <= 0 || !valid_box(box))
+    DTRAIN_THROW_SYSTEM(fmt::format("resample_reads: {} x {}, box ({}, {}) {} x {}, to {} x {}",
+                                    width, height, box.x0, box.y0, box.width, box.height, out_w,
+                                    out_h));
+  return taps_extent(axis_taps(box.x0, box.width, width, out_w),
+                     axis_taps(box.y0, box.height, height, out_h));
+}
+
+namespace {
+
+void resample_view(const PixelView& v, const CropBox& box, int64_t out_h, int64_t out_w,
+                   const float* mean, const float* inv_std, float* out) {
+  const int64_t C = v.channels;
+  const PixelRect& at = v.rect;
+  if ((C != 1 && C != 3) || at.width <= 0 || at.height <= 0 || at.x0 < 0 || at.y0 < 0 ||
+      at.x0 + at.width > v.full_width || at.y0 + at.height > v.full_height || out_h <= 0 ||
+      out_w <= 0 || !valid_box(box))
+    DTRAIN_THROW_SYSTEM(fmt::format(
+        "resample: {} x {} x {} pixels at ({}, {}) of {} x {}, box ({}, {}) {} x {}, to {} x {}",
+        at.width, at.height, C, at.x0, at.y0, v.full_width, v.full_height, box.x0, box.y0,
+        box.width, box.height, out_w, out_h));
+  const AxisTaps tx = axis_taps(box.x0, box.width, v.full_width, out_w);
+  const AxisTaps ty = axis_taps(box.y0, box.height, v.full_height, out_h);
+  // Only the source rows some output row reads go through the horizontal pass; every pixel
+  // read must be there.
+  const PixelRect reads = taps_extent(tx, ty);
+  if (reads.x0 < at.x0 || reads.y0 < at.y0 || reads.x0 + reads.width > at.x0 + at.width ||
+      reads.y0 + reads.height > at.y0 + at.height)
+    DTRAIN_THROW_SYSTEM(fmt::format("resample: reads ({}, {}) {} x {}, has ({}, {}) {} x {}",
+                                    reads.x0, reads.y0, reads.width, reads.height, at.x0, at.y0,
+                                    at.width, at.height));
+  const int64_t row0 = reads.y0, row1 = reads.y0 + reads.height;
+  std::vector<float> rows(static_cast<size_t>((row1 - row0) * out_w * C));
+  if (C == 1)
+    resample_rows<1>(v, tx, row0, row1, out_w, rows.data());
+  else
+    resample_rows<3>(v, tx, row0, row1, out_w, rows.data());
   // The vertical pass over whole interleaved rows (contiguous, so it vectorises), then each
   // row split into its channel planes, normalised and mirrored where asked.
   const int64_t span = out_w * C;
@@ -360,13 +545,38 @@ void resample(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w
     for (int64_t k = 0; k < ty.count[static_cast<size_t>(y)]; ++k)
       for (int64_t i = 0; i < span; ++i) acc[static_cast<size_t>(i)] += w[k] * src[k * span + i];
     for (int64_t c = 0; c < C; ++c) {
-      const auto a = static_cast<float>(inv_std[c] / 255.0);  // (v / 255 - mean) * inv_std
+      const auto a = static_cast<float>(inv_std[c] / 255.0);  // (v / 255 - mean[c]) * inv_std
       const float b = -mean[c] * inv_std[c];
       float* dst = out + (c * out_h + y) * out_w;
       for (int64_t x = 0; x < out_w; ++x)
         dst[box.flip ? out_w - 1 - x : x] = acc[static_cast<size_t>(x * C + c)] * a + b;
     }
   }
+}
+
+// The view of `img`'s pixels, checked to be as many as it says.
+PixelView view_of(const Image& img, const PixelRect& rect, int64_t full_width,
+                  int64_t full_height) {
+  if (img.width != rect.width || img.height != rect.height ||
+      img.pixels.size() != static_cast<size_t>(img.width * img.height * img.channels))
+    DTRAIN_THROW_SYSTEM(fmt::format("resample: {} x {} x {} image of {} bytes as {} x {}",
+                                    img.width, img.height, img.channels, img.pixels.size(),
+                                    rect.width, rect.height));
+  return PixelView{img.pixels.data(), img.channels, rect, full_width, full_height};
+}
+
+}  // namespace
+
+void resample(const ImagePart& part, const CropBox& box, int64_t out_h, int64_t out_w,
+              const float* mean, const float* inv_std, float* out) {
+  resample_view(view_of(part.image, part.rect, part.full_width, part.full_height), box, out_h,
+                out_w, mean, inv_std, out);
+}
+
+void resample(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w, const float* mean,
+              const float* inv_std, float* out) {
+  resample_view(view_of(img, {0, 0, img.width, img.height}, img.width, img.height), box, out_h,
+                out_w, mean, inv_std, out);
 }
 
 }  // namespace dtrain

@@ -1,6 +1,7 @@
 #pragma once
-// Images from files: JPEG (libjpeg-turbo's TurboJPEG API) and PNG (libpng's simplified API)
-// decoded to 8-bit pixels, and the crops that turn one into a C x H x W training sample.
+// Images from files: JPEG (libjpeg-turbo: its libjpeg API decodes, TurboJPEG reads headers and
+// encodes) and PNG (libpng's simplified API) decoded to 8-bit pixels, and the crops that turn
+// one into a C x H x W training sample.
 // Nothing a file's header claims is trusted past kMaxImagePixels: a PNG that says it is
 // 100000 x 100000 is refused before anything is allocated for it.
 #include <cstddef>
@@ -34,6 +35,28 @@ ImageHeader read_image_header(const uint8_t* data, size_t size, const std::strin
 // dropped). A file cut short or corrupt anywhere is refused (UserError naming `what` and the
 // decoder's reason), never returned half grey.
 Image decode_image(const uint8_t* data, size_t size, int channels, const std::string& what);
+
+// Columns [x0, x0 + width) and rows [y0, y0 + height) of an image.
+struct PixelRect {
+  int64_t x0 = 0, y0 = 0, width = 0, height = 0;
+};
+
+// Part of an image, decoded: `image` holds the pixels of `rect` of an image of full_width x
+// full_height.
+struct ImagePart {
+  Image image;
+  PixelRect rect;
+  int64_t full_width = 0, full_height = 0;
+};
+
+// Decodes at least `want` (clipped to the image; at least one pixel) of a JPEG or PNG, refusing
+// what decode_image refuses. A JPEG sends only the iMCU rows and columns that cover `want`
+// through the inverse DCT, upsampling and colour conversion (libjpeg's jpeg_crop_scanline and
+// jpeg_skip_scanlines); the rows above are entropy-decoded and dropped, and so are those below
+// where `to_end`, so that damage anywhere is refused (else decoding stops at want's last row).
+// The pixels decoded are those a whole decode gives there. A PNG is decoded whole.
+ImagePart decode_image_part(const uint8_t* data, size_t size, int channels, const PixelRect& want,
+                            const std::string& what, bool to_end = true);
 
 // An image as a PNG file's bytes (lossless), or a JPEG file's at `quality` (1..100; 4:4:4
 // chroma, so that colours are not averaged over pixel pairs). For the trees tests and
@@ -69,5 +92,15 @@ uint64_t sample_key(uint64_t seed, int64_t epoch, int64_t index);
 // shrinking, as PIL's antialiased resize does; then (v / 255 - mean[c]) * inv_std[c].
 void resample(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w,
               const float* mean, const float* inv_std, float* out);
+
+// The same from part of an image: `box` is in the whole image's pixels, and must read only
+// pixels of the part (what resample_reads says of it).
+void resample(const ImagePart& part, const CropBox& box, int64_t out_h, int64_t out_w,
+              const float* mean, const float* inv_std, float* out);
+
+// The source pixels resample reads of a width x height image for `box` at out_h x out_w:
+// decode_image_part's `want`.
+PixelRect resample_reads(int64_t width, int64_t height, const CropBox& box, int64_t out_h,
+                         int64_t out_w);
 
 }  // namespace dtrain

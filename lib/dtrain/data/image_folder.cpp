@@ -177,7 +177,7 @@ FolderListing list_image_folder(const std::string& root, BadFile on_bad_file) {
   return l;
 }
 
-Image read_image_file(const std::string& full_path, int channels) {
+std::vector<uint8_t> read_image_bytes(const std::string& full_path) {
   // O_NONBLOCK: a FIFO put in place of a file after listing must not block a worker.
   const int fd = ::open(full_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw UserError(fmt::format("{}: cannot open: {}", full_path, std::strerror(errno)));
@@ -205,6 +205,11 @@ Image read_image_file(const std::string& full_path, int channels) {
   }
   ::close(fd);
   if (!problem.empty()) throw UserError(fmt::format("{}: {}", full_path, problem));
+  return bytes;
+}
+
+Image read_image_file(const std::string& full_path, int channels) {
+  const std::vector<uint8_t> bytes = read_image_bytes(full_path);
   return decode_image(bytes.data(), bytes.size(), channels, full_path);
 }
 
@@ -282,13 +287,21 @@ int64_t write_image_tree(const Dataset& train, const Dataset& test, const std::s
 void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t seed, float* out) {
   if (index < 0 || index >= static_cast<int64_t>(f.paths.size()))
     DTRAIN_THROW_SYSTEM(fmt::format("input: sample {} of {}", index, f.paths.size()));
-  const Image img = read_image_file(f.full_path(index), static_cast<int>(f.shape[0]));
-  const CropBox box = f.train
-                          ? random_resized_crop(img.width, img.height, f.crop_scale[0],
-                                                f.crop_scale[1], f.crop_ratio[0], f.crop_ratio[1],
-                                                f.flip, sample_key(seed, epoch, index))
-                          : centre_crop(img.width, img.height, f.shape[1], f.shape[2]);
-  resample(img, box, f.shape[1], f.shape[2], f.mean.data(), f.inv_std.data(), out);
+  const std::string path = f.full_path(index);
+  const std::vector<uint8_t> bytes = read_image_bytes(path);
+  // The crop from the header's size, then only the pixels it reads decoded.
+  const ImageHeader h = read_image_header(bytes.data(), bytes.size(), path);
+  const CropBox box = f.train ? random_resized_crop(h.width, h.height, f.crop_scale[0],
+                                                    f.crop_scale[1], f.crop_ratio[0],
+                                                    f.crop_ratio[1], f.flip,
+                                                    sample_key(seed, epoch, index))
+                              : centre_crop(h.width, h.height, f.shape[1], f.shape[2]);
+  const bool seen_whole = f.whole_reads && f.whole_reads->contains(path);
+  const ImagePart part = decode_image_part(
+      bytes.data(), bytes.size(), static_cast<int>(f.shape[0]),
+      resample_reads(h.width, h.height, box, f.shape[1], f.shape[2]), path, !seen_whole);
+  if (!seen_whole && f.whole_reads) f.whole_reads->add(path);
+  resample(part, box, f.shape[1], f.shape[2], f.mean.data(), f.inv_std.data(), out);
 }
 
 void drop_undecodable(FolderListing& l, const std::string& root, int channels, int workers) {

@@ -4,7 +4,10 @@
 // batches use them (pipeline.hpp). Class names are the training folder's subfolders, sorted;
 // a label is the class's position in that list.
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "dtrain/config/config.hpp"
@@ -14,6 +17,26 @@ namespace dtrain {
 
 struct Dataset;
 struct DataSplit;
+
+// The files decoded to their end once, by any thread: a later crop of a JPEG may stop
+// decoding at its last row, since damage past it would have been refused the first time. The
+// pixels are the same either way; what changes is that a damaged file is named the first time
+// it is read, whatever that read's crop.
+class WholeReads {
+ public:
+  bool contains(const std::string& path) const {
+    std::lock_guard<std::mutex> lock(m_);
+    return paths_.count(path) > 0;
+  }
+  void add(const std::string& path) {
+    std::lock_guard<std::mutex> lock(m_);
+    paths_.insert(path);
+  }
+
+ private:
+  mutable std::mutex m_;
+  std::unordered_set<std::string> paths_;
+};
 
 // How the files of one split become samples: the files, in sample order (their labels are the
 // Dataset's y), and the transform.
@@ -25,6 +48,7 @@ struct ImageFiles {
   bool train = true;  // a random-resized crop (and a flip), else resize and centre crop
   std::vector<double> crop_scale, crop_ratio;
   bool flip = false;
+  std::shared_ptr<WholeReads> whole_reads = std::make_shared<WholeReads>();  // shared by copies
   std::string full_path(int64_t i) const { return root + "/" + paths[static_cast<size_t>(i)]; }
 };
 
@@ -50,6 +74,10 @@ void drop_undecodable(FolderListing& l, const std::string& root, int channels, i
 
 // The largest image file dtrain reads: 256 MiB.
 constexpr int64_t kMaxImageFileBytes = int64_t{256} << 20;
+
+// The bytes of an image file (a regular file of at most kMaxImageFileBytes). UserError naming
+// the file for what cannot be read.
+std::vector<uint8_t> read_image_bytes(const std::string& full_path);
 
 // The contents of root/path decoded to `channels` channels. UserError naming the file for
 // what cannot be read or decoded (see decode_image).
