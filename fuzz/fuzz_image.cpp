@@ -1,6 +1,7 @@
 // libFuzzer target: the JPEG and PNG decoders and the resampler on the bytes of one file. Any
 // outcome but an image or a UserError is a bug, and so is an image that does not match its
-// header (size) or its pixel count, or a resampled crop of it that is not finite.
+// header (size) or its pixel count, or a resampled crop of it that is not finite, or a decode
+// of the part a crop reads whose pixels or resampled crop differ from the whole decode's.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +35,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     dtrain::resample(img, box, 8, 8, mean, inv_std, out.data());
     for (float v : out)
       if (!std::isfinite(v)) __builtin_trap();
+    // The part the crop reads, decoded alone, stopping at its last row or not.
+    const dtrain::PixelRect reads = dtrain::resample_reads(img.width, img.height, box, 8, 8);
+    const dtrain::ImagePart part =
+        dtrain::decode_image_part(data, size, channels, reads, "fuzz.img", size % 2 == 0);
+    const dtrain::PixelRect& r = part.rect;
+    if (r.x0 > reads.x0 || r.y0 > reads.y0 || r.x0 + r.width < reads.x0 + reads.width ||
+        r.y0 + r.height < reads.y0 + reads.height || r.x0 + r.width > img.width ||
+        r.y0 + r.height > img.height)
+      __builtin_trap();
+    for (int64_t y = 0; y < r.height; ++y)
+      for (int64_t i = 0; i < r.width * channels; ++i)
+        if (part.image.pixels[static_cast<size_t>(y * r.width * channels + i)] !=
+            img.pixels[static_cast<size_t>(((r.y0 + y) * img.width + r.x0) * channels + i)])
+          __builtin_trap();
+    std::vector<float> from_part(out.size(), NAN);
+    dtrain::resample(part, box, 8, 8, mean, inv_std, from_part.data());
+    if (from_part != out) __builtin_trap();
+  }
+  // A part of a file whose whole decode fails may decode (its damage lies below), or be
+  // refused: never anything else.
+  try {
+    dtrain::decode_image_part(data, size, 3, {0, 0, 8, 8}, "fuzz.img", false);
+  } catch (const dtrain::UserError&) {
   }
   return 0;
 }

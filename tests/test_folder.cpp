@@ -317,3 +317,42 @@ TEST_CASE("folder: a tree of 100000 files is listed within 10 seconds", "[folder
   WARN("listed 100000 files in " << s << " s");
   CHECK(s < 10.0);
 }
+
+TEST_CASE("folder: a JPEG cut short is named on its first read, whatever its crop", "[folder]") {
+  TempTree t("cut-jpeg");
+  Image img{64, 64, 3, {}};
+  for (int64_t i = 0; i < 64 * 64 * 3; ++i)
+    img.pixels.push_back(static_cast<uint8_t>((i * 37 + (i / 192) * 11) % 251));
+  const std::vector<uint8_t> jpeg = encode_jpeg(img, 90);
+  write_bytes(t.dir / "train" / "0" / "whole.jpg", std::string(jpeg.begin(), jpeg.end()));
+  write_bytes(t.dir / "train" / "0" / "cut.jpg",
+              std::string(jpeg.begin(), jpeg.begin() + static_cast<long>(jpeg.size() * 3 / 4)));
+  ImageFiles f;
+  f.root = t.dir.string();
+  f.paths = {"train/0/whole.jpg", "train/0/cut.jpg"};
+  f.shape = {3, 8, 8};
+  f.mean = {0, 0, 0};
+  f.inv_std = {1, 1, 1};
+  f.crop_scale = {0.08, 0.08};
+  f.crop_ratio = {1, 1};
+  // An epoch whose crop of sample 1 lies in the top rows, which the cut file still holds.
+  int64_t epoch = -1;
+  for (int64_t e = 0; e < 200 && epoch < 0; ++e) {
+    const CropBox b = random_resized_crop(64, 64, 0.08, 0.08, 1, 1, false, sample_key(7, e, 1));
+    const PixelRect r = resample_reads(64, 64, b, 8, 8);
+    if (r.y0 + r.height <= 24) epoch = e;
+  }
+  REQUIRE(epoch >= 0);
+  std::vector<float> first(3 * 8 * 8), again(first.size());
+  CHECK_THAT(error_of([&] { make_sample(f, 1, epoch, 7, first.data()); }),
+             Catch::Contains("cut.jpg: JPEG data cut short or corrupt"));
+  // An intact file's later reads stop at the crop's last row and give the first read's bits.
+  for (int64_t e = 0; e < 4; ++e) {
+    ImageFiles fresh = f;
+    fresh.whole_reads = std::make_shared<WholeReads>();
+    make_sample(fresh, 0, e, 7, first.data());
+    CHECK(fresh.whole_reads->contains(fresh.full_path(0)));
+    make_sample(fresh, 0, e, 7, again.data());
+    CHECK(first == again);
+  }
+}

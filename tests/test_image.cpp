@@ -393,6 +393,23 @@ Bytes window_of(const Image& whole, const PixelRect& rect) {
   return out;
 }
 
+// A progressive JPEG cut after its first scan (the DC coefficients) and ended there: a valid
+// file whose missing coefficients libjpeg estimates from neighbouring blocks (block smoothing),
+// which reaches past a window's edge.
+Bytes dc_scans_only(const Image& img) {
+  Bytes jpeg = to_jpeg(img, TJPF_RGB, TJSAMP_420, 90, TJFLAG_PROGRESSIVE);
+  int scans = 0;
+  for (size_t i = 0; i + 1 < jpeg.size(); ++i)
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == 0xDA && ++scans == 2) {
+      jpeg.resize(i);
+      jpeg.push_back(0xFF);
+      jpeg.push_back(0xD9);
+      return jpeg;
+    }
+  FAIL("no second scan");
+  return jpeg;
+}
+
 }  // namespace
 
 TEST_CASE("A JPEG window decodes to the pixels a whole decode gives there", "[image]") {
@@ -405,6 +422,7 @@ TEST_CASE("A JPEG window decodes to the pixels a whole decode gives there", "[im
       {"4:2:0", to_jpeg(src, TJPF_RGB, TJSAMP_420)},
       {"4:4:0", to_jpeg(src, TJPF_RGB, TJSAMP_440)},
       {"4:2:0 progressive", to_jpeg(src, TJPF_RGB, TJSAMP_420, 90, TJFLAG_PROGRESSIVE)},
+      {"4:2:0 progressive, DC scans only", dc_scans_only(src)},
       {"grey", to_jpeg(grey, TJPF_GRAY, TJSAMP_GRAY)}};
   const std::vector<PixelRect> wants = {{0, 0, 97, 75},  {0, 0, 1, 1},    {96, 74, 1, 1},
                                         {13, 9, 40, 30}, {50, 0, 47, 75}, {0, 40, 97, 35},

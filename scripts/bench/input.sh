@@ -2,9 +2,11 @@
 # The input pipeline of dataset: folder against PyTorch's DataLoader with torchvision's
 # transforms, on the same files, at the same worker counts, side by side in one run: decode,
 # random-resized crop, flip and normalisation, images per second in steady state (medians).
-# Two trees, written by `dtrain export-images`: Fashion-MNIST as JPEG (1x28x28, the study's) and
-# synthetic RGB images as JPEG (3x256x256, cropped to 3x224x224: the ImageNet recipe's sizes;
-# noise-like pixels, which decode slower than photographs).
+# Three trees: Fashion-MNIST as JPEG (1x28x28, the study's) and synthetic RGB images as JPEG
+# (3x256x256, cropped to 3x224x224: the ImageNet recipe's sizes; noise-like pixels, which decode
+# slower than photographs), both written by `dtrain export-images`; and crops of photographs at
+# ImageNet's sizes (500x375 mostly; scripts/bench/photo_tree.py, from the photographs in
+# scikit-image's wheel, which pip downloads once), JPEG quality 95.
 # Usage: scripts/bench/input.sh [WORKERS...]   (default 1 2; needs build/apps/dtrain)
 # Writes results/bench/input-vs-pytorch.md. Installs torchvision and Pillow into .venv-bench.
 set -euo pipefail
@@ -29,6 +31,15 @@ if [ ! -d "$work/rgb-jpeg/train" ]; then
     data.synthetic.train_size=1024 data.synthetic.test_size=16 data.synthetic.noise=0.3 \
     --out "$work/rgb-jpeg" --format jpeg --quality 90 >/dev/null
 fi
+if [ ! -d "$work/photo-jpeg/train" ]; then
+  wheel=$(ls "$work"/wheel/scikit_image-0.26.0-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$wheel" ]; then
+    .venv-bench/bin/pip download -q --no-deps --only-binary :all: scikit-image==0.26.0 \
+      -d "$work/wheel"
+    wheel=$(ls "$work"/wheel/scikit_image-0.26.0-*.whl | head -1)
+  fi
+  "$py" scripts/bench/photo_tree.py "$wheel" "$work/photo-jpeg" --quality 95 >/dev/null
+fi
 out=results/bench/input-vs-pytorch.md
 csv=$(IFS=,; echo "${workers[*]}")
 {
@@ -37,10 +48,13 @@ csv=$(IFS=,; echo "${workers[*]}")
   echo "\`scripts/bench/input.sh ${workers[*]}\` on $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p')),"
   echo "$(date -u +%Y-%m-%d). Decode, random-resized crop (scale [0.08, 1]), flip, to float,"
   echo "normalise; batches of 128; images per second in steady state, median of 3."
-  for tree in "fmnist-jpeg 1 28 28" "rgb-jpeg 3 224 224"; do
+  for tree in "fmnist-jpeg 1 28 28" "rgb-jpeg 3 224 224" "photo-jpeg 3 224 224"; do
     read -r name c h w <<<"$tree"
     echo
     echo "## $name: JPEG files to ${c}x${h}x${w}"
+    echo
+    find "$work/$name/train" -type f -printf '%s\n' |
+      awk '{s += $1} END {printf "%d training files, %.1f kB each on average.\n", NR, s / NR / 1000}'
     echo
     echo "dtrain (\`dtrain bench-input\`):"
     echo

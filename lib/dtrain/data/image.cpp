@@ -151,9 +151,13 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
   cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_start_decompress(&cinfo);
   // Fancy upsampling makes the outer columns of a cropped decode differ from a whole decode's
-  // (the chroma samples past the crop are missing): an iMCU more is decoded on each side and
-  // only columns at least that far inside the crop's edges (or at the image's) are kept.
-  const JDIMENSION imcu = static_cast<JDIMENSION>(cinfo.max_h_samp_factor * DCTSIZE);
+  // (the chroma samples past the crop are missing), and so does the block smoothing of a
+  // progressive file whose scans stop early (a block reads two blocks to each side, and
+  // upsampling one sample past those): an iMCU (one block of every component) more is decoded
+  // on each side, three for a progressive file, and only columns at least that far inside the
+  // crop's edges (or at the image's) are kept.
+  const JDIMENSION imcu = static_cast<JDIMENSION>(cinfo.max_h_samp_factor * DCTSIZE) *
+                          (cinfo.progressive_mode ? 3 : 1);
   const JDIMENSION full = cinfo.output_width;
   const auto want0 = static_cast<JDIMENSION>(want.x0);
   const auto want1 = static_cast<JDIMENSION>(want.x0 + want.width);
@@ -353,22 +357,38 @@ struct PixelView {
   int64_t full_width = 0, full_height = 0;
 };
 
-// The horizontal pass over source rows [row0, row1) of `v`: out_w x C floats a row, 0 to 255.
-// The taps are in the whole image's columns. C is a constant so that the channel loops unroll
-// (a loop of a run-time count that copies, GCC makes a memcpy call: one per output pixel).
+// The horizontal pass over rows [reads.y0, +height) and columns [reads.x0, +width) of `v`:
+// out_w x C floats a row, 0 to 255, into `rows`. The taps are in the whole image's columns.
+// Each source row is first made floats (a loop that vectorises); then a tap of an RGB pixel is
+// one 4-float multiply-add (the fourth lane, the next pixel's red or the row's padding, is
+// dropped), the same sums in the same order as three scalar ones. C is a constant so that the
+// channel loops unroll (a copy loop of a run-time count, GCC makes a memcpy call).
 template <int C>
-void resample_rows(const PixelView& v, const AxisTaps& tx, int64_t row0, int64_t row1,
-                   int64_t out_w, float* rows) {
-  for (int64_t r = row0; r < row1; ++r) {
-    const uint8_t* src = v.pixels + ((r - v.rect.y0) * v.rect.width - v.rect.x0) * C;
-    float* dst = rows + (r - row0) * out_w * C;
+void resample_rows(const PixelView& v, const AxisTaps& tx, const PixelRect& reads, int64_t out_w,
+                   float* rows) {
+  using Float4 = float __attribute__((vector_size(16)));
+  std::vector<float> line(static_cast<size_t>(reads.width * C + 4), 0.f);
+  for (int64_t r = reads.y0; r < reads.y0 + reads.height; ++r) {
+    const uint8_t* src = v.pixels + ((r - v.rect.y0) * v.rect.width + reads.x0 - v.rect.x0) * C;
+    for (int64_t i = 0; i < reads.width * C; ++i) line[static_cast<size_t>(i)] = src[i];
+    float* dst = rows + (r - reads.y0) * out_w * C;
     for (int64_t x = 0; x < out_w; ++x) {
       const float* w = &tx.weight[static_cast<size_t>(x * tx.ksize)];
-      const uint8_t* s = src + tx.first[static_cast<size_t>(x)] * C;
-      float acc[C] = {};
-      for (int64_t k = 0; k < tx.count[static_cast<size_t>(x)]; ++k)
-        for (int c = 0; c < C; ++c) acc[c] += w[k] * static_cast<float>(s[k * C + c]);
-      for (int c = 0; c < C; ++c) dst[x * C + c] = acc[c];
+      const float* s = line.data() + (tx.first[static_cast<size_t>(x)] - reads.x0) * C;
+      const int64_t n = tx.count[static_cast<size_t>(x)];
+      if constexpr (C == 3) {
+        Float4 acc = {0, 0, 0, 0};
+        for (int64_t k = 0; k < n; ++k) {
+          Float4 px;
+          std::memcpy(&px, s + k * 3, sizeof px);
+          acc += w[k] * px;
+        }
+        for (int c = 0; c < 3; ++c) dst[x * 3 + c] = acc[c];
+      } else {
+        float acc = 0;
+        for (int64_t k = 0; k < n; ++k) acc += w[k] * s[k];
+        dst[x] = acc;
+      }
     }
   }
 }
@@ -531,9 +551,9 @@ void resample_view(const PixelView& v, const CropBox& box, int64_t out_h, int64_
   const int64_t row0 = reads.y0, row1 = reads.y0 + reads.height;
   std::vector<float> rows(static_cast<size_t>((row1 - row0) * out_w * C));
   if (C == 1)
-    resample_rows<1>(v, tx, row0, row1, out_w, rows.data());
+    resample_rows<1>(v, tx, reads, out_w, rows.data());
   else
-    resample_rows<3>(v, tx, row0, row1, out_w, rows.data());
+    resample_rows<3>(v, tx, reads, out_w, rows.data());
   // The vertical pass over whole interleaved rows (contiguous, so it vectorises), then each
   // row split into its channel planes, normalised and mirrored where asked.
   const int64_t span = out_w * C;
