@@ -188,7 +188,7 @@ TEST_CASE("the input pipeline gives the same batches at any worker and prefetch 
   const DataSplit d = load_data(c.data, 1);
   const int64_t f = d.train.features();
   auto batches = [&](int workers, int prefetch, int64_t epoch) {
-    ImagePipeline p(*d.train.files, d.train.y, workers, prefetch, 7);
+    ImagePipeline p(d.train.files, d.train.y, workers, prefetch, 7);
     std::vector<float> all;
     std::vector<int32_t> labels;
     p.start(
@@ -222,7 +222,7 @@ TEST_CASE("the input pipeline stops early, restarts, and reports a failed sample
   TempTree t("pipeline-stop");
   write_tree(t.dir, 30, 6);
   const DataSplit d = load_data(folder_config(t.dir, 1, 8).data, 1);
-  ImagePipeline p(*d.train.files, d.train.y, 3, 4, 5);
+  ImagePipeline p(d.train.files, d.train.y, 3, 4, 5);
   auto plan = [](int64_t b, std::vector<int64_t>& out) {
     for (int64_t i = 0; i < 5; ++i) out.push_back((b * 5 + i) % 30);
   };
@@ -355,4 +355,69 @@ TEST_CASE("folder: a JPEG cut short is named on its first read, whatever its cro
     make_sample(fresh, 0, e, 7, again.data());
     CHECK(first == again);
   }
+}
+
+TEST_CASE("folder: data loaded for one run serves another with its own crops and flips",
+          "[folder]") {
+  TempTree t("transform-reuse");
+  write_tree(t.dir, 24, 8, true);
+  Config a = folder_config(t.dir, 1, 8);
+  Config b = a;
+  b.data.augment.flip = false;
+  b.data.augment.crop_scale = {1.0, 1.0};
+  b.data.jpeg_draft = true;
+  // One identity, so a sweep over these keys loads the data once and trains each on it.
+  REQUIRE(data_identity(a.data, a.train.seed) == data_identity(b.data, b.train.seed));
+  const DataSplit loaded_for_a = load_data(a.data, a.train.seed);
+  const TrainResult reused = train(b, loaded_for_a);
+  const TrainResult own = train(b, load_data(b.data, b.train.seed));
+  CHECK(reused.step_losses == own.step_losses);
+  CHECK(train(a, loaded_for_a).step_losses != own.step_losses);
+  // The files as loaded are left as they were.
+  CHECK((loaded_for_a.train.files->flip && !loaded_for_a.train.files->jpeg_draft));
+}
+
+TEST_CASE("folder: data.jpeg_draft decodes large JPEGs smaller, close to the whole decode",
+          "[folder]") {
+  TempTree t("draft");
+  // A smooth 512 x 384 photograph-like image: gradients and a soft pattern.
+  Image img{512, 384, 3, {}};
+  for (int64_t y = 0; y < 384; ++y)
+    for (int64_t x = 0; x < 512; ++x) {
+      img.pixels.push_back(static_cast<uint8_t>(x / 2));
+      img.pixels.push_back(static_cast<uint8_t>(y * 2 / 3));
+      img.pixels.push_back(static_cast<uint8_t>(128 + 100 * std::sin(double(x + y) / 23)));
+    }
+  const std::vector<uint8_t> jpeg = encode_jpeg(img, 90);
+  write_bytes(t.dir / "train" / "0" / "a.jpg", std::string(jpeg.begin(), jpeg.end()));
+  ImageFiles f;
+  f.root = t.dir.string();
+  f.paths = {"train/0/a.jpg"};
+  f.shape = {3, 24, 24};
+  f.mean = {0, 0, 0};
+  f.inv_std = {1, 1, 1};
+  f.crop_scale = {0.5, 1.0};
+  f.crop_ratio = {0.75, 4.0 / 3};
+  f.flip = true;
+  ImageFiles draft = f;
+  draft.jpeg_draft = true;
+  for (bool train : {true, false}) {
+    f.train = draft.train = train;
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      std::vector<float> whole(3 * 24 * 24), small(whole.size());
+      make_sample(f, 0, epoch, 7, whole.data());
+      make_sample(draft, 0, epoch, 7, small.data());
+      double diff = 0;
+      for (size_t i = 0; i < whole.size(); ++i) diff += std::abs(whole[i] - small[i]);
+      diff /= static_cast<double>(whole.size());
+      INFO("train " << train << ", epoch " << epoch << ": mean |difference| " << diff);
+      CHECK(diff > 0);        // decoded smaller (8x: crops of 256 and more pixels to 24)
+      CHECK(diff < 2.0 / 255);  // within two grey levels on average
+    }
+  }
+}
+
+TEST_CASE("folder: data.jpeg_draft is refused for in-memory data", "[folder]") {
+  CHECK_THAT(config_error("data: {jpeg_draft: true}\n"),
+             Catch::Contains("data.jpeg_draft: only for dataset: folder"));
 }

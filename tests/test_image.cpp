@@ -501,3 +501,43 @@ TEST_CASE("Resampling the part of an image a crop reads gives the bits of the wh
       CHECK_THROWS_AS(resample(corner, all, 16, 16, zero, one, out.data()), SystemError);
     }
 }
+
+TEST_CASE("A JPEG decoded at 1/2, 1/4 or 1/8 gives its windows as its whole", "[image]") {
+  const Image src = textured(97, 75);
+  for (const Bytes& jpeg : {to_jpeg(src, TJPF_RGB, TJSAMP_444), to_jpeg(src, TJPF_RGB, TJSAMP_420),
+                            to_jpeg(src, TJPF_RGB, TJSAMP_420, 90, TJFLAG_PROGRESSIVE)})
+    for (int shrink : {2, 4, 8}) {
+      const int64_t w = (97 + shrink - 1) / shrink, h = (75 + shrink - 1) / shrink;
+      const ImagePart whole =
+          decode_image_part(jpeg.data(), jpeg.size(), 3, {0, 0, w, h}, "a.jpg", true, shrink);
+      REQUIRE((whole.full_width == w && whole.full_height == h && whole.rect.width == w &&
+               whole.rect.height == h));
+      for (const PixelRect& want : {PixelRect{1, 1, 3, 2}, PixelRect{w / 2, h / 3, w / 2, h / 2},
+                                    PixelRect{w - 1, h - 1, 1, 1}})
+        for (bool to_end : {true, false}) {
+          INFO("shrink " << shrink << ", want (" << want.x0 << ", " << want.y0 << ")");
+          const ImagePart part =
+              decode_image_part(jpeg.data(), jpeg.size(), 3, want, "a.jpg", to_end, shrink);
+          CHECK(part.rect.x0 <= want.x0);
+          CHECK(part.rect.x0 + part.rect.width >= want.x0 + want.width);
+          REQUIRE(part.image.pixels == window_of(whole.image, part.rect));
+        }
+    }
+  // Only 1, 2, 4 and 8, and a PNG only whole: a caller's bug otherwise.
+  const Bytes jpeg = to_jpeg(src), png = to_png(src);
+  CHECK_THROWS_AS(decode_image_part(jpeg.data(), jpeg.size(), 3, {0, 0, 8, 8}, "a", true, 3),
+                  SystemError);
+  CHECK_THROWS_AS(decode_image_part(png.data(), png.size(), 3, {0, 0, 8, 8}, "a", true, 2),
+                  SystemError);
+}
+
+TEST_CASE("Draft decoding shrinks as far as the crop stays the sample's size", "[image]") {
+  CHECK(draft_shrink({0, 0, 500, 400, false}, 224, 224) == 1);   // 250 x 200 would be short
+  CHECK(draft_shrink({0, 0, 448, 448, false}, 224, 224) == 2);
+  CHECK(draft_shrink({0, 0, 2000, 1600, false}, 224, 224) == 4);  // 500 x 400; 250 x 200 short
+  CHECK(draft_shrink({7, 9, 4000, 3000, false}, 224, 224) == 8);
+  CHECK(draft_shrink({0, 0, 447.9, 4000, false}, 224, 224) == 1);
+  CHECK(draft_shrink({0, 0, 448, 448, false}, 28, 28) == 8);
+  const CropBox b = shrink_box({8, 12, 400, 200, true}, 4);
+  CHECK((b.x0 == 2 && b.y0 == 3 && b.width == 100 && b.height == 50 && b.flip));
+}

@@ -588,7 +588,8 @@ void check_folder(const DataConfig& d, const MapReader& r) {
     const std::pair<const char*, bool> set[] = {{"shape", d.shape != def.shape},
                                                 {"workers", d.workers != def.workers},
                                                 {"prefetch", d.prefetch != def.prefetch},
-                                                {"on_bad_file", d.on_bad_file != def.on_bad_file}};
+                                                {"on_bad_file", d.on_bad_file != def.on_bad_file},
+                                                {"jpeg_draft", d.jpeg_draft != def.jpeg_draft}};
     for (const auto& [key, differs] : set)
       if (differs) r.fail(key, r.node(key), "only for dataset: folder (image files decoded as used)");
     const std::pair<const char*, bool> aug[] = {

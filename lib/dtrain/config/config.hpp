@@ -250,6 +250,10 @@ struct DataConfig {
   int workers = 2;                             // decode threads per replica
   int prefetch = 2;                            // batches decoded ahead of the one in use
   BadFile on_bad_file = BadFile::fail;
+  // Decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT scaling, PIL's draft mode)
+  // where its crop keeps at least the sample's size: faster on files far larger than the
+  // sample, with pixels that differ a little from a whole decode's.
+  bool jpeg_draft = false;
   // dataset: bytes (data.path: a text file, or a folder of them read in name order) and tokens
   // (llm.c token shards: one, or a folder of *train* and *val* shards): a sample is a window of
   // block_size + 1 tokens, the model predicting each next token; the last `validation` share of

@@ -121,6 +121,7 @@ void visit(C& d, V& v) {
   v(Key("workers").within(1, 256).acts_after_load(), d.workers);
   v(Key("prefetch").within(1, 64).acts_after_load(), d.prefetch);
   v(Key("on_bad_file"), d.on_bad_file);
+  v(Key("jpeg_draft").acts_after_load(), d.jpeg_draft);
   v(Key("block_size").within(1, 8192), d.block_size);
   v(Key("validation").within(0.0, 0.5), d.validation);
   v(Key("vocab_size").within(2, 1000000), d.vocab_size);

@@ -129,7 +129,8 @@ void jpeg_limit_scans(j_common_ptr c) {
 // that damage anywhere stops the decode. False with errors.message on any complaint. Nothing
 // with a destructor lives in this frame, which a longjmp leaves.
 bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const PixelRect& want,
-                      bool to_end, uint8_t* pixels, PixelRect& got, JpegErrors& errors) {
+                      bool to_end, int shrink, uint8_t* pixels, PixelRect& got,
+                      JpegErrors& errors) {
   jpeg_decompress_struct cinfo;
   cinfo.err = jpeg_std_error(&errors.mgr);
   errors.mgr.error_exit = jpeg_fail;
@@ -149,6 +150,8 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
     return false;
   }
   cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned>(shrink);
   jpeg_start_decompress(&cinfo);
   // Fancy upsampling makes the outer columns of a cropped decode differ from a whole decode's
   // (the chroma samples past the crop are missing), and so does the block smoothing of a
@@ -156,8 +159,9 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
   // upsampling one sample past those): an iMCU (one block of every component) more is decoded
   // on each side, three for a progressive file, and only columns at least that far inside the
   // crop's edges (or at the image's) are kept.
-  const JDIMENSION imcu = static_cast<JDIMENSION>(cinfo.max_h_samp_factor * DCTSIZE) *
-                          (cinfo.progressive_mode ? 3 : 1);
+  const JDIMENSION imcu =
+      static_cast<JDIMENSION>(cinfo.max_h_samp_factor * cinfo.min_DCT_scaled_size) *
+      (cinfo.progressive_mode ? 3 : 1);
   const JDIMENSION full = cinfo.output_width;
   const auto want0 = static_cast<JDIMENSION>(want.x0);
   const auto want1 = static_cast<JDIMENSION>(want.x0 + want.width);
@@ -198,16 +202,19 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
   return true;
 }
 
+// The image's size decoded at 1 / shrink (libjpeg rounds up).
+int64_t shrunk(int64_t size, int shrink) { return (size + shrink - 1) / shrink; }
+
 ImagePart decode_jpeg(const uint8_t* data, size_t size, int channels, const JpegHeader& h,
-                      const PixelRect& want, bool to_end, const std::string& what) {
+                      const PixelRect& want, bool to_end, int shrink, const std::string& what) {
   ImagePart part;
-  part.full_width = h.width;
-  part.full_height = h.height;
+  part.full_width = shrunk(h.width, shrink);
+  part.full_height = shrunk(h.height, shrink);
   // Rows of the whole width: libjpeg's widened columns never need more.
-  part.image.pixels.resize(static_cast<size_t>(h.width * want.height * channels));
+  part.image.pixels.resize(static_cast<size_t>(part.full_width * want.height * channels));
   JpegErrors errors;
-  if (!jpeg_decode_rows(data, size, channels, want, to_end, part.image.pixels.data(), part.rect,
-                        errors)) {
+  if (!jpeg_decode_rows(data, size, channels, want, to_end, shrink, part.image.pixels.data(),
+                        part.rect, errors)) {
     // TurboJPEG decodes CMYK and YCCK only to CMYK pixels, and turning those into RGB needs a
     // colour profile, which is no job for a training pipeline.
     if (std::strcmp(errors.message, "CMYK") == 0)
@@ -425,9 +432,11 @@ ImageHeader read_image_header(const uint8_t* data, size_t size, const std::strin
 }
 
 ImagePart decode_image_part(const uint8_t* data, size_t size, int channels, const PixelRect& want,
-                            const std::string& what, bool to_end) {
-  if (channels != 1 && channels != 3)
-    DTRAIN_THROW_SYSTEM(fmt::format("decode_image_part: {} channels (1 or 3)", channels));
+                            const std::string& what, bool to_end, int shrink) {
+  if ((channels != 1 && channels != 3) || (shrink != 1 && shrink != 2 && shrink != 4 && shrink != 8))
+    DTRAIN_THROW_SYSTEM(
+        fmt::format("decode_image_part: {} channels (1 or 3), shrink {} (1, 2, 4 or 8)", channels,
+                    shrink));
   // The header's size claim first: a file that claims too many pixels is named for that, not
   // for whatever the decoder meets after it.
   const Format format = detect_format(data, size, what);
@@ -435,16 +444,18 @@ ImagePart decode_image_part(const uint8_t* data, size_t size, int channels, cons
   JpegHeader jpeg;
   if (format == Format::png) {
     header = png_header(data, size, what);
+    if (shrink != 1) DTRAIN_THROW_SYSTEM(fmt::format("decode_image_part: a PNG at 1/{}", shrink));
   } else {
     TjDecompressor tj;
     jpeg = jpeg_header(tj, data, size, what);
-    header = ImageHeader{jpeg.width, jpeg.height, "JPEG"};
+    header = ImageHeader{shrunk(jpeg.width, shrink), shrunk(jpeg.height, shrink), "JPEG"};
   }
   const int64_t x0 = std::clamp<int64_t>(want.x0, 0, header.width - 1);
   const int64_t y0 = std::clamp<int64_t>(want.y0, 0, header.height - 1);
   const PixelRect rect{x0, y0, std::clamp<int64_t>(want.x0 + want.width, x0 + 1, header.width) - x0,
                        std::clamp<int64_t>(want.y0 + want.height, y0 + 1, header.height) - y0};
-  if (format == Format::jpeg) return decode_jpeg(data, size, channels, jpeg, rect, to_end, what);
+  if (format == Format::jpeg)
+    return decode_jpeg(data, size, channels, jpeg, rect, to_end, shrink, what);
   ImagePart part;
   part.image = decode_png(data, size, channels, what);
   part.rect = {0, 0, part.image.width, part.image.height};
@@ -513,6 +524,19 @@ CropBox centre_crop(int64_t width, int64_t height, int64_t out_h, int64_t out_w)
 uint64_t sample_key(uint64_t seed, int64_t epoch, int64_t index) {
   return mix64(seed ^ mix64(static_cast<uint64_t>(epoch) * 0x9e3779b97f4a7c15ULL +
                             mix64(static_cast<uint64_t>(index))));
+}
+
+int draft_shrink(const CropBox& box, int64_t out_h, int64_t out_w) {
+  for (int shrink : {8, 4, 2})
+    if (box.width / shrink >= static_cast<double>(out_w) &&
+        box.height / shrink >= static_cast<double>(out_h))
+      return shrink;
+  return 1;
+}
+
+CropBox shrink_box(const CropBox& box, int shrink) {
+  const double s = shrink;
+  return CropBox{box.x0 / s, box.y0 / s, box.width / s, box.height / s, box.flip};
 }
 
 PixelRect resample_reads(int64_t width, int64_t height, const CropBox& box, int64_t out_h,

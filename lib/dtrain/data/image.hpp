@@ -55,8 +55,12 @@ struct ImagePart {
 // jpeg_skip_scanlines); the rows above are entropy-decoded and dropped, and so are those below
 // where `to_end`, so that damage anywhere is refused (else decoding stops at want's last row).
 // The pixels decoded are those a whole decode gives there. A PNG is decoded whole.
+//
+// A JPEG may be decoded at 1 / shrink of its size (2, 4 or 8: libjpeg's DCT scaling, what PIL's
+// draft mode does), `want` and the part then in the shrunk image's pixels (each covers shrink x
+// shrink pixels of the whole, the size rounded up). 1 for a PNG.
 ImagePart decode_image_part(const uint8_t* data, size_t size, int channels, const PixelRect& want,
-                            const std::string& what, bool to_end = true);
+                            const std::string& what, bool to_end = true, int shrink = 1);
 
 // An image as a PNG file's bytes (lossless), or a JPEG file's at `quality` (1..100; 4:4:4
 // chroma, so that colours are not averaged over pixel pairs). For the trees tests and
@@ -97,6 +101,13 @@ void resample(const Image& img, const CropBox& box, int64_t out_h, int64_t out_w
 // pixels of the part (what resample_reads says of it).
 void resample(const ImagePart& part, const CropBox& box, int64_t out_h, int64_t out_w,
               const float* mean, const float* inv_std, float* out);
+
+// data.jpeg_draft: the largest shrink (8, 4 or 2, else 1) at which `box` still holds at least
+// out_h x out_w pixels, so that the resampler never enlarges what DCT scaling shrank.
+int draft_shrink(const CropBox& box, int64_t out_h, int64_t out_w);
+
+// `box` in the pixels of the image decoded at 1 / shrink.
+CropBox shrink_box(const CropBox& box, int shrink);
 
 // The source pixels resample reads of a width x height image for `box` at out_h x out_w:
 // decode_image_part's `want`.

@@ -291,17 +291,37 @@ void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t see
   const std::vector<uint8_t> bytes = read_image_bytes(path);
   // The crop from the header's size, then only the pixels it reads decoded.
   const ImageHeader h = read_image_header(bytes.data(), bytes.size(), path);
-  const CropBox box = f.train ? random_resized_crop(h.width, h.height, f.crop_scale[0],
-                                                    f.crop_scale[1], f.crop_ratio[0],
-                                                    f.crop_ratio[1], f.flip,
-                                                    sample_key(seed, epoch, index))
-                              : centre_crop(h.width, h.height, f.shape[1], f.shape[2]);
+  const int64_t out_h = f.shape[1], out_w = f.shape[2];
+  const CropBox full = f.train ? random_resized_crop(h.width, h.height, f.crop_scale[0],
+                                                     f.crop_scale[1], f.crop_ratio[0],
+                                                     f.crop_ratio[1], f.flip,
+                                                     sample_key(seed, epoch, index))
+                               : centre_crop(h.width, h.height, out_h, out_w);
+  // data.jpeg_draft: the crop in the pixels of the image decoded smaller.
+  const int shrink =
+      f.jpeg_draft && std::strcmp(h.format, "JPEG") == 0 ? draft_shrink(full, out_h, out_w) : 1;
+  const CropBox box = shrink_box(full, shrink);
+  const int64_t width = (h.width + shrink - 1) / shrink, height = (h.height + shrink - 1) / shrink;
   const bool seen_whole = f.whole_reads && f.whole_reads->contains(path);
-  const ImagePart part = decode_image_part(
-      bytes.data(), bytes.size(), static_cast<int>(f.shape[0]),
-      resample_reads(h.width, h.height, box, f.shape[1], f.shape[2]), path, !seen_whole);
+  const ImagePart part = decode_image_part(bytes.data(), bytes.size(), static_cast<int>(f.shape[0]),
+                                           resample_reads(width, height, box, out_h, out_w), path,
+                                           !seen_whole, shrink);
   if (!seen_whole && f.whole_reads) f.whole_reads->add(path);
-  resample(part, box, f.shape[1], f.shape[2], f.mean.data(), f.inv_std.data(), out);
+  resample(part, box, out_h, out_w, f.mean.data(), f.inv_std.data(), out);
+}
+
+std::shared_ptr<const ImageFiles> with_transform(const std::shared_ptr<const ImageFiles>& files,
+                                                 const DataConfig& d) {
+  const AugmentConfig& a = d.augment;
+  if (!files || (files->crop_scale == a.crop_scale && files->crop_ratio == a.crop_ratio &&
+                 files->flip == a.flip && files->jpeg_draft == d.jpeg_draft))
+    return files;
+  auto f = std::make_shared<ImageFiles>(*files);  // whole_reads stays shared
+  f->crop_scale = a.crop_scale;
+  f->crop_ratio = a.crop_ratio;
+  f->flip = a.flip;
+  f->jpeg_draft = d.jpeg_draft;
+  return f;
 }
 
 void drop_undecodable(FolderListing& l, const std::string& root, int channels, int workers) {
@@ -351,6 +371,7 @@ Dataset split_dataset(const DataConfig& cfg, const FolderListing& l, bool train,
   f->crop_scale = cfg.augment.crop_scale;
   f->crop_ratio = cfg.augment.crop_ratio;
   f->flip = cfg.augment.flip;
+  f->jpeg_draft = cfg.jpeg_draft;
   f->mean.assign(static_cast<size_t>(cfg.shape[0]), 0.f);
   f->inv_std.assign(f->mean.size(), 1.f);
   Dataset d;
@@ -370,6 +391,7 @@ std::pair<std::vector<double>, std::vector<double>> measure_stats(const DataConf
                                                                   const Dataset& train) {
   ImageFiles probe = *train.files;
   probe.train = false;
+  probe.jpeg_draft = false;  // a key that acts after the load must not change what it loads
   const auto picks = spread(probe.paths.size(), 256);
   const int64_t c = cfg.shape[0], plane = cfg.shape[1] * cfg.shape[2];
   std::vector<float> px(picks.size() * static_cast<size_t>(c * plane));

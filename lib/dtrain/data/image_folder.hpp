@@ -48,9 +48,16 @@ struct ImageFiles {
   bool train = true;  // a random-resized crop (and a flip), else resize and centre crop
   std::vector<double> crop_scale, crop_ratio;
   bool flip = false;
+  bool jpeg_draft = false;  // data.jpeg_draft
   std::shared_ptr<WholeReads> whole_reads = std::make_shared<WholeReads>();  // shared by copies
   std::string full_path(int64_t i) const { return root + "/" + paths[static_cast<size_t>(i)]; }
 };
+
+// `files` with the transform `d` asks for (data.augment's crops and flips, data.jpeg_draft):
+// keys that act after the data is loaded, so data loaded for one run may serve another that
+// differs in them. `files` itself where nothing differs.
+std::shared_ptr<const ImageFiles> with_transform(const std::shared_ptr<const ImageFiles>& files,
+                                                 const DataConfig& d);
 
 // What listing a folder found, before anything is decoded.
 struct FolderListing {

@@ -12,11 +12,12 @@
 
 namespace dtrain {
 
-ImagePipeline::ImagePipeline(const ImageFiles& files, const std::vector<int32_t>& labels,
-                             int workers, int prefetch, int64_t max_rows)
-    : files_(files),
+ImagePipeline::ImagePipeline(std::shared_ptr<const ImageFiles> files,
+                             const std::vector<int32_t>& labels, int workers, int prefetch,
+                             int64_t max_rows)
+    : files_(std::move(files)),
       labels_(labels),
-      features_(files.shape.at(0) * files.shape.at(1) * files.shape.at(2)),
+      features_(files_->shape.at(0) * files_->shape.at(1) * files_->shape.at(2)),
       slots_(static_cast<size_t>(prefetch) + 1) {
   for (Slot& s : slots_) {
     s.x.resize(static_cast<size_t>(max_rows * features_));
@@ -120,7 +121,7 @@ void ImagePipeline::work() {
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr error;
     try {
-      make_sample(files_, index, epoch, seed, slot->x.data() + row * features_);
+      make_sample(*files_, index, epoch, seed, slot->x.data() + row * features_);
       slot->y[static_cast<size_t>(row)] = labels_[static_cast<size_t>(index)];
     } catch (const UserError& e) {  // a file that does not decode, met during training
       error = std::make_exception_ptr(UserError(fmt::format(
@@ -175,7 +176,7 @@ double measure_input_rate(const Dataset& train, int workers, int prefetch, int64
   if (!train.files || n == 0) return 0;
   batch = std::clamp<int64_t>(batch, 1, n);
   const int64_t batches = std::max<int64_t>(1, (images + batch - 1) / batch);
-  ImagePipeline p(*train.files, train.y, workers, prefetch, batch);
+  ImagePipeline p(train.files, train.y, workers, prefetch, batch);
   // A stride coprime to n visits the set in a scattered order, as a shuffled epoch does.
   int64_t stride = n > 2 ? n / 2 + 1 : 1;
   while (std::gcd(stride, n) != 1) ++stride;

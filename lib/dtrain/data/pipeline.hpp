@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -28,8 +29,8 @@ class ImagePipeline {
 
   // `labels`: the dataset's, by sample index; `max_rows`: the most samples a plan puts in a
   // batch.
-  ImagePipeline(const ImageFiles& files, const std::vector<int32_t>& labels, int workers,
-                int prefetch, int64_t max_rows);
+  ImagePipeline(std::shared_ptr<const ImageFiles> files, const std::vector<int32_t>& labels,
+                int workers, int prefetch, int64_t max_rows);
   ~ImagePipeline();
   ImagePipeline(const ImagePipeline&) = delete;
   ImagePipeline& operator=(const ImagePipeline&) = delete;
@@ -63,7 +64,7 @@ class ImagePipeline {
   bool claim(Slot*& slot, int64_t& row);
   void finish_sample(Slot& slot, std::exception_ptr error, double seconds);
 
-  const ImageFiles& files_;
+  std::shared_ptr<const ImageFiles> files_;
   const std::vector<int32_t>& labels_;
   const int64_t features_;
   std::vector<Slot> slots_;  // prefetch + 1: batches in flight and the one in use

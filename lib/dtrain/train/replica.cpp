@@ -98,9 +98,11 @@ Replica::Replica(RunContext& run, Communicator& comm)
       model_size(cfg_.model, train_.shape, train_.classes).activations_per_sample);
   if (train_.files) {  // decoded and augmented by the pipeline's threads
     const DataConfig& d = cfg_.data;
-    train_input_ = std::make_unique<ImagePipeline>(*train_.files, train_.y, d.workers,
-                                                   d.prefetch, micro_rows);
-    test_input_ = std::make_unique<ImagePipeline>(*test_.files, test_.y, d.workers, 1, eval_rows_);
+    // The run's own transform: data loaded once may serve runs that differ in it.
+    train_input_ = std::make_unique<ImagePipeline>(with_transform(train_.files, d), train_.y,
+                                                   d.workers, d.prefetch, micro_rows);
+    test_input_ = std::make_unique<ImagePipeline>(with_transform(test_.files, d), test_.y,
+                                                  d.workers, 1, eval_rows_);
   } else if (cfg_.data.augment.enabled()) {
     xa_.resize(*dev_, at_least_one(micro_rows * features_));
   }
