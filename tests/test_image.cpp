@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <thread>
@@ -471,7 +472,8 @@ TEST_CASE("A JPEG damaged below a window is refused, unless its decode stops the
 TEST_CASE("Resampling the part of an image a crop reads gives the bits of the whole", "[image]") {
   const Image src = textured(120, 90);
   const Bytes jpeg = to_jpeg(src, TJPF_RGB, TJSAMP_420), png = to_png(src);
-  for (const Bytes* file : {&jpeg, &png})
+  const Bytes dc_only = dc_scans_only(src);
+  for (const Bytes* file : {&jpeg, &png, &dc_only})
     for (int channels : {1, 3}) {
       const Image whole = decode(*file, channels);
       for (uint64_t key = 0; key < 40; ++key) {
@@ -492,7 +494,7 @@ TEST_CASE("Resampling the part of an image a crop reads gives the bits of the wh
       }
       // A part that lacks pixels the crop reads is a caller's bug, not a guess (a PNG's part
       // is all of it).
-      if (file == &png) continue;
+      if (file != &jpeg) continue;
       const CropBox all{0, 0, 120, 90, false};
       const ImagePart corner =
           decode_image_part(file->data(), file->size(), channels, {0, 0, 8, 8}, "a");
@@ -540,4 +542,49 @@ TEST_CASE("Draft decoding shrinks as far as the crop stays the sample's size", "
   CHECK(draft_shrink({0, 0, 448, 448, false}, 28, 28) == 8);
   const CropBox b = shrink_box({8, 12, 400, 200, true}, 4);
   CHECK((b.x0 == 2 && b.y0 == 3 && b.width == 100 && b.height == 50 && b.flip));
+}
+
+namespace {
+
+// A JPEG written with TurboJPEG's environment switches set for the call (TJ_RESTART,
+// TJ_ARITHMETIC: restart markers, arithmetic coding).
+Bytes to_jpeg_with(const Image& img, int subsamp, const char* name, const char* value) {
+  ::setenv(name, value, 1);
+  Bytes out = to_jpeg(img, TJPF_RGB, subsamp);
+  ::unsetenv(name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("JPEG windows cut on both sides equal the whole decode, whatever the coding",
+          "[image]") {
+  const Image src = textured(301, 120);
+  const std::vector<std::pair<std::string, Bytes>> files = {
+      {"4:1:1", to_jpeg(src, TJPF_RGB, TJSAMP_411)},
+      {"4:2:0 restart markers", to_jpeg_with(src, TJSAMP_420, "TJ_RESTART", "1")},
+      {"4:2:0 arithmetic", to_jpeg_with(src, TJSAMP_420, "TJ_ARITHMETIC", "1")},
+      {"4:2:0 progressive", to_jpeg(src, TJPF_RGB, TJSAMP_420, 90, TJFLAG_PROGRESSIVE)},
+      {"4:2:0 progressive, DC scans only", dc_scans_only(src)}};
+  const std::vector<PixelRect> wants = {
+      {100, 30, 60, 40}, {150, 60, 1, 1}, {49, 7, 203, 100}, {64, 64, 64, 16}, {250, 0, 20, 120}};
+  for (const auto& [name, bytes] : files)
+    for (int shrink : {1, 2}) {
+      const int64_t w = (301 + shrink - 1) / shrink, h = (120 + shrink - 1) / shrink;
+      bool cut_both = false;  // some window lost columns on its left and right
+      const ImagePart whole =
+          decode_image_part(bytes.data(), bytes.size(), 3, {0, 0, w, h}, "a.jpg", true, shrink);
+      for (PixelRect want : wants) {
+        want = {want.x0 / shrink, want.y0 / shrink, std::max<int64_t>(1, want.width / shrink),
+                std::max<int64_t>(1, want.height / shrink)};
+        INFO(name << ", shrink " << shrink << ", want (" << want.x0 << ", " << want.y0 << ") "
+                  << want.width << " x " << want.height);
+        const ImagePart part =
+            decode_image_part(bytes.data(), bytes.size(), 3, want, "a.jpg", true, shrink);
+        cut_both = cut_both || (part.rect.x0 > 0 && part.rect.x0 + part.rect.width < w);
+        REQUIRE(part.image.pixels == window_of(whole.image, part.rect));
+      }
+      INFO(name << ", shrink " << shrink);
+      CHECK(cut_both);
+    }
 }

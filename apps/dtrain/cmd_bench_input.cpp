@@ -50,7 +50,8 @@ int run_bench_input(const BenchInputOptions& opt) {
     std::vector<double> rates;
     for (int r = 0; r < opt.repeats; ++r)
       rates.push_back(
-          measure_input_rate(data.train, w, cfg.data.prefetch, cfg.micro_batch(), opt.images));
+          measure_input_rate(data.train, cfg.data, w, cfg.data.prefetch, cfg.micro_batch(),
+                             opt.images));
     std::vector<double> sorted = rates;
     std::sort(sorted.begin(), sorted.end());
     const double median = sorted[sorted.size() / 2];

@@ -6,10 +6,11 @@ skimage/data (astronaut, chelsea, coffee, hubble_deep_field, ihc, motorcycle_lef
 retina, rocket), taken from the wheel file without installing it. Each image of the tree is a
 crop of one of them at its own resolution (never upscaled, which would make it smoother than a
 photograph), of an ImageNet-like size (500 x 375 or 375 x 500, smaller where the photograph is),
-mirrored at random, saved as JPEG at quality 90 with 4:2:0 chroma (Pillow's default, and the
-common case of photographs): bits per pixel close to ImageNet's, unlike noise.
+mirrored at random, saved as JPEG (quality 90 unless --quality says, the bench's 95) with
+4:2:0 chroma (Pillow's default, and the common case of photographs): a few bits per pixel, as
+photographs have, unlike noise.
 
-  python photo_tree.py WHEEL OUT --train 1024 --test 16 --classes 10
+  python photo_tree.py WHEEL OUT --train 1024 --test 16 --classes 10 --quality 95
 """
 import argparse
 import io

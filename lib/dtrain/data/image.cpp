@@ -100,7 +100,16 @@ struct JpegErrors {
   jpeg_progress_mgr progress;
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX] = "";
+  bool cmyk = false;     // a CMYK or YCCK file, refused before decoding
+  bool resized = false;  // libjpeg's size is not the header's
 };
+
+// The smallest scaled DCT block of any component: one iMCU is max_h_samp_factor of them.
+#if JPEG_LIB_VERSION >= 70
+int min_dct_size(const jpeg_decompress_struct& c) { return c.min_DCT_h_scaled_size; }
+#else
+int min_dct_size(const jpeg_decompress_struct& c) { return c.min_DCT_scaled_size; }
+#endif
 
 [[noreturn]] void jpeg_fail(j_common_ptr c) {
   auto* e = reinterpret_cast<JpegErrors*>(c->err);
@@ -122,16 +131,16 @@ void jpeg_limit_scans(j_common_ptr c) {
 }
 
 // Decodes rows [want.y0, want.y0 + want.height) and at least columns [want.x0, want.x0 +
-// want.width) into `pixels` (sized by the caller for full-width rows), setting `got` to the
-// columns decoded (libjpeg widens them to whole iMCU columns). Only those rows and columns go
-// through the inverse DCT, upsampling and colour conversion; the rows above are entropy-decoded
-// and dropped, and where `to_end` so are the rows below and the file is read to its end, so
-// that damage anywhere stops the decode. False with errors.message on any complaint. Nothing
+// want.width) into `pixels` (`capacity` bytes, full-width rows' worth), setting `got` to the
+// columns kept. Only those rows and columns (and the margins dropped, below) go through the
+// inverse DCT, upsampling and colour conversion; the rows above are entropy-decoded and
+// dropped, and where `to_end` so are the rows below and the file is read to its end, so that
+// damage anywhere stops the decode. False with `errors` saying why on any complaint. Nothing
 // with a destructor lives in this frame, which a longjmp leaves.
 bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const PixelRect& want,
-                      bool to_end, int shrink, uint8_t* pixels, PixelRect& got,
-                      JpegErrors& errors) {
-  jpeg_decompress_struct cinfo;
+                      bool to_end, int shrink, uint8_t* pixels, size_t capacity,
+                      PixelRect& got, JpegErrors& errors) {
+  jpeg_decompress_struct cinfo{};  // zeroed: a failed create must leave nothing to free
   cinfo.err = jpeg_std_error(&errors.mgr);
   errors.mgr.error_exit = jpeg_fail;
   errors.mgr.emit_message = jpeg_message;
@@ -145,7 +154,7 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
   jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-    std::snprintf(errors.message, sizeof errors.message, "CMYK");
+    errors.cmyk = true;
     jpeg_destroy_decompress(&cinfo);
     return false;
   }
@@ -159,9 +168,8 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
   // upsampling one sample past those): an iMCU (one block of every component) more is decoded
   // on each side, three for a progressive file, and only columns at least that far inside the
   // crop's edges (or at the image's) are kept.
-  const JDIMENSION imcu =
-      static_cast<JDIMENSION>(cinfo.max_h_samp_factor * cinfo.min_DCT_scaled_size) *
-      (cinfo.progressive_mode ? 3 : 1);
+  const JDIMENSION imcu = static_cast<JDIMENSION>(cinfo.max_h_samp_factor * min_dct_size(cinfo)) *
+                          (cinfo.progressive_mode ? 3 : 1);
   const JDIMENSION full = cinfo.output_width;
   const auto want0 = static_cast<JDIMENSION>(want.x0);
   const auto want1 = static_cast<JDIMENSION>(want.x0 + want.width);
@@ -174,6 +182,11 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
   const auto y1 = static_cast<JDIMENSION>(want.y0 + want.height);
   if (y0 > 0) jpeg_skip_scanlines(&cinfo, y0);
   const size_t stride = static_cast<size_t>(width) * static_cast<size_t>(channels);
+  if (y1 > cinfo.output_height || stride * (y1 - y0) > capacity) {
+    errors.resized = true;
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
   const size_t kept = static_cast<size_t>(keep1 - keep0) * static_cast<size_t>(channels);
   const size_t skip = static_cast<size_t>(keep0 - x0) * static_cast<size_t>(channels);
   while (cinfo.output_scanline < y1) {
@@ -188,14 +201,17 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
     // look either: it only marks the rows done).
     jpeg_abort_decompress(&cinfo);
   } else {
-    // Skipping short of the last row entropy-decodes what it skips; the last row is read.
+    // Skipping short of the last row entropy-decodes what it skips; the last row is read. The
+    // skip starts at a row group's first row (libjpeg-turbo's skip from inside one has been
+    // known to leave stale state where no context rows are kept).
+    JSAMPARRAY scratch = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo),
+                                                    JPOOL_IMAGE, width * channels, 1);
+    const auto group = static_cast<JDIMENSION>(cinfo.max_v_samp_factor * min_dct_size(cinfo));
+    while (cinfo.output_scanline % group != 0 && cinfo.output_scanline < cinfo.output_height)
+      jpeg_read_scanlines(&cinfo, scratch, 1);
     if (cinfo.output_scanline + 1 < cinfo.output_height)
       jpeg_skip_scanlines(&cinfo, cinfo.output_height - 1 - cinfo.output_scanline);
-    if (cinfo.output_scanline < cinfo.output_height) {
-      JSAMPARRAY scratch = (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo),
-                                                      JPOOL_IMAGE, width * channels, 1);
-      jpeg_read_scanlines(&cinfo, scratch, 1);
-    }
+    if (cinfo.output_scanline < cinfo.output_height) jpeg_read_scanlines(&cinfo, scratch, 1);
     jpeg_finish_decompress(&cinfo);
   }
   jpeg_destroy_decompress(&cinfo);
@@ -214,11 +230,13 @@ ImagePart decode_jpeg(const uint8_t* data, size_t size, int channels, const Jpeg
   part.image.pixels.resize(static_cast<size_t>(part.full_width * want.height * channels));
   JpegErrors errors;
   if (!jpeg_decode_rows(data, size, channels, want, to_end, shrink, part.image.pixels.data(),
-                        part.rect, errors)) {
-    // TurboJPEG decodes CMYK and YCCK only to CMYK pixels, and turning those into RGB needs a
+                        part.image.pixels.size(), part.rect, errors)) {
+    // libjpeg decodes CMYK and YCCK only to CMYK pixels, and turning those into RGB needs a
     // colour profile, which is no job for a training pipeline.
-    if (std::strcmp(errors.message, "CMYK") == 0)
+    if (errors.cmyk)
       throw UserError(what + ": a CMYK JPEG, which dtrain does not decode (convert it to RGB)");
+    if (errors.resized)
+      throw UserError(what + ": JPEG data corrupt (its frame's size is not its header's)");
     throw UserError(
         fmt::format("{}: JPEG data cut short or corrupt (libjpeg-turbo: {})", what, errors.message));
   }

@@ -4,6 +4,7 @@
 // batches use them (pipeline.hpp). Class names are the training folder's subfolders, sorted;
 // a label is the class's position in that list.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,21 +22,24 @@ struct DataSplit;
 // The files decoded to their end once, by any thread: a later crop of a JPEG may stop
 // decoding at its last row, since damage past it would have been refused the first time. The
 // pixels are the same either way; what changes is that a damaged file is named the first time
-// it is read, whatever that read's crop.
+// it is read, whatever that read's crop. Kept as 64-bit hashes of the paths (a million files:
+// tens of MB, not the paths again).
 class WholeReads {
  public:
   bool contains(const std::string& path) const {
+    const uint64_t h = std::hash<std::string>{}(path);
     std::lock_guard<std::mutex> lock(m_);
-    return paths_.count(path) > 0;
+    return seen_.count(h) > 0;
   }
   void add(const std::string& path) {
+    const uint64_t h = std::hash<std::string>{}(path);
     std::lock_guard<std::mutex> lock(m_);
-    paths_.insert(path);
+    seen_.insert(h);
   }
 
  private:
   mutable std::mutex m_;
-  std::unordered_set<std::string> paths_;
+  std::unordered_set<uint64_t> seen_;
 };
 
 // How the files of one split become samples: the files, in sample order (their labels are the

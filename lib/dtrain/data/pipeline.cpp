@@ -170,13 +170,13 @@ double ImagePipeline::busy_seconds() const {
   return busy_s_;
 }
 
-double measure_input_rate(const Dataset& train, int workers, int prefetch, int64_t batch,
-                          int64_t images) {
+double measure_input_rate(const Dataset& train, const DataConfig& d, int workers, int prefetch,
+                          int64_t batch, int64_t images) {
   const int64_t n = train.size();
   if (!train.files || n == 0) return 0;
   batch = std::clamp<int64_t>(batch, 1, n);
   const int64_t batches = std::max<int64_t>(1, (images + batch - 1) / batch);
-  ImagePipeline p(train.files, train.y, workers, prefetch, batch);
+  ImagePipeline p(with_transform(train.files, d), train.y, workers, prefetch, batch);
   // A stride coprime to n visits the set in a scattered order, as a shuffled epoch does.
   int64_t stride = n > 2 ? n / 2 + 1 : 1;
   while (std::gcd(stride, n) != 1) ++stride;

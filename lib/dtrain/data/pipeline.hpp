@@ -85,8 +85,9 @@ class ImagePipeline {
 
 // Images per second that a pipeline of `workers` threads and `prefetch` batches gives on the
 // training set of dataset: folder, as a run would (its crops of epoch 0), over batches of
-// `batch` samples spread over the set, `images` in all (rounded up to whole batches).
-double measure_input_rate(const Dataset& train, int workers, int prefetch, int64_t batch,
-                          int64_t images);
+// `batch` samples spread over the set, `images` in all (rounded up to whole batches), with the
+// transform `d` asks for (see with_transform: the data may have been loaded for another run).
+double measure_input_rate(const Dataset& train, const DataConfig& d, int workers, int prefetch,
+                          int64_t batch, int64_t images);
 
 }  // namespace dtrain

@@ -332,13 +332,17 @@ void check_input_cores(Context& c, const InputProbe& p) {
                     "CPU both share this machine's {} cores, so decoding is {:.0f}% of the work "
                     "and an epoch takes about {:.1f}x as long as on data in memory, whatever "
                     "data.workers says; fix: images stored nearer the size trained (decoding "
-                    "grows with the pixels in the file); OMP_WAIT_POLICY=passive in the "
+                    "grows with the pixels in the file){}; OMP_WAIT_POLICY=passive in the "
                     "environment, so that the step's threads sleep instead of spinning while "
                     "they wait and leave their core to the decoding (it slows runs on data in "
                     "memory: docs/studies.md measures both); or GPU replicas, whose step "
                     "overlaps the decoding",
                     1e3 * decode_core_s, p.workers, p.decode_per_s, 1e3 * step_core_s,
-                    p.step_threads, p.cores, 100 * share, 1 + decode_core_s / step_core_s));
+                    p.step_threads, p.cores, 100 * share, 1 + decode_core_s / step_core_s,
+                    c.cfg.data.jpeg_draft
+                        ? ""
+                        : " or, for JPEG files at least twice the size trained, data.jpeg_draft: "
+                          "true (decoded at 1/2 to 1/8 of their size)"));
 }
 
 void check_input(Context& c, const InputProbe& p) {
@@ -356,7 +360,7 @@ InputProbe probe_input(const Config& cfg, const DataSplit& data) {
   p.workers = cfg.data.workers;
   p.samples_per_step = cfg.micro_batch() * cfg.train.accumulation_steps;
   if (!data.train.files) return p;
-  p.decode_per_s = measure_input_rate(data.train, cfg.data.workers, cfg.data.prefetch,
+  p.decode_per_s = measure_input_rate(data.train, cfg.data, cfg.data.workers, cfg.data.prefetch,
                                       cfg.micro_batch(), 3 * p.samples_per_step);
   // The same run on in-memory data of the same shape: its steps wait for no decoding.
   Config t = cfg;
