@@ -71,24 +71,19 @@ class TjDecompressor {
   tjhandle h_;
 };
 
-struct JpegHeader {
-  int width = 0, height = 0, colorspace = 0;
-};
-
-JpegHeader jpeg_header(const TjDecompressor& tj, const uint8_t* data, size_t size,
-                       const std::string& what) {
-  JpegHeader h;
-  int subsamp = 0;
-  if (tjDecompressHeader3(tj.get(), data, static_cast<unsigned long>(size), &h.width, &h.height,
-                          &subsamp, &h.colorspace) != 0)
+ImageHeader jpeg_header(const uint8_t* data, size_t size, const std::string& what) {
+  TjDecompressor tj;
+  int width = 0, height = 0, subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj.get(), data, static_cast<unsigned long>(size), &width, &height,
+                          &subsamp, &colorspace) != 0)
     throw UserError(
         fmt::format("{}: JPEG header cut short or corrupt (libjpeg-turbo: {})", what, tj.error()));
   // TurboJPEG reports a stream that ends before its frame header (tables only, or cut short)
   // as a success of size 0 x 0.
-  if (h.width <= 0 || h.height <= 0)
+  if (width <= 0 || height <= 0)
     throw UserError(what + ": JPEG header cut short or corrupt (it ends before the image size)");
-  check_pixels(h.width, h.height, what);
-  return h;
+  check_pixels(width, height, what);
+  return ImageHeader{width, height, "JPEG"};
 }
 
 // libjpeg's error manager, made to stop on warnings as on errors: libjpeg fills what a
@@ -218,14 +213,11 @@ bool jpeg_decode_rows(const uint8_t* data, size_t size, int channels, const Pixe
   return true;
 }
 
-// The image's size decoded at 1 / shrink (libjpeg rounds up).
-int64_t shrunk(int64_t size, int shrink) { return (size + shrink - 1) / shrink; }
-
-ImagePart decode_jpeg(const uint8_t* data, size_t size, int channels, const JpegHeader& h,
+ImagePart decode_jpeg(const uint8_t* data, size_t size, int channels, const ImageHeader& h,
                       const PixelRect& want, bool to_end, int shrink, const std::string& what) {
   ImagePart part;
-  part.full_width = shrunk(h.width, shrink);
-  part.full_height = shrunk(h.height, shrink);
+  part.full_width = shrunk_size(h.width, shrink);
+  part.full_height = shrunk_size(h.height, shrink);
   // Rows of the whole width: libjpeg's widened columns never need more.
   part.image.pixels.resize(static_cast<size_t>(part.full_width * want.height * channels));
   JpegErrors errors;
@@ -444,42 +436,42 @@ bool valid_box(const CropBox& box) {
 
 ImageHeader read_image_header(const uint8_t* data, size_t size, const std::string& what) {
   if (detect_format(data, size, what) == Format::png) return png_header(data, size, what);
-  TjDecompressor tj;
-  const JpegHeader h = jpeg_header(tj, data, size, what);
-  return ImageHeader{h.width, h.height, "JPEG"};
+  return jpeg_header(data, size, what);
 }
 
-ImagePart decode_image_part(const uint8_t* data, size_t size, int channels, const PixelRect& want,
+int64_t shrunk_size(int64_t size, int shrink) { return (size + shrink - 1) / shrink; }
+
+ImagePart decode_image_part(const uint8_t* data, size_t size, int channels,
+                            const ImageHeader& header, const PixelRect& want,
                             const std::string& what, bool to_end, int shrink) {
+  const bool png = std::strcmp(header.format, "PNG") == 0;
   if ((channels != 1 && channels != 3) || (shrink != 1 && shrink != 2 && shrink != 4 && shrink != 8))
     DTRAIN_THROW_SYSTEM(
         fmt::format("decode_image_part: {} channels (1 or 3), shrink {} (1, 2, 4 or 8)", channels,
                     shrink));
-  // The header's size claim first: a file that claims too many pixels is named for that, not
-  // for whatever the decoder meets after it.
-  const Format format = detect_format(data, size, what);
-  ImageHeader header;
-  JpegHeader jpeg;
-  if (format == Format::png) {
-    header = png_header(data, size, what);
-    if (shrink != 1) DTRAIN_THROW_SYSTEM(fmt::format("decode_image_part: a PNG at 1/{}", shrink));
-  } else {
-    TjDecompressor tj;
-    jpeg = jpeg_header(tj, data, size, what);
-    header = ImageHeader{shrunk(jpeg.width, shrink), shrunk(jpeg.height, shrink), "JPEG"};
-  }
-  const int64_t x0 = std::clamp<int64_t>(want.x0, 0, header.width - 1);
-  const int64_t y0 = std::clamp<int64_t>(want.y0, 0, header.height - 1);
-  const PixelRect rect{x0, y0, std::clamp<int64_t>(want.x0 + want.width, x0 + 1, header.width) - x0,
-                       std::clamp<int64_t>(want.y0 + want.height, y0 + 1, header.height) - y0};
-  if (format == Format::jpeg)
-    return decode_jpeg(data, size, channels, jpeg, rect, to_end, shrink, what);
+  if (png && shrink != 1)
+    DTRAIN_THROW_SYSTEM(fmt::format("decode_image_part: a PNG at 1/{}", shrink));
+  const int64_t width = shrunk_size(header.width, shrink);
+  const int64_t height = shrunk_size(header.height, shrink);
+  const int64_t x0 = std::clamp<int64_t>(want.x0, 0, width - 1);
+  const int64_t y0 = std::clamp<int64_t>(want.y0, 0, height - 1);
+  const PixelRect rect{x0, y0, std::clamp<int64_t>(want.x0 + want.width, x0 + 1, width) - x0,
+                       std::clamp<int64_t>(want.y0 + want.height, y0 + 1, height) - y0};
+  if (!png) return decode_jpeg(data, size, channels, header, rect, to_end, shrink, what);
   ImagePart part;
   part.image = decode_png(data, size, channels, what);
   part.rect = {0, 0, part.image.width, part.image.height};
   part.full_width = part.image.width;
   part.full_height = part.image.height;
   return part;
+}
+
+ImagePart decode_image_part(const uint8_t* data, size_t size, int channels, const PixelRect& want,
+                            const std::string& what, bool to_end, int shrink) {
+  // The header's size claim first: a file that claims too many pixels is named for that, not
+  // for whatever the decoder meets after it.
+  return decode_image_part(data, size, channels, read_image_header(data, size, what), want, what,
+                           to_end, shrink);
 }
 
 Image decode_image(const uint8_t* data, size_t size, int channels, const std::string& what) {

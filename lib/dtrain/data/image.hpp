@@ -62,6 +62,15 @@ struct ImagePart {
 ImagePart decode_image_part(const uint8_t* data, size_t size, int channels, const PixelRect& want,
                             const std::string& what, bool to_end = true, int shrink = 1);
 
+// The same with the file's header as read_image_header gave it (a sample's crop is drawn from
+// it first; parsed once, not again).
+ImagePart decode_image_part(const uint8_t* data, size_t size, int channels,
+                            const ImageHeader& header, const PixelRect& want,
+                            const std::string& what, bool to_end = true, int shrink = 1);
+
+// A width or height at 1 / shrink, as libjpeg's DCT scaling gives it (rounded up).
+int64_t shrunk_size(int64_t size, int shrink);
+
 // An image as a PNG file's bytes (lossless), or a JPEG file's at `quality` (1..100; 4:4:4
 // chroma, so that colours are not averaged over pixel pairs). For the trees tests and
 // benchmarks write, and `dtrain export-images`.

@@ -301,11 +301,11 @@ void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t see
   const int shrink =
       f.jpeg_draft && std::strcmp(h.format, "JPEG") == 0 ? draft_shrink(full, out_h, out_w) : 1;
   const CropBox box = shrink_box(full, shrink);
-  const int64_t width = (h.width + shrink - 1) / shrink, height = (h.height + shrink - 1) / shrink;
+  const PixelRect reads = resample_reads(shrunk_size(h.width, shrink),
+                                         shrunk_size(h.height, shrink), box, out_h, out_w);
   const bool seen_whole = f.whole_reads && f.whole_reads->contains(path);
   const ImagePart part = decode_image_part(bytes.data(), bytes.size(), static_cast<int>(f.shape[0]),
-                                           resample_reads(width, height, box, out_h, out_w), path,
-                                           !seen_whole, shrink);
+                                           h, reads, path, !seen_whole, shrink);
   if (!seen_whole && f.whole_reads) f.whole_reads->add(path);
   resample(part, box, out_h, out_w, f.mean.data(), f.inv_std.data(), out);
 }
