@@ -14,11 +14,11 @@ packages=(
   build-essential cmake git pkg-config
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev catch2 nlohmann-json3-dev
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev zlib1g-dev libturbojpeg0-dev
-  libjpeg62-turbo-dev libpng-dev
+  libjpeg62-turbo-dev libpng-dev libssl-dev
   libopenmpi-dev openmpi-bin
   gnuplot-nox
   universal-ctags time
-  dataset-fashion-mnist
+  dataset-fashion-mnist fortunes
 )
 # The multi-node tests need root (namespaces, daemons); without it they skip, so nothing to add.
 [ "$testbed" = 1 ] && [ "$(id -u)" -eq 0 ] && packages+=(slurmd slurmctld slurm-client munge iproute2)

@@ -187,6 +187,20 @@ TEST_CASE("dtrain validate accepts the shipped configs", "[cli]") {
   }
 }
 
+TEST_CASE("configs/bytes-gpt.yaml's pinned corpus is the installed fortunes package", "[cli]") {
+  // scripts/install-deps.sh installs it; a machine without it has nothing to check.
+  if (!fs::is_directory("/usr/share/games/fortunes")) {
+    WARN("no /usr/share/games/fortunes (Debian's fortunes package): not checked");
+    return;
+  }
+  const auto r = dtrain_cli("validate " + dtrain::test::source_dir() + "/configs/bytes-gpt.yaml");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains(
+                        "train=36234 test=4026 shape=[65] classes=256 from /usr/share/games/fortunes "
+                        "sha256=fbc2d796dde8ea64a51345ce4c18ff486a778a2d2259603987073bedb3fc3cd7"));
+}
+
 TEST_CASE("help lists the subcommands and options", "[cli]") {
   const auto top = dtrain_cli("--help");
   CHECK(top.code == 0);

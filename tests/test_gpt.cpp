@@ -262,6 +262,69 @@ TEST_CASE("dataset bytes: windows every block_size bytes, the tail for validatio
   CHECK(load_data(d, 1).train.size() == 5);
 }
 
+TEST_CASE("dataset bytes: data.exclude leaves files out, data.sha256 pins the stream read",
+          "[gpt][data]") {
+  // FIPS 180-2's example: the SHA-256 of "abc".
+  const std::string abc = "abc";
+  CHECK(sha256_hex(reinterpret_cast<const uint8_t*>(abc.data()), abc.size()) ==
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  test::TempDir dir("bytes-pin");
+  const std::string text = corpus_text(1000, 2);
+  test::put(dir.path / "a", text.substr(0, 500));
+  test::put(dir.path / "a.dat", "binary index");
+  test::put(dir.path / "sub" / "b", text.substr(500));
+  test::put(dir.path / "sub" / "notes.txt", "left out by its path below the folder");
+  test::put(dir.path / "skip" / "c", "a whole folder left out");
+  fs::create_symlink(dir.path / "a", dir.path / "a.u8");  // a link repeating a text
+  DataConfig d;
+  d.dataset = DatasetKind::bytes;
+  d.path = dir.path.string();
+  d.block_size = 10;
+  const auto size = [&] { return peek_data_shape(d).train_size; };
+  const int64_t all = size();
+  d.exclude = {"*.dat", "*.u8", "sub/*.txt", "skip"};
+  CHECK(size() < all);
+  DataSplit s = load_data(d, 1);
+  // What is left is a then sub/b: the text as it was written, in path order.
+  const auto ids = reinterpret_cast<const uint8_t*>(text.data());
+  CHECK(s.sha256 == sha256_hex(ids, text.size()));
+  CHECK_THAT(s.description, Catch::EndsWith("sha256=" + s.sha256));
+  CHECK(s.train.x[0] == static_cast<float>(ids[0]));
+  CHECK(s.test.x[0] == static_cast<float>(ids[900]));
+  // A pin that holds loads the same windows, in capitals too; one that does not is refused.
+  d.sha256 = s.sha256;
+  CHECK(load_data(d, 1).train.x == s.train.x);
+  std::transform(d.sha256.begin(), d.sha256.end(), d.sha256.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+  CHECK(load_data(d, 1).train.x == s.train.x);
+  d.exclude = {"*.dat", "skip"};
+  const std::string e = test::error_of([&] { load_data(d, 1); });
+  CHECK_THAT(e, Catch::StartsWith("data.sha256: the "));
+  CHECK_THAT(e, Catch::Contains("and the config pins " + s.sha256));
+  d.exclude = {"*"};
+  CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
+             Catch::Contains("holds no files to read as bytes that data.exclude leaves in"));
+  // The keys: bytes alone, with their rules, and round trips through a sweep's override.
+  const std::string gpt = "model: {type: gpt}\n";
+  const std::string bytes = "data: {dataset: bytes, path: /x, ";
+  CHECK_THAT(test::config_error(bytes + "sha256: abc}\n" + gpt),
+             Catch::Contains("data.sha256: must be 64 hex digits"));
+  CHECK_THAT(test::config_error(bytes + "exclude: ['/etc/*']}\n" + gpt),
+             Catch::Contains("data.exclude: patterns match a file's name or its path below"));
+  CHECK_THAT(test::config_error(bytes + "exclude: ['']}\n" + gpt),
+             Catch::Contains("data.exclude: every pattern must be 1 to 256 bytes"));
+  CHECK_THAT(test::config_error(bytes + "exclude: [[a]]}\n" + gpt),
+             Catch::Contains("data.exclude: expected a list of strings, found"));
+  CHECK_THAT(test::config_error(bytes + "exclude: '*.dat'}\n" + gpt),
+             Catch::Contains("data.exclude: expected a list of strings, got"));
+  CHECK_THAT(test::config_error("data: {exclude: ['*.dat']}\n"),
+             Catch::Contains("data.exclude: only for dataset: bytes"));
+  CHECK_THAT(test::config_error("data: {sha256: '" + s.sha256 + "'}\n"),
+             Catch::Contains("data.sha256: only for dataset: bytes"));
+  CHECK(parse_config(bytes + "exclude: ['*.dat', '*.u8']}\n" + gpt, "exp.yaml").data.exclude ==
+        std::vector<std::string>{"*.dat", "*.u8"});
+}
+
 TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line", "[gpt][data]") {
   test::TempDir dir("bytes-bad");
   test::put(dir.path / "small.txt", std::string(40, 'a'));

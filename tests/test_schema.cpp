@@ -30,7 +30,8 @@ bool folder_key(const std::string& key) {
 }
 
 bool bytes_key(const std::string& key) {
-  return key == "data.block_size" || key == "data.validation";
+  return key == "data.block_size" || key == "data.validation" || key == "data.exclude" ||
+         key == "data.sha256";
 }
 
 // Keys of dataset: tokens alone.
@@ -51,6 +52,7 @@ std::vector<Override> context_of(const std::string& key) {
 // A valid value for `k` other than its default, as a command-line override value.
 std::string non_default(const KeyInfo& k) {
   if (k.key == "data.shape") return "[1, 8, 8]";  // [C, H, W]
+  if (k.key == "data.sha256") return std::string(64, 'a');
   if (k.key == "data.augment.crop_scale" || k.key == "data.augment.crop_ratio")
     return "[0.5, 0.9]";  // [lo, hi]
   switch (k.kind) {
@@ -75,6 +77,8 @@ std::string non_default(const KeyInfo& k) {
       return "[3, 5]";
     case KeyKind::number_list:
       return "[0.5]";
+    case KeyKind::text_list:
+      return "['*.dat', 'sub/*', \"it's\", '[ab]*']";
     case KeyKind::layers:
       return "[{conv: {channels: 4}}, relu, {maxpool: {size: 3}}, {dropout: {p: 0.3}}]";
   }
@@ -147,6 +151,9 @@ TEST_CASE("the decoder enforces each key's range and spellings as the schema sta
     } else if (k.kind == KeyKind::number_list) {
       bad.push_back(fmt::format("[{}]", k.min - 1));
       bad.push_back(fmt::format("[{}]", k.max * 2 + 1));
+    } else if (k.kind == KeyKind::text_list) {
+      bad.push_back("[[a]]");
+      bad.push_back("a");
     }
     for (const auto& v : bad) {
       INFO(k.key << "=" << v);
@@ -176,7 +183,7 @@ TEST_CASE("data_identity changes with every data key but those acting after the 
     CHECK((data_identity(c.data, c.train.seed) != against) == !k.after_load);
     ++keys;
   }
-  CHECK(keys == 29);
+  CHECK(keys == 31);
   // The seed draws synthetic data, never files.
   CHECK(data_identity(base.data, 7) == id);
   const Config syn = with("data.dataset", "synthetic");

@@ -39,7 +39,8 @@ SAME_NATS = 1e-3  # same start, same batches: a larger difference is a differenc
 
 def dtrain_cmd(args, results, tag, extra=()):
     return [args.dtrain, "run", CONFIG, "backend=cpu", "gpus=1", f"threads={args.threads}",
-            f"data.path={args.data}", "data.shuffle=none", f"data.block_size={args.block}",
+            f"data.path={args.data}", "data.exclude=[]", "data.sha256=''", "data.shuffle=none",
+            f"data.block_size={args.block}",
             f"data.train_limit={args.train_limit}", f"model.n_layer={args.n_layer}",
             f"model.n_head={args.n_head}", f"model.n_embd={args.n_embd}",
             f"train.per_replica_batch={args.batch}", f"optimizer.base_batch={args.batch}",

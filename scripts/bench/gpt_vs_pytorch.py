@@ -71,7 +71,9 @@ def mem_gib():
 
 
 def dtrain_overrides(args):
+    # The whole folder, as torch_gpt.py reads it: no files left out, no pinned sum.
     return ["backend=cpu", "gpus=1", f"threads={args.threads}", f"data.path={args.data}",
+            "data.exclude=[]", "data.sha256=''",
             f"data.block_size={args.block}", f"data.train_limit={args.train_limit}",
             f"model.n_layer={args.n_layer}", f"model.n_head={args.n_head}",
             f"model.n_embd={args.n_embd}", f"train.per_replica_batch={args.batch}",

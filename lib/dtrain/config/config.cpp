@@ -114,6 +114,8 @@ class MapReader {
       int_list(k.name, out, k.lo);
     } else if constexpr (std::is_same_v<T, std::vector<double>>) {
       number_list(k, out);
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      text_list(k, out);
     } else {
       static_assert(std::is_same_v<T, std::vector<LayerSpec>>, "no decoder for this key's type");
       layers(k.name, out);
@@ -351,6 +353,25 @@ class MapReader {
       }
       if (!(x >= k.min && x <= k.max))
         fail(k.name, n, fmt::format("every entry must be in [{}, {}], found {}", k.min, k.max, x));
+      v.push_back(x);
+    }
+    out = std::move(v);
+  }
+
+  void text_list(const Key& k, std::vector<std::string>& out) {
+    YAML::Node n = take(k.name);
+    if (!n || n.IsNull()) return;
+    if (!n.IsSequence())
+      fail(k.name, n, fmt::format("expected a list of strings, got {}", show(n)));
+    std::vector<std::string> v;
+    for (const auto& e : n) {
+      if (!e.IsScalar())
+        fail(k.name, n, fmt::format("expected a list of strings, found {}", show(e)));
+      const std::string& x = e.Scalar();
+      if (!valid_utf8(x) || x.find('\0') != std::string::npos)
+        fail(k.name, n, "every entry must be UTF-8 text without NUL bytes");
+      if (k.rule)
+        if (const char* why = k.rule(x)) fail(k.name, n, why);
       v.push_back(x);
     }
     out = std::move(v);
@@ -661,6 +682,12 @@ void check_token_keys(const DataConfig& data, const MapReader& d) {
            data.dataset == DatasetKind::bytes
                ? "only for dataset: tokens (dataset: bytes has a vocabulary of 256)"
                : "only for dataset: tokens");
+  if (data.dataset != DatasetKind::bytes) {
+    if (data.exclude != def.exclude)
+      d.fail("exclude", d.node("exclude"), "only for dataset: bytes (files of a folder left out)");
+    if (data.sha256 != def.sha256)
+      d.fail("sha256", d.node("sha256"), "only for dataset: bytes (the corpus's checksum)");
+  }
   if (token_dataset(data.dataset)) return;
   if (data.block_size != def.block_size)
     d.fail("block_size", d.node("block_size"), "only for dataset: bytes or tokens");
@@ -765,6 +792,25 @@ const char* folder_name_rule(const std::string& name) {
   if (has_control_character(name))
     return "must not hold control characters (a tab, newline or carriage return makes a folder "
            "that no listing shows as it is)";
+  return nullptr;
+}
+
+const char* glob_rule(const std::string& pattern) {
+  if (pattern.empty() || pattern.size() > 256)
+    return "every pattern must be 1 to 256 bytes, e.g. '*.dat'";
+  if (pattern.front() == '/')
+    return "patterns match a file's name or its path below data.path: give 'sub/*.txt', not an "
+           "absolute path";
+  if (has_control_character(pattern)) return "patterns must not hold control characters";
+  return nullptr;
+}
+
+const char* sha256_rule(const std::string& digest) {
+  const bool hex = std::all_of(digest.begin(), digest.end(), [](char ch) {
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F');
+  });
+  if (!digest.empty() && (digest.size() != 64 || !hex))
+    return "must be 64 hex digits (what sha256sum prints), or empty to check nothing";
   return nullptr;
 }
 
@@ -915,6 +961,8 @@ class YamlWriter {
       else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
                          std::is_same_v<T, std::vector<double>>)
         e_ << YAML::Flow << v;
+      else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+        texts(v);
       else if constexpr (std::is_same_v<T, std::string>)
         // yaml-cpp writes "a\r" plain, which reads back as "a": quoted, it reads back whole.
         e_ << (has_control_character(v) ? YAML::DoubleQuoted : YAML::Auto) << v;
@@ -941,6 +989,13 @@ class YamlWriter {
   }
 
  private:
+  // A text list in flow style, each entry quoted where yaml-cpp would misread it plain.
+  void texts(const std::vector<std::string>& v) {
+    e_ << YAML::Flow << YAML::BeginSeq;
+    for (const auto& x : v) e_ << (has_control_character(x) ? YAML::DoubleQuoted : YAML::Auto) << x;
+    e_ << YAML::EndSeq;
+  }
+
   void layers(const Key& k, const std::vector<LayerSpec>& list) {
     e_ << YAML::Key << k.name << YAML::Value << YAML::BeginSeq;
     for (const auto& l : list) {
@@ -1026,6 +1081,8 @@ class KeyLister {
       i.kind = KeyKind::int_list;
     } else if constexpr (std::is_same_v<T, std::vector<double>>) {
       i.kind = KeyKind::number_list;
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      i.kind = KeyKind::text_list;
     } else {
       i.kind = KeyKind::layers;
     }
@@ -1137,6 +1194,8 @@ std::string KeyInfo::valid() const {
       return fmt::format("a list of integers >= {}", lo);
     case KeyKind::number_list:
       return fmt::format("a list of numbers in [{}, {}]", min, max);
+    case KeyKind::text_list:
+      return "a list of texts";
     case KeyKind::layers:
       return "a list of layers";
   }

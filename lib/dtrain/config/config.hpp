@@ -260,6 +260,12 @@ struct DataConfig {
   // the stream is the test set (a folder of shards: its val shards instead).
   int64_t block_size = 64;
   double validation = 0.1;
+  // dataset: bytes: files of a folder left out, by glob patterns (fnmatch) matched against a
+  // file's name or its path below data.path, e.g. ["*.dat", "*.u8"].
+  std::vector<std::string> exclude;
+  // dataset: bytes: the SHA-256 the stream read must have (64 hex digits; empty: not checked),
+  // so that a study names the exact corpus it trained on.
+  std::string sha256;
   // dataset: tokens: the vocabulary (GPT-2's by default); every token must lie below it.
   int64_t vocab_size = 50257;
 };

@@ -71,6 +71,10 @@ struct Key {
 
 // nullptr for a name that can be the experiment's folder, else what a name must be.
 const char* folder_name_rule(const std::string& name);
+// nullptr for a usable glob pattern (data.exclude), else what one must be.
+const char* glob_rule(const std::string& pattern);
+// nullptr for 64 hex digits or an empty text (data.sha256), else what the value must be.
+const char* sha256_rule(const std::string& digest);
 // A byte below 0x20 or DEL: never in a name or tag that becomes a folder or file name.
 bool has_control_character(const std::string& s);
 
@@ -124,6 +128,8 @@ void visit(C& d, V& v) {
   v(Key("jpeg_draft").acts_after_load(), d.jpeg_draft);
   v(Key("block_size").within(1, 8192), d.block_size);
   v(Key("validation").within(0.0, 0.5), d.validation);
+  v(Key("exclude").checked(glob_rule), d.exclude);
+  v(Key("sha256").checked(sha256_rule), d.sha256);
   v(Key("vocab_size").within(2, 1000000), d.vocab_size);
 }
 
@@ -237,7 +243,17 @@ void visit(C& c, V& v) {
 }
 
 // What the schema says about one key, for `report --by` and the tests.
-enum class KeyKind { text, boolean, integer, number, choice, int_list, number_list, layers };
+enum class KeyKind {
+  text,
+  boolean,
+  integer,
+  number,
+  choice,
+  int_list,
+  number_list,
+  text_list,
+  layers
+};
 struct KeyInfo {
   std::string key;  // dotted, e.g. "train.seed"
   KeyKind kind = KeyKind::text;

@@ -464,6 +464,8 @@ class IdentityWriter {
     else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
                        std::is_same_v<T, std::vector<double>>)
       key += fmt::format("[{}]", fmt::join(v, ","));
+    else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+      for (const auto& x : v) key += fmt::format("{}:{}", x.size(), x);
     else
       key += fmt::format("{}", v);
     key += ';';
@@ -640,6 +642,7 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
                   cfg.dataset == DatasetKind::synthetic ? "" : " from " + cfg.path);
   if (!s.skipped.empty())
     s.description += fmt::format(" ({} files skipped: data.on_bad_file: skip)", s.skipped.size());
+  if (!s.sha256.empty()) s.description += " sha256=" + s.sha256;
   return s;
 }
 

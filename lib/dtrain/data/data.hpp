@@ -31,6 +31,7 @@ struct DataSplit {
   // dataset: bytes and tokens: samples are windows of token ids, whose targets are their next
   // tokens; y holds each window's last token, not a label.
   bool token_windows = false;
+  std::string sha256;  // dataset: bytes: the SHA-256 of the stream read (data.sha256 pins it)
 };
 
 // IDX files (LeCun's MNIST format), raw or gzip-compressed; errors name the file.

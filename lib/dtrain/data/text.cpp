@@ -1,6 +1,8 @@
 #include "dtrain/data/text.hpp"
 
 #include <fmt/format.h>
+#include <fnmatch.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -38,7 +40,18 @@ int64_t total_size(const std::vector<std::string>& files) {
   return total;
 }
 
-std::vector<std::string> folder_files(const std::string& path) {
+// Whether a pattern of data.exclude matches the file's name or its path below the folder.
+bool excluded(const fs::path& file, const std::string& root,
+              const std::vector<std::string>& exclude) {
+  const std::string name = file.filename().string();
+  const std::string below = file.lexically_relative(root).generic_string();
+  return std::any_of(exclude.begin(), exclude.end(), [&](const std::string& g) {
+    return fnmatch(g.c_str(), name.c_str(), 0) == 0 || fnmatch(g.c_str(), below.c_str(), 0) == 0;
+  });
+}
+
+std::vector<std::string> folder_files(const std::string& path,
+                                      const std::vector<std::string>& exclude) {
   std::vector<std::string> files;
   std::error_code ec;
   // Links to folders are not followed (a loop would never end); links to files are read.
@@ -46,6 +59,10 @@ std::vector<std::string> folder_files(const std::string& path) {
   for (; !ec && it != end; it.increment(ec)) {
     std::error_code entry;  // a dangling or looping link: named, not taken for the folder's
     if (hidden(it->path())) {
+      if (it->is_directory(entry)) it.disable_recursion_pending();
+      continue;
+    }
+    if (excluded(it->path(), path, exclude)) {
       if (it->is_directory(entry)) it.disable_recursion_pending();
       continue;
     }
@@ -93,7 +110,8 @@ Dataset windows(const std::vector<Token>& all, int64_t lo, int64_t n, int64_t bl
 
 }  // namespace
 
-std::vector<std::string> corpus_files(const std::string& path) {
+std::vector<std::string> corpus_files(const std::string& path,
+                                      const std::vector<std::string>& exclude) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st))
@@ -104,13 +122,24 @@ std::vector<std::string> corpus_files(const std::string& path) {
   if (fs::is_regular_file(st))
     files.push_back(path);
   else if (fs::is_directory(st))
-    files = folder_files(path);
+    files = folder_files(path, exclude);
   else
     throw UserError(fmt::format("data.path: '{}' is neither a file nor a folder", path));
   if (files.empty())
-    throw UserError(fmt::format("data.path: '{}' holds no files to read as bytes", path));
+    throw UserError(fmt::format("data.path: '{}' holds no files to read as bytes{}", path,
+                                exclude.empty() ? "" : " that data.exclude leaves in"));
   total_size(files);
   return files;
+}
+
+std::string sha256_hex(const uint8_t* data, size_t n) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data, n, md, &len, EVP_sha256(), nullptr) != 1 || len != 32)
+    throw std::runtime_error("OpenSSL's SHA-256 failed");
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
 }
 
 CorpusSplit split_bytes(int64_t total, double validation) {
@@ -168,13 +197,35 @@ void check_stream_fits(const DataConfig& cfg, const CorpusSplit& sp, double per_
 
 }  // namespace
 
+namespace {
+
+// The stream's SHA-256, checked against data.sha256 where that is given.
+std::string check_pin(const DataConfig& cfg, const std::vector<uint8_t>& all, size_t files) {
+  const std::string got = sha256_hex(all.data(), all.size());
+  if (cfg.sha256.empty()) return got;
+  std::string want = cfg.sha256;
+  std::transform(want.begin(), want.end(), want.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (got != want)
+    throw UserError(fmt::format(
+        "data.sha256: the {} bytes read from '{}' ({} file{}) have SHA-256 {}, and the config "
+        "pins {}: these are not the files it was written for (another version of their "
+        "package, another data.path or data.exclude); set data.sha256 to the new sum to train "
+        "on them, or to '' to check nothing",
+        all.size(), cfg.path, files, files == 1 ? "" : "s", got, want));
+  return got;
+}
+
+}  // namespace
+
 void load_bytes(const DataConfig& cfg, DataSplit& s) {
-  const std::vector<std::string> files = corpus_files(cfg.path);
+  const std::vector<std::string> files = corpus_files(cfg.path, cfg.exclude);
   const int64_t size = total_size(files);
   check_stream_fits(cfg, split_bytes(size, cfg.validation), 1.0, "bytes");
   std::vector<uint8_t> all;
   all.reserve(static_cast<size_t>(size));
   for (const auto& f : files) read_file(f, all);
+  s.sha256 = check_pin(cfg, all, files.size());
   const auto total = static_cast<int64_t>(all.size());
   const CorpusSplit sp = split_bytes(total, cfg.validation);
   check_windows(cfg, total, sp);
@@ -183,7 +234,7 @@ void load_bytes(const DataConfig& cfg, DataSplit& s) {
 }
 
 DataShape peek_bytes(const DataConfig& cfg) {
-  const int64_t total = total_size(corpus_files(cfg.path));
+  const int64_t total = total_size(corpus_files(cfg.path, cfg.exclude));
   const CorpusSplit sp = split_bytes(total, cfg.validation);
   check_windows(cfg, total, sp);
   DataShape d;
