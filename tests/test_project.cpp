@@ -216,6 +216,78 @@ optimizer: {lr: 0.05, base_batch: 16}
   CHECK(neg.out.find("'compute_s' is '-5' in epoch row 1") != std::string::npos);
 }
 
+TEST_CASE("a step estimated from FLOPs: compute at a share of the peak, the update at memory speed",
+          "[project]") {
+  StepEstimateInput e;
+  e.flops_per_sample = 6e9;
+  e.samples_per_step = 64;
+  e.peak_flops = 1e15;
+  e.mfu = 0.5;
+  e.params = 1000000;
+  e.optimizer_bytes_per_param = 28;
+  e.memory_Bps = 2e12;
+  const StepSplit s = estimate_step(e);
+  CHECK(s.compute_s == Approx(6e9 * 64 / 5e14));
+  CHECK(s.optimizer_s == Approx(28e6 / 2e12));
+  CHECK(s.data_s == 0);
+  REQUIRE(find_gpu_preset("h100-sxm"));
+  CHECK(find_gpu_preset("h100-sxm")->memory_Bps == 3.35e12);
+  CHECK(find_gpu_preset("h200")->memory_Bps == 4.8e12);
+  CHECK(find_gpu_preset("h100") == nullptr);
+  CHECK(gpu_preset_names().size() == 5);
+}
+
+TEST_CASE("dtrain project estimates a config's step for a GPU it names, marked as estimated",
+          "[project][cli]") {
+  TempDir t("project-estimate");
+  // An MLP 8 -> 16 -> 3: 195 parameters; 2 x 176 FLOPs forward, 2 x 176 for the weights'
+  // gradients and 2 x 48 for the hidden layer's input gradient: 800 a sample.
+  const std::string cfg = t.write("e.yaml", R"(name: est
+data:
+  dataset: synthetic
+  synthetic: {train_size: 256, test_size: 64, shape: [8], classes: 3}
+model: {hidden: [16]}
+train: {per_replica_batch: 16, accumulation_steps: 2, bucket_mb: 0}
+optimizer: {type: adamw}
+)");
+  const std::string out = (t.path / "p").string();
+  const auto r = dtrain_cli("project " + cfg + " --gpu h100-sxm --mfu 0.5 --gpus 1,4 --out " + out);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("(its step estimated for one h100-sxm, fp32)"));
+  CHECK_THAT(r.out, Catch::Contains("not measured"));
+  const auto j = nlohmann::json::parse(std::ifstream(out + ".json"));
+  CHECK(j["step_basis"] == "estimated from FLOPs (not measured)");
+  CHECK(j["params"] == 195);
+  CHECK(j["estimate"]["flops_per_sample"] == 800.0);
+  CHECK(j["estimate"]["peak_tflops"] == 67.0);
+  CHECK(j["step_1_replica_s"]["compute"].get<double>() == Approx(800.0 * 32 / (67e12 * 0.5)));
+  CHECK(j["step_1_replica_s"]["optimizer"].get<double>() == Approx(195.0 * 28 / 3.35e12));
+  CHECK(j["step_1_replica_s"]["data"] == 0.0);
+  CHECK(j["global_batch_1"] == 32);
+  CHECK(j["samples_per_epoch"] == 256);
+  CHECK(j["rows"][1]["gpus"] == 4);
+  CHECK(j["rows"][1]["steps_per_epoch"] == 2);
+  // Data that is not here: the step still, no epoch.
+  const std::string away = t.write("a.yaml", "name: away\ndata: {path: /nowhere}\n");
+  const auto a = dtrain_cli("project " + away + " --gpu a100 --out " + out);
+  INFO(a.out);
+  REQUIRE(a.code == 0);
+  CHECK_THAT(a.out, Catch::Contains("No epoch time: the data is not here"));
+  CHECK(nlohmann::json::parse(std::ifstream(out + ".json"))["rows"][0]["epoch_s"].is_null());
+  // What cannot work: an unknown GPU, an MFU past 1, --gpu on a run folder, --mfu alone.
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {cfg + " --gpu h100", "--gpu 'h100': give one of h100-sxm"},
+           {cfg + " --gpu h200 --mfu 1.5", "--mfu 1.5"},
+           {t.path.string() + " --gpu h200", "a run folder has its measured step"},
+           {cfg + " --mfu 0.3", "--mfu requires --gpu"}}) {
+    const auto bad = dtrain_cli("project " + args);
+    INFO(args << "\n" << bad.out);
+    CHECK(bad.code == 2);
+    CHECK_THAT(bad.out, Catch::Contains(expect));
+  }
+}
+
 TEST_CASE("dtrain project refuses a config, a multi-replica run and an unknown link",
           "[project][cli]") {
   TempDir t("project-bad");
@@ -224,6 +296,7 @@ TEST_CASE("dtrain project refuses a config, a multi-replica run and an unknown l
   CHECK(c.code == 2);
   CHECK(count_lines(c.out) == 1);
   CHECK(c.out.find("gpus=1") != std::string::npos);
+  CHECK(c.out.find("--gpu h100-sxm|") != std::string::npos);
 
   const std::string tiny = t.write("p.yaml", R"(name: proj
 threads: 1

@@ -14,7 +14,11 @@
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/backend/gpu.hpp"
 #include "dtrain/comm/bench_comm.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
+#include "dtrain/nn/model.hpp"
 #include "dtrain/results/report.hpp"
 #include "dtrain/results/run_schema.hpp"
 #include "dtrain/train/project.hpp"
@@ -29,6 +33,10 @@ namespace {
 // What the projection needs from a run folder.
 struct RunInput {
   std::string dir;
+  std::string subject;    // "the 1-replica run DIR", or the config and the GPU assumed
+  std::string step_line;  // where the 1-replica step comes from, and its parts
+  bool estimated = false;
+  json estimate;  // with `estimated`: what the step was estimated from
   ProjectionInput in;
   int64_t params = 0;
   double bucket_mb = 25;
@@ -88,8 +96,9 @@ void check_path(const std::string& path) {
   if (fs::is_regular_file(path, ec))
     throw UserError(fmt::format(
         "{}: this is a config, not a run folder; run it first at one replica (dtrain run {} "
-        "gpus=1) and give its folder, results/<name>/<run-id>/",
-        path, path));
+        "gpus=1) and give its folder, results/<name>/<run-id>/, or estimate its step for a GPU "
+        "with --gpu {}",
+        path, path, fmt::join(gpu_preset_names(), "|")));
   if (!fs::is_directory(path, ec)) throw UserError(fmt::format("{}: no such run folder", path));
   if (!fs::exists(fs::path(path) / "summary.json", ec))
     throw UserError(
@@ -120,11 +129,106 @@ RunInput read_run(const std::string& path) {
   if (r.in.global_batch <= 0)
     throw UserError(fmt::format("{}/summary.json: no global_batch", path));
   r.in.accumulation_steps = rec.accumulation_steps;
+  r.subject = "the 1-replica run " + path;
+  const auto& s = r.in.split;
+  r.step_line = fmt::format(
+      "Measured step at 1 replica (medians of {} epochs): data {:.4g} ms + compute {:.4g} ms + "
+      "optimizer {:.4g} ms.",
+      r.epochs, s.data_s * 1e3, s.compute_s * 1e3, s.optimizer_s * 1e3);
   const auto cfg = run_config_values(rec);
   if (const auto it = cfg.find("train.bucket_mb"); it != cfg.end())
     r.bucket_mb = measured_value(it->second, path + "/summary.json", "train.bucket_mb", 0);
   if (const auto it = cfg.find("data.drop_remainder"); it != cfg.end())
     r.in.drop_remainder = it->second != "false";
+  return r;
+}
+
+// The classes a config's data will have where its files cannot be read: the classifier's
+// width, which the parameter count and FLOPs need.
+int nominal_classes(const DataConfig& d) {
+  switch (d.dataset) {
+    case DatasetKind::tokens:
+      return static_cast<int>(d.vocab_size);
+    case DatasetKind::bytes:
+      return 256;
+    case DatasetKind::cifar100:
+      return 100;
+    case DatasetKind::synthetic:
+      return d.synthetic.classes;
+    default:
+      return 10;
+  }
+}
+
+// The data's shape, classes and training samples from the files' headers where they are here,
+// else the config's nominal shape and no epoch (`why` says what was missing).
+DataShape data_shape_of(const Config& cfg, std::string& why) {
+  try {
+    return peek_data_shape(cfg.data);
+  } catch (const UserError& e) {
+    why = e.what();
+    return {nominal_shape(cfg.data), nominal_classes(cfg.data), 0};
+  }
+}
+
+// Bytes of fp32 state an update reads and writes per parameter (see StepEstimateInput).
+double update_bytes(const OptimizerConfig& o) {
+  if (o.type != OptimizerType::sgd) return 28;
+  return o.momentum > 0 ? 20 : 12;
+}
+
+const GpuPreset& gpu_preset(const ProjectOptions& opt) {
+  const GpuPreset* gpu = find_gpu_preset(opt.gpu);
+  if (!gpu)
+    throw UserError(fmt::format("--gpu '{}': give one of {}", opt.gpu,
+                                fmt::join(gpu_preset_names(), ", ")));
+  if (!(opt.mfu > 0 && opt.mfu <= 1))
+    throw UserError(fmt::format("--mfu {}: give the share of the peak a step reaches, in (0, 1]",
+                                opt.mfu));
+  return *gpu;
+}
+
+// A config's 1-replica step on a GPU the user may not have, from the shape engine's FLOPs.
+RunInput estimate_config(const ProjectOptions& opt) {
+  const GpuPreset& gpu = gpu_preset(opt);
+  const Config cfg = load_config(opt.path);
+  std::string no_data;
+  const DataShape d = data_shape_of(cfg, no_data);
+  const ModelSize m = model_size(cfg.model, d.shape, d.classes);
+  const DocumentedPeak peak = documented_peak(gpu.driver_name, cfg.precision);
+  RunInput r;
+  r.dir = opt.path;
+  r.estimated = true;
+  r.params = m.params;
+  r.bucket_mb = cfg.train.bucket_mb;
+  r.in.accumulation_steps = cfg.train.accumulation_steps;
+  r.in.global_batch = cfg.micro_batch() * cfg.train.accumulation_steps;
+  r.in.samples_per_epoch = d.train_size;  // 0 where the data is not here: no epoch column
+  r.in.drop_remainder = cfg.data.drop_remainder;
+  const StepEstimateInput e{m.forward_flops + m.backward_flops, r.in.global_batch,
+                            peak.tflops * 1e12, opt.mfu, m.params, update_bytes(cfg.optimizer),
+                            gpu.memory_Bps};
+  r.in.split = estimate_step(e);
+  const std::string precision = to_string(cfg.precision);
+  r.subject = fmt::format("{} (its step estimated for one {}, {})", opt.path, gpu.name, precision);
+  r.step_line = fmt::format(
+      "Estimated step at 1 replica (from the shape engine's FLOPs, not measured): compute "
+      "{:.4g} ms = {:.4g} GFLOP a sample (forward + backward) x {} samples at MFU {:.2f} (an "
+      "assumption, --mfu) of {:.1f} TFLOP/s ({}); optimizer {:.4g} ms = {} parameters x {:g} "
+      "bytes at {}; data 0 (not modelled).{}",
+      r.in.split.compute_s * 1e3, e.flops_per_sample * 1e-9, e.samples_per_step, opt.mfu,
+      peak.tflops, peak.source, r.in.split.optimizer_s * 1e3, m.params,
+      e.optimizer_bytes_per_param, gpu.memory_source,
+      no_data.empty() ? "" : "\nNo epoch time: the data is not here (" + no_data + ").");
+  r.estimate = {{"gpu", gpu.name},
+                {"precision", precision},
+                {"peak_tflops", peak.tflops},
+                {"peak_source", peak.source},
+                {"mfu", opt.mfu},
+                {"flops_per_sample", e.flops_per_sample},
+                {"optimizer_bytes_per_param", e.optimizer_bytes_per_param},
+                {"memory_Bps", gpu.memory_Bps},
+                {"memory_source", gpu.memory_source}};
   return r;
 }
 
@@ -147,21 +251,19 @@ std::string fmt_or_na(double v, const char* spec_fmt, double scale = 1) {
 }
 
 std::string intro(const RunInput& r, const Link& link, double backward_fraction) {
-  const auto& s = r.in.split;
   const size_t k = r.in.buckets.size();
   const std::string buckets = r.bucket_mb > 0 ? fmt::format("{} bucket{} of at most {:g} MiB", k,
                                                             k == 1 ? "" : "s", r.bucket_mb)
                                               : std::string("one all-reduce after backward");
   return fmt::format(
-      "Projection (a model, not a measurement) of the 1-replica run {} to N GPUs.\n"
+      "Projection (a model, not a measurement) of {} to N GPUs.\n"
       "Link {}: alpha {:.2f} us per ring step, busbw {:.1f} GB/s ({}).\n"
-      "Measured step at 1 replica (medians of {} epochs): data {:.4g} ms + compute {:.4g} ms + "
-      "optimizer {:.4g} ms.\n"
+      "{}\n"
       "Gradients: {} parameters ({:.3g} MB) in {}; backward = {:.3g} of compute; per-replica "
       "batch fixed (global batch {} x N).\n",
-      r.dir, link.name, link.alpha_s * 1e6, link.busbw / 1e9, link.source, r.epochs, s.data_s * 1e3,
-      s.compute_s * 1e3, s.optimizer_s * 1e3, r.params, 4e-6 * static_cast<double>(r.params),
-      buckets, backward_fraction, r.in.global_batch);
+      r.subject, link.name, link.alpha_s * 1e6, link.busbw / 1e9, link.source, r.step_line,
+      r.params, 4e-6 * static_cast<double>(r.params), buckets, backward_fraction,
+      r.in.global_batch);
 }
 
 std::string to_markdown(const std::vector<ProjectionRow>& rows) {
@@ -196,8 +298,9 @@ std::string to_json(const RunInput& r, const Link& link, double backward_fractio
                    {"exposed_bandwidth_s", p.exchange.exposed_bandwidth_s},
                    {"exposed_share", p.exposed_share},
                    {"dominant", to_string(p.bound)}});
-  const json j = {{"kind", "projection (a model, not a measurement)"},
+  json j = {{"kind", "projection (a model, not a measurement)"},
                   {"run", r.dir},
+                  {"step_basis", r.estimated ? "estimated from FLOPs (not measured)" : "measured"},
                   {"link",
                    {{"name", link.name},
                     {"alpha_s", link.alpha_s},
@@ -214,6 +317,7 @@ std::string to_json(const RunInput& r, const Link& link, double backward_fractio
                   {"global_batch_1", r.in.global_batch},
                   {"samples_per_epoch", r.in.samples_per_epoch},
                   {"rows", out}};
+  if (r.estimated) j["estimate"] = r.estimate;
   return j.dump(2) + "\n";
 }
 
@@ -250,8 +354,19 @@ void check_sizes(const ProjectOptions& opt, int64_t params, double bucket_mb) {
 }  // namespace
 
 void setup_project(CLI::App& app, ProjectOptions& opt) {
-  app.add_option("run", opt.path, "Folder of a finished 1-replica run (results/<name>/<run-id>)")
+  app.add_option("run", opt.path,
+                 "Folder of a finished 1-replica run (results/<name>/<run-id>), or a config "
+                 "with --gpu")
       ->required();
+  auto* gpu = app.add_option(
+      "--gpu", opt.gpu,
+      fmt::format("With a config: estimate its 1-replica step on this GPU from the model's FLOPs "
+                  "and the datasheet ({})",
+                  fmt::join(gpu_preset_names(), ", ")));
+  app.add_option("--mfu", opt.mfu,
+                 "With --gpu: the share of the dense peak a step is assumed to reach")
+      ->capture_default_str()
+      ->needs(gpu);
   app.add_option("--gpus", opt.gpus, "GPU counts to project to")
       ->delimiter(',')
       ->capture_default_str();
@@ -270,7 +385,9 @@ void setup_project(CLI::App& app, ProjectOptions& opt) {
   app.add_option("--params", opt.params,
                  "Parameter count (default: the one in the run's summary.json)")
       ->check(CLI::Range(int64_t{1}, int64_t{1000000000000}));
-  app.add_option("--out", opt.out, "Write OUT.md and OUT.json (default: RUN/projection-<link>)");
+  app.add_option("--out", opt.out,
+                 "Write OUT.md and OUT.json (default: RUN/projection-<link>; for a config, "
+                 "results/projections/<config>-<gpu>-<link>)");
   app.footer(
       "A model of the exchange on GPUs (ring all-reduce, see docs/project.md); nothing runs on a "
       "GPU.");
@@ -280,7 +397,12 @@ int run_project(const ProjectOptions& opt) {
   check_options(opt);
   check_sizes(opt, 0, 0);  // the options alone, before any file is read
   const Link link = parse_link(opt.link);
-  RunInput r = read_run(opt.path);
+  std::error_code ec;
+  if (!opt.gpu.empty() && fs::is_directory(opt.path, ec))
+    throw UserError(fmt::format("{}: --gpu estimates a config's step; a run folder has its "
+                                "measured step (leave out --gpu)",
+                                opt.path));
+  RunInput r = opt.gpu.empty() ? read_run(opt.path) : estimate_config(opt);
   if (opt.params > 0) r.params = opt.params;
   if (r.params <= 0)
     throw UserError(
@@ -295,8 +417,12 @@ int run_project(const ProjectOptions& opt) {
 
   const std::string head = intro(r, link, opt.backward_fraction);
   const std::string md = to_markdown(rows);
-  fs::path stem =
-      opt.out.empty() ? fs::path(r.dir) / ("projection-" + slug(link.name)) : fs::path(opt.out);
+  fs::path stem = opt.out;
+  if (opt.out.empty())
+    stem = r.estimated ? fs::path("results") / "projections" /
+                             (slug(fs::path(r.dir).stem().string()) + "-" + opt.gpu + "-" +
+                              slug(link.name))
+                       : fs::path(r.dir) / ("projection-" + slug(link.name));
   if (stem.extension() == ".md" || stem.extension() == ".json") stem.replace_extension();
   ensure_dir(fs::absolute(stem).parent_path().string(), "projection");
   write_file_atomic(stem.string() + ".md",

@@ -117,7 +117,9 @@ void setup_bench_comm(CLI::App& app, BenchCommOptions& opt);
 int run_bench_comm(const BenchCommOptions& opt);
 
 struct ProjectOptions {
-  std::string path;  // a 1-replica run folder (a config is refused with what to run first)
+  std::string path;  // a 1-replica run folder, or a config with `gpu` (an estimated step)
+  std::string gpu;   // a GPU preset: the step estimated from FLOPs instead of measured
+  double mfu = 0.4;  // with `gpu`: the share of the dense peak the step is assumed to reach
   std::vector<int> gpus = {1, 2, 4, 8, 16, 64};
   std::string link = "nvlink-h100";  // a preset, or measured:FILE (a bench-comm JSON)
   double backward_fraction = 2.0 / 3.0;

@@ -47,6 +47,45 @@ std::vector<std::string> link_preset_names() {
   return names;
 }
 
+namespace {
+
+// Memory bandwidths from NVIDIA's datasheets (the dense peaks are documented_peak's).
+const std::vector<GpuPreset>& gpu_presets() {
+  static const std::vector<GpuPreset> gpus = {
+      {"h100-sxm", "NVIDIA H100 80GB HBM3", 3.35e12,
+       "3.35 TB/s, NVIDIA H100 Tensor Core GPU datasheet (SXM)"},
+      {"h100-pcie", "NVIDIA H100 PCIe", 2.0e12,
+       "2 TB/s, NVIDIA H100 Tensor Core GPU datasheet (PCIe)"},
+      {"h200", "NVIDIA H200", 4.8e12, "4.8 TB/s, NVIDIA H200 Tensor Core GPU datasheet (SXM)"},
+      {"a100", "NVIDIA A100-SXM4-80GB", 2.039e12,
+       "2,039 GB/s, NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)"},
+      {"l40s", "NVIDIA L40S", 864e9, "864 GB/s, NVIDIA L40S datasheet"},
+  };
+  return gpus;
+}
+
+}  // namespace
+
+const GpuPreset* find_gpu_preset(const std::string& name) {
+  for (const auto& g : gpu_presets())
+    if (g.name == name) return &g;
+  return nullptr;
+}
+
+std::vector<std::string> gpu_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& g : gpu_presets()) names.push_back(g.name);
+  return names;
+}
+
+StepSplit estimate_step(const StepEstimateInput& in) {
+  StepSplit s;
+  s.compute_s = in.flops_per_sample * static_cast<double>(in.samples_per_step) /
+                (in.peak_flops * in.mfu);
+  s.optimizer_s = static_cast<double>(in.params) * in.optimizer_bytes_per_param / in.memory_Bps;
+  return s;
+}
+
 std::vector<double> bucket_bytes(int64_t n_params, double bucket_mb) {
   // The same cut as GradExchange: whole float32 elements, from the end of the buffer.
   const auto n = static_cast<size_t>(std::max<int64_t>(n_params, 0));

@@ -94,6 +94,36 @@ struct ProjectionRow {
   Bound bound = Bound::compute;
 };
 
+// ---- A step estimated for a GPU the user does not have (`dtrain project CONFIG --gpu G`)
+
+// A GPU an estimate can assume: the name its driver reports (documented_peak reads the dense
+// peaks from it) and its memory bandwidth, both from NVIDIA's datasheets.
+struct GpuPreset {
+  std::string name;         // h100-sxm, h100-pcie, h200, a100, l40s
+  std::string driver_name;  // e.g. "NVIDIA H100 80GB HBM3"
+  double memory_Bps = 0;    // bytes per second
+  std::string memory_source;
+};
+const GpuPreset* find_gpu_preset(const std::string& name);
+std::vector<std::string> gpu_preset_names();
+
+// One optimizer step of one replica from the shape engine's FLOPs instead of a run:
+//     compute   = (forward + backward FLOPs per sample) x samples per step / (peak x mfu)
+//     optimizer = parameters x bytes each update reads and writes / memory bandwidth
+//     data      = 0 (the input pipeline is taken to keep up)
+// The update streams fp32 parameters, gradients and state: 12 bytes per parameter for plain
+// SGD (read both, write the parameter), 20 with momentum, 28 for Adam and AdamW (two moments).
+struct StepEstimateInput {
+  double flops_per_sample = 0;  // forward + backward
+  int64_t samples_per_step = 0;  // per-replica batch x accumulation steps
+  double peak_flops = 0;        // FLOP/s at the run's precision
+  double mfu = 0.4;             // the share of the peak the step reaches (an assumption)
+  int64_t params = 0;
+  double optimizer_bytes_per_param = 28;
+  double memory_Bps = 0;
+};
+StepSplit estimate_step(const StepEstimateInput& in);
+
 int64_t steps_per_epoch(const ProjectionInput& in, int n);
 ProjectionRow project_step(const ProjectionInput& in, int n, const Link& link);
 std::vector<ProjectionRow> project(const ProjectionInput& in, const std::vector<int>& gpus,

@@ -321,11 +321,15 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
                            "state + {:.1f} GiB of activations for {} rows)",
                            local_ranks, local_ranks == 1 ? "" : "s", one.params / kGiB,
                            one.activations / kGiB, one.rows);
+  const char* model_keys =
+      cfg.model.type == ModelType::gpt
+          ? "model.n_embd, model.n_layer, data.block_size"
+          : "model.hidden (or the layers' units and channels)";
   throw UserError(fmt::format(
-      "model and batch need about {:.1f} GiB ({}), but {} {:.1f} GiB available; lower "
-      "model.hidden (or the layers' units and channels), train.per_replica_batch or "
+      "model and batch need about {:.1f} GiB ({}), but {} {:.1f} GiB available; lower {}, "
+      "train.per_replica_batch (train.accumulation_steps keeps the batch a step trains on) or "
       "train.eval_batch",
-      need / kGiB, split, where, have / kGiB));
+      need / kGiB, split, where, have / kGiB, model_keys));
 }
 
 }  // namespace
