@@ -1,5 +1,6 @@
 // dtrain report on fixture run folders (good, diverged, failed, corrupt, missing), and a sweep
 // that is killed and resumed.
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -166,6 +167,36 @@ TEST_CASE("report --plots draws PNG and SVG figures", "[report][plots]") {
   CHECK_THAT(slurp(out / "index.md"), Catch::Contains("![fx-speedup](fx-speedup.png)"));
   // Real replicas (their devices say nothing of simulation): the title says nothing either.
   CHECK_THAT(slurp(out / "fx-speedup.svg"), !Catch::Contains("simulated"));
+}
+
+TEST_CASE("report --plots draws each run's devices.csv, passing over rows that are not dtrain's",
+          "[report][plots][security]") {
+  if (!dtrain::gnuplot_available()) {
+    WARN("SKIPPED: gnuplot is not installed (apt-get install gnuplot-nox)");
+    return;
+  }
+  TempDir tmp("plots-devices");
+  const auto root = tmp.path;
+  fixture_run(root, "g1", 1, "done", 100, 0.90);
+  fixture_run(root, "g2", 2, "done", 180, 0.89);
+  std::string csv =
+      "unix_time_s,epoch,rank,device,util_pct,mem_util_pct,mem_used_mib,mem_total_mib\n";
+  for (int i = 0; i < 20; ++i)
+    csv += fmt::format("{}.5,0,0,gpu0,{},3,{},81559\n{}.5,0,1,gpu1,{},2,{},81559\n", 100 + i,
+                       50 + i, 1000 + 10 * i, 100 + i, 40 + i, 900 + 10 * i);
+  // Rows no dtrain writes: a device name that is a gnuplot command, text for numbers, a cut row.
+  csv += "101,0,0,gpu0'; system \"id > PWNED\"; x',5,,\n102,0,0,gpu0,abc,,\n103,0,0\n";
+  put(root / "fx" / "g2" / "devices.csv", csv);
+  const auto out = root / "report";
+  const auto r = dtrain_cli("report " + root.string() + " --plots --out " + out.string());
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(is_png(out / "fx-devices-g2.png"));
+  CHECK_FALSE(fs::exists(out / "fx-devices-g1.png"));  // no devices.csv
+  const std::string svg = slurp(out / "fx-devices-g2.svg");
+  CHECK_THAT(svg, Catch::Contains("gpu0") && Catch::Contains("gpu1") &&
+                      Catch::Contains("GPU memory used") && !Catch::Contains("PWNED"));
+  CHECK(pwned_files(root).empty());
 }
 
 TEST_CASE("speedup tables and figures say when replicas were simulated on one machine",

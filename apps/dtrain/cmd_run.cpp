@@ -446,6 +446,7 @@ void open_folder(const RunOptions& opt, const Sweep& s, size_t i, RunHold& h) {
   if (h.rec && h.resume_from) {
     h.rec->resume(*h.resume_from);  // saved in the new folder before the old copy goes
     h.rec->carry(attempt, "trace.json");
+    h.rec->carry(attempt, "devices.csv");
     std::error_code ec;
     fs::remove(checkpoint_path(attempt), ec);
   }

@@ -171,7 +171,10 @@ GpuSystem query_gpus() {
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
-    s.gpus.push_back({i, p.name, p.totalGlobalMem, p.major, p.minor, p.multiProcessorCount});
+    char bus[64] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, i) != cudaSuccess) bus[0] = '\0';
+    s.gpus.push_back(
+        {i, p.name, p.totalGlobalMem, p.major, p.minor, p.multiProcessorCount, bus});
   }
 #else
   s.none_reason = "this dtrain was built without the CUDA toolkit";

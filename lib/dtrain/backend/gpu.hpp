@@ -23,6 +23,7 @@ struct GpuInfo {
   size_t memory_bytes = 0;
   int cc_major = 0, cc_minor = 0;
   int sm_count = 0;
+  std::string pci_bus_id;  // e.g. "0000:3B:00.0": how NVML finds the same GPU
 };
 
 struct GpuSystem {

@@ -353,6 +353,9 @@ struct TrainConfig {
   // The cross-entropy target is (1 - eps) one-hot + eps / classes (PyTorch's definition).
   double label_smoothing = 0.0;
   TraceConfig trace;
+  // devices.csv: every this many milliseconds, each GPU's NVML readings and the CPU clocks of
+  // each replica's thread and of the process (0: off). Observes the run; changes no result.
+  int telemetry_ms = 100;
 };
 
 struct OptimizerConfig {

@@ -202,6 +202,7 @@ void visit(C& t, V& v) {
   v(Key("checkpoint_steps").at_least(0), t.checkpoint_steps);
   v(Key("label_smoothing").within(0.0, 0.999), t.label_smoothing);
   v.section(Key("trace"), t.trace);
+  v(Key("telemetry_ms").within(0, 3600000), t.telemetry_ms);
 }
 
 template <ConfigPart<OptimizerConfig> C, class V>

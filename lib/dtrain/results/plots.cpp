@@ -11,10 +11,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
 #include <set>
+#include <sstream>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/results/run_schema.hpp"
 
 namespace dtrain {
 
@@ -203,6 +208,7 @@ struct PlotSet {
   void curves(const std::string& g);
   void scaling(const std::vector<std::string>& groups);
   void heatmap(const std::string& rule, const std::string& reduction);
+  void devices(const RunRecord& r);
 };
 
 // 1. Test accuracy and train loss against epoch, one line per replica count, per group.
@@ -437,6 +443,86 @@ std::string draw_waterfall(const std::vector<WaterfallBar>& bars, const std::str
   return f.render(gnuplot, out_dir, setup, plot);
 }
 
+namespace {
+
+// One device's samples from devices.csv: seconds since the file's first sample, utilisation
+// and (GPUs) memory used.
+struct DeviceSeries {
+  std::vector<double> t, util, mem_mib;
+};
+
+// A device name as dtrain writes it (process, replicaN, gpuN), or "" for anything else.
+std::string device_name(const std::string& cell) {
+  const auto tail = [&](const std::string& head) {
+    return cell.size() > head.size() && cell.size() <= head.size() + 6 &&
+           cell.compare(0, head.size(), head) == 0 &&
+           std::all_of(cell.begin() + static_cast<long>(head.size()), cell.end(),
+                       [](char ch) { return ch >= '0' && ch <= '9'; });
+  };
+  return cell == "process" || tail("replica") || tail("gpu") ? cell : "";
+}
+
+// devices.csv of a run folder by device; rows that are not dtrain's (a damaged file) are
+// passed over, and at most a million rows are read.
+std::map<std::string, DeviceSeries> read_devices(const std::string& dir) {
+  std::map<std::string, DeviceSeries> out;
+  std::ifstream in(fs::path(dir) / "devices.csv");
+  std::string line;
+  std::getline(in, line);  // the header
+  double t0 = std::numeric_limits<double>::quiet_NaN();
+  for (int n = 0; n < 1000000 && std::getline(in, line); ++n) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string c; cells.size() < 8 && std::getline(ss, c, ',');) cells.push_back(c);
+    if (cells.size() < 7) continue;
+    const std::string name = device_name(cells[3]);
+    const auto t = metrics_value(cells[0]), util = metrics_value(cells[4]);
+    if (name.empty() || !t || !util || !std::isfinite(*t) || !std::isfinite(*util)) continue;
+    if (!std::isfinite(t0)) t0 = *t;
+    const auto mem = metrics_value(cells[6]);
+    DeviceSeries& s = out[name];
+    s.t.push_back(*t - t0);
+    s.util.push_back(*util);
+    s.mem_mib.push_back(mem && std::isfinite(*mem) ? *mem : std::nan(""));
+  }
+  return out;
+}
+
+}  // namespace
+
+// 5. What each device did over time: utilisation, and GPU memory where there are GPUs.
+void PlotSet::devices(const RunRecord& r) {
+  const auto series = read_devices(r.dir);
+  if (series.empty()) return;
+  const std::string stem = exp + "-devices-" + slug(r.run_id);
+  Figure fig(data, stem);
+  std::string util_plot, mem_plot;
+  int i = 0;
+  for (const auto& [name, s] : series) {
+    std::string text = "# seconds util_percent mem_used_mib\n";
+    bool mem = false;
+    for (size_t k = 0; k < s.t.size(); ++k) {
+      text += fmt::format("{} {} {}\n", num(s.t[k]), num(s.util[k]), num(s.mem_mib[k]));
+      mem = mem || std::isfinite(s.mem_mib[k]);
+    }
+    const std::string file = data_file(data, fmt::format("{}-{}.dat", stem, i), text);
+    const std::string style =
+        fmt::format("with lines lt {} lw 2 title {}", i + 1, fig.text(name));
+    util_plot += fmt::format("{}{} using 1:2 {}", util_plot.empty() ? "plot " : ", ", file, style);
+    if (mem)
+      mem_plot += fmt::format("{}{} using 1:3 {}", mem_plot.empty() ? "plot " : ", ", file, style);
+    ++i;
+  }
+  const std::string title = fig.text(c.experiment + " " + r.run_id + ": devices over time");
+  const std::string layout = mem_plot.empty() ? "1,1" : "1,2";
+  draw(fig,
+       fmt::format("set multiplot layout {} title {}\nset grid\nset key bottom right\n"
+                   "set xlabel 'seconds'\nset ylabel 'busy (%)'\nset yrange [0:*]",
+                   layout, title),
+       util_plot + (mem_plot.empty() ? "" : "\nset ylabel 'GPU memory used (MiB)'\n" + mem_plot) +
+           "\nunset multiplot");
+}
+
 Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
                   const std::string& out_dir) {
   const std::string gnuplot = gnuplot_or_throw();
@@ -459,6 +545,7 @@ Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<E
   std::set<std::pair<std::string, std::string>> kinds;
   for (const auto& row : c.rows) kinds.insert({row.run.lr_scaling, row.run.reduction});
   for (const auto& [rule, reduction] : kinds) set.heatmap(rule, reduction);
+  for (const auto& row : c.rows) set.devices(row.run);
   return std::move(set.out);
 }
 

@@ -27,6 +27,7 @@
 #include "dtrain/results/summary.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/straggler.hpp"
+#include "dtrain/train/telemetry.hpp"
 #include "dtrain/config/schema.hpp"
 
 namespace dtrain {
@@ -289,6 +290,19 @@ void RunRecorder::on_checkpoint(const Checkpoint& c) {
 void RunRecorder::on_trace(const std::string& json) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
   write_file_atomic(dir_ + "/trace.json", json);
+}
+
+void RunRecorder::on_devices(const std::vector<DeviceRow>& rows) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
+  if (rows.empty()) return;
+  // Appended, not rewritten: an hour at 100 ms is 36,000 rows a device.
+  const std::string path = dir_ + "/devices.csv";
+  std::error_code ec;
+  const bool fresh = !fs::exists(path, ec);
+  std::ofstream out(path, std::ios::app);
+  if (fresh) out << devices_csv_header();
+  for (const auto& r : rows) out << devices_csv_row(r);
+  if (!out) log().warn("{}: device samples could not be written", path);
 }
 
 void RunRecorder::carry(const std::string& attempt_dir, const std::string& name) {

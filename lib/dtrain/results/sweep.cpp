@@ -40,6 +40,7 @@ std::string resume_identity(const std::string& yaml) {
     Config c = parse_config(yaml, "config.resolved.yaml");
     c.replicas = ReplicaMode::auto_;
     c.train.trace = {};  // a trace observes the run; it changes no result
+    c.train.telemetry_ms = TrainConfig{}.telemetry_ms;  // neither does the device sampler
     return to_yaml(c);
   } catch (const UserError&) {
     return yaml;

@@ -253,10 +253,13 @@ void Replica::report_start() {
 }
 
 void Replica::run() {
+  // This thread is the replica's own (devices.csv's replica rows), unless replicas take turns.
+  if (run_.devices && run_.replica_threads) run_.devices->add_replica_thread(rank_);
   // The origin of the trace's and the straggler log's times, common to every rank.
   if (cfg_.train.trace.enabled() || replicas_ > 1) trace_.start_clock(common_clock_origin(comm_));
   trace_window_.start(global_step_);
   for (int epoch = start_epoch_; epoch < cfg_.train.epochs; ++epoch) {
+    if (run_.devices && rank_ == run_.devices_rank) run_.devices->set_epoch(epoch);
     const EpochTotals tr = train_epoch(epoch);
     const auto t_eval = Clock::now();
     const std::vector<double> test = evaluate();
@@ -279,6 +282,7 @@ void Replica::run() {
       if (diverged) run_.result.status = RunStatus::diverged;
       if (run_.observer) run_.observer->on_epoch(m);
     }
+    report_devices(epoch);
     // Every rank sees the same reduced numbers, so all stop together; the target, near its
     // threshold, is agreed as well (a rank that alone stopped would leave the others waiting in
     // the next collective).
@@ -407,6 +411,23 @@ void Replica::record_scoring(int epoch, int64_t done, int64_t samples,
   for (const EpochMetrics& m : run_.result.epochs) p.train_time_s += m.epoch_time_s;
   run_.result.evals.push_back(p);
   if (run_.observer) run_.observer->on_eval(p);
+}
+
+void Replica::report_devices(int epoch) {
+  if (cfg_.train.telemetry_ms <= 0) return;  // the same on every rank
+  const bool mine = run_.devices && rank_ == run_.devices_rank;
+  // Across processes, at most kGatheredRows a device an epoch travel (evenly spaced), so that
+  // the collective stays small; in one process rank 0 takes every row itself.
+  constexpr size_t kGatheredRows = 1000;
+  size_t dropped = 0;
+  std::vector<DeviceRow> rows;
+  if (mine) rows = run_.devices->take(run_.devices_gather ? kGatheredRows : 0, &dropped);
+  if (dropped > 0)
+    log().warn("rank {}: devices.csv: {} samples of epoch {} left out (more than {} waited; "
+               "raise train.telemetry_ms)",
+               rank_, dropped, epoch + 1, DeviceSampler::kMaxHeldRows);
+  if (run_.devices_gather) rows = gather_device_rows(comm_, rows);
+  if (rank_ == 0 && run_.observer) run_.observer->on_devices(rows);
 }
 
 void Replica::check_fault() {

@@ -25,6 +25,7 @@
 #include "dtrain/train/phase_log.hpp"
 #include "dtrain/train/replica_checkpoint.hpp"
 #include "dtrain/train/step_stats.hpp"
+#include "dtrain/train/telemetry.hpp"
 #include "dtrain/train/trace.hpp"
 #include "dtrain/train/trace_window.hpp"
 #include "dtrain/train/trainer.hpp"
@@ -63,6 +64,10 @@ struct RunContext {
   int gpus_in_process = 1;            // GPUs this process drives
   const Checkpoint* resume = nullptr;  // continue from here
   std::shared_ptr<SharedWeights> shared{};  // null: each replica has its own weights
+  std::shared_ptr<DeviceSampler> devices{};  // this process's devices.csv sampler (null: off)
+  int devices_rank = 0;         // the rank of this process that takes its rows each epoch
+  bool devices_gather = false;  // ranks in other processes: rows go to rank 0 by a collective
+  bool replica_threads = true;  // each replica has a thread of its own (not taking turns)
 };
 
 class Replica {
@@ -89,6 +94,8 @@ class Replica {
   };
 
   EpochTotals train_epoch(int epoch);
+  // Collective: this epoch's device samples (train.telemetry_ms) to rank 0's observer.
+  void report_devices(int epoch);
   // forward, backward and reduce, update; stats_ gets this rank's sums of step s (see
   // StepStats).
   void train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes& t);

@@ -2,6 +2,7 @@
 // What a training run reports, as plain types: the metrics of an epoch, the run's description,
 // its result, and the observer that hears of its progress. Nothing heavy is included, so the
 // results layer (run folders, tables) reads them without the training loop's headers.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -118,6 +119,26 @@ struct TrainResult {
   RunStatus status = RunStatus::done;
 };
 
+// devices.csv (telemetry.hpp): one sample of one device. kind: what `index` counts.
+enum class DeviceKind { process = 0, replica = 1, gpu = 2 };
+// The columns of a DeviceRow.
+struct DeviceCol {
+  enum : int {
+  unix_time,  // seconds since 1970 (UTC), to the microsecond
+  epoch,     // the epoch in training (0-based) when it was taken
+  rank,      // the rank that took it (a replica's own rank; a process's first rank)
+  kind,      // DeviceKind
+  index,     // the replica's rank, the GPU's CUDA index, 0 for a process
+  util,      // percent: a kernel running (GPU), on a core (replica thread; process: of its cores)
+  mem_util,   // percent of the period device memory was read or written (GPU)
+  mem_used_mib, mem_total_mib, power_w, sm_clock_mhz, mem_clock_mhz, temp_c,
+  pcie_tx_mbps, pcie_rx_mbps,  // NVML's PCIe throughput, MB/s
+  nvlink_tx_mbps, nvlink_rx_mbps,  // NVLink data between this sample and the one before, MB/s
+  count
+  };
+};
+using DeviceRow = std::array<double, DeviceCol::count>;  // NaN: no value
+
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
@@ -132,6 +153,9 @@ class TrainObserver {
   virtual void on_checkpoint(const Checkpoint&) {}
   // Called by rank 0 with the step trace so far (train.trace; trace-event JSON, see trace.hpp).
   virtual void on_trace(const std::string& /*json*/) {}
+  // Called by rank 0 at each epoch's end with every rank's device samples since the last call
+  // (train.telemetry_ms; columns in telemetry.hpp).
+  virtual void on_devices(const std::vector<DeviceRow>& /*rows*/) {}
 };
 
 }  // namespace dtrain

@@ -14,6 +14,7 @@
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/log.hpp"
 #include "dtrain/base/fibers.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/comm/comm.hpp"
@@ -88,6 +89,19 @@ std::map<int, double> device_peaks_mib() {
   for (const auto& p : gpu_memory().peaks())
     out[p.gpu] = static_cast<double>(p.bytes) / (1024.0 * 1024.0);
   return out;
+}
+
+// devices.csv's sampler for this process, which drives `gpus` (CUDA indices; none on the CPU)
+// and holds ranks from `first_rank` on; null where train.telemetry_ms is 0.
+std::shared_ptr<DeviceSampler> device_sampler(const Config& cfg, int first_rank,
+                                              std::vector<int> gpus) {
+  if (cfg.train.telemetry_ms <= 0) return nullptr;
+  std::sort(gpus.begin(), gpus.end());
+  gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
+  auto s = std::make_shared<DeviceSampler>(cfg.train.telemetry_ms / 1000.0, first_rank, gpus);
+  if (!s->note().empty())
+    log().info("devices.csv holds no GPU readings: {}; CPU clocks only", s->note());
+  return s;
 }
 
 // One replica's whole run, on this thread.
@@ -414,6 +428,11 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                     to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
   }
   sh.result.info.devices += launch_description(comm.size());
+  sh.devices = device_sampler(cfg, comm.rank(),
+                              sh.place.backend == Backend::cuda ? sh.place.gpu_of_replica
+                                                                : std::vector<int>{});
+  sh.devices_rank = comm.rank();
+  sh.devices_gather = comm.size() > 1;
   sh.result.info.replica_mode = comm.size() == 1 ? "one replica" : "processes";
   sh.result.info.placement = mpi::placement();
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
@@ -454,6 +473,10 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   sh.result.info.replica_mode =
       cfg.gpus == 1 ? "one replica" : sh.shared ? "shared" : "threads";
   sh.result.info.devices = in_process_devices(sh, per_replica, in_turn ? threads : 0);
+  sh.devices = device_sampler(cfg, 0,
+                              sh.place.backend == Backend::cuda ? sh.place.gpu_of_replica
+                                                                : std::vector<int>{});
+  sh.replica_threads = !in_turn;
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;

@@ -1,0 +1,297 @@
+// devices.csv: the device sampler's CPU clocks on threads with known loads, the rows' way to
+// rank 0, the file a run writes, and NVML: a note where it is missing, readings on a GPU.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/backend/gpu.hpp"
+#include "dtrain/backend/nvml.hpp"
+#include "dtrain/comm/comm.hpp"
+#include "dtrain/train/telemetry.hpp"
+#include "helpers.hpp"
+
+namespace fs = std::filesystem;
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+// The utilisation samples of one device in `rows`.
+std::vector<double> utils(const std::vector<DeviceRow>& rows, DeviceKind kind, int index) {
+  std::vector<double> out;
+  for (const auto& r : rows)
+    if (r[DeviceCol::kind] == static_cast<double>(kind) && r[DeviceCol::index] == index)
+      out.push_back(r[DeviceCol::util]);
+  return out;
+}
+
+double median(std::vector<double> v) {
+  REQUIRE(!v.empty());
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::ifstream in(p);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a replica thread that spins reads busy, one that sleeps reads idle", "[telemetry]") {
+  DeviceSampler s(0.02, 3, {});
+  CHECK(s.note().empty());  // no GPUs asked for: nothing to say
+  std::atomic<bool> stop{false};
+  std::thread spin([&] {
+    s.add_replica_thread(3);
+    volatile double x = 0;
+    while (!stop) x = x + 1;
+  });
+  std::thread sleep([&] {
+    s.add_replica_thread(4);
+    while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  s.set_epoch(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  stop = true;
+  spin.join();
+  sleep.join();
+  const std::vector<DeviceRow> rows = s.take();
+  CHECK(s.take().empty());  // drained
+  const auto busy = utils(rows, DeviceKind::replica, 3), idle = utils(rows, DeviceKind::replica, 4);
+  REQUIRE(busy.size() >= 5);
+  REQUIRE(idle.size() >= 5);
+  // A core of its own, or a share of one beside the other tests' load.
+  CHECK(median(busy) > 25);
+  CHECK(median(busy) < 110);
+  CHECK(*std::max_element(idle.begin(), idle.end()) < 10);
+  CHECK(median(utils(rows, DeviceKind::process, 0)) > 0);
+  for (const auto& r : rows) {
+    CHECK(r[DeviceCol::epoch] == 2);
+    CHECK(r[DeviceCol::rank] == (r[DeviceCol::kind] == 1 ? r[DeviceCol::index] : 3));
+    CHECK(std::isnan(r[DeviceCol::mem_used_mib]));
+    CHECK(std::abs(r[DeviceCol::unix_time] - static_cast<double>(std::time(nullptr))) < 60);
+  }
+}
+
+TEST_CASE("device rows of every rank reach rank 0 in rank order, padded rows left out",
+          "[telemetry]") {
+  const int n = 3;
+  InProcessGroup group(n);
+  std::vector<std::vector<DeviceRow>> got(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      auto comm = group.communicator(r);
+      std::vector<DeviceRow> mine;
+      for (int i = 0; i < (r == 0 ? 2 : r == 1 ? 0 : 3); ++i) {
+        DeviceRow row;
+        row.fill(std::nan(""));
+        row[DeviceCol::rank] = r;
+        row[DeviceCol::index] = i;
+        row[DeviceCol::util] = 10.0 * r + i;
+        mine.push_back(row);
+      }
+      got[static_cast<size_t>(r)] = gather_device_rows(*comm, mine);
+    });
+  for (auto& t : ts) t.join();
+  CHECK(got[1].empty());
+  CHECK(got[2].empty());
+  REQUIRE(got[0].size() == 5);
+  const double want[] = {0, 1, 20, 21, 22};
+  for (size_t i = 0; i < 5; ++i) {
+    CHECK(got[0][i][DeviceCol::util] == want[i]);
+    CHECK(std::isnan(got[0][i][DeviceCol::power_w]));  // NaN travels as NaN
+  }
+}
+
+TEST_CASE("devices.csv rows: a device's name, and an empty cell for no value", "[telemetry]") {
+  DeviceRow r;
+  r.fill(std::nan(""));
+  r[DeviceCol::unix_time] = 1.5;
+  r[DeviceCol::epoch] = 4;
+  r[DeviceCol::rank] = 1;
+  r[DeviceCol::kind] = static_cast<double>(DeviceKind::gpu);
+  r[DeviceCol::index] = 7;
+  r[DeviceCol::util] = 93;
+  r[DeviceCol::mem_used_mib] = 40960;
+  CHECK(devices_csv_row(r) == "1.500000,4,1,gpu7,93,,4.096e+04,,,,,,,,,\n");
+  r[DeviceCol::kind] = static_cast<double>(DeviceKind::process);
+  CHECK_THAT(devices_csv_row(r), Catch::StartsWith("1.500000,4,1,process,93,"));
+  const auto columns = [](const std::string& line) {
+    return std::count(line.begin(), line.end(), ',') + 1;
+  };
+  CHECK(columns(devices_csv_header()) == columns(devices_csv_row(r)));
+}
+
+TEST_CASE("a run writes devices.csv: each replica's thread and the process, every epoch",
+          "[telemetry][cli]") {
+  TempDir t("telemetry-run");
+  const std::string cfg = t.write("d.yaml", R"(name: dev
+threads: 2
+data:
+  dataset: synthetic
+  synthetic: {train_size: 4096, test_size: 256, shape: [64], classes: 4}
+model: {hidden: [256, 256]}
+train: {epochs: 2, per_replica_batch: 32, telemetry_ms: 20, target_accuracy: 0}
+)");
+  const std::string res = (t.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=2 --quiet --tag a --results " + res).code == 0);
+  const auto lines = lines_of(t.path / "res" / "dev" / "a-g2" / "devices.csv");
+  REQUIRE(lines.size() > 3);
+  CHECK(lines[0] + "\n" == devices_csv_header());
+  std::set<std::string> devices, epochs;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> cells;
+    std::stringstream ss(lines[i]);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    REQUIRE(cells.size() >= 5);
+    epochs.insert(cells[1]);
+    devices.insert(cells[3]);
+    const double util = std::stod(cells[4]);
+    CHECK(util >= 0);
+    CHECK(util <= 150);  // a clock read a little late can pass 100
+  }
+  CHECK(devices == std::set<std::string>{"process", "replica0", "replica1"});
+  CHECK(epochs == std::set<std::string>{"0", "1"});
+  // Off: no file, and the same run otherwise (the sampler changes no result).
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=2 train.telemetry_ms=0 --quiet --tag b --results " + res)
+              .code == 0);
+  CHECK_FALSE(fs::exists(t.path / "res" / "dev" / "b-g2" / "devices.csv"));
+  const auto summary = [&](const char* run) {
+    return nlohmann::json::parse(slurp(t.path / "res" / "dev" / run / "summary.json"));
+  };
+  CHECK(summary("a-g2")["final_train_loss"] == summary("b-g2")["final_train_loss"]);
+  CHECK(summary("a-g2")["final_test_loss"] == summary("b-g2")["final_test_loss"]);
+}
+
+TEST_CASE("a resumed run keeps the device rows of its first attempt and adds its own",
+          "[telemetry][cli]") {
+  TempDir t("telemetry-resume");
+  const std::string cfg = t.write("r.yaml", R"(name: dres
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 2048, test_size: 128, shape: [64], classes: 4}
+model: {hidden: [512, 512]}
+train: {epochs: 3, per_replica_batch: 16, telemetry_ms: 10, target_accuracy: 0}
+)");
+  const std::string run = dtrain_binary() + " run " + cfg + " --quiet --tag r --results " +
+                          (t.path / "res").string();
+  // 128 steps an epoch: the run fails at step 200 and continues from its checkpoint at 128.
+  REQUIRE(shell("DTRAIN_FAULT=0:200 " + run + " 2>&1").code != 0);
+  const fs::path csv = t.path / "res" / "dres" / "r-g1" / "devices.csv";
+  REQUIRE(fs::exists(csv));
+  const auto before = lines_of(csv);
+  const auto again = shell(run + " --resume 2>&1");
+  INFO(again.out);
+  REQUIRE(again.code == 0);
+  const auto after = lines_of(csv);
+  REQUIRE(after.size() > before.size());
+  CHECK(std::equal(before.begin(), before.end(), after.begin()));
+  CHECK(std::count(after.begin(), after.end(), after[0]) == 1);  // one header
+  CHECK_THAT(after.back(), Catch::Contains(",2,0,"));  // epoch 2, rank 0
+}
+
+TEST_CASE("take() thins each device to as many rows as asked, evenly spaced in time",
+          "[telemetry]") {
+  DeviceSampler s(0.005, 0, {});
+  std::thread t([&] {
+    s.add_replica_thread(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  });
+  t.join();
+  size_t dropped = 9;
+  const auto rows = s.take(5, &dropped);
+  CHECK(dropped == 0);
+  const auto times = [&](DeviceKind k) {
+    std::vector<double> out;
+    for (const auto& r : rows)
+      if (r[DeviceCol::kind] == static_cast<double>(k)) out.push_back(r[DeviceCol::unix_time]);
+    return out;
+  };
+  for (const auto k : {DeviceKind::process, DeviceKind::replica}) {
+    const auto ts = times(k);
+    CHECK(ts.size() == 5);
+    CHECK(std::is_sorted(ts.begin(), ts.end()));
+    // Spread over the samples, not the first five: the thread lived about 0.3 s.
+    CHECK(ts.back() - ts.front() > 0.15);
+  }
+}
+
+TEST_CASE("under mpirun every rank's devices reach rank 0's devices.csv", "[telemetry][mpi]") {
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir t("telemetry-mpi");
+  const std::string cfg = t.write("m.yaml", R"(name: dmpi
+threads: 1
+data:
+  dataset: synthetic
+  synthetic: {train_size: 4096, test_size: 128, shape: [64], classes: 4}
+model: {hidden: [512, 512]}
+train: {epochs: 2, per_replica_batch: 16, telemetry_ms: 10, target_accuracy: 0}
+)");
+  // Epochs of a few tenths of a second: every device has samples in each.
+  const auto r = shell(mpirun(2) + dtrain_binary() + " run " + cfg + " gpus=2 --quiet --tag m " +
+                       "--results " + (t.path / "res").string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto lines = lines_of(t.path / "res" / "dmpi" / "m-g2" / "devices.csv");
+  std::set<std::string> seen;  // rank and device
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> cells;
+    std::stringstream ss(lines[i]);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    REQUIRE(cells.size() >= 4);
+    seen.insert(cells[2] + " " + cells[3]);
+  }
+  CHECK(seen == std::set<std::string>{"0 process", "0 replica0", "1 process", "1 replica1"});
+}
+
+TEST_CASE("NVML: a machine without it gets a reason, one with a GPU gets its readings",
+          "[telemetry][cuda]") {
+  std::string why;
+  const auto nvml = Nvml::open(&why);
+  const GpuSystem sys = query_gpus();
+  if (sys.gpus.empty()) {
+    if (gpu_required()) FAIL("DTRAIN_REQUIRE_GPU=1 but no GPU: " << sys.none_reason);
+    if (!nvml) CHECK_THAT(why, Catch::Contains("NVML"));
+    WARN("SKIPPED (no GPU): " << sys.none_reason);
+    return;
+  }
+  REQUIRE(nvml);
+  const GpuInfo& g = sys.gpus[0];
+  void* h = nvml->device(g.pci_bus_id);
+  REQUIRE(h);
+  const GpuReading r = nvml->read(h);
+  INFO(g.name << " at " << g.pci_bus_id);
+  CHECK(r.util_pct >= 0);
+  CHECK(r.util_pct <= 100);
+  // NVML's total and CUDA's agree within what the driver reserves.
+  CHECK(std::abs(r.mem_total_bytes - static_cast<double>(g.memory_bytes)) <
+        0.05 * r.mem_total_bytes);
+  CHECK(r.mem_used_bytes > 0);
+  CHECK(r.power_w > 0);
+  CHECK(r.sm_clock_mhz > 0);
+  CHECK(r.temp_c > 0);
+  DeviceSampler s(0.02, 0, {g.index});
+  CHECK(s.note().empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto rows = s.take();
+  const auto gpu = utils(rows, DeviceKind::gpu, g.index);
+  CHECK(gpu.size() >= 5);
+}
