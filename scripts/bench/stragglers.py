@@ -8,7 +8,12 @@ data about 1, forward and backward about 10, exchange and optimizer a few), 2 re
 threads with 1 thread each, one epoch of 16 steps. Writes results/stragglers/README.md and
 trials.json.
 
+With --launch mpirun the two replicas are two processes (mpirun -np 2, each bound to a core of
+its own), as on two machines; the default runs them as threads of one process. Results go to
+results/stragglers/ (threads) or results/stragglers/mpirun/.
+
 Usage: stragglers.py [--dtrain build/apps/dtrain] [--trials 10] [--factors 1.1,1.5]
+                     [--launch threads|mpirun]
 """
 import argparse
 import collections
@@ -38,9 +43,15 @@ def trial(args, work, tag, slow):
     env.pop("DTRAIN_SLOW", None)
     if slow:
         env["DTRAIN_SLOW"] = slow
-    subprocess.run([args.dtrain, "run", os.path.join(work, "s.yaml"), "gpus=2",
-                    "replicas=threads", "--results", work, "--tag", tag, "--quiet"],
-                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [args.dtrain, "run", os.path.join(work, "s.yaml"), "gpus=2", "--results", work,
+           "--tag", tag, "--quiet"]
+    if args.launch == "mpirun":
+        mpi = ["mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "core", "--mca", "btl",
+               "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]
+        cmd = mpi + (["-x", "DTRAIN_SLOW"] if slow else []) + cmd  # to both processes
+    else:
+        cmd.insert(4, "replicas=threads")
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(os.path.join(work, "s", f"{tag}-g2", "summary.json")) as f:
         named = json.load(f).get("stragglers", [])
     return named[0] if named else None
@@ -51,8 +62,12 @@ def main():
     p.add_argument("--dtrain", default=os.path.join(ROOT, "build", "apps", "dtrain"))
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--factors", default="1.1,1.5")
-    p.add_argument("--out", default=os.path.join(ROOT, "results", "stragglers"))
+    p.add_argument("--launch", choices=["threads", "mpirun"], default="threads")
+    p.add_argument("--out", default=None)
     args = p.parse_args()
+    if args.out is None:
+        args.out = os.path.join(ROOT, "results", "stragglers",
+                                *(["mpirun"] if args.launch == "mpirun" else []))
     factors = [float(x) for x in args.factors.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -79,8 +94,11 @@ def render(args, rows, factors):
         tally.setdefault(key, []).append(r)
     lines = ["# Stragglers named: trials", "",
              f"{time.strftime('%Y-%m-%d', time.gmtime())}, `scripts/bench/stragglers.py "
-             f"--trials {args.trials} --factors {args.factors}` on {os.cpu_count()} cores. "
-             "Rank 1 of a 2-replica run (threads, 1 each) slowed in one phase by the factor "
+             f"--trials {args.trials} --factors {args.factors} --launch {args.launch}` on "
+             f"{os.cpu_count()} cores. Rank 1 of a 2-replica run "
+             + ("(2 processes under mpirun, each bound to a core, 1 thread each)"
+                if args.launch == "mpirun" else "(threads, 1 each)")
+             + " slowed in one phase by the factor "
              "(`DTRAIN_SLOW=1:PHASE:FACTOR`), or not at all; one epoch of 16 steps of a "
              "6.4M-parameter MLP on augmented 3x32x32 images; the epoch's verdict from "
              "`summary.json`. Right: the slowed rank and phase named (no slowdown: no one named).",
