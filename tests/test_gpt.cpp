@@ -274,6 +274,8 @@ TEST_CASE("dataset bytes: data.exclude leaves files out, data.sha256 pins the st
   test::put(dir.path / "a.dat", "binary index");
   test::put(dir.path / "sub" / "b", text.substr(500));
   test::put(dir.path / "sub" / "notes.txt", "left out by its path below the folder");
+  const std::string deep = "kept: '*' does not cross a '/'";
+  test::put(dir.path / "sub" / "deep" / "kept.txt", deep);
   test::put(dir.path / "skip" / "c", "a whole folder left out");
   fs::create_symlink(dir.path / "a", dir.path / "a.u8");  // a link repeating a text
   DataConfig d;
@@ -285,12 +287,14 @@ TEST_CASE("dataset bytes: data.exclude leaves files out, data.sha256 pins the st
   d.exclude = {"*.dat", "*.u8", "sub/*.txt", "skip"};
   CHECK(size() < all);
   DataSplit s = load_data(d, 1);
-  // What is left is a then sub/b: the text as it was written, in path order.
-  const auto ids = reinterpret_cast<const uint8_t*>(text.data());
-  CHECK(s.sha256 == sha256_hex(ids, text.size()));
+  // What is left is a, sub/b and sub/deep/kept.txt, in path order.
+  const std::string stream = text + deep;
+  const auto ids = reinterpret_cast<const uint8_t*>(stream.data());
+  CHECK(s.sha256 == sha256_hex(ids, stream.size()));
   CHECK_THAT(s.description, Catch::EndsWith("sha256=" + s.sha256));
   CHECK(s.train.x[0] == static_cast<float>(ids[0]));
-  CHECK(s.test.x[0] == static_cast<float>(ids[900]));
+  const CorpusSplit sp = split_bytes(static_cast<int64_t>(stream.size()), d.validation);
+  CHECK(s.test.x[0] == static_cast<float>(ids[sp.train]));
   // A pin that holds loads the same windows, in capitals too; one that does not is refused.
   d.sha256 = s.sha256;
   CHECK(load_data(d, 1).train.x == s.train.x);
@@ -313,6 +317,8 @@ TEST_CASE("dataset bytes: data.exclude leaves files out, data.sha256 pins the st
              Catch::Contains("data.exclude: patterns match a file's name or its path below"));
   CHECK_THAT(test::config_error(bytes + "exclude: ['']}\n" + gpt),
              Catch::Contains("data.exclude: every pattern must be 1 to 256 bytes"));
+  CHECK_THAT(test::config_error(bytes + "exclude: ['*a*a*a*a*a*a*a*a*a']}\n" + gpt),
+             Catch::Contains("data.exclude: patterns may hold at most 8 '*'"));
   CHECK_THAT(test::config_error(bytes + "exclude: [[a]]}\n" + gpt),
              Catch::Contains("data.exclude: expected a list of strings, found"));
   CHECK_THAT(test::config_error(bytes + "exclude: '*.dat'}\n" + gpt),

@@ -266,6 +266,16 @@ optimizer: {type: adamw}
   CHECK(j["step_1_replica_s"]["data"] == 0.0);
   CHECK(j["global_batch_1"] == 32);
   CHECK(j["samples_per_epoch"] == 256);
+  CHECK(j["backward_fraction"].get<double>() == Approx(448.0 / 800));  // the model's own share
+  // Overrides change the config as for run: bf16's peak, then a given backward share.
+  const auto bf16 = dtrain_cli("project " + cfg + " precision=bf16 --gpu h100-sxm --gpus 1 " +
+                               "--backward-fraction 0.5 --out " + out);
+  INFO(bf16.out);
+  REQUIRE(bf16.code == 0);
+  const auto jb = nlohmann::json::parse(std::ifstream(out + ".json"));
+  CHECK(jb["estimate"]["peak_tflops"] == 989.4);
+  CHECK(jb["estimate"]["config"] == cfg + " precision=bf16");
+  CHECK(jb["backward_fraction"] == 0.5);
   CHECK(j["rows"][1]["gpus"] == 4);
   CHECK(j["rows"][1]["steps_per_epoch"] == 2);
   // Data that is not here: the step still, no epoch.
@@ -280,7 +290,10 @@ optimizer: {type: adamw}
            {cfg + " --gpu h100", "--gpu 'h100': give one of h100-sxm"},
            {cfg + " --gpu h200 --mfu 1.5", "--mfu 1.5"},
            {t.path.string() + " --gpu h200", "a run folder has its measured step"},
-           {cfg + " --mfu 0.3", "--mfu requires --gpu"}}) {
+           {cfg + " --mfu 0.3", "--mfu requires --gpu"},
+           {cfg + " --gpu h200 --params 1000", "--params: with --gpu the parameters are"},
+           {cfg + " gpus=1,2 --gpu h200", "overrides make 2 runs"},
+           {t.path.string() + " precision=bf16", "overrides change a config, with --gpu"}}) {
     const auto bad = dtrain_cli("project " + args);
     INFO(args << "\n" << bad.out);
     CHECK(bad.code == 2);

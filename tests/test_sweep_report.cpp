@@ -184,18 +184,27 @@ TEST_CASE("report --plots draws each run's devices.csv, passing over rows that a
   for (int i = 0; i < 20; ++i)
     csv += fmt::format("{}.5,0,0,gpu0,{},3,{},81559\n{}.5,0,1,gpu1,{},2,{},81559\n", 100 + i,
                        50 + i, 1000 + 10 * i, 100 + i, 40 + i, 900 + 10 * i);
-  // Rows no dtrain writes: a device name that is a gnuplot command, text for numbers, a cut row.
-  csv += "101,0,0,gpu0'; system \"id > PWNED\"; x',5,,\n102,0,0,gpu0,abc,,\n103,0,0\n";
+  // Rows no dtrain writes, each with every cell a row has: a device name that is a gnuplot
+  // command, text for a number, a rank past any run, a cut row.
+  const std::string cells = ",1,2,3,4,5,6,7,8,9,10,11\n";
+  csv += "101,0,0,gpu0'; system \"id > PWNED\"; x',5" + cells + "102,0,0,gpu0,abc" + cells +
+         "103,0,1e9,gpu0,5" + cells + "104,0,0\n";
   put(root / "fx" / "g2" / "devices.csv", csv);
+  // A devices.csv that is a link to another file: not read, and said.
+  put(root / "elsewhere.csv", csv);
+  fs::create_symlink(root / "elsewhere.csv", root / "fx" / "g1" / "devices.csv");
   const auto out = root / "report";
   const auto r = dtrain_cli("report " + root.string() + " --plots --out " + out.string());
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(is_png(out / "fx-devices-g2.png"));
-  CHECK_FALSE(fs::exists(out / "fx-devices-g1.png"));  // no devices.csv
+  CHECK_FALSE(fs::exists(out / "fx-devices-g1.png"));
+  CHECK_THAT(r.out, Catch::Contains("figure fx-devices-g1: "));
   const std::string svg = slurp(out / "fx-devices-g2.svg");
-  CHECK_THAT(svg, Catch::Contains("gpu0") && Catch::Contains("gpu1") &&
-                      Catch::Contains("GPU memory used") && !Catch::Contains("PWNED"));
+  // Each process has its own GPU 0: the rank tells them apart.
+  CHECK_THAT(svg, Catch::Contains("gpu0 on rank 0") && Catch::Contains("gpu1 on rank 1") &&
+                      Catch::Contains("GPU memory used") && !Catch::Contains("PWNED") &&
+                      !Catch::Contains("rank 1000000000"));
   CHECK(pwned_files(root).empty());
 }
 

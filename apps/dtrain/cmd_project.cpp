@@ -17,6 +17,7 @@
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/comm/bench_comm.hpp"
 #include "dtrain/config/config.hpp"
+#include "dtrain/config/plan.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/nn/model.hpp"
 #include "dtrain/results/report.hpp"
@@ -188,12 +189,28 @@ const GpuPreset& gpu_preset(const ProjectOptions& opt) {
   return *gpu;
 }
 
+// The config with its overrides: one run (a comma list would be several).
+Config config_of(const ProjectOptions& opt) {
+  std::vector<PlannedRun> runs = plan_runs(opt.path, opt.overrides);
+  if (runs.size() != 1)
+    throw UserError(fmt::format("{} overrides make {} runs; project estimates one: give single "
+                                "values",
+                                opt.path, runs.size()));
+  return std::move(runs[0].config);
+}
+
 // A config's 1-replica step on a GPU the user may not have, from the shape engine's FLOPs.
 RunInput estimate_config(const ProjectOptions& opt) {
   const GpuPreset& gpu = gpu_preset(opt);
-  const Config cfg = load_config(opt.path);
+  if (opt.params > 0)
+    throw UserError("--params: with --gpu the parameters are the config's model's (change the "
+                    "model to change them)");
+  const Config cfg = config_of(opt);
   std::string no_data;
   const DataShape d = data_shape_of(cfg, no_data);
+  if (!no_data.empty())
+    no_data += fmt::format("; the model is sized for its nominal input [{}] and {} classes",
+                           fmt::join(d.shape, ", "), d.classes);
   const ModelSize m = model_size(cfg.model, d.shape, d.classes);
   const DocumentedPeak peak = documented_peak(gpu.driver_name, cfg.precision);
   RunInput r;
@@ -209,8 +226,13 @@ RunInput estimate_config(const ProjectOptions& opt) {
                             peak.tflops * 1e12, opt.mfu, m.params, update_bytes(cfg.optimizer),
                             gpu.memory_Bps};
   r.in.split = estimate_step(e);
+  // The model's own share of backward in its FLOPs, unless --backward-fraction says otherwise.
+  r.in.backward_fraction = opt.backward_fraction > 0 ? opt.backward_fraction
+                                                     : m.backward_flops / e.flops_per_sample;
   const std::string precision = to_string(cfg.precision);
-  r.subject = fmt::format("{} (its step estimated for one {}, {})", opt.path, gpu.name, precision);
+  const std::string given = fmt::format("{}{}{}", opt.path, opt.overrides.empty() ? "" : " ",
+                                        fmt::join(opt.overrides, " "));
+  r.subject = fmt::format("{} (its step estimated for one {}, {})", given, gpu.name, precision);
   r.step_line = fmt::format(
       "Estimated step at 1 replica (from the shape engine's FLOPs, not measured): compute "
       "{:.4g} ms = {:.4g} GFLOP a sample (forward + backward) x {} samples at MFU {:.2f} (an "
@@ -220,7 +242,8 @@ RunInput estimate_config(const ProjectOptions& opt) {
       peak.tflops, peak.source, r.in.split.optimizer_s * 1e3, m.params,
       e.optimizer_bytes_per_param, gpu.memory_source,
       no_data.empty() ? "" : "\nNo epoch time: the data is not here (" + no_data + ").");
-  r.estimate = {{"gpu", gpu.name},
+  r.estimate = {{"config", given},
+                {"gpu", gpu.name},
                 {"precision", precision},
                 {"peak_tflops", peak.tflops},
                 {"peak_source", peak.source},
@@ -326,9 +349,14 @@ void check_options(const ProjectOptions& opt) {
   for (int n : opt.gpus)
     if (n < 1 || n > (1 << 20))
       throw UserError(fmt::format("--gpus {}: each GPU count must be 1 to 1048576", n));
-  if (!(opt.backward_fraction > 0 && opt.backward_fraction <= 1))
+  // -1 (the default) stands for 2/3, or for an estimate the model's own share.
+  if (opt.backward_fraction != -1 && !(opt.backward_fraction > 0 && opt.backward_fraction <= 1))
     throw UserError(fmt::format("--backward-fraction {}: give a share of compute in (0, 1]",
                                 opt.backward_fraction));
+  if (!opt.overrides.empty() && opt.gpu.empty())
+    throw UserError(fmt::format("{}: overrides change a config, with --gpu; a run folder's "
+                                "step is what it measured",
+                                opt.overrides.front()));
 }
 
 // Bounds that keep the model's bucket list small: at most 10^12 parameters and 10^6 buckets.
@@ -358,6 +386,8 @@ void setup_project(CLI::App& app, ProjectOptions& opt) {
                  "Folder of a finished 1-replica run (results/<name>/<run-id>), or a config "
                  "with --gpu")
       ->required();
+  app.add_option("overrides", opt.overrides,
+                 "With --gpu: key=value overrides of the config (e.g. precision=bf16)");
   auto* gpu = app.add_option(
       "--gpu", opt.gpu,
       fmt::format("With a config: estimate its 1-replica step on this GPU from the model's FLOPs "
@@ -375,8 +405,8 @@ void setup_project(CLI::App& app, ProjectOptions& opt) {
                  "10 us), or measured:FILE (alpha and busbw_fit of a dtrain bench-comm JSON)")
       ->capture_default_str();
   app.add_option("--backward-fraction", opt.backward_fraction,
-                 "Share of the measured compute that is backward (the exchange overlaps it)")
-      ->capture_default_str();
+                 "Share of the compute that is backward, which the exchange overlaps (default: "
+                 "2/3 of a run's measured compute; with --gpu, the model's own share of FLOPs)");
   // Only given values are checked: the defaults (-1, 0) stand for the run's own.
   app.add_option("--bucket-mb", opt.bucket_mb,
                  "Gradient bucket size in MiB (default: the run's train.bucket_mb; 0: one "
@@ -412,10 +442,11 @@ int run_project(const ProjectOptions& opt) {
   if (opt.bucket_mb >= 0) r.bucket_mb = opt.bucket_mb;
   check_sizes(opt, r.params, r.bucket_mb);
   r.in.buckets = bucket_bytes(r.params, r.bucket_mb);
-  r.in.backward_fraction = opt.backward_fraction;
+  if (!r.estimated)
+    r.in.backward_fraction = opt.backward_fraction > 0 ? opt.backward_fraction : 2.0 / 3.0;
   const auto rows = project(r.in, opt.gpus, link);
 
-  const std::string head = intro(r, link, opt.backward_fraction);
+  const std::string head = intro(r, link, r.in.backward_fraction);
   const std::string md = to_markdown(rows);
   fs::path stem = opt.out;
   if (opt.out.empty())
@@ -427,7 +458,7 @@ int run_project(const ProjectOptions& opt) {
   ensure_dir(fs::absolute(stem).parent_path().string(), "projection");
   write_file_atomic(stem.string() + ".md",
                     "# Projection: " + link.name + "\n\n" + head + "\n" + md);
-  write_file_atomic(stem.string() + ".json", to_json(r, link, opt.backward_fraction, rows));
+  write_file_atomic(stem.string() + ".json", to_json(r, link, r.in.backward_fraction, rows));
   fmt::print("{}\n{}\n(written to {}.md and .json)\n", head, md, stem.string());
   return 0;
 }

@@ -118,11 +118,12 @@ int run_bench_comm(const BenchCommOptions& opt);
 
 struct ProjectOptions {
   std::string path;  // a 1-replica run folder, or a config with `gpu` (an estimated step)
+  std::vector<std::string> overrides;  // key=value overrides of a config (with `gpu`)
   std::string gpu;   // a GPU preset: the step estimated from FLOPs instead of measured
   double mfu = 0.4;  // with `gpu`: the share of the dense peak the step is assumed to reach
   std::vector<int> gpus = {1, 2, 4, 8, 16, 64};
   std::string link = "nvlink-h100";  // a preset, or measured:FILE (a bench-comm JSON)
-  double backward_fraction = 2.0 / 3.0;
+  double backward_fraction = -1;  // < 0: 2/3 for a run; the model's own share for an estimate
   double bucket_mb = -1;  // < 0: the run's train.bucket_mb
   long long params = 0;   // 0: the run's parameter count
   std::string out;        // OUT.md and OUT.json; default RUN_DIR/projection-<link>

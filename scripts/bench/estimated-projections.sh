@@ -18,11 +18,8 @@ for m in "${mfus[@]}"; do
   [[ $m =~ ^(0\.[0-9]+|1(\.0+)?)$ ]] || { echo "estimated-projections: MFU '$m' is not in (0, 1]"; exit 2; }
 done
 mkdir -p "$out"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-estimate.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-# The ResNet-50 config in bf16, as a GPU would train it.
-sed 's/^gpus: 1$/gpus: 1\nprecision: bf16/' configs/resnet50-synthetic.yaml >"$tmp/resnet50-synthetic.yaml"
-models=("gpt2-124m configs/gpt2-124m.yaml" "resnet50 $tmp/resnet50-synthetic.yaml")
+# ResNet-50 in bf16, as a GPU would train it.
+models=("gpt2-124m configs/gpt2-124m.yaml" "resnet50 configs/resnet50-synthetic.yaml precision=bf16")
 links=("nvlink-h100 1,2,4,8" "ib-ndr400 8,16,32")
 {
   echo "# Estimated projections (a model, not a measurement)"
@@ -35,17 +32,16 @@ links=("nvlink-h100 1,2,4,8" "ib-ndr400 8,16,32")
   echo "1-replica GPU run (\`dtrain project RUN_DIR\`) where one exists."
 } >"$out/README.md"
 for model in "${models[@]}"; do
-  read -r name cfg <<<"$model"
+  read -r name cfg overrides <<<"$model"
   for m in "${mfus[@]}"; do
     for l in "${links[@]}"; do
       read -r link gpus <<<"$l"
       stem="$out/$name-mfu$m-$link"
-      "$dtrain" project "$cfg" --gpu h100-sxm --mfu "$m" --gpus "$gpus" --link "$link" \
-        --out "$stem" >/dev/null
+      # shellcheck disable=SC2086  # no override, or one
+      "$dtrain" project "$cfg" $overrides --gpu h100-sxm --mfu "$m" --gpus "$gpus" \
+        --link "$link" --out "$stem" >/dev/null
       { echo; echo "## $name, MFU $m, $link"; echo; sed '1,2d' "$stem.md"; } >>"$out/README.md"
     done
   done
 done
-# The temporary config's path is not the committed one: name the config instead.
-sed -i "s|$tmp/resnet50-synthetic.yaml|configs/resnet50-synthetic.yaml precision=bf16|g" "$out"/*.md "$out"/*.json
 echo "estimated-projections: $out/README.md"

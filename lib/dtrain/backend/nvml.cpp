@@ -37,9 +37,9 @@ struct nvmlFieldValue {
   nvmlReturn ret;
   nvmlValue value;
 };
-constexpr int kClockSm = 1, kClockMem = 2;      // nvmlClockType_t
-constexpr int kTemperatureGpu = 0;              // nvmlTemperatureSensors_t
-constexpr int kPcieTx = 0, kPcieRx = 1;         // nvmlPcieUtilCounter_t (KB/s)
+constexpr int kClockSm = 1, kClockMem = 2;                    // nvmlClockType_t
+constexpr int kTemperatureGpu = 0;                            // nvmlTemperatureSensors_t
+constexpr int kPcieTx = 0, kPcieRx = 1;                       // nvmlPcieUtilCounter_t (KB/s)
 constexpr unsigned kNvlinkDataTx = 138, kNvlinkDataRx = 139;  // NVML_FI_..._THROUGHPUT_DATA, KiB
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -57,6 +57,7 @@ struct Nvml::Api {
   nvmlReturn (*temperature)(nvmlDevice, int, unsigned int*);
   nvmlReturn (*pcie)(nvmlDevice, int, unsigned int*);
   nvmlReturn (*fields)(nvmlDevice, int, nvmlFieldValue*);
+  const char* (*error_string)(nvmlReturn);
 };
 
 namespace {
@@ -77,6 +78,7 @@ bool bind(void* lib, Nvml::Api& a, std::string* missing) {
   get(a.temperature, "nvmlDeviceGetTemperature");
   get(a.pcie, "nvmlDeviceGetPcieThroughput");
   get(a.fields, "nvmlDeviceGetFieldValues");
+  get(a.error_string, "nvmlErrorString");
   return missing->empty();
 }
 
@@ -99,12 +101,16 @@ std::shared_ptr<Nvml> Nvml::open(std::string* why) {
   auto api = std::make_unique<Api>();
   std::string missing;
   if (!bind(lib, *api, &missing)) {
-    *why = fmt::format("libnvidia-ml.so.1 lacks {} (a driver older than NVML 11?)", missing);
+    *why = fmt::format(
+        "libnvidia-ml.so.1 lacks {} (an NVIDIA driver older than dtrain "
+        "reads; update the driver)",
+        missing);
     dlclose(lib);
     return nullptr;
   }
   if (const nvmlReturn r = api->init(); r != kSuccess) {
-    *why = fmt::format("nvmlInit_v2 failed (NVML error {})", r);
+    const char* e = api->error_string(r);
+    *why = fmt::format("NVML did not start: {} (NVML error {})", e ? e : "unknown", r);
     dlclose(lib);
     return nullptr;
   }
@@ -123,27 +129,36 @@ GpuReading Nvml::read(void* device) const {
   };
   GpuReading g{};
   nvmlUtilization u{};
-  const nvmlReturn ru = a.utilization(device, &u);
+  const nvmlReturn ru = a.utilization(device, &u);  // read below, after the call
   g.util_pct = uint_or_nan(ru, u.gpu, 1);
   g.mem_util_pct = uint_or_nan(ru, u.memory, 1);
   nvmlMemory m{};
   const bool mem = a.memory(device, &m) == kSuccess;
   g.mem_used_bytes = mem ? static_cast<double>(m.used) : kNaN;
   g.mem_total_bytes = mem ? static_cast<double>(m.total) : kNaN;
+  // Each call before its value is read (an argument list would not order them).
   unsigned int v = 0;
-  g.power_w = uint_or_nan(a.power(device, &v), v, 1e-3);  // milliwatts
-  g.sm_clock_mhz = uint_or_nan(a.clock(device, kClockSm, &v), v, 1);
-  g.mem_clock_mhz = uint_or_nan(a.clock(device, kClockMem, &v), v, 1);
-  g.temp_c = uint_or_nan(a.temperature(device, kTemperatureGpu, &v), v, 1);
-  g.pcie_tx_Bps = uint_or_nan(a.pcie(device, kPcieTx, &v), v, 1e3);  // KB/s
-  g.pcie_rx_Bps = uint_or_nan(a.pcie(device, kPcieRx, &v), v, 1e3);
+  nvmlReturn r = a.power(device, &v);
+  g.power_w = uint_or_nan(r, v, 1e-3);  // milliwatts
+  r = a.clock(device, kClockSm, &v);
+  g.sm_clock_mhz = uint_or_nan(r, v, 1);
+  r = a.clock(device, kClockMem, &v);
+  g.mem_clock_mhz = uint_or_nan(r, v, 1);
+  r = a.temperature(device, kTemperatureGpu, &v);
+  g.temp_c = uint_or_nan(r, v, 1);
+  r = a.pcie(device, kPcieTx, &v);
+  g.pcie_tx_Bps = uint_or_nan(r, v, 1e3);  // KB/s
+  r = a.pcie(device, kPcieRx, &v);
+  g.pcie_rx_Bps = uint_or_nan(r, v, 1e3);
   nvmlFieldValue f[2] = {};
   f[0].field_id = kNvlinkDataTx;
   f[1].field_id = kNvlinkDataRx;
   f[0].scope_id = f[1].scope_id = UINT_MAX;  // summed over every link
   const bool fields = a.fields(device, 2, f) == kSuccess;
-  g.nvlink_tx_bytes = fields && f[0].ret == kSuccess ? 1024.0 * static_cast<double>(f[0].value.ull) : kNaN;
-  g.nvlink_rx_bytes = fields && f[1].ret == kSuccess ? 1024.0 * static_cast<double>(f[1].value.ull) : kNaN;
+  g.nvlink_tx_bytes =
+      fields && f[0].ret == kSuccess ? 1024.0 * static_cast<double>(f[0].value.ull) : kNaN;
+  g.nvlink_rx_bytes =
+      fields && f[1].ret == kSuccess ? 1024.0 * static_cast<double>(f[1].value.ull) : kNaN;
   return g;
 }
 

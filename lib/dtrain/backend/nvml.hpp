@@ -18,7 +18,7 @@ struct GpuReading {
   double power_w;
   double sm_clock_mhz, mem_clock_mhz;
   double temp_c;
-  double pcie_tx_Bps, pcie_rx_Bps;  // NVML's PCIe throughput over its last 20 ms
+  double pcie_tx_Bps, pcie_rx_Bps;          // NVML's PCIe throughput over its last 20 ms
   double nvlink_tx_bytes, nvlink_rx_bytes;  // data counters summed over the links, since boot
 };
 

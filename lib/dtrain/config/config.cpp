@@ -802,6 +802,9 @@ const char* glob_rule(const std::string& pattern) {
     return "patterns match a file's name or its path below data.path: give 'sub/*.txt', not an "
            "absolute path";
   if (has_control_character(pattern)) return "patterns must not hold control characters";
+  // glibc's fnmatch backtracks: a pattern of many stars can take exponential time.
+  if (std::count(pattern.begin(), pattern.end(), '*') > 8)
+    return "patterns may hold at most 8 '*'";
   return nullptr;
 }
 

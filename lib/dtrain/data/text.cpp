@@ -40,13 +40,15 @@ int64_t total_size(const std::vector<std::string>& files) {
   return total;
 }
 
-// Whether a pattern of data.exclude matches the file's name or its path below the folder.
+// Whether a pattern of data.exclude matches the file's name or its path below the folder (where
+// '*' and '?' do not cross a '/': "sub/*.txt" is not "sub/deep/a.txt").
 bool excluded(const fs::path& file, const std::string& root,
               const std::vector<std::string>& exclude) {
   const std::string name = file.filename().string();
   const std::string below = file.lexically_relative(root).generic_string();
   return std::any_of(exclude.begin(), exclude.end(), [&](const std::string& g) {
-    return fnmatch(g.c_str(), name.c_str(), 0) == 0 || fnmatch(g.c_str(), below.c_str(), 0) == 0;
+    return fnmatch(g.c_str(), name.c_str(), 0) == 0 ||
+           fnmatch(g.c_str(), below.c_str(), FNM_PATHNAME) == 0;
   });
 }
 
@@ -210,8 +212,9 @@ std::string check_pin(const DataConfig& cfg, const std::vector<uint8_t>& all, si
     throw UserError(fmt::format(
         "data.sha256: the {} bytes read from '{}' ({} file{}) have SHA-256 {}, and the config "
         "pins {}: these are not the files it was written for (another version of their "
-        "package, another data.path or data.exclude); set data.sha256 to the new sum to train "
-        "on them, or to '' to check nothing",
+        "package, files another package added to the folder, another data.path or "
+        "data.exclude); set data.sha256 to the new sum to train on them, or to '' to check "
+        "nothing",
         all.size(), cfg.path, files, files == 1 ? "" : "s", got, want));
   return got;
 }

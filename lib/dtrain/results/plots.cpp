@@ -462,22 +462,46 @@ std::string device_name(const std::string& cell) {
   return cell == "process" || tail("replica") || tail("gpu") ? cell : "";
 }
 
-// devices.csv of a run folder by device; rows that are not dtrain's (a damaged file) are
-// passed over, and at most a million rows are read.
-std::map<std::string, DeviceSeries> read_devices(const std::string& dir) {
+inline constexpr size_t kMaxDevicesBytes = size_t{256} << 20;  // a day at 100 ms, 20 devices
+inline constexpr size_t kMaxDeviceSeries = 64;                   // lines in one figure
+
+// devices.csv of a run folder by device ("replica3"; a process or GPU with its rank, "gpu0 on
+// rank 1", since every process has its own); rows that are not dtrain's (a damaged file) are
+// passed over. A file that cannot be read as the run's own (a link, too large) draws nothing:
+// `why` says so.
+std::map<std::string, DeviceSeries> read_devices(const std::string& dir, std::string& why) {
   std::map<std::string, DeviceSeries> out;
-  std::ifstream in(fs::path(dir) / "devices.csv");
+  const fs::path path = fs::path(dir) / "devices.csv";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return out;
+  std::string text;
+  try {
+    text = read_own_file(path.string(), "devices.csv", kMaxDevicesBytes);
+  } catch (const UserError& e) {
+    why = e.what();
+    return out;
+  }
+  std::istringstream in(text);
   std::string line;
   std::getline(in, line);  // the header
   double t0 = std::numeric_limits<double>::quiet_NaN();
-  for (int n = 0; n < 1000000 && std::getline(in, line); ++n) {
+  while (std::getline(in, line)) {
     std::vector<std::string> cells;
     std::stringstream ss(line);
     for (std::string c; cells.size() < 8 && std::getline(ss, c, ',');) cells.push_back(c);
     if (cells.size() < 7) continue;
-    const std::string name = device_name(cells[3]);
+    std::string name = device_name(cells[3]);
     const auto t = metrics_value(cells[0]), util = metrics_value(cells[4]);
-    if (name.empty() || !t || !util || !std::isfinite(*t) || !std::isfinite(*util)) continue;
+    const auto rank = metrics_value(cells[2]);
+    if (name.empty() || !t || !util || !rank || !std::isfinite(*t) || !std::isfinite(*util) ||
+        *rank < 0 || *rank > 1e6)
+      continue;
+    if (name.rfind("replica", 0) != 0)
+      name += fmt::format(" on rank {}", static_cast<int>(*rank));
+    if (!out.count(name) && out.size() >= kMaxDeviceSeries) {
+      why = fmt::format("more than {} devices: the rest are not drawn", kMaxDeviceSeries);
+      continue;
+    }
     if (!std::isfinite(t0)) t0 = *t;
     const auto mem = metrics_value(cells[6]);
     DeviceSeries& s = out[name];
@@ -492,9 +516,11 @@ std::map<std::string, DeviceSeries> read_devices(const std::string& dir) {
 
 // 5. What each device did over time: utilisation, and GPU memory where there are GPUs.
 void PlotSet::devices(const RunRecord& r) {
-  const auto series = read_devices(r.dir);
-  if (series.empty()) return;
+  std::string why;
+  const auto series = read_devices(r.dir, why);
   const std::string stem = exp + "-devices-" + slug(r.run_id);
+  if (!why.empty()) out.notes.push_back(fmt::format("figure {}: {}", stem, why));
+  if (series.empty()) return;
   Figure fig(data, stem);
   std::string util_plot, mem_plot;
   int i = 0;

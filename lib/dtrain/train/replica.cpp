@@ -341,6 +341,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     if (every > 0 && global_step_ % every == 0 && s + 1 < steps_) {
       t.total = elapsed();
       checkpoint(epoch, s + 1, &out);
+      report_devices(epoch);  // the samples so far, where a long epoch has checkpoints
     }
   }
   // The epoch's only wait for the device; then one exchange turns local per-step stats into
@@ -419,13 +420,17 @@ void Replica::report_devices(int epoch) {
   // Across processes, at most kGatheredRows a device an epoch travel (evenly spaced), so that
   // the collective stays small; in one process rank 0 takes every row itself.
   constexpr size_t kGatheredRows = 1000;
-  size_t dropped = 0;
+  double period = 0;
   std::vector<DeviceRow> rows;
-  if (mine) rows = run_.devices->take(run_.devices_gather ? kGatheredRows : 0, &dropped);
-  if (dropped > 0)
-    log().warn("rank {}: devices.csv: {} samples of epoch {} left out (more than {} waited; "
-               "raise train.telemetry_ms)",
-               rank_, dropped, epoch + 1, DeviceSampler::kMaxHeldRows);
+  if (mine) rows = run_.devices->take(run_.devices_gather ? kGatheredRows : 0, &period);
+  // The sampler doubles its period where a million rows wait: said once per doubling.
+  const double said = std::max(devices_period_s_, cfg_.train.telemetry_ms / 1000.0);
+  if (mine && period > said) {
+    log().warn("rank {}: devices.csv: sampled every {:g} ms in epoch {} ({} rows waited for "
+               "their write; train.checkpoint_steps writes them sooner)",
+               rank_, 1e3 * period, epoch + 1, DeviceSampler::kMaxHeldRows);
+    devices_period_s_ = period;
+  }
   if (run_.devices_gather) rows = gather_device_rows(comm_, rows);
   if (rank_ == 0 && run_.observer) run_.observer->on_devices(rows);
 }

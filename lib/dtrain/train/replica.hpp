@@ -94,7 +94,8 @@ class Replica {
   };
 
   EpochTotals train_epoch(int epoch);
-  // Collective: this epoch's device samples (train.telemetry_ms) to rank 0's observer.
+  // Collective: the device samples since the last call (train.telemetry_ms) to rank 0's
+  // observer, at each epoch's end and each checkpoint within an epoch.
   void report_devices(int epoch);
   // forward, backward and reduce, update; stats_ gets this rank's sums of step s (see
   // StepStats).
@@ -205,6 +206,7 @@ class Replica {
   int64_t start_step_ = 0;
   int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
   double bn_sync_s_ = 0;  // the epoch's synchronised-BatchNorm exchanges (LayerContext)
+  double devices_period_s_ = 0;  // devices.csv's coarsest sampling period reported so far
   const Targets targets_;
   bool target_reached_ = false;  // by a scoring so far (train.stop_at_target)
   StepTrace trace_;

@@ -124,17 +124,24 @@ enum class DeviceKind { process = 0, replica = 1, gpu = 2 };
 // The columns of a DeviceRow.
 struct DeviceCol {
   enum : int {
-  unix_time,  // seconds since 1970 (UTC), to the microsecond
-  epoch,     // the epoch in training (0-based) when it was taken
-  rank,      // the rank that took it (a replica's own rank; a process's first rank)
-  kind,      // DeviceKind
-  index,     // the replica's rank, the GPU's CUDA index, 0 for a process
-  util,      // percent: a kernel running (GPU), on a core (replica thread; process: of its cores)
-  mem_util,   // percent of the period device memory was read or written (GPU)
-  mem_used_mib, mem_total_mib, power_w, sm_clock_mhz, mem_clock_mhz, temp_c,
-  pcie_tx_mbps, pcie_rx_mbps,  // NVML's PCIe throughput, MB/s
-  nvlink_tx_mbps, nvlink_rx_mbps,  // NVLink data between this sample and the one before, MB/s
-  count
+    unix_time,  // seconds since 1970 (UTC), to the microsecond
+    epoch,      // the epoch in training (0-based) when it was taken
+    rank,       // the rank that took it (a replica's own rank; a process's first rank)
+    kind,       // DeviceKind
+    index,      // the replica's rank, the GPU's CUDA index, 0 for a process
+    util,       // percent: a kernel running (GPU); on a core (replica thread; process: of its cores)
+    mem_util,   // percent of the period device memory was read or written (GPU)
+    mem_used_mib,
+    mem_total_mib,
+    power_w,
+    sm_clock_mhz,
+    mem_clock_mhz,
+    temp_c,
+    pcie_tx_mbps,    // NVML's PCIe throughput, MB/s (10^6 bytes)
+    pcie_rx_mbps,
+    nvlink_tx_mbps,  // NVLink data between this sample and the one before, MB/s
+    nvlink_rx_mbps,
+    count
   };
 };
 using DeviceRow = std::array<double, DeviceCol::count>;  // NaN: no value

@@ -63,8 +63,8 @@ std::vector<std::string> pci_bus_ids() {
 
 }  // namespace
 
-DeviceSampler::DeviceSampler(double period_s, int rank, const std::vector<int>& gpus)
-    : period_s_(period_s), rank_(rank), cores_(usable_cores()) {
+DeviceSampler::DeviceSampler(double period_s, int rank, const std::vector<int>& gpus, int epoch)
+    : period_s_(period_s), rank_(rank), cores_(usable_cores()), epoch_(epoch) {
   if (!gpus.empty()) {
     nvml_ = Nvml::open(&note_);
     const std::vector<std::string> ids = nvml_ ? pci_bus_ids() : std::vector<std::string>{};
@@ -102,45 +102,68 @@ void DeviceSampler::set_epoch(int epoch) {
   epoch_ = epoch;
 }
 
-std::vector<DeviceRow> DeviceSampler::take(size_t per_device, size_t* dropped) {
+namespace {
+
+// Each device's rows, `keep(n)` of its n kept, evenly spaced: the k-th is kept where it starts
+// a new share of n / keep(n).
+template <class Keep>
+std::vector<DeviceRow> thin(std::vector<DeviceRow> rows, Keep keep) {
+  std::map<std::pair<double, double>, std::vector<size_t>> of_device;
+  for (size_t i = 0; i < rows.size(); ++i)
+    of_device[{rows[i][DeviceCol::kind], rows[i][DeviceCol::index]}].push_back(i);
+  std::vector<bool> kept(rows.size(), false);
+  for (const auto& [device, at] : of_device) {
+    const size_t n = at.size(), m = std::min(n, keep(n));
+    for (size_t k = 0; k < n; ++k) kept[at[k]] = (k * m) / n != ((k + 1) * m) / n;
+  }
+  std::vector<DeviceRow> out;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (kept[i]) out.push_back(rows[i]);
+  return out;
+}
+
+}  // namespace
+
+std::vector<DeviceRow> DeviceSampler::take(size_t per_device, double* period_s) {
   std::vector<DeviceRow> rows;
   {
     std::lock_guard lk(mu_);
     rows = std::exchange(rows_, {});
-    if (dropped) *dropped = dropped_;
-    dropped_ = 0;
+    if (period_s) *period_s = period_s_;
   }
   if (per_device == 0) return rows;
-  // Each device's k-th of n rows is kept where it starts a new share of n / per_device.
-  std::map<std::pair<double, double>, std::vector<size_t>> of_device;
-  for (size_t i = 0; i < rows.size(); ++i)
-    of_device[{rows[i][DeviceCol::kind], rows[i][DeviceCol::index]}].push_back(i);
-  std::vector<bool> keep(rows.size(), false);
-  for (const auto& [device, at] : of_device)
-    for (size_t k = 0; k < at.size(); ++k)
-      keep[at[k]] = at.size() <= per_device || (k * per_device) / at.size() !=
-                                                    ((k + 1) * per_device) / at.size();
-  std::vector<DeviceRow> kept;
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (keep[i]) kept.push_back(rows[i]);
-  return kept;
+  return thin(std::move(rows), [&](size_t) { return per_device; });
 }
 
 void DeviceSampler::loop() {
+  auto next = std::chrono::steady_clock::now();
   std::unique_lock lk(mu_);
   while (!stop_) {
     lk.unlock();
     sample();
     lk.lock();
-    wake_.wait_for(lk, std::chrono::duration<double>(period_s_), [this] { return stop_; });
+    // On a fixed grid: the time a sample takes does not stretch the period.
+    next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(period_s_));
+    next = std::max(next, std::chrono::steady_clock::now());  // behind: no burst to catch up
+    wake_.wait_until(lk, next, [this] { return stop_; });
   }
 }
 
 void DeviceSampler::sample() {
-  std::lock_guard lk(mu_);  // replicas register and take rows on other threads
+  // The GPUs first, without the lock (NVML takes its time; only this thread reads them).
   const double now = unix_now();
   const double dt = last_wall_ < 0 ? kNaN : now - last_wall_;
   last_wall_ = now;
+  int epoch = 0;
+  {
+    std::lock_guard lk(mu_);
+    epoch = epoch_;
+  }
+  std::vector<DeviceRow> gpu_rows;
+  for (Gpu& g : gpus_)
+    gpu_rows.push_back(read_gpu(g, blank_row(now, epoch, rank_, DeviceKind::gpu, g.index), dt));
+  std::lock_guard lk(mu_);  // replicas register threads and take rows on other threads
   // A clock's busy share since the previous sample: CPU seconds over wall seconds.
   const auto busy = [&](Clock& c, double cores) {
     const double s = cpu_seconds(c.id);
@@ -148,22 +171,22 @@ void DeviceSampler::sample() {
     c.cpu_s = std::isfinite(s) ? s : -1;
     return share;
   };
-  if (rows_.size() >= kMaxHeldRows) {  // nobody took them: count what is left out
-    dropped_ += 1 + threads_.size() + gpus_.size();
-    return;
-  }
-  DeviceRow p = blank_row(now, epoch_, rank_, DeviceKind::process, 0);
+  DeviceRow p = blank_row(now, epoch, rank_, DeviceKind::process, 0);
   p[DeviceCol::util] = busy(process_, cores_);
   if (std::isfinite(p[DeviceCol::util])) rows_.push_back(p);
   for (Clock& c : threads_) {
-    DeviceRow r = blank_row(now, epoch_, c.index, DeviceKind::replica, c.index);
+    DeviceRow r = blank_row(now, epoch, c.index, DeviceKind::replica, c.index);
     r[DeviceCol::util] = busy(c, 1);
     if (std::isfinite(r[DeviceCol::util])) rows_.push_back(r);
   }
-  for (Gpu& g : gpus_) sample_gpu(g, blank_row(now, epoch_, rank_, DeviceKind::gpu, g.index), dt);
+  rows_.insert(rows_.end(), gpu_rows.begin(), gpu_rows.end());
+  if (rows_.size() >= kMaxHeldRows) {  // nobody has taken them: a coarser step, the same span
+    rows_ = thin(std::move(rows_), [](size_t n) { return (n + 1) / 2; });
+    period_s_ *= 2;
+  }
 }
 
-void DeviceSampler::sample_gpu(Gpu& g, DeviceRow row, double dt) {
+DeviceRow DeviceSampler::read_gpu(Gpu& g, DeviceRow row, double dt) {
   const GpuReading r = nvml_->read(g.handle);
   constexpr double kMiB = 1024.0 * 1024;
   row[DeviceCol::util] = r.util_pct;
@@ -184,7 +207,7 @@ void DeviceSampler::sample_gpu(Gpu& g, DeviceRow row, double dt) {
   };
   row[DeviceCol::nvlink_tx_mbps] = rate(r.nvlink_tx_bytes, g.nvlink_tx);
   row[DeviceCol::nvlink_rx_mbps] = rate(r.nvlink_rx_bytes, g.nvlink_rx);
-  rows_.push_back(row);
+  return row;
 }
 
 std::vector<DeviceRow> gather_device_rows(Communicator& comm, const std::vector<DeviceRow>& mine) {
@@ -197,15 +220,16 @@ std::vector<DeviceRow> gather_device_rows(Communicator& comm, const std::vector<
   const auto width = static_cast<size_t>(most) * DeviceCol::count;
   std::vector<double> flat(width, 0.0);
   for (size_t i = 0; i < mine.size(); ++i)
-    std::copy(mine[i].begin(), mine[i].end(), flat.begin() + static_cast<long>(i * DeviceCol::count));
+    std::copy(mine[i].begin(), mine[i].end(),
+              flat.begin() + static_cast<long>(i * DeviceCol::count));
   const std::vector<double> all = gather(comm, flat);
   std::vector<DeviceRow> out;
   if (comm.rank() != 0) return out;
   for (size_t r = 0; r < counts.size(); ++r)
     for (size_t i = 0; i < static_cast<size_t>(counts[r]); ++i) {
       DeviceRow row;
-      std::copy_n(all.begin() + static_cast<long>(r * width + i * DeviceCol::count), DeviceCol::count,
-                  row.begin());
+      std::copy_n(all.begin() + static_cast<long>(r * width + i * DeviceCol::count),
+                  DeviceCol::count, row.begin());
       out.push_back(row);
     }
   return out;
@@ -220,11 +244,12 @@ std::string devices_csv_header() {
 std::string devices_csv_row(const DeviceRow& r) {
   static const char* const kinds[] = {"process", "replica", "gpu"};
   const auto kind = static_cast<size_t>(std::clamp(static_cast<int>(r[DeviceCol::kind]), 0, 2));
-  std::string s = fmt::format("{:.6f},{},{},{}", r[DeviceCol::unix_time], static_cast<int>(r[DeviceCol::epoch]),
-                              static_cast<int>(r[DeviceCol::rank]), kinds[kind]);
+  std::string s =
+      fmt::format("{:.6f},{},{},{}", r[DeviceCol::unix_time], static_cast<int>(r[DeviceCol::epoch]),
+                  static_cast<int>(r[DeviceCol::rank]), kinds[kind]);
   if (kind != 0) s += std::to_string(static_cast<int>(r[DeviceCol::index]));
   for (int c = DeviceCol::util; c < DeviceCol::count; ++c)
-    s += std::isfinite(r[c]) ? fmt::format(",{:.4g}", r[c]) : std::string(",");
+    s += std::isfinite(r[c]) ? fmt::format(",{:.6g}", r[c]) : std::string(",");
   return s + "\n";
 }
 

@@ -20,12 +20,12 @@ namespace dtrain {
 
 class Nvml;
 
-
 class DeviceSampler {
  public:
   // Samples every `period_s` the GPUs (CUDA indices) this process drives and its CPU clocks;
-  // `rank` is the process's first rank. NVML is opened only where `gpus` is not empty.
-  DeviceSampler(double period_s, int rank, const std::vector<int>& gpus);
+  // `rank` is the process's first rank, `epoch` the one training starts in (a resumed run's).
+  // NVML is opened only where `gpus` is not empty.
+  DeviceSampler(double period_s, int rank, const std::vector<int>& gpus, int epoch = 0);
   ~DeviceSampler();
   DeviceSampler(const DeviceSampler&) = delete;
   DeviceSampler& operator=(const DeviceSampler&) = delete;
@@ -36,9 +36,10 @@ class DeviceSampler {
   void add_replica_thread(int rank);
   void set_epoch(int epoch);
   // The rows sampled since the last call, oldest first; at most `per_device` of each device
-  // (evenly spaced in time; 0: all). Where more than kMaxHeldRows were waiting, the samples
-  // past them were left out and `*dropped` (where given) says how many.
-  std::vector<DeviceRow> take(size_t per_device = 0, size_t* dropped = nullptr);
+  // (evenly spaced in time; 0: all). `*period_s` (where given): the sampling period now. Where
+  // kMaxHeldRows wait, every second sample of each device is let go and the period doubles,
+  // so that a long epoch keeps its whole span at a coarser step.
+  std::vector<DeviceRow> take(size_t per_device = 0, double* period_s = nullptr);
   static constexpr size_t kMaxHeldRows = 1000000;  // 136 MB
 
  private:
@@ -54,7 +55,7 @@ class DeviceSampler {
   };
   void loop();
   void sample();
-  void sample_gpu(Gpu& g, DeviceRow row, double dt);
+  DeviceRow read_gpu(Gpu& g, DeviceRow row, double dt);
 
   double period_s_;
   int rank_;
@@ -67,7 +68,6 @@ class DeviceSampler {
   int epoch_ = 0;
   std::string note_;
   std::vector<DeviceRow> rows_;
-  size_t dropped_ = 0;
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;

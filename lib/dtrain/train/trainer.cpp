@@ -94,13 +94,13 @@ std::map<int, double> device_peaks_mib() {
 // devices.csv's sampler for this process, which drives `gpus` (CUDA indices; none on the CPU)
 // and holds ranks from `first_rank` on; null where train.telemetry_ms is 0.
 std::shared_ptr<DeviceSampler> device_sampler(const Config& cfg, int first_rank,
-                                              std::vector<int> gpus) {
+                                              std::vector<int> gpus, const Checkpoint* resume) {
   if (cfg.train.telemetry_ms <= 0) return nullptr;
   std::sort(gpus.begin(), gpus.end());
   gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
-  auto s = std::make_shared<DeviceSampler>(cfg.train.telemetry_ms / 1000.0, first_rank, gpus);
-  if (!s->note().empty())
-    log().info("devices.csv holds no GPU readings: {}; CPU clocks only", s->note());
+  auto s = std::make_shared<DeviceSampler>(cfg.train.telemetry_ms / 1000.0, first_rank, gpus,
+                                           resume ? resume->epoch : 0);
+  if (!s->note().empty()) log().info("devices.csv: {}; those GPUs have no rows", s->note());
   return s;
 }
 
@@ -430,7 +430,8 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
   sh.result.info.devices += launch_description(comm.size());
   sh.devices = device_sampler(cfg, comm.rank(),
                               sh.place.backend == Backend::cuda ? sh.place.gpu_of_replica
-                                                                : std::vector<int>{});
+                                                                : std::vector<int>{},
+                              resume);
   sh.devices_rank = comm.rank();
   sh.devices_gather = comm.size() > 1;
   sh.result.info.replica_mode = comm.size() == 1 ? "one replica" : "processes";
@@ -475,7 +476,8 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   sh.result.info.devices = in_process_devices(sh, per_replica, in_turn ? threads : 0);
   sh.devices = device_sampler(cfg, 0,
                               sh.place.backend == Backend::cuda ? sh.place.gpu_of_replica
-                                                                : std::vector<int>{});
+                                                                : std::vector<int>{},
+                              resume);
   sh.replica_threads = !in_turn;
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   InProcessGroup group(cfg.gpus);
