@@ -2,6 +2,8 @@
 // rank 0, the file a run writes, and NVML: a note where it is missing, readings on a GPU.
 #include <algorithm>
 #include <atomic>
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -46,6 +48,17 @@ std::vector<std::string> lines_of(const fs::path& p) {
   std::vector<std::string> out;
   for (std::string l; std::getline(in, l);) out.push_back(l);
   return out;
+}
+
+// A small MLP on synthetic data whose devices are sampled every `ms` milliseconds.
+std::string mlp_config(TempDir& t, const std::string& name, int threads, int train_size,
+                       const std::string& hidden, int epochs, int batch, int ms) {
+  return t.write(name + ".yaml",
+                 fmt::format("name: {}\nthreads: {}\ndata:\n  dataset: synthetic\n  synthetic: "
+                             "{{train_size: {}, test_size: 128, shape: [64], classes: 4}}\n"
+                             "model: {{hidden: {}}}\ntrain: {{epochs: {}, per_replica_batch: {}, "
+                             "telemetry_ms: {}, target_accuracy: 0}}\n",
+                             name, threads, train_size, hidden, epochs, batch, ms));
 }
 
 }  // namespace
@@ -139,14 +152,7 @@ TEST_CASE("devices.csv rows: a device's name, and an empty cell for no value", "
 TEST_CASE("a run writes devices.csv: each replica's thread and the process, every epoch",
           "[telemetry][cli]") {
   TempDir t("telemetry-run");
-  const std::string cfg = t.write("d.yaml", R"(name: dev
-threads: 2
-data:
-  dataset: synthetic
-  synthetic: {train_size: 4096, test_size: 256, shape: [64], classes: 4}
-model: {hidden: [256, 256]}
-train: {epochs: 2, per_replica_batch: 32, telemetry_ms: 20, target_accuracy: 0}
-)");
+  const std::string cfg = mlp_config(t, "dev", 2, 4096, "[256, 256]", 2, 32, 20);
   const std::string res = (t.path / "res").string();
   REQUIRE(dtrain_cli("run " + cfg + " gpus=2 --quiet --tag a --results " + res).code == 0);
   const auto lines = lines_of(t.path / "res" / "dev" / "a-g2" / "devices.csv");
@@ -180,14 +186,7 @@ train: {epochs: 2, per_replica_batch: 32, telemetry_ms: 20, target_accuracy: 0}
 TEST_CASE("a resumed run keeps the device rows of its first attempt and adds its own",
           "[telemetry][cli]") {
   TempDir t("telemetry-resume");
-  const std::string cfg = t.write("r.yaml", R"(name: dres
-threads: 1
-data:
-  dataset: synthetic
-  synthetic: {train_size: 2048, test_size: 128, shape: [64], classes: 4}
-model: {hidden: [512, 512]}
-train: {epochs: 3, per_replica_batch: 16, telemetry_ms: 10, target_accuracy: 0}
-)");
+  const std::string cfg = mlp_config(t, "dres", 1, 2048, "[512, 512]", 3, 16, 10);
   const std::string run =
       dtrain_binary() + " run " + cfg + " --quiet --tag r --results " + (t.path / "res").string();
   // 128 steps an epoch: the run fails at step 200 and continues from its checkpoint at 128.
@@ -240,14 +239,7 @@ TEST_CASE("under mpirun every rank's devices reach rank 0's devices.csv", "[tele
     return;
   }
   TempDir t("telemetry-mpi");
-  const std::string cfg = t.write("m.yaml", R"(name: dmpi
-threads: 1
-data:
-  dataset: synthetic
-  synthetic: {train_size: 4096, test_size: 128, shape: [64], classes: 4}
-model: {hidden: [512, 512]}
-train: {epochs: 2, per_replica_batch: 16, telemetry_ms: 10, target_accuracy: 0}
-)");
+  const std::string cfg = mlp_config(t, "dmpi", 1, 4096, "[512, 512]", 2, 16, 10);
   // Epochs of a few tenths of a second: every device has samples in each.
   const auto r = shell(mpirun(2) + dtrain_binary() + " run " + cfg + " gpus=2 --quiet --tag m " +
                        "--results " + (t.path / "res").string());
