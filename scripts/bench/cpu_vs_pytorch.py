@@ -48,10 +48,12 @@ MODELS = {
                 dtrain=[], torch=["--model=cnn"], title="Fashion-MNIST CNN",
                 recipe="SGD momentum 0.9, lr 0.05 at batch 64, weight decay 5e-4, 2 warmup "
                        "epochs, cosine"),
-    # ResNet-20's layout at widths 8/16/32 on Fashion-MNIST, flips off in both programs (the
-    # peer's data path has no augmentation: the step is what is compared).
+    # ResNet-20's layout at widths 8/16/32 on Fashion-MNIST, flips and crops off in both
+    # programs (the peer's data path has no augmentation: the step is what is compared).
     "resnet": dict(config="fmnist-resnet.yaml", experiment="fmnist-resnet",
-                   cases=[(1, 128, "linear")], dtrain=["data.augment.flip=false"],
+                   cases=[(1, 128, "linear")],
+                   dtrain=["data.augment.flip=false", "data.augment.crop_padding=0",
+                           "model.widths=[8,16,32]"],
                    torch=RESNET_TORCH + ["--depth=20", "--widths=8,16,32"],
                    title="Fashion-MNIST ResNet (ResNet-20 layout, widths 8/16/32)",
                    recipe="SGD momentum 0.9, lr 0.1 at batch 128, weight decay 5e-4, 1 warmup "
@@ -59,7 +61,8 @@ MODELS = {
     # The CIFAR ResNet-20 (widths 16/32/64) on synthetic 3x32x32 inputs, 10,240 per epoch.
     "resnet20": dict(config="fmnist-resnet.yaml", experiment="fmnist-resnet",
                      cases=[(1, 128, "linear")],
-                     dtrain=["data.augment.flip=false", "data.dataset=synthetic",
+                     dtrain=["data.augment.flip=false", "data.augment.crop_padding=0",
+                             "data.dataset=synthetic",
                              "data.synthetic.shape=[3,32,32]", "data.synthetic.train_size=10240",
                              "data.synthetic.test_size=1024", "model.widths=[16,32,64]"],
                      torch=RESNET_TORCH + ["--depth=20", "--widths=16,32,64",
