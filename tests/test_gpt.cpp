@@ -319,6 +319,8 @@ TEST_CASE("dataset bytes: data.exclude leaves files out, data.sha256 pins the st
              Catch::Contains("data.exclude: every pattern must be 1 to 256 bytes"));
   CHECK_THAT(test::config_error(bytes + "exclude: ['*a*a*a*a*a*a*a*a*a']}\n" + gpt),
              Catch::Contains("data.exclude: patterns may hold at most 8 '*'"));
+  CHECK_THAT(test::config_error(bytes + "exclude: [\"a\\tb\"]}\n" + gpt),
+             Catch::Contains("data.exclude: patterns must not hold control characters"));
   CHECK_THAT(test::config_error(bytes + "exclude: [[a]]}\n" + gpt),
              Catch::Contains("data.exclude: expected a list of strings, found"));
   CHECK_THAT(test::config_error(bytes + "exclude: '*.dat'}\n" + gpt),
@@ -377,6 +379,17 @@ TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line"
   mc.n_embd = 32;
   CHECK_THAT(test::error_of([&] { build_layers(mc, {1, 28, 28}, 10); }),
              Catch::Contains("windows of token ids"));
+  // A GPT no machine holds: the memory estimate names the GPT's own keys to lower.
+  test::put(dir.path / "big.txt", std::string(100000, 'b'));  // 87 windows of 1025
+  const std::string big = (dir.path / "big.yaml").string();
+  test::put(big, "data: {dataset: bytes, path: " + (dir.path / "big.txt").string() +
+                     ", block_size: 1024}\nmodel: {type: gpt, n_layer: 24, n_head: 16, "
+                     "n_embd: 2048}\ntrain: {per_replica_batch: 64}\n");
+  const auto r = test::dtrain_cli("validate " + big);
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("GiB available; lower model.n_embd, model.n_layer, "
+                                    "data.block_size, train.per_replica_batch"));
 }
 
 TEST_CASE("dataset tokens: a folder's train shards, then its val shards, in name order",
