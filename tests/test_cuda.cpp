@@ -11,6 +11,11 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -1485,4 +1490,55 @@ TEST_CASE("a GPU layer past int sizes is refused at validation", "[cuda][errors]
   c.model.hidden = {int64_t{1} << 24};  // 256 rows x 2^24 units: 2^32 values
   CHECK_THROWS_WITH(check_plan(c, load_data(c.data, c.train.seed)),
                     Catch::Contains("model layer 0") && Catch::Contains("per_replica_batch"));
+}
+
+// Device marks on a GPU: each rank's trace has a device track whose phases nest in its device
+// steps, no device step starts before the host queued it (the anchor ties the clocks), and a
+// rank slowed in forward (eager steps: the device idles while its host sleeps) is named from
+// the device's times.
+TEST_CASE("a GPU run's device track and straggler come from its events", "[cuda][trace]") {
+  if (!gpu_or_skip()) return;
+  test::TempDir d("gpu-marks");
+  const std::string cfg = d.write(
+      "m.yaml",
+      "name: m\nbackend: cuda\nthreads: 1\ngpus: 2\ncolocate: true\ndevices: [0]\n"
+      "data:\n  dataset: synthetic\n"
+      "  synthetic: {train_size: 4096, test_size: 256, shape: [256], classes: 4}\n"
+      "model: {hidden: [1024, 256]}\n"
+      "train: {epochs: 2, per_replica_batch: 64, target_accuracy: 0, cuda_graph: false,\n"
+      "        trace: {from_step: 3, steps: 4}}\n");
+  const auto r = test::shell("DTRAIN_SLOW=1:forward:3 " + test::dtrain_binary() + " run " + cfg +
+                             " --tag t --results " + (d.path / "res").string() + " 2>&1");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto run = d.path / "res" / "m" / "t-g2";
+  const auto doc = nlohmann::json::parse(test::slurp(run / "trace.json"));
+  // Per rank and step: the host's and the device's step spans, and the device's phases.
+  std::map<std::pair<int, int64_t>, std::pair<double, double>> host_step, dev_step;
+  std::vector<std::tuple<int, int64_t, std::string, double, double>> dev;
+  for (const auto& e : doc.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const int pid = e.at("pid"), tid = e.at("tid");
+    const int64_t step = e.at("args").at("step");
+    const double t0 = e.at("ts"), t1 = t0 + e.at("dur").get<double>();
+    const std::string cat = e.at("cat");
+    if (cat == "step") (tid ? dev_step : host_step)[{pid, step}] = {t0, t1};
+    else if (tid == 1) dev.emplace_back(pid, step, cat, t0, t1);
+  }
+  CHECK(dev_step.size() == 8);  // 2 ranks x steps 3 to 6
+  std::set<std::string> cats;
+  for (const auto& [pid, step, cat, t0, t1] : dev) {
+    INFO("rank " << pid << " step " << step << " " << cat);
+    const auto& st = dev_step.at({pid, step});
+    CHECK(t0 >= st.first - 1e-3);
+    CHECK(t1 <= st.second + 1e-3);
+    CHECK(t1 > t0);
+    cats.insert(cat);
+  }
+  CHECK(cats == std::set<std::string>{"data", "forward", "backward", "exchange", "optimizer"});
+  for (const auto& [key, span] : dev_step) {
+    INFO("rank " << key.first << " step " << key.second);
+    CHECK(span.first >= host_step.at(key).first - 50.0);  // microseconds of anchoring
+  }
+  CHECK_THAT(r.out, Catch::Contains("straggler: rank 1 in forward"));
 }

@@ -7,12 +7,21 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtrain/base/kinds.hpp"
 
 namespace dtrain {
 
 class AbortGate;  // base/abort_gate.hpp
+
+// A mark of a training step on a device's queue (DeviceQueue::step_begin, step_mark): when the
+// device got there, in seconds on the host's steady clock (time since its epoch).
+struct DeviceMark {
+  int64_t step = 0;
+  int phase = -1;  // -1: the step's start; else the StepPhase that ends here
+  double t = 0;
+};
 
 // A convolution's geometry: input c x h x w, oc output channels, a square k x k kernel.
 struct ConvGeom {
@@ -49,12 +58,19 @@ class DeviceQueue {
   // Kernels (and library calls) launched so far, for the launch-latency floor.
   virtual int64_t launches() const = 0;
 
-  // Step timing by events: step_mark(0) at a step's start, 1 once its compute is queued, 2
-  // after the gradient exchange, 3 after the optimizer. take_step_times adds, for every step
-  // finished on the device (all of them when `wait`), [compute, exchange not hidden,
-  // optimizer] seconds to `seconds` and returns how many steps it read.
+  // Step timing by device events. step_begin(step) where training step `step` starts, then
+  // step_mark(p) each time the queue has been given the whole of phase p of it (p: a
+  // StepPhase's number, train/straggler.hpp: data, forward, backward, exchange, optimizer):
+  // the device time since the previous mark is phase p's. Phases may repeat (forward and
+  // backward once per accumulated micro-batch). anchor_clock() waits for the queue and ties
+  // the device's clock to the host's steady clock; each step is anchored to the latest
+  // anchor before it (the first step_begin anchors where nothing has). take_step_marks
+  // appends the marks of every step finished on the device (all of them when `wait`), oldest
+  // first, and returns how many steps it read.
+  virtual void step_begin(int64_t step) = 0;
   virtual void step_mark(int phase) = 0;
-  virtual int take_step_times(double* seconds, bool wait) = 0;
+  virtual void anchor_clock() = 0;
+  virtual size_t take_step_marks(std::vector<DeviceMark>& out, bool wait) = 0;
 
   // CUDA graphs. The trainer brackets each full-size training step with graph_step_begin()
   // and graph_step_end(). Whether a step is captured must be the same on every rank (NCCL's

@@ -10,8 +10,8 @@
 namespace dtrain {
 
 PhaseLog::PhaseLog(int replicas, int64_t steps, int arrivals, bool host_memory)
-    : replicas_(replicas), log_{steps, arrivals} {
-  on_ = replicas > 1 && host_memory &&
+    : host_(host_memory), replicas_(replicas), log_{steps, arrivals} {
+  on_ = replicas > 1 &&
         static_cast<double>(replicas) * static_cast<double>(steps) *
                 static_cast<double>(log_.stride()) <=
             0x1p25;

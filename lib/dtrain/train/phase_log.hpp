@@ -16,16 +16,27 @@ class PhaseLog {
  public:
   PhaseLog() = default;
   // `arrivals`: the collectives of a step (one per bucket; one for shared weights). The log is
-  // kept on the CPU (`host_memory`: on a GPU the host only queues work) with more than one
-  // replica, where every rank's epoch fits in 2^25 values (256 MB) on rank 0.
+  // kept with more than one replica, where every rank's epoch fits in 2^25 values (256 MB) on
+  // rank 0. On the CPU (`host_memory`) the host clocks fill it as each step runs; on a GPU,
+  // where the host only queues work, the device's events fill it after the fact (set()).
   PhaseLog(int replicas, int64_t steps, int arrivals, bool host_memory);
 
   bool on() const { return on_; }
+  bool host_clocks() const { return host_; }
   // The epoch starts at step `first` (a resumed epoch's earlier steps are not in the log).
   void begin_epoch(int64_t first);
-  // Step s is in progress: add() and arrive() write its row until end_step().
+  // Step s is in progress: add() and arrive() write its row until end_step() (host clocks
+  // only; they do nothing otherwise).
   void begin_step(int64_t s) {
-    if (on_) row_ = values_.data() + static_cast<size_t>(s) * log_.stride();
+    if (on_ && host_) row_ = values_.data() + static_cast<size_t>(s) * log_.stride();
+  }
+  // After the fact: adds seconds to step s's phase p, or sets its collective i's arrival
+  // (steps outside the epoch's, and collectives it has not, are let go).
+  void add_to(int64_t s, StepPhase p, double seconds) {
+    if (double* r = row(s)) r[static_cast<int>(p)] += seconds;
+  }
+  void arrive_at(int64_t s, int i, double seconds) {
+    if (double* r = row(s); r && i >= 0 && i < log_.arrivals) r[kStepPhases + i] = seconds;
   }
   void end_step() { row_ = nullptr; }
   // Adds seconds to the step in progress's phase.
@@ -41,7 +52,13 @@ class PhaseLog {
   Straggler epoch_straggler(Communicator& comm) const;
 
  private:
+  double* row(int64_t s) {
+    return on_ && s >= first_ && s < log_.steps
+               ? values_.data() + static_cast<size_t>(s) * log_.stride()
+               : nullptr;
+  }
   bool on_ = false;
+  bool host_ = true;
   int replicas_ = 1;
   StepLog log_;
   std::vector<double> values_;  // this epoch's StepLog values

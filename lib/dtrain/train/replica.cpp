@@ -15,6 +15,7 @@
 #include "dtrain/comm/nccl.hpp"
 #include "dtrain/nn/schedule.hpp"
 #include "dtrain/train/checkpoint.hpp"
+#include "dtrain/train/device_steps.hpp"
 #include "dtrain/train/rank_gather.hpp"
 
 namespace dtrain {
@@ -182,7 +183,8 @@ void Replica::make_exchange(size_t n_params) {
     exchange_->ready(off, count);
   };
   // The straggler log: per step the phases and an arrival per bucket (one, for shared weights).
-  const int arrivals = run_.shared ? 1 : static_cast<int>(exchange_->bucket_count());
+  // On a GPU, one: when the device finished the step's compute (the exchange's start).
+  const int arrivals = run_.shared || queue_ ? 1 : static_cast<int>(exchange_->bucket_count());
   phases_ = PhaseLog(replicas_, steps_, arrivals, dev_->host_memory());
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
   // reduce the whole buffer at once, in finish().
@@ -312,6 +314,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   if (train_input_) start_input(plan, epoch, first);
   // Evaluation may have freed device memory on some ranks: the graph steps agree again.
   graph_agreement_.unsettle();
+  if (queue_) queue_->anchor_clock();  // the device's clock against the host's, each epoch
   const double before = t.total;  // of a resumed epoch, the time before the stop
   input_since_s_ = before;         // the input counters start here (start_input)
   const auto t_epoch = Clock::now();
@@ -351,7 +354,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   // On a GPU the host only queues work: the split comes from device events instead (but for
   // an exchange that runs on the host).
   double dt[3] = {0, 0, 0};
-  if (queue_) queue_->take_step_times(dt, /*wait=*/true);
+  if (queue_) read_device_steps(dt);
   const double comm_s = queue_ ? exchange_->take_device_seconds(/*wait=*/true) : -1.0;
   // Shared weights: the optimizer ran inside the exchange (train_step moved its time there).
   const PhaseSeconds p =
@@ -448,16 +451,15 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
   double* stats = stats_.device_row(s, in_graph);
   noise_.measure_local(*exchange_, dev_.get(), stats);
   try {
-    mark(0);
+    if (queue_) queue_->step_begin(global_step_);
     if (in_graph) stats_.clear_graph_row();
     forward_backward(plan, s, stats, t);  // the last backward starts reducing gradients
-    mark(1);
     step_lr_ = lr;
     const double exchange_before = t.exchange;
     const auto t_exchange = Clock::now();
     reduce_gradients(t);  // shared weights: the last rank also runs the optimizer
     trace_.span(TracePhase::exchange, t_exchange, Clock::now());
-    mark(2);
+    mark(StepPhase::exchange);
     if (run_.shared) {  // that update's time is the optimizer's on every rank that waited for it
       const double u =
           std::min(run_.shared->update_s[global_step_ & 1], t.exchange - exchange_before);
@@ -473,7 +475,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
       phases_.add(StepPhase::optimizer, seconds_since(t0));
       trace_.span(TracePhase::optimizer, t0, Clock::now());
     }
-    mark(3);
+    mark(StepPhase::optimizer);
     // The optimizer only read the reduced gradients: they are still the step's.
     noise_.measure_reduced(*dev_, reduced_grads(), static_cast<size_t>(model_->param_count()),
                            rank_, stats);
@@ -493,6 +495,21 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
   trace_.span(TracePhase::step, t_step, Clock::now());
 }
 
+void Replica::read_device_steps(double* dt) {
+  std::vector<DeviceMark> marks;
+  queue_->take_step_marks(marks, /*wait=*/true);
+  const int64_t first = global_step_ - steps_ + 1;  // the epoch's first step (1-based)
+  for (const DeviceSpan& sp : device_spans(marks)) {
+    trace_.device_span(trace_phase(sp.phase), sp.step, sp.t0, sp.t1);
+    if (sp.phase < 0) continue;
+    const auto p = static_cast<StepPhase>(sp.phase);
+    const double d = sp.t1 - sp.t0;
+    dt[p == StepPhase::exchange ? 1 : p == StepPhase::optimizer ? 2 : 0] += d;
+    phases_.add_to(sp.step - first, p, d);
+    if (p == StepPhase::exchange) phases_.arrive_at(sp.step - first, 0, trace_.seconds_at(sp.t0));
+  }
+}
+
 void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t) {
   // Local gradients are scaled so that a mean over replicas is the mean over the whole global
   // batch (exact also for a short last batch); `sum` then gives N times that.
@@ -503,9 +520,11 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     int64_t rows = 0;
     const float* batch = load_micro_batch(plan, s, k, rows);
     slow_.stretch(StepPhase::data, seconds_since(t0));
+    mark(StepPhase::data);
     const auto t1 = Clock::now();
     model_->forward(batch, rows);
     slow_.stretch(StepPhase::forward, seconds_since(t1));
+    mark(StepPhase::forward);
     const auto t2 = Clock::now();
     const bool last = k == accum_ - 1;
     if (last) exchange_->begin(model_->grads());
@@ -513,6 +532,7 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
                           last ? on_ready_ : Model::GradsReady{});
     const double buckets = last ? exchange_->seconds() : 0.0;  // reduced on this thread
     slow_.stretch(StepPhase::backward, seconds_since(t2) - buckets);
+    mark(StepPhase::backward);
     const auto t3 = Clock::now();
     trace_.span(TracePhase::data, t0, t1);
     trace_.span(TracePhase::forward, t1, t2);

@@ -155,9 +155,13 @@ class Replica {
   // What a checkpoint reads from this replica and a restore writes.
   ReplicaState state();
   bool stop_agreed(int64_t step);
-  void mark(int phase) {
-    if (queue_) queue_->step_mark(phase);
+  // On a GPU: the device's event at the end of phase p of the step in progress.
+  void mark(StepPhase p) {
+    if (queue_) queue_->step_mark(static_cast<int>(p));
   }
+  // On a GPU, at the epoch's end: the phases' device times into `dt` (compute, exchange,
+  // optimizer seconds), the straggler log and the trace's device track.
+  void read_device_steps(double* dt);
 
   RunContext& run_;
   const Config& cfg_;

@@ -10,7 +10,8 @@
 // monotonic clock read it, which every rank on its machine shares exactly; a rank on another
 // machine takes its own reading of that moment (aligned to the collective's exit skew; clock
 // drift over the run is not corrected). On a GPU the host spans are when work was queued, not
-// when it ran.
+// when it ran; a second track, "device", holds when it ran: the phases between the step's
+// device events (DeviceQueue::step_mark), on the host clock through the device's anchor.
 //
 // Off (train.trace.steps 0), a span site costs its clock reads and one branch. On, a span is
 // also a push into a vector.
@@ -42,6 +43,7 @@ struct TraceSpan {
   int64_t index = -1;  // a bucket's number (0: the last layers'), or -1
   double start_us = 0, dur_us = 0;
   double ready_us = -1;  // a bucket: when backward had finished it (-1: not a bucket)
+  int track = 0;         // 0: the host thread; 1: the device's queue
 };
 
 class StepTrace {
@@ -69,7 +71,14 @@ class StepTrace {
   void bucket(size_t index, Clock::time_point ready, Clock::time_point t0, Clock::time_point t1) {
     if (on_) add(TracePhase::bucket, t0, t1, static_cast<int64_t>(index), &ready);
   }
-  // The spans recorded since the last take(), packed as doubles (6 each) for a gather.
+  // A span on the device track, read after the fact: `step` (global, 1-based) and its times in
+  // seconds on the steady clock (DeviceMark::t). Kept where the step lies in the window.
+  void device_span(TracePhase p, int64_t step, double t0, double t1);
+  // Seconds on the steady clock to seconds from the origin.
+  double seconds_at(double steady_s) const {
+    return steady_s - std::chrono::duration<double>(origin_.time_since_epoch()).count();
+  }
+  // The spans recorded since the last take(), packed as doubles (7 each) for a gather.
   std::vector<double> take();
 
  private:
@@ -86,8 +95,8 @@ class StepTrace {
 std::vector<TraceSpan> unpack_spans(const double* packed, size_t n);
 
 // The trace-event JSON of every rank's spans (ranks[r]: rank r's): a complete event ("ph": "X")
-// per span on process `r`, thread 0, with its step (and bucket) in "args"; the processes named
-// "rank r". `about`: a line for the trace's metadata (the run, its config).
+// per span on process `r`, thread 0 (the host) or 1 (the device), with its step (and bucket) in
+// "args"; the processes named "rank r". `about`: a line for the trace's metadata (the run, its config).
 std::string trace_json(const std::vector<std::vector<TraceSpan>>& ranks, const std::string& about);
 
 }  // namespace dtrain

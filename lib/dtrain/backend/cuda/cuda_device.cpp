@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "dtrain/backend/gpu.hpp"
@@ -44,6 +45,7 @@ CudaDevice::CudaDevice(int index, int rank, Precision precision)
   cudaDeviceProp prop{};
   DT_CUDA(cudaGetDeviceProperties(&prop, index_), rank_);
   name_ = fmt::format("cuda:{} ({})", index_, prop.name);
+  anchor_clock();  // the first steps' marks have a clock before the trainer anchors again
 }
 
 CudaDevice::~CudaDevice() {
@@ -54,8 +56,8 @@ CudaDevice::~CudaDevice() {
   graph_.abort();
   if (cudaStreamSynchronize(stream_) != cudaSuccess) cudaGetLastError();
   for (auto& sl : slots_)
-    for (auto e : sl.ev)
-      if (e) cudaEventDestroy(e);
+    for (auto e : sl.ev) cudaEventDestroy(e);
+  if (anchor_) cudaEventDestroy(anchor_);
   graph_.drop();
   row_stats_ = Buffer<double>();  // while the stream still exists
   norm_partials_ = Buffer<double>();
@@ -104,50 +106,89 @@ void CudaDevice::no_graph(const char* what) const {
 // Step phases timed by events on the stream. Inside a CUDA graph the events are graph nodes
 // (one graph per slot, so each records its own slot's events); a replay only keeps the ring's
 // books.
+void CudaDevice::step_begin(int64_t step) {
+  cur_ = next_slot();
+  if (slots_[cur_].recorded) read_slot(slots_[cur_], true);
+  Slot& sl = slots_[cur_];
+  sl.step = step;
+  sl.used = 0;
+  record_mark(sl, -1);
+}
+
 void CudaDevice::step_mark(int phase) {
-  if (phase == 0) {
-    cur_ = next_slot();
-    if (slots_[cur_].recorded) read_slot(slots_[cur_], true);
+  record_mark(slots_[cur_], phase);
+}
+
+void CudaDevice::record_mark(Slot& sl, int phase) {
+  if (sl.used == sl.ev.size()) {
+    cudaEvent_t e = nullptr;
+    DT_CUDA(cudaEventCreate(&e), rank_);
+    sl.ev.push_back(e);
+    sl.phase.push_back(phase);
   }
-  auto& sl = slots_[cur_];
+  const size_t j = sl.used++;
+  sl.phase[j] = phase;
   const GraphMode mode = graph_.mode();
-  if (mode != GraphMode::replay) {
-    if (!sl.ev[phase]) DT_CUDA(cudaEventCreate(&sl.ev[phase]), rank_);
-    if (mode == GraphMode::capture)
-      DT_CUDA(cudaEventRecordWithFlags(sl.ev[phase], stream_, cudaEventRecordExternal), rank_);
-    else
-      DT_CUDA(cudaEventRecord(sl.ev[phase], stream_), rank_);
-  }
-  if (phase == 3) sl.recorded = true;
+  if (mode == GraphMode::capture)
+    DT_CUDA(cudaEventRecordWithFlags(sl.ev[j], stream_, cudaEventRecordExternal), rank_);
+  else if (mode == GraphMode::eager)
+    DT_CUDA(cudaEventRecord(sl.ev[j], stream_), rank_);
+  sl.recorded = true;
 }
 
-int CudaDevice::take_step_times(double* seconds, bool wait) {
-  for (auto& sl : slots_)
-    if (sl.recorded) read_slot(sl, wait);
-  for (int i = 0; i < 3; ++i) seconds[i] += taken_[i];
-  const int n = taken_steps_;
-  taken_[0] = taken_[1] = taken_[2] = 0;
-  taken_steps_ = 0;
-  return n;
+// The host reads its steady clock right after the anchor's event is seen done: the device's
+// clock is tied to the host's to within that wait's latency (microseconds).
+void CudaDevice::anchor_clock() {
+  no_graph("anchoring the device clock");
+  read_slots(true);  // the steps before this anchor are timed from the one before
+  if (!anchor_) DT_CUDA(cudaEventCreate(&anchor_), rank_);
+  DT_CUDA(cudaEventRecord(anchor_, stream_), rank_);
+  DT_CUDA(cudaEventSynchronize(anchor_), rank_);
+  anchor_host_ = std::chrono::duration<double>(
+                     std::chrono::steady_clock::now().time_since_epoch())
+                     .count();
 }
 
-void CudaDevice::read_slot(Slot& sl, bool wait) {
-  if (!wait && cudaEventQuery(sl.ev[3]) == cudaErrorNotReady) return;
-  DT_CUDA(cudaEventSynchronize(sl.ev[3]), rank_);
-  for (int i = 0; i < 3; ++i) {
-    float ms = 0;
-    DT_CUDA(cudaEventElapsedTime(&ms, sl.ev[i], sl.ev[i + 1]), rank_);
-    taken_[i] += ms * 1e-3;
+size_t CudaDevice::take_step_marks(std::vector<DeviceMark>& out, bool wait) {
+  read_slots(wait);
+  size_t steps = 0;
+  for (const DeviceMark& m : marks_) steps += m.phase < 0;
+  out.insert(out.end(), marks_.begin(), marks_.end());
+  marks_.clear();
+  return steps;
+}
+
+void CudaDevice::read_slots(bool wait) {
+  for (int i = 1; i <= kSlots; ++i) {  // from the slot after the current one: the oldest
+    Slot& sl = slots_[(cur_ + i) % kSlots];
+    if (sl.recorded && !read_slot(sl, wait)) break;  // the later ones are not done either
   }
-  ++taken_steps_;
+}
+
+// The step's start from the anchor (a float of milliseconds: a resolution of about 6e-8 of
+// the time since the anchor), each later mark from the one before.
+bool CudaDevice::read_slot(Slot& sl, bool wait) {
+  const cudaEvent_t last = sl.ev[sl.used - 1];
+  if (!wait && cudaEventQuery(last) == cudaErrorNotReady) return false;
+  DT_CUDA(cudaEventSynchronize(last), rank_);
+  float ms = 0;
+  DT_CUDA(cudaEventElapsedTime(&ms, anchor_, sl.ev[0]), rank_);
+  double t = anchor_host_ + 1e-3 * ms;
+  marks_.push_back({sl.step, -1, t});
+  for (size_t j = 1; j < sl.used; ++j) {
+    DT_CUDA(cudaEventElapsedTime(&ms, sl.ev[j - 1], sl.ev[j]), rank_);
+    t += 1e-3 * ms;
+    marks_.push_back({sl.step, sl.phase[j], t});
+  }
   sl.recorded = false;
+  return true;
 }
 
 void CudaDevice::enable_graphs(bool on, size_t staging_bytes, AbortGate* gate) {
   graph_.enable(on, staging_bytes, gate);
 }
 
-// A step takes the graph of the timing slot step_mark(0) will take.
+// A step takes the graph of the timing slot step_begin will take.
 GraphMode CudaDevice::graph_step_propose() const {
   return graph_.propose(next_slot());
 }

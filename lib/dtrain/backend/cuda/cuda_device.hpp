@@ -44,8 +44,10 @@ class CudaDevice final : public Device, public DeviceQueue {
   void synchronize() override;
   void* native_stream() override { return stream_; }
   int64_t launches() const override { return launches_; }
+  void step_begin(int64_t step) override;
   void step_mark(int phase) override;
-  int take_step_times(double* seconds, bool wait) override;
+  void anchor_clock() override;
+  size_t take_step_marks(std::vector<DeviceMark>& out, bool wait) override;
   void enable_graphs(bool on, size_t staging_bytes, AbortGate* gate) override;
   GraphMode graph_step_propose() const override;
   GraphMode graph_step_begin(GraphMode agreed) override;
@@ -180,12 +182,18 @@ class CudaDevice final : public Device, public DeviceQueue {
                     long long sc, int batch);
   float* attn_scratch(int64_t nc);  // 6 tensors of nc floats
   // Step timing by events: a ring of slots, so the host can run a few steps ahead; a slot is
-  // read (waiting for it if need be) before it is reused.
+  // read (waiting for it if need be) before it is reused. A slot's graph records the slot's
+  // own events, so a replay marks the step as its capture did.
   struct Slot {
-    cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};
+    std::vector<cudaEvent_t> ev;  // the marks' events, created as first needed
+    std::vector<int> phase;       // what each mark ends (-1: the start)
+    size_t used = 0;              // marks of the step in this slot
+    int64_t step = 0;
     bool recorded = false;
   };
-  void read_slot(Slot& sl, bool wait);
+  void record_mark(Slot& sl, int phase);
+  bool read_slot(Slot& sl, bool wait);  // false: not finished, and `wait` was false
+  void read_slots(bool wait);           // oldest first
   int next_slot() const { return (cur_ + 1) % kSlots; }
 
   int index_, rank_;
@@ -194,8 +202,9 @@ class CudaDevice final : public Device, public DeviceQueue {
   CudaGraph graph_;
   Slot slots_[kSlots];
   int cur_ = 0;
-  double taken_[3] = {0, 0, 0};
-  int taken_steps_ = 0;
+  cudaEvent_t anchor_ = nullptr;  // recorded on the stream at anchor_host_ (steady seconds)
+  double anchor_host_ = 0;
+  std::vector<DeviceMark> marks_;  // of the steps read, not yet taken
 
   Buffer<Bf16> a16_, b16_, x16_, w16_, y16_, dy16_, dw16_;  // bf16 operands
   int64_t launches_ = 0;
