@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <thread>
@@ -208,7 +209,8 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
     std::string bytes_now = encode_checkpoint(last);
     bytes_now[std::string("dtrain checkpoint ").size()] = static_cast<char>('0' + version);
     const size_t keep_bytes = version == 1 ? epoch_v1 : version == 2 ? epoch_v2 : epoch_v3;
-    const size_t n = last.epochs.size(), first = bytes_now.size() - 4 - 8 - n * epoch_v4;
+    // After the epochs: the scorings' count, the data's fingerprint (version 5), the CRC.
+    const size_t n = last.epochs.size(), first = bytes_now.size() - 4 - 8 - 8 - n * epoch_v4;
     std::string body = bytes_now.substr(0, first);
     for (size_t e = 0; e < n; ++e) body += bytes_now.substr(first + e * epoch_v4, keep_bytes);
     const Checkpoint old = decode_checkpoint(resealed(body + "abcd"), "old");
@@ -223,6 +225,16 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
     CHECK(old.epochs.back().bn_sync_s == 0);
   }
   CHECK(decode_checkpoint(encode_checkpoint(last), "v4").epochs.back().bn_sync_s == 0.5);
+  // Version 5's data fingerprint round-trips; a version 4 file (without it) reads as unknown.
+  Checkpoint printed = last;
+  printed.data_fingerprint = 0x0123456789abcdefULL;
+  const std::string v5 = encode_checkpoint(printed);
+  CHECK(decode_checkpoint(v5, "v5").data_fingerprint == 0x0123456789abcdefULL);
+  std::string v4 = v5.substr(0, v5.size() - 12) + "abcd";
+  v4[std::string("dtrain checkpoint ").size()] = '4';
+  const Checkpoint four = decode_checkpoint(resealed(v4), "v4");
+  CHECK(four.data_fingerprint == 0);
+  CHECK(four.epochs.back().bn_sync_s == 0.5);
   // Version 4's test scorings round-trip; one out of order, or of an accuracy above 1, is
   // refused.
   Checkpoint scored = last;
@@ -369,7 +381,13 @@ TEST_CASE("a checkpoint with a valid CRC but absurd values is refused, naming th
     cases[i].spoil(c);
     const std::string e = refused(c);
     INFO("case " << i << ": " << e);
-    CHECK(e.find(checkpoint_path(d.path.string()) + ": not a usable checkpoint (") == 0);
+    // Values no run can hold: damaged. Values this run cannot hold, in a file consistent in
+    // itself (more samples than its data has, an epoch or step past its own): its data or
+    // config may have changed, which the refusal says.
+    const bool of_run = i == 12 || i + 2 >= cases.size();
+    CHECK(e.find(checkpoint_path(d.path.string()) +
+                 (of_run ? ": not a checkpoint of this run as its data and config are now ("
+                         : ": not a usable checkpoint (")) == 0);
     CHECK(e.find(cases[i].says) != std::string::npos);
   }
   // A non-finite loss sum is what a diverging run writes: accepted, and the resumed epoch ends
@@ -463,6 +481,55 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
     CHECK(numeric_columns(run / "metrics.csv") == want);
     CHECK(!fs::exists(run / "checkpoint.bin"));  // done: nothing left to resume
   }
+}
+
+// A run stopped by a fault after its first epoch, its text then changed under it: --resume
+// refuses to continue on other data (the same length, other bytes) and keeps the checkpoint,
+// or names the data when the change makes the checkpoint impossible (a shorter text); with
+// the text back, --resume continues to the bits of a run never stopped.
+TEST_CASE("--resume refuses data that changed since the run started, and keeps the checkpoint",
+          "[checkpoint][cli]") {
+  TempDir d("ck-data");
+  std::string text;
+  for (int i = 0; text.size() < 6000; ++i) text += "replica " + std::to_string(i % 97) + " reduces. ";
+  const auto corpus = d.path / "corpus.txt";
+  put(corpus, text);
+  const std::string cfg = d.write(
+      "g.yaml", "name: g\nthreads: 1\ndata: {dataset: bytes, path: " + corpus.string() +
+                    ", block_size: 16}\nmodel: {type: gpt, n_layer: 1, n_head: 2, n_embd: 16}\n"
+                    "train: {epochs: 3, per_replica_batch: 16}\n");
+  const auto ref = (d.path / "ref").string(), res = (d.path / "res").string();
+  const auto first = dtrain_cli("run " + cfg + " --results " + ref + " --tag t");
+  REQUIRE(first.code == 0);
+  const std::string want = numeric_columns(fs::path(ref) / "g" / "t-g1" / "metrics.csv");
+  const auto per = first.out.find(" steps/epoch");
+  REQUIRE(per != std::string::npos);
+  const long steps = std::stol(first.out.substr(first.out.rfind(' ', per - 1) + 1));
+  REQUIRE(steps > 2);
+  const fs::path run = fs::path(res) / "g" / "t-g1";
+  // A fault in the second epoch: the first epoch's checkpoint stays.
+  const auto faulty = shell("DTRAIN_FAULT=0:" + std::to_string(steps + 2) + " " +
+                            dtrain_binary() + " run " + cfg + " --results " + res + " --tag t 2>&1");
+  REQUIRE(faulty.code == 1);
+  REQUIRE(fs::exists(run / "checkpoint.bin"));
+  std::string other = text;
+  std::reverse(other.begin(), other.end());
+  put(corpus, other);
+  auto r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("the data has changed since the run started"));
+  CHECK(fs::exists(run / "checkpoint.bin"));
+  put(corpus, text.substr(0, 3000));
+  r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("if the data changed since the run started, restore it"));
+  CHECK(fs::exists(run / "checkpoint.bin"));
+  put(corpus, text);
+  r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("resume: continuing at epoch 2"));
+  CHECK(numeric_columns(run / "metrics.csv") == want);
 }
 
 TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: same bits",

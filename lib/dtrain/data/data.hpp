@@ -32,7 +32,15 @@ struct DataSplit {
   // tokens; y holds each window's last token, not a label.
   bool token_windows = false;
   std::string sha256;  // dataset: bytes: the SHA-256 of the stream read (data.sha256 pins it)
+  // A hash of what was loaded (data_fingerprint), which a checkpoint keeps so that a run is
+  // never continued on other data.
+  uint64_t fingerprint = 0;
 };
+
+// A 64-bit hash of the samples as loaded, labels and shapes included (never 0). For dataset:
+// folder, the files' paths and labels: a file whose bytes change under the same name is not
+// seen.
+uint64_t data_fingerprint(const DataSplit& s);
 
 // IDX files (LeCun's MNIST format), raw or gzip-compressed; errors name the file.
 struct IdxImages {

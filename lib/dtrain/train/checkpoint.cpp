@@ -25,9 +25,10 @@ namespace {
 // Version 2 adds the input pipeline's two columns to each finished epoch, version 3 the
 // straggler's three, version 4 the synchronised-BatchNorm time and, after the epochs, the
 // scorings of the test set (train.eval_steps); older files still read (the columns they lack as
-// for a run that measured none: NaN, no straggler, 0, no scorings).
-constexpr int kVersion = 4;
-constexpr char kMagic[] = "dtrain checkpoint 4\n";
+// for a run that measured none: NaN, no straggler, 0, no scorings). Version 5 adds the data's
+// fingerprint after the scorings (0 in an older file: not checked).
+constexpr int kVersion = 5;
+constexpr char kMagic[] = "dtrain checkpoint 5\n";
 constexpr char kMagicPrefix[] = "dtrain checkpoint ";
 constexpr size_t kMagicLen = sizeof(kMagic) - 1;
 
@@ -177,8 +178,16 @@ uint32_t crc_of(const std::string& b, size_t n) {
 // The range checks of a decoded checkpoint: each refusal names the field and its value.
 class Check {
  public:
-  explicit Check(const std::string& what) : what_(what) {}
+  // `of_run`: the checks against a run (its data and config as they are now), whose failure
+  // may be the data's change, not the file's damage.
+  Check(const std::string& what, bool of_run) : what_(what), of_run_(of_run) {}
   [[noreturn]] void fail(const std::string& why) const {
+    if (of_run_)
+      throw UserError(fmt::format(
+          "{}: not a checkpoint of this run as its data and config are now ({}): if the data "
+          "changed since the run started, restore it to continue the run; to start it over, "
+          "delete the checkpoint",
+          what_, why));
     throw UserError(fmt::format(
         "{}: not a usable checkpoint ({}); delete it to start the run over", what_, why));
   }
@@ -204,6 +213,7 @@ class Check {
                      valid));
   }
   const std::string& what_;
+  bool of_run_;
 };
 
 // The partial epoch: per finished step [loss, correct, local norm, reduced norm, rows]. A
@@ -288,7 +298,17 @@ void check_evals(const Checkpoint& c, const Check& k, double max_samples, int64_
 }  // namespace
 
 void check_checkpoint(const Checkpoint& c, const std::string& what, const CheckpointRun* run) {
-  const Check k(what);
+  // A file consistent in itself that does not fit the run is not damaged: the run's data (or
+  // config) may have changed since it was written, which the refusal says.
+  bool intact = false;
+  if (run) {
+    try {
+      check_checkpoint(c, what, nullptr);
+      intact = true;
+    } catch (const UserError&) {
+    }
+  }
+  const Check k(what, intact);
   if (c.replicas < 1 || c.rng.size() != 4 * static_cast<size_t>(c.replicas))
     k.fail(fmt::format("{} replicas with {} random-stream words (4 each)", c.replicas,
                        c.rng.size()));
@@ -332,6 +352,7 @@ std::string encode_checkpoint(const Checkpoint& c) {
   for (const auto& m : c.epochs) epoch_fields(m, [&](const auto& v) { w.pod(v); });
   w.pod(static_cast<uint64_t>(c.evals.size()));
   for (const auto& p : c.evals) eval_fields(p, [&](const auto& v) { w.pod(v); });
+  w.pod(c.data_fingerprint);
   w.pod(crc_of(w.out, w.out.size()));
   return std::move(w.out);
 }
@@ -358,6 +379,7 @@ Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
     c.evals.resize(r.count(eval_bytes()));
     for (auto& p : c.evals) eval_fields(p, [&](auto& v) { r.pod(v); });
   }
+  if (version >= 5) r.pod(c.data_fingerprint);
   if (r.at() != body) r.bad("unexpected bytes after its fields");
   return c;
 }
@@ -402,7 +424,8 @@ CheckpointRun checkpoint_run(const Config& cfg, const DataShape& data) {
                        8 + 8 * e * steps +      // the finished steps' losses
                        8 +                      // launches per step
                        8 + e * static_cast<double>(epoch_bytes) +  // epochs
-                       8 + e * (steps + 1) * static_cast<double>(eval_bytes()) + 4;  // evals, CRC
+                       8 + e * (steps + 1) * static_cast<double>(eval_bytes()) +  // evals
+                       8 + 4;                   // the data's fingerprint, the CRC
   run.max_bytes = bytes >= 0x1p63 ? UINT64_MAX : static_cast<uint64_t>(bytes);
   return run;
 }

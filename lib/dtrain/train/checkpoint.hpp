@@ -39,6 +39,7 @@ struct Checkpoint {
   std::vector<double> step_losses;      // of every finished step
   int64_t launches_per_step = 0;
   std::vector<EvalPoint> evals;         // train.eval_steps: the test set's scorings so far
+  uint64_t data_fingerprint = 0;        // DataSplit::fingerprint (0: unknown, an older file)
 };
 
 std::string encode_checkpoint(const Checkpoint& c);

@@ -260,6 +260,11 @@ void Replica::run() {
   // The origin of the trace's and the straggler log's times, common to every rank.
   if (cfg_.train.trace.enabled() || replicas_ > 1) trace_.start_clock(common_clock_origin(comm_));
   trace_window_.start(global_step_);
+  const int64_t last_step = cfg_.train.epochs * steps_;
+  if (rank_ == 0 && cfg_.train.trace.enabled() && cfg_.train.trace.from_step > last_step)
+    log().warn("train.trace: the window starts at step {}, but the run has {} steps: no "
+               "trace.json will be written (train.trace.from_step at most {})",
+               cfg_.train.trace.from_step, last_step, last_step);
   for (int epoch = start_epoch_; epoch < cfg_.train.epochs; ++epoch) {
     if (run_.devices && rank_ == run_.devices_rank) run_.devices->set_epoch(epoch);
     const EpochTotals tr = train_epoch(epoch);
@@ -673,8 +678,8 @@ void Replica::resume_epoch(EpochTotals& out) {
 }
 
 ReplicaState Replica::state() {
-  return {cfg_,        steps_, comm_,        *dev_,  *model_, optimizer(), run_.shared != nullptr,
-          replica_rng_, noise_.scale(), stats_};
+  return {cfg_,        steps_,         comm_,  *dev_, *model_, optimizer(), run_.shared != nullptr,
+          replica_rng_, noise_.scale(), stats_, run_.data.fingerprint};
 }
 
 GraphMode Replica::graph_policy(int64_t global_rows) {

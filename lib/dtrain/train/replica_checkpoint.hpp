@@ -30,6 +30,7 @@ struct ReplicaState {
   Rng& rng;             // the replica's own stream (dropout, augmentation)
   NoiseScale& noise;    // the same on every rank
   StepStats& stats;     // the epoch in progress's per-step sums
+  uint64_t data_fingerprint;  // DataSplit::fingerprint of the data it trains on (0: unknown)
 };
 
 // Where a run stands at a step boundary.
