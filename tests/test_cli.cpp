@@ -353,6 +353,35 @@ TEST_CASE("hostile inputs to the newer commands end with one line and exit 2", "
             .code == 2);
 }
 
+TEST_CASE("--quiet quiets the terminal, not the run folder's log", "[cli]") {
+  TempDir t("quiet-log");
+  const auto cfg = t.path / "t.yaml";
+  put(cfg, tiny_config("t"));
+  const auto r = dtrain_cli("run " + cfg.string() + " --quiet --tag q --results " +
+                            (t.path / "res").string());
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("info") == std::string::npos);
+  const std::string log = slurp(t.path / "res" / "t" / "q-g1" / "log");
+  CHECK(log.find(" info epoch ") != std::string::npos);
+  CHECK(log.find("per replica x") != std::string::npos);
+}
+
+TEST_CASE("a loop of symbolic links where a folder belongs is one line naming it, exit 2",
+          "[cli][errors][report]") {
+  TempDir t("link-loop");
+  std::filesystem::create_symlink(t.path / "loopB", t.path / "loopA");
+  std::filesystem::create_symlink(t.path / "loopA", t.path / "loopB");
+  const std::string loop = (t.path / "loopA").string();
+  for (const std::string args : {"report " + loop, "explain-time " + loop + " " + loop}) {
+    const auto r = shell("timeout 20 " + dtrain_binary() + " " + args + " 2>&1");
+    INFO(args << "\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK(count_lines(r.out) == 1);
+    CHECK(r.out.find("loopA") != std::string::npos);
+    CHECK(r.out.find("internal error") == std::string::npos);
+  }
+}
+
 TEST_CASE("a sweep of a billion runs is refused at once, before any is planned",
           "[cli][errors][sweep]") {
   TempDir t("bigsweep");

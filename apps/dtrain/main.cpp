@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -173,6 +174,15 @@ int run_command(const Command& cmd) {
     // Every rank sees the same mistake; one line is enough.
     if (dtrain::mpi::rank() == 0)
       std::fprintf(stderr, "dtrain: error: %s\n", one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the user gave that cannot be walked (a loop of links, no permission): named, in
+    // one line, as a user's mistake.
+    dtrain::clear_progress();
+    if (dtrain::mpi::rank() == 0)
+      std::fprintf(stderr, "dtrain: error: %s: %s\n",
+                   one_line(e.path1().empty() ? "a path" : e.path1().c_str()).c_str(),
+                   one_line(e.code().message().c_str()).c_str());
     return 2;
   } catch (const dtrain::StorageError& e) {
     dtrain::clear_progress();

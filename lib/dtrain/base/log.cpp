@@ -26,8 +26,9 @@ spdlog::logger& log() {
   return *logger;
 }
 
+// The terminal's sink alone: a run folder's log file keeps every line of a quiet run too.
 void set_verbosity(bool quiet) {
-  log().set_level(quiet ? spdlog::level::warn : spdlog::level::info);
+  log().sinks().front()->set_level(quiet ? spdlog::level::warn : spdlog::level::info);
 }
 
 RunLogFile::RunLogFile(const std::string& path) {
