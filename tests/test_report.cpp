@@ -93,6 +93,28 @@ TEST_CASE("a summary field of another type than the table's is named", "[report]
   fs::remove_all(dir);
 }
 
+TEST_CASE("summary values a table would show as they are must be dtrain's", "[report][errors]") {
+  const auto dir = fs::temp_directory_path() / ("dtrain-values-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "r1");
+  const auto read = [&](const std::string& body) {
+    std::ofstream(dir / "r1" / "summary.json") << "{\"gpus\": 2, " << body << "}";
+    return load_run((dir / "r1").string());
+  };
+  CHECK_NOTHROW(read("\"run_id\": \"t-g2\", \"final_test_accuracy\": 0.9, \"group\": \"a'b\""));
+  for (const auto& [body, says] : std::vector<std::pair<std::string, std::string>>{
+           {"\"run_id\": \"a|b\\n| injected | row |\"", "'run_id' is not a run folder's name"},
+           {"\"group\": \"x\\n| row |\"", "'group' holds a control character or '|'"},
+           {"\"status\": \"done|x\"", "'status' holds a control character or '|'"},
+           {"\"final_test_accuracy\": 1e308", "'final_test_accuracy' is 1e+308, not in [0, 1]"},
+           {"\"best_test_accuracy\": -5", "'best_test_accuracy' is -5"},
+           {"\"samples_per_s\": 1e300", "'samples_per_s' is 1e+300, not a time or rate"},
+           {"\"median_epoch_time_s\": -1", "'median_epoch_time_s' is -1"}}) {
+    INFO(body);
+    CHECK_THROWS_WITH(read(body), Catch::Contains(says) && Catch::Contains("(a damaged file?)"));
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("atomic writes replace whole files", "[report]") {
   const auto p = fs::temp_directory_path() / ("dtrain-atomic-" + std::to_string(::getpid()));
   write_file_atomic(p.string(), "one\n");

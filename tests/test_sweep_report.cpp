@@ -271,9 +271,10 @@ TEST_CASE("report --plots runs no code from names, statuses or the output folder
   }
 
   // 2. The same through a crafted summary.json: status, group, lr_scaling and reduction (with
-  //    gnuplot's own backquote shell escape and a macro for good measure).
+  //    gnuplot's own backquote shell escape and a macro for good measure). A newline or '|' in
+  //    them is refused as a damaged file (load_run); ';' ends a gnuplot command as well.
   const auto payload = [](const std::string& marker) {
-    return "p'\nsystem \"id > " + marker + "\"\nset title '`id > " + marker + "b` @x";
+    return "p'; system \"id > " + marker + "\"; set title '`id > " + marker + "b` @x";
   };
   const json bad_group = {{"group", payload("PWNED3")}};
   fixture_run(root / "fix", "g1", 1, "done", 100, 0.90, bad_group);

@@ -273,6 +273,35 @@ void read_to_target(const nlohmann::json& j, const std::string& path, RunRecord&
 }
 }  // namespace
 
+namespace {
+// What summary.json says that goes into tables as it is: text without control characters or a
+// table's '|' (and a run id that is a folder name), accuracies in [0, 1], times and rates
+// finite and >= 0. A file that says otherwise was not written by dtrain.
+void check_values(const RunRecord& r, const std::string& path) {
+  const auto damaged = [&](const std::string& what) {
+    throw UserError(fmt::format("{}: {} (a damaged file?)", path, what));
+  };
+  if (const char* why = folder_name_rule(r.run_id))
+    damaged(fmt::format("'run_id' is not a run folder's name: {}", why));
+  for (const auto& [key, text] : {std::pair{"status", &r.status}, {"group", &r.group},
+                                  {"lr_scaling", &r.lr_scaling}, {"reduction", &r.reduction},
+                                  {"shuffle", &r.shuffle}, {"sharding", &r.sharding},
+                                  {"experiment", &r.experiment}})
+    for (const char ch : *text)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f || ch == '|')
+        damaged(fmt::format("'{}' holds a control character or '|'", key));
+  for (const auto& [key, v] : {std::pair{"final_test_accuracy", r.final_test_acc},
+                               {"best_test_accuracy", r.best_test_acc}})
+    if (v && !(*v >= 0 && *v <= 1)) damaged(fmt::format("'{}' is {}, not in [0, 1]", key, *v));
+  for (const auto& [key, v] : {std::pair{"median_epoch_time_s", r.median_epoch_time_s},
+                               {"samples_per_s", r.samples_per_s},
+                               {"time_to_target_s", r.time_to_target_s}})
+    if (v && !(std::isfinite(*v) && *v >= 0 && *v < 1e15))
+      damaged(fmt::format("'{}' is {}, not a time or rate", key, *v));
+  if (!std::isfinite(r.peak_lr) || !std::isfinite(r.lr)) damaged("an LR that is not finite");
+}
+}  // namespace
+
 RunRecord load_run(const std::string& dir) {
   namespace k = summary_key;
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
@@ -342,6 +371,7 @@ RunRecord load_run(const std::string& dir) {
   if (j.contains(k::utilisation) && j[k::utilisation].is_object())
     r.mfu = opt_number(j[k::utilisation], "mfu");
   if (j.contains(k::stragglers)) r.straggler = straggler_text(j[k::stragglers], r.epochs_completed);
+  check_values(r, path);
   return r;
 }
 
