@@ -368,7 +368,12 @@ TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line"
   CHECK_THAT(test::config_error(bytes + "model: {type: gpt, n_embd: 30, n_head: 4}\n"),
              Catch::Contains("model.n_head: 4 heads do not divide model.n_embd (30)"));
   CHECK_THAT(test::config_error("data: {dataset: bytes, path: /x, normalize: global}\nmodel: {type: gpt}\n"),
-             Catch::Contains("only off"));
+             Catch::Contains("only false (or off)"));
+  for (const char* off : {"off", "false"})
+    CHECK(parse_config("data: {dataset: bytes, path: /x, normalize: " + std::string(off) +
+                           "}\nmodel: {type: gpt}\n",
+                       "exp.yaml")
+              .data.normalize == Normalize::off);
   CHECK_THAT(test::config_error("data: {block_size: 32}\n"), Catch::Contains("only for dataset: bytes"));
   ModelConfig mc;
   mc.type = ModelType::gpt;
@@ -564,7 +569,7 @@ TEST_CASE("dataset tokens: data.vocab_size is its own, and tokens are read by gp
                                 "model: {type: gpt}\n"),
              Catch::Contains("data.vocab_size"));
   const std::pair<const char*, const char*> refused[] = {
-      {"normalize: global", "data.normalize: dataset: tokens holds token ids: only off"},
+      {"normalize: global", "data.normalize: dataset: tokens holds token ids: only false (or off)"},
       {"sort_by_label: true", "data.sort_by_label: dataset: tokens has no labels to sort by"},
       {"augment: {flip: true}", "data.augment: dataset: tokens takes no image augmentation"}};
   for (const auto& [bad, message] : refused)

@@ -194,6 +194,12 @@ TEST_CASE("a trace is no part of a run's identity, and its window is checked", "
   CHECK(big.code == 2);
   CHECK_THAT(big.out, Catch::Contains("train.trace.steps"));
   CHECK(dtrain_cli("validate " + cfg + " train.trace.from_step=0").code == 2);
+  // A window past the run's last step (2 epochs of 32 steps) is said, not silently empty.
+  const auto late = dtrain_cli("run " + cfg + " train.trace.from_step=65 train.trace.steps=2 --quiet --tag late " +
+                               "--results " + res);
+  CHECK(late.code == 0);
+  CHECK_THAT(late.out, Catch::Contains("the window starts at step 65, but the run has 64 steps"));
+  CHECK(!std::filesystem::exists(fs::path(res) / "tr" / "late-g1" / "trace.json"));
 }
 
 TEST_CASE("under mpirun the ranks' traces line up in one trace.json", "[trace][mpi]") {

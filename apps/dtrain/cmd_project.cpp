@@ -183,9 +183,9 @@ const GpuPreset& gpu_preset(const ProjectOptions& opt) {
   if (!gpu)
     throw UserError(fmt::format("--gpu '{}': give one of {}", opt.gpu,
                                 fmt::join(gpu_preset_names(), ", ")));
-  if (!(opt.mfu > 0 && opt.mfu <= 1))
-    throw UserError(fmt::format("--mfu {}: give the share of the peak a step reaches, in (0, 1]",
-                                opt.mfu));
+  if (!(opt.mfu >= 0.01 && opt.mfu <= 1))
+    throw UserError(fmt::format(
+        "--mfu {}: give the share of the peak a step reaches, from 0.01 to 1", opt.mfu));
   return *gpu;
 }
 
@@ -367,7 +367,10 @@ void check_sizes(const ProjectOptions& opt, int64_t params, double bucket_mb) {
   if (opt.bucket_mb != -1 && !(opt.bucket_mb >= 0 && opt.bucket_mb <= 1e6))
     throw UserError(fmt::format("--bucket-mb {}: give 0 (one all-reduce) to 1e6 MiB", opt.bucket_mb));
   if (params > int64_t{1000000000000})
-    throw UserError(fmt::format("the run's parameter count {} is past 10^12; give --params", params));
+    throw UserError(fmt::format(
+        "the {} parameter count {} is past 10^12, the largest model project takes; {}",
+        opt.gpu.empty() ? "run's" : "config's", params,
+        opt.gpu.empty() ? "give --params (at most 10^12)" : "make the model smaller"));
   if (bucket_mb > 0 && bucket_mb * 1024 * 1024 < 4)
     throw UserError(fmt::format("--bucket-mb {:g}: a bucket holds at least one 4-byte gradient; "
                                 "give 0 (one all-reduce) or at least {:g} MiB",

@@ -726,7 +726,7 @@ void check_tokens(const Config& c, const MapReader& top) {
   }
   if (c.data.normalize != Normalize::off)
     d.fail("normalize", d.node("normalize"),
-           fmt::format("dataset: {} holds token ids: only off", name));
+           fmt::format("dataset: {} holds token ids: only false (or off)", name));
   if (c.data.sort_by_label)
     d.fail("sort_by_label", d.node("sort_by_label"),
            fmt::format("dataset: {} has no labels to sort by", name));

@@ -191,6 +191,7 @@ inline const EnumTable<Normalize>& choices(Normalize) {
   static const EnumTable<Normalize> names = {{"global", Normalize::global},
                                              {"channel", Normalize::channel},
                                              {"false", Normalize::off},
+                                             {"off", Normalize::off},
                                              {"true", Normalize::global}};
   return names;
 }

@@ -336,9 +336,9 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
                            local_ranks, local_ranks == 1 ? "" : "s", one.params / kGiB,
                            one.activations / kGiB, one.rows);
   const char* model_keys =
-      cfg.model.type == ModelType::gpt
-          ? "model.n_embd, model.n_layer, data.block_size"
-          : "model.hidden (or the layers' units and channels)";
+      cfg.model.type == ModelType::gpt      ? "model.n_embd, model.n_layer, data.block_size"
+      : cfg.model.type == ModelType::resnet ? "model.widths, model.depth"
+                                            : "model.hidden (or the layers' units and channels)";
   throw UserError(fmt::format(
       "model and batch need about {:.1f} GiB ({}), but {} {:.1f} GiB available; lower {}, "
       "train.per_replica_batch (train.accumulation_steps keeps the batch a step trains on) or "
