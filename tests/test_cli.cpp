@@ -351,6 +351,18 @@ TEST_CASE("hostile inputs to the newer commands end with one line and exit 2", "
   CHECK(std::filesystem::exists(t.path / "rep" / "x_-2.md"));
   CHECK(dtrain_cli("report " + (t.path / "res").string() + " --by train.seed --by train.seed")
             .code == 2);
+  // A file where a results folder belongs, an empty sample shape, and a value that YAML would
+  // read as a directive: each named.
+  r = dtrain_cli("report " + cfg.string());
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("not a folder (give a results folder"));
+  r = dtrain_cli("validate " + cfg.string() + " 'data.synthetic.shape=[]'");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("data.synthetic.shape: give a sample's shape"));
+  r = dtrain_cli("validate " + cfg.string() + " 'model.activation=%s%n'");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("%s%n"));
+  CHECK(r.out.find("got nothing") == std::string::npos);
 }
 
 TEST_CASE("--quiet quiets the terminal, not the run folder's log", "[cli]") {
@@ -372,7 +384,7 @@ TEST_CASE("a loop of symbolic links where a folder belongs is one line naming it
   std::filesystem::create_symlink(t.path / "loopB", t.path / "loopA");
   std::filesystem::create_symlink(t.path / "loopA", t.path / "loopB");
   const std::string loop = (t.path / "loopA").string();
-  for (const std::string args : {"report " + loop, "explain-time " + loop + " " + loop}) {
+  for (const std::string& args : {"report " + loop, "explain-time " + loop + " " + loop}) {
     const auto r = shell("timeout 20 " + dtrain_binary() + " " + args + " 2>&1");
     INFO(args << "\n" << r.out);
     CHECK(r.code == 2);

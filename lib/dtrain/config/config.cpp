@@ -458,7 +458,8 @@ void check_tree(const YAML::Node& n, TreeWalk& w, int depth = 0) {
 void apply_override(YAML::Node& root, const Override& ov) {
   YAML::Node value;
   try {
-    value = YAML::Load(ov.value);
+    // A leading '%' would make a YAML directive of the line: such a value is the text itself.
+    value = !ov.value.empty() && ov.value[0] == '%' ? YAML::Node(ov.value) : YAML::Load(ov.value);
   } catch (const YAML::Exception& e) {
     throw UserError(fmt::format("override '{}': value is not valid YAML: {}", ov.text(), e.msg));
   }
@@ -747,6 +748,10 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
   if (c.model.type == ModelType::resnet) check_resnet(c.model, top.at("model"));
   check_batches(c, src);
   if (c.data.dataset == DatasetKind::synthetic) {
+    if (c.data.synthetic.shape.empty())
+      throw UserError(fmt::format("{}: data.synthetic.shape: give a sample's shape, e.g. [64] "
+                                  "(features) or [3, 32, 32] (images), not []",
+                                  src.file));
     if (bounded_product(c.data.synthetic.shape, int64_t{1} << 28) < 0)
       throw UserError(fmt::format("{}: data.synthetic.shape: {} features in all is over {}",
                                   src.file, fmt::join(c.data.synthetic.shape, " x "),

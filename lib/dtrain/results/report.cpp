@@ -921,7 +921,11 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
   for (const auto& p : paths) {
-    if (!fs::is_directory(p)) throw UserError(fmt::format("{}: no such folder", p));
+    if (!fs::is_directory(p))
+      throw UserError(fmt::format("{}: {}", p,
+                                  fs::exists(p) ? "not a folder (give a results folder or a run "
+                                                  "folder)"
+                                                : "no such folder"));
     if (fs::exists(fs::path(p) / "status"))
       out.push_back(p);
     else
