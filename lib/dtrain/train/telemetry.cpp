@@ -136,16 +136,20 @@ std::vector<DeviceRow> DeviceSampler::take(size_t per_device, double* period_s) 
 }
 
 void DeviceSampler::loop() {
-  auto next = std::chrono::steady_clock::now();
+  using Steady = std::chrono::steady_clock;
+  auto next = Steady::now();
   std::unique_lock lk(mu_);
   while (!stop_) {
     lk.unlock();
     sample();
     lk.lock();
-    // On a fixed grid: the time a sample takes does not stretch the period.
-    next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(period_s_));
-    next = std::max(next, std::chrono::steady_clock::now());  // behind: no burst to catch up
+    // On a fixed grid: the time a sample takes does not stretch the period (which take() may
+    // have doubled). Behind: one period from now, neither a burst to catch up nor a sample
+    // right after this one (whose interval of microseconds would make its shares noise).
+    const auto period =
+        std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(period_s_));
+    next += period;
+    if (const auto now = Steady::now(); next < now) next = now + period;
     wake_.wait_until(lk, next, [this] { return stop_; });
   }
 }
