@@ -376,6 +376,11 @@ TEST_CASE("--quiet quiets the terminal, not the run folder's log", "[cli]") {
   const std::string log = slurp(t.path / "res" / "t" / "q-g1" / "log");
   CHECK(log.find(" info epoch ") != std::string::npos);
   CHECK(log.find("per replica x") != std::string::npos);
+  // A tag rewritten for its folders is said.
+  const auto a = dtrain_cli("run " + cfg.string() + " --quiet --tag 'a b' --results " +
+                            (t.path / "res").string());
+  REQUIRE(a.code == 0);
+  CHECK_THAT(a.out, Catch::Contains("--tag 'a b' names its run folders 'a_b'"));
 }
 
 TEST_CASE("a loop of symbolic links where a folder belongs is one line naming it, exit 2",

@@ -3,6 +3,7 @@
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/log.hpp"
 #include "dtrain/base/files.hpp"
 #include "dtrain/config/schema.hpp"
 
@@ -30,6 +31,10 @@ std::string folder_tag(const std::string& given, const std::string& fallback) {
   if (tag.front() == '.' || tag.size() > 100)
     throw UserError(
         fmt::format("--tag '{}': give 1 to 100 characters, not starting with '.'", given));
+  // Said, so that two tags that name the same folders ('a b', 'a'b') are not a surprise.
+  if (tag != given)
+    log().warn("--tag '{}' names its run folders '{}' (letters, digits and . _ - + are kept)",
+               given, tag);
   return tag;
 }
 
