@@ -487,7 +487,7 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
 // refuses to continue on other data (the same length, other bytes) and keeps the checkpoint,
 // or names the data when the change makes the checkpoint impossible (a shorter text); with
 // the text back, --resume continues to the bits of a run never stopped.
-TEST_CASE("--resume refuses data that changed since the run started, and keeps the checkpoint",
+TEST_CASE("a resume refuses data that changed since the run started, and keeps the checkpoint",
           "[checkpoint][cli]") {
   TempDir d("ck-data");
   std::string text;

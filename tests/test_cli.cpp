@@ -365,7 +365,7 @@ TEST_CASE("hostile inputs to the newer commands end with one line and exit 2", "
   CHECK(r.out.find("got nothing") == std::string::npos);
 }
 
-TEST_CASE("--quiet quiets the terminal, not the run folder's log", "[cli]") {
+TEST_CASE("a quiet run quiets the terminal, not the run folder's log", "[cli]") {
   TempDir t("quiet-log");
   const auto cfg = t.path / "t.yaml";
   put(cfg, tiny_config("t"));
