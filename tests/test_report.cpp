@@ -102,7 +102,8 @@ TEST_CASE("summary values a table would show as they are must be dtrain's", "[re
   };
   CHECK_NOTHROW(read("\"run_id\": \"t-g2\", \"final_test_accuracy\": 0.9, \"group\": \"a'b\""));
   for (const auto& [body, says] : std::vector<std::pair<std::string, std::string>>{
-           {"\"run_id\": \"a|b\\n| injected | row |\"", "'run_id' is not a run folder's name"},
+           {"\"run_id\": \"a|b\\n| injected | row |\"", "'run_id' holds a control character or '|'"},
+           {"\"run_id\": \"../x\"", "'run_id' is not a run folder's name"},
            {"\"group\": \"x\\n| row |\"", "'group' holds a control character or '|'"},
            {"\"status\": \"done|x\"", "'status' holds a control character or '|'"},
            {"\"final_test_accuracy\": 1e308", "'final_test_accuracy' is 1e+308, not in [0, 1]"},

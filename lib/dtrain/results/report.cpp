@@ -281,12 +281,12 @@ void check_values(const RunRecord& r, const std::string& path) {
   const auto damaged = [&](const std::string& what) {
     throw UserError(fmt::format("{}: {} (a damaged file?)", path, what));
   };
-  if (const char* why = folder_name_rule(r.run_id))
-    damaged(fmt::format("'run_id' is not a run folder's name: {}", why));
-  for (const auto& [key, text] : {std::pair{"status", &r.status}, {"group", &r.group},
-                                  {"lr_scaling", &r.lr_scaling}, {"reduction", &r.reduction},
-                                  {"shuffle", &r.shuffle}, {"sharding", &r.sharding},
-                                  {"experiment", &r.experiment}})
+  if (r.run_id.empty() || r.run_id.front() == '.' || r.run_id.find('/') != std::string::npos)
+    damaged("'run_id' is not a run folder's name");
+  for (const auto& [key, text] : {std::pair{"run_id", &r.run_id}, {"status", &r.status},
+                                  {"group", &r.group}, {"lr_scaling", &r.lr_scaling},
+                                  {"reduction", &r.reduction}, {"shuffle", &r.shuffle},
+                                  {"sharding", &r.sharding}})
     for (const char ch : *text)
       if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f || ch == '|')
         damaged(fmt::format("'{}' holds a control character or '|'", key));
