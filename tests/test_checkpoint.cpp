@@ -524,6 +524,8 @@ TEST_CASE("a resume refuses data that changed since the run started, and keeps t
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Catch::Contains("if the data changed since the run started, restore it"));
   CHECK(fs::exists(run / "checkpoint.bin"));
+  // Refused before the folder was touched: no earlier attempt was moved aside.
+  CHECK(!fs::exists(fs::path(res) / "g" / ".attempts"));
   put(corpus, text);
   r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
   INFO(r.out);

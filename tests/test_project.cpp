@@ -289,7 +289,7 @@ optimizer: {type: adamw}
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
            {cfg + " --gpu h100", "--gpu 'h100': give one of h100-sxm"},
            {cfg + " --gpu h200 --mfu 1.5", "--mfu 1.5"},
-           {cfg + " --gpu h200 --mfu 1e-300", "from 0.01 to 1"},
+           {cfg + " --gpu h200 --mfu 1e-300", "from 0.0001 to 1"},
            {cfg + " --gpu h200 model.hidden=[2000000,2000000]", "make the model smaller"},
            {t.path.string() + " --gpu h200", "a run folder has its measured step"},
            {cfg + " --mfu 0.3", "--mfu requires --gpu"},

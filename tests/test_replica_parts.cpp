@@ -67,6 +67,28 @@ TEST_CASE("every rank's values and words reach rank 0 whole and in rank order", 
   }
 }
 
+// What a run under a launcher checks before it trains: every rank read the data rank 0 read.
+TEST_CASE("rank 0's word reaches every rank, and every rank counts the ranks that differ",
+          "[replica_parts]") {
+  for (int n : {1, 4}) {
+    const auto ranks = static_cast<size_t>(n);
+    std::vector<uint64_t> got(ranks);
+    std::vector<int> differ(ranks);
+    on_ranks(n, [&](Communicator& comm) {
+      const auto r = static_cast<size_t>(comm.rank());
+      // Rank 2 (where there is one) loaded other data: its word differs in the top bit only.
+      const uint64_t fingerprint = 0xfedcba9876543210ull ^ (r == 2 ? 1ull << 63 : 0);
+      got[r] = broadcast_word(comm, fingerprint);
+      differ[r] = count_ranks(comm, fingerprint != got[r]);
+    });
+    INFO("ranks: " << n);
+    for (size_t r = 0; r < ranks; ++r) {
+      CHECK(got[r] == 0xfedcba9876543210ull);
+      CHECK(differ[r] == (n > 2 ? 1 : 0));
+    }
+  }
+}
+
 TEST_CASE("per-step sums add up over the ranks, and a checkpoint's steps restore to them",
           "[replica_parts]") {
   constexpr int64_t kSteps = 3;

@@ -183,9 +183,9 @@ const GpuPreset& gpu_preset(const ProjectOptions& opt) {
   if (!gpu)
     throw UserError(fmt::format("--gpu '{}': give one of {}", opt.gpu,
                                 fmt::join(gpu_preset_names(), ", ")));
-  if (!(opt.mfu >= 0.01 && opt.mfu <= 1))
+  if (!(opt.mfu >= 1e-4 && opt.mfu <= 1))
     throw UserError(fmt::format(
-        "--mfu {}: give the share of the peak a step reaches, from 0.01 to 1", opt.mfu));
+        "--mfu {}: give the share of the peak a step reaches, from 0.0001 to 1", opt.mfu));
   return *gpu;
 }
 

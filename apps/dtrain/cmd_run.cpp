@@ -153,7 +153,9 @@ std::string move_aside(const std::string& dir, const std::string& why) {
 // none or it belongs to another config (then the run starts over, and says so).
 // The folder's own config is compared first (a folder of another config, or whose config no
 // longer reads, starts over), then the checkpoint is read with the bounds of this command's.
-std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg) {
+// One of this config on other data than `data`'s is refused (UserError), the folder untouched.
+std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg,
+                                    const DataSplit& data) {
   const std::string want = resume_identity(to_yaml(cfg));
   const auto had =
       try_read_own_file((fs::path(dir) / "config.resolved.yaml").string(), kMaxConfigBytes);
@@ -165,6 +167,7 @@ std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg) {
     log().warn("resume: the checkpoint in {} is of another config; the run starts over", dir);
     return std::nullopt;
   }
+  if (c) check_data_unchanged(*c, data.fingerprint);
   return c;
 }
 
@@ -272,7 +275,7 @@ Sweep plan_sweep(const RunOptions& opt) {
   set_verbosity(opt.quiet || !s.leader);
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
-  s.tag = folder_tag(opt.tag, default_tag());
+  s.tag = folder_tag(opt.tag, default_tag(), s.leader);
   s.runs = plan_runs(opt.config, opt.overrides);
   if (s.multi)
     for (const auto& r : s.runs)
@@ -426,11 +429,13 @@ bool finished_since_planned(const RunOptions& opt, Sweep& s, size_t i, RunHold& 
 // Under --resume rank 0 moves an unfinished folder aside, with the checkpoint this run
 // continues from if it has one, and every rank continues from rank 0's; then the run's
 // folder is made.
-void open_folder(const RunOptions& opt, const Sweep& s, size_t i, RunHold& h) {
+void open_folder(const RunOptions& opt, const Sweep& s, size_t i, const DataSplit& data,
+                 RunHold& h) {
   const auto& r = s.runs[i];
   std::string attempt;
   if (s.leader && opt.resume && fs::exists(s.dirs[i])) {
-    h.resume_from = resumable(s.dirs[i], r.config);  // a damaged one stops here, nothing moved
+    // A damaged checkpoint, or one of other data, stops here: nothing is moved.
+    h.resume_from = resumable(s.dirs[i], r.config, data);
     attempt = move_aside(s.dirs[i], unfinished_as(h.earlier));
   }
   if (s.multi) {  // every rank continues from rank 0's checkpoint
@@ -525,7 +530,7 @@ Outcome train_one(const RunOptions& opt, Sweep& s, size_t i, HeldData& data,
     // A run whose data differs from the one before it loads its own; a failure there is
     // this run's, recorded like any other.
     const DataSplit& d = data.get(s.runs[i].config);
-    open_folder(opt, s, i, h);
+    open_folder(opt, s, i, d, h);
     train_in_folder(s, i, d, h, index);
   } catch (const Interrupted& e) {
     record_interrupt(opt, s, i, h, e);

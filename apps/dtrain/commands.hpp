@@ -15,7 +15,8 @@ void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::s
 
 // The run-folder prefix of a --tag: `fallback` (a date-time) when none is given; a tag with
 // control characters, one that slugs to a hidden name or more than 100 characters is refused.
-std::string folder_tag(const std::string& given, const std::string& fallback);
+// A tag whose folders are named otherwise is said in a warning where `say` (one rank says it).
+std::string folder_tag(const std::string& given, const std::string& fallback, bool say = true);
 
 // The data of the runs of a sweep, loaded again only when a run's data identity changes (runs
 // of one sweep usually share it).

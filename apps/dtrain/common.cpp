@@ -14,7 +14,7 @@ void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::s
   app.add_option("overrides", overrides, "key=value overrides, as for `dtrain run`");
 }
 
-std::string folder_tag(const std::string& given, const std::string& fallback) {
+std::string folder_tag(const std::string& given, const std::string& fallback, bool say) {
   if (given.empty()) return fallback;
   if (has_control_character(given)) {
     std::string shown;
@@ -32,7 +32,7 @@ std::string folder_tag(const std::string& given, const std::string& fallback) {
     throw UserError(
         fmt::format("--tag '{}': give 1 to 100 characters, not starting with '.'", given));
   // Said, so that two tags that name the same folders ('a b', 'a'b') are not a surprise.
-  if (tag != given)
+  if (say && tag != given)
     log().warn("--tag '{}' names its run folders '{}' (letters, digits and . _ - + are kept)",
                given, tag);
   return tag;

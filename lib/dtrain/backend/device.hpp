@@ -64,7 +64,7 @@ class DeviceQueue {
   // the device time since the previous mark is phase p's. Phases may repeat (forward and
   // backward once per accumulated micro-batch). anchor_clock() waits for the queue and ties
   // the device's clock to the host's steady clock; each step is anchored to the latest
-  // anchor before it (the first step_begin anchors where nothing has). take_step_marks
+  // anchor before it (the queue anchors once when it is made). take_step_marks
   // appends the marks of every step finished on the device (all of them when `wait`), oldest
   // first, and returns how many steps it read.
   virtual void step_begin(int64_t step) = 0;

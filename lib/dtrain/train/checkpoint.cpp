@@ -490,4 +490,13 @@ std::optional<Checkpoint> load_checkpoint(const std::string& run_dir) {
   return load_checkpoint(run_dir, parse_config(yaml, resolved));
 }
 
+void check_data_unchanged(const Checkpoint& c, uint64_t fingerprint) {
+  if (c.data_fingerprint && fingerprint && c.data_fingerprint != fingerprint)
+    throw UserError(fmt::format(
+        "checkpoint: the data has changed since the run started (fingerprint {:016x}, now "
+        "{:016x}): restore the data it trained on to continue it, or start a new run under "
+        "another --tag; checkpoint.bin is kept",
+        c.data_fingerprint, fingerprint));
+}
+
 }  // namespace dtrain

@@ -63,6 +63,10 @@ CheckpointRun checkpoint_run(const Config& cfg, const DataShape& data);
 // counts whole and within the run (`run`; without one, what a double holds exactly), sums
 // finite, times finite and >= 0, accuracies in [0, 1], epoch and step within the run.
 void check_checkpoint(const Checkpoint& c, const std::string& what, const CheckpointRun* run);
+// Throws UserError where `c` was written by a run on other data than `fingerprint`'s
+// (DataSplit::fingerprint; 0 on either side: unknown, not checked). restore_checkpoint checks
+// it; a resume checks it first, before it touches the run's folder.
+void check_data_unchanged(const Checkpoint& c, uint64_t fingerprint);
 
 // The checkpoint file of a run folder.
 std::string checkpoint_path(const std::string& run_dir);

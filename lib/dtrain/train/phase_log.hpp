@@ -18,7 +18,8 @@ class PhaseLog {
   // `arrivals`: the collectives of a step (one per bucket; one for shared weights). The log is
   // kept with more than one replica, where every rank's epoch fits in 2^25 values (256 MB) on
   // rank 0. On the CPU (`host_memory`) the host clocks fill it as each step runs; on a GPU,
-  // where the host only queues work, the device's events fill it after the fact (set()).
+  // where the host only queues work, the device's events fill it after the fact (add_to() and
+  // arrive_at()).
   PhaseLog(int replicas, int64_t steps, int arrivals, bool host_memory);
 
   bool on() const { return on_; }

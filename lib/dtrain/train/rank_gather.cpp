@@ -41,4 +41,20 @@ std::vector<uint64_t> gather_words(Communicator& comm, const std::vector<uint64_
   return all;
 }
 
+uint64_t broadcast_word(Communicator& comm, uint64_t mine) {
+  double pieces[4] = {};  // 16 bits each, which a double's sum holds exactly
+  if (comm.rank() == 0)
+    for (size_t p = 0; p < 4; ++p) pieces[p] = static_cast<double>((mine >> (16 * p)) & 0xffff);
+  comm.allreduce(pieces, 4, ReduceOp::sum);
+  uint64_t word = 0;
+  for (size_t p = 0; p < 4; ++p) word |= static_cast<uint64_t>(pieces[p]) << (16 * p);
+  return word;
+}
+
+int count_ranks(Communicator& comm, bool yes) {
+  double n = yes ? 1.0 : 0.0;
+  comm.allreduce(&n, 1, ReduceOp::sum);
+  return static_cast<int>(n);
+}
+
 }  // namespace dtrain

@@ -18,4 +18,10 @@ std::vector<double> gather(Communicator& comm, const std::vector<double>& mine);
 // hold exactly.
 std::vector<uint64_t> gather_words(Communicator& comm, const std::vector<uint64_t>& mine);
 
+// Collective: rank 0's `mine` on every rank.
+uint64_t broadcast_word(Communicator& comm, uint64_t mine);
+
+// Collective: on every rank, how many ranks passed true.
+int count_ranks(Communicator& comm, bool yes);
+
 }  // namespace dtrain

@@ -175,6 +175,7 @@ void Replica::make_exchange(size_t n_params) {
   // before the exchange is timed, so that the host clocks measure the exchange alone.
   exchange_on_host_ = !run_.nccl;
   wait_before_exchange_ = exchange_on_host_ && !dev_->host_memory();
+  if (wait_before_exchange_) exchange_in_backward_.assign(static_cast<size_t>(steps_), 0.0);
   on_ready_ = [this](size_t off, size_t count) {
     // Only before a bucket goes out: a wait per layer would stall the device for nothing.
     // Shared weights send nothing during backward (the whole sum is made in finish()).
@@ -319,7 +320,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   if (train_input_) start_input(plan, epoch, first);
   // Evaluation may have freed device memory on some ranks: the graph steps agree again.
   graph_agreement_.unsettle();
-  if (queue_) queue_->anchor_clock();  // the device's clock against the host's, each epoch
+  anchor_device_clock(0);  // the device's clock against the host's, each epoch
   const double before = t.total;  // of a resumed epoch, the time before the stop
   input_since_s_ = before;         // the input counters start here (start_input)
   const auto t_epoch = Clock::now();
@@ -341,6 +342,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     phases_.begin_step(s);
     train_step(plan, s, lr, t);
     phases_.end_step();
+    anchor_device_clock(10.0);
     if (rank_ == 0 && epoch == 0 && s == 1)
       run_.result.info.launches_per_step = (queue_ ? queue_->launches() : 0) - launches_before;
     if (rank_ == 0 && run_.observer) run_.observer->on_step(epoch + 1, s + 1, steps_);
@@ -500,6 +502,12 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
   trace_.span(TracePhase::step, t_step, Clock::now());
 }
 
+void Replica::anchor_device_clock(double every_s) {
+  if (!queue_ || (every_s > 0 && seconds_since(anchored_at_) < every_s)) return;
+  queue_->anchor_clock();
+  anchored_at_ = Clock::now();
+}
+
 void Replica::read_device_steps(double* dt) {
   std::vector<DeviceMark> marks;
   queue_->take_step_marks(marks, /*wait=*/true);
@@ -510,8 +518,17 @@ void Replica::read_device_steps(double* dt) {
     const auto p = static_cast<StepPhase>(sp.phase);
     const double d = sp.t1 - sp.t0;
     dt[p == StepPhase::exchange ? 1 : p == StepPhase::optimizer ? 2 : 0] += d;
-    phases_.add_to(sp.step - first, p, d);
-    if (p == StepPhase::exchange) phases_.arrive_at(sp.step - first, 0, trace_.seconds_at(sp.t0));
+    const int64_t s = sp.step - first;
+    phases_.add_to(s, p, d);
+    if (p != StepPhase::exchange) continue;
+    // A host exchange inside backward: the device waited for it, so it is exchange, and the
+    // rank arrived at the exchange that much earlier.
+    const double host = exchange_in_backward_.empty() || s < 0 || s >= steps_
+                            ? 0.0
+                            : exchange_in_backward_[static_cast<size_t>(s)];
+    phases_.add_to(s, StepPhase::backward, -host);
+    phases_.add_to(s, StepPhase::exchange, host);
+    phases_.arrive_at(s, 0, trace_.seconds_at(sp.t0) - host);
   }
 }
 
@@ -536,6 +553,8 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     model_->loss_backward(yb_.data(), rows, grad_scale, stats,
                           last ? on_ready_ : Model::GradsReady{});
     const double buckets = last ? exchange_->seconds() : 0.0;  // reduced on this thread
+    if (last && !exchange_in_backward_.empty())
+      exchange_in_backward_[static_cast<size_t>(s)] = buckets;
     slow_.stretch(StepPhase::backward, seconds_since(t2) - buckets);
     mark(StepPhase::backward);
     const auto t3 = Clock::now();

@@ -6,6 +6,7 @@
 // objects of their own: the per-step sums (StepStats), the noise scale (NoiseProbe), the
 // straggler log (PhaseLog), the step trace (StepTrace, TraceWindow); checkpoints are
 // replica_checkpoint.hpp's.
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -162,6 +163,11 @@ class Replica {
   // On a GPU, at the epoch's end: the phases' device times into `dt` (compute, exchange,
   // optimizer seconds), the straggler log and the trace's device track.
   void read_device_steps(double* dt);
+  // On a GPU: ties the device's clock to the host's again (a wait for the queue) where the
+  // last tie is `every_s` old or more. A step's start is a float of milliseconds from the tie
+  // (device.hpp): tied every 10 s it is within a microsecond, where once an epoch it drifts
+  // by 15 us after 4 minutes.
+  void anchor_device_clock(double every_s);
 
   RunContext& run_;
   const Config& cfg_;
@@ -174,6 +180,7 @@ class Replica {
 
   std::unique_ptr<Device> dev_;
   DeviceQueue* queue_ = nullptr;  // null on the CPU
+  std::chrono::steady_clock::time_point anchored_at_{};  // anchor_device_clock's last tie
   Buffer<float> dev_train_x_;     // on a GPU the training set is uploaded once
   Buffer<int32_t> dev_train_y_;
   const float* train_x_ = nullptr;
@@ -187,6 +194,10 @@ class Replica {
   int64_t eval_rows_ = 1;  // rows of an evaluation chunk (eval_chunk_rows)
   std::unique_ptr<GradExchange> exchange_;
   bool exchange_on_host_ = false;
+  // A GPU whose exchange goes through the host (colocated replicas): per step of the epoch, the
+  // seconds the host spent exchanging buckets inside backward, with the device idle. Its events
+  // count them as backward; read_device_steps moves them to the exchange.
+  std::vector<double> exchange_in_backward_;
   bool wait_before_exchange_ = false;
   Model::GradsReady on_ready_;
   std::string graph_state_;         // "on", "off: <why>", or empty on the CPU

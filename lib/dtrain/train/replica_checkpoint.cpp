@@ -37,12 +37,7 @@ void upload_moment(const ReplicaState& r, Buffer<float>& b, const std::vector<fl
 
 // Throws UserError where `c` is not of this run: its data, its sizes, then its position.
 void check_of_this_run(const ReplicaState& r, const Checkpoint& c) {
-  if (c.data_fingerprint && r.data_fingerprint && c.data_fingerprint != r.data_fingerprint)
-    throw UserError(fmt::format(
-        "checkpoint: the data has changed since the run started (fingerprint {:016x}, now "
-        "{:016x}): restore the data it trained on to continue it, or start a new run under "
-        "another --tag; checkpoint.bin is kept",
-        c.data_fingerprint, r.data_fingerprint));
+  check_data_unchanged(c, r.data_fingerprint);
   const auto n = static_cast<size_t>(r.model.param_count());
   const int replicas = r.comm.size();
   if (c.replicas != replicas || c.params.size() != n)

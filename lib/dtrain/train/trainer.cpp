@@ -21,6 +21,7 @@
 #include "dtrain/comm/mpi.hpp"
 #include "dtrain/comm/nccl.hpp"
 #include "dtrain/nn/model.hpp"
+#include "dtrain/train/rank_gather.hpp"
 #include "dtrain/train/replica.hpp"
 
 namespace dtrain {
@@ -346,6 +347,21 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
       need / kGiB, split, where, have / kGiB, model_keys));
 }
 
+// Collective: under a launcher every process loads the data itself, and a node whose files
+// differ would train its replica on other samples without a word (and its run could never
+// resume: the checkpoint keeps rank 0's fingerprint). Every rank refuses alike.
+void check_same_data(Communicator& comm, uint64_t fingerprint) {
+  const uint64_t first = broadcast_word(comm, fingerprint);
+  const int others = count_ranks(comm, fingerprint != first);
+  if (others == 0) return;
+  const std::string mine =
+      fingerprint != first ? fmt::format("; this rank's is {:016x}", fingerprint) : "";
+  throw UserError(fmt::format(
+      "data: {} of {} ranks loaded other data than rank 0 (its fingerprint {:016x}{}); every "
+      "rank must read the same files: check data.path on every node",
+      others, comm.size(), first, mine));
+}
+
 }  // namespace
 
 void check_plan(const Config& cfg, const DataSplit& data) {
@@ -400,6 +416,7 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
         fmt::format("gpus={} but {} processes were started; dtrain runs one replica "
                     "per process, so the two must be equal",
                     cfg.gpus, comm.size()));
+  check_same_data(comm, data.fingerprint);
   int threads = cfg.threads;
   if (threads <= 0) {
     // Share the machine's cores among the processes on it.
