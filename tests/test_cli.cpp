@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -130,6 +131,31 @@ TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli
   const auto again = dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag t");
   CHECK(again.code == 2);
   CHECK_THAT(again.out, Catch::Contains("t-g1: run folder already exists"));
+}
+
+// Without --tag a command's runs are named by the UTC second it started: a second command in
+// that second (taken here by folders made for the next few seconds) gets <second>-2.
+TEST_CASE("a command without --tag never collides with one started in the same second", "[cli]") {
+  TempDir s("cli-tag");
+  const auto cfg = s.write("tiny.yaml", kTiny);
+  const fs::path exp = s.path / "res" / "tiny";
+  std::vector<std::string> seconds;
+  const std::time_t now = std::time(nullptr);
+  for (std::time_t t = now; t < now + 4; ++t) {
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char tag[32];
+    std::strftime(tag, sizeof tag, "%Y%m%d-%H%M%S", &tm);
+    seconds.push_back(tag);
+    fs::create_directories(exp / (seconds.back() + "-g1"));
+  }
+  const auto r = dtrain_cli("run " + cfg + " --results " + (s.path / "res").string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  int made = 0;
+  for (const auto& sec : seconds) made += fs::exists(exp / (sec + "-2-g1") / "summary.json");
+  CHECK(made == 1);
+  CHECK_THAT(r.out, !Catch::Contains("already exists"));
 }
 
 TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {

@@ -427,3 +427,26 @@ TEST_CASE("folder: data.jpeg_draft is refused for in-memory data", "[folder]") {
   CHECK_THAT(config_error("data: {jpeg_draft: true}\n"),
              Catch::Contains("data.jpeg_draft: only for dataset: folder"));
 }
+
+// export-images writes an in-memory data set as a tree and says how to train on it: the shape
+// it names is the files' own (resampled to --side), and that command validates.
+TEST_CASE("export-images names the shape of the files it wrote, and that command validates",
+          "[folder][cli]") {
+  TempTree t("export");
+  const fs::path cfg = t.dir / "s.yaml";
+  std::ofstream(cfg) << "name: s\nthreads: 1\ndata: {dataset: synthetic, synthetic: "
+                        "{shape: [3, 6, 6], classes: 3, train_size: 12, test_size: 6}}\n"
+                        "model: {type: cnn}\ntrain: {per_replica_batch: 4}\n";
+  const fs::path out = t.dir / "tree";
+  const auto r = dtrain_cli("export-images " + cfg.string() + " --out " + out.string() +
+                            " --side 8");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("18 images (12 train, 6 test)") &&
+                        Catch::Contains("'data.shape=[3,8,8]'"));
+  const auto v = dtrain_cli("validate " + cfg.string() + " data.dataset=folder data.path=" +
+                            out.string() + " 'data.shape=[3,8,8]'");
+  INFO(v.out);
+  CHECK(v.code == 0);
+  CHECK_THAT(v.out, Catch::Contains("shape=[3,8,8]"));
+}

@@ -308,6 +308,10 @@ TEST_CASE("dataset bytes: data.exclude leaves files out, data.sha256 pins the st
   d.exclude = {"*"};
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
              Catch::Contains("holds no files to read as bytes that data.exclude leaves in"));
+  // A pattern that leaves nothing out (a typo, most likely) is named; the others are not.
+  std::vector<std::string> unmatched;
+  corpus_files(d.path, {"*.dat", "*.datt", "sub/*.txt", "sub/*/*.md"}, &unmatched);
+  CHECK(unmatched == std::vector<std::string>{"*.datt", "sub/*/*.md"});
   // The keys: bytes alone, with their rules, and round trips through a sweep's override.
   const std::string gpt = "model: {type: gpt}\n";
   const std::string bytes = "data: {dataset: bytes, path: /x, ";

@@ -169,6 +169,33 @@ TEST_CASE("report --plots draws PNG and SVG figures", "[report][plots]") {
   CHECK_THAT(slurp(out / "fx-speedup.svg"), !Catch::Contains("simulated"));
 }
 
+// One run of one epoch: every curve is a point, which gnuplot warns about; its messages go to
+// the figure's log, not to the terminal.
+TEST_CASE("report --plots on a one-epoch run says nothing of gnuplot's ranges", "[report][plots]") {
+  if (!dtrain::gnuplot_available()) {
+    WARN("SKIPPED: gnuplot is not installed (apt-get install gnuplot-nox)");
+    return;
+  }
+  TempDir tmp("plots-one");
+  const auto cfg = tmp.write("one.yaml", tiny_config("one"));
+  const auto res = tmp.path / "res";
+  REQUIRE(dtrain_cli("run " + cfg + " train.epochs=1 --results " + res.string() + " --tag t")
+              .code == 0);
+  const auto out = tmp.path / "report";
+  const auto r = dtrain_cli("report " + res.string() + " --plots --out " + out.string());
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, !Catch::Contains("Warning") && !Catch::Contains("range"));
+  CHECK(slurp(out / "one-curves-epochs1.png").substr(1, 3) == "PNG");
+  CHECK_THAT(slurp(out / "data" / "one-curves-epochs1.log"), Catch::Contains("range"));
+  // Its metrics.csv cut inside the header: the report says the file holds fewer epochs.
+  const auto csv = res / "one" / "t-g1" / "metrics.csv";
+  put(csv, slurp(csv).substr(0, 100));
+  const auto cut = dtrain_cli("report " + res.string() + " --plots --out " + out.string());
+  CHECK_THAT(cut.out, Catch::Contains("metrics.csv: 0 epoch rows, but summary.json counts 1 "
+                                      "finished epochs"));
+}
+
 TEST_CASE("report --plots draws each run's devices.csv, passing over rows that are not dtrain's",
           "[report][plots][security]") {
   if (!dtrain::gnuplot_available()) {

@@ -41,11 +41,14 @@ int run_export(const ExportOptions& opt) {
   const DataSplit s = load_data(data, runs.front().config.train.seed);
   const int64_t n =
       write_image_tree(s.train, s.test, opt.out, opt.format == "jpeg" ? opt.quality : 0, opt.side);
+  // The shape of the files written: resampled to --side where it is given.
+  std::vector<int64_t> shape = s.train.shape;
+  if (opt.side > 0 && shape.size() == 3) shape[1] = shape[2] = opt.side;
   fmt::print(
       "{}: {} images ({} train, {} test) as {} files; train on them with\n"
       "  dtrain run {} data.dataset=folder data.path={} 'data.shape=[{}]'\n",
       opt.out, n, s.train.size(), s.test.size(), opt.format, opt.config, opt.out,
-      fmt::join(s.train.shape, ","));
+      fmt::join(shape, ","));
   return 0;
 }
 

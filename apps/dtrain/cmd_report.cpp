@@ -76,7 +76,13 @@ int write_figures(const Comparison& cmp, const std::string& out, std::string& in
     // Unreadable, or still training (no summary yet): no curves.
     if (row.run.status.rfind("unreadable", 0) == 0 || row.run.status == "running") continue;
     try {
-      metrics[row.run.dir] = load_metrics(row.run.dir);
+      const auto& m = metrics[row.run.dir] = load_metrics(row.run.dir);
+      // A file cut short (a copy that stopped, a disk that filled): said, not drawn as whole.
+      if (static_cast<int64_t>(m.size()) < row.run.epochs_completed)
+        std::fprintf(stderr,
+                     "dtrain: warning: %s/metrics.csv: %zu epoch rows, but summary.json counts "
+                     "%d finished epochs; the curves show what the file holds\n",
+                     row.run.dir.c_str(), m.size(), row.run.epochs_completed);
     } catch (const UserError& e) {
       std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
     }

@@ -266,6 +266,26 @@ struct Sweep {
   std::vector<IndexRow> index;    // each run's row in its experiment's index, status current
 };
 
+// The tag of a command that gives none: the UTC second it started, or where a command started
+// in the same second has it (a run folder or an index of its name exists), the first free of
+// <second>-2, -3, ...; rank 0's under a launcher (the ranks may straddle a second).
+std::string unused_default_tag(const RunOptions& opt, const Sweep& s) {
+  const std::string second = default_tag();
+  std::string tag = second;
+  const auto taken = [&](const std::string& t) {
+    return std::any_of(s.runs.begin(), s.runs.end(), [&](const PlannedRun& r) {
+      const fs::path experiment = fs::path(opt.results) / r.config.name;
+      std::error_code ec;
+      return fs::exists(fs::symlink_status(experiment / run_id(t, r), ec)) ||
+             fs::exists(fs::symlink_status(experiment / ("index-" + t + ".csv"), ec));
+    });
+  };
+  if (s.leader)
+    for (int n = 2; taken(tag) && n < 1000; ++n) tag = fmt::format("{}-{}", second, n);
+  if (s.multi) mpi::broadcast(tag);
+  return tag;
+}
+
 // The runs of this command, checked against the launcher's process count.
 Sweep plan_sweep(const RunOptions& opt) {
   // Under mpirun/srun every process runs this command; rank 0 alone touches the results folder.
@@ -275,8 +295,8 @@ Sweep plan_sweep(const RunOptions& opt) {
   set_verbosity(opt.quiet || !s.leader);
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
-  s.tag = folder_tag(opt.tag, default_tag(), s.leader);
   s.runs = plan_runs(opt.config, opt.overrides);
+  s.tag = opt.tag.empty() ? unused_default_tag(opt, s) : folder_tag(opt.tag, "", s.leader);
   if (s.multi)
     for (const auto& r : s.runs)
       if (r.config.gpus != mpi::size())

@@ -13,6 +13,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/log.hpp"
 
 namespace dtrain {
 
@@ -42,18 +43,24 @@ int64_t total_size(const std::vector<std::string>& files) {
 
 // Whether a pattern of data.exclude matches the file's name or its path below the folder (where
 // '*' and '?' do not cross a '/': "sub/*.txt" is not "sub/deep/a.txt").
+// `used[k]` is set where pattern k matches.
 bool excluded(const fs::path& file, const std::string& root,
-              const std::vector<std::string>& exclude) {
+              const std::vector<std::string>& exclude, std::vector<bool>& used) {
   const std::string name = file.filename().string();
   const std::string below = file.lexically_relative(root).generic_string();
-  return std::any_of(exclude.begin(), exclude.end(), [&](const std::string& g) {
-    return fnmatch(g.c_str(), name.c_str(), 0) == 0 ||
-           fnmatch(g.c_str(), below.c_str(), FNM_PATHNAME) == 0;
-  });
+  bool out = false;
+  for (size_t k = 0; k < exclude.size(); ++k) {
+    const std::string& g = exclude[k];
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0 ||
+        fnmatch(g.c_str(), below.c_str(), FNM_PATHNAME) == 0)
+      out = used[k] = true;
+  }
+  return out;
 }
 
 std::vector<std::string> folder_files(const std::string& path,
-                                      const std::vector<std::string>& exclude) {
+                                      const std::vector<std::string>& exclude,
+                                      std::vector<bool>& used) {
   std::vector<std::string> files;
   std::error_code ec;
   // Links to folders are not followed (a loop would never end); links to files are read.
@@ -64,7 +71,7 @@ std::vector<std::string> folder_files(const std::string& path,
       if (it->is_directory(entry)) it.disable_recursion_pending();
       continue;
     }
-    if (excluded(it->path(), path, exclude)) {
+    if (excluded(it->path(), path, exclude, used)) {
       if (it->is_directory(entry)) it.disable_recursion_pending();
       continue;
     }
@@ -113,7 +120,8 @@ Dataset windows(const std::vector<Token>& all, int64_t lo, int64_t n, int64_t bl
 }  // namespace
 
 std::vector<std::string> corpus_files(const std::string& path,
-                                      const std::vector<std::string>& exclude) {
+                                      const std::vector<std::string>& exclude,
+                                      std::vector<std::string>* unmatched) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st))
@@ -121,16 +129,20 @@ std::vector<std::string> corpus_files(const std::string& path,
                                 "a folder of files)",
                                 path));
   std::vector<std::string> files;
+  std::vector<bool> used(exclude.size(), false);
   if (fs::is_regular_file(st))
     files.push_back(path);
   else if (fs::is_directory(st))
-    files = folder_files(path, exclude);
+    files = folder_files(path, exclude, used);
   else
     throw UserError(fmt::format("data.path: '{}' is neither a file nor a folder", path));
   if (files.empty())
     throw UserError(fmt::format("data.path: '{}' holds no files to read as bytes{}", path,
                                 exclude.empty() ? "" : " that data.exclude leaves in"));
   total_size(files);
+  if (unmatched)
+    for (size_t k = 0; k < exclude.size(); ++k)
+      if (!used[k]) unmatched->push_back(exclude[k]);
   return files;
 }
 
@@ -222,7 +234,11 @@ std::string check_pin(const DataConfig& cfg, const std::vector<uint8_t>& all, si
 }  // namespace
 
 void load_bytes(const DataConfig& cfg, DataSplit& s) {
-  const std::vector<std::string> files = corpus_files(cfg.path, cfg.exclude);
+  std::vector<std::string> unmatched;
+  const std::vector<std::string> files = corpus_files(cfg.path, cfg.exclude, &unmatched);
+  for (const auto& g : unmatched)
+    log().warn("data.exclude: '{}' matches nothing under {} (by name or by path below it)", g,
+               cfg.path);
   const int64_t size = total_size(files);
   check_stream_fits(cfg, split_bytes(size, cfg.validation), 1.0, "bytes");
   std::vector<uint8_t> all;

@@ -20,9 +20,11 @@ inline constexpr int64_t kMaxCorpusBytes = int64_t{1} << 30;
 // The files a corpus at `path` reads, in order: the file itself, or a folder's regular files
 // (sub-folders included, hidden entries skipped, those an `exclude` glob matches by name or by
 // path below `path` left out), sorted by path. Throws UserError for a missing path, an empty
-// folder, a corpus over kMaxCorpusBytes, or a file that cannot be read.
+// folder, a corpus over kMaxCorpusBytes, or a file that cannot be read. `unmatched` (if given)
+// gets the patterns of `exclude` that left nothing out (a typo, most likely).
 std::vector<std::string> corpus_files(const std::string& path,
-                                      const std::vector<std::string>& exclude = {});
+                                      const std::vector<std::string>& exclude = {},
+                                      std::vector<std::string>* unmatched = nullptr);
 
 // The SHA-256 of `n` bytes as 64 lower-case hex digits (OpenSSL's), what sha256sum prints.
 std::string sha256_hex(const uint8_t* data, size_t n);

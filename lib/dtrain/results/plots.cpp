@@ -67,10 +67,26 @@ std::string find_gnuplot() {
   return "";
 }
 
-// Runs `exe ./script` inside `dir` with an argv, never through a shell. Returns the exit code,
+// ": " and the last line of gnuplot's messages in `log`, where it wrote any (at most 300
+// bytes, control characters shown as '?').
+std::string last_line_of(const fs::path& log) {
+  std::ifstream in(log, std::ios::binary);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  if (last.empty()) return "";
+  if (last.size() > 300) last.resize(300);
+  for (char& ch : last)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+  return ": " + last;
+}
+
+// Runs `exe ./script` inside `dir` with an argv, never through a shell, its messages (warnings
+// such as an empty range where a run has one epoch) into `log`. Returns the exit code,
 // 128 + signal when killed, or -1 when it could not be started.
-int run_gnuplot(const std::string& exe, const fs::path& dir, const std::string& script) {
-  const std::string cwd = dir.string();
+int run_gnuplot(const std::string& exe, const fs::path& dir, const std::string& script,
+                const fs::path& log) {
+  const std::string cwd = dir.string(), log_file = log.string();
   const std::string arg = "./" + script;  // "./": a name starting with '-' is not an option
   std::vector<char*> argv = {const_cast<char*>(exe.c_str()), const_cast<char*>(arg.c_str()),
                              nullptr};
@@ -82,7 +98,10 @@ int run_gnuplot(const std::string& exe, const fs::path& dir, const std::string& 
     // Only async-signal-safe calls between fork and exec.
     const int null_in = ::open("/dev/null", O_RDONLY);
     if (null_in >= 0) ::dup2(null_in, 0);
-    ::dup2(2, 1);  // gnuplot's messages go to stderr; stdout keeps the tables alone
+    const int out = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0) ::_exit(125);
+    ::dup2(out, 1);
+    ::dup2(out, 2);
     if (::chdir(cwd.c_str()) != 0) ::_exit(126);
     ::execv(exe.c_str(), argv.data());
     ::_exit(127);
@@ -147,11 +166,12 @@ class Figure {
     data_file(dir_, script_file, script);
     std::error_code ec;
     for (const auto& f : {png, svg}) fs::remove(dir_ / f, ec);
-    const int rc = run_gnuplot(gnuplot, dir_, script_file);
+    const fs::path log = dir_ / (stem_ + ".log");
+    const int rc = run_gnuplot(gnuplot, dir_, script_file, log);
     if (rc != 0)
-      return fmt::format("gnuplot {} on {}",
+      return fmt::format("gnuplot {} on {}{}",
                          rc < 0 ? "could not be started" : fmt::format("exited with {}", rc),
-                         (dir_ / script_file).string());
+                         (dir_ / script_file).string(), last_line_of(log));
     for (const auto& f : {png, svg}) {
       fs::rename(dir_ / f, out_dir / f, ec);
       if (ec) return fmt::format("gnuplot left no {} ({})", (dir_ / f).string(), ec.message());
