@@ -4,15 +4,22 @@
 # replica x 128 and 4 replicas x 32 (the same global batch; BatchNorm per replica, as DDP does
 # without SyncBatchNorm), each seed given. About 35 minutes a run on a quiet 2-core machine;
 # resumable (the same SEED again continues its runs). THREADS (default: all cores) is the
-# threads a run uses. (results/resnet-study/fmnist-resnet/ holds the earlier runs at widths
+# threads a run uses; EPOCHS (default: the config's 20) the epochs of every run; RESULTS the
+# results folder. (results/resnet-study/fmnist-resnet/ holds the earlier runs at widths
 # 8/16/32 with flips alone, made by this script before the config changed.)
 #
 #   scripts/resnet-study.sh [SEED...]      # default: 1
+#   RESULTS=results/resnet-study/epochs30 EPOCHS=30 scripts/resnet-study.sh 1 2 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${RESULTS:-results/resnet-study/standard}
 threads=${THREADS:-0}
 case $threads in '' | *[!0-9]*) echo "resnet-study: THREADS is a whole number"; exit 2 ;; esac
+epochs=()
+if [ -n "${EPOCHS:-}" ]; then
+  case $EPOCHS in *[!0-9]*) echo "resnet-study: EPOCHS is a whole number"; exit 2 ;; esac
+  epochs=("train.epochs=$EPOCHS")
+fi
 bin=${DTRAIN:-build/apps/dtrain}
 [ -x "$bin" ] || scripts/build.sh >/dev/null
 for seed in "${@:-1}"; do
@@ -22,7 +29,7 @@ for seed in "${@:-1}"; do
     resume=()
     [ -f "$results/fmnist-resnet/index-seed$seed.csv" ] && resume=(--resume)
     # shellcheck disable=SC2086  # two overrides, split on purpose
-    "$bin" run configs/fmnist-resnet.yaml threads="$threads" train.seed="$seed" $run \
+    "$bin" run configs/fmnist-resnet.yaml threads="$threads" train.seed="$seed" $run "${epochs[@]}" \
       --results "$results" \
       --tag "seed$seed" "${resume[@]}"
   done
