@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/config/schema.hpp"
 #include "dtrain/results/recorder.hpp"
 #include "dtrain/results/report.hpp"
 
@@ -158,6 +159,32 @@ TEST_CASE("report --by: rows against the first are Holm-corrected as a family", 
   CHECK(a.rows[2].final_test_acc_test.p_holm == Approx(std::max(2 * p1, p2)));
   CHECK_THAT(to_markdown(a), Catch::Contains("Holm p=") && Catch::Contains(" of 2"));
   CHECK(nlohmann::json::parse(to_json(a))["rows"][1]["final_test_accuracy_test"]["family"] == 2);
+}
+
+// A run written before dtrain had a key has that key's default: it joins the row of its seeds
+// written since, and a run that set the key otherwise does not.
+TEST_CASE("report --by: a key a run's summary predates counts as its default", "[report][stats]") {
+  const std::string telemetry = "train.telemetry_ms";
+  std::string fallback;
+  for (const KeyInfo& k : schema_keys())
+    if (k.key == telemetry) fallback = k.default_value;
+  REQUIRE(!fallback.empty());
+  std::vector<RunRecord> runs;
+  for (int seed = 1; seed <= 4; ++seed) {
+    RunRecord r;
+    r.run_id = "seed" + std::to_string(seed);
+    r.status = "done";
+    r.final_test_acc = 0.9;
+    r.config = {{"train.seed", std::to_string(seed)}};
+    if (seed == 2) r.config[telemetry] = fallback;  // written since, at the default
+    if (seed == 3) r.config[telemetry] = "250";     // set otherwise
+    runs.push_back(r);
+  }
+  const Aggregate a = aggregate(runs, {"train.seed"});
+  REQUIRE(a.rows.size() == 2);
+  CHECK(a.rows[0].run_ids.size() == 3);
+  CHECK(a.rows[1].run_ids == std::vector<std::string>{"seed3"});
+  CHECK(a.settings == std::vector<std::string>{telemetry});
 }
 
 TEST_CASE("the comparison table's MFU and straggler come from summary.json", "[report]") {

@@ -544,10 +544,15 @@ void check_by_keys(const std::vector<std::string>& keys) {
 }
 
 std::map<std::string, std::string> run_config_values(const RunRecord& r) {
-  if (!r.config.empty()) return r.config;
   // Written before summary.json carried the config: the resolved YAML has every value.
-  return config_values(
-      load_config((std::filesystem::path(r.dir) / "config.resolved.yaml").string()));
+  auto values = !r.config.empty() ? r.config
+                                  : config_values(load_config(
+                                        (std::filesystem::path(r.dir) / "config.resolved.yaml")
+                                            .string()));
+  // A key dtrain gained after the run was written: the run had its default (a new key's
+  // default keeps what dtrain did before it), so such a run still joins its seeds' row.
+  for (const KeyInfo& k : schema_keys()) values.try_emplace(k.key, k.default_value);
+  return values;
 }
 
 Stat stat_of(const std::vector<double>& values) {

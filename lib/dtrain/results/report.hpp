@@ -97,7 +97,8 @@ std::string to_json(const Comparison& c);
 void check_by_keys(const std::vector<std::string>& keys);
 
 // The run's resolved config by dotted key: summary.json's "config", or for older run folders
-// config.resolved.yaml read through the config schema. Throws UserError naming the file.
+// config.resolved.yaml read through the config schema; a key dtrain gained since the run was
+// written takes its default. Throws UserError naming the file.
 std::map<std::string, std::string> run_config_values(const RunRecord& r);
 
 // Mean and sample standard deviation of the finite values among a row's runs.
