@@ -213,6 +213,29 @@ TEST_CASE("dtrain validate accepts the shipped configs", "[cli]") {
   }
 }
 
+// Without the data, the model's size comes from the config's shape where the config gives it
+// (the same count as with the data), and a folder's classes are said to need the files.
+TEST_CASE("validate --no-data --print counts the model from the config's shape", "[cli]") {
+  const std::string cfgs = dtrain::test::source_dir() + "/configs/";
+  const auto gpt = dtrain_cli("validate --no-data --print " + cfgs + "bytes-gpt.yaml");
+  INFO(gpt.out);
+  CHECK(gpt.code == 0);
+  const auto with_data = dtrain_cli("validate --print " + cfgs + "bytes-gpt.yaml");
+  const auto line = [](const std::string& out) {
+    const auto at = out.find("# model: ");
+    return at == std::string::npos ? std::string("none") : out.substr(at, out.find('\n', at) - at);
+  };
+  CHECK_THAT(line(gpt.out), Catch::Contains(" parameters; per sample "));
+  if (with_data.code == 0) CHECK(line(gpt.out) == line(with_data.out));
+  CHECK_THAT(gpt.out, Catch::Contains("# memory: needs the data"));
+  TempDir s("cli-nodata");
+  const auto folder = s.write("f.yaml", "name: f\ndata: {dataset: folder, path: /nowhere, "
+                                        "shape: [3, 8, 8]}\n");
+  const auto f = dtrain_cli("validate --no-data --print " + folder);
+  CHECK(f.code == 0);
+  CHECK_THAT(f.out, Catch::Contains("its size needs the data (folder classes are the files')"));
+}
+
 TEST_CASE("configs/bytes-gpt.yaml's pinned corpus is the installed fortunes package", "[cli]") {
   // scripts/install-deps.sh installs it; a machine without it has nothing to check.
   if (!fs::is_directory("/usr/share/games/fortunes")) {

@@ -144,23 +144,6 @@ RunInput read_run(const std::string& path) {
   return r;
 }
 
-// The classes a config's data will have where its files cannot be read: the classifier's
-// width, which the parameter count and FLOPs need.
-int nominal_classes(const DataConfig& d) {
-  switch (d.dataset) {
-    case DatasetKind::tokens:
-      return static_cast<int>(d.vocab_size);
-    case DatasetKind::bytes:
-      return 256;
-    case DatasetKind::cifar100:
-      return 100;
-    case DatasetKind::synthetic:
-      return d.synthetic.classes;
-    default:
-      return 10;
-  }
-}
-
 // The data's shape, classes and training samples from the files' headers where they are here,
 // else the config's nominal shape and no epoch (`why` says what was missing).
 DataShape data_shape_of(const Config& cfg, std::string& why) {
@@ -168,7 +151,10 @@ DataShape data_shape_of(const Config& cfg, std::string& why) {
     return peek_data_shape(cfg.data);
   } catch (const UserError& e) {
     why = e.what();
-    return {nominal_shape(cfg.data), nominal_classes(cfg.data), 0};
+    // The classifier's width, which the parameter count and FLOPs need: 10 where only the
+    // files would say.
+    const int classes = nominal_classes(cfg.data);
+    return {nominal_shape(cfg.data), classes > 0 ? classes : 10, 0};
   }
 }
 

@@ -21,21 +21,39 @@ std::string mib(double bytes) {
   return fmt::format("{:.0f} MiB", bytes / (1 << 20));
 }
 
+// The shape engine's size and FLOPs for a model on samples of `shape` with `classes` outputs.
+std::string model_line(const ModelConfig& model, const std::vector<int64_t>& shape, int classes) {
+  const ModelSize m = model_size(model, shape, classes);
+  return fmt::format(
+      "# model: {} parameters; per sample {:.4g} GFLOP forward, {:.4g} GFLOP backward, "
+      "{:.1f} MiB of activations (fp32)\n",
+      m.params, m.forward_flops * 1e-9, m.backward_flops * 1e-9,
+      4.0 * static_cast<double>(m.activations_per_sample) / (1 << 20));
+}
+
 // The shape engine's answers for one run: size, FLOPs and the memory a replica takes.
 std::string model_lines(const Config& cfg, const DataSplit& data) {
-  const ModelSize m = model_size(cfg.model, data.train.shape, data.train.classes);
   const ReplicaBytes b = replica_bytes(cfg, data);
   const double data_bytes =
       4.0 * static_cast<double>(data.train.x.size() + data.test.x.size() + data.train.size() +
                                 data.test.size());
-  return fmt::format(
-      "# model: {} parameters; per sample {:.4g} GFLOP forward, {:.4g} GFLOP backward, "
-      "{:.1f} MiB of activations (fp32)\n"
-      "# memory: about {} per replica ({} of weights, gradients and optimizer state; {} of "
-      "activations, their gradients and batch buffers for {} rows), and {} for the data set\n",
-      m.params, m.forward_flops * 1e-9, m.backward_flops * 1e-9,
-      4.0 * static_cast<double>(m.activations_per_sample) / (1 << 20), mib(b.total()),
-      mib(b.params), mib(b.activations), b.rows, mib(data_bytes));
+  return model_line(cfg.model, data.train.shape, data.train.classes) +
+         fmt::format("# memory: about {} per replica ({} of weights, gradients and optimizer "
+                     "state; {} of activations, their gradients and batch buffers for {} rows), "
+                     "and {} for the data set\n",
+                     mib(b.total()), mib(b.params), mib(b.activations), b.rows, mib(data_bytes));
+}
+
+// Without the data: the size and FLOPs where the config alone gives the sample's shape and the
+// classes, else a line saying what is missing.
+std::string model_line_without_data(const Config& cfg) {
+  const int classes = nominal_classes(cfg.data);
+  if (classes == 0)
+    return fmt::format("# model: its size needs the data ({} classes are the files'); run "
+                       "validate without --no-data\n",
+                       to_string(cfg.data.dataset));
+  return model_line(cfg.model, nominal_shape(cfg.data), classes) +
+         "# memory: needs the data; run validate without --no-data\n";
 }
 
 }  // namespace
@@ -45,7 +63,8 @@ int run_validate(const ValidateOptions& opt) {
   DataCache cache;
   std::string description, warned;
   for (const auto& r : runs) {
-    std::string size;  // the model's parameter count, where the data gives its input shape
+    // The model's parameter count, from the data's input shape or the config's.
+    std::string size = opt.skip_data ? model_line_without_data(r.config) : "";
     if (!opt.skip_data) {
       const DataSplit& data = cache.get(r.config);
       check_plan(r.config, data);

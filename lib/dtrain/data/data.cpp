@@ -504,6 +504,22 @@ std::vector<int64_t> nominal_shape(const DataConfig& cfg) {
   return {1, 28, 28};  // Fashion-MNIST and MNIST; IDX files of other sizes say so when read
 }
 
+int nominal_classes(const DataConfig& cfg) {
+  switch (cfg.dataset) {
+    case DatasetKind::synthetic:
+      return cfg.synthetic.classes;
+    case DatasetKind::tokens:
+      return static_cast<int>(cfg.vocab_size);
+    case DatasetKind::bytes:
+      return 256;
+    case DatasetKind::folder:
+    case DatasetKind::idx:
+      return 0;
+    default:
+      return is_cifar(cfg.dataset) ? cifar_format(cfg.dataset).classes : 10;
+  }
+}
+
 DataShape peek_data_shape(const DataConfig& cfg) {
   DataShape d;
   if (cfg.dataset == DatasetKind::synthetic) {

@@ -72,6 +72,9 @@ struct DataShape {
 DataShape peek_data_shape(const DataConfig& cfg);
 // The per-sample shape a data set will have, from its config alone (no file is read).
 std::vector<int64_t> nominal_shape(const DataConfig& cfg);
+// Its classes (the vocabulary for text), from its config alone; 0 where only the files say
+// (a folder's class folders, idx labels).
+int nominal_classes(const DataConfig& cfg);
 
 // Loads the configured dataset: files or synthetic, limits, normalisation, label sorting.
 DataSplit load_data(const DataConfig& cfg, uint64_t seed);
