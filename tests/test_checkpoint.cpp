@@ -518,6 +518,9 @@ TEST_CASE("a resume refuses data that changed since the run started, and keeps t
   auto r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Catch::Contains("the data has changed since the run started"));
+  // One line, the refusal: the run did not fail (it continues once the data is back).
+  CHECK(r.out.find("the data has changed") == r.out.rfind("the data has changed"));
+  CHECK_THAT(r.out, !Catch::Contains("failed"));
   CHECK(fs::exists(run / "checkpoint.bin"));
   put(corpus, text.substr(0, 3000));
   r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");

@@ -134,14 +134,14 @@ TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli
 }
 
 // Without --tag a command's runs are named by the UTC second it started: a second command in
-// that second (taken here by folders made for the next few seconds) gets <second>-2.
+// that second (taken here by folders made for the next two minutes) gets <second>-2.
 TEST_CASE("a command without --tag never collides with one started in the same second", "[cli]") {
   TempDir s("cli-tag");
   const auto cfg = s.write("tiny.yaml", kTiny);
   const fs::path exp = s.path / "res" / "tiny";
   std::vector<std::string> seconds;
   const std::time_t now = std::time(nullptr);
-  for (std::time_t t = now; t < now + 4; ++t) {
+  for (std::time_t t = now; t < now + 120; ++t) {
     std::tm tm{};
     gmtime_r(&t, &tm);
     char tag[32];
@@ -187,6 +187,8 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"report " + s.path.string(), "no run folders"},
       {"run " + good + " --results /proc/dtrain-cannot-write", "cannot create the results folder"},
       {"run " + (s.path / "nope.yaml").string(), "File does not exist"},
+      {"run " + good + " --results ''", "give a path, not an empty string"},
+      {"export-images " + good + " --out ''", "give a path, not an empty string"},
   };
   for (const auto& c : cases) {
     // Runs get a results folder of their own unless the case is about --results or --resume.

@@ -189,6 +189,13 @@ TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", 
   INFO(again.out);
   CHECK(again.code == 0);
   CHECK(again.out.find("already finished") != std::string::npos);
+  // The same tag without --resume, even with other settings (other run names), is refused
+  // before anything runs, and the finished explanation is kept.
+  const std::string md = slurp(dir.path / "results" / "tiny" / "explain-t-gpus_2.md");
+  const auto over = dtrain_cli("explain " + cfg + " gpus=2 --seeds 2 --tag t --results " + res);
+  CHECK(over.code == 2);
+  CHECK_THAT(over.out, Catch::Contains("exists already; pick another --tag"));
+  CHECK(slurp(dir.path / "results" / "tiny" / "explain-t-gpus_2.md") == md);
   CHECK(dtrain_cli("explain " + cfg + " gpus=2 --order nope --results " + res).code == 2);
 }
 

@@ -132,6 +132,12 @@ TEST_CASE("a residual body that cannot be added to its shortcut is refused, nami
              Catch::StartsWith(
                  "model.layers[0] (residual): the body's output [4, 6, 6] cannot be "
                  "added to the projection shortcut's [4, 4, 4] (a 1x1 convolution of stride 2"));
+  // A flat body (flatten, dense) has no projection: said so, not as a size mismatch.
+  CHECK_THAT(err("{residual: {body: [flatten, {dense: {units: 10}}]}}"),
+             Catch::StartsWith("model.layers[0] (residual): the body's output [10] cannot be "
+                               "added to a projection shortcut of the input [4, 8, 8]: a "
+                               "projection is a 1x1 convolution, of image maps, and the body's "
+                               "output is flat"));
   // Inside a nested block, both blocks are named.
   CHECK_THAT(err("{residual: {body: [{residual: {shortcut: identity, body: [{conv: {channels: 2, "
                  "padding: 1}}]}}]}}"),

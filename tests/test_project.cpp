@@ -295,7 +295,11 @@ optimizer: {type: adamw}
            {cfg + " --mfu 0.3", "--mfu requires --gpu"},
            {cfg + " --gpu h200 --params 1000", "--params: with --gpu the parameters are"},
            {cfg + " gpus=1,2 --gpu h200", "overrides make 2 runs"},
-           {t.path.string() + " precision=bf16", "overrides change a config, with --gpu"}}) {
+           {t.path.string() + " precision=bf16", "overrides change a config, with --gpu"},
+           {cfg + " --gpu h200 --backward-fraction -1", "give a share of compute in (0, 1]"},
+           {cfg + " --gpu h200 --backward-fraction 0", "give a share of compute in (0, 1]"},
+           {cfg + " --gpu h200 --backward-fraction 0.5x", "give a share of compute in (0, 1]"},
+           {cfg + " --gpu h200 --out ''", "give a path, not an empty string"}}) {
     const auto bad = dtrain_cli("project " + args);
     INFO(args << "\n" << bad.out);
     CHECK(bad.code == 2);

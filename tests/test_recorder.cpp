@@ -2,6 +2,7 @@
 // failure that leaves consistent state, and the status readers trust.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,6 +78,30 @@ TEST_CASE("write_file_atomic never follows a link planted at its temporary name"
   CHECK(slurp(victim) == "precious\n");
   CHECK(slurp(f) == "{}\n");
   CHECK(!fs::is_symlink(f));
+  CHECK(temp_files(d.path) == 0);
+}
+
+// A path the user names as an output (explain-time --json, project --out) may hold a device,
+// a FIFO or a link (/dev/stdout): a rename over it would put a file in its place.
+TEST_CASE("write_file_atomic replaces only a regular file, never a FIFO, a link or a folder",
+          "[recorder]") {
+  TempDir d("rec");
+  const auto fifo = d.path / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  put(d.path / "target", "kept\n");
+  fs::create_symlink(d.path / "target", d.path / "link.json");
+  fs::create_directory(d.path / "folder");
+  for (const auto& [path, kind] :
+       {std::pair{fifo, "a FIFO"}, {d.path / "link.json", "a symbolic link"},
+        {d.path / "folder", "a folder"}}) {
+    INFO(path);
+    CHECK_THROWS_WITH(write_file_atomic(path.string(), "{}\n"),
+                      Catch::Contains(std::string("not a regular file (") + kind));
+  }
+  CHECK(fs::is_fifo(fifo));
+  CHECK(fs::is_symlink(d.path / "link.json"));
+  CHECK(slurp(d.path / "target") == "kept\n");
+  CHECK_THROWS_WITH(write_file_atomic("", "x"), Catch::Contains("an empty file name"));
   CHECK(temp_files(d.path) == 0);
 }
 

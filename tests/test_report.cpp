@@ -68,6 +68,18 @@ TEST_CASE("a missing or corrupt summary.json is named", "[report][errors]") {
   CHECK_THROWS_WITH(load_run(dir.string()), Catch::Contains("summary.json: missing"));
   std::ofstream(dir / "summary.json") << "{\"gpus\": 2,";
   CHECK_THROWS_WITH(load_run(dir.string()), Catch::Contains("summary.json: corrupt JSON"));
+  // Where it broke, in words: not the parser's tag, nor the file's bytes (an escape sequence
+  // in them would reach the terminal).
+  std::ofstream(dir / "summary.json") << "{\"gpus\": 2, \"colo\x1b[31mcate";
+  try {
+    load_run(dir.string());
+    FAIL("a cut summary was read");
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("corrupt JSON: parse error at line 1"));
+    CHECK(what.find("[json.exception") == std::string::npos);
+    CHECK(what.find('\x1b') == std::string::npos);
+  }
   fs::remove_all(dir);
 }
 
@@ -110,7 +122,8 @@ TEST_CASE("summary values a table would show as they are must be dtrain's", "[re
            {"\"final_test_accuracy\": 1e308", "'final_test_accuracy' is 1e+308, not in [0, 1]"},
            {"\"best_test_accuracy\": -5", "'best_test_accuracy' is -5"},
            {"\"samples_per_s\": 1e300", "'samples_per_s' is 1e+300, not a time or rate"},
-           {"\"median_epoch_time_s\": -1", "'median_epoch_time_s' is -1"}}) {
+           {"\"median_epoch_time_s\": -1", "'median_epoch_time_s' is -1"},
+           {"\"utilisation\": {\"mfu\": 1e308}", "'utilisation.mfu' is 1e+308"}}) {
     INFO(body);
     CHECK_THROWS_WITH(read(body), Catch::Contains(says) && Catch::Contains("(a damaged file?)"));
   }

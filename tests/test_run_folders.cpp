@@ -166,6 +166,14 @@ TEST_CASE("report reads no file of a run folder through a symbolic link", "[repo
   CHECK_THROWS_WITH(read_own_file((g1 / "status").string(), "status", kMaxStatusBytes),
                     Catch::Contains("a symbolic link"));
   CHECK(read_text_file((g1 / "status").string(), "status") == "TOP-SECRET line\n");
+  // A status that is a loop of links: that run is unreadable, the rest is still reported.
+  fs::remove(g1 / "status");
+  fs::create_symlink("status", g1 / "status");
+  const auto loop = dtrain_cli("report " + res + " --out " + (d.path / "rep2").string());
+  INFO(loop.out);
+  CHECK(loop.code != 2);
+  CHECK(fs::exists(d.path / "rep2" / "index.md"));
+  CHECK_THAT(slurp(d.path / "rep2" / "index.md"), Catch::Contains("t-g2"));
 }
 
 TEST_CASE("report names a folder it cannot list and shows a live run as running",

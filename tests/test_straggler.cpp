@@ -106,6 +106,18 @@ TEST_CASE("the straggler rule names the slow rank and phase, and waits are not b
   const Straggler fooled = name_straggler(no_waits, log);
   CHECK(fooled.rank == 0);
   CHECK(fooled.phase == static_cast<int>(StepPhase::exchange));
+  // A phase the rule may not name (shared weights: the last rank makes every rank's sum) is
+  // passed over, and the next slowest that qualifies is named instead, or no one.
+  StragglerRule no_exchange;
+  no_exchange.phases &= ~(1u << static_cast<int>(StepPhase::exchange));
+  CHECK(name_straggler(logs(4, 60, 0.02, 3, StepPhase::exchange, 3.0), log, no_exchange).rank ==
+        -1);
+  auto both = logs(4, 60, 0.02, 3, StepPhase::exchange, 3.0);
+  for (size_t st = 0; st < 60; ++st) both[1][st * log.stride() + 1] *= 1.3;  // rank 1's forward
+  const Straggler next = name_straggler(both, log, no_exchange);
+  CHECK(next.rank == 1);
+  CHECK(next.phase == static_cast<int>(StepPhase::forward));
+  CHECK(name_straggler(both, log).phase == static_cast<int>(StepPhase::exchange));
   // Nothing to compare: one rank, no steps, a short log.
   CHECK(name_straggler({std::vector<double>(60 * log.stride(), 1e-3)}, log).rank == -1);
   CHECK(name_straggler(logs(4, 60, 0, 1, StepPhase::data, 2), StepLog{0, 1}).rank == -1);

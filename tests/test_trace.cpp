@@ -200,6 +200,14 @@ TEST_CASE("a trace is no part of a run's identity, and its window is checked", "
   CHECK(late.code == 0);
   CHECK_THAT(late.out, Catch::Contains("the window starts at step 65, but the run has 64 steps"));
   CHECK(!std::filesystem::exists(fs::path(res) / "tr" / "late-g1" / "trace.json"));
+  // A window that runs past the end is said too, and the trace names the steps it holds.
+  const auto tail = dtrain_cli("run " + cfg + " train.trace.from_step=63 train.trace.steps=5 " +
+                               "--quiet --tag tail --results " + res);
+  CHECK(tail.code == 0);
+  CHECK_THAT(tail.out, Catch::Contains("the window ends at step 67, but the run has 64 steps: "
+                                       "trace.json will hold steps 63 to 64"));
+  CHECK_THAT(slurp(fs::path(res) / "tr" / "tail-g1" / "trace.json"),
+             Catch::Contains("steps 63 to 64"));
 }
 
 TEST_CASE("under mpirun the ranks' traces line up in one trace.json", "[trace][mpi]") {

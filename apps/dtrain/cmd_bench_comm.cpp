@@ -97,7 +97,8 @@ void setup_bench_comm(CLI::App& app, BenchCommOptions& opt) {
   app.add_option("--replicas", opt.replicas, "In-process replicas (threads)")
       ->capture_default_str();
   app.add_option("--out", opt.out,
-                 "Write OUT.json and OUT.md (default: results/bench-comm/<UTC time>)");
+                 "Write OUT.json and OUT.md (default: results/bench-comm/<UTC time>)")
+      ->check(non_empty());
 }
 
 int run_bench_comm(const BenchCommOptions& opt) {

@@ -35,7 +35,8 @@ void setup_explain(CLI::App& app, ExplainOptions& opt) {
                  "lr_rule, warmup, batchnorm, reduction, sharding, accumulation (settings not "
                  "named follow in this order)");
   app.add_option("--results", opt.results, "Results root, as for `dtrain run`")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_option("--tag", opt.tag, "Name of this explanation (default: UTC date-time)");
   app.add_flag("--resume", opt.resume,
                "Continue an earlier explain with the same --tag: finished rungs are skipped");
@@ -306,6 +307,13 @@ int run_explain(const ExplainOptions& opt) {
   // The replica count is part of every name ("gpus_4"), so an explanation at another N, even
   // under the same --tag, never overwrites this one.
   const std::string name = fmt::format("explain-{}-{}", tag, slug(rungs[1].overrides[0]));
+  const std::string base = (fs::path(opt.results) / experiment / name).string();
+  // A finished explanation is never overwritten (its runs may differ: other seeds, other keys).
+  std::error_code ec;
+  if (!opt.resume && fs::exists(fs::symlink_status(base + ".md", ec)))
+    throw UserError(fmt::format("{}.md: an explanation under --tag {} at {} exists already; "
+                                "pick another --tag, or pass --resume to continue that one",
+                                base, tag, rungs[1].overrides[0]));
   for (size_t k = 0; k < rungs.size(); ++k) {
     RungResult rr{rungs[k], fmt::format("{}-rung{}", name, k), others, {}, {}, {}, {}};
     rr.overrides.insert(rr.overrides.end(), rungs[k].overrides.begin(), rungs[k].overrides.end());
@@ -329,7 +337,6 @@ int run_explain(const ExplainOptions& opt) {
     results.push_back(std::move(rr));
   }
   const std::string md = to_markdown(results);
-  const std::string base = (fs::path(opt.results) / experiment / name).string();
   write_file_atomic(base + ".md", md);
   write_file_atomic(base + ".json", to_json(experiment, results));
   fmt::print("\n## {}: 1 replica against {}\n\n{}\n(written to {}.md and .json)\n", experiment,

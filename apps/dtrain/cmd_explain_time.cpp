@@ -60,7 +60,8 @@ void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {
   app.add_option("small", opt.small, "Run folder of the run with fewer replicas (e.g. 1)")
       ->required();
   app.add_option("large", opt.large, "Run folder of the run with more replicas")->required();
-  app.add_option("--json", opt.json, "Also write the waterfall as JSON to this file");
+  app.add_option("--json", opt.json, "Also write the waterfall as JSON to this file")
+      ->check(non_empty());
 }
 
 int run_explain_time(const ExplainTimeOptions& opt) {

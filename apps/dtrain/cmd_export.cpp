@@ -16,7 +16,9 @@ namespace dtrain::cli {
 
 void setup_export(CLI::App& app, ExportOptions& opt) {
   add_config_arguments(app, opt.config, opt.overrides);
-  app.add_option("--out", opt.out, "The folder to write (must not exist, or be empty)")->required();
+  app.add_option("--out", opt.out, "The folder to write (must not exist, or be empty)")
+      ->required()
+      ->check(non_empty());
   app.add_option("--format", opt.format, "png (lossless) or jpeg")
       ->check(CLI::IsMember({"png", "jpeg"}));
   app.add_option("--quality", opt.quality, "JPEG quality")->check(CLI::Range(1, 100));

@@ -335,8 +335,9 @@ void check_options(const ProjectOptions& opt) {
   for (int n : opt.gpus)
     if (n < 1 || n > (1 << 20))
       throw UserError(fmt::format("--gpus {}: each GPU count must be 1 to 1048576", n));
-  // -1 (the default) stands for 2/3, or for an estimate the model's own share.
-  if (opt.backward_fraction != -1 && !(opt.backward_fraction > 0 && opt.backward_fraction <= 1))
+  // Checked as given (NaN: not given); the option's own check misses some values ("-1").
+  if (!std::isnan(opt.backward_fraction) &&
+      !(opt.backward_fraction > 0 && opt.backward_fraction <= 1))
     throw UserError(fmt::format("--backward-fraction {}: give a share of compute in (0, 1]",
                                 opt.backward_fraction));
   if (!opt.overrides.empty() && opt.gpu.empty())
@@ -395,7 +396,16 @@ void setup_project(CLI::App& app, ProjectOptions& opt) {
       ->capture_default_str();
   app.add_option("--backward-fraction", opt.backward_fraction,
                  "Share of the compute that is backward, which the exchange overlaps (default: "
-                 "2/3 of a run's measured compute; with --gpu, the model's own share of FLOPs)");
+                 "2/3 of a run's measured compute; with --gpu, the model's own share of FLOPs)")
+      // "nan" would read as not given: refused here, as every value outside (0, 1].
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const double f = std::strtod(v.c_str(), &end);
+            return *end == '\0' && f > 0 && f <= 1 ? std::string()
+                                                    : "give a share of compute in (0, 1]";
+          },
+          "", "SHARE"));
   // Only given values are checked: the defaults (-1, 0) stand for the run's own.
   app.add_option("--bucket-mb", opt.bucket_mb,
                  "Gradient bucket size in MiB (default: the run's train.bucket_mb; 0: one "
@@ -406,7 +416,8 @@ void setup_project(CLI::App& app, ProjectOptions& opt) {
       ->check(CLI::Range(int64_t{1}, int64_t{1000000000000}));
   app.add_option("--out", opt.out,
                  "Write OUT.md and OUT.json (default: RUN/projection-<link>; for a config, "
-                 "results/projections/<config>-<gpu>-<link>)");
+                 "results/projections/<config>-<gpu>-<link>)")
+      ->check(non_empty());
   app.footer(
       "A model of the exchange on GPUs (ring all-reduce, see docs/project.md); nothing runs on a "
       "GPU.");

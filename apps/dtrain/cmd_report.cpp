@@ -188,10 +188,12 @@ void setup_report(CLI::App& app, ReportOptions& opt) {
   app.add_option("paths", opt.paths,
                  "Run folders, experiment folders or results roots (searched recursively)")
       ->required();
-  app.add_option("--out", opt.out, "Where to write the report (default: FIRST_PATH/report)");
+  app.add_option("--out", opt.out, "Where to write the report (default: FIRST_PATH/report)")
+      ->check(non_empty());
   app.add_option("--baseline", opt.baseline,
                  "Run id to compare every run of its experiment with (default: the run with the "
-                 "fewest replicas among those sharing the swept settings)");
+                 "fewest replicas among those sharing the swept settings)")
+      ->check(non_empty());
   app.add_flag("--plots", opt.plots, "Also draw PNG and SVG figures (needs gnuplot)");
   app.add_option("--by", opt.by,
                  "Config key to aggregate over, e.g. train.seed (repeatable): runs that differ "

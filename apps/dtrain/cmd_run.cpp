@@ -107,7 +107,8 @@ void setup_run(CLI::App& app, RunOptions& opt) {
                  "key=value overrides of the YAML (dotted keys, e.g. gpus=4 optimizer.lr=0.1); "
                  "a comma list (gpus=1,2,4) runs each value");
   app.add_option("--results", opt.results, "Results root; runs go to RESULTS/<name>/<run-id>/")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_empty());
   app.add_option("--tag", opt.tag,
                  "Run-id prefix shared by this command's runs (default: UTC date-time)");
   app.add_flag("--resume", opt.resume,
@@ -268,7 +269,9 @@ struct Sweep {
 
 // The tag of a command that gives none: the UTC second it started, or where a command started
 // in the same second has it (a run folder or an index of its name exists), the first free of
-// <second>-2, -3, ...; rank 0's under a launcher (the ranks may straddle a second).
+// <second>-2, -3, ...; rank 0's under a launcher (the ranks may straddle a second). Checked,
+// not reserved: two commands started in one second may still meet, and the second is then
+// refused with nothing overwritten.
 std::string unused_default_tag(const RunOptions& opt, const Sweep& s) {
   const std::string second = default_tag();
   std::string tag = second;
@@ -280,8 +283,12 @@ std::string unused_default_tag(const RunOptions& opt, const Sweep& s) {
              fs::exists(fs::symlink_status(experiment / ("index-" + t + ".csv"), ec));
     });
   };
-  if (s.leader)
-    for (int n = 2; taken(tag) && n < 1000; ++n) tag = fmt::format("{}-{}", second, n);
+  for (int n = 2; s.leader && taken(tag); ++n) {
+    if (n == 1000)
+      throw UserError(fmt::format("{}: 999 tags of this second are taken; give --tag",
+                                  opt.results));
+    tag = fmt::format("{}-{}", second, n);
+  }
   if (s.multi) mpi::broadcast(tag);
   return tag;
 }
@@ -380,8 +387,18 @@ void check_plans(const Sweep& s, HeldData& data) {
   for (const auto& [key, ids] : by_data)
     if (key != first_key) order.push_back(key);
   if (!first_key.empty()) order.push_back(first_key);
-  for (const auto& key : order)
-    for (size_t i : by_data[key]) check_plan(s.runs[i].config, data.get(s.runs[i].config));
+  try {
+    for (const auto& key : order)
+      for (size_t i : by_data[key]) check_plan(s.runs[i].config, data.get(s.runs[i].config));
+  } catch (const UserError& e) {
+    // Under a launcher each process loads its own data: a node without the files fails alone,
+    // and only rank 0 prints a mistake (main), so the other ranks say theirs here.
+    std::string line = e.what();
+    for (char& ch : line)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    if (!s.leader) std::fprintf(stderr, "dtrain: rank %d: error: %s\n", mpi::rank(), line.c_str());
+    throw;
+  }
 }
 
 // One index per experiment: every run of the tag with its current status (the sweep's rows),
@@ -530,7 +547,10 @@ void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
                  run_id(s.tag, s.runs[i]).c_str(), e.what());
     mpi::end_job_after_failure(1);
   }
-  log().error("run {} failed: {}", run_id(s.tag, s.runs[i]), e.what());
+  // A user's mistake ends the command with its one line (main prints it); anything else is
+  // this run's failure, and the command goes on to the next run.
+  if (!dynamic_cast<const UserError*>(&e))
+    log().error("run {} failed: {}", run_id(s.tag, s.runs[i]), e.what());
 }
 
 enum class Outcome { trained, skipped, failed, interrupted };

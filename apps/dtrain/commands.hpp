@@ -2,6 +2,7 @@
 // One file per subcommand: an options struct, a setup function that declares the options on the
 // CLI11 app, and a run function that calls the library.
 #include <CLI/CLI.hpp>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,9 @@ namespace dtrain::cli {
 
 // The positional config file and key=value overrides of every command that reads a config.
 void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::string>& overrides);
+
+// Refuses an empty value for a path option (`--out ''` would write into the current folder).
+CLI::Validator non_empty();
 
 // The run-folder prefix of a --tag: `fallback` (a date-time) when none is given; a tag with
 // control characters, one that slugs to a hidden name or more than 100 characters is refused.
@@ -124,7 +128,8 @@ struct ProjectOptions {
   double mfu = 0.4;  // with `gpu`: the share of the dense peak the step is assumed to reach
   std::vector<int> gpus = {1, 2, 4, 8, 16, 64};
   std::string link = "nvlink-h100";  // a preset, or measured:FILE (a bench-comm JSON)
-  double backward_fraction = -1;  // < 0: 2/3 for a run; the model's own share for an estimate
+  // Not given (NaN): 2/3 for a run; the model's own share for an estimate.
+  double backward_fraction = std::numeric_limits<double>::quiet_NaN();
   double bucket_mb = -1;  // < 0: the run's train.bucket_mb
   long long params = 0;   // 0: the run's parameter count
   std::string out;        // OUT.md and OUT.json; default RUN_DIR/projection-<link>

@@ -14,6 +14,12 @@ void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::s
   app.add_option("overrides", overrides, "key=value overrides, as for `dtrain run`");
 }
 
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& v) { return v.empty() ? std::string("give a path, not an empty string") : ""; },
+      "", "NON_EMPTY");
+}
+
 std::string folder_tag(const std::string& given, const std::string& fallback, bool say) {
   if (given.empty()) return fallback;
   if (has_control_character(given)) {

@@ -51,6 +51,12 @@ class Interrupted : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A JSON parser's exception text as part of one line to a user: "parse error at line 3, column
+// 7: syntax error while parsing object key - invalid string: missing closing quote", without
+// the library's tag ("[json.exception.parse_error.101] ") and without its quote of the file's
+// last bytes (a damaged file's bytes are not echoed to a terminal).
+std::string json_error_text(const std::string& what);
+
 }  // namespace dtrain
 
 #define DTRAIN_THROW_SYSTEM(msg) throw ::dtrain::SystemError((msg), __FILE__, __LINE__)

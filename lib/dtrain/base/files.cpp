@@ -40,6 +40,18 @@ bool storage_failure(int err) {
 // file is created exclusively and never through a symbolic link: a link planted at its name is
 // removed, not followed.
 void write_file_atomic(const std::string& path, const std::string& content) {
+  // Only a regular file is replaced: a rename over a device, a FIFO or a link (/dev/stdout)
+  // would put a file in its place.
+  if (path.empty()) throw UserError("an empty file name: give the file to write");
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw UserError(fmt::format("{}: not a regular file ({}); dtrain writes a file only where "
+                                "there is none or a regular one, and replaces it whole",
+                                path,
+                                S_ISLNK(st.st_mode)    ? "a symbolic link"
+                                : S_ISDIR(st.st_mode)  ? "a folder"
+                                : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                                       : "a device or socket"));
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   int fd = ::open(tmp.c_str(), flags, 0644);

@@ -7,7 +7,9 @@
 namespace dtrain {
 
 // Replaces `path` atomically and durably (temporary file, fsync, rename, fsync of the folder).
-// A full disk or an I/O error is a SystemError; a folder the user cannot write is a UserError.
+// A full disk or an I/O error is a SystemError; a folder the user cannot write is a UserError,
+// and so is a path that holds anything but a regular file (a device, a FIFO, a symbolic link,
+// a folder: it is never replaced) or an empty path.
 void write_file_atomic(const std::string& path, const std::string& content);
 // Creates `dir` and its parents; a failure is a UserError naming the folder and `what` it is for.
 void ensure_dir(const std::string& dir, const std::string& what);

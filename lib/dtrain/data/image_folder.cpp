@@ -247,7 +247,7 @@ void write_split(const Dataset& d, const fs::path& dir, int classes, int quality
   for (int64_t i = 0; i < d.size(); ++i) {
     const Image img = sample_image(d, i, side);
     const fs::path cls = dir / fmt::format("{:0{}}", d.y[static_cast<size_t>(i)], width);
-    ensure_dir(cls.string(), "an exported class folder");
+    ensure_dir(cls.string(), "exported class");
     const auto bytes = quality > 0 ? encode_jpeg(img, quality) : encode_png(img);
     // Plain writes: a tree of many small files, each fsynced, would take minutes.
     const fs::path file = cls / fmt::format("{:0{}}.{}", i, digits, quality > 0 ? "jpg" : "png");

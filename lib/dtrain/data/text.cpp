@@ -237,8 +237,9 @@ void load_bytes(const DataConfig& cfg, DataSplit& s) {
   std::vector<std::string> unmatched;
   const std::vector<std::string> files = corpus_files(cfg.path, cfg.exclude, &unmatched);
   for (const auto& g : unmatched)
-    log().warn("data.exclude: '{}' matches nothing under {} (by name or by path below it)", g,
-               cfg.path);
+    log().warn("data.exclude: '{}' leaves nothing out: no file or folder under {} that would be "
+               "read matches it, by name or by path below it",
+               g, cfg.path);
   const int64_t size = total_size(files);
   check_stream_fits(cfg, split_bytes(size, cfg.validation), 1.0, "bytes");
   std::vector<uint8_t> all;

@@ -11,6 +11,7 @@ namespace dtrain {
 namespace {
 
 std::string show(MapShape s) {
+  if (s.flat) return fmt::format("[{}]", s.size());  // features, after flatten or dense
   return fmt::format("[{}, {}, {}]", s.c, s.h, s.w);
 }
 
@@ -189,8 +190,15 @@ std::unique_ptr<Layer> make_residual(const LayerSpec& l, MapShape& cur, bool syn
   if (kind == Shortcut::project) {
     // A 1x1 convolution whose stride takes the input's size to the body's output size.
     const int64_t stride = std::max<int64_t>(1, (in.h + out.h - 1) / std::max<int64_t>(1, out.h));
+    if (out.flat || in.flat)
+      throw UserError(fmt::format(
+          "the body's output {} cannot be added to a projection shortcut of the input {}: a "
+          "projection is a 1x1 convolution, of image maps, and {} is flat (after flatten or "
+          "dense); keep the block's body convolutional, or give a body that keeps the input's "
+          "shape with shortcut: identity",
+          show(out), show(in), in.flat ? "the input" : "the body's output"));
     const MapShape p = Conv2d::output_shape(in, out.c, 1, stride, 0);
-    if (!p.same_shape(out) || out.flat || in.flat)
+    if (!p.same_shape(out))
       throw UserError(fmt::format(
           "the body's output {} cannot be added to the projection shortcut's {} (a 1x1 "
           "convolution of stride {} of the input {}); make the body's height and width the "

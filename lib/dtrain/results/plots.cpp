@@ -98,7 +98,8 @@ int run_gnuplot(const std::string& exe, const fs::path& dir, const std::string& 
     // Only async-signal-safe calls between fork and exec.
     const int null_in = ::open("/dev/null", O_RDONLY);
     if (null_in >= 0) ::dup2(null_in, 0);
-    const int out = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int out =
+        ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (out < 0) ::_exit(125);
     ::dup2(out, 1);
     ::dup2(out, 2);
@@ -169,9 +170,11 @@ class Figure {
     const fs::path log = dir_ / (stem_ + ".log");
     const int rc = run_gnuplot(gnuplot, dir_, script_file, log);
     if (rc != 0)
-      return fmt::format("gnuplot {} on {}{}",
-                         rc < 0 ? "could not be started" : fmt::format("exited with {}", rc),
-                         (dir_ / script_file).string(), last_line_of(log));
+      return rc == 125 ? fmt::format("gnuplot's log {} cannot be written", log.string())
+                       : fmt::format("gnuplot {} on {}{}",
+                                     rc < 0 ? "could not be started"
+                                            : fmt::format("exited with {}", rc),
+                                     (dir_ / script_file).string(), last_line_of(log));
     for (const auto& f : {png, svg}) {
       fs::rename(dir_ / f, out_dir / f, ec);
       if (ec) return fmt::format("gnuplot left no {} ({})", (dir_ / f).string(), ec.message());

@@ -299,6 +299,9 @@ void check_values(const RunRecord& r, const std::string& path) {
     if (v && !(std::isfinite(*v) && *v >= 0 && *v < 1e15))
       damaged(fmt::format("'{}' is {}, not a time or rate", key, *v));
   if (!std::isfinite(r.peak_lr) || !std::isfinite(r.lr)) damaged("an LR that is not finite");
+  // A share of a peak: above 1 only where the peak was measured low (the CPU's SGEMM).
+  if (r.mfu && !(*r.mfu >= 0 && *r.mfu <= 10))
+    damaged(fmt::format("'utilisation.mfu' is {}, not a share of a peak", *r.mfu));
 }
 }  // namespace
 
@@ -318,7 +321,7 @@ RunRecord load_run(const std::string& dir) {
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
-    throw UserError(fmt::format("{}: corrupt JSON: {}", path, e.what()));
+    throw UserError(fmt::format("{}: corrupt JSON: {}", path, json_error_text(e.what())));
   }
   if (const std::string bad = summary_type_error(j); !bad.empty())
     throw UserError(fmt::format("{}: {} (a damaged file?)", path, bad));
@@ -352,7 +355,7 @@ RunRecord load_run(const std::string& dir) {
     r.steps_per_epoch = int_in(j, k::steps_per_epoch, 0, int64_t{1} << 50, 0, path);
     r.param_count = param_count_of(j);
   } catch (const nlohmann::json::exception& e) {
-    throw UserError(fmt::format("{}: unexpected content: {}", path, e.what()));
+    throw UserError(fmt::format("{}: unexpected content: {}", path, json_error_text(e.what())));
   }
   r.final_test_acc = opt_number(j, k::final_test_accuracy);
   r.best_test_acc = opt_number(j, k::best_test_accuracy);
@@ -896,6 +899,13 @@ std::string to_json(const Aggregate& a) {
 }
 
 namespace {
+// Whether `dir` has an entry named status, of any kind: a link there (a loop even) marks a run
+// folder that the report then names as unreadable, rather than ending the report.
+bool has_status_entry(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::symlink_status(dir / "status", ec));
+}
+
 // The run folders under `root` (hidden folders and links are not entered: a report covers the
 // folders under its paths). A folder that cannot be listed is the user's to fix, named.
 void walk_run_dirs(const std::string& root, std::vector<std::string>& out) {
@@ -909,7 +919,7 @@ void walk_run_dirs(const std::string& root, std::vector<std::string>& out) {
         it.disable_recursion_pending();  // hidden: .attempts/ and the like
         continue;
       }
-      if (fs::exists(e.path() / "status")) {
+      if (has_status_entry(e.path())) {
         out.push_back(e.path().string());
         it.disable_recursion_pending();
       }
@@ -931,7 +941,7 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
                                   fs::exists(p) ? "not a folder (give a results folder or a run "
                                                   "folder)"
                                                 : "no such folder"));
-    if (fs::exists(fs::path(p) / "status"))
+    if (has_status_entry(p))
       out.push_back(p);
     else
       walk_run_dirs(p, out);

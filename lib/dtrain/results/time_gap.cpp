@@ -122,7 +122,7 @@ std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std
       return depth <= 8;  // dtrain writes 3 levels; deeper is not read
     });
   } catch (const nlohmann::json::exception& e) {
-    throw bad(e.what());
+    throw bad(json_error_text(e.what()));
   }
   // Times and counts dtrain project can write: at most a day a step, a year an epoch, 10^15
   // steps an epoch (a count of GPUs: whole).

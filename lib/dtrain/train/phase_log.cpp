@@ -33,7 +33,7 @@ Straggler PhaseLog::epoch_straggler(Communicator& comm) const {
   for (size_t r = 0; r < ranks.size(); ++r)
     ranks[r].assign(all.begin() + static_cast<std::ptrdiff_t>(r * values_.size() + skip),
                     all.begin() + static_cast<std::ptrdiff_t>((r + 1) * values_.size()));
-  return name_straggler(ranks, StepLog{log_.steps - first_, log_.arrivals});
+  return name_straggler(ranks, StepLog{log_.steps - first_, log_.arrivals}, rule_);
 }
 
 SlowPhase SlowPhase::from_env(int rank) {

@@ -23,6 +23,9 @@ class PhaseLog {
   PhaseLog(int replicas, int64_t steps, int arrivals, bool host_memory);
 
   bool on() const { return on_; }
+  // Phase p is never named: where it is not the rank's own work (with shared weights the last
+  // rank to arrive makes the whole sum for every rank).
+  void never_name(StepPhase p) { rule_.phases &= ~(1u << static_cast<int>(p)); }
   bool host_clocks() const { return host_; }
   // The epoch starts at step `first` (a resumed epoch's earlier steps are not in the log).
   void begin_epoch(int64_t first);
@@ -62,6 +65,7 @@ class PhaseLog {
   bool host_ = true;
   int replicas_ = 1;
   StepLog log_;
+  StragglerRule rule_;
   std::vector<double> values_;  // this epoch's StepLog values
   double* row_ = nullptr;       // the step in progress's
   int64_t first_ = 0;           // the epoch's first step run here

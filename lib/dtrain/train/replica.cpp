@@ -187,6 +187,7 @@ void Replica::make_exchange(size_t n_params) {
   // On a GPU, one: when the device finished the step's compute (the exchange's start).
   const int arrivals = run_.shared || queue_ ? 1 : static_cast<int>(exchange_->bucket_count());
   phases_ = PhaseLog(replicas_, steps_, arrivals, dev_->host_memory());
+  if (run_.shared) phases_.never_name(StepPhase::exchange);
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
   // reduce the whole buffer at once, in finish().
   if ((cfg_.train.trace.enabled() || phases_.on()) && !run_.shared)
@@ -262,10 +263,15 @@ void Replica::run() {
   if (cfg_.train.trace.enabled() || replicas_ > 1) trace_.start_clock(common_clock_origin(comm_));
   trace_window_.start(global_step_);
   const int64_t last_step = cfg_.train.epochs * steps_;
-  if (rank_ == 0 && cfg_.train.trace.enabled() && cfg_.train.trace.from_step > last_step)
+  const TraceConfig& tw = cfg_.train.trace;
+  if (rank_ == 0 && tw.enabled() && tw.from_step > last_step)
     log().warn("train.trace: the window starts at step {}, but the run has {} steps: no "
                "trace.json will be written (train.trace.from_step at most {})",
-               cfg_.train.trace.from_step, last_step, last_step);
+               tw.from_step, last_step, last_step);
+  else if (rank_ == 0 && tw.enabled() && tw.from_step + tw.steps - 1 > last_step)
+    log().warn("train.trace: the window ends at step {}, but the run has {} steps: trace.json "
+               "will hold steps {} to {}",
+               tw.from_step + tw.steps - 1, last_step, tw.from_step, last_step);
   for (int epoch = start_epoch_; epoch < cfg_.train.epochs; ++epoch) {
     if (run_.devices && rank_ == run_.devices_rank) run_.devices->set_epoch(epoch);
     const EpochTotals tr = train_epoch(epoch);
@@ -354,8 +360,8 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
       report_devices(epoch);  // the samples so far, where a long epoch has checkpoints
     }
   }
-  // The epoch's only wait for the device; then one exchange turns local per-step stats into
-  // global ones.
+  // The epoch's one wait for the device (besides the clock's anchors); then one exchange turns
+  // local per-step stats into global ones.
   stats_.finish_epoch(comm_);
   t.total = elapsed();
   // On a GPU the host only queues work: the split comes from device events instead (but for

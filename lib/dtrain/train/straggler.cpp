@@ -84,6 +84,7 @@ Straggler name_straggler(const std::vector<std::vector<double>>& ranks, const St
   Straggler out;
   double cost = -1;
   for (size_t k = 0; k < slow.size(); ++k) {
+    if (!(rule.phases >> (k % kStepPhases) & 1u)) continue;
     const double share = static_cast<double>(slow[k]) / steps;
     if (share < rule.share) {
       if (out.rank < 0) out.share = std::max(out.share, share);

@@ -37,6 +37,7 @@ struct StragglerRule {
   double floor_s = 20e-6;   // ... and by more than this many seconds (clock jitter) ...
   double floor_step = 0.01;  // ... and by more than this share of the step's busy time ...
   double share = 0.6;       // ... in at least this share of the steps
+  unsigned phases = (1u << kStepPhases) - 1;  // the phases that may be named (bit p: phase p)
 };
 
 struct Straggler {

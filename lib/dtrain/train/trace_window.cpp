@@ -35,10 +35,11 @@ void TraceWindow::after_epoch(Communicator& comm, StepTrace& trace, int64_t glob
                               TrainObserver* observer) {
   if (!cfg_.enabled() || global_step < cfg_.from_step || written_) return;
   written_ = global_step >= cfg_.from_step + cfg_.steps - 1;
-  write(comm, trace, observer);
+  write(comm, trace, observer, global_step);
 }
 
-void TraceWindow::write(Communicator& comm, StepTrace& trace, TrainObserver* observer) {
+void TraceWindow::write(Communicator& comm, StepTrace& trace, TrainObserver* observer,
+                        int64_t global_step) {
   const auto replicas = static_cast<size_t>(comm.size());
   const std::vector<double> mine = trace.take();
   // Ranks may hold different counts: pad to the largest with empty (NaN) spans.
@@ -60,7 +61,8 @@ void TraceWindow::write(Communicator& comm, StepTrace& trace, TrainObserver* obs
   if (observer)
     observer->on_trace(
         trace_json(ranks_, fmt::format("dtrain {} replicas, steps {} to {}", replicas,
-                                       cfg_.from_step, cfg_.from_step + cfg_.steps - 1)));
+                                       cfg_.from_step,
+                                       std::min(global_step, cfg_.from_step + cfg_.steps - 1))));
 }
 
 }  // namespace dtrain

@@ -33,7 +33,8 @@ class TraceWindow {
                    TrainObserver* observer);
 
  private:
-  void write(Communicator& comm, StepTrace& trace, TrainObserver* observer);
+  // The window's steps up to `global_step` (the last one run so far).
+  void write(Communicator& comm, StepTrace& trace, TrainObserver* observer, int64_t global_step);
 
   TraceConfig cfg_;
   std::vector<std::vector<TraceSpan>> ranks_;  // rank 0: every rank's spans so far

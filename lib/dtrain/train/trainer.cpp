@@ -409,6 +409,8 @@ void check_plan(const Config& cfg, const DataSplit& data) {
 
 TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& comm,
                        TrainObserver* observer, const Checkpoint* resume) {
+  // Before anything a rank can refuse alone: every rank the same data.
+  if (comm.size() == cfg.gpus) check_same_data(comm, data.fingerprint);
   check_plan(cfg, data);
   gpu_memory().reset_peaks();  // summary.json's peak_device_mib is this run's
   if (comm.size() != cfg.gpus)
@@ -416,7 +418,6 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
         fmt::format("gpus={} but {} processes were started; dtrain runs one replica "
                     "per process, so the two must be equal",
                     cfg.gpus, comm.size()));
-  check_same_data(comm, data.fingerprint);
   int threads = cfg.threads;
   if (threads <= 0) {
     // Share the machine's cores among the processes on it.
