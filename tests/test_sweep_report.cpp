@@ -227,6 +227,12 @@ TEST_CASE("report --plots draws each run's devices.csv, passing over rows that a
   CHECK(is_png(out / "fx-devices-g2.png"));
   CHECK_FALSE(fs::exists(out / "fx-devices-g1.png"));
   CHECK_THAT(r.out, Catch::Contains("figure fx-devices-g1: "));
+  CHECK_THAT(r.out, Catch::Contains("g2/devices.csv: 4 row(s) not dtrain's passed over"));
+  // One cut inside its header: said, not silently left out.
+  fs::remove(root / "fx" / "g1" / "devices.csv");
+  put(root / "fx" / "g1" / "devices.csv", csv.substr(0, 30));
+  const auto cut = dtrain_cli("report " + root.string() + " --plots --out " + out.string());
+  CHECK_THAT(cut.out, Catch::Contains("g1/devices.csv: no sample dtrain wrote in it"));
   const std::string svg = slurp(out / "fx-devices-g2.svg");
   // Each process has its own GPU 0: the rank tells them apart.
   CHECK_THAT(svg, Catch::Contains("gpu0 on rank 0") && Catch::Contains("gpu1 on rank 1") &&

@@ -202,6 +202,11 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
   CHECK(swapped.code == 2);
   CHECK_THAT(swapped.out, Catch::Contains("needs more replicas"));
   CHECK(dtrain_cli("explain-time " + one + " " + d.path.string()).code == 2);
+  const auto file = dtrain_cli("explain-time " + one + " " + cfg.string());  // not a run
+  CHECK(file.code == 2);
+  CHECK_THAT(file.out, Catch::Contains("is not a run folder (give two run folders"));
+  // An output that is not a regular file is never replaced.
+  CHECK(dtrain_cli("explain-time " + one + " " + two + " --json " + d.path.string()).code == 2);
   // Runs of two experiments: refused.
   const auto other = d.path / "o.yaml";
   std::ofstream(other) << slurp(cfg).replace(0, 7, "name: o");

@@ -65,6 +65,11 @@ void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {
 }
 
 int run_explain_time(const ExplainTimeOptions& opt) {
+  for (const std::string& dir : {opt.small, opt.large})
+    if (!std::filesystem::is_directory(dir))
+      throw UserError(fmt::format("explain-time: {} is not a run folder (give two run folders, "
+                                  "RESULTS/<name>/<run-id>, of 1 and of N replicas)",
+                                  dir));
   const RunRecord small = load_run(opt.small), large = load_run(opt.large);
   for (const RunRecord* r : {&small, &large})
     if (r->status != "done")

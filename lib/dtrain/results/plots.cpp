@@ -508,17 +508,20 @@ std::map<std::string, DeviceSeries> read_devices(const std::string& dir, std::st
   std::string line;
   std::getline(in, line);  // the header
   double t0 = std::numeric_limits<double>::quiet_NaN();
+  size_t passed_over = 0;
   while (std::getline(in, line)) {
     std::vector<std::string> cells;
     std::stringstream ss(line);
     for (std::string c; cells.size() < 8 && std::getline(ss, c, ',');) cells.push_back(c);
-    if (cells.size() < 7) continue;
-    std::string name = device_name(cells[3]);
-    const auto t = metrics_value(cells[0]), util = metrics_value(cells[4]);
-    const auto rank = metrics_value(cells[2]);
+    std::string name = cells.size() < 7 ? "" : device_name(cells[3]);
+    const auto t = name.empty() ? std::nullopt : metrics_value(cells[0]);
+    const auto util = name.empty() ? std::nullopt : metrics_value(cells[4]);
+    const auto rank = name.empty() ? std::nullopt : metrics_value(cells[2]);
     if (name.empty() || !t || !util || !rank || !std::isfinite(*t) || !std::isfinite(*util) ||
-        *rank < 0 || *rank > 1e6)
+        *rank < 0 || *rank > 1e6) {
+      passed_over += !line.empty();
       continue;
+    }
     if (name.rfind("replica", 0) != 0)
       name += fmt::format(" on rank {}", static_cast<int>(*rank));
     if (!out.count(name) && out.size() >= kMaxDeviceSeries) {
@@ -532,6 +535,11 @@ std::map<std::string, DeviceSeries> read_devices(const std::string& dir, std::st
     s.util.push_back(*util);
     s.mem_mib.push_back(mem && std::isfinite(*mem) ? *mem : std::nan(""));
   }
+  // Said, not drawn silently short (a damaged file).
+  if (why.empty() && out.empty())
+    why = fmt::format("{}: no sample dtrain wrote in it; nothing drawn", path.string());
+  else if (why.empty() && passed_over)
+    why = fmt::format("{}: {} row(s) not dtrain's passed over", path.string(), passed_over);
   return out;
 }
 
