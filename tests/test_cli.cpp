@@ -189,6 +189,7 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + (s.path / "nope.yaml").string(), "File does not exist"},
       {"run " + good + " --results ''", "give a path, not an empty string"},
       {"export-images " + good + " --out ''", "give a path, not an empty string"},
+      {"report " + s.path.string() + " --out a --out b", "--out: given more than once"},
   };
   for (const auto& c : cases) {
     // Runs get a results folder of their own unless the case is about --results or --resume.

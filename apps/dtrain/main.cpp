@@ -119,6 +119,9 @@ int report_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
   std::string cmd;
   for (const auto* sub : app.get_subcommands()) cmd = sub->get_name();
   std::string what = e.what();
+  // CLI11's words for an option given twice ("--out: At Most 1 required but received 2").
+  if (const auto at = what.find(": At Most 1 required but received "); at != std::string::npos)
+    what = what.substr(0, at) + ": given more than once; give it once";
   if (cmd.empty() && argc > 1 && argv[1][0] != '-') {
     std::string names;
     for (const auto* sub : app.get_subcommands({}))
