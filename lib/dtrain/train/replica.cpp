@@ -518,20 +518,25 @@ void Replica::read_device_steps(double* dt) {
   std::vector<DeviceMark> marks;
   queue_->take_step_marks(marks, /*wait=*/true);
   const int64_t first = global_step_ - steps_ + 1;  // the epoch's first step (1-based)
+  double backward = 0;  // the step's device backward so far
   for (const DeviceSpan& sp : device_spans(marks)) {
     trace_.device_span(trace_phase(sp.phase), sp.step, sp.t0, sp.t1);
-    if (sp.phase < 0) continue;
+    if (sp.phase < 0) {  // a step begins
+      backward = 0;
+      continue;
+    }
     const auto p = static_cast<StepPhase>(sp.phase);
     const double d = sp.t1 - sp.t0;
     dt[p == StepPhase::exchange ? 1 : p == StepPhase::optimizer ? 2 : 0] += d;
     const int64_t s = sp.step - first;
     phases_.add_to(s, p, d);
+    if (p == StepPhase::backward) backward += d;
     if (p != StepPhase::exchange) continue;
     // A host exchange inside backward: the device waited for it, so it is exchange, and the
-    // rank arrived at the exchange that much earlier.
+    // rank arrived at the exchange that much earlier (never more than the backward it was in).
     const double host = exchange_in_backward_.empty() || s < 0 || s >= steps_
                             ? 0.0
-                            : exchange_in_backward_[static_cast<size_t>(s)];
+                            : std::min(backward, exchange_in_backward_[static_cast<size_t>(s)]);
     phases_.add_to(s, StepPhase::backward, -host);
     phases_.add_to(s, StepPhase::exchange, host);
     phases_.arrive_at(s, 0, trace_.seconds_at(sp.t0) - host);
