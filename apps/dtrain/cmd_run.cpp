@@ -393,10 +393,8 @@ void check_plans(const Sweep& s, HeldData& data) {
   } catch (const UserError& e) {
     // Under a launcher each process loads its own data: a node without the files fails alone,
     // and only rank 0 prints a mistake (main), so the other ranks say theirs here.
-    std::string line = e.what();
-    for (char& ch : line)
-      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
-    if (!s.leader) std::fprintf(stderr, "dtrain: rank %d: error: %s\n", mpi::rank(), line.c_str());
+    if (!s.leader)
+      std::fprintf(stderr, "dtrain: rank %d: error: %s\n", mpi::rank(), one_line(e.what()).c_str());
     throw;
   }
 }

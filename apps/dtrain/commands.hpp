@@ -14,6 +14,9 @@ namespace dtrain::cli {
 // The positional config file and key=value overrides of every command that reads a config.
 void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::string>& overrides);
 
+// A message as one line: a control character (a newline in a file's name) becomes '?'.
+std::string one_line(const char* what);
+
 // Refuses an empty value for a path option (`--out ''` would write into the current folder).
 CLI::Validator non_empty();
 

@@ -14,6 +14,13 @@ void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::s
   app.add_option("overrides", overrides, "key=value overrides, as for `dtrain run`");
 }
 
+std::string one_line(const char* what) {
+  std::string s(what);
+  for (char& ch : s)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+  return s;
+}
+
 CLI::Validator non_empty() {
   return CLI::Validator(
       [](std::string& v) { return v.empty() ? std::string("give a path, not an empty string") : ""; },

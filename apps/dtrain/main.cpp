@@ -159,14 +159,6 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   return std::nullopt;
 }
 
-// A message as one line: a control character (a newline in a file's name) becomes '?'.
-std::string one_line(const char* what) {
-  std::string s(what);
-  for (char& ch : s)
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
-  return s;
-}
-
 // Runs the command; what it throws becomes one line and the exit code: 2 for a user mistake, 1
 // for anything else.
 int run_command(const Command& cmd) {
@@ -176,7 +168,7 @@ int run_command(const Command& cmd) {
     dtrain::clear_progress();
     // Every rank sees the same mistake; one line is enough.
     if (dtrain::mpi::rank() == 0)
-      std::fprintf(stderr, "dtrain: error: %s\n", one_line(e.what()).c_str());
+      std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(e.what()).c_str());
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the user gave that cannot be walked (a loop of links, no permission): named, in
@@ -184,8 +176,8 @@ int run_command(const Command& cmd) {
     dtrain::clear_progress();
     if (dtrain::mpi::rank() == 0)
       std::fprintf(stderr, "dtrain: error: %s: %s\n",
-                   one_line(e.path1().empty() ? "a path" : e.path1().c_str()).c_str(),
-                   one_line(e.code().message().c_str()).c_str());
+                   dtrain::cli::one_line(e.path1().empty() ? "a path" : e.path1().c_str()).c_str(),
+                   dtrain::cli::one_line(e.code().message().c_str()).c_str());
     return 2;
   } catch (const dtrain::StorageError& e) {
     dtrain::clear_progress();
