@@ -2,6 +2,8 @@
 // themselves at other thread counts.
 #include <catch2/catch.hpp>
 #include <array>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <vector>
 
@@ -126,6 +128,69 @@ TEST_CASE("CPU kernels give the same bits with 1 2 or 3 threads", "[cpu][threads
     CHECK(bns[i] == bns[0]);
     CHECK(convs[i] == convs[0]);
   }
+}
+
+// The device's elementwise loops run in the clone for this machine's instruction set
+// (cpu/loops.hpp: AVX-512, AVX2 or the baseline); this file is built for the baseline, without
+// fused multiply-adds. Each element must come out as math.hpp computes it here, bit for bit.
+TEST_CASE("CPU elementwise loops give math.hpp's bits in every instruction-set clone",
+          "[cpu][clones]") {
+  Rng rng(12);
+  const size_t n = 100003;  // above the parallel threshold, with a ragged end
+  auto x = random_vec(rng, n, -8, 8);
+  const auto b = random_vec(rng, n, -2, 2);
+  const float extremes[] = {0.f, -0.f, 1e-30f, -1e-30f, 100.f, -100.f, 1e4f, -1e4f, 88.5f, -87.5f};
+  std::copy(std::begin(extremes), std::end(extremes), x.begin());
+  auto d = make_cpu_device({2, CpuConv::im2col});
+  const auto same = [&](const char* what, const std::vector<float>& got, auto expect) {
+    INFO(what);
+    size_t bad = 0;  // elements whose bits differ
+    for (size_t i = 0; i < n; ++i)
+      bad += std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(expect(i)) ? 1 : 0;
+    CHECK(bad == 0);
+  };
+  std::vector<float> y(n), dx(n);
+  const std::pair<Activation, const char*> acts[] = {{Activation::gelu, "gelu"},
+                                                     {Activation::sigmoid, "sigmoid"},
+                                                     {Activation::tanh, "tanh"},
+                                                     {Activation::relu, "relu"}};
+  for (const auto& [a, name] : acts) {
+    d->activation_forward(a, x.data(), y.data(), n);
+    d->activation_backward(a, x.data(), y.data(), b.data(), dx.data(), n);
+    const auto fwd = [&, a = a](size_t i) {
+      switch (a) {
+        case Activation::gelu: return math::gelu(x[i]);
+        case Activation::sigmoid: return math::sigmoid(x[i]);
+        case Activation::tanh: return math::tanh(x[i]);
+        case Activation::relu: break;
+      }
+      return math::relu(x[i]);
+    };
+    const auto bwd = [&, a = a](size_t i) {
+      switch (a) {
+        case Activation::gelu: return math::gelu_backward(x[i], b[i]);
+        case Activation::sigmoid: return math::sigmoid_backward(y[i], b[i]);
+        case Activation::tanh: return math::tanh_backward(y[i], b[i]);
+        case Activation::relu: break;
+      }
+      return math::relu_backward(x[i], b[i]);
+    };
+    same(name, y, fwd);
+    same(name, dx, bwd);
+  }
+  d->add(x.data(), b.data(), y.data(), n);
+  same("add", y, [&](size_t i) { return x[i] + b[i]; });
+  d->multiply(x.data(), b.data(), y.data(), n);
+  same("multiply", y, [&](size_t i) { return x[i] * b[i]; });
+
+  // AdamW over the same values, against math::adam_step one element at a time.
+  std::vector<float> p(x), m(b), v(n, 0.25f), p2(x), m2(b), v2(n, 0.25f);
+  d->adam_update(p.data(), b.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, true, 3);
+  const math::AdamFactors f = math::adam_factors(1e-3f, 0.9f, 0.95f, 3);
+  for (size_t i = 0; i < n; ++i)
+    math::adam_step(p2[i], b[i], m2[i], v2[i], f, 0.9f, 0.95f, 1e-8f, 0.1f, true);
+  same("adam parameters", p, [&](size_t i) { return p2[i]; });
+  same("adam second moments", v, [&](size_t i) { return v2[i]; });
 }
 
 TEST_CASE("DTRAIN_CPU_CONV names the convolution and rejects other values", "[conv]") {

@@ -4,9 +4,10 @@
 // twin is written once here, so the two backends differ in how they split and sum the work,
 // never in what one element computes.
 //
-// Each side compiles these expressions as it always has: the host compiler in ISO C++ mode,
-// which does not contract a * b + c into a fused multiply-add (the CPU results are the
-// reference the tests pin), and nvcc for the device, which does by default. Keep every
+// Each side compiles these expressions as it always has: the host compiler with
+// -ffp-contract=off (lib/CMakeLists.txt), which never contracts a * b + c into a fused
+// multiply-add, whatever instruction set a loop is built for (the CPU results are the reference
+// the tests pin), and nvcc for the device, which does by default. Keep every
 // expression's operation order, its float and double types and its casts as they are: a
 // rewrite that is equal on paper may round differently on one side.
 #include <cmath>
@@ -16,6 +17,15 @@
 #include "dtrain/base/hash.hpp"  // DTRAIN_HD
 
 namespace dtrain::math {
+
+// ---- arithmetic on two tensors ----
+
+DTRAIN_HD inline float plus(float a, float b) {
+  return a + b;
+}
+DTRAIN_HD inline float times(float a, float b) {
+  return a * b;
+}
 
 // ---- activations: forward from the input, backward from dy and the input or output ----
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dtrain/base/bf16.hpp"
+#include "dtrain/backend/cpu/loops.hpp"
 #include "dtrain/backend/cpu/transformer.hpp"
 #include "dtrain/backend/device.hpp"
 #include "dtrain/backend/math.hpp"
@@ -32,9 +33,7 @@ namespace dtrain {
 
 namespace {
 
-// Loops below this many elements stay on the calling thread: a parallel region costs a few
-// microseconds.
-constexpr int64_t kParallelMin = 1 << 15;
+using cpu::kParallelMin;
 
 // ---- im2col convolution: the reference and the fallback ----
 
@@ -348,10 +347,7 @@ class CpuDevice final : public Device {
 
   void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) override {
 #pragma omp parallel for num_threads(threads_) if (rows * cols >= kParallelMin) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = y + r * cols;
-      for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
-    }
+    for (int64_t r = 0; r < rows; ++r) cpu::add_row(y + r * cols, bias, cols);
   }
 
   void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
@@ -684,8 +680,8 @@ class CpuDevice final : public Device {
       const int64_t ch = sc % c;
       const float* p = x + sc * spatial;
       float* q = y + sc * spatial;
-      const math::BnAffine t = math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]);
-      for (int64_t i = 0; i < spatial; ++i) q[i] = math::bn_apply_one(t, p[i]);
+      cpu::bn_apply_row(math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]), p, q,
+                        spatial);
     }
   }
 
@@ -721,9 +717,9 @@ class CpuDevice final : public Device {
       const float* p = x + sc * spatial;
       const float* g = dy + sc * spatial;
       float* q = dx + sc * spatial;
-      const math::BnDx t =
-          math::bn_dx_coeffs(stats[ch], stats[c + ch], gamma[ch], sums[ch], sums[c + ch], m);
-      for (int64_t i = 0; i < spatial; ++i) q[i] = math::bn_dx_one(t, g[i], p[i]);
+      cpu::bn_dx_row(
+          math::bn_dx_coeffs(stats[ch], stats[c + ch], gamma[ch], sums[ch], sums[c + ch], m), g, p,
+          q, spatial);
     }
   }
 
@@ -751,29 +747,20 @@ class CpuDevice final : public Device {
   }
 
   void multiply(const float* x, const float* mask, float* y, size_t n) override {
-    const auto len = static_cast<int64_t>(n);
-#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
-    for (int64_t i = 0; i < len; ++i) y[i] = x[i] * mask[i];
+    elementwise<math::times>(x, mask, y, n);
   }
 
   void add(const float* a, const float* b, float* y, size_t n) override {
-    const auto len = static_cast<int64_t>(n);
-#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
-    for (int64_t i = 0; i < len; ++i) y[i] = a[i] + b[i];
+    elementwise<math::plus>(a, b, y, n);
   }
 
   void clip_by_norm(const float* x, float* y, size_t n, const double* sumsq,
                     float max_norm) override {
-    const float a = math::clip_factor(*sumsq, max_norm);
-    const auto len = static_cast<int64_t>(n);
-#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
-    for (int64_t i = 0; i < len; ++i) y[i] = x[i] * a;
+    scale_into(x, math::clip_factor(*sumsq, max_norm), y, n);
   }
 
   void scale(float* x, size_t n, float a) override {
-    const auto len = static_cast<int64_t>(n);
-#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
-    for (int64_t i = 0; i < len; ++i) x[i] *= a;
+    scale_into(x, a, x, n);
   }
 
   // On the calling thread alone: the replicas that fold share the machine's cores already.
@@ -813,37 +800,35 @@ class CpuDevice final : public Device {
 
   void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
                   float wd, bool nesterov) override {
-    const auto len = static_cast<int64_t>(n);
-#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
-    for (int64_t i = 0; i < len; ++i)
-      math::sgd_step(p[i], g[i], buf[i], lr, momentum, wd, nesterov);
+    cpu::split(threads_, static_cast<int64_t>(n), [&](int64_t lo, int64_t hi) {
+      cpu::sgd(p + lo, g + lo, buf + lo, hi - lo, lr, momentum, wd, nesterov);
+    });
   }
 
   void adam_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1,
                    float b2, float eps, float wd, bool decoupled, int64_t step) override {
     const math::AdamFactors f = math::adam_factors(lr, b1, b2, step);
-    const auto len = static_cast<int64_t>(n);
-#pragma omp parallel for num_threads(threads_) if (len >= kParallelMin) schedule(static)
-    for (int64_t i = 0; i < len; ++i)
-      math::adam_step(p[i], g[i], m[i], v[i], f, b1, b2, eps, wd, decoupled);
+    cpu::split(threads_, static_cast<int64_t>(n), [&](int64_t lo, int64_t hi) {
+      cpu::adam(p + lo, g + lo, m + lo, v + lo, hi - lo, f, b1, b2, eps, wd, decoupled);
+    });
   }
 
  private:
   // dst[i] = F(a[i]) and dst[i] = F(a[i], b[i]), on the replica's threads from kParallelMin
-  // elements. b is loaded unconditionally (an argument), so a select in F still vectorises.
+  // elements, each thread's part in the clone for this machine (loops.hpp).
   template <float (*F)(float)>
   void elementwise(const float* a, float* dst, size_t n) {
-    const auto len = static_cast<int64_t>(n);
-    const int nt = len >= kParallelMin ? threads_ : 1;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < len; ++i) dst[i] = F(a[i]);
+    cpu::split(threads_, static_cast<int64_t>(n),
+               [&](int64_t lo, int64_t hi) { cpu::map<F>(a + lo, dst + lo, hi - lo); });
   }
   template <float (*F)(float, float)>
   void elementwise(const float* a, const float* b, float* dst, size_t n) {
-    const auto len = static_cast<int64_t>(n);
-    const int nt = len >= kParallelMin ? threads_ : 1;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < len; ++i) dst[i] = F(a[i], b[i]);
+    cpu::split(threads_, static_cast<int64_t>(n),
+               [&](int64_t lo, int64_t hi) { cpu::map<F>(a + lo, b + lo, dst + lo, hi - lo); });
+  }
+  void scale_into(const float* x, float s, float* y, size_t n) {
+    cpu::split(threads_, static_cast<int64_t>(n),
+               [&](int64_t lo, int64_t hi) { cpu::scale_into(x + lo, s, y + lo, hi - lo); });
   }
 
   static void sgemm1(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

@@ -7,14 +7,12 @@
 #include <cstring>
 #include <vector>
 
+#include "dtrain/backend/cpu/loops.hpp"
 #include "dtrain/backend/math.hpp"
 
 namespace dtrain::cpu {
 
 namespace {
-
-// Loops below this many elements stay on the calling thread.
-constexpr int64_t kParallelMin = 1 << 15;
 
 int team(int threads, int64_t work) {
   return work >= kParallelMin ? std::max(1, threads) : 1;
@@ -27,6 +25,25 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
               static_cast<blasint>(ldc));
+}
+
+// LayerNorm's rows: y from x, dx from dy, and the sums of dgamma and dbeta, in the clone for
+// this machine (loops.hpp); the statistics stay in math.hpp's fixed order.
+DTRAIN_CPU_CLONES void layernorm_row(const float* x, const float* gamma, const float* beta,
+                                     int64_t c, math::LnStats s, float* y) {
+  for (int64_t k = 0; k < c; ++k) y[k] = math::layernorm_one(x[k], s.mean, s.rstd, gamma[k], beta[k]);
+}
+DTRAIN_CPU_CLONES void layernorm_dx_row(const float* x, const float* dy, const float* gamma,
+                                        int64_t c, float mean, float rstd,
+                                        const math::LnBackMeans& m, float* dx) {
+  for (int64_t k = 0; k < c; ++k) dx[k] = math::layernorm_dx_one(x[k], dy[k], gamma[k], mean, rstd, m);
+}
+DTRAIN_CPU_CLONES void layernorm_param_row(const float* x, const float* dy, int64_t c, float mean,
+                                           float rstd, float* dgamma, float* dbeta) {
+  for (int64_t k = 0; k < c; ++k) {
+    dgamma[k] += dy[k] * ((x[k] - mean) * rstd);
+    dbeta[k] += dy[k];
+  }
 }
 
 // The scale of the scores, 1/sqrt(d), as the CUDA twin computes it.
@@ -85,8 +102,7 @@ void layernorm_forward(int threads, const float* x, const float* gamma, const fl
   for (int64_t v = 0; v < n; ++v) {
     const float* in = x + v * c;
     const math::LnStats s = math::layernorm_stats(in, c, eps);
-    float* out = y + v * c;
-    for (int64_t k = 0; k < c; ++k) out[k] = math::layernorm_one(in[k], s.mean, s.rstd, gamma[k], beta[k]);
+    layernorm_row(in, gamma, beta, c, s, y + v * c);
     stats[2 * v] = s.mean;
     stats[2 * v + 1] = s.rstd;
   }
@@ -102,9 +118,7 @@ void layernorm_backward(int threads, const float* x, const float* dy, const floa
       const float *in = x + v * c, *g = dy + v * c;
       const float mean = stats[2 * v], rstd = stats[2 * v + 1];
       const math::LnBackMeans m = math::layernorm_back_means(in, g, gamma, c, mean, rstd);
-      float* out = dx + v * c;
-      for (int64_t k = 0; k < c; ++k)
-        out[k] = math::layernorm_dx_one(in[k], g[k], gamma[k], mean, rstd, m);
+      layernorm_dx_row(in, g, gamma, c, mean, rstd, m, dx + v * c);
     }
   }
   // dgamma and dbeta: channels split among threads, vectors in ascending order.
@@ -113,12 +127,8 @@ void layernorm_backward(int threads, const float* x, const float* dy, const floa
   for (int part = 0; part < nt; ++part) {
     const int64_t lo = part * block, hi = std::min(c, lo + block);
     for (int64_t v = 0; v < n; ++v) {
-      const float *in = x + v * c, *g = dy + v * c;
-      const float mean = stats[2 * v], rstd = stats[2 * v + 1];
-      for (int64_t k = lo; k < hi; ++k) {
-        dgamma[k] += g[k] * ((in[k] - mean) * rstd);
-        dbeta[k] += g[k];
-      }
+      layernorm_param_row(x + v * c + lo, dy + v * c + lo, hi - lo, stats[2 * v], stats[2 * v + 1],
+                          dgamma + lo, dbeta + lo);
     }
   }
 }

@@ -1,0 +1,99 @@
+#pragma once
+// The CPU backend's elementwise loops, each compiled for three instruction sets and picked
+// when the program loads: x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the x86-64 baseline
+// (SSE2), which is all a default build may assume. Without this, the default build ran GELU's
+// polynomial four floats at a time on a machine with AVX-512: 12% of a GPT step, against 2.5%
+// with -march=native (results/bench/gpt-vs-pytorch.md).
+//
+// The same bits from every clone: the loops hold no reductions, and the host compiler keeps
+// ISO C++'s rule of no contraction of a * b + c into a fused multiply-add (math.hpp), so a
+// wider vector computes each element as the baseline does. Loops with reductions (BatchNorm's
+// moments) vectorise in lanes whose count is the vector width: they stay in the baseline build,
+// so that their sums do not depend on the machine's instruction set.
+//
+// A clone is a leaf: the OpenMP team splits the work and each thread calls a clone on its part
+// (GCC outlines a parallel region into a function of its own, which a clone would not cover).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "dtrain/backend/math.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(DTRAIN_NATIVE)
+#define DTRAIN_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DTRAIN_CPU_CLONES  // clang, other CPUs and -march=native builds: one version
+#endif
+
+namespace dtrain::cpu {
+
+// Loops below this many elements stay on the calling thread: a parallel region costs a few
+// microseconds.
+inline constexpr int64_t kParallelMin = 1 << 15;
+
+// body(lo, hi) on each of up to `threads` threads for contiguous parts of [0, len), each part a
+// whole number of 64-byte lines of floats; on the calling thread alone below kParallelMin.
+template <class Body>
+void split(int threads, int64_t len, Body&& body) {
+  const int nt = len >= kParallelMin ? std::max(1, threads) : 1;
+  if (nt == 1) {
+    body(int64_t{0}, len);
+    return;
+  }
+  const int64_t part = ((len + nt - 1) / nt + 15) / 16 * 16;
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t lo = std::min(len, omp_get_thread_num() * part);
+    body(lo, std::min(len, lo + part));
+  }
+}
+
+// dst[i] = F(a[i]).
+template <float (*F)(float)>
+DTRAIN_CPU_CLONES void map(const float* a, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = F(a[i]);
+}
+
+// dst[i] = F(a[i], b[i]). b is loaded unconditionally (an argument), so a select in F still
+// vectorises.
+template <float (*F)(float, float)>
+DTRAIN_CPU_CLONES void map(const float* a, const float* b, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = F(a[i], b[i]);
+}
+
+// y[i] = x[i] * s (scaling, clipping).
+DTRAIN_CPU_CLONES inline void scale_into(const float* x, float s, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+}
+
+// row[i] += bias[i].
+DTRAIN_CPU_CLONES inline void add_row(float* row, const float* bias, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) row[i] += bias[i];
+}
+
+// One Adam(W) step over n parameters (math::adam_step).
+DTRAIN_CPU_CLONES inline void adam(float* p, const float* g, float* m, float* v, int64_t n,
+                                   const math::AdamFactors& f, float b1, float b2, float eps,
+                                   float wd, bool decoupled) {
+  for (int64_t i = 0; i < n; ++i) math::adam_step(p[i], g[i], m[i], v[i], f, b1, b2, eps, wd, decoupled);
+}
+
+// One SGD step over n parameters (math::sgd_step).
+DTRAIN_CPU_CLONES inline void sgd(float* p, const float* g, float* buf, int64_t n, float lr,
+                                  float momentum, float wd, bool nesterov) {
+  for (int64_t i = 0; i < n; ++i) math::sgd_step(p[i], g[i], buf[i], lr, momentum, wd, nesterov);
+}
+
+// BatchNorm's affine map of one channel's positions, forward, and its dx backward.
+DTRAIN_CPU_CLONES inline void bn_apply_row(const math::BnAffine& t, const float* x, float* y,
+                                           int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = math::bn_apply_one(t, x[i]);
+}
+DTRAIN_CPU_CLONES inline void bn_dx_row(const math::BnDx& t, const float* dy, const float* x,
+                                        float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = math::bn_dx_one(t, dy[i], x[i]);
+}
+
+}  // namespace dtrain::cpu
