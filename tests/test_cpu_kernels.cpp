@@ -202,6 +202,54 @@ TEST_CASE("DTRAIN_CPU_CONV names the convolution and rejects other values", "[co
   CHECK(cpu_conv_from_env() == CpuOptions::default_cpu_conv());
 }
 
+TEST_CASE("DTRAIN_CPU_GEMM names the matrix product and rejects other values", "[gemm]") {
+  ::setenv("DTRAIN_CPU_GEMM", "openblas", 1);
+  CHECK(cpu_gemm_from_env() == CpuGemm::openblas);
+  ::setenv("DTRAIN_CPU_GEMM", "mkl", 1);
+  CHECK_THROWS_WITH(cpu_gemm_from_env(), Catch::Contains("DTRAIN_CPU_GEMM=mkl: valid values are onednn and openblas"));
+  ::setenv("DTRAIN_CPU_GEMM", "onednn", 1);
+  if (have_onednn())
+    CHECK(cpu_gemm_from_env() == CpuGemm::onednn);
+  else
+    CHECK_THROWS_WITH(cpu_gemm_from_env(), Catch::Contains("built without oneDNN"));
+  ::unsetenv("DTRAIN_CPU_GEMM");
+  CHECK(cpu_gemm_from_env() == CpuOptions::default_cpu_gemm());
+}
+
+// Both products against a double-precision reference, in all four transpose combinations, on
+// the device's blocked path (several threads) and a single call.
+TEST_CASE("oneDNN and OpenBLAS matrix products agree with a double-precision product",
+          "[gemm]") {
+  Rng rng(5);
+  const int64_t m = 300, n = 260, k = 90;
+  const auto a = random_vec(rng, m * k), b = random_vec(rng, k * n);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      std::vector<float> want(static_cast<size_t>(m * n));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int64_t l = 0; l < k; ++l)
+            acc += double(ta ? a[l * m + i] : a[i * k + l]) * double(tb ? b[j * k + l] : b[l * n + j]);
+          want[i * n + j] = static_cast<float>(2.0 * acc + 0.25 * 0.5);
+        }
+      for (CpuGemm lib : {CpuGemm::openblas, CpuGemm::onednn}) {
+        if (lib == CpuGemm::onednn && !have_onednn()) continue;
+        for (int threads : {1, 2}) {
+          INFO(to_string(lib) << " ta " << ta << " tb " << tb << " threads " << threads);
+          CpuOptions o;
+          o.threads = threads;
+          o.gemm = lib;
+          auto d = make_cpu_device(o);
+          std::vector<float> c(static_cast<size_t>(m * n), 0.5f);
+          d->gemm(ta, tb, m, n, k, 2.f, a.data(), ta ? m : k, b.data(), tb ? k : n, 0.25f,
+                  c.data(), n);
+          CHECK(rel_error(c, want) < 1e-6);
+        }
+      }
+    }
+}
+
 // ---- math.hpp: the per-element arithmetic both backends run, against independent formulas ----
 
 namespace {

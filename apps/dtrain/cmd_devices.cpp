@@ -24,6 +24,7 @@ int run_devices(const DevicesOptions& opt) {
     for (const auto& g : s.gpus) floors.push_back(measure_gpu(g.index));
   const unsigned cores = std::thread::hardware_concurrency();
   const std::string cpu_conv = to_string(CpuOptions::default_cpu_conv());
+  const std::string cpu_gemm = to_string(CpuOptions::default_cpu_gemm());
   if (opt.json) {
     nlohmann::json gpus = nlohmann::json::array();
     for (size_t i = 0; i < s.gpus.size(); ++i) {
@@ -41,7 +42,7 @@ int run_devices(const DevicesOptions& opt) {
       gpus.push_back(e);
     }
     const nlohmann::json j = {
-        {"cpu", {{"threads", cores}, {"blas", blas_description()}, {"conv", cpu_conv}}},
+        {"cpu", {{"threads", cores}, {"blas", blas_description()}, {"conv", cpu_conv}, {"gemm", cpu_gemm}}},
         {"cuda_built", s.built_with_cuda},
         {"driver", s.driver},
         {"cuda_runtime", s.runtime},
@@ -52,8 +53,8 @@ int run_devices(const DevicesOptions& opt) {
     fmt::print("{}\n", j.dump());
     return 0;
   }
-  fmt::print("cpu: {} hardware threads, {}, convolutions by {}\n", cores, blas_description(),
-             cpu_conv);
+  fmt::print("cpu: {} hardware threads, {}, convolutions by {}, matrix products by {}\n", cores,
+             blas_description(), cpu_conv, cpu_gemm);
   if (!s.built_with_cuda) {
     fmt::print("cuda: no GPU: {}\n", s.none_reason);
     return 0;

@@ -244,23 +244,30 @@ class Device {
 // How the CPU backend convolves: oneDNN's primitives (the default where dtrain was built with
 // oneDNN) or im2col + OpenBLAS GEMM (always available; the reference in tests).
 enum class CpuConv { onednn, im2col };
+// Whose sgemm multiplies matrices on the CPU: oneDNN's (the default where dtrain was built with
+// oneDNN: 1.06-1.14x OpenBLAS's on a GPT's shapes, docs/performance.md) or OpenBLAS's.
+enum class CpuGemm { onednn, openblas };
 struct CpuOptions {
   int threads = 1;  // worker threads of this replica (OpenMP), used by every kernel
   CpuConv conv = default_cpu_conv();
   // precision: bf16 emulated: GEMM and convolution inputs rounded to bfloat16 exactly as the
   // CUDA backend rounds them (see bf16.hpp), so this device is also the bf16 twin in tests.
   bool bf16 = false;
+  CpuGemm gemm = default_cpu_gemm();
   static CpuConv default_cpu_conv();
+  static CpuGemm default_cpu_gemm();
 };
 bool have_onednn();
-// The conv implementation named by DTRAIN_CPU_CONV (onednn | im2col), else the default.
-// Throws UserError for another value.
+// The implementations named by DTRAIN_CPU_CONV (onednn | im2col) and DTRAIN_CPU_GEMM (onednn |
+// openblas), else the defaults. Throw UserError for another value.
 CpuConv cpu_conv_from_env();
+CpuGemm cpu_gemm_from_env();
 const char* to_string(CpuConv c);
+const char* to_string(CpuGemm g);
 
 // The CPU backend: every kernel runs on `threads` OpenMP threads of the calling thread, GEMMs as
-// row or column blocks through single-threaded OpenBLAS calls, so that one thread pool (the
-// same that oneDNN uses) does all the work.
+// row or column blocks through single-threaded sgemm calls, so that one thread pool (the same
+// that oneDNN uses) does all the work.
 std::unique_ptr<Device> make_cpu_device(const CpuOptions& opt = {});
 void set_blas_threads(int n);
 // OpenBLAS build and the kernel family it picked, e.g. "OpenBLAS 0.3.21 ... (core SkylakeX)".

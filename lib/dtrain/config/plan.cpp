@@ -52,8 +52,9 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
       if (v.empty())
         throw UserError(values.size() == 1
                             ? fmt::format("override '{}': no value after '='; give one, e.g. "
-                                          "{}=VALUE, or a comma list to sweep",
-                                          text, o.key)
+                                          "{}=VALUE, or a comma list to sweep (an empty "
+                                          "string is \"{}=''\" in the shell)",
+                                          text, o.key, o.key)
                             : fmt::format("override '{}': empty value in the comma list", text));
     axes.push_back({o.key, std::move(values)});
   }

@@ -28,7 +28,7 @@ namespace dtrain {
 
 namespace {
 
-// Every kernel runs on the replica's own OpenMP team; OpenBLAS itself stays single-threaded
+// Every kernel runs on the replica's own OpenMP team; each sgemm call stays single-threaded
 // (dtrain cuts large GEMMs into blocks), so no second thread pool competes for the cores.
 CpuOptions cpu_options(int threads, Precision precision) {
   set_blas_threads(1);
@@ -36,6 +36,7 @@ CpuOptions cpu_options(int threads, Precision precision) {
   o.threads = threads;
   o.bf16 = precision == Precision::bf16;
   o.conv = cpu_conv_from_env();
+  o.gemm = cpu_gemm_from_env();
   return o;
 }
 
@@ -66,7 +67,7 @@ std::shared_ptr<SharedWeights> make_shared_weights(const RunContext& sh) {
 }
 
 // The log's `devices` for replicas in this process, e.g. "cpu: 64 replicas in turn on 2
-// threads, sharing one copy of the weights, conv onednn". `workers` > 0: fibers on so many.
+// threads, sharing one copy of the weights, conv onednn, gemm onednn". `workers` > 0: fibers on so many.
 std::string in_process_devices(const RunContext& sh, int per_replica, int workers) {
   const int n = sh.cfg.gpus;
   if (sh.place.backend == Backend::cuda)
@@ -80,8 +81,9 @@ std::string in_process_devices(const RunContext& sh, int per_replica, int worker
       workers > 0 ? fmt::format("in turn on {} thread{}", workers, plural(workers))
                   : fmt::format("as threads, {} thread{} each", per_replica, plural(per_replica));
   if (sh.shared) how += ", sharing one copy of the weights";
-  return fmt::format("cpu: {} replica{} {}, conv {}{}", n, plural(n), how,
-                     to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
+  return fmt::format("cpu: {} replica{} {}, conv {}, gemm {}{}", n, plural(n), how,
+                     to_string(sh.cpu.conv), to_string(sh.cpu.gemm),
+                     sh.cpu.bf16 ? ", bf16 emulated" : "");
 }
 
 // What the CUDA backend held at most on each GPU of this process since the run began.
@@ -441,9 +443,10 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                     comm.size(), comm.kind(), gpu, sh.nccl->version());
   } else {
     sh.result.info.devices =
-        fmt::format("cpu: {} replicas as processes ({}), {} thread{} each, conv {}{}",
+        fmt::format("cpu: {} replicas as processes ({}), {} thread{} each, conv {}, gemm {}{}",
                     comm.size(), comm.kind(), threads, threads == 1 ? "" : "s",
-                    to_string(sh.cpu.conv), sh.cpu.bf16 ? ", bf16 emulated" : "");
+                    to_string(sh.cpu.conv), to_string(sh.cpu.gemm),
+                    sh.cpu.bf16 ? ", bf16 emulated" : "");
   }
   sh.result.info.devices += launch_description(comm.size());
   sh.devices = device_sampler(cfg, comm.rank(),

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dtrain/base/bf16.hpp"
+#include "dtrain/backend/cpu/gemm.hpp"
 #include "dtrain/backend/cpu/loops.hpp"
 #include "dtrain/backend/cpu/transformer.hpp"
 #include "dtrain/backend/device.hpp"
@@ -269,7 +270,7 @@ class DnnlConv {
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(const CpuOptions& opt)
-      : threads_(std::max(1, opt.threads)), conv_(opt.conv), bf16_(opt.bf16) {
+      : threads_(std::max(1, opt.threads)), conv_(opt.conv), gemm_lib_(opt.gemm), bf16_(opt.bf16) {
 #if DTRAIN_HAVE_DNNL
     if (conv_ == CpuConv::onednn) {
       eng_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -426,11 +427,11 @@ class CpuDevice final : public Device {
   }
   void attention_forward(const float* qkv, int64_t rows, int64_t t, int64_t c, int64_t heads,
                          float* att, float* y) override {
-    cpu::attention_forward(threads_, qkv, rows, t, c, heads, att, y);
+    cpu::attention_forward(threads_, gemm_lib_, qkv, rows, t, c, heads, att, y);
   }
   void attention_backward(const float* qkv, const float* att, const float* dy, int64_t rows,
                           int64_t t, int64_t c, int64_t heads, float* dqkv) override {
-    cpu::attention_backward(threads_, qkv, att, dy, rows, t, c, heads, dqkv);
+    cpu::attention_backward(threads_, gemm_lib_, qkv, att, dy, rows, t, c, heads, dqkv);
   }
 
   void gather(const float* src, const int32_t* src_labels, int64_t features, const int64_t* idx,
@@ -831,12 +832,9 @@ class CpuDevice final : public Device {
                [&](int64_t lo, int64_t hi) { cpu::scale_into(x + lo, s, y + lo, hi - lo); });
   }
 
-  static void sgemm1(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-                static_cast<blasint>(ldc));
+  void sgemm1(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) const {
+    cpu::sgemm(gemm_lib_, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
 #if DTRAIN_HAVE_DNNL
@@ -859,6 +857,7 @@ class CpuDevice final : public Device {
 #endif
   int threads_;
   CpuConv conv_;
+  CpuGemm gemm_lib_;
   bool bf16_;
   std::vector<float> a16_, b16_, x16_, w16_, dy16_, dw16_, zero_bias_;  // bf16 emulation
   std::vector<ConvScratch> scratch_;
@@ -884,19 +883,44 @@ const char* to_string(CpuConv c) {
   return c == CpuConv::onednn ? "onednn" : "im2col";
 }
 
-CpuConv cpu_conv_from_env() {
-  const char* v = std::getenv("DTRAIN_CPU_CONV");
-  if (!v || !*v) return CpuOptions::default_cpu_conv();
-  const std::string s(v);
-  if (s == "im2col") return CpuConv::im2col;
+CpuGemm CpuOptions::default_cpu_gemm() {
+  return have_onednn() ? CpuGemm::onednn : CpuGemm::openblas;
+}
+
+const char* to_string(CpuGemm g) {
+  return g == CpuGemm::onednn ? "onednn" : "openblas";
+}
+
+namespace {
+
+// The value of the environment variable `name`: "" where unset or empty, "onednn" where it
+// names oneDNN and this dtrain has it, `other` where it names that; else a UserError.
+std::string onednn_or(const char* name, const char* other) {
+  const char* v = std::getenv(name);
+  const std::string s = v ? v : "";
+  if (s.empty() || s == other) return s;
   if (s == "onednn") {
     if (!have_onednn())
-      throw UserError(
-          "DTRAIN_CPU_CONV=onednn, but this dtrain was built without oneDNN "
-          "(install libdnnl-dev and rebuild)");
-    return CpuConv::onednn;
+      throw UserError(fmt::format(
+          "{}=onednn, but this dtrain was built without oneDNN (install libdnnl-dev and rebuild)",
+          name));
+    return s;
   }
-  throw UserError(fmt::format("DTRAIN_CPU_CONV={}: valid values are onednn and im2col", s));
+  throw UserError(fmt::format("{}={}: valid values are onednn and {}", name, s, other));
+}
+
+}  // namespace
+
+CpuConv cpu_conv_from_env() {
+  const std::string s = onednn_or("DTRAIN_CPU_CONV", "im2col");
+  if (s.empty()) return CpuOptions::default_cpu_conv();
+  return s == "onednn" ? CpuConv::onednn : CpuConv::im2col;
+}
+
+CpuGemm cpu_gemm_from_env() {
+  const std::string s = onednn_or("DTRAIN_CPU_GEMM", "openblas");
+  if (s.empty()) return CpuOptions::default_cpu_gemm();
+  return s == "onednn" ? CpuGemm::onednn : CpuGemm::openblas;
 }
 
 void set_blas_threads(int n) {

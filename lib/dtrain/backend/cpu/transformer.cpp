@@ -1,12 +1,11 @@
 #include "dtrain/backend/cpu/transformer.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "dtrain/backend/cpu/gemm.hpp"
 #include "dtrain/backend/cpu/loops.hpp"
 #include "dtrain/backend/math.hpp"
 
@@ -16,15 +15,6 @@ namespace {
 
 int team(int threads, int64_t work) {
   return work >= kParallelMin ? std::max(1, threads) : 1;
-}
-
-// C = alpha op(A) op(B) + beta C, one single-threaded OpenBLAS call (row-major).
-void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
 }
 
 // LayerNorm's rows: y from x, dx from dy, and the sums of dgamma and dbeta, in the clone for
@@ -135,8 +125,8 @@ void layernorm_backward(int threads, const float* x, const float* dy, const floa
 
 // One (sample, head) pair per iteration: S = q k^T * scale (GEMM), the causal softmax row by
 // row, then y = P v (GEMM); att keeps P.
-void attention_forward(int threads, const float* qkv, int64_t rows, int64_t t, int64_t c,
-                       int64_t heads, float* att, float* y) {
+void attention_forward(int threads, CpuGemm gemm, const float* qkv, int64_t rows, int64_t t,
+                       int64_t c, int64_t heads, float* att, float* y) {
   const int64_t d = c / heads, ld = 3 * c;
   const float scale = score_scale(d);
 #pragma omp parallel for num_threads(team(threads, rows * heads * t * t)) schedule(static)
@@ -144,7 +134,7 @@ void attention_forward(int threads, const float* qkv, int64_t rows, int64_t t, i
     const int64_t r = p / heads, h = p % heads;
     const float* q = qkv + r * t * ld + h * d;
     float* s = att + p * t * t;
-    sgemm(false, true, t, t, d, scale, q, ld, q + c, ld, 0.f, s, t);
+    sgemm(gemm, false, true, t, t, d, scale, q, ld, q + c, ld, 0.f, s, t);
     for (int64_t i = 0; i < t; ++i) {
       float* row = s + i * t;
       float mx = row[0];
@@ -158,13 +148,14 @@ void attention_forward(int threads, const float* qkv, int64_t rows, int64_t t, i
       for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
       std::fill(row + i + 1, row + t, 0.f);
     }
-    sgemm(false, false, t, d, t, 1.f, s, t, q + 2 * c, ld, 0.f, y + r * t * c + h * d, c);
+    sgemm(gemm, false, false, t, d, t, 1.f, s, t, q + 2 * c, ld, 0.f, y + r * t * c + h * d, c);
   }
 }
 
 // dP = dy v^T, dv = P^T dy, dS = P (dP - rowsum(dP P)) * scale, dq = dS k, dk = dS^T q.
-void attention_backward(int threads, const float* qkv, const float* att, const float* dy,
-                        int64_t rows, int64_t t, int64_t c, int64_t heads, float* dqkv) {
+void attention_backward(int threads, CpuGemm gemm, const float* qkv, const float* att,
+                        const float* dy, int64_t rows, int64_t t, int64_t c, int64_t heads,
+                        float* dqkv) {
   const int64_t d = c / heads, ld = 3 * c;
   const float scale = score_scale(d);
   const int nt = team(threads, rows * heads * t * t);
@@ -179,8 +170,8 @@ void attention_backward(int threads, const float* qkv, const float* att, const f
     const float* prob = att + p * t * t;
     const float* g = dy + r * t * c + h * d;
     float* dq = dqkv + r * t * ld + h * d;
-    sgemm(false, true, t, t, d, 1.f, g, c, q + 2 * c, ld, 0.f, ds.data(), t);
-    sgemm(true, false, t, d, t, 1.f, prob, t, g, c, 0.f, dq + 2 * c, ld);
+    sgemm(gemm, false, true, t, t, d, 1.f, g, c, q + 2 * c, ld, 0.f, ds.data(), t);
+    sgemm(gemm, true, false, t, d, t, 1.f, prob, t, g, c, 0.f, dq + 2 * c, ld);
     for (int64_t i = 0; i < t; ++i) {
       const float* pr = prob + i * t;
       float* row = ds.data() + i * t;
@@ -189,8 +180,8 @@ void attention_backward(int threads, const float* qkv, const float* att, const f
       for (int64_t j = 0; j <= i; ++j) row[j] = pr[j] * (row[j] - dot) * scale;
       std::fill(row + i + 1, row + t, 0.f);
     }
-    sgemm(false, false, t, d, t, 1.f, ds.data(), t, q + c, ld, 0.f, dq, ld);
-    sgemm(true, false, t, d, t, 1.f, ds.data(), t, q, ld, 0.f, dq + c, ld);
+    sgemm(gemm, false, false, t, d, t, 1.f, ds.data(), t, q + c, ld, 0.f, dq, ld);
+    sgemm(gemm, true, false, t, d, t, 1.f, ds.data(), t, q, ld, 0.f, dq + c, ld);
   }
 }
 

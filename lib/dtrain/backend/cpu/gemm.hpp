@@ -1,0 +1,16 @@
+#pragma once
+// The CPU backend's one matrix product, through OpenBLAS or oneDNN (CpuGemm).
+#include <cstdint>
+
+#include "dtrain/backend/device.hpp"
+
+namespace dtrain::cpu {
+
+// C = alpha op(A) op(B) + beta C, row-major, on the calling thread alone: callers split large
+// products among their own OpenMP team, so that each element of C is summed by one call in one
+// fixed order whatever the thread count.
+void sgemm(CpuGemm lib, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc);
+
+}  // namespace dtrain::cpu
