@@ -110,7 +110,7 @@ def run_dtrain(binary, args, results, rep, seed=None):
                            optimizer_s=float(r["optimizer_s"]), eval_s=float(r["eval_s"])))
     tps = [e["tokens_per_s"] for e in epochs]
     return dict(framework="dtrain", mode="cpu", status=s.get("status", "?"),
-                blas=s.get("blas", "?"), params=s.get("parameters", s.get("param_count")),
+                blas=s.get("blas", "?"), devices=s.get("devices", "?"), params=s.get("parameters", s.get("param_count")),
                 steady_tokens_per_s=steady(tps), first_tokens_per_s=tps[0],
                 first_epoch_time_s=epochs[0]["epoch_time_s"],
                 steady_epoch_time_s=steady([e["epoch_time_s"] for e in epochs]),
@@ -316,6 +316,7 @@ def main():
                 cpu=cpu_model(), arch=platform.machine(), cores=os.cpu_count(),
                 memory_gib=mem_gib(), threads=args.threads, torch=t0.get("torch", "?"),
                 python=platform.python_version(), dtrain_blas=d_runs[0]["blas"],
+                dtrain_devices=d_runs[0].get("devices", "?"),
                 openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
                 data=args.data, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                 block=args.block, batch=args.batch, epochs=args.epochs,
@@ -408,7 +409,9 @@ def render(m, rows, runs, md_path, seed_runs=None):
         f"run's own CPU time), in cores of the {m['cores']}; where it is well above 0 the "
         "programs competed for the cores and the figures are not steady state.",
         "",
-        f"dtrain's BLAS: {m['dtrain_blas']}; OPENBLAS_CORETYPE={m['openblas_coretype']}. "
+        f"dtrain's devices: {m.get('dtrain_devices', '?')} (gemm: whose sgemm, "
+        "DTRAIN_CPU_GEMM); its OpenBLAS, used where gemm is openblas: "
+        f"{m['dtrain_blas']}; OPENBLAS_CORETYPE={m['openblas_coretype']}. "
         "PyTorch uses its bundled MKL/oneDNN.",
         "",
         "| program | steady tokens/s (per round) | other work, cores (per round) | first epoch tokens/s | warm-up / compile s | "
