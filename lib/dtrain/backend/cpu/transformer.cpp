@@ -17,15 +17,17 @@ int team(int threads, int64_t work) {
   return work >= kParallelMin ? std::max(1, threads) : 1;
 }
 
-// LayerNorm's rows: y from x, dx from dy, and the sums of dgamma and dbeta, in the clone for
-// this machine (loops.hpp); the statistics stay in math.hpp's fixed order.
-DTRAIN_CPU_CLONES void layernorm_row(const float* x, const float* gamma, const float* beta,
-                                     int64_t c, math::LnStats s, float* y) {
+// LayerNorm's rows: y and the statistics from x, dx from dy, and the sums of dgamma and dbeta,
+// in the clone for this machine (loops.hpp), math.hpp's sums in their fixed lane order.
+DTRAIN_CPU_CLONES math::LnStats layernorm_row(const float* x, const float* gamma,
+                                              const float* beta, int64_t c, float eps, float* y) {
+  const math::LnStats s = math::layernorm_stats(x, c, eps);
   for (int64_t k = 0; k < c; ++k) y[k] = math::layernorm_one(x[k], s.mean, s.rstd, gamma[k], beta[k]);
+  return s;
 }
 DTRAIN_CPU_CLONES void layernorm_dx_row(const float* x, const float* dy, const float* gamma,
-                                        int64_t c, float mean, float rstd,
-                                        const math::LnBackMeans& m, float* dx) {
+                                        int64_t c, float mean, float rstd, float* dx) {
+  const math::LnBackMeans m = math::layernorm_back_means(x, dy, gamma, c, mean, rstd);
   for (int64_t k = 0; k < c; ++k) dx[k] = math::layernorm_dx_one(x[k], dy[k], gamma[k], mean, rstd, m);
 }
 DTRAIN_CPU_CLONES void layernorm_param_row(const float* x, const float* dy, int64_t c, float mean,
@@ -34,6 +36,19 @@ DTRAIN_CPU_CLONES void layernorm_param_row(const float* x, const float* dy, int6
     dgamma[k] += dy[k] * ((x[k] - mean) * rstd);
     dbeta[k] += dy[k];
   }
+}
+
+// Row i of the scores becomes the softmax of its entries j <= i, 0 after: the max, e^(s - max)
+// (math::exp_poly, which vectorises, as the CUDA twin), their sum in order, times 1 / sum.
+DTRAIN_CPU_CLONES void causal_softmax_row(float* row, int64_t i, int64_t t) {
+  float mx = row[0];
+  for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+  for (int64_t j = 0; j <= i; ++j) row[j] = math::exp_poly(row[j] - mx);
+  float sum = 0.f;
+  for (int64_t j = 0; j <= i; ++j) sum += row[j];
+  const float inv = 1.f / sum;
+  for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+  std::fill(row + i + 1, row + t, 0.f);
 }
 
 // The scale of the scores, 1/sqrt(d), as the CUDA twin computes it.
@@ -90,9 +105,7 @@ void layernorm_forward(int threads, const float* x, const float* gamma, const fl
                        int64_t n, int64_t c, float eps, float* y, float* stats) {
 #pragma omp parallel for num_threads(team(threads, n * c)) schedule(static)
   for (int64_t v = 0; v < n; ++v) {
-    const float* in = x + v * c;
-    const math::LnStats s = math::layernorm_stats(in, c, eps);
-    layernorm_row(in, gamma, beta, c, s, y + v * c);
+    const math::LnStats s = layernorm_row(x + v * c, gamma, beta, c, eps, y + v * c);
     stats[2 * v] = s.mean;
     stats[2 * v + 1] = s.rstd;
   }
@@ -105,10 +118,7 @@ void layernorm_backward(int threads, const float* x, const float* dy, const floa
   if (dx) {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t v = 0; v < n; ++v) {
-      const float *in = x + v * c, *g = dy + v * c;
-      const float mean = stats[2 * v], rstd = stats[2 * v + 1];
-      const math::LnBackMeans m = math::layernorm_back_means(in, g, gamma, c, mean, rstd);
-      layernorm_dx_row(in, g, gamma, c, mean, rstd, m, dx + v * c);
+      layernorm_dx_row(x + v * c, dy + v * c, gamma, c, stats[2 * v], stats[2 * v + 1], dx + v * c);
     }
   }
   // dgamma and dbeta: channels split among threads, vectors in ascending order.
@@ -135,19 +145,7 @@ void attention_forward(int threads, CpuGemm gemm, const float* qkv, int64_t rows
     const float* q = qkv + r * t * ld + h * d;
     float* s = att + p * t * t;
     sgemm(gemm, false, true, t, t, d, scale, q, ld, q + c, ld, 0.f, s, t);
-    for (int64_t i = 0; i < t; ++i) {
-      float* row = s + i * t;
-      float mx = row[0];
-      for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-      float sum = 0.f;
-      for (int64_t j = 0; j <= i; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        sum += row[j];
-      }
-      const float inv = 1.f / sum;
-      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-      std::fill(row + i + 1, row + t, 0.f);
-    }
+    for (int64_t i = 0; i < t; ++i) causal_softmax_row(s + i * t, i, t);
     sgemm(gemm, false, false, t, d, t, 1.f, s, t, q + 2 * c, ld, 0.f, y + r * t * c + h * d, c);
   }
 }

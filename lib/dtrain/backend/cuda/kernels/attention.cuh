@@ -48,7 +48,7 @@ __global__ void k_causal_softmax(float* att, int64_t nrows, int64_t t) {
     mx = warp_max(mx);
     float sum = 0.f;
     for (int64_t j = lane; j <= i; j += kWarp) {
-      const float e = expf(s[j] - mx);
+      const float e = math::exp_poly(s[j] - mx);
       s[j] = e;
       sum += e;
     }
