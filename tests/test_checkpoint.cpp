@@ -605,6 +605,53 @@ TEST_CASE("under mpirun, Ctrl-C saves the run on every rank and --resume continu
         numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv"));
 }
 
+// Rank 0 alone reads the checkpoint and the data; under a launcher its refusal must reach every
+// rank, so that the job ends with the refusal's one line and exit 2 rather than an abort.
+TEST_CASE("under mpirun, a resume on changed data is one line and exit 2, and waits for the data",
+          "[checkpoint][mpi]") {
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir d("ck-mpi-data");
+  std::string text;
+  for (int i = 0; text.size() < 6000; ++i) text += "ranks " + std::to_string(i % 89) + " agree. ";
+  const auto corpus = d.path / "corpus.txt";
+  put(corpus, text);
+  const std::string cfg = d.write(
+      "g.yaml", "name: g\nthreads: 1\ngpus: 2\ndata: {dataset: bytes, path: " + corpus.string() +
+                    ", block_size: 16}\nmodel: {type: gpt, n_layer: 1, n_head: 2, n_embd: 16}\n"
+                    "train: {epochs: 3, per_replica_batch: 8}\n");
+  const auto ref = (d.path / "ref").string(), res = (d.path / "res").string();
+  const std::string launch = mpirun(2) + dtrain_binary() + " run " + cfg;
+  const auto first = shell(launch + " --results " + ref + " --tag t");
+  INFO(first.out);
+  REQUIRE(first.code == 0);
+  const auto per = first.out.find(" steps/epoch");
+  REQUIRE(per != std::string::npos);
+  const long steps = std::stol(first.out.substr(first.out.rfind(' ', per - 1) + 1));
+  const fs::path run = fs::path(res) / "g" / "t-g2";
+  const auto faulty =
+      shell("DTRAIN_FAULT=0:" + std::to_string(steps + 2) + " " + launch + " --results " + res + " --tag t");
+  REQUIRE(faulty.code != 0);
+  REQUIRE(fs::exists(run / "checkpoint.bin"));
+  std::string other = text;
+  std::reverse(other.begin(), other.end());
+  put(corpus, other);
+  auto r = shell(launch + " --results " + res + " --tag t --resume");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("the data has changed since the run started") != std::string::npos);
+  CHECK(r.out.find("the data has changed") == r.out.rfind("the data has changed"));
+  CHECK(fs::exists(run / "checkpoint.bin"));
+  CHECK(!fs::exists(fs::path(res) / "g" / ".attempts"));
+  put(corpus, text);
+  r = shell(launch + " --results " + res + " --tag t --resume");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("resume: continuing at epoch 2") != std::string::npos);
+  CHECK(numeric_columns(run / "metrics.csv") == numeric_columns(fs::path(ref) / "g" / "t-g2" / "metrics.csv"));
+}
+
 TEST_CASE("an interrupted explain says the tag that continues it, and that tag does",
           "[checkpoint][explain]") {
   TempDir d("ck-explain");

@@ -461,23 +461,42 @@ bool finished_since_planned(const RunOptions& opt, Sweep& s, size_t i, RunHold& 
   return true;
 }
 
+// A refusal that every rank of a launched job raised together (rank 0 decided and told the
+// others): the command ends with its one line and exit 2 on every rank, no job abort.
+class RefusedOnEveryRank : public UserError {
+ public:
+  using UserError::UserError;
+};
+
 // Under --resume rank 0 moves an unfinished folder aside, with the checkpoint this run
 // continues from if it has one, and every rank continues from rank 0's; then the run's
 // folder is made.
 void open_folder(const RunOptions& opt, const Sweep& s, size_t i, const DataSplit& data,
                  RunHold& h) {
   const auto& r = s.runs[i];
-  std::string attempt;
+  std::string attempt, refusal;
   if (s.leader && opt.resume && fs::exists(s.dirs[i])) {
-    // A damaged checkpoint, or one of other data, stops here: nothing is moved.
-    h.resume_from = resumable(s.dirs[i], r.config, data);
-    attempt = move_aside(s.dirs[i], unfinished_as(h.earlier));
+    // A damaged checkpoint, or one of other data, stops here: nothing is moved. Under a
+    // launcher every rank learns why and stops with the same one line (exit 2), rather than
+    // rank 0 alone, which would abort the job.
+    try {
+      h.resume_from = resumable(s.dirs[i], r.config, data);
+    } catch (const UserError& e) {
+      if (!s.multi) throw;
+      refusal = e.what();
+    }
+    if (refusal.empty()) attempt = move_aside(s.dirs[i], unfinished_as(h.earlier));
   }
-  if (s.multi) {  // every rank continues from rank 0's checkpoint
-    std::string bytes = h.resume_from ? encode_checkpoint(*h.resume_from) : "";
+  if (s.multi) {  // every rank continues from rank 0's checkpoint, or stops with its refusal
+    std::string bytes = !refusal.empty()  ? "R" + refusal
+                        : h.resume_from ? "C" + encode_checkpoint(*h.resume_from)
+                                        : "";
     mpi::broadcast(bytes);
-    if (!s.leader && !bytes.empty())
+    if (!bytes.empty() && bytes[0] == 'R') throw RefusedOnEveryRank(bytes.substr(1));
+    if (!s.leader && !bytes.empty()) {
+      bytes.erase(0, 1);  // in place: a checkpoint may be most of the memory
       h.resume_from = decode_checkpoint(bytes, "rank 0's checkpoint");
+    }
   }
   if (s.runs.size() > 1) log().info("=== run {}/{} ===", i + 1, s.runs.size());
   if (s.leader)
@@ -538,8 +557,9 @@ void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
   s.index[i].status = on_disk.empty() ? "failed" : on_disk;
   index.save();
   const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
-  if (s.multi && h.comm && !remote) h.comm->abort(e.what());  // then tell the other ranks
-  if (s.multi) {
+  const bool everyone = dynamic_cast<const RefusedOnEveryRank*>(&e) != nullptr;
+  if (s.multi && h.comm && !remote && !everyone) h.comm->abort(e.what());  // tell the others
+  if (s.multi && !everyone) {
     // A rank's failure ends the job: rank 0 has recorded it; every process exits now.
     std::fprintf(stderr, "dtrain: rank %d: run %s failed: %s\n", mpi::rank(),
                  run_id(s.tag, s.runs[i]).c_str(), e.what());
