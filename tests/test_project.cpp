@@ -179,8 +179,8 @@ optimizer: {lr: 0.05, base_batch: 16}
   // Given values are checked, even those equal to the defaults' stand-ins.
   const std::string out = " --out " + (t.path / "bad").string();
   for (const auto& [flags, want] : std::vector<std::pair<std::string, std::string>>{
-           {"--params 0", "--params: Value 0 not in range"},
-           {"--bucket-mb -1", "--bucket-mb: Value -1 not in range"},
+           {"--params 0", "--params: 0 is outside 1 to"},
+           {"--bucket-mb -1", "--bucket-mb: -1 is outside 0"},
            {"--bucket-mb 1e-300", "a bucket holds at least one 4-byte gradient"}}) {
     const auto b = dtrain_cli("project " + run.string() + " " + flags + out);
     INFO(flags << ": " << b.out);

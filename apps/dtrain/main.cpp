@@ -1,8 +1,10 @@
 // dtrain: data-parallel scaling experiments from YAML files.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <exception>
 #include <functional>
@@ -114,14 +116,30 @@ std::vector<Command> add_commands(CLI::App& app, AllOptions& o) {
   };
 }
 
+// CLI11's words for two mistakes, in ours: an option given twice ("--out: At Most 1 required
+// but received 2") and a value outside a range, or no number at all ("--seeds: Value abc not
+// in range 1 to 100").
+std::string in_our_words(std::string what) {
+  if (const auto at = what.find(": At Most 1 required but received "); at != std::string::npos)
+    return what.substr(0, at) + ": given more than once; give it once";
+  const std::string value = ": Value ", range = " not in range ";
+  const auto v = what.find(value), r = what.rfind(range);
+  if (v == std::string::npos || r == std::string::npos || r < v) return what;
+  const std::string option = what.substr(0, v);
+  const std::string given = what.substr(v + value.size(), r - v - value.size());
+  const std::string bounds = what.substr(r + range.size());
+  char* end = nullptr;
+  const double x = std::strtod(given.c_str(), &end);
+  const bool number = !given.empty() && end == given.c_str() + given.size() && std::isfinite(x);
+  return number ? fmt::format("{}: {} is outside {}", option, given, bounds)
+                : fmt::format("{}: '{}' is not a number; give one from {}", option, given, bounds);
+}
+
 // One line, like every other user mistake, naming the command and where its help is; exit 2.
 int report_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
   std::string cmd;
   for (const auto* sub : app.get_subcommands()) cmd = sub->get_name();
-  std::string what = e.what();
-  // CLI11's words for an option given twice ("--out: At Most 1 required but received 2").
-  if (const auto at = what.find(": At Most 1 required but received "); at != std::string::npos)
-    what = what.substr(0, at) + ": given more than once; give it once";
+  std::string what = dtrain::cli::one_line(in_our_words(e.what()).c_str());
   if (cmd.empty() && argc > 1 && argv[1][0] != '-') {
     std::string names;
     for (const auto* sub : app.get_subcommands({}))
