@@ -631,8 +631,8 @@ TEST_CASE("under mpirun, a resume on changed data is one line and exit 2, and wa
   REQUIRE(per != std::string::npos);
   const long steps = std::stol(first.out.substr(first.out.rfind(' ', per - 1) + 1));
   const fs::path run = fs::path(res) / "g" / "t-g2";
-  const auto faulty =
-      shell("DTRAIN_FAULT=0:" + std::to_string(steps + 2) + " " + launch + " --results " + res + " --tag t");
+  const auto faulty = shell("DTRAIN_FAULT=0:" + std::to_string(steps + 2) + " " + launch +
+                            " --results " + res + " --tag t");
   REQUIRE(faulty.code != 0);
   REQUIRE(fs::exists(run / "checkpoint.bin"));
   std::string other = text;
@@ -649,7 +649,8 @@ TEST_CASE("under mpirun, a resume on changed data is one line and exit 2, and wa
   r = shell(launch + " --results " + res + " --tag t --resume");
   REQUIRE(r.code == 0);
   CHECK(r.out.find("resume: continuing at epoch 2") != std::string::npos);
-  CHECK(numeric_columns(run / "metrics.csv") == numeric_columns(fs::path(ref) / "g" / "t-g2" / "metrics.csv"));
+  CHECK(numeric_columns(run / "metrics.csv") ==
+        numeric_columns(fs::path(ref) / "g" / "t-g2" / "metrics.csv"));
 }
 
 TEST_CASE("an interrupted explain says the tag that continues it, and that tag does",

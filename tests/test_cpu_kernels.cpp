@@ -69,8 +69,8 @@ TEST_CASE("oneDNN convolutions agree with im2col within float rounding", "[conv]
 }
 
 // dtrain's own kernels split work so that every value is summed in the same order whatever the
-// thread count. GEMMs are cut into blocks of C, and OpenBLAS's edge kernels (for some kernel
-// families) round differently from its interior ones, so there only the last bits may move;
+// thread count. GEMMs are cut into blocks of C, and a GEMM library's edge kernels (for some
+// kernel families) round differently from its interior ones, so there only the last bits may move;
 // the same thread count always gives the same bits.
 TEST_CASE("CPU kernels give the same bits with 1 2 or 3 threads", "[cpu][threads]") {
   Rng rng(3);
@@ -157,8 +157,8 @@ TEST_CASE("CPU elementwise loops give math.hpp's bits in every instruction-set c
   for (const auto& [a, name] : acts) {
     d->activation_forward(a, x.data(), y.data(), n);
     d->activation_backward(a, x.data(), y.data(), b.data(), dx.data(), n);
-    const auto fwd = [&, a = a](size_t i) {
-      switch (a) {
+    const auto fwd = [&, act = a](size_t i) {
+      switch (act) {
         case Activation::gelu: return math::gelu(x[i]);
         case Activation::sigmoid: return math::sigmoid(x[i]);
         case Activation::tanh: return math::tanh(x[i]);
@@ -166,8 +166,8 @@ TEST_CASE("CPU elementwise loops give math.hpp's bits in every instruction-set c
       }
       return math::relu(x[i]);
     };
-    const auto bwd = [&, a = a](size_t i) {
-      switch (a) {
+    const auto bwd = [&, act = a](size_t i) {
+      switch (act) {
         case Activation::gelu: return math::gelu_backward(x[i], b[i]);
         case Activation::sigmoid: return math::sigmoid_backward(y[i], b[i]);
         case Activation::tanh: return math::tanh_backward(y[i], b[i]);
@@ -185,12 +185,59 @@ TEST_CASE("CPU elementwise loops give math.hpp's bits in every instruction-set c
 
   // AdamW over the same values, against math::adam_step one element at a time.
   std::vector<float> p(x), m(b), v(n, 0.25f), p2(x), m2(b), v2(n, 0.25f);
-  d->adam_update(p.data(), b.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, true, 3);
+  d->adam_update(p.data(), b.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, true,
+                 3);
   const math::AdamFactors f = math::adam_factors(1e-3f, 0.9f, 0.95f, 3);
   for (size_t i = 0; i < n; ++i)
     math::adam_step(p2[i], b[i], m2[i], v2[i], f, 0.9f, 0.95f, 1e-8f, 0.1f, true);
   same("adam parameters", p, [&](size_t i) { return p2[i]; });
   same("adam second moments", v, [&](size_t i) { return v2[i]; });
+
+  // SGD with Nesterov momentum and weight decay; scaling; a bias added to rows.
+  std::vector<float> q(x), buf(b), q2(x), buf2(b);
+  d->sgd_update(q.data(), b.data(), buf.data(), n, 0.05f, 0.9f, 5e-4f, true);
+  for (size_t i = 0; i < n; ++i) math::sgd_step(q2[i], b[i], buf2[i], 0.05f, 0.9f, 5e-4f, true);
+  same("sgd parameters", q, [&](size_t i) { return q2[i]; });
+  same("sgd momentum", buf, [&](size_t i) { return buf2[i]; });
+  y = x;
+  d->scale(y.data(), n, 0.37f);
+  same("scale", y, [&](size_t i) { return x[i] * 0.37f; });
+  const int64_t cols = 1000, rows = static_cast<int64_t>(n) / cols;  // 100 rows
+  y = x;
+  d->add_bias(y.data(), b.data(), rows, cols);
+  same("add_bias", y, [&](size_t i) {
+    return i < static_cast<size_t>(rows * cols) ? x[i] + b[i % cols] : x[i];
+  });
+
+  // BatchNorm's affine map (100 samples x 10 channels x 100 positions) and LayerNorm's rows of
+  // 1000 features, against math.hpp's per-channel and per-row formulas.
+  const int64_t ch = 10, sp = 100;
+  std::vector<float> stats(2 * ch), gamma(cols), beta(cols);
+  for (int64_t k = 0; k < ch; ++k) {
+    stats[k] = 0.1f * float(k) - 0.3f;         // mean
+    stats[ch + k] = 0.5f + 0.05f * float(k);  // 1 / std
+  }
+  for (int64_t k = 0; k < cols; ++k) {
+    gamma[k] = 1.f + b[k] * 0.25f;
+    beta[k] = b[cols + k];
+  }
+  d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), rows, ch, sp, y.data());
+  same("bn_apply", y, [&](size_t i) {
+    const size_t k = (i / sp) % ch;
+    if (i >= static_cast<size_t>(rows * ch * sp)) return y[i];  // the ragged end: not written
+    return math::bn_apply_one(math::bn_affine(gamma[k], beta[k], stats[k], stats[ch + k]), x[i]);
+  });
+  std::vector<float> ln_stats(2 * rows);
+  d->layernorm_forward(x.data(), gamma.data(), beta.data(), rows, cols, 1e-5f, y.data(),
+                       ln_stats.data());
+  std::vector<math::LnStats> want(static_cast<size_t>(rows));
+  for (size_t r = 0; r < want.size(); ++r)
+    want[r] = math::layernorm_stats(&x[r * cols], static_cast<int64_t>(gamma.size()), 1e-5f);
+  same("layernorm_forward", y, [&](size_t i) {
+    if (i >= static_cast<size_t>(rows * cols)) return y[i];
+    const math::LnStats st = want[i / cols];
+    return math::layernorm_one(x[i], st.mean, st.rstd, gamma[i % cols], beta[i % cols]);
+  });
 }
 
 TEST_CASE("DTRAIN_CPU_CONV names the convolution and rejects other values", "[conv]") {
@@ -206,7 +253,8 @@ TEST_CASE("DTRAIN_CPU_GEMM names the matrix product and rejects other values", "
   ::setenv("DTRAIN_CPU_GEMM", "openblas", 1);
   CHECK(cpu_gemm_from_env() == CpuGemm::openblas);
   ::setenv("DTRAIN_CPU_GEMM", "mkl", 1);
-  CHECK_THROWS_WITH(cpu_gemm_from_env(), Catch::Contains("DTRAIN_CPU_GEMM=mkl: valid values are onednn and openblas"));
+  CHECK_THROWS_WITH(cpu_gemm_from_env(),
+                    Catch::Contains("DTRAIN_CPU_GEMM=mkl: valid values are onednn and openblas"));
   ::setenv("DTRAIN_CPU_GEMM", "onednn", 1);
   if (have_onednn())
     CHECK(cpu_gemm_from_env() == CpuGemm::onednn);
@@ -230,7 +278,8 @@ TEST_CASE("oneDNN and OpenBLAS matrix products agree with a double-precision pro
         for (int64_t j = 0; j < n; ++j) {
           double acc = 0;
           for (int64_t l = 0; l < k; ++l)
-            acc += double(ta ? a[l * m + i] : a[i * k + l]) * double(tb ? b[j * k + l] : b[l * n + j]);
+            acc +=
+                double(ta ? a[l * m + i] : a[i * k + l]) * double(tb ? b[j * k + l] : b[l * n + j]);
           want[i * n + j] = static_cast<float>(2.0 * acc + 0.25 * 0.5);
         }
       for (CpuGemm lib : {CpuGemm::openblas, CpuGemm::onednn}) {

@@ -23,8 +23,10 @@ int run_devices(const DevicesOptions& opt) {
   if (opt.measure)
     for (const auto& g : s.gpus) floors.push_back(measure_gpu(g.index));
   const unsigned cores = std::thread::hardware_concurrency();
-  const std::string cpu_conv = to_string(CpuOptions::default_cpu_conv());
-  const std::string cpu_gemm = to_string(CpuOptions::default_cpu_gemm());
+  // What a run started now would use: DTRAIN_CPU_CONV and DTRAIN_CPU_GEMM where set (a value
+  // they refuse is the command's error, as it would be a run's).
+  const std::string cpu_conv = to_string(cpu_conv_from_env());
+  const std::string cpu_gemm = to_string(cpu_gemm_from_env());
   if (opt.json) {
     nlohmann::json gpus = nlohmann::json::array();
     for (size_t i = 0; i < s.gpus.size(); ++i) {
@@ -42,7 +44,9 @@ int run_devices(const DevicesOptions& opt) {
       gpus.push_back(e);
     }
     const nlohmann::json j = {
-        {"cpu", {{"threads", cores}, {"blas", blas_description()}, {"conv", cpu_conv}, {"gemm", cpu_gemm}}},
+        {"cpu",
+         {{"threads", cores}, {"blas", blas_description()}, {"conv", cpu_conv},
+          {"gemm", cpu_gemm}}},
         {"cuda_built", s.built_with_cuda},
         {"driver", s.driver},
         {"cuda_runtime", s.runtime},

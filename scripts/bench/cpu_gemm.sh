@@ -13,8 +13,12 @@ cd "$(dirname "$0")/../.."
 source scripts/bench/epoch-times.sh
 rounds=${1:-3} epochs=${2:-3}
 case "$rounds$epochs" in *[!0-9]*) echo "cpu_gemm: ROUNDS and EPOCHS are whole numbers"; exit 2 ;; esac
+[ "$rounds" -ge 1 ] || { echo "cpu_gemm: ROUNDS must be at least 1"; exit 2; }
 [ "$epochs" -ge 2 ] || { echo "cpu_gemm: EPOCHS must be at least 2 (the first is dropped)"; exit 2; }
 dtrain=${DTRAIN:-build/apps/dtrain}
+[ -x "$dtrain" ] || { echo "cpu_gemm: no dtrain at $dtrain (scripts/build.sh, or DTRAIN=...)"; exit 2; }
+DTRAIN_CPU_GEMM=onednn "$dtrain" devices >/dev/null ||
+  { echo "cpu_gemm: this dtrain has no oneDNN to compare"; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 gpt=(configs/bytes-gpt.yaml data.path=/usr/share/common-licenses 'data.exclude=[]' 'data.sha256=""'
@@ -37,15 +41,16 @@ done
 last_loss() {  # the test loss after the last epoch of each run, space-separated
   for f in "$@"; do
     awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "test_loss") c = i; next }
-             { v = $c } END { printf "%.5f ", v }' "$f"
+             { v = $c } END { printf "%.7g ", v }' "$f"
   done
 }
-mkdir -p results/bench
+out=$tmp/cpu-gemm.md  # moved into results/bench only once whole
 {
   echo "# oneDNN's sgemm against OpenBLAS's in dtrain's CPU backend"
   echo
   echo "\`scripts/bench/cpu_gemm.sh $rounds $epochs\` on $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p')),"
-  echo "$(date -u +%Y-%m-%d), commit $(git rev-parse --short=12 HEAD); $($dtrain devices | head -1)."
+  echo "$(date -u +%Y-%m-%d), commit $(git describe --always --dirty --abbrev=12);"
+  echo "$("$dtrain" devices | head -1)."
   echo "$rounds rounds of both libraries alternated, 1 replica x 2 threads, $epochs epochs a run;"
   echo "median epoch time over epochs 2..$epochs of every run of a library."
   echo
@@ -58,5 +63,7 @@ mkdir -p results/bench
     dn=$(steady_epoch_times "${mine[@]}" | median)
     echo "| $name | $ob | $dn | $(awk -v a="$ob" -v b="$dn" 'BEGIN { printf "%.2fx", a / b }') | $(last_loss "${runs[@]}")| $(last_loss "${mine[@]}")|"
   done
-} > results/bench/cpu-gemm.md
+} > "$out"
+mkdir -p results/bench
+mv "$out" results/bench/cpu-gemm.md
 cat results/bench/cpu-gemm.md

@@ -242,10 +242,11 @@ class Device {
 };
 
 // How the CPU backend convolves: oneDNN's primitives (the default where dtrain was built with
-// oneDNN) or im2col + OpenBLAS GEMM (always available; the reference in tests).
+// oneDNN) or im2col + one GEMM per chunk (always available; the reference in tests).
 enum class CpuConv { onednn, im2col };
 // Whose sgemm multiplies matrices on the CPU: oneDNN's (the default where dtrain was built with
-// oneDNN: 1.06-1.14x OpenBLAS's on a GPT's shapes, docs/performance.md) or OpenBLAS's.
+// oneDNN: a GPT's epoch 1.14x faster than with OpenBLAS's, results/bench/cpu-gemm.md) or
+// OpenBLAS's.
 enum class CpuGemm { onednn, openblas };
 struct CpuOptions {
   int threads = 1;  // worker threads of this replica (OpenMP), used by every kernel

@@ -181,7 +181,8 @@ DTRAIN_HD inline LnStats layernorm_stats(const float* x, int64_t c, float eps) {
     v += d * d;
   }
   const double var = v / static_cast<double>(c);
-  return {static_cast<float>(mean), static_cast<float>(1.0 / ::sqrt(var + static_cast<double>(eps)))};
+  return {static_cast<float>(mean),
+          static_cast<float>(1.0 / ::sqrt(var + static_cast<double>(eps)))};
 }
 DTRAIN_HD inline float layernorm_one(float x, float mean, float rstd, float gamma, float beta) {
   return (x - mean) * rstd * gamma + beta;

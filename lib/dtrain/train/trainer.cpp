@@ -67,7 +67,8 @@ std::shared_ptr<SharedWeights> make_shared_weights(const RunContext& sh) {
 }
 
 // The log's `devices` for replicas in this process, e.g. "cpu: 64 replicas in turn on 2
-// threads, sharing one copy of the weights, conv onednn, gemm onednn". `workers` > 0: fibers on so many.
+// threads, sharing one copy of the weights, conv onednn, gemm onednn". `workers` > 0: fibers
+// on so many.
 std::string in_process_devices(const RunContext& sh, int per_replica, int workers) {
   const int n = sh.cfg.gpus;
   if (sh.place.backend == Backend::cuda)

@@ -1,6 +1,7 @@
-// The CPU backend: OpenBLAS for GEMMs, oneDNN for convolutions (where built with it), and
-// OpenMP loops for everything else. One OpenMP team per replica does all the work: OpenBLAS
-// runs single-threaded inside it, so no second pool of threads spins against the first.
+// The CPU backend: oneDNN for convolutions and GEMMs (where built with it; im2col and OpenBLAS
+// otherwise, cpu/gemm.cpp), and OpenMP loops for everything else (cpu/loops.hpp). One OpenMP
+// team per replica does all the work: each sgemm runs single-threaded inside it, so no second
+// pool of threads spins against the first.
 #include <cblas.h>
 #include <fmt/format.h>
 #include <omp.h>
@@ -278,11 +279,12 @@ class CpuDevice final : public Device {
     }
 #else
     conv_ = CpuConv::im2col;
+    gemm_lib_ = CpuGemm::openblas;
 #endif
   }
   std::string name() const override {
-    return fmt::format("cpu ({} thread{}, conv {}{})", threads_, threads_ == 1 ? "" : "s",
-                       to_string(conv_), bf16_ ? ", bf16 emulated" : "");
+    return fmt::format("cpu ({} thread{}, conv {}, gemm {}{})", threads_, threads_ == 1 ? "" : "s",
+                       to_string(conv_), to_string(gemm_lib_), bf16_ ? ", bf16 emulated" : "");
   }
 
   void* alloc_bytes(size_t bytes) override {
@@ -313,9 +315,10 @@ class CpuDevice final : public Device {
     for (int64_t i = 0; i < len; ++i) x[i] = v;
   }
 
-  // Large products are cut into row (or column) blocks of C, one single-threaded OpenBLAS call
-  // per thread. Each element of C is computed by one call in the same order of k, so the result
-  // does not depend on the thread count.
+  // Large products are cut into row (or column) blocks of C, one single-threaded sgemm call per
+  // thread (cpu/gemm.cpp). Each element of C is computed by one call; a block's size can change
+  // the library's kernel at its edges, so other thread counts agree within rounding (the same
+  // count gives the same bits).
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) override {
     if (m == 0 || n == 0) return;

@@ -3,13 +3,14 @@
 // when the program loads: x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the x86-64 baseline
 // (SSE2), which is all a default build may assume. Without this, the default build ran GELU's
 // polynomial four floats at a time on a machine with AVX-512: 12% of a GPT step, against 2.5%
-// with -march=native (results/bench/gpt-vs-pytorch.md).
+// with -march=native (perf record on the GPT of results/bench/gpt-vs-pytorch.md).
 //
-// The same bits from every clone: the loops hold no reductions, and the host compiler keeps
-// ISO C++'s rule of no contraction of a * b + c into a fused multiply-add (math.hpp), so a
-// wider vector computes each element as the baseline does. Loops with reductions (BatchNorm's
-// moments) vectorise in lanes whose count is the vector width: they stay in the baseline build,
-// so that their sums do not depend on the machine's instruction set.
+// The same bits from every clone: dtrain builds with -ffp-contract=off (lib/CMakeLists.txt), so
+// no clone fuses a * b + c, and a clone holds no reduction whose order depends on the vector
+// width: its sums run in a fixed order written out in the source (math.hpp's LayerNorm lanes, a
+// softmax row's running sum), never under `omp simd reduction`. Loops with such reductions
+// (BatchNorm's moments) stay in the baseline build, so that their sums do not depend on the
+// machine's instruction set.
 //
 // A clone is a leaf: the OpenMP team splits the work and each thread calls a clone on its part
 // (GCC outlines a parallel region into a function of its own, which a clone would not cover).
@@ -20,7 +21,9 @@
 
 #include "dtrain/backend/math.hpp"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(DTRAIN_NATIVE)
+// GCC 12 and later name the x86-64 levels in target_clones.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && \
+    !defined(DTRAIN_NATIVE)
 #define DTRAIN_CPU_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -33,8 +36,10 @@ namespace dtrain::cpu {
 // microseconds.
 inline constexpr int64_t kParallelMin = 1 << 15;
 
-// body(lo, hi) on each of up to `threads` threads for contiguous parts of [0, len), each part a
-// whole number of 64-byte lines of floats; on the calling thread alone below kParallelMin.
+// body(lo, hi) on each thread of a team of up to `threads` for contiguous parts of [0, len),
+// each part a multiple of 16 floats long; on the calling thread alone below kParallelMin. The
+// parts follow the team OpenMP gives (OMP_DYNAMIC or a thread limit may give fewer threads than
+// asked), so every element is covered.
 template <class Body>
 void split(int threads, int64_t len, Body&& body) {
   const int nt = len >= kParallelMin ? std::max(1, threads) : 1;
@@ -42,9 +47,10 @@ void split(int threads, int64_t len, Body&& body) {
     body(int64_t{0}, len);
     return;
   }
-  const int64_t part = ((len + nt - 1) / nt + 15) / 16 * 16;
 #pragma omp parallel num_threads(nt)
   {
+    const int64_t team = omp_get_num_threads();
+    const int64_t part = ((len + team - 1) / team + 15) / 16 * 16;
     const int64_t lo = std::min(len, omp_get_thread_num() * part);
     body(lo, std::min(len, lo + part));
   }
@@ -77,7 +83,8 @@ DTRAIN_CPU_CLONES inline void add_row(float* row, const float* bias, int64_t n) 
 DTRAIN_CPU_CLONES inline void adam(float* p, const float* g, float* m, float* v, int64_t n,
                                    const math::AdamFactors& f, float b1, float b2, float eps,
                                    float wd, bool decoupled) {
-  for (int64_t i = 0; i < n; ++i) math::adam_step(p[i], g[i], m[i], v[i], f, b1, b2, eps, wd, decoupled);
+  for (int64_t i = 0; i < n; ++i)
+    math::adam_step(p[i], g[i], m[i], v[i], f, b1, b2, eps, wd, decoupled);
 }
 
 // One SGD step over n parameters (math::sgd_step).

@@ -22,13 +22,15 @@ int team(int threads, int64_t work) {
 DTRAIN_CPU_CLONES math::LnStats layernorm_row(const float* x, const float* gamma,
                                               const float* beta, int64_t c, float eps, float* y) {
   const math::LnStats s = math::layernorm_stats(x, c, eps);
-  for (int64_t k = 0; k < c; ++k) y[k] = math::layernorm_one(x[k], s.mean, s.rstd, gamma[k], beta[k]);
+  for (int64_t k = 0; k < c; ++k)
+    y[k] = math::layernorm_one(x[k], s.mean, s.rstd, gamma[k], beta[k]);
   return s;
 }
 DTRAIN_CPU_CLONES void layernorm_dx_row(const float* x, const float* dy, const float* gamma,
                                         int64_t c, float mean, float rstd, float* dx) {
   const math::LnBackMeans m = math::layernorm_back_means(x, dy, gamma, c, mean, rstd);
-  for (int64_t k = 0; k < c; ++k) dx[k] = math::layernorm_dx_one(x[k], dy[k], gamma[k], mean, rstd, m);
+  for (int64_t k = 0; k < c; ++k)
+    dx[k] = math::layernorm_dx_one(x[k], dy[k], gamma[k], mean, rstd, m);
 }
 DTRAIN_CPU_CLONES void layernorm_param_row(const float* x, const float* dy, int64_t c, float mean,
                                            float rstd, float* dgamma, float* dbeta) {
@@ -126,6 +128,7 @@ void layernorm_backward(int threads, const float* x, const float* dy, const floa
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int part = 0; part < nt; ++part) {
     const int64_t lo = part * block, hi = std::min(c, lo + block);
+    if (lo >= hi) continue;
     for (int64_t v = 0; v < n; ++v) {
       layernorm_param_row(x + v * c + lo, dy + v * c + lo, hi - lo, stats[2 * v], stats[2 * v + 1],
                           dgamma + lo, dbeta + lo);

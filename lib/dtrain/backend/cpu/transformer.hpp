@@ -21,9 +21,10 @@ void layernorm_forward(int threads, const float* x, const float* gamma, const fl
 void layernorm_backward(int threads, const float* x, const float* dy, const float* gamma,
                         const float* stats, int64_t n, int64_t c, float* dx, float* dgamma,
                         float* dbeta);
-void attention_forward(int threads, CpuGemm gemm, const float* qkv, int64_t rows, int64_t t, int64_t c,
-                       int64_t heads, float* att, float* y);
-void attention_backward(int threads, CpuGemm gemm, const float* qkv, const float* att, const float* dy,
-                        int64_t rows, int64_t t, int64_t c, int64_t heads, float* dqkv);
+void attention_forward(int threads, CpuGemm gemm, const float* qkv, int64_t rows, int64_t t,
+                       int64_t c, int64_t heads, float* att, float* y);
+void attention_backward(int threads, CpuGemm gemm, const float* qkv, const float* att,
+                        const float* dy, int64_t rows, int64_t t, int64_t c, int64_t heads,
+                        float* dqkv);
 
 }  // namespace dtrain::cpu
