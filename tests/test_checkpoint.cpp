@@ -483,6 +483,31 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
   }
 }
 
+namespace {
+
+// A 6,000-byte text and a one-layer GPT config on it for `gpus` replicas (a global batch of
+// 16): what the resume-on-changed-data tests train, change and restore.
+struct TextRun {
+  std::string text;
+  fs::path corpus;
+  std::string cfg;
+};
+TextRun text_run(const TempDir& d, int gpus) {
+  TextRun g;
+  for (int i = 0; g.text.size() < 6000; ++i)
+    g.text += "replica " + std::to_string(i % 97) + " reduces. ";
+  g.corpus = d.path / "corpus.txt";
+  put(g.corpus, g.text);
+  g.cfg = d.write("g.yaml", "name: g\nthreads: 1\ngpus: " + std::to_string(gpus) +
+                                "\ndata: {dataset: bytes, path: " + g.corpus.string() +
+                                ", block_size: 16}\nmodel: {type: gpt, n_layer: 1, n_head: 2, "
+                                "n_embd: 16}\ntrain: {epochs: 3, per_replica_batch: " +
+                                std::to_string(16 / gpus) + "}\n");
+  return g;
+}
+
+}  // namespace
+
 // A run stopped by a fault after its first epoch, its text then changed under it: --resume
 // refuses to continue on other data (the same length, other bytes) and keeps the checkpoint,
 // or names the data when the change makes the checkpoint impossible (a shorter text); with
@@ -490,14 +515,8 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
 TEST_CASE("a resume refuses data that changed since the run started, and keeps the checkpoint",
           "[checkpoint][cli]") {
   TempDir d("ck-data");
-  std::string text;
-  for (int i = 0; text.size() < 6000; ++i) text += "replica " + std::to_string(i % 97) + " reduces. ";
-  const auto corpus = d.path / "corpus.txt";
-  put(corpus, text);
-  const std::string cfg = d.write(
-      "g.yaml", "name: g\nthreads: 1\ndata: {dataset: bytes, path: " + corpus.string() +
-                    ", block_size: 16}\nmodel: {type: gpt, n_layer: 1, n_head: 2, n_embd: 16}\n"
-                    "train: {epochs: 3, per_replica_batch: 16}\n");
+  const TextRun g = text_run(d, 1);
+  const auto& [text, corpus, cfg] = g;
   const auto ref = (d.path / "ref").string(), res = (d.path / "res").string();
   const auto first = dtrain_cli("run " + cfg + " --results " + ref + " --tag t");
   REQUIRE(first.code == 0);
@@ -614,14 +633,8 @@ TEST_CASE("under mpirun, a resume on changed data is one line and exit 2, and wa
     return;
   }
   TempDir d("ck-mpi-data");
-  std::string text;
-  for (int i = 0; text.size() < 6000; ++i) text += "ranks " + std::to_string(i % 89) + " agree. ";
-  const auto corpus = d.path / "corpus.txt";
-  put(corpus, text);
-  const std::string cfg = d.write(
-      "g.yaml", "name: g\nthreads: 1\ngpus: 2\ndata: {dataset: bytes, path: " + corpus.string() +
-                    ", block_size: 16}\nmodel: {type: gpt, n_layer: 1, n_head: 2, n_embd: 16}\n"
-                    "train: {epochs: 3, per_replica_batch: 8}\n");
+  const TextRun g = text_run(d, 2);
+  const auto& [text, corpus, cfg] = g;
   const auto ref = (d.path / "ref").string(), res = (d.path / "res").string();
   const std::string launch = mpirun(2) + dtrain_binary() + " run " + cfg;
   const auto first = shell(launch + " --results " + ref + " --tag t");

@@ -245,7 +245,7 @@ class Device {
 // oneDNN) or im2col + one GEMM per chunk (always available; the reference in tests).
 enum class CpuConv { onednn, im2col };
 // Whose sgemm multiplies matrices on the CPU: oneDNN's (the default where dtrain was built with
-// oneDNN: a GPT's epoch 1.14x faster than with OpenBLAS's, results/bench/cpu-gemm.md) or
+// oneDNN: a GPT's epoch 1.09-1.14x faster than with OpenBLAS's, results/bench/cpu-gemm.md) or
 // OpenBLAS's.
 enum class CpuGemm { onednn, openblas };
 struct CpuOptions {
