@@ -87,6 +87,9 @@ TEST_CASE("transformer layer gradients match finite differences", "[grad][gpt]")
   check_layer(*dev, norm, 21);
   CausalAttention attention(4, 6, 2);
   check_layer(*dev, attention, 22);
+  // 70 positions: the CPU's products run in row blocks of 32 (three, the last ragged).
+  CausalAttention long_attention(70, 4, 2);
+  check_layer(*dev, long_attention, 26);
   Dense per_position(3, 4, 5, 0.5);
   check_layer(*dev, per_position, 23);
 }

@@ -53,6 +53,40 @@ DTRAIN_CPU_CLONES void causal_softmax_row(float* row, int64_t i, int64_t t) {
   std::fill(row + i + 1, row + t, 0.f);
 }
 
+// The causal products of one (sample, head), in row blocks of kCausalBlock: the row block
+// [i0, i1) meets the positions [0, i1) only, those after i1 being masked for every row in it.
+// At t = 128 this skips 37.5% of the full t x t products' multiply-adds, all of them terms
+// that P and dS hold as zeros. Scores and probabilities are t x t (leading dimension t).
+constexpr int64_t kCausalBlock = 32;
+
+// S[i0:i1, 0:i1] = alpha A[i0:i1] B[0:i1]^T, A and B t x d: the scores q k^T, and dP = dy v^T.
+void causal_scores(CpuGemm gemm, int64_t t, int64_t d, float alpha, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float* s) {
+  for (int64_t i0 = 0; i0 < t; i0 += kCausalBlock) {
+    const int64_t i1 = std::min(t, i0 + kCausalBlock);
+    sgemm(gemm, false, true, i1 - i0, i1, d, alpha, a + i0 * lda, lda, b, ldb, 0.f, s + i0 * t, t);
+  }
+}
+
+// Y[i0:i1] = P[i0:i1, 0:i1] B[0:i1], P zero after the diagonal: y = P v, and dq = dS k.
+void causal_apply(CpuGemm gemm, int64_t t, int64_t d, const float* p, const float* b,
+                  int64_t ldb, float* y, int64_t ldy) {
+  for (int64_t i0 = 0; i0 < t; i0 += kCausalBlock) {
+    const int64_t i1 = std::min(t, i0 + kCausalBlock);
+    sgemm(gemm, false, false, i1 - i0, d, i1, 1.f, p + i0 * t, t, b, ldb, 0.f, y + i0 * ldy, ldy);
+  }
+}
+
+// Y[j0:j1] = P[j0:t, j0:j1]^T B[j0:t], P zero after the diagonal: dv = P^T dy, and dk = dS^T q.
+void causal_apply_t(CpuGemm gemm, int64_t t, int64_t d, const float* p, const float* b,
+                    int64_t ldb, float* y, int64_t ldy) {
+  for (int64_t j0 = 0; j0 < t; j0 += kCausalBlock) {
+    const int64_t j1 = std::min(t, j0 + kCausalBlock);
+    sgemm(gemm, true, false, j1 - j0, d, t - j0, 1.f, p + j0 * t + j0, t, b + j0 * ldb, ldb, 0.f,
+          y + j0 * ldy, ldy);
+  }
+}
+
 // The scale of the scores, 1/sqrt(d), as the CUDA twin computes it.
 float score_scale(int64_t d) {
   return 1.f / std::sqrt(static_cast<float>(d));
@@ -136,8 +170,8 @@ void layernorm_backward(int threads, const float* x, const float* dy, const floa
   }
 }
 
-// One (sample, head) pair per iteration: S = q k^T * scale (GEMM), the causal softmax row by
-// row, then y = P v (GEMM); att keeps P.
+// One (sample, head) pair per iteration: S = q k^T * scale (GEMMs by row block), the causal
+// softmax row by row, then y = P v (GEMMs by row block); att keeps P.
 void attention_forward(int threads, CpuGemm gemm, const float* qkv, int64_t rows, int64_t t,
                        int64_t c, int64_t heads, float* att, float* y) {
   const int64_t d = c / heads, ld = 3 * c;
@@ -147,9 +181,9 @@ void attention_forward(int threads, CpuGemm gemm, const float* qkv, int64_t rows
     const int64_t r = p / heads, h = p % heads;
     const float* q = qkv + r * t * ld + h * d;
     float* s = att + p * t * t;
-    sgemm(gemm, false, true, t, t, d, scale, q, ld, q + c, ld, 0.f, s, t);
+    causal_scores(gemm, t, d, scale, q, ld, q + c, ld, s);
     for (int64_t i = 0; i < t; ++i) causal_softmax_row(s + i * t, i, t);
-    sgemm(gemm, false, false, t, d, t, 1.f, s, t, q + 2 * c, ld, 0.f, y + r * t * c + h * d, c);
+    causal_apply(gemm, t, d, s, q + 2 * c, ld, y + r * t * c + h * d, c);
   }
 }
 
@@ -171,8 +205,8 @@ void attention_backward(int threads, CpuGemm gemm, const float* qkv, const float
     const float* prob = att + p * t * t;
     const float* g = dy + r * t * c + h * d;
     float* dq = dqkv + r * t * ld + h * d;
-    sgemm(gemm, false, true, t, t, d, 1.f, g, c, q + 2 * c, ld, 0.f, ds.data(), t);
-    sgemm(gemm, true, false, t, d, t, 1.f, prob, t, g, c, 0.f, dq + 2 * c, ld);
+    causal_scores(gemm, t, d, 1.f, g, c, q + 2 * c, ld, ds.data());
+    causal_apply_t(gemm, t, d, prob, g, c, dq + 2 * c, ld);
     for (int64_t i = 0; i < t; ++i) {
       const float* pr = prob + i * t;
       float* row = ds.data() + i * t;
@@ -181,8 +215,8 @@ void attention_backward(int threads, CpuGemm gemm, const float* qkv, const float
       for (int64_t j = 0; j <= i; ++j) row[j] = pr[j] * (row[j] - dot) * scale;
       std::fill(row + i + 1, row + t, 0.f);
     }
-    sgemm(gemm, false, false, t, d, t, 1.f, ds.data(), t, q + c, ld, 0.f, dq, ld);
-    sgemm(gemm, true, false, t, d, t, 1.f, ds.data(), t, q, ld, 0.f, dq + c, ld);
+    causal_apply(gemm, t, d, ds.data(), q + c, ld, dq, ld);
+    causal_apply_t(gemm, t, d, ds.data(), q, ld, dq + c, ld);
   }
 }
 
