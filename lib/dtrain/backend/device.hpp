@@ -265,6 +265,9 @@ CpuConv cpu_conv_from_env();
 CpuGemm cpu_gemm_from_env();
 const char* to_string(CpuConv c);
 const char* to_string(CpuGemm g);
+// What a CPU replica computes with, for logs and names: "conv onednn, gemm onednn", and
+// ", bf16 emulated" where it emulates bf16.
+std::string cpu_libraries(const CpuOptions& o);
 
 // The CPU backend: every kernel runs on `threads` OpenMP threads of the calling thread, GEMMs as
 // row or column blocks through single-threaded sgemm calls, so that one thread pool (the same

@@ -82,9 +82,7 @@ std::string in_process_devices(const RunContext& sh, int per_replica, int worker
       workers > 0 ? fmt::format("in turn on {} thread{}", workers, plural(workers))
                   : fmt::format("as threads, {} thread{} each", per_replica, plural(per_replica));
   if (sh.shared) how += ", sharing one copy of the weights";
-  return fmt::format("cpu: {} replica{} {}, conv {}, gemm {}{}", n, plural(n), how,
-                     to_string(sh.cpu.conv), to_string(sh.cpu.gemm),
-                     sh.cpu.bf16 ? ", bf16 emulated" : "");
+  return fmt::format("cpu: {} replica{} {}, {}", n, plural(n), how, cpu_libraries(sh.cpu));
 }
 
 // What the CUDA backend held at most on each GPU of this process since the run began.
@@ -444,10 +442,8 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                     comm.size(), comm.kind(), gpu, sh.nccl->version());
   } else {
     sh.result.info.devices =
-        fmt::format("cpu: {} replicas as processes ({}), {} thread{} each, conv {}, gemm {}{}",
-                    comm.size(), comm.kind(), threads, threads == 1 ? "" : "s",
-                    to_string(sh.cpu.conv), to_string(sh.cpu.gemm),
-                    sh.cpu.bf16 ? ", bf16 emulated" : "");
+        fmt::format("cpu: {} replicas as processes ({}), {} thread{} each, {}", comm.size(),
+                    comm.kind(), threads, threads == 1 ? "" : "s", cpu_libraries(sh.cpu));
   }
   sh.result.info.devices += launch_description(comm.size());
   sh.devices = device_sampler(cfg, comm.rank(),

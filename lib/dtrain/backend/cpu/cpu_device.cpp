@@ -283,8 +283,8 @@ class CpuDevice final : public Device {
 #endif
   }
   std::string name() const override {
-    return fmt::format("cpu ({} thread{}, conv {}, gemm {}{})", threads_, threads_ == 1 ? "" : "s",
-                       to_string(conv_), to_string(gemm_lib_), bf16_ ? ", bf16 emulated" : "");
+    return fmt::format("cpu ({} thread{}, {})", threads_, threads_ == 1 ? "" : "s",
+                       cpu_libraries({threads_, conv_, bf16_, gemm_lib_}));
   }
 
   void* alloc_bytes(size_t bytes) override {
@@ -892,6 +892,11 @@ CpuGemm CpuOptions::default_cpu_gemm() {
 
 const char* to_string(CpuGemm g) {
   return g == CpuGemm::onednn ? "onednn" : "openblas";
+}
+
+std::string cpu_libraries(const CpuOptions& o) {
+  return fmt::format("conv {}, gemm {}{}", to_string(o.conv), to_string(o.gemm),
+                     o.bf16 ? ", bf16 emulated" : "");
 }
 
 namespace {

@@ -36,13 +36,18 @@ namespace dtrain::cpu {
 // microseconds.
 inline constexpr int64_t kParallelMin = 1 << 15;
 
+// The threads for `work` elements: all of `threads` from kParallelMin on, else the caller's.
+inline int team(int threads, int64_t work) {
+  return work >= kParallelMin ? std::max(1, threads) : 1;
+}
+
 // body(lo, hi) on each thread of a team of up to `threads` for contiguous parts of [0, len),
 // each part a multiple of 16 floats long; on the calling thread alone below kParallelMin. The
 // parts follow the team OpenMP gives (OMP_DYNAMIC or a thread limit may give fewer threads than
 // asked), so every element is covered.
 template <class Body>
 void split(int threads, int64_t len, Body&& body) {
-  const int nt = len >= kParallelMin ? std::max(1, threads) : 1;
+  const int nt = team(threads, len);
   if (nt == 1) {
     body(int64_t{0}, len);
     return;

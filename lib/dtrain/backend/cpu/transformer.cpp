@@ -13,10 +13,6 @@ namespace dtrain::cpu {
 
 namespace {
 
-int team(int threads, int64_t work) {
-  return work >= kParallelMin ? std::max(1, threads) : 1;
-}
-
 // LayerNorm's rows: y and the statistics from x, dx from dy, and the sums of dgamma and dbeta,
 // in the clone for this machine (loops.hpp), math.hpp's sums in their fixed lane order.
 DTRAIN_CPU_CLONES math::LnStats layernorm_row(const float* x, const float* gamma,
