@@ -170,6 +170,7 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + good + " gpus=0", "override 'gpus=0': gpus: must be in [1, 4096], got 0"},
       {"run " + good + " gpus=three", "gpus: expected an integer, got 'three'"},
       {"run " + good + " replicas=", "override 'replicas=': no value after '='"},
+      {"run " + good + " data.path=", "(an empty string is \"data.path=''\" in the shell)"},
       {"explain " + good + " --seeds abc", "--seeds: 'abc' is not a number; give one from 1 to 100"},
       {"explain " + good + " --seeds 101", "--seeds: 101 is outside 1 to 100"},
       {"run " + good + " gpus=1,,2", "empty value in the comma list"},
