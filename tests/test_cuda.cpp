@@ -537,12 +537,17 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
   CHECK(s.step_losses == b.step_losses);
   REQUIRE(s.epochs.size() == b.epochs.size());
   CHECK(s.epochs.back().test_acc == b.epochs.back().test_acc);
-  // One GPU per replica (here the same GPU named four times, without colocate): refused.
+  // The same GPU named four times without colocate: refused (NCCL runs a replica per GPU).
   Config spread = shared;
   spread.colocate = false;
   spread.devices = {0, 0, 0, 0};
-  CHECK_THROWS_WITH(test::run_config(spread),
-                    Catch::Contains("replicas: shared on GPUs needs colocate: true"));
+  CHECK_THROWS_WITH(test::run_config(spread), Catch::Contains("GPU 0 is listed twice"));
+  // One replica has one copy of the weights whatever `replicas` says, so the 1-GPU baseline of
+  // a sweep such as gpus=1,4 with replicas: shared runs, with the bits of a plain replica.
+  Config lone = shared, plain = shared;
+  lone.gpus = plain.gpus = 1;
+  plain.replicas = ReplicaMode::auto_;
+  CHECK(test::run_config(lone).step_losses == test::run_config(plain).step_losses);
   // Buckets reduced during backward give the same bits as one reduction after it.
   Config bucketed = four, single = four;
   bucketed.train.bucket_mb = 0.0005;
@@ -1467,10 +1472,11 @@ TEST_CASE("two replicas on NCCL give the bits of two colocated replicas", "[cuda
 // 4 KiB of slack: its capture overflowed and failed the run. Graph steps still equal eager.
 TEST_CASE("a CUDA-graph step with many accumulation steps fits its staging", "[cuda][graph]") {
   if (!gpu_or_skip()) return;
-  Config c = test::small_image_config(1, 512, 512 * 6);
+  // per_replica_batch is the micro-batch: 2 rows a micro-step, 256 micro-steps a step of 512.
+  Config c = test::small_image_config(1, 2, 512 * 6);
   c.backend = Backend::cuda;
   c.devices = {0};
-  c.train.accumulation_steps = 256;  // 2 rows a micro-step, a flip seed and a dropout seed
+  c.train.accumulation_steps = 256;  // a flip seed and a dropout seed each
   c.data.drop_remainder = true;
   Config e = c;
   e.train.cuda_graph = false;

@@ -30,7 +30,8 @@ one bf16-eager-modules CUDA_MODULE_LOADING=EAGER -- precision=bf16
 one bf16-eval64 -- precision=bf16 train.eval_batch=64
 one fp32-again -- precision=fp32
 # cuDNN's own log of every API call with timestamps (a short run: the log grows per call).
-CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$out/cudnn-bf16.log" "$dtrain" run "${common[@]}" \
+CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$out/cudnn-bf16.log" "$dtrain" run \
+  configs/fmnist-cnn.yaml backend=cuda "data.path=$data" --results "$out/runs" --quiet \
   --tag bf16-log precision=bf16 train.epochs=1 optimizer.warmup_epochs=0 \
   data.train_limit=1024 data.test_limit=256
 gzip -f "$out/cudnn-bf16.log" 2>/dev/null || true

@@ -20,6 +20,17 @@ namespace dtrain::math {
 
 // ---- arithmetic on two tensors ----
 
+// a * b rounded to float before anything adds to it, on both sides: where an exact product
+// fused into the next add would leave a rounding residue that the host's exact cancellation
+// does not (LayerNorm's dx of a vector of one feature is exactly 0 on the host).
+DTRAIN_HD inline float rounded_product(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 DTRAIN_HD inline float plus(float a, float b) {
   return a + b;
 }
@@ -215,7 +226,7 @@ DTRAIN_HD inline LnBackMeans layernorm_back_means(const float* x, const float* d
 DTRAIN_HD inline float layernorm_dx_one(float x, float dy, float gamma, float mean, float rstd,
                                         const LnBackMeans& m) {
   const float xhat = (x - mean) * rstd;
-  return rstd * (dy * gamma - m.g - xhat * m.gx);
+  return rstd * (rounded_product(dy, gamma) - m.g - rounded_product(xhat, m.gx));
 }
 
 // ---- max pooling ----

@@ -390,7 +390,8 @@ void check_plan(const Config& cfg, const DataSplit& data) {
   if (place.backend != Backend::cuda && cfg.precision == Precision::tf32)
     throw UserError(
         "precision: tf32 needs a GPU, and this run is on the CPU (fp32, or bf16 emulated)");
-  if (cfg.replicas == ReplicaMode::shared && place.backend == Backend::cuda &&
+  // One replica holds one copy of the weights whatever `replicas` says (shares_weights).
+  if (cfg.replicas == ReplicaMode::shared && cfg.gpus > 1 && place.backend == Backend::cuda &&
       !(place.colocated && on_one_gpu(place)))
     throw UserError(fmt::format(
         "replicas: shared on GPUs needs colocate: true and every replica on one GPU (one index "
