@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang, ASan and UBSan) and runs each for a bounded time on a
-# copy of its committed seed corpus (fuzz/corpus/<target>), with a memory limit that catches a
-# reader allocating what a hostile header claims.
+# Builds the libFuzzer targets in the sanitize tree (clang, ASan and UBSan; the `sanitize`
+# preset, shared with scripts/sanitize.sh, so CI compiles the library once for both) and runs
+# each for a bounded time on a copy of its committed seed corpus (fuzz/corpus/<target>), with a
+# memory limit that catches a reader allocating what a hostile header claims.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     # default 60 seconds each, targets config, idx, cifar, image and tokens
 #
 # Prints one line per target (executions, crashes, timeouts, out-of-memory) and exits 1 if any
-# target found a crash; its input is kept in build-fuzz/findings/<target>/.
+# target found a crash; its input is kept in build-sanitize/fuzz-findings/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -14,33 +15,27 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(config idx cifar image tokens)
 case $seconds in '' | *[!0-9]*) echo "fuzz: SECONDS must be a whole number, got '$seconds'"; exit 2 ;; esac
+for t in "${targets[@]}"; do
+  [ -f "fuzz/fuzz_$t.cpp" ] || { echo "fuzz: no target '$t' (valid: config, idx, cifar, image, tokens)"; exit 2; }
+done
 
-if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  echo "fuzz: installing clang and libFuzzer (clang, libclang-rt-14-dev)"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends clang \
-    libclang-rt-14-dev >/dev/null 2>&1 || {
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends clang \
-      libclang-rt-14-dev >/dev/null
-  }
-fi
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_FUZZ=ON \
-  -DDTRAIN_CUDA=OFF -DDTRAIN_BUILD_TESTS=OFF >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
+scripts/install-deps.sh
+scripts/build-clang.sh --deps libclang-rt-14-dev  # clang, and libFuzzer with the sanitizers
+command -v ninja >/dev/null && [ ! -f build-sanitize/Makefile ] && export CMAKE_GENERATOR=Ninja
+cmake --preset sanitize >/dev/null
+cmake --build --preset sanitize --parallel "$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
 
 found=0
 for t in "${targets[@]}"; do
-  work=build-fuzz/corpus/$t findings=build-fuzz/findings/$t
+  work=build-sanitize/fuzz-corpus/$t findings=build-sanitize/fuzz-findings/$t
   mkdir -p "$work" "$findings"
   cp -n fuzz/corpus/"$t"/* "$work"/
-  log=build-fuzz/fuzz-$t.log
+  log=build-sanitize/fuzz-$t.log
   dict=()
   [ -f fuzz/"$t".dict ] && dict=(-dict=fuzz/"$t".dict)
   rc=0
   # The outer timeout bounds a run whose exit hangs (leak checking a huge heap after an OOM).
-  ASAN_OPTIONS=detect_leaks=1 timeout -k 10 $((seconds + 120)) build-fuzz/fuzz/fuzz_"$t" "$work" "${dict[@]}" -max_total_time="$seconds" \
+  ASAN_OPTIONS=detect_leaks=1 timeout -k 10 $((seconds + 120)) build-sanitize/fuzz/fuzz_"$t" "$work" "${dict[@]}" -max_total_time="$seconds" \
     -rss_limit_mb=1024 -malloc_limit_mb=1024 -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$findings/" >"$log" 2>&1 || rc=$?
   execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log" | tail -n 1)

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -518,7 +519,12 @@ TEST_CASE("the packaged Fashion-MNIST loads when installed", "[data][fmnist]") {
     return;
   }
   const auto s = load_data(cfg, 1);
-  CHECK(s.train.size() == 60000);
+  // The packaged set whole; the copy carried to a GPU machine may keep only its first training
+  // images (scripts/build-portable.sh fits it into what may travel there).
+  if (std::getenv("DTRAIN_TEST_DATA"))
+    CHECK((s.train.size() >= 30000 && s.train.size() <= 60000));
+  else
+    CHECK(s.train.size() == 60000);
   CHECK(s.test.size() == 10000);
   CHECK(s.train.shape == std::vector<int64_t>{1, 28, 28});
   CHECK(s.train.classes == 10);
