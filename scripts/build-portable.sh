@@ -24,15 +24,22 @@ idx_head() {  # FILE N ROW HDR
 # .gpu-carry) may be 64 MiB; where it would be more, keep the first training images that fit
 # (the test set whole) and say so.
 fit_travel_limit() {
-  local limit=$((63 * 1024 * 1024)) tree carry d=.gpu-carry/data/fashion-mnist n img lab
-  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null |
-         awk '{ s += $1 } END { print s + 0 }')
+  local limit=$((63 * 1024 * 1024)) tree carry d=.gpu-carry/data/fashion-mnist n img got
+  tree=$(git ls-files -z --cached --others --exclude-standard |
+         xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }' || true)
   carry=$(du -sb .gpu-carry | cut -f1)
   [ $((tree + carry)) -le "$limit" ] && return 0
   img=$(stat -c %s "$d/train-images-idx3-ubyte.gz")
   n=$(( 60000 * (img - (tree + carry - limit)) / img * 97 / 100 ))
+  if [ "$n" -lt 30000 ]; then
+    echo "build-portable: the tree ($tree bytes) and .gpu-carry ($carry) are over 63 MiB by more" \
+         "than half the training images; nothing would travel to the GPU machine"
+    exit 1
+  fi
   idx_head "$d/train-images-idx3-ubyte.gz" "$n" 784 16 > "$d/images.tmp"
   idx_head "$d/train-labels-idx1-ubyte.gz" "$n" 1 8 > "$d/labels.tmp"
+  got=$(gzip -dc "$d/images.tmp" | wc -c)
+  [ "$got" = $((16 + n * 784)) ] || { echo "build-portable: cutting the training images failed"; exit 1; }
   mv "$d/images.tmp" "$d/train-images-idx3-ubyte.gz"
   mv "$d/labels.tmp" "$d/train-labels-idx1-ubyte.gz"
   echo "build-portable: the tree ($tree bytes) and .gpu-carry came to more than 63 MiB; the" \

@@ -314,6 +314,7 @@ sanitizer_runs=(
 library_kernels='nvjet_|cutlass|cudnn|xmma|sm[0-9]+_|nccl'  # cuBLAS, cuDNN and NCCL kernels
 sanitize_with() {
   local tool=$1 cs=$2 b=$3 parity=$4 spec cfg over tag log r line rc=0 opts pass i=0 ours lib
+  local names finished
   # Few steps: every kernel launch under the sanitizer costs milliseconds.
   local short=(train.epochs=1 optimizer.warmup_epochs=0 data.train_limit=512 data.test_limit=128)
   opts=(--tool "$tool" --error-exitcode 99)
@@ -333,12 +334,13 @@ sanitize_with() {
     r=$?
     line=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1)
     if [ "$tool" = racecheck ] && [ "$r" = 99 ] && [ -n "$line" ]; then
-      # Every access named (both sides of each race) must be in a library kernel.
-      ours=$(grep -oE 'access at [^ ]+' "$log" | awk '{ print $3 }' |
-             grep -cvE "^($library_kernels)")
-      lib=$(grep -oE 'access at [^ ]+' "$log" | awk '{ print $3 }' | sed 's/+0x.*//' |
-            sort -u | tr '\n' ' ')
-      if [ "$ours" = 0 ]; then
+      # Every access named (both sides of each race) must be in a library kernel, at least one
+      # must be named, and the run itself must have finished (99 hides dtrain's own exit code).
+      names=$(sed -nE 's/.*access at (void )?([^ (<+]+).*/\2/p' "$log")
+      ours=$(grep -cvE "^($library_kernels)" <<<"$names")
+      lib=$(sort -u <<<"$names" | tr '\n' ' ')
+      finished=$(cat "$sdir/runs-$tool"/*/"$tag"-g*/status 2>/dev/null)
+      if [ -n "$names" ] && [ "$ours" = 0 ] && [ "$finished" = done ]; then
         echo "$tool $tag: exit $r; $line; none in dtrain's kernels, all in library kernels: $lib"
         continue
       fi

@@ -543,7 +543,8 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
   spread.devices = {0, 0, 0, 0};
   CHECK_THROWS_WITH(test::run_config(spread), Catch::Contains("GPU 0 is listed twice"));
   // One replica has one copy of the weights whatever `replicas` says, so the 1-GPU baseline of
-  // a sweep such as gpus=1,4 with replicas: shared runs, with the bits of a plain replica.
+  // a sweep such as gpus=1,4 with replicas: shared is accepted (it was refused) and trains as a
+  // plain replica.
   Config lone = shared, plain = shared;
   lone.gpus = plain.gpus = 1;
   plain.replicas = ReplicaMode::auto_;

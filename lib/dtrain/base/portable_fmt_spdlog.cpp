@@ -4,8 +4,8 @@
 // formats compiled their whole implementation again (about 12 s of each unit's 15-30 s at -O3).
 // Here, with SPDLOG_COMPILED_LIB and without FMT_HEADER_ONLY, their implementation headers are
 // compiled into this one unit, and the templates the headers leave to a compiled library are
-// instantiated for the types dtrain uses: the locale helpers of fmt, and the stderr and file
-// sinks of spdlog (lib/dtrain/base/log.cpp).
+// instantiated for the types dtrain uses: fmt's locale helpers and shortest float formatting,
+// and spdlog's stderr and file sinks (lib/dtrain/base/log.cpp).
 #include <fmt/format-inl.h>
 
 #include <mutex>
@@ -34,6 +34,8 @@ template FMT_API auto decimal_point_impl(locale_ref) -> char;
 template FMT_API auto decimal_point_impl(locale_ref) -> wchar_t;
 template FMT_API locale_ref::locale_ref(const std::locale& loc);
 template FMT_API auto locale_ref::get<std::locale>() const -> std::locale;
+template FMT_API auto dragonbox::to_decimal(float x) noexcept -> dragonbox::decimal_fp<float>;
+template FMT_API auto dragonbox::to_decimal(double x) noexcept -> dragonbox::decimal_fp<double>;
 }  // namespace detail
 FMT_END_NAMESPACE
 
