@@ -358,6 +358,7 @@ stage_sanitizer() {
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   [ -x "$cs" ] || { echo "gpu-check: no compute-sanitizer here"; return 1; }
   "$cs" --version | tail -n 1
+  rm -f "$sdir"/*check-[01].txt  # an earlier call's, where OUT is unset and the folder stays
   # Each tool's runs in two halves at once: the sanitizer's cost is on the host, one core a run.
   for tool in ${DTRAIN_SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
     for parity in 0 1; do
