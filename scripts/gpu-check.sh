@@ -99,6 +99,13 @@ need_data() {
   return 2
 }
 
+# Appends data.path=$data (the carried Fashion-MNIST) to the overrides in the array named $1,
+# unless they name data of their own.
+add_data_path() {
+  local -n o=$1
+  case " ${o[*]}" in *" data.path="*) ;; *) o+=(data.path="$data") ;; esac
+}
+
 stage_probe() {
   set -x
   nvidia-smi
@@ -259,8 +266,7 @@ stage_runs() {
   for spec in "${gpu_runs[@]}"; do
     IFS='|' read -r cfg over tag <<<"$spec"
     read -ra over <<<"$over"
-    # The carried Fashion-MNIST files, unless the run names its own data.
-    case " ${over[*]}" in *" data.path="*) ;; *) over+=(data.path="$data") ;; esac
+    add_data_path over
     if [ "$rehearsal" = 1 ]; then
       # No GPU: the same runs must at least validate, on the CPU.
       "$b/apps/dtrain" validate "$cfg" backend=cpu "${over[@]}" || rc=1
@@ -326,7 +332,7 @@ sanitize_with() {
     [ $((i % 2)) = "$parity" ] || continue
     IFS='|' read -r cfg over tag <<<"$spec"
     read -ra over <<<"$over"
-    case " ${over[*]}" in *" data.path="*) ;; *) over+=(data.path="$data") ;; esac
+    add_data_path over
     log="$sdir/$tool-$tag.log"
     timeout -k 5 "${DTRAIN_SANITIZER_RUN_LIMIT:-150}" "$cs" "${opts[@]}" \
       "$b/apps/dtrain" run "$cfg" backend=cuda "${short[@]}" "${over[@]}" \
