@@ -175,6 +175,12 @@ stage_devices() {
   "$b/apps/dtrain" devices --measure
 }
 
+# The first failed assertions of a compact Catch2 report, with their messages, so that a log
+# that only keeps this stage's output still names what failed.
+failed_lines() {
+  grep -E '^[^ ]+:[0-9]+: failed' "$1" | head -n 20
+}
+
 # The whole suite with the GPU tests required: under DTRAIN_REQUIRE_GPU=1 a [cuda] test that
 # cannot reach a GPU fails instead of skipping. In a rehearsal they must fail.
 stage_tests() {
@@ -197,7 +203,11 @@ stage_tests() {
     rc_cpu=$?
     tail -n 3 "$sdir/tests-cpu.txt"
   fi
-  [ "$rc_cpu" = 0 ] || { echo "gpu-check: the CPU tests failed"; return 1; }
+  if [ "$rc_cpu" != 0 ]; then
+    echo "gpu-check: the CPU tests failed:"
+    failed_lines "$sdir/tests-cpu.txt"
+    return 1
+  fi
   if [ "$rehearsal" = 1 ]; then
     # Failing for the right reason: the missing GPU, not a crash or an empty test list.
     if [ "$rc_gpu" = 0 ] || ! grep -q "DTRAIN_REQUIRE_GPU=1 but no GPU" "$sdir/tests-cuda.txt"; then
@@ -207,7 +217,11 @@ stage_tests() {
     echo "gpu-check: rehearsal: the [cuda] tests fail without a GPU, as they must"
     return 0
   fi
-  [ "$rc_gpu" = 0 ] || { echo "gpu-check: the GPU tests failed (exit $rc_gpu)"; return 1; }
+  if [ "$rc_gpu" != 0 ]; then
+    echo "gpu-check: the GPU tests failed (exit $rc_gpu):"
+    failed_lines "$sdir/tests-cuda.txt"
+    return 1
+  fi
 }
 
 skipped=10  # a stage's exit code for "nothing to do here"
