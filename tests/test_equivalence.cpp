@@ -9,15 +9,15 @@
 using namespace dtrain;
 using dtrain::test::max_rel_step_diff;
 using dtrain::test::synthetic_config;
-constexpr auto run = dtrain::test::run_config;
+using dtrain::test::run_config;
 
 TEST_CASE("4 replicas x 32 with mean equal 1 replica x 128 - step by step", "[equivalence]") {
   for (auto sharding : {Sharding::interleaved, Sharding::contiguous}) {
     Config one = synthetic_config(1, 128);
     Config four = synthetic_config(4, 32);
     one.data.sharding = four.data.sharding = sharding;
-    const auto a = run(one);
-    const auto b = run(four);
+    const auto a = run_config(one);
+    const auto b = run_config(four);
     REQUIRE(a.step_losses.size() >= 50);
     INFO("sharding " << to_string(sharding));
     CHECK(max_rel_step_diff(a, b) < 1e-5);
@@ -41,8 +41,8 @@ TEST_CASE("equivalence holds with warmup - schedules - Adam and a short last bat
     c->optimizer.warmup_epochs = 1;
     c->optimizer.schedule = Schedule::cosine;
   }
-  const auto a = run(one);
-  const auto b = run(three);
+  const auto a = run_config(one);
+  const auto b = run_config(three);
   REQUIRE(a.step_losses.size() == 2 * 31);
   CHECK(max_rel_step_diff(a, b) < 1e-5);
 }
@@ -57,14 +57,14 @@ TEST_CASE("sum reduction with plain SGD equals mean with an N-fold LR", "[equiva
   sum.train.reduction = Reduction::sum;
   sum.optimizer.lr = 0.02;
   mean.optimizer.lr = 0.08;
-  const auto a = run(sum);
-  const auto b = run(mean);
+  const auto a = run_config(sum);
+  const auto b = run_config(mean);
   REQUIRE(a.step_losses.size() >= 50);
   CHECK(max_rel_step_diff(a, b) < 1e-5);
   // And it is not the same as mean at the same LR: sum really is an N-fold step.
   Config mean_same = mean;
   mean_same.optimizer.lr = 0.02;
-  const auto c = run(mean_same);
+  const auto c = run_config(mean_same);
   CHECK(max_rel_step_diff(a, c) > 1e-3);
 }
 
@@ -73,8 +73,8 @@ TEST_CASE("2 replicas x 32 x 2 accumulation steps equal 1 replica x 128", "[equi
   Config acc = synthetic_config(2, 32);
   acc.train.accumulation_steps = 2;
   REQUIRE(acc.global_batch() == 128);
-  const auto a = run(one);
-  const auto b = run(acc);
+  const auto a = run_config(one);
+  const auto b = run_config(acc);
   REQUIRE(a.step_losses.size() >= 50);
   CHECK(max_rel_step_diff(a, b) < 1e-5);
 }
@@ -83,10 +83,10 @@ TEST_CASE("equivalence holds with label smoothing, which changes the training",
           "[equivalence][smoothing]") {
   Config one = synthetic_config(1, 128);
   Config four = synthetic_config(4, 32);
-  const auto plain = run(one);
+  const auto plain = run_config(one);
   one.train.label_smoothing = four.train.label_smoothing = 0.1;
-  const auto a = run(one);
-  const auto b = run(four);
+  const auto a = run_config(one);
+  const auto b = run_config(four);
   REQUIRE(a.step_losses.size() >= 50);
   CHECK(max_rel_step_diff(a, b) < 1e-5);
   // Smoothing is in force: the targets are not one-hot, so the losses differ from plain ones.
@@ -97,8 +97,8 @@ TEST_CASE("the same config and seed give bit-identical metrics", "[determinism]"
   Config c = synthetic_config(4, 16);
   c.train.epochs = 2;
   c.threads = 2;
-  const auto a = run(c);
-  const auto b = run(c);
+  const auto a = run_config(c);
+  const auto b = run_config(c);
   REQUIRE(a.step_losses.size() == b.step_losses.size());
   for (size_t i = 0; i < a.step_losses.size(); ++i) CHECK(a.step_losses[i] == b.step_losses[i]);
   for (size_t e = 0; e < a.epochs.size(); ++e) {
@@ -108,7 +108,7 @@ TEST_CASE("the same config and seed give bit-identical metrics", "[determinism]"
   }
   // A different seed changes them.
   c.train.seed = 2;
-  const auto d = run(c);
+  const auto d = run_config(c);
   CHECK(d.step_losses != a.step_losses);
 }
 
@@ -120,7 +120,7 @@ TEST_CASE("the LR in effect is logged per epoch and follows the schedule", "[lr]
   c.optimizer.lr_scaling = LrScaling::linear;
   c.optimizer.warmup_epochs = 2;
   c.optimizer.schedule = Schedule::constant;
-  const auto r = run(c);
+  const auto r = run_config(c);
   REQUIRE(r.epochs.size() == 4);
   CHECK(r.epochs[0].lr == Approx(0.1));
   CHECK(r.epochs[1].lr == Approx(0.15));
@@ -134,7 +134,7 @@ TEST_CASE("a diverging run stops and says so", "[divergence]") {
   c.train.reduction = Reduction::sum;
   c.optimizer.lr = 50.0;
   c.optimizer.momentum = 0.9;
-  const auto r = run(c);
+  const auto r = run_config(c);
   CHECK(r.status == RunStatus::diverged);
   CHECK(r.epochs.size() < 5);
 }

@@ -11,7 +11,7 @@
 
 using namespace dtrain;
 using dtrain::test::synthetic_config;
-constexpr auto run = dtrain::test::run_config;
+using dtrain::test::run_config;
 
 namespace {
 
@@ -48,14 +48,14 @@ void check_same_training(const TrainResult& a, const TrainResult& b) {
 void check_modes_agree(Config c) {
   c.replicas = ReplicaMode::threads;
   c.threads = c.gpus;
-  const TrainResult threads = run(c);
+  const TrainResult threads = run_config(c);
   CHECK(threads.info.replica_mode == "threads");
   // The training really moved, so agreement is not agreement of constants.
   CHECK(threads.step_losses.back() != threads.step_losses.front());
   c.replicas = ReplicaMode::shared;
   for (int t : {1, 2, c.gpus}) {
     c.threads = t;
-    const TrainResult shared = run(c);
+    const TrainResult shared = run_config(c);
     INFO("shared weights, " << shared.info.devices);
     CHECK(shared.info.replica_mode == "shared");
     CHECK_THAT(shared.info.devices,
@@ -122,16 +122,16 @@ TEST_CASE("shared weights train like per-replica weights: BatchNorm, dropout, au
 
 TEST_CASE("the replica mode is chosen, reported and can be overridden", "[shared]") {
   Config c = synthetic_config(2, 16);
-  const TrainResult a = run(c);  // replicas: auto
+  const TrainResult a = run_config(c);  // replicas: auto
   CHECK(a.info.replica_mode == "shared");
   CHECK_THAT(a.info.devices, Catch::Contains("sharing one copy of the weights"));
   c.replicas = ReplicaMode::threads;
-  const TrainResult b = run(c);
+  const TrainResult b = run_config(c);
   CHECK(b.info.replica_mode == "threads");
   CHECK_THAT(b.info.devices, !Catch::Contains("sharing"));
   c.gpus = 1;
   c.replicas = ReplicaMode::shared;  // one replica: nothing to share, and no error
-  CHECK(run(c).info.replica_mode == "one replica");
+  CHECK(run_config(c).info.replica_mode == "one replica");
   // The YAML spelling, and a wrong value named with the valid ones.
   CHECK(dtrain::test::config_error("replicas: shared\n").empty());
   CHECK_THAT(dtrain::test::config_error("replicas: fibers\n"),
@@ -147,7 +147,7 @@ TEST_CASE("a resumed run with shared weights continues to the same bits", "[shar
   c.train.checkpoint_steps = 4;  // inside epochs too
   c.replicas = ReplicaMode::threads;
   c.threads = 3;
-  const TrainResult whole = run(c);
+  const TrainResult whole = run_config(c);
   struct Keep final : TrainObserver {
     std::vector<Checkpoint> saved;
     void on_checkpoint(const Checkpoint& k) override { saved.push_back(k); }

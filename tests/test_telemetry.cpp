@@ -22,6 +22,7 @@
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/backend/nvml.hpp"
 #include "dtrain/comm/comm.hpp"
+#include "dtrain/results/metrics.hpp"
 #include "dtrain/train/telemetry.hpp"
 #include "helpers.hpp"
 
@@ -38,12 +39,6 @@ std::vector<double> utils(const std::vector<DeviceRow>& rows, DeviceKind kind, i
     if (r[DeviceCol::kind] == static_cast<double>(kind) && r[DeviceCol::index] == index)
       out.push_back(r[DeviceCol::util]);
   return out;
-}
-
-double median(std::vector<double> v) {
-  REQUIRE(!v.empty());
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // The CPU seconds thread `t` has used so far.

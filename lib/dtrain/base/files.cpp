@@ -163,6 +163,11 @@ std::optional<std::string> try_read_own_file(const std::string& path, size_t max
   return try_read(path, max_bytes, true);
 }
 
+bool is_hidden(const std::filesystem::path& p) {
+  const std::string name = p.filename().string();
+  return !name.empty() && name.front() == '.';
+}
+
 std::string slug(const std::string& s) {
   std::string out;
   for (char ch : s) {

@@ -1,6 +1,7 @@
 #pragma once
 // Writing results: files replaced whole, folders created with a clear error, safe names.
 #include <cstddef>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -37,6 +38,8 @@ std::string read_own_file(const std::string& path, const std::string& what, size
 std::optional<std::string> try_read_own_file(const std::string& path, size_t max_bytes);
 // A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.
 std::string slug(const std::string& s);
+// Whether a path names a hidden entry (its name starts with '.'), which folder readers skip.
+bool is_hidden(const std::filesystem::path& p);
 
 // Bytes the kernel says it can still hand out (MemAvailable in /proc/meminfo), or 0 where it
 // does not say.

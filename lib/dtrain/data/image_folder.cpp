@@ -53,11 +53,6 @@ void parallel_for(size_t n, int workers, F&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-bool hidden(const fs::path& p) {
-  const std::string n = p.filename().string();
-  return !n.empty() && n[0] == '.';
-}
-
 // Why a class folder's entry cannot be a sample, or "" when it can: a regular file (a link to
 // one is followed) of at least one byte that this process may read.
 std::string entry_problem(const fs::directory_entry& e) {
@@ -84,7 +79,7 @@ std::vector<std::string> class_files(const fs::path& root, const fs::path& dir, 
   for (; it != end; it.increment(ec)) {
     if (ec) throw UserError(fmt::format("{}: cannot list: {}", dir.string(), ec.message()));
     const fs::directory_entry& e = *it;
-    if (hidden(e.path())) {
+    if (is_hidden(e.path())) {
       if (e.is_directory(ec) && !e.is_symlink(ec)) it.disable_recursion_pending();
       continue;
     }
@@ -119,7 +114,7 @@ std::vector<std::string> class_folders(const fs::path& split_dir) {
   for (; it != end; it.increment(ec)) {
     if (ec) break;
     // A link to a folder is not a class (train/all -> train would hold every image).
-    if (!hidden(it->path()) && !it->is_symlink(ec) && it->is_directory(ec))
+    if (!is_hidden(it->path()) && !it->is_symlink(ec) && it->is_directory(ec))
       names.push_back(it->path().filename());
     if (names.size() > kMaxClasses)
       throw UserError(

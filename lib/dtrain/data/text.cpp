@@ -21,11 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool hidden(const fs::path& p) {
-  const std::string name = p.filename().string();
-  return !name.empty() && name.front() == '.';
-}
-
 int64_t total_size(const std::vector<std::string>& files) {
   int64_t total = 0;
   for (const auto& f : files) {
@@ -67,7 +62,7 @@ std::vector<std::string> folder_files(const std::string& path,
   fs::recursive_directory_iterator it(path, fs::directory_options::none, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     std::error_code entry;  // a dangling or looping link: named, not taken for the folder's
-    if (hidden(it->path())) {
+    if (is_hidden(it->path())) {
       if (it->is_directory(entry)) it.disable_recursion_pending();
       continue;
     }
@@ -329,7 +324,7 @@ TokenShards folder_shards(const std::string& path) {
   fs::directory_iterator it(path, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (hidden(it->path()) || it->path().extension() != ".bin") continue;
+    if (is_hidden(it->path()) || it->path().extension() != ".bin") continue;
     std::error_code link;  // a link to nothing is named, not taken for a failed listing
     const bool file = it->is_regular_file(link);
     if (link)

@@ -13,17 +13,17 @@
 namespace dtrain {
 
 std::chrono::steady_clock::time_point common_clock_origin(Communicator& comm) {
-  using Clock = std::chrono::steady_clock;
+  using Steady = std::chrono::steady_clock;
   double meet = 0;
   comm.allreduce(&meet, 1, ReduceOp::sum);
-  const auto left = Clock::now();
+  const auto left = Steady::now();
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   const double host = static_cast<double>(std::hash<std::string>{}(name)&0xffffffffu);
   std::vector<double> v = {host, static_cast<double>(left.time_since_epoch().count())};
   if (comm.rank() != 0) v = {0, 0};
   comm.allreduce(v.data(), v.size(), ReduceOp::sum);
-  if (v[0] == host) return Clock::time_point(Clock::duration(static_cast<Clock::rep>(v[1])));
+  if (v[0] == host) return Steady::time_point(Steady::duration(static_cast<Steady::rep>(v[1])));
   return left;
 }
 
