@@ -181,6 +181,42 @@ failed_lines() {
   grep -E '^[^ ]+:[0-9]+: failed' "$1" | head -n 20
 }
 
+# The CPU tests (all but [cuda]) with the GPU hidden, so that `backend: auto` in them means the
+# CPU, as elsewhere: split into one share per core (at most 8), each a process of its own, as
+# CTest runs them. A share is every k-th test name, escaped for Catch2's --input-file (where a
+# comma or a bracket would split a name or start a tag). Writes each share's report and then
+# all of them to $2; returns the first failing share's exit code.
+cpu_tests() {
+  local bin=$1 out=$2 k i r rc=0 pids=() names
+  k=$(nproc 2>/dev/null || echo 1); [ "$k" -gt 8 ] && k=8
+  names=$(mktemp)
+  "$bin" "~[cuda]" --list-test-names-only | sed -e 's/\\/\\\\/g; s/,/\\,/g; s/\[/\\[/g; s/\]/\\]/g' > "$names"
+  # An empty share would run every test, the [cuda] ones too.
+  if [ "$(wc -l < "$names")" -lt "$k" ]; then
+    echo "gpu-check: $bin listed fewer CPU tests than shares ($k)" | tee "$out"
+    rm -f "$names"
+    return 1
+  fi
+  for ((i = 0; i < k; i++)); do
+    awk -v k="$k" -v i="$i" 'NR % k == i' "$names" > "$out.names-$i"
+    CUDA_VISIBLE_DEVICES="" stdbuf -oL -eL "$bin" -f "$out.names-$i" -r compact -d yes \
+      > "$out.$i" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < k; i++)); do
+    wait "${pids[$i]}"; r=$?
+    [ "$rc" = 0 ] && rc=$r
+  done
+  : > "$out"
+  for ((i = 0; i < k; i++)); do
+    cat "$out.$i" >> "$out"
+    echo "share $((i + 1)) of $k: $(grep -E '^(Passed|Failed|All tests|No tests|test cases)' "$out.$i" | tail -n 1)"
+    rm -f "$out.$i" "$out.names-$i"
+  done
+  rm -f "$names"
+  return "$rc"
+}
+
 # The whole suite with the GPU tests required: under DTRAIN_REQUIRE_GPU=1 a [cuda] test that
 # cannot reach a GPU fails instead of skipping. In a rehearsal they must fail.
 stage_tests() {
@@ -198,10 +234,7 @@ stage_tests() {
   # DTRAIN_GPU_CHECK_CPU_TESTS=0 leaves them to CI where GPU time is short.
   rc_cpu=0
   if [ "${DTRAIN_GPU_CHECK_CPU_TESTS:-1}" = 1 ]; then
-    CUDA_VISIBLE_DEVICES="" stdbuf -oL -eL "$b/tests/dtrain_tests" "~[cuda]" -r compact -d yes \
-      > "$sdir/tests-cpu.txt" 2>&1
-    rc_cpu=$?
-    tail -n 3 "$sdir/tests-cpu.txt"
+    cpu_tests "$b/tests/dtrain_tests" "$sdir/tests-cpu.txt" || rc_cpu=$?
   fi
   if [ "$rc_cpu" != 0 ]; then
     echo "gpu-check: the CPU tests failed:"

@@ -50,7 +50,7 @@ bool wait_for(const fs::path& p, double seconds) {
 TEST_CASE("a resume skips a run that another command finished after this one planned it",
           "[resume][cli]") {
   TempDir d("rf-race");
-  const std::string cfg = sweep_config(d, 1000);  // the 1-replica run: seconds
+  const std::string cfg = sweep_config(d, 15);
   const auto res = (d.path / "res").string(), ref = (d.path / "ref").string();
   // A finished 2-replica run of the same experiment, made elsewhere.
   REQUIRE(dtrain_cli("run " + cfg + " gpus=2 --results " + ref + " --tag t --quiet").code == 0);
@@ -62,8 +62,12 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
   REQUIRE(slurp(g2 / "status") == "failed\n");
   // Command A plans both runs, then trains t-g1 for seconds; meanwhile "command B" finishes
   // t-g2 (its folder replaced by the finished one).
+  // DTRAIN_SLOW stretches t-g1's optimizer steps 100-fold, by sleeping: about 1 s of the clock
+  // for 15 epochs (30 s under ASan), little of the CPU; 1000 epochs unstretched took 18 s of
+  // both (88 s under ASan).
   auto a = std::async(std::launch::async, [&] {
-    return dtrain_cli("run " + cfg + " gpus=1,2 --results " + res + " --tag t --resume");
+    return shell("DTRAIN_SLOW=0:optimizer:100 " + dtrain_binary() + " run " + cfg +
+                 " gpus=1,2 --results " + res + " --tag t --resume");
   });
   REQUIRE(wait_for(fs::path(res) / "rf" / "t-g1" / "status", 60));
   fs::rename(g2, d.path / "failed-g2");
