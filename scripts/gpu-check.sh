@@ -187,10 +187,10 @@ failed_lines() {
 # comma or a bracket would split a name or start a tag). Writes each share's report and then
 # all of them to $2; returns the first failing share's exit code.
 cpu_tests() {
-  local bin=$1 out=$2 k i r rc=0 pids=() names
+  local bin=$1 out=$2 k i r rc=0 pids=() names=$2.names
   k=$(nproc 2>/dev/null || echo 1); [ "$k" -gt 8 ] && k=8
-  names=$(mktemp)
-  "$bin" "~[cuda]" --list-test-names-only | sed -e 's/\\/\\\\/g; s/,/\\,/g; s/\[/\\[/g; s/\]/\\]/g' > "$names"
+  "$bin" "~[cuda]" --list-test-names-only |
+    sed -e 's/\\/\\\\/g; s/,/\\,/g; s/\[/\\[/g; s/\]/\\]/g; s/"/\\"/g' > "$names"
   # An empty share would run every test, the [cuda] ones too.
   if [ "$(wc -l < "$names")" -lt "$k" ]; then
     echo "gpu-check: $bin listed fewer CPU tests than shares ($k)" | tee "$out"
@@ -199,18 +199,19 @@ cpu_tests() {
   fi
   for ((i = 0; i < k; i++)); do
     awk -v k="$k" -v i="$i" 'NR % k == i' "$names" > "$out.names-$i"
-    CUDA_VISIBLE_DEVICES="" stdbuf -oL -eL "$bin" -f "$out.names-$i" -r compact -d yes \
-      > "$out.$i" 2>&1 &
+    # -w NoTests: a name that matches nothing (escaped wrongly) fails instead of passing unrun.
+    CUDA_VISIBLE_DEVICES="" stdbuf -oL -eL "$bin" -f "$out.names-$i" -w NoTests -r compact \
+      -d yes > "$out.$i" 2>&1 &
     pids+=($!)
-  done
-  for ((i = 0; i < k; i++)); do
-    wait "${pids[$i]}"; r=$?
-    [ "$rc" = 0 ] && rc=$r
   done
   : > "$out"
   for ((i = 0; i < k; i++)); do
+    wait "${pids[$i]}"; r=$?
+    [ "$rc" = 0 ] && rc=$r
     cat "$out.$i" >> "$out"
-    echo "share $((i + 1)) of $k: $(grep -E '^(Passed|Failed|All tests|No tests|test cases)' "$out.$i" | tail -n 1)"
+    echo "share $((i + 1)) of $k (exit $r): $(grep -E '^(Passed|Failed|All tests|No tests|test cases)' "$out.$i" | tail -n 1)"
+    # A share killed by a signal, or one that stopped before its summary, shows its last lines.
+    [ "$r" = 0 ] || tail -n 5 "$out.$i"
     rm -f "$out.$i" "$out.names-$i"
   done
   rm -f "$names"

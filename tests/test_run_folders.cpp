@@ -50,7 +50,7 @@ bool wait_for(const fs::path& p, double seconds) {
 TEST_CASE("a resume skips a run that another command finished after this one planned it",
           "[resume][cli]") {
   TempDir d("rf-race");
-  const std::string cfg = sweep_config(d, 15);
+  const std::string cfg = sweep_config(d, 25);
   const auto res = (d.path / "res").string(), ref = (d.path / "ref").string();
   // A finished 2-replica run of the same experiment, made elsewhere.
   REQUIRE(dtrain_cli("run " + cfg + " gpus=2 --results " + ref + " --tag t --quiet").code == 0);
@@ -62,9 +62,9 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
   REQUIRE(slurp(g2 / "status") == "failed\n");
   // Command A plans both runs, then trains t-g1 for seconds; meanwhile "command B" finishes
   // t-g2 (its folder replaced by the finished one).
-  // DTRAIN_SLOW stretches t-g1's optimizer steps 100-fold, by sleeping: about 1 s of the clock
-  // for 15 epochs (30 s under ASan), little of the CPU; 1000 epochs unstretched took 18 s of
-  // both (88 s under ASan).
+  // DTRAIN_SLOW stretches t-g1's optimizer steps 100-fold, waiting: about 2 s for 25 epochs
+  // (yielding the core: a stretch this short is not slept), about 40 s under ASan (sleeping);
+  // 1000 epochs unstretched took 18 s of both cores (88 s under ASan).
   auto a = std::async(std::launch::async, [&] {
     return shell("DTRAIN_SLOW=0:optimizer:100 " + dtrain_binary() + " run " + cfg +
                  " gpus=1,2 --results " + res + " --tag t --resume");
@@ -73,8 +73,11 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
   fs::rename(g2, d.path / "failed-g2");
   fs::copy(fs::path(ref) / "rf" / "t-g2", g2, fs::copy_options::recursive);
   const std::string finished = slurp(g2 / "summary.json");
+  // The swap must land while A still trains t-g1; afterwards the test would prove nothing.
+  const bool in_time = slurp(fs::path(res) / "rf" / "t-g1" / "status") == "running\n";
   const auto r = a.get();
   INFO(r.out);
+  if (!in_time) FAIL("race lost: t-g1 had ended before the swap (a machine too loaded)");
   REQUIRE(r.code == 0);
   CHECK(r.out.find("was finished by another command meanwhile") != std::string::npos);
   CHECK(slurp(g2 / "summary.json") == finished);  // not trained again
