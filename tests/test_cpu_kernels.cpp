@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdint>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "dtrain/backend/device.hpp"
@@ -72,6 +73,131 @@ TEST_CASE("oneDNN convolutions agree with im2col within float rounding", "[conv]
 // thread count. GEMMs are cut into blocks of C, and a GEMM library's edge kernels (for some
 // kernel families) round differently from its interior ones, so there only the last bits may move;
 // the same thread count always gives the same bits.
+namespace {
+
+// Where MapLayout puts sample s, channel ch, position i of maps of c channels at p positions.
+size_t blocked_at(int64_t b, int64_t c, int64_t p, int64_t s, int64_t ch, int64_t i) {
+  return static_cast<size_t>(b ? ((s * (c / b) + ch / b) * p + i) * b + ch % b
+                               : (s * c + ch) * p + i);
+}
+
+std::vector<float> converted(Device& d, const std::vector<float>& v, int64_t n, int64_t c,
+                             int64_t p, int64_t from, int64_t to) {
+  std::vector<float> out(v.size(), -7.f);
+  d.convert_layout(v.data(), n, c, p, from, to, out.data());
+  return out;
+}
+
+// BatchNorm's four kernels over n samples in layout `block`, from NCHW x and dy; y and dx come
+// back in NCHW. The statistics and the sums that y and dx use are given, so that only the
+// layout differs between two calls.
+struct BnOut {
+  std::vector<double> moments, sums;
+  std::vector<float> y, dx, dg, db;
+};
+BnOut run_bn(Device& d, int64_t block, const std::vector<float>& x, const std::vector<float>& dy,
+             const std::vector<float>& stats, const std::vector<double>& sums_in, int64_t n,
+             int64_t c, int64_t p) {
+  const auto xb = converted(d, x, n, c, p, 0, block), dyb = converted(d, dy, n, c, p, 0, block);
+  std::vector<float> gamma(static_cast<size_t>(c)), beta(gamma.size());
+  for (size_t k = 0; k < gamma.size(); ++k) gamma[k] = 0.5f + 0.1f * float(k), beta[k] = -0.2f;
+  BnOut r{std::vector<double>(2 * c), std::vector<double>(2 * c), std::vector<float>(x.size()),
+          std::vector<float>(x.size()), std::vector<float>(c, 0.f), std::vector<float>(c, 0.f)};
+  d.channel_moments(xb.data(), n, c, p, block, r.moments.data());
+  d.bn_apply(xb.data(), stats.data(), gamma.data(), beta.data(), n, c, p, block, r.y.data());
+  d.bn_backward_sums(xb.data(), dyb.data(), stats.data(), gamma.data(), n, c, p, block,
+                     r.sums.data(), r.dg.data(), r.db.data());
+  d.bn_backward_dx(xb.data(), dyb.data(), stats.data(), gamma.data(), sums_in.data(),
+                   double(n * p), n, c, p, block, r.dx.data());
+  r.y = converted(d, r.y, n, c, p, block, 0);
+  r.dx = converted(d, r.dx, n, c, p, block, 0);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("maps in channel blocks: the layout, and BatchNorm's values as in NCHW", "[bn][blocks]") {
+  const int64_t n = 5, c = 32, p = 37;  // p odd: no position count a vector width divides
+  Rng rng(12);
+  const auto x = random_vec(rng, n * c * p), dy = random_vec(rng, n * c * p);
+  std::vector<float> stats(2 * c);
+  std::vector<double> sums(2 * c);
+  for (int64_t k = 0; k < c; ++k) {
+    stats[k] = 0.01f * float(k), stats[c + k] = 1.5f - 0.02f * float(k);
+    sums[k] = 0.3 * double(k), sums[c + k] = -0.1 * double(k);
+  }
+  std::vector<std::unique_ptr<Device>> devices;
+  devices.push_back(make_cpu_device({3, CpuConv::im2col}));  // dtrain's own conversion loops
+  if (have_onednn()) devices.push_back(make_cpu_device({2, CpuConv::onednn}));  // oneDNN's
+  for (auto& d : devices) {
+    const BnOut want = run_bn(*d, 0, x, dy, stats, sums, n, c, p);
+    for (int64_t b : {8, 16}) {
+      INFO(d->name() << ", blocks of " << b);
+      const auto xb = converted(*d, x, n, c, p, 0, b);
+      bool placed = true;
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t ch = 0; ch < c; ++ch)
+          for (int64_t i = 0; i < p; ++i)
+            placed = placed && xb[blocked_at(b, c, p, s, ch, i)] == x[blocked_at(0, c, p, s, ch, i)];
+      CHECK(placed);
+      CHECK(converted(*d, xb, n, c, p, b, 0) == x);
+      const BnOut got = run_bn(*d, b, x, dy, stats, sums, n, c, p);
+      // Elementwise with the same statistics: the same bits; sums: only their order differs.
+      CHECK(got.y == want.y);
+      CHECK(got.dx == want.dx);
+      // (Each sample's 37 terms of magnitude below 1 summed in float: about 1e-6 apart.)
+      for (size_t k = 0; k < want.moments.size(); ++k) {
+        CHECK(got.moments[k] == Approx(want.moments[k]).margin(1e-5));
+        CHECK(got.sums[k] == Approx(want.sums[k]).margin(1e-5));
+      }
+      CHECK(rel_error(got.dg, want.dg) < 1e-5);
+      CHECK(rel_error(got.db, want.db) < 1e-5);
+    }
+  }
+  // The blocked sums do not depend on the thread count.
+  auto one = make_cpu_device({1, CpuConv::im2col}), three = make_cpu_device({3, CpuConv::im2col});
+  const BnOut a = run_bn(*one, 8, x, dy, stats, sums, n, c, p);
+  const BnOut b = run_bn(*three, 8, x, dy, stats, sums, n, c, p);
+  CHECK(a.moments == b.moments);
+  CHECK(a.sums == b.sums);
+}
+
+TEST_CASE("oneDNN convolutions between channel blocks give the NCHW convolution's values",
+          "[conv][onednn][blocks]") {
+  if (!have_onednn()) {
+    WARN("SKIPPED: this dtrain was built without oneDNN");
+    return;
+  }
+  auto d = make_cpu_device({2, CpuConv::onednn});
+  for (const ConvGeom nchw : {ConvGeom{16, 9, 9, 32, 3, 1, 1}, ConvGeom{32, 9, 9, 16, 1, 2, 0},
+                              ConvGeom{3, 9, 9, 16, 3, 1, 1}}) {
+    const int64_t n = 3, block = d->conv_out_block(nchw);
+    INFO("conv c" << nchw.c << " oc" << nchw.oc << " k" << nchw.k << ", blocks of " << block);
+    CHECK((block == 8 || block == 16));  // AVX2 and AVX-512 machines: oneDNN's blocks
+    if (!block) continue;
+    ConvGeom g = nchw;
+    g.in_block = nchw.c % block ? 0 : block;
+    g.out_block = block;
+    const auto want = run_conv(*d, nchw, n, 9);
+    // The same inputs in blocks: run_conv's draws, in its order.
+    Rng rng(9);
+    const int64_t in = n * g.c * g.h * g.w, out = n * g.oc * g.ho() * g.wo(),
+                  nw = g.oc * g.c * g.k * g.k, p_in = g.h * g.w, p_out = g.ho() * g.wo();
+    const auto x = random_vec(rng, in), w = random_vec(rng, nw), b = random_vec(rng, g.oc),
+               dy = random_vec(rng, out);
+    const auto xb = converted(*d, x, n, g.c, p_in, 0, g.in_block),
+               dyb = converted(*d, dy, n, g.oc, p_out, 0, block);
+    std::vector<float> y(static_cast<size_t>(out)), dx(static_cast<size_t>(in)),
+        dw = random_vec(rng, nw), db = random_vec(rng, g.oc);
+    d->conv_forward(g, n, xb.data(), w.data(), b.data(), y.data());
+    d->conv_backward(g, n, xb.data(), w.data(), dyb.data(), dw.data(), db.data(), dx.data());
+    CHECK(rel_error(converted(*d, y, n, g.oc, p_out, block, 0), want.y) < 1e-6);
+    CHECK(rel_error(converted(*d, dx, n, g.c, p_in, g.in_block, 0), want.dx) < 1e-6);
+    CHECK(rel_error(dw, want.dw) < 1e-6);
+    CHECK(rel_error(db, want.db) < 1e-6);
+  }
+}
+
 TEST_CASE("CPU kernels give the same bits with 1 2 or 3 threads", "[cpu][threads]") {
   Rng rng(3);
   // A GEMM big enough to be cut into blocks, in all four transpose combinations.
@@ -95,16 +221,16 @@ TEST_CASE("CPU kernels give the same bits with 1 2 or 3 threads", "[cpu][threads
     Rng r2(4);
     const auto x = random_vec(r2, ns * ch * sp), dy = random_vec(r2, ns * ch * sp);
     std::vector<double> moments(2 * ch), sums(2 * ch);
-    d->channel_moments(x.data(), ns, ch, sp, moments.data());
+    d->channel_moments(x.data(), ns, ch, sp, 0, moments.data());
     std::vector<float> running(2 * ch, 0.f), stats(2 * ch), gamma(ch, 1.5f), beta(ch, 0.1f),
         dg(ch, 0.f), db(ch, 0.f);
     d->bn_prepare(moments.data(), double(ns * sp), 1e-5, 0.1, running.data(), stats.data(), ch);
     std::vector<float> y(x.size()), dx(x.size());
-    d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), ns, ch, sp, y.data());
-    d->bn_backward_sums(x.data(), dy.data(), stats.data(), gamma.data(), ns, ch, sp, sums.data(),
-                        dg.data(), db.data());
+    d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), ns, ch, sp, 0, y.data());
+    d->bn_backward_sums(x.data(), dy.data(), stats.data(), gamma.data(), ns, ch, sp, 0,
+                        sums.data(), dg.data(), db.data());
     d->bn_backward_dx(x.data(), dy.data(), stats.data(), gamma.data(), sums.data(), double(ns * sp),
-                      ns, ch, sp, dx.data());
+                      ns, ch, sp, 0, dx.data());
     std::vector<float> mask(5000);
     d->dropout_mask(mask.data(), mask.size(), 0.25, 77);
     y.insert(y.end(), mask.begin(), mask.end());
@@ -221,7 +347,7 @@ TEST_CASE("CPU elementwise loops give math.hpp's bits in every instruction-set c
     gamma[k] = 1.f + b[k] * 0.25f;
     beta[k] = b[cols + k];
   }
-  d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), rows, ch, sp, y.data());
+  d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), rows, ch, sp, 0, y.data());
   same("bn_apply", y, [&](size_t i) {
     const size_t k = (i / sp) % ch;
     if (i >= static_cast<size_t>(rows * ch * sp)) return y[i];  // the ragged end: not written

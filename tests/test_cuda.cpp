@@ -218,11 +218,11 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
       float *running = mr.in(std::vector<float>(2 * c, 0.5f)),
             *stats = mr.in(std::vector<float>(2 * c)), *y = mr.in(x), *dx = mr.in(x),
             *dg = mr.in(gamma), *db = mr.in(beta);
-      d.channel_moments(xp, ns, c, sp, moments.data());
+      d.channel_moments(xp, ns, c, sp, 0, moments.data());
       d.bn_prepare(moments.data(), double(ns * sp), 1e-5, 0.1, running, stats, c);
-      d.bn_apply(xp, stats, gp, mr.in(beta), ns, c, sp, y);
-      d.bn_backward_sums(xp, mr.in(dy), stats, gp, ns, c, sp, sums.data(), dg, db);
-      d.bn_backward_dx(xp, mr.in(dy), stats, gp, sums.data(), double(ns * sp), ns, c, sp, dx);
+      d.bn_apply(xp, stats, gp, mr.in(beta), ns, c, sp, 0, y);
+      d.bn_backward_sums(xp, mr.in(dy), stats, gp, ns, c, sp, 0, sums.data(), dg, db);
+      d.bn_backward_dx(xp, mr.in(dy), stats, gp, sums.data(), double(ns * sp), ns, c, sp, 0, dx);
       float* eval = mr.in(std::vector<float>(2 * c));
       d.bn_prepare(nullptr, 0, 1e-5, 0, running, eval, c);
       std::vector<double> hs(2 * c);

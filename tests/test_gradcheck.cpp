@@ -49,6 +49,9 @@ void check_layer(Device& d, Layer& layer, uint64_t seed, bool spaced = false,
   std::vector<float> params(static_cast<size_t>(layer.param_count())), grads(params.size(), 0.f);
   layer.init(rng, params.data());
   layer.bind(params.data(), grads.data());
+  // NCHW in; the output in whatever layout the layer plans (oneDNN: channel blocks), which the
+  // probe's weighted sum does not mind.
+  layer.plan_layout(d, MapLayout{});
   layer.setup(d);
   std::vector<float> x(static_cast<size_t>(rows * in)), u(static_cast<size_t>(rows * out));
   for (auto& v : x) v = away_from_zero(rng);
@@ -162,6 +165,17 @@ TEST_CASE("residual block gradients match finite differences, both shortcuts", "
           MapShape{2, 4, 4});
       CHECK_THAT(block->describe(), Catch::Contains("| identity) + tanh"));
       check_layer(*dev, *block, 31, false, 2e-3);
+    }
+    SECTION("16 channels: oneDNN's channel blocks, converted for a pool and the sum") {
+      // Convolutions write blocks; global average pooling needs NCHW (its input is converted
+      // and its gradient converted back), so the body ends in NCHW and the projection's blocked
+      // output is converted to it before the sum.
+      auto block = residual_block(
+          "{residual: {shortcut: project, activation: tanh, body: ["
+          "{conv: {channels: 16, kernel: 3, padding: 1, bias: false}}, batchnorm, tanh,"
+          "{conv: {channels: 16, kernel: 3, padding: 1}}, batchnorm, global_avg_pool]}}",
+          MapShape{3, 3, 3});
+      check_layer(*dev, *block, 33, false, 2e-3);
     }
     SECTION("projection shortcut (stride 2, more channels)") {
       auto block = residual_block(

@@ -395,3 +395,45 @@ TEST_CASE("the memory estimate counts outputs for an evaluation chunk, gradients
                                        static_cast<double>(data.train.features() * b.rows))));
   CHECK(b.params == Approx(4.0 * static_cast<double>(m.params) * 3));  // SGD: momentum
 }
+
+TEST_CASE("a ResNet on oneDNN keeps its maps in channel blocks and matches NCHW",
+          "[model][residual][blocks]") {
+  if (!have_onednn()) {
+    WARN("SKIPPED: this dtrain was built without oneDNN");
+    return;
+  }
+  const ModelConfig cfg =
+      parse_config("model: {type: resnet, depth: 8, widths: [16, 32, 64]}", "r.yaml").model;
+  auto dnn = make_cpu_device({2, CpuConv::onednn}), ref = make_cpu_device({1, CpuConv::im2col});
+  // The plan: the stem's convolution writes blocks, BatchNorm, ReLU and the blocks keep them,
+  // global average pooling takes them back to NCHW for the classifier.
+  auto layers = build_layers(cfg, {3, 16, 16}, 10);
+  const MapLayout out = plan_layouts(*dnn, layers, MapLayout{});
+  CHECK(out.block == 0);
+  CHECK(layers[0]->layout_in().block == 0);  // the images
+  const int64_t block = layers[1]->layout_in().block;
+  CHECK((block == 8 || block == 16));
+  CHECK(layers[1]->layout_in().c == 16);
+  CHECK(layers.back()->layout_in().block == 0);                   // dense, after the pool
+  CHECK(layers[layers.size() - 2]->layout_in().block == block);  // the pool
+  CHECK(plan_layouts(*ref, layers, MapLayout{}).block == 0);
+  CHECK(layers[1]->layout_in().block == 0);  // im2col: NCHW throughout
+
+  // One training step's logits and gradients, in blocks and in NCHW.
+  Rng rng(5);
+  const int64_t rows = 6;
+  const auto x = test::random_vec(rng, rows * 3 * 16 * 16);
+  std::vector<int32_t> labels{0, 3, 9, 2, 2, 7};
+  std::vector<std::vector<float>> logits, grads;
+  for (Device* d : {dnn.get(), ref.get()}) {
+    auto m = build_model(*d, cfg, {3, 16, 16}, 10);
+    m->init(11);
+    const float* l = m->forward(x.data(), rows);
+    logits.emplace_back(l, l + rows * 10);
+    double stats[2] = {0, 0};
+    m->loss_backward(labels.data(), rows, 1.f / rows, stats);
+    grads.emplace_back(m->grads(), m->grads() + m->param_count());
+  }
+  CHECK(test::rel_error(logits[0], logits[1]) < 1e-4);
+  CHECK(test::rel_error(grads[0], grads[1]) < 1e-3);
+}

@@ -23,9 +23,20 @@ struct DeviceMark {
   double t = 0;
 };
 
-// A convolution's geometry: input c x h x w, oc output channels, a square k x k kernel.
+// How a batch of c-channel maps lies in memory: NCHW (block 0), or in the device's channel
+// blocks of `block` (Device::conv_out_block): sample s, channel ch, position i of p at
+// ((s * c / block + ch / block) * p + i) * block + ch % block. A convolution writes them where
+// the device's convolutions prefer them, and BatchNorm and elementwise layers keep them.
+struct MapLayout {
+  int64_t block = 0, c = 0;  // c: the channels, where block > 0
+  bool operator==(const MapLayout&) const = default;
+};
+
+// A convolution's geometry: input c x h x w, oc output channels, a square k x k kernel; the
+// input (and its gradient) in channel blocks of in_block, the output (and its gradient) in
+// blocks of out_block (0: NCHW; MapLayout).
 struct ConvGeom {
-  int64_t c = 1, h = 1, w = 1, oc = 1, k = 1, stride = 1, pad = 0;
+  int64_t c = 1, h = 1, w = 1, oc = 1, k = 1, stride = 1, pad = 0, in_block = 0, out_block = 0;
   int64_t ho() const { return (h + 2 * pad - k) / stride + 1; }
   int64_t wo() const { return (w + 2 * pad - k) / stride + 1; }
   auto operator<=>(const ConvGeom&) const = default;
@@ -136,14 +147,23 @@ class Device {
   virtual void gather(const float* src, const int32_t* src_labels, int64_t features,
                       const int64_t* idx, int64_t count, float* dst, int32_t* dst_labels) = 0;
 
-  // 2-D convolution of n samples in NCHW layout; weights [oc, c, k, k], bias [oc] (null: no
-  // bias).
+  // 2-D convolution of n samples (x in g.in_block's layout, y in g.out_block's); weights
+  // [oc, c, k, k], bias [oc] (null: no bias).
   virtual void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w,
                             const float* b, float* y) = 0;
   // Gradients of conv_forward: dw (+)= and db (+)= (accumulated; db null: no bias), dx =
-  // (overwritten; skipped when null).
+  // (overwritten; skipped when null); dy and dx in the layouts of y and x.
   virtual void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w,
                              const float* dy, float* dw, float* db, float* dx) = 0;
+  // The channel block b > 0 in which this device would rather have convolution g's output
+  // (MapLayout), or 0 for NCHW. The CPU's oneDNN convolutions work in channel blocks, and
+  // reorders to and from NCHW around each of them cost a third of their time; a device
+  // without such a preference keeps NCHW.
+  virtual int64_t conv_out_block(const ConvGeom& /*g*/) { return 0; }
+  // y = n samples of c channels at `spatial` positions, from channel blocks of `from` to
+  // blocks of `to` (0: NCHW; MapLayout). x and y do not overlap.
+  virtual void convert_layout(const float* x, int64_t n, int64_t c, int64_t spatial,
+                              int64_t from, int64_t to, float* y) = 0;
   // Max pooling over k x k windows starting `pad` before the map (math::maxpool_window); argmax
   // (per output) records the winning input index.
   virtual void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
@@ -153,10 +173,11 @@ class Device {
                                 int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad,
                                 float* dx) = 0;
   // BatchNorm. Every pointer is device memory; `stats` is [mean (c), inv_std (c)] and the
-  // double buffers are [first (c), second (c)].
+  // double buffers are [first (c), second (c)]. `block`: the maps' layout (x, y, dy and dx
+  // alike; MapLayout), 0 for NCHW, else the channel blocks conv_out_block offered.
   // moments = per-channel [sum, sum of squares] over samples and positions.
   virtual void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
-                               double* moments) = 0;
+                               int64_t block, double* moments) = 0;
   // Training: stats from moments over `count` values per channel, and running = [mean, var]
   // moved towards them by `momentum` (unbiased variance, as PyTorch). Evaluation (moments
   // null): stats from the running statistics.
@@ -164,15 +185,15 @@ class Device {
                           float* running, float* stats, int64_t c) = 0;
   // y = gamma * (x - mean) * inv_std + beta, per channel.
   virtual void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
-                        int64_t n, int64_t c, int64_t spatial, float* y) = 0;
+                        int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) = 0;
   // sums = [sum(dy * gamma), sum(dy * gamma * xhat)] per channel; dgamma, dbeta (+)=.
   virtual void bn_backward_sums(const float* x, const float* dy, const float* stats,
                                 const float* gamma, int64_t n, int64_t c, int64_t spatial,
-                                double* sums, float* dgamma, float* dbeta) = 0;
+                                int64_t block, double* sums, float* dgamma, float* dbeta) = 0;
   // dx = inv_std / m * (m * dy * gamma - s1 - xhat * s2), m = the (global) element count.
   virtual void bn_backward_dx(const float* x, const float* dy, const float* stats,
                               const float* gamma, const double* sums, double m, int64_t n,
-                              int64_t c, int64_t spatial, float* dx) = 0;
+                              int64_t c, int64_t spatial, int64_t block, float* dx) = 0;
   // Inverted-dropout mask: 0 with probability p, else 1/(1-p); element i depends only on
   // (seed, i) through a counter-based hash, so every backend draws the same mask.
   virtual void dropout_mask(float* mask, size_t n, double p, uint64_t seed) = 0;

@@ -57,7 +57,14 @@ void Conv2d::init(Rng& rng, float* params) const {
 }
 
 ConvGeom Conv2d::geom() const {
-  return {in_.c, in_.h, in_.w, oc_, k_, stride_, pad_};
+  return {in_.c, in_.h, in_.w, oc_, k_, stride_, pad_, in_block_, out_block_};
+}
+
+std::optional<MapLayout> Conv2d::layout_for(Device& d, MapLayout in) {
+  in_block_ = in.block;
+  out_block_ = 0;
+  out_block_ = d.conv_out_block(geom());
+  return out_block_ ? MapLayout{out_block_, oc_} : MapLayout{};
 }
 
 void Conv2d::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
@@ -168,24 +175,26 @@ void BatchNorm::forward_impl(Device& d, const float* x, float* y, int64_t rows) 
   const int64_t c = in_.c, s = in_.h * in_.w;
   if (!training()) {
     d.bn_prepare(nullptr, 0, eps_, 0, running_.data(), stats_.data(), c);
-    d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, y);
+    d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y);
     return;
   }
-  d.channel_moments(x, rows, c, s, moments_.data());
+  d.channel_moments(x, rows, c, s, block_, moments_.data());
   count_ = static_cast<double>(rows * s);
   if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, moments_, &count_);
   if (count_ <= 0) return;  // nothing anywhere: leave the running statistics alone
   d.bn_prepare(moments_.data(), count_, eps_, momentum_, running_.data(), stats_.data(), c);
-  d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, y);
+  d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y);
 }
 
 void BatchNorm::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
                               int64_t rows) {
   const int64_t c = in_.c, s = in_.h * in_.w;
-  d.bn_backward_sums(x, dy, stats_.data(), gamma_, rows, c, s, sums_.data(), dgamma_, dbeta_);
+  d.bn_backward_sums(x, dy, stats_.data(), gamma_, rows, c, s, block_, sums_.data(), dgamma_,
+                     dbeta_);
   if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, sums_, nullptr);
   if (dx && count_ > 0)
-    d.bn_backward_dx(x, dy, stats_.data(), gamma_, sums_.data(), count_, rows, c, s, dx);
+    d.bn_backward_dx(x, dy, stats_.data(), gamma_, sums_.data(), count_, rows, c, s, block_,
+                     dx);
 }
 
 // SyncBatchNorm's exchange: the 2c sums (and the element count) summed over replicas. The sums

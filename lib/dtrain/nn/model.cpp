@@ -12,9 +12,27 @@
 
 namespace dtrain {
 
+MapLayout Layer::plan_layout(Device& d, MapLayout in) {
+  layout_in_ = in;
+  const std::optional<MapLayout> out = layout_for(d, in);
+  convert_in_ = in.block != 0 && !out;
+  return out ? *out : MapLayout{};
+}
+
+MapLayout plan_layouts(Device& d, std::vector<std::unique_ptr<Layer>>& layers, MapLayout in) {
+  for (auto& l : layers) in = l->plan_layout(d, in);
+  return in;
+}
+
 const float* Layer::forward(Device& d, const float* x, int64_t rows) {
   if (rows < 0) DTRAIN_THROW_SYSTEM("negative batch");
   y_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * out_));
+  if (convert_in_) {  // an NCHW layer after channel blocks: its own NCHW copy, kept for backward
+    const MapLayout& l = layout_in_;
+    x_nchw_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * in_));
+    d.convert_layout(x, rows, l.c, in_ / l.c, l.block, 0, x_nchw_.data());
+    x = x_nchw_.data();
+  }
   x_ = x;
   rows_ = rows;
   // Called with zero rows too: a synchronised layer must join its collective even when this
@@ -33,7 +51,11 @@ const float* Layer::backward(Device& d, const float* dy, int64_t rows, bool need
     dx = dx_.data();
   }
   backward_impl(d, x_, y_.data(), dy, dx, rows);
-  return dx;
+  if (!dx || !convert_in_) return dx;
+  const MapLayout& l = layout_in_;
+  dx_blocked_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * in_));
+  d.convert_layout(dx, rows, l.c, in_ / l.c, 0, l.block, dx_blocked_.data());
+  return dx_blocked_.data();
 }
 
 std::string Dense::describe() const {
@@ -106,6 +128,7 @@ Model::Model(Device& d, std::vector<std::unique_ptr<Layer>> layers, int classes,
   for (const auto& l : layers_) n_params_ += l->param_count();
   if (!shared_params_) params_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
   grads_.resize(d, static_cast<size_t>(std::max<int64_t>(n_params_, 1)));
+  out_layout_ = plan_layouts(d, layers_, MapLayout{});
   int64_t off = 0;
   for (auto& l : layers_) {
     offsets_.push_back(off);
@@ -209,6 +232,13 @@ const float* Model::forward(const float* x, int64_t rows, bool train) {
   ctx_.train = train;
   const float* h = x;
   for (auto& l : layers_) h = l->forward(dev_, h, rows);
+  if (out_layout_.block) {  // logits as channel maps in blocks: NCHW for the loss
+    const int64_t n = std::max<int64_t>(rows, 1) * classes_ * positions_, c = out_layout_.c;
+    logits_nchw_.resize(dev_, static_cast<size_t>(n));
+    dev_.convert_layout(h, rows, c, classes_ * positions_ / c, out_layout_.block, 0,
+                        logits_nchw_.data());
+    h = logits_nchw_.data();
+  }
   logits_ = h;
   rows_ = rows;
   if (positions_ > 1) {  // a language model: the targets are the windows' next tokens
@@ -230,6 +260,13 @@ void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale,
                     grad_scale * static_cast<float>(per), dlogits_.data(), stats,
                     label_smoothing_, per);
   const float* g = dlogits_.data();
+  if (out_layout_.block) {
+    const int64_t c = out_layout_.c;
+    dlogits_blocked_.resize(dev_, dlogits_.size());
+    dev_.convert_layout(g, rows, c, classes_ * positions_ / c, 0, out_layout_.block,
+                        dlogits_blocked_.data());
+    g = dlogits_blocked_.data();
+  }
   for (size_t i = layers_.size(); i-- > 0;) {
     g = layers_[i]->backward(dev_, g, rows, i > 0);
     if (ready && layers_[i]->param_count() > 0)

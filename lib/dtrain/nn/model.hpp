@@ -82,7 +82,19 @@ class Layer {
   // Given dL/dy, accumulates parameter gradients and returns dL/dx (nullptr if !need_dx).
   const float* backward(Device& d, const float* dy, int64_t rows, bool need_dx);
 
+  // Layouts (MapLayout): before setup the model tells each layer the layout its input maps
+  // arrive in and learns its output's. A layer that works on channel blocks says so in
+  // layout_for; any other works on NCHW maps, and forward converts a blocked input for it (and
+  // backward its input's gradient back).
+  MapLayout plan_layout(Device& d, MapLayout in);
+  MapLayout layout_in() const { return layout_in_; }  // the input's, as planned
+
  protected:
+  // The output's layout where the layer takes input maps in layout `in` as they are (NCHW
+  // inputs included); nullopt where it needs them NCHW.
+  virtual std::optional<MapLayout> layout_for(Device& /*d*/, MapLayout /*in*/) {
+    return std::nullopt;
+  }
   virtual void forward_impl(Device& d, const float* x, float* y, int64_t rows) = 0;
   virtual void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
                              int64_t rows) = 0;
@@ -94,6 +106,9 @@ class Layer {
   const float* x_ = nullptr;
   int64_t rows_ = -1;
   Buffer<float> y_, dx_;
+  MapLayout layout_in_;     // the input's, as it arrives
+  bool convert_in_ = false;  // blocked input, NCHW layer: x_ and dx_ are NCHW
+  Buffer<float> x_nchw_, dx_blocked_;  // the input converted, and its gradient converted back
 };
 
 // y = x W + b, W stored as [in x out]. With `positions` > 1 a sample is that many rows of `in`
@@ -134,6 +149,7 @@ class ActivationLayer final : public Layer {
   std::string describe() const override;
 
  protected:
+  std::optional<MapLayout> layout_for(Device&, MapLayout in) override { return in; }
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
   void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
                      int64_t rows) override;
@@ -159,16 +175,18 @@ class Conv2d final : public Layer {
   void weight_ranges(int64_t offset, std::vector<ParamRange>& out) const override {
     out.push_back({offset, oc_ * in_.c * k_ * k_});
   }
+  ConvGeom geom() const;
 
  protected:
+  // Any input layout; the output in the device's preferred one (Device::conv_out_block).
+  std::optional<MapLayout> layout_for(Device& d, MapLayout in) override;
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
   void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
                      int64_t rows) override;
 
  private:
-  ConvGeom geom() const;
   MapShape in_, out_;
-  int64_t oc_, k_, stride_, pad_;
+  int64_t oc_, k_, stride_, pad_, in_block_ = 0, out_block_ = 0;
   bool bias_;
   float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
 };
@@ -227,6 +245,10 @@ class BatchNorm final : public Layer {
   void collect_state(std::vector<Buffer<float>*>& out) override { out.push_back(&running_); }
 
  protected:
+  std::optional<MapLayout> layout_for(Device&, MapLayout in) override {
+    block_ = in.block;
+    return in;
+  }
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
   void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
                      int64_t rows) override;
@@ -243,6 +265,7 @@ class BatchNorm final : public Layer {
   Buffer<double> moments_, sums_;
   std::vector<double> host_;  // staging for the synchronised all-reduce
   double count_ = 0;          // elements per channel behind stats_ (all replicas if sync)
+  int64_t block_ = 0;         // the maps' channel blocks (MapLayout), 0: NCHW
 };
 
 // Inverted dropout: zeroes a fraction p in training and scales the rest by 1/(1-p); identity
@@ -285,6 +308,8 @@ class Residual final : public Layer {
   int64_t largest_features() const override;
 
  protected:
+  // The body's output layout; the shortcut's output is converted to it where they differ.
+  std::optional<MapLayout> layout_for(Device& d, MapLayout in) override;
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
   void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
                      int64_t rows) override;
@@ -293,11 +318,18 @@ class Residual final : public Layer {
   std::vector<std::unique_ptr<Layer>> body_, shortcut_;
   std::optional<Activation> act_;
   Buffer<float> sum_, dsum_;  // the sum before the activation, and its gradient
+  MapLayout out_layout_, shortcut_layout_;  // the body's output's, and the shortcut's
+  const float* convert(Device& d, const float* v, int64_t rows, MapLayout from, MapLayout to);
+  Buffer<float> converted_;  // the shortcut's output (forward) or gradient (backward), converted
 };
 
 // The layers of `specs` for input maps of shape `cur`, which it advances to the output shape.
 // A UserError from entry i is prefixed with "<where>[i] (<type>): ". Specs that make no layer
 // (flatten) only change the shape.
+// Plans the layouts of `layers` in order from the first's input layout; returns the last's
+// output layout (`in` for an empty list).
+MapLayout plan_layouts(Device& d, std::vector<std::unique_ptr<Layer>>& layers, MapLayout in);
+
 std::vector<std::unique_ptr<Layer>> make_layers(const std::vector<LayerSpec>& specs, MapShape& cur,
                                                 bool sync, const std::string& where);
 // The residual block of spec `l` for input maps `cur`, which it advances (residual.cpp).
@@ -370,6 +402,8 @@ class Model {
   int64_t positions_ = 1;
   int64_t n_params_ = 0;
   Buffer<float> params_, grads_, dlogits_;
+  MapLayout out_layout_;  // the last layer's (channel blocks: the logits are converted)
+  Buffer<float> logits_nchw_, dlogits_blocked_;
   Buffer<int32_t> targets_;  // a language model's next tokens of the last forward
   float* shared_params_ = nullptr;
   const float* logits_ = nullptr;

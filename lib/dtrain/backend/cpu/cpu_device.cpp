@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,15 @@ class DnnlStaging {
   std::array<Slot, kSlots> slots_;
 };
 
+// oneDNN's name for an NCHW tensor in channel blocks of b (ConvGeom::out_block; 0: NCHW).
+dnnl::memory::format_tag blocked_tag(int64_t b) {
+  using tag = dnnl::memory::format_tag;
+  if (b == 0) return tag::nchw;
+  if (b == 8) return tag::nChw8c;
+  if (b == 16) return tag::nChw16c;
+  DTRAIN_THROW_SYSTEM(fmt::format("no oneDNN layout for channel blocks of {}", b));
+}
+
 // oneDNN convolution primitives for one geometry and batch size, with the reorders that move
 // between dtrain's NCHW/OIHW tensors and the blocked layouts oneDNN prefers.
 class DnnlConv {
@@ -142,9 +152,9 @@ class DnnlConv {
     const memory::dims src{n, g.c, g.h, g.w}, wei{g.oc, g.c, g.k, g.k},
         dst{n, g.oc, g.ho(), g.wo()};
     const memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
-    user_src_ = memory::desc(src, f32, tag::nchw);
+    user_src_ = memory::desc(src, f32, blocked_tag(g.in_block));
     user_wei_ = memory::desc(wei, f32, tag::oihw);
-    user_dst_ = memory::desc(dst, f32, tag::nchw);
+    user_dst_ = memory::desc(dst, f32, blocked_tag(g.out_block));
     bias_ = memory::desc({g.oc}, f32, tag::x);
     const memory::desc any_src(src, f32, tag::any), any_wei(wei, f32, tag::any),
         any_dst(dst, f32, tag::any);
@@ -180,22 +190,27 @@ class DnnlConv {
     finish(s, fwd_dst_, dst, y);
   }
 
+  // The output's gradient is reordered once where both passes want it in the same layout:
+  // slot 0 holds it for both; the input's gradient goes out of slot 2 before the weights'
+  // gradient uses it, and the input takes slot 1 after the weights.
   void backward(dnnl::stream& s, const float* x, const float* w, const float* dy, float* dw,
                 float* db, float* dx) {
+    const bool share = bwd_data_pd_.diff_dst_desc() == bwd_w_pd_.diff_dst_desc();
+    std::optional<dnnl::memory> ddst;
     if (dx) {
-      auto ddst = in(s, bd_ddst_, 0, bwd_data_pd_.diff_dst_desc(), user_dst_, dy);
+      ddst = in(s, bd_ddst_, 0, bwd_data_pd_.diff_dst_desc(), user_dst_, dy);
       auto wei = in(s, bd_wei_, 1, bwd_data_pd_.weights_desc(), user_wei_, w);
       auto dsrc = out(bd_dsrc_, 2, bwd_data_pd_.diff_src_desc(), user_src_, dx);
       bwd_data_.execute(
-          s, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
+          s, {{DNNL_ARG_DIFF_DST, *ddst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
       finish(s, bd_dsrc_, dsrc, dx);
     }
-    auto src = in(s, bw_src_, 0, bwd_w_pd_.src_desc(), user_src_, x);
-    auto ddst = in(s, bw_ddst_, 1, bwd_w_pd_.diff_dst_desc(), user_dst_, dy);
+    if (!ddst || !share) ddst = in(s, bw_ddst_, 0, bwd_w_pd_.diff_dst_desc(), user_dst_, dy);
+    auto src = in(s, bw_src_, 1, bwd_w_pd_.src_desc(), user_src_, x);
     auto dwei = out(bw_dwei_, 2, bwd_w_pd_.diff_weights_desc(), user_wei_, dw_.data());
     dnnl::memory dbias(bias_, eng_, db_.data());
     bwd_w_.execute(s, {{DNNL_ARG_SRC, src},
-                       {DNNL_ARG_DIFF_DST, ddst},
+                       {DNNL_ARG_DIFF_DST, *ddst},
                        {DNNL_ARG_DIFF_WEIGHTS, dwei},
                        {DNNL_ARG_DIFF_BIAS, dbias}});
     finish(s, bw_dwei_, dwei, dw_.data());
@@ -446,9 +461,40 @@ class CpuDevice final : public Device {
     }
   }
 
+  // oneDNN's fp32 convolutions work in channel blocks (8 or 16 channels, by instruction set):
+  // the block its forward pass picks for g's output, where the channels fill whole blocks.
+  int64_t conv_out_block(const ConvGeom& g) override {
+#if DTRAIN_HAVE_DNNL
+    if (conv_ != CpuConv::onednn || bf16_) return 0;
+    auto it = out_blocks_.find(g);
+    if (it == out_blocks_.end()) it = out_blocks_.emplace(g, dnnl_out_block(g)).first;
+    return it->second;
+#else
+    (void)g;
+    return 0;
+#endif
+  }
+
+  void convert_layout(const float* x, int64_t n, int64_t c, int64_t spatial, int64_t from,
+                      int64_t to, float* y) override {
+    if (n * c * spatial == 0) return;
+    if (from == to) return copy(y, x, static_cast<size_t>(n * c * spatial) * sizeof(float));
+#if DTRAIN_HAVE_DNNL
+    if (conv_ == CpuConv::onednn) return dnnl_convert(x, n, c, spatial, from, to, y);
+#endif
+    const auto at = [&](int64_t b, int64_t s, int64_t ch, int64_t i) {
+      return b ? ((s * (c / b) + ch / b) * spatial + i) * b + ch % b : (s * c + ch) * spatial + i;
+    };
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t sc = 0; sc < n * c; ++sc)
+      for (int64_t i = 0; i < spatial; ++i)
+        y[at(to, sc / c, sc % c, i)] = x[at(from, sc / c, sc % c, i)];
+  }
+
   void conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* b,
                     float* y) override {
     if (n == 0) return;
+    nchw_unless_onednn(g);
     if (!bf16_) return conv_forward_f32(g, n, x, w, b, y);
     // cuDNN's bfloat16 convolution: bf16 input and weights, fp32 accumulation, a bf16 output;
     // the bias is added to that in fp32.
@@ -463,6 +509,7 @@ class CpuDevice final : public Device {
   void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
                      float* dw, float* db, float* dx) override {
     if (n == 0) return;
+    nchw_unless_onednn(g);
     if (!bf16_) return conv_backward_f32(g, n, x, w, dy, dw, db, dx);
     // bf16 operands; dx and the weight gradient come out in bf16 (the latter added to the
     // fp32 gradient); the bias gradient sums the fp32 dy.
@@ -479,6 +526,67 @@ class CpuDevice final : public Device {
   }
 
  private:
+  // Only oneDNN's fp32 convolutions write and read channel blocks (conv_out_block).
+  void nchw_unless_onednn(const ConvGeom& g) const {
+    if ((g.in_block || g.out_block) && (bf16_ || conv_ != CpuConv::onednn))
+      DTRAIN_THROW_SYSTEM("a convolution in channel blocks without oneDNN's fp32 kernels");
+  }
+
+  // ---- BatchNorm on a convolution's output in channel blocks (conv_out_block) ----
+  static constexpr int64_t kMaxBlock = 16;
+  static int64_t channel_blocks(int64_t c, int64_t block) {
+    if ((block != 8 && block != 16) || c % block)
+      DTRAIN_THROW_SYSTEM(fmt::format("BatchNorm: {} channels in blocks of {}", c, block));
+    return c / block;
+  }
+  // Per sample and channel, the float sums of a tile ([sample][channel], first and second
+  // halves of bn_part_); then per channel their double sums over samples in order.
+  void blocked_moments(const float* x, int64_t n, int64_t c, int64_t spatial, int64_t block,
+                       double* moments) {
+    const int64_t blocks = channel_blocks(c, block);
+    bn_part_.resize(static_cast<size_t>(2 * n * c));
+    float* part = bn_part_.data();
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t t = 0; t < n * blocks; ++t) {
+      const int64_t at = t / blocks * c + t % blocks * block;
+      cpu::bn_block_moments(x + t * spatial * block, block, spatial, part + at, part + n * c + at);
+    }
+    sum_samples(n, c, [&](int64_t ch, double a, double q) {
+      moments[ch] = a;
+      moments[c + ch] = q;
+    });
+  }
+  void blocked_sums(const float* x, const float* dy, const float* stats, const float* gamma,
+                    int64_t n, int64_t c, int64_t spatial, int64_t block, double* sums,
+                    float* dgamma, float* dbeta) {
+    const int64_t blocks = channel_blocks(c, block);
+    bn_part_.resize(static_cast<size_t>(2 * n * c));
+    float* part = bn_part_.data();
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t t = 0; t < n * blocks; ++t) {
+      const int64_t ch0 = t % blocks * block, at = t / blocks * c + ch0;
+      cpu::bn_block_sums(x + t * spatial * block, dy + t * spatial * block, stats + ch0,
+                         stats + c + ch0, block, spatial, part + at, part + n * c + at);
+    }
+    sum_samples(n, c, [&](int64_t ch, double t1, double t2) {
+      math::bn_backward_totals(t1, t2, gamma, c, ch, sums, dgamma, dbeta);
+    });
+  }
+  // done(ch, a, b) with channel ch's sums over samples, in order, of both halves of bn_part_.
+  template <class Done>
+  void sum_samples(int64_t n, int64_t c, Done done) {
+    const float* part = bn_part_.data();
+#pragma omp parallel for num_threads(threads_) if (n * c >= kParallelMin) schedule(static)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double a = 0, b = 0;
+      for (int64_t s = 0; s < n; ++s) {
+        a += part[s * c + ch];
+        b += part[(n + s) * c + ch];
+      }
+      done(ch, a, b);
+    }
+  }
+
   // A copy of the stored rows x cols matrix (leading dimension ld) rounded to bfloat16.
   const float* rounded(const float* src, int64_t rows, int64_t cols, int64_t ld,
                        std::vector<float>& dst) {
@@ -648,9 +756,11 @@ class CpuDevice final : public Device {
   }
 
   // Per-channel reductions run in parallel over channels, each summing its samples in order:
-  // the same result for every thread count.
-  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+  // the same result for every thread count. (In channel blocks: each sample's sums in parallel
+  // first, then the same ordered sums over samples.)
+  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, int64_t block,
                        double* moments) override {
+    if (block) return blocked_moments(x, n, c, spatial, block, moments);
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t ch = 0; ch < c; ++ch) {
       double sa = 0, sb = 0;
@@ -678,7 +788,20 @@ class CpuDevice final : public Device {
   }
 
   void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
-                int64_t n, int64_t c, int64_t spatial, float* y) override {
+                int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) override {
+    if (block) {
+      const int64_t blocks = channel_blocks(c, block);
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+      for (int64_t t = 0; t < n * blocks; ++t) {
+        const int64_t ch0 = t % blocks * block;
+        std::array<math::BnAffine, kMaxBlock> a;
+        for (int64_t j = 0; j < block; ++j)
+          a[j] = math::bn_affine(gamma[ch0 + j], beta[ch0 + j], stats[ch0 + j], stats[c + ch0 + j]);
+        cpu::bn_block_apply(a.data(), x + t * spatial * block, block, spatial,
+                            y + t * spatial * block);
+      }
+      return;
+    }
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t sc = 0; sc < n * c; ++sc) {
       const int64_t ch = sc % c;
@@ -690,8 +813,9 @@ class CpuDevice final : public Device {
   }
 
   void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
-                        int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
-                        float* dbeta) override {
+                        int64_t n, int64_t c, int64_t spatial, int64_t block, double* sums,
+                        float* dgamma, float* dbeta) override {
+    if (block) return blocked_sums(x, dy, stats, gamma, n, c, spatial, block, sums, dgamma, dbeta);
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t ch = 0; ch < c; ++ch) {
       double t1 = 0, t2 = 0;
@@ -714,7 +838,20 @@ class CpuDevice final : public Device {
 
   void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
                       const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
-                      float* dx) override {
+                      int64_t block, float* dx) override {
+    if (block) {
+      const int64_t blocks = channel_blocks(c, block);
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+      for (int64_t t = 0; t < n * blocks; ++t) {
+        const int64_t ch0 = t % blocks * block;
+        std::array<math::BnDx, kMaxBlock> k;
+        for (int64_t j = 0, ch = ch0; j < block; ++j, ++ch)
+          k[j] = math::bn_dx_coeffs(stats[ch], stats[c + ch], gamma[ch], sums[ch], sums[c + ch], m);
+        const int64_t at = t * spatial * block;
+        cpu::bn_block_dx(k.data(), dy + at, x + at, block, spatial, dx + at);
+      }
+      return;
+    }
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t sc = 0; sc < n * c; ++sc) {
       const int64_t ch = sc % c;
@@ -841,6 +978,53 @@ class CpuDevice final : public Device {
   }
 
 #if DTRAIN_HAVE_DNNL
+  // A layout change by oneDNN's reorder (one primitive per shape and pair of layouts).
+  void dnnl_convert(const float* x, int64_t n, int64_t c, int64_t spatial, int64_t from,
+                    int64_t to, float* y) {
+    using dnnl::memory;
+    const memory::dims dims{n, c, spatial, 1};
+    const memory::desc a(dims, memory::data_type::f32, blocked_tag(from)),
+        b(dims, memory::data_type::f32, blocked_tag(to));
+    const std::array<int64_t, 5> key{n, c, spatial, from, to};
+    auto it = converts_.find(key);
+    if (it == converts_.end()) {
+      try {
+        it = converts_.emplace(key, dnnl::reorder(memory(a, eng_, DNNL_MEMORY_NONE),
+                                                  memory(b, eng_, DNNL_MEMORY_NONE)))
+                 .first;
+      } catch (const dnnl::error& e) {
+        DTRAIN_THROW_SYSTEM(fmt::format("oneDNN reorder setup failed: {}", e.what()));
+      }
+    }
+    omp_set_num_threads(threads_);
+    memory src(a, eng_, const_cast<float*>(x)), dst(b, eng_, y);
+    it->second.execute(stream_, src, dst);
+    stream_.wait();
+  }
+
+  // The block of the layout oneDNN's forward primitive picks for g's output (asked at a batch
+  // of 32), if one of 8 or 16 channels that g's channels fill; else 0.
+  int64_t dnnl_out_block(const ConvGeom& g) {
+    using dnnl::memory;
+    const auto f32 = memory::data_type::f32;
+    const memory::dims src{32, g.c, g.h, g.w}, wei{g.oc, g.c, g.k, g.k},
+        dst{32, g.oc, g.ho(), g.wo()}, strides{g.stride, g.stride}, pad{g.pad, g.pad};
+    try {
+      const dnnl::convolution_forward::primitive_desc pd(
+          dnnl::convolution_forward::desc(
+              dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+              memory::desc(src, f32, memory::format_tag::any),
+              memory::desc(wei, f32, memory::format_tag::any), memory::desc({g.oc}, f32,
+              memory::format_tag::x), memory::desc(dst, f32, memory::format_tag::any), strides,
+              pad, pad),
+          eng_);
+      for (const int64_t b : {16, 8})
+        if (g.oc % b == 0 && pd.dst_desc() == memory::desc(dst, f32, blocked_tag(b))) return b;
+    } catch (const dnnl::error&) {
+      // no primitive here: conv_forward says why
+    }
+    return 0;
+  }
   DnnlConv& dnnl_conv(const ConvGeom& g, int64_t n) {
     const auto key = std::make_pair(g, n);
     auto it = convs_.find(key);
@@ -857,6 +1041,8 @@ class CpuDevice final : public Device {
   dnnl::stream stream_;
   DnnlStaging staging_;  // declared before convs_, which refer to it
   std::map<std::pair<ConvGeom, int64_t>, std::unique_ptr<DnnlConv>> convs_;
+  std::map<ConvGeom, int64_t> out_blocks_;  // conv_out_block's answers
+  std::map<std::array<int64_t, 5>, dnnl::reorder> converts_;  // convert_layout's
 #endif
   int threads_;
   CpuConv conv_;
@@ -866,6 +1052,7 @@ class CpuDevice final : public Device {
   std::vector<ConvScratch> scratch_;
   std::vector<math::XentRow> row_results_;  // softmax_xent's, before their ordered sum
   std::vector<float> partial_dw_;
+  std::vector<float> bn_part_;  // BatchNorm's per-sample sums in channel blocks
 };
 
 }  // namespace

@@ -384,8 +384,23 @@ void CudaDevice::maxpool_backward(const float* dy, const int32_t* argmax, int64_
   });
 }
 
+void CudaDevice::nchw_only(int64_t block) {
+  if (block != 0)
+    DTRAIN_THROW_SYSTEM(fmt::format("a tensor in channel blocks of {} reached the CUDA backend, "
+                                    "whose tensors are NCHW",
+                                    block));
+}
+
+void CudaDevice::convert_layout(const float* x, int64_t n, int64_t c, int64_t spatial,
+                                int64_t from, int64_t to, float* y) {
+  nchw_only(from);
+  nchw_only(to);
+  copy(y, x, static_cast<size_t>(n * c * spatial) * sizeof(float));
+}
+
 void CudaDevice::channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
-                                 double* moments) {
+                                 int64_t block, double* moments) {
+  nchw_only(block);
   if (c == 0) return;
   launch([&](cudaStream_t s) { kernels::channel_moments(x, n, c, spatial, moments, s); });
 }
@@ -399,14 +414,16 @@ void CudaDevice::bn_prepare(const double* moments, double count, double eps, dou
 }
 
 void CudaDevice::bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
-                          int64_t n, int64_t c, int64_t spatial, float* y) {
+                          int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) {
+  nchw_only(block);
   if (n * c * spatial == 0) return;
   launch([&](cudaStream_t s) { kernels::bn_apply(x, stats, gamma, beta, n, c, spatial, y, s); });
 }
 
 void CudaDevice::bn_backward_sums(const float* x, const float* dy, const float* stats,
                                   const float* gamma, int64_t n, int64_t c, int64_t spatial,
-                                  double* sums, float* dgamma, float* dbeta) {
+                                  int64_t block, double* sums, float* dgamma, float* dbeta) {
+  nchw_only(block);
   if (c == 0) return;
   launch([&](cudaStream_t s) {
     kernels::bn_backward_sums(x, dy, stats, gamma, n, c, spatial, sums, dgamma, dbeta, s);
@@ -415,7 +432,8 @@ void CudaDevice::bn_backward_sums(const float* x, const float* dy, const float* 
 
 void CudaDevice::bn_backward_dx(const float* x, const float* dy, const float* stats,
                                 const float* gamma, const double* sums, double m, int64_t n,
-                                int64_t c, int64_t spatial, float* dx) {
+                                int64_t c, int64_t spatial, int64_t block, float* dx) {
+  nchw_only(block);
   if (n * c * spatial == 0) return;
   launch([&](cudaStream_t s) {
     kernels::bn_backward_dx(x, dy, stats, gamma, sums, m, n, c, spatial, dx, s);

@@ -86,18 +86,20 @@ class CudaDevice final : public Device, public DeviceQueue {
                        int64_t stride, int64_t pad, float* y, int32_t* argmax) override;
   void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,
                         int64_t w, int64_t k, int64_t stride, int64_t pad, float* dx) override;
-  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial,
+  void convert_layout(const float* x, int64_t n, int64_t c, int64_t spatial, int64_t from,
+                      int64_t to, float* y) override;
+  void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, int64_t block,
                        double* moments) override;
   void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
                   float* stats, int64_t c) override;
   void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
-                int64_t n, int64_t c, int64_t spatial, float* y) override;
+                int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) override;
   void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
-                        int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
-                        float* dbeta) override;
+                        int64_t n, int64_t c, int64_t spatial, int64_t block, double* sums,
+                        float* dgamma, float* dbeta) override;
   void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
                       const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
-                      float* dx) override;
+                      int64_t block, float* dx) override;
   void augment(const float* x, float* y, int64_t rows, int64_t c, int64_t h, int64_t w, int64_t pad,
                bool reflect, bool flip, uint64_t seed) override;
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override;
@@ -166,6 +168,8 @@ class CudaDevice final : public Device, public DeviceQueue {
   void from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate);
   // Convolutions (cudnn_conv.cpp).
   ConvPlan& plan(const ConvGeom& g, int64_t n);
+  // Throws unless `block` is 0: this backend's tensors are NCHW (conv_out_block offers none).
+  static void nchw_only(int64_t block);
   void grow_workspace(size_t bytes);
   void conv_backward_bf16(const ConvPlan& p, const ConvGeom& g, int64_t n, const float* x,
                           const float* w, const float* dy, float* dw, float* db, float* dx);
