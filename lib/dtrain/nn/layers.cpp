@@ -62,7 +62,7 @@ ConvGeom Conv2d::geom() const {
 
 std::optional<MapLayout> Conv2d::layout_for(Device& d, MapLayout in) {
   in_block_ = in.block;
-  out_block_ = 0;
+  out_block_ = 0;  // the device is asked about the geometry with an NCHW output
   out_block_ = d.conv_out_block(geom());
   return out_block_ ? MapLayout{out_block_, oc_} : MapLayout{};
 }

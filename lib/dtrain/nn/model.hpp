@@ -323,13 +323,13 @@ class Residual final : public Layer {
   Buffer<float> converted_;  // the shortcut's output (forward) or gradient (backward), converted
 };
 
-// The layers of `specs` for input maps of shape `cur`, which it advances to the output shape.
-// A UserError from entry i is prefixed with "<where>[i] (<type>): ". Specs that make no layer
-// (flatten) only change the shape.
 // Plans the layouts of `layers` in order from the first's input layout; returns the last's
 // output layout (`in` for an empty list).
 MapLayout plan_layouts(Device& d, std::vector<std::unique_ptr<Layer>>& layers, MapLayout in);
 
+// The layers of `specs` for input maps of shape `cur`, which it advances to the output shape.
+// A UserError from entry i is prefixed with "<where>[i] (<type>): ". Specs that make no layer
+// (flatten) only change the shape.
 std::vector<std::unique_ptr<Layer>> make_layers(const std::vector<LayerSpec>& specs, MapShape& cur,
                                                 bool sync, const std::string& where);
 // The residual block of spec `l` for input maps `cur`, which it advances (residual.cpp).

@@ -114,26 +114,25 @@ DTRAIN_CPU_CLONES inline void bn_dx_row(const math::BnDx& t, const float* dy, co
 // sample's B channels of a block, position i's B values side by side (x[i * B + j]: channel j of
 // the tile). Every tensor of the tile is in that layout. The loops are written on vectors of B
 // floats, a channel a lane, so that each lane computes math.hpp's formula for its channel and
-// each channel's sums run over its positions in order: the same bits in every clone (GCC splits
-// a vector wider than the machine's into halves or quarters).
+// each channel's sums run over its positions in order: the same bits in every clone (the
+// compiler splits a vector wider than the machine's into halves or quarters).
+// B floats as one vector, copied in and out with memcpy (any alignment; the compiler makes it
+// one unaligned load or store): no function takes or returns a vector by value, so no clone's
+// calling convention depends on its width.
 template <int B>
 struct BnLanes {
-  using V [[gnu::vector_size(B * sizeof(float))]] = float;
-  static V load(const float* p) {
-    V v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static void store(float* p, V v) { std::memcpy(p, &v, sizeof v); }
+  typedef float V __attribute__((vector_size(B * sizeof(float))));
+  [[gnu::always_inline]] static void load(V& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+  [[gnu::always_inline]] static void store(float* p, const V& v) { std::memcpy(p, &v, sizeof v); }
 };
 
 template <int B>
 [[gnu::always_inline]] inline void bn_tile_moments(const float* x, int64_t spatial, float* a,
                                                    float* q) {
   using L = BnLanes<B>;
-  typename L::V sa{}, sq{};
+  typename L::V sa{}, sq{}, v;
   for (int64_t i = 0; i < spatial; ++i) {
-    const auto v = L::load(x + i * B);
+    L::load(v, x + i * B);
     sa += v;
     sq += v * v;
   }
@@ -144,21 +143,26 @@ template <int B>
 [[gnu::always_inline]] inline void bn_tile_apply(const math::BnAffine* t, const float* x,
                                                  int64_t spatial, float* y) {
   using L = BnLanes<B>;
-  typename L::V a, b;
+  typename L::V a, b, v;
   for (int j = 0; j < B; ++j) a[j] = t[j].a, b[j] = t[j].b;
-  for (int64_t i = 0; i < spatial; ++i) L::store(y + i * B, a * L::load(x + i * B) + b);
+  for (int64_t i = 0; i < spatial; ++i) {
+    L::load(v, x + i * B);
+    L::store(y + i * B, a * v + b);  // math::bn_apply_one
+  }
 }
 template <int B>
 [[gnu::always_inline]] inline void bn_tile_sums(const float* x, const float* dy,
                                                 const float* mean, const float* inv_std,
                                                 int64_t spatial, float* t1, float* t2) {
   using L = BnLanes<B>;
-  const auto m = L::load(mean), is = L::load(inv_std);
-  typename L::V s1{}, s2{};
+  typename L::V m, is, s1{}, s2{}, g, v;
+  L::load(m, mean);
+  L::load(is, inv_std);
   for (int64_t i = 0; i < spatial; ++i) {
-    const auto g = L::load(dy + i * B);
+    L::load(g, dy + i * B);
+    L::load(v, x + i * B);
     s1 += g;
-    s2 += g * ((L::load(x + i * B) - m) * is);  // math::bn_xhat
+    s2 += g * ((v - m) * is);  // math::bn_xhat
   }
   L::store(t1, s1);
   L::store(t2, s2);
@@ -167,10 +171,13 @@ template <int B>
 [[gnu::always_inline]] inline void bn_tile_dx(const math::BnDx* t, const float* dy, const float* x,
                                               int64_t spatial, float* dx) {
   using L = BnLanes<B>;
-  typename L::V a, bx, c0;
+  typename L::V a, bx, c0, g, v;
   for (int j = 0; j < B; ++j) a[j] = t[j].a, bx[j] = t[j].bx, c0[j] = t[j].c0;
-  for (int64_t i = 0; i < spatial; ++i)  // math::bn_dx_one
-    L::store(dx + i * B, a * L::load(dy + i * B) + bx * L::load(x + i * B) + c0);
+  for (int64_t i = 0; i < spatial; ++i) {
+    L::load(g, dy + i * B);
+    L::load(v, x + i * B);
+    L::store(dx + i * B, a * g + bx * v + c0);  // math::bn_dx_one
+  }
 }
 
 // The tile loops above for b = 8 or 16 channels a block, each compiled per instruction set.
