@@ -541,16 +541,23 @@ class CpuDevice final : public Device {
   }
   // Per sample and channel, the float sums of a tile ([sample][channel], first and second
   // halves of bn_part_); then per channel their double sums over samples in order.
+  // tile(s, ch0, at) for every tile of n samples of c channels in blocks (MapLayout), in
+  // parallel: sample s's channels ch0 to ch0 + block - 1, whose values start at float `at`.
+  template <class Tile>
+  void each_tile(int64_t n, int64_t c, int64_t spatial, int64_t block, Tile tile) {
+    const int64_t blocks = channel_blocks(c, block);
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t t = 0; t < n * blocks; ++t)
+      tile(t / blocks, t % blocks * block, t * spatial * block);
+  }
   void blocked_moments(const float* x, int64_t n, int64_t c, int64_t spatial, int64_t block,
                        double* moments) {
-    const int64_t blocks = channel_blocks(c, block);
     bn_part_.resize(static_cast<size_t>(2 * n * c));
     float* part = bn_part_.data();
-#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
-    for (int64_t t = 0; t < n * blocks; ++t) {
-      const int64_t at = t / blocks * c + t % blocks * block;
-      cpu::bn_block_moments(x + t * spatial * block, block, spatial, part + at, part + n * c + at);
-    }
+    each_tile(n, c, spatial, block, [&](int64_t s, int64_t ch0, int64_t at) {
+      const int64_t k = s * c + ch0;
+      cpu::bn_block_moments(x + at, block, spatial, part + k, part + n * c + k);
+    });
     sum_samples(n, c, [&](int64_t ch, double a, double q) {
       moments[ch] = a;
       moments[c + ch] = q;
@@ -559,15 +566,13 @@ class CpuDevice final : public Device {
   void blocked_sums(const float* x, const float* dy, const float* stats, const float* gamma,
                     int64_t n, int64_t c, int64_t spatial, int64_t block, double* sums,
                     float* dgamma, float* dbeta) {
-    const int64_t blocks = channel_blocks(c, block);
     bn_part_.resize(static_cast<size_t>(2 * n * c));
     float* part = bn_part_.data();
-#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
-    for (int64_t t = 0; t < n * blocks; ++t) {
-      const int64_t ch0 = t % blocks * block, at = t / blocks * c + ch0;
-      cpu::bn_block_sums(x + t * spatial * block, dy + t * spatial * block, stats + ch0,
-                         stats + c + ch0, block, spatial, part + at, part + n * c + at);
-    }
+    each_tile(n, c, spatial, block, [&](int64_t s, int64_t ch0, int64_t at) {
+      const int64_t k = s * c + ch0;
+      cpu::bn_block_sums(x + at, dy + at, stats + ch0, stats + c + ch0, block, spatial, part + k,
+                         part + n * c + k);
+    });
     sum_samples(n, c, [&](int64_t ch, double t1, double t2) {
       math::bn_backward_totals(t1, t2, gamma, c, ch, sums, dgamma, dbeta);
     });
@@ -790,17 +795,12 @@ class CpuDevice final : public Device {
   void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
                 int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) override {
     if (block) {
-      const int64_t blocks = channel_blocks(c, block);
-#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
-      for (int64_t t = 0; t < n * blocks; ++t) {
-        const int64_t ch0 = t % blocks * block;
+      return each_tile(n, c, spatial, block, [&](int64_t, int64_t ch0, int64_t at) {
         std::array<math::BnAffine, kMaxBlock> a;
-        for (int64_t j = 0; j < block; ++j)
-          a[j] = math::bn_affine(gamma[ch0 + j], beta[ch0 + j], stats[ch0 + j], stats[c + ch0 + j]);
-        cpu::bn_block_apply(a.data(), x + t * spatial * block, block, spatial,
-                            y + t * spatial * block);
-      }
-      return;
+        for (int64_t j = 0, ch = ch0; j < block; ++j, ++ch)
+          a[j] = math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]);
+        cpu::bn_block_apply(a.data(), x + at, block, spatial, y + at);
+      });
     }
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t sc = 0; sc < n * c; ++sc) {
@@ -840,17 +840,12 @@ class CpuDevice final : public Device {
                       const double* sums, double m, int64_t n, int64_t c, int64_t spatial,
                       int64_t block, float* dx) override {
     if (block) {
-      const int64_t blocks = channel_blocks(c, block);
-#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
-      for (int64_t t = 0; t < n * blocks; ++t) {
-        const int64_t ch0 = t % blocks * block;
+      return each_tile(n, c, spatial, block, [&](int64_t, int64_t ch0, int64_t at) {
         std::array<math::BnDx, kMaxBlock> k;
         for (int64_t j = 0, ch = ch0; j < block; ++j, ++ch)
           k[j] = math::bn_dx_coeffs(stats[ch], stats[c + ch], gamma[ch], sums[ch], sums[c + ch], m);
-        const int64_t at = t * spatial * block;
         cpu::bn_block_dx(k.data(), dy + at, x + at, block, spatial, dx + at);
-      }
-      return;
+      });
     }
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t sc = 0; sc < n * c; ++sc) {
