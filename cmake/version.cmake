@@ -10,7 +10,8 @@ execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY ${SRC}
 if(NOT rc EQUAL 0 OR NOT DTRAIN_GIT_SHA)
   set(DTRAIN_GIT_SHA "unknown")  # a tree without git (a copied source folder)
 else()
-  execute_process(COMMAND git status --porcelain --untracked-files=no WORKING_DIRECTORY ${SRC}
+  execute_process(COMMAND git --no-optional-locks status --porcelain --untracked-files=no
+                  WORKING_DIRECTORY ${SRC}
                   OUTPUT_VARIABLE changed OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
   if(changed)
     string(APPEND DTRAIN_GIT_SHA "-dirty")

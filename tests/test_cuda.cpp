@@ -185,7 +185,7 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
   });
 
   // Convolution (cuDNN against oneDNN or im2col), pooling and BatchNorm on NCHW maps.
-  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
+  for (const ConvGeom& g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
     conv_twin("conv", 1e-5, g, 3, rng, Precision::fp32);
   // Without bias (ResNet convolutions), 1x1 strided (the projection shortcut).
   conv_twin("conv, no bias", 1e-5, ConvGeom{4, 9, 9, 6, 3, 2, 1}, 3, rng, Precision::fp32, false);
@@ -482,7 +482,7 @@ TEST_CASE("CUDA bf16 GEMMs and convolutions match the bf16 CPU twin", "[cuda][bf
         d.gemm(ta, tb, m, n, k, 0.7f, mr.in(A), ta ? m : k, mr.in(B), tb ? k : n, 0.3f, c, n);
         return Outs{mr.out(c, C0.size())};
       }, Precision::bf16);
-  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{8, 14, 14, 16, 3, 1, 1}})
+  for (const ConvGeom& g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{8, 14, 14, 16, 3, 1, 1}})
     conv_twin("conv bf16", 1e-2, g, 4, rng, Precision::bf16);
 }
 
@@ -699,7 +699,7 @@ TEST_CASE("CUDA tf32 GEMMs and convolutions match the FP32 CPU twin to TF32 prec
         return Outs{mr.out(c, static_cast<size_t>(t * t))};
       },
       Precision::tf32, 1e-5);
-  for (const ConvGeom g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
+  for (const ConvGeom& g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{6, 9, 7, 4, 5, 2, 2}})
     conv_twin("conv tf32", 1e-2, g, 3, rng, Precision::tf32);
 }
 

@@ -167,13 +167,14 @@ TEST_CASE("residual block gradients match finite differences, both shortcuts", "
       check_layer(*dev, *block, 31, false, 2e-3);
     }
     SECTION("16 channels: oneDNN's channel blocks, converted for a pool and the sum") {
-      // Convolutions write blocks; global average pooling needs NCHW (its input is converted
-      // and its gradient converted back), so the body ends in NCHW and the projection's blocked
-      // output is converted to it before the sum.
+      // Convolutions write blocks; max pooling needs NCHW (a window of 1, the identity without
+      // kinks: its input is converted and its gradient converted back), so the body ends in
+      // NCHW and the projection's blocked 3x3 maps are converted to it before the sum.
       auto block = residual_block(
           "{residual: {shortcut: project, activation: tanh, body: ["
           "{conv: {channels: 16, kernel: 3, padding: 1, bias: false}}, batchnorm, tanh,"
-          "{conv: {channels: 16, kernel: 3, padding: 1}}, batchnorm, global_avg_pool]}}",
+          "{conv: {channels: 16, kernel: 3, padding: 1}}, batchnorm,"
+          "{maxpool: {size: 1, stride: 1}}]}}",
           MapShape{3, 3, 3});
       check_layer(*dev, *block, 33, false, 2e-3);
     }

@@ -419,21 +419,32 @@ TEST_CASE("a ResNet on oneDNN keeps its maps in channel blocks and matches NCHW"
   CHECK(plan_layouts(*ref, layers, MapLayout{}).block == 0);
   CHECK(layers[1]->layout_in().block == 0);  // im2col: NCHW throughout
 
-  // One training step's logits and gradients, in blocks and in NCHW.
-  Rng rng(5);
-  const int64_t rows = 6;
-  const auto x = test::random_vec(rng, rows * 3 * 16 * 16);
-  std::vector<int32_t> labels{0, 3, 9, 2, 2, 7};
-  std::vector<std::vector<float>> logits, grads;
-  for (Device* d : {dnn.get(), ref.get()}) {
-    auto m = build_model(*d, cfg, {3, 16, 16}, 10);
-    m->init(11);
-    const float* l = m->forward(x.data(), rows);
-    logits.emplace_back(l, l + rows * 10);
-    double stats[2] = {0, 0};
-    m->loss_backward(labels.data(), rows, 1.f / rows, stats);
-    grads.emplace_back(m->grads(), m->grads() + m->param_count());
+  // One training step's logits and gradients, then evaluation's logits (running statistics),
+  // in blocks and in NCHW; and a BatchNorm after flatten, whose features are a map's channels
+  // and positions: it gets them in NCHW order, so its parameters mean the same on every device.
+  const ModelConfig flat = parse_config(
+      "model: {type: layers, layers: [{conv: {channels: 16, padding: 1}}, relu, flatten, "
+      "batchnorm]}", "f.yaml").model;
+  for (const ModelConfig* c : {&cfg, &flat}) {
+    Rng rng(5);
+    const int64_t rows = 6;
+    const auto x = test::random_vec(rng, rows * 3 * 16 * 16);
+    std::vector<int32_t> labels{0, 3, 9, 2, 2, 7};
+    std::vector<std::vector<float>> logits, grads, evals;
+    for (Device* d : {dnn.get(), ref.get()}) {
+      auto m = build_model(*d, *c, {3, 16, 16}, 10);
+      m->init(11);
+      const float* l = m->forward(x.data(), rows);
+      logits.emplace_back(l, l + rows * 10);
+      double stats[2] = {0, 0};
+      m->loss_backward(labels.data(), rows, 1.f / rows, stats);
+      grads.emplace_back(m->grads(), m->grads() + m->param_count());
+      l = m->forward(x.data(), rows, /*train=*/false);
+      evals.emplace_back(l, l + rows * 10);
+    }
+    INFO((c == &cfg ? "resnet" : "conv, flatten, batchnorm"));
+    CHECK(test::rel_error(logits[0], logits[1]) < 1e-4);
+    CHECK(test::rel_error(grads[0], grads[1]) < 1e-3);
+    CHECK(test::rel_error(evals[0], evals[1]) < 1e-4);
   }
-  CHECK(test::rel_error(logits[0], logits[1]) < 1e-4);
-  CHECK(test::rel_error(grads[0], grads[1]) < 1e-3);
 }

@@ -245,7 +245,10 @@ class BatchNorm final : public Layer {
   void collect_state(std::vector<Buffer<float>*>& out) override { out.push_back(&running_); }
 
  protected:
+  // Channel blocks of its own channels only: after flatten its features are a map's channels
+  // and positions, and the map's blocks are converted to NCHW for it.
   std::optional<MapLayout> layout_for(Device&, MapLayout in) override {
+    if (in.block && in.c != in_.c) return std::nullopt;
     block_ = in.block;
     return in;
   }

@@ -334,8 +334,10 @@ std::vector<SummaryField> provenance_fields() {
       // reads any key from here.
       {k::config, T::object, false, "", "every config value in force, as config.resolved.yaml",
        "", true, [](const S& s) { return config_to_json(s.cfg); }},
-      {k::git_sha, T::string, false, "", "the build's commit", "", true,
-       [](const S&) -> json { return kGitSha; }},
+      {k::git_sha, T::string, false, "",
+       "the commit the binary was built from, with `-dirty` where tracked files had changed "
+       "since it (`unknown`: built outside git)",
+       "", true, [](const S&) -> json { return kGitSha; }},
       {k::dtrain_version, T::string, false, "", "the build's version", "", true,
        [](const S&) -> json { return kVersion; }},
       {k::started_at, T::string, false, "", "UTC start time", "", true,

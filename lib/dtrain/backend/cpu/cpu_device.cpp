@@ -539,8 +539,6 @@ class CpuDevice final : public Device {
       DTRAIN_THROW_SYSTEM(fmt::format("BatchNorm: {} channels in blocks of {}", c, block));
     return c / block;
   }
-  // Per sample and channel, the float sums of a tile ([sample][channel], first and second
-  // halves of bn_part_); then per channel their double sums over samples in order.
   // tile(s, ch0, at) for every tile of n samples of c channels in blocks (MapLayout), in
   // parallel: sample s's channels ch0 to ch0 + block - 1, whose values start at float `at`.
   template <class Tile>
@@ -550,6 +548,8 @@ class CpuDevice final : public Device {
     for (int64_t t = 0; t < n * blocks; ++t)
       tile(t / blocks, t % blocks * block, t * spatial * block);
   }
+  // Per sample and channel, the float sums of a tile ([sample][channel], first and second
+  // halves of bn_part_); then per channel their double sums over samples in order.
   void blocked_moments(const float* x, int64_t n, int64_t c, int64_t spatial, int64_t block,
                        double* moments) {
     bn_part_.resize(static_cast<size_t>(2 * n * c));

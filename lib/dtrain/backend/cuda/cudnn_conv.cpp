@@ -172,6 +172,7 @@ void CudaDevice::grow_workspace(size_t bytes) {
 
 void CudaDevice::conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w,
                               const float* b, float* y) {
+  nchw_only(g.in_block);
   nchw_only(g.out_block);
   if (n == 0) return;
   enqueue([&] {
@@ -199,6 +200,7 @@ void CudaDevice::conv_forward(const ConvGeom& g, int64_t n, const float* x, cons
 
 void CudaDevice::conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w,
                                const float* dy, float* dw, float* db, float* dx) {
+  nchw_only(g.in_block);
   nchw_only(g.out_block);
   if (n == 0) return;
   enqueue([&] {
