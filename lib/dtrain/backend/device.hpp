@@ -157,7 +157,7 @@ class Device {
                              const float* dy, float* dw, float* db, float* dx) = 0;
   // The channel block b > 0 in which this device would rather have convolution g's output
   // (MapLayout), or 0 for NCHW. The CPU's oneDNN convolutions work in channel blocks, and
-  // reorders to and from NCHW around each of them cost a third of their time; a device
+  // reorders to and from NCHW around each of them cost over a quarter of their time; a device
   // without such a preference keeps NCHW.
   virtual int64_t conv_out_block(const ConvGeom& /*g*/) { return 0; }
   // y = n samples of c channels at `spatial` positions, from channel blocks of `from` to

@@ -24,15 +24,20 @@ MapLayout plan_layouts(Device& d, std::vector<std::unique_ptr<Layer>>& layers, M
   return in;
 }
 
+const float* in_layout(Device& d, Buffer<float>& buf, const float* v, int64_t rows,
+                       int64_t features, MapLayout from, MapLayout to) {
+  if (from.block == to.block) return v;
+  const int64_t c = std::max(from.c, to.c);
+  buf.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * features));
+  d.convert_layout(v, rows, c, features / c, from.block, to.block, buf.data());
+  return buf.data();
+}
+
 const float* Layer::forward(Device& d, const float* x, int64_t rows) {
   if (rows < 0) DTRAIN_THROW_SYSTEM("negative batch");
   y_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * out_));
-  if (convert_in_) {  // an NCHW layer after channel blocks: its own NCHW copy, kept for backward
-    const MapLayout& l = layout_in_;
-    x_nchw_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * in_));
-    d.convert_layout(x, rows, l.c, in_ / l.c, l.block, 0, x_nchw_.data());
-    x = x_nchw_.data();
-  }
+  // An NCHW layer after channel blocks: its own NCHW copy, kept for backward.
+  if (convert_in_) x = in_layout(d, x_nchw_, x, rows, in_, layout_in_, MapLayout{});
   x_ = x;
   rows_ = rows;
   // Called with zero rows too: a synchronised layer must join its collective even when this
@@ -52,10 +57,7 @@ const float* Layer::backward(Device& d, const float* dy, int64_t rows, bool need
   }
   backward_impl(d, x_, y_.data(), dy, dx, rows);
   if (!dx || !convert_in_) return dx;
-  const MapLayout& l = layout_in_;
-  dx_blocked_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * in_));
-  d.convert_layout(dx, rows, l.c, in_ / l.c, 0, l.block, dx_blocked_.data());
-  return dx_blocked_.data();
+  return in_layout(d, dx_blocked_, dx, rows, in_, MapLayout{}, layout_in_);
 }
 
 std::string Dense::describe() const {
@@ -232,20 +234,14 @@ const float* Model::forward(const float* x, int64_t rows, bool train) {
   ctx_.train = train;
   const float* h = x;
   for (auto& l : layers_) h = l->forward(dev_, h, rows);
-  if (out_layout_.block) {  // logits as channel maps in blocks: NCHW for the loss
-    const int64_t n = std::max<int64_t>(rows, 1) * classes_ * positions_, c = out_layout_.c;
-    logits_nchw_.resize(dev_, static_cast<size_t>(n));
-    dev_.convert_layout(h, rows, c, classes_ * positions_ / c, out_layout_.block, 0,
-                        logits_nchw_.data());
-    h = logits_nchw_.data();
-  }
-  logits_ = h;
+  // Logits as channel maps in blocks: NCHW for the loss.
+  logits_ = in_layout(dev_, logits_nchw_, h, rows, classes_ * positions_, out_layout_, {});
   rows_ = rows;
   if (positions_ > 1) {  // a language model: the targets are the windows' next tokens
     targets_.resize(dev_, static_cast<size_t>(std::max<int64_t>(1, rows * positions_)));
     dev_.next_tokens(x, in_features(), rows, positions_, classes_, targets_.data());
   }
-  return h;
+  return logits_;
 }
 
 void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale, double* stats,
@@ -259,14 +255,8 @@ void Model::loss_backward(const int32_t* labels, int64_t rows, float grad_scale,
   dev_.softmax_xent(logits_, positions_ > 1 ? targets_.data() : labels, n, classes_,
                     grad_scale * static_cast<float>(per), dlogits_.data(), stats,
                     label_smoothing_, per);
-  const float* g = dlogits_.data();
-  if (out_layout_.block) {
-    const int64_t c = out_layout_.c;
-    dlogits_blocked_.resize(dev_, dlogits_.size());
-    dev_.convert_layout(g, rows, c, classes_ * positions_ / c, 0, out_layout_.block,
-                        dlogits_blocked_.data());
-    g = dlogits_blocked_.data();
-  }
+  const float* g = in_layout(dev_, dlogits_blocked_, dlogits_.data(), rows, classes_ * positions_,
+                             {}, out_layout_);
   for (size_t i = layers_.size(); i-- > 0;) {
     g = layers_[i]->backward(dev_, g, rows, i > 0);
     if (ready && layers_[i]->param_count() > 0)

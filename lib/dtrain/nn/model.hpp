@@ -322,13 +322,16 @@ class Residual final : public Layer {
   std::optional<Activation> act_;
   Buffer<float> sum_, dsum_;  // the sum before the activation, and its gradient
   MapLayout out_layout_, shortcut_layout_;  // the body's output's, and the shortcut's
-  const float* convert(Device& d, const float* v, int64_t rows, MapLayout from, MapLayout to);
   Buffer<float> converted_;  // the shortcut's output (forward) or gradient (backward), converted
 };
 
 // Plans the layouts of `layers` in order from the first's input layout; returns the last's
 // output layout (`in` for an empty list).
 MapLayout plan_layouts(Device& d, std::vector<std::unique_ptr<Layer>>& layers, MapLayout in);
+// `v`, rows samples of `features` floats (maps in layout `from`), in layout `to`: v itself where
+// the two agree, else converted into `buf`.
+const float* in_layout(Device& d, Buffer<float>& buf, const float* v, int64_t rows,
+                       int64_t features, MapLayout from, MapLayout to);
 
 // The layers of `specs` for input maps of shape `cur`, which it advances to the output shape.
 // A UserError from entry i is prefixed with "<where>[i] (<type>): ". Specs that make no layer

@@ -111,17 +111,6 @@ std::optional<MapLayout> Residual::layout_for(Device& d, MapLayout in) {
   return out_layout_;
 }
 
-// The shortcut's output or gradient `v` (rows x features) from layout `from` to `to`, or `v`
-// itself where they agree.
-const float* Residual::convert(Device& d, const float* v, int64_t rows, MapLayout from,
-                               MapLayout to) {
-  if (from == to) return v;
-  const int64_t c = std::max(from.c, to.c), n = rows * out_features();
-  converted_.resize(d, static_cast<size_t>(std::max<int64_t>(n, 1)));
-  d.convert_layout(v, rows, c, out_features() / c, from.block, to.block, converted_.data());
-  return converted_.data();
-}
-
 void Residual::collect_state(std::vector<Buffer<float>*>& out) {
   for (auto* list : {&body_, &shortcut_})
     for (auto& l : *list) l->collect_state(out);
@@ -168,8 +157,8 @@ int64_t Residual::activation_floats() const {
 
 void Residual::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
   const float* b = forward_through(d, body_, x, rows);
-  const float* s = convert(d, forward_through(d, shortcut_, x, rows), rows, shortcut_layout_,
-                           out_layout_);
+  const float* s = in_layout(d, converted_, forward_through(d, shortcut_, x, rows), rows,
+                             out_features(), shortcut_layout_, out_layout_);
   const auto n = static_cast<size_t>(rows * out_features());
   if (!act_) return d.add(b, s, y, n);
   sum_.resize(d, std::max<size_t>(n, 1));
@@ -189,7 +178,9 @@ void Residual::backward_impl(Device& d, const float*, const float* y, const floa
   // Both branches see dL/d(sum); their input gradients add up.
   const float* gb = backward_through(d, body_, g, rows, dx != nullptr);
   const float* gs = backward_through(
-      d, shortcut_, convert(d, g, rows, out_layout_, shortcut_layout_), rows, dx != nullptr);
+      d, shortcut_,
+      in_layout(d, converted_, g, rows, out_features(), out_layout_, shortcut_layout_), rows,
+      dx != nullptr);
   if (dx) d.add(gb, gs, dx, static_cast<size_t>(rows * in_features()));
 }
 

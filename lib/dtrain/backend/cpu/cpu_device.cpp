@@ -140,35 +140,47 @@ dnnl::memory::format_tag blocked_tag(int64_t b) {
   DTRAIN_THROW_SYSTEM(fmt::format("no oneDNN layout for channel blocks of {}", b));
 }
 
+// Convolution g's tensors for n samples in fp32, their layouts left to oneDNN (format any),
+// and its forward pass: what DnnlConv builds its primitives from, and what conv_out_block asks.
+struct AnyConv {
+  AnyConv(const ConvGeom& g, int64_t n)
+      : src({n, g.c, g.h, g.w}, kF32, kAny),
+        wei({g.oc, g.c, g.k, g.k}, kF32, kAny),
+        bias({g.oc}, kF32, dnnl::memory::format_tag::x),
+        dst({n, g.oc, g.ho(), g.wo()}, kF32, kAny),
+        strides{g.stride, g.stride},
+        pad{g.pad, g.pad} {}
+  dnnl::convolution_forward::desc forward() const {
+    return {dnnl::prop_kind::forward_training, kAlgo, src, wei, bias, dst, strides, pad, pad};
+  }
+  static constexpr auto kF32 = dnnl::memory::data_type::f32;
+  static constexpr auto kAny = dnnl::memory::format_tag::any;
+  static constexpr auto kAlgo = dnnl::algorithm::convolution_direct;
+  dnnl::memory::desc src, wei, bias, dst;
+  dnnl::memory::dims strides, pad;
+};
+
 // oneDNN convolution primitives for one geometry and batch size, with the reorders that move
-// between dtrain's NCHW/OIHW tensors and the blocked layouts oneDNN prefers.
+// between dtrain's NCHW/OIHW tensors (or channel blocks: MapLayout) and the layouts oneDNN
+// picks.
 class DnnlConv {
  public:
   DnnlConv(const dnnl::engine& eng, DnnlStaging& staging, const ConvGeom& g, int64_t n)
       : eng_(eng), staging_(staging) {
     using dnnl::memory;
-    using tag = memory::format_tag;
-    const auto f32 = memory::data_type::f32;
-    const memory::dims src{n, g.c, g.h, g.w}, wei{g.oc, g.c, g.k, g.k},
-        dst{n, g.oc, g.ho(), g.wo()};
-    const memory::dims strides{g.stride, g.stride}, pad{g.pad, g.pad};
-    user_src_ = memory::desc(src, f32, blocked_tag(g.in_block));
-    user_wei_ = memory::desc(wei, f32, tag::oihw);
-    user_dst_ = memory::desc(dst, f32, blocked_tag(g.out_block));
-    bias_ = memory::desc({g.oc}, f32, tag::x);
-    const memory::desc any_src(src, f32, tag::any), any_wei(wei, f32, tag::any),
-        any_dst(dst, f32, tag::any);
-    const auto algo = dnnl::algorithm::convolution_direct;
-    fwd_pd_ = dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, any_src, any_wei,
-                                        bias_, any_dst, strides, pad, pad),
-        eng_);
+    const AnyConv a(g, n);
+    user_src_ = memory::desc(a.src.dims(), a.kF32, blocked_tag(g.in_block));
+    user_wei_ = memory::desc(a.wei.dims(), a.kF32, memory::format_tag::oihw);
+    user_dst_ = memory::desc(a.dst.dims(), a.kF32, blocked_tag(g.out_block));
+    bias_ = a.bias;
+    fwd_pd_ = dnnl::convolution_forward::primitive_desc(a.forward(), eng_);
     bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(algo, any_src, any_wei, any_dst, strides, pad, pad),
+        dnnl::convolution_backward_data::desc(a.kAlgo, a.src, a.wei, a.dst, a.strides, a.pad,
+                                              a.pad),
         eng_, fwd_pd_);
     bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(algo, any_src, any_wei, bias_, any_dst, strides,
-                                                 pad, pad),
+        dnnl::convolution_backward_weights::desc(a.kAlgo, a.src, a.wei, a.bias, a.dst, a.strides,
+                                                 a.pad, a.pad),
         eng_, fwd_pd_);
     fwd_ = dnnl::convolution_forward(fwd_pd_);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
@@ -1000,21 +1012,13 @@ class CpuDevice final : public Device {
   // The block of the layout oneDNN's forward primitive picks for g's output (asked at a batch
   // of 32), if one of 8 or 16 channels that g's channels fill; else 0.
   int64_t dnnl_out_block(const ConvGeom& g) {
-    using dnnl::memory;
-    const auto f32 = memory::data_type::f32;
-    const memory::dims src{32, g.c, g.h, g.w}, wei{g.oc, g.c, g.k, g.k},
-        dst{32, g.oc, g.ho(), g.wo()}, strides{g.stride, g.stride}, pad{g.pad, g.pad};
+    const AnyConv a(g, 32);
     try {
-      const dnnl::convolution_forward::primitive_desc pd(
-          dnnl::convolution_forward::desc(
-              dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-              memory::desc(src, f32, memory::format_tag::any),
-              memory::desc(wei, f32, memory::format_tag::any), memory::desc({g.oc}, f32,
-              memory::format_tag::x), memory::desc(dst, f32, memory::format_tag::any), strides,
-              pad, pad),
-          eng_);
-      for (const int64_t b : {16, 8})
-        if (g.oc % b == 0 && pd.dst_desc() == memory::desc(dst, f32, blocked_tag(b))) return b;
+      const dnnl::convolution_forward::primitive_desc pd(a.forward(), eng_);
+      for (const int64_t b : {16, 8}) {
+        const dnnl::memory::desc blocks(a.dst.dims(), a.kF32, blocked_tag(b));
+        if (g.oc % b == 0 && pd.dst_desc() == blocks) return b;
+      }
     } catch (const dnnl::error&) {
       // no primitive here: conv_forward says why
     }

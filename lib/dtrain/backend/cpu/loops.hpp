@@ -109,13 +109,13 @@ DTRAIN_CPU_CLONES inline void bn_dx_row(const math::BnDx& t, const float* dy, co
   for (int64_t i = 0; i < n; ++i) dx[i] = math::bn_dx_one(t, dy[i], x[i]);
 }
 
-
 // BatchNorm on maps in channel blocks of B (8 or 16; Device::conv_out_block): a tile is one
 // sample's B channels of a block, position i's B values side by side (x[i * B + j]: channel j of
 // the tile). Every tensor of the tile is in that layout. The loops are written on vectors of B
 // floats, a channel a lane, so that each lane computes math.hpp's formula for its channel and
 // each channel's sums run over its positions in order: the same bits in every clone (the
 // compiler splits a vector wider than the machine's into halves or quarters).
+//
 // B floats as one vector, copied in and out with memcpy (any alignment; the compiler makes it
 // one unaligned load or store): no function takes or returns a vector by value, so no clone's
 // calling convention depends on its width.
