@@ -172,17 +172,23 @@ def main():
         sys.exit(f"gpu_vs_pytorch: no GPU ({dev['no_gpu_reason']})")
     scratch = tempfile.mkdtemp(prefix="dtrain-gpu-bench-")
     rows, torch_version = [], None
+    stem = os.path.join(a.out, "gpu-vs-pytorch-" + "-".join(models))
     for model in models:
         for batch in batches:
             sides = measure_case(a, model, batch, scratch)
             rows.append(case_row(model, batch, sides, a.modes))
             torch_version = torch_version or next(
                 (r["torch"] for m in a.modes for r in sides[m] if "torch" in r), None)
+            # After every case, so that a call cut short keeps the cases it finished.
+            lines = write_results(a, stem, dev, torch_version, rows)
+    print("\n".join(lines))
+
+
+def write_results(a, stem, dev, torch_version, rows):
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 gpu=dev["gpus"][0]["name"], driver=dev["driver"], cuda=dev["cuda_runtime"],
                 torch=torch_version, precision=a.precision, epochs=a.epochs,
                 repeats=a.repeats, modes=a.modes)
-    stem = os.path.join(a.out, "gpu-vs-pytorch-" + "-".join(models))
     with open(stem + ".json", "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=2)
     lines = [f"# dtrain's CUDA backend against PyTorch on {meta['gpu']}", "",
@@ -199,7 +205,7 @@ def main():
         lines += ["", "Runs that failed:"] + errors
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":
