@@ -531,6 +531,56 @@ TEST_CASE("math.hpp max-pooling window finds the first maximum", "[math]") {
   CHECK(math::pool_out(112, 3, 2, 0) == 55);
 }
 
+// The GPU's max-pool backward finds, per input position, the outputs whose windows cover it
+// with math::pool_cover, in 32 or 64 bits: the same set as a search of every output.
+TEST_CASE("math.hpp pool_cover names exactly the windows over a position", "[math]") {
+  for (auto [n, k, stride, pad] :
+       {std::array<int64_t, 4>{28, 2, 2, 0}, {9, 3, 2, 0}, {9, 3, 1, 0}, {9, 3, 2, 1},
+        {7, 2, 1, 1}, {11, 5, 3, 2}, {10, 2, 3, 0}, {112, 3, 2, 1}, {5, 2, 2, 0}}) {
+    const int64_t out = math::pool_out(n, k, stride, pad);
+    for (int64_t pos = 0; pos < n; ++pos) {
+      std::vector<int64_t> want;
+      for (int64_t o = 0; o < out; ++o)
+        if (o * stride - pad <= pos && pos < o * stride - pad + k) want.push_back(o);
+      const auto wide = math::pool_cover<int64_t>(pos + pad, k, stride, out);
+      const auto narrow = math::pool_cover<uint32_t>(static_cast<uint32_t>(pos + pad),
+                                                     static_cast<uint32_t>(k),
+                                                     static_cast<uint32_t>(stride),
+                                                     static_cast<uint32_t>(out));
+      std::vector<int64_t> got;
+      for (int64_t o = wide.lo; o <= wide.hi; ++o) got.push_back(o);
+      INFO("n " << n << " k " << k << " stride " << stride << " pad " << pad << " pos " << pos);
+      CHECK(got == want);
+      CHECK(static_cast<int64_t>(narrow.lo) == wide.lo);
+      CHECK(static_cast<int64_t>(narrow.hi) == wide.hi);
+    }
+  }
+}
+
+// The GPU's per-channel sums split a channel's values into runs; every value is in exactly
+// one run, no run is empty, the GPU fills up with runs where there are few channels, and the
+// runs' partial sums fit the scratch.
+TEST_CASE("math.hpp channel_split covers each channel's values in runs that fit the scratch",
+          "[math]") {
+  for (int64_t count : {int64_t(0), int64_t(1), int64_t(63), int64_t(4096), int64_t(4097),
+                        int64_t(100352), int64_t(802816), int64_t(3136), int64_t(1) << 31})
+    for (int64_t c : {1, 3, 32, 64, 2048, 65536, 200000}) {
+      const math::ChannelSplit sp = math::channel_split(count, c);
+      INFO("count " << count << " channels " << c);
+      CHECK(sp.parts >= 1);
+      CHECK(sp.parts <= math::kChannelParts);
+      CHECK(2 * c * sp.parts <= math::channel_scratch_size(c));
+      CHECK(sp.parts * sp.chunk >= count);
+      if (count > 0) CHECK((sp.parts - 1) * sp.chunk < count);  // the last run is not empty
+      if (count >= math::kChannelChunk * math::kChannelParts && c <= 1024)
+        CHECK(sp.parts == math::kChannelParts);
+    }
+  // The CNN's first BatchNorm at batch 1024 (32 channels of 28 x 28): 64 runs a channel, 2,048
+  // blocks, where one block a channel gave 32.
+  CHECK(math::channel_split(1024 * 784, 32).parts == 64);
+  CHECK(math::channel_scratch_size(32) == math::kChannelScratch);
+}
+
 TEST_CASE("math.hpp BatchNorm agrees with the textbook formulas in double", "[math]") {
   Rng rng(29);
   const int64_t count = 500;

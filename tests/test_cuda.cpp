@@ -192,9 +192,10 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
   conv_twin("conv 1x1 s2, no bias", 1e-5, ConvGeom{4, 9, 9, 6, 1, 2, 0}, 3, rng, Precision::fp32,
             false);
   // Named variables, not a structured binding: clang 14 cannot capture one in a lambda.
-  // Windows of 2 and 3, the ImageNet stem's padded one (3, stride 2, padding 1) among them.
+  // Windows of 2 and 3, the ImageNet stem's padded one (3, stride 2, padding 1) among them, and
+  // a stride past the window (positions no window covers).
   for (const auto& window : {std::array<int64_t, 3>{2, 2, 0}, std::array<int64_t, 3>{3, 2, 0},
-                             std::array<int64_t, 3>{3, 2, 1}}) {
+                             std::array<int64_t, 3>{3, 2, 1}, std::array<int64_t, 3>{2, 3, 0}}) {
     const int64_t k2 = window[0], s2 = window[1], p2 = window[2];
     const int64_t ns = 2, c = 3, h = 9, w = 8;
     const int64_t ho = math::pool_out(h, k2, s2, p2), wo = math::pool_out(w, k2, s2, p2);
@@ -207,8 +208,10 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
       return Outs{mr.out(y, dy.size()), mr.out(dx, x.size())};
     });
   }
-  {
-    const int64_t ns = 5, c = 4, sp = 30;
+  // A channel's 150 values in one run of the GPU's sums, and 13 x 700 = 9,100 in three runs
+  // (math::channel_split), the last one shorter, the runs' ends inside samples.
+  for (const auto& shape : {std::array<int64_t, 3>{5, 4, 30}, std::array<int64_t, 3>{13, 3, 700}}) {
+    const int64_t ns = shape[0], c = shape[1], sp = shape[2];
     const auto x = random_vec(rng, ns * c * sp, -2, 3), dy = random_vec(rng, ns * c * sp);
     const auto gamma = random_vec(rng, c, 0.5, 1.5), beta = random_vec(rng, c);
     twin("batchnorm", 1e-5, [&](Device& d, Mirror& mr) -> Outs {

@@ -240,6 +240,20 @@ DTRAIN_HD inline int64_t pool_out(int64_t n, int64_t k, int64_t stride, int64_t 
   return (n + 2 * pad - k) / stride + 1;
 }
 
+// The outputs along one side whose windows cover padded position ii (an input position plus
+// pad): [lo, hi], empty (lo > hi) where a stride wider than the window skips ii. A template so
+// that a GPU kernel can do its division in 32 bits where the sizes allow.
+template <class I>
+struct PoolCover {
+  I lo, hi;
+};
+template <class I>
+DTRAIN_HD inline PoolCover<I> pool_cover(I ii, I k, I stride, I out) {
+  const I lo = ii >= k ? (ii - k) / stride + 1 : I(0);
+  const I hi = ii / stride < out - 1 ? ii / stride : out - 1;
+  return {lo, hi};
+}
+
 // The maximum of the k x k window of output (oi, oj) over an h x w plane, the window starting
 // `pad` before the plane (positions outside it are skipped, as PyTorch's -inf padding does;
 // pad < k keeps at least one inside): the first maximum in row-major window order wins.
@@ -261,6 +275,28 @@ DTRAIN_HD inline PoolMax maxpool_window(const float* plane, int64_t h, int64_t w
       best = gt ? idx : best;
     }
   return {bv, best};
+}
+
+// ---- per-channel sums on a GPU ----
+// A channel's `count` values (samples x positions) are summed in `parts` runs of `chunk`
+// consecutive values, one block a run, then the runs' sums in order: the GPU's kernels fill it
+// even for a few channels, and the order depends on the shapes alone (the same bits on every
+// call). The runs' partial sums, two per run and channel, take at most kChannelScratch doubles
+// (or 2c, where a run a channel needs more).
+constexpr int64_t kChannelChunk = 4096, kChannelParts = 64, kChannelScratch = int64_t(1) << 17;
+struct ChannelSplit {
+  int64_t parts, chunk;
+};
+DTRAIN_HD inline ChannelSplit channel_split(int64_t count, int64_t c) {
+  int64_t parts = (count + kChannelChunk - 1) / kChannelChunk;
+  const int64_t room = c > 0 ? kChannelScratch / (2 * c) : kChannelParts;
+  parts = parts < kChannelParts ? parts : kChannelParts;
+  parts = parts < room ? parts : room;
+  parts = parts > 1 ? parts : 1;
+  return {parts, count > 0 ? (count + parts - 1) / parts : 1};
+}
+DTRAIN_HD inline int64_t channel_scratch_size(int64_t c) {
+  return 2 * c > kChannelScratch ? 2 * c : kChannelScratch;
 }
 
 // ---- BatchNorm ----

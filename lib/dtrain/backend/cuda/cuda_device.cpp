@@ -61,6 +61,7 @@ CudaDevice::~CudaDevice() {
   graph_.drop();
   row_stats_ = Buffer<double>();  // while the stream still exists
   norm_partials_ = Buffer<double>();
+  channel_partials_ = Buffer<double>();
   token_sort_ = Buffer<int32_t>();
   sort_tmp_ = Buffer<unsigned char>();
   attn_heads_ = Buffer<float>();
@@ -402,7 +403,10 @@ void CudaDevice::channel_moments(const float* x, int64_t n, int64_t c, int64_t s
                                  int64_t block, double* moments) {
   nchw_only(block);
   if (c == 0) return;
-  launch([&](cudaStream_t s) { kernels::channel_moments(x, n, c, spatial, moments, s); });
+  launch([&](cudaStream_t s) {
+    ++launches_;  // two kernels; launch() counts one
+    kernels::channel_moments(x, n, c, spatial, moments, channel_scratch(c), s);
+  });
 }
 
 void CudaDevice::bn_prepare(const double* moments, double count, double eps, double momentum,
@@ -426,7 +430,9 @@ void CudaDevice::bn_backward_sums(const float* x, const float* dy, const float* 
   nchw_only(block);
   if (c == 0) return;
   launch([&](cudaStream_t s) {
-    kernels::bn_backward_sums(x, dy, stats, gamma, n, c, spatial, sums, dgamma, dbeta, s);
+    ++launches_;  // two kernels; launch() counts one
+    kernels::bn_backward_sums(x, dy, stats, gamma, n, c, spatial, sums, dgamma, dbeta,
+                              channel_scratch(c), s);
   });
 }
 
@@ -554,6 +560,12 @@ void CudaDevice::batched_gemm(bool ta, bool tb, int m, int n, int k, float alpha
                                       tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, lda, sa,
                                       b, ldb, sb, &beta, c, ldc, sc, batch),
             rank_);
+}
+
+double* CudaDevice::channel_scratch(int64_t c) {
+  const size_t need = kernels::channel_scratch_size(c);
+  if (channel_partials_.size() < need) channel_partials_.resize(*this, need);
+  return channel_partials_.data();
 }
 
 float* CudaDevice::attn_scratch(int64_t nc) {

@@ -173,6 +173,7 @@ class CudaDevice final : public Device, public DeviceQueue {
   void grow_workspace(size_t bytes);
   void conv_backward_bf16(const ConvPlan& p, const ConvGeom& g, int64_t n, const float* x,
                           const float* w, const float* dy, float* dw, float* db, float* dx);
+  void conv_bias_grad(const ConvGeom& g, int64_t n, const float* dy, float* db);
   // Attention: the sizes cuBLAS takes (checked), one strided batched GEMM over the (sample,
   // head) pairs in cuBLAS's column-major terms, and the scratch of split heads.
   struct AttnDims {
@@ -185,6 +186,10 @@ class CudaDevice final : public Device, public DeviceQueue {
                     long long sa, const float* b, int ldb, long long sb, float* c, int ldc,
                     long long sc, int batch);
   float* attn_scratch(int64_t nc);  // 6 tensors of nc floats
+  // The scratch of the kernels' per-channel sums for c channels: one buffer of the same size
+  // for every layer up to 65,536 channels and every batch size, so that it never moves under a
+  // graph captured after the warm-up step.
+  double* channel_scratch(int64_t c);
   // Step timing by events: a ring of slots, so the host can run a few steps ahead; a slot is
   // read (waiting for it if need be) before it is reused. A slot's graph records the slot's
   // own events, so a replay marks the step as its capture did.
@@ -219,6 +224,7 @@ class CudaDevice final : public Device, public DeviceQueue {
   size_t workspace_bytes_ = 0;
   Buffer<double> row_stats_;
   Buffer<double> norm_partials_;  // sum_squares: one partial sum per block
+  Buffer<double> channel_partials_;  // channel_sums.cuh's runs (channel_scratch)
   // Transformer scratch, grown on demand and never shrunk (a free drops the CUDA graphs):
   // embedding_backward's sort of token ids (keys, positions, sorted keys, sorted positions)
   // and CUB's scratch; attention's split heads and its scores' gradient.

@@ -7,6 +7,7 @@
 #include "dtrain/backend/cuda/kernels/batchnorm.cuh"
 #include "dtrain/backend/cuda/kernels/bf16_convert.cuh"
 #include "dtrain/backend/cuda/kernels/bias.cuh"
+#include "dtrain/backend/cuda/kernels/channel_sums.cuh"
 #include "dtrain/backend/cuda/kernels/dropout.cuh"
 #include "dtrain/backend/cuda/kernels/elementwise.cuh"
 #include "dtrain/backend/cuda/kernels/embedding.cuh"

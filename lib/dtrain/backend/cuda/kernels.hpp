@@ -82,16 +82,23 @@ void maxpool_backward(const float* dy, const int32_t* argmax, int64_t planes, in
                       int64_t k, int64_t stride, int64_t pad, int64_t ho, int64_t wo, float* dx,
                       cudaStream_t s);
 
-// ---- batchnorm.cuh (the arguments of the Device functions of the same names) ----
+// ---- channel_sums.cuh: per-channel sums over NCHW maps in double, in a fixed order; each
+// takes a scratch of channel_scratch_size(c) doubles (two launches) ----
+size_t channel_scratch_size(int64_t c);
 void channel_moments(const float* x, int64_t n, int64_t c, int64_t spatial, double* moments,
-                     cudaStream_t s);
+                     double* scratch, cudaStream_t s);
+void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
+                      int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
+                      float* dbeta, double* scratch, cudaStream_t s);
+// A convolution's bias gradient: db (c) = (or +=, accumulate) the channel sums of dy.
+void channel_bias_grad(const float* dy, int64_t n, int64_t c, int64_t spatial, float* db,
+                       bool accumulate, double* scratch, cudaStream_t s);
+
+// ---- batchnorm.cuh (the arguments of the Device functions of the same names) ----
 void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
                 float* stats, int64_t c, cudaStream_t s);
 void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta, int64_t n,
               int64_t c, int64_t spatial, float* y, cudaStream_t s);
-void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
-                      int64_t n, int64_t c, int64_t spatial, double* sums, float* dgamma,
-                      float* dbeta, cudaStream_t s);
 void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
                     const double* sums, double m, int64_t n, int64_t c, int64_t spatial, float* dx,
                     cudaStream_t s);

@@ -18,6 +18,10 @@ inline unsigned blocks_for(size_t n) {
   return static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, 65535 * 8));
 }
 
+// Whether a grid-stride loop over n elements may count in 32 unsigned bits: n, plus the
+// threads of the largest grid (blocks_for's cap) past it, stays below 2^32.
+inline bool fits_u32(int64_t n) { return n >= 0 && n <= INT32_MAX; }
+
 #define GRID_STRIDE(i, n)                                                 \
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); \
        i += size_t(gridDim.x) * blockDim.x)
