@@ -7,7 +7,7 @@
 #   scripts/gpu-check.sh                  # every stage in order
 #   scripts/gpu-check.sh build devices    # some stages (in separate calls, or several at once)
 #
-# Stages: probe, build, devices, tests, bench, runs, sanitizer. Evidence goes to
+# Stages: probe, build, devices, tests, bench, profile, runs, sanitizer. Evidence goes to
 # ${OUT:-results/gpu}/<date>-<gpu>/ (one folder per day and GPU, so stages run in separate calls
 # share it): stages.md, a table with one row per stage run, and per stage its log and an archive
 # of its files (<stage>.log, <stage>.tar.gz; with OUT set the unpacked folder is removed, so that
@@ -30,7 +30,7 @@ self=$(readlink -f "$0")
 cd "$(dirname "$self")/.."
 root=$(pwd)
 rehearsal=${DTRAIN_GPU_CHECK_REHEARSAL:-0}
-all_stages=(probe build devices tests bench runs sanitizer)
+all_stages=(probe build devices tests bench profile runs sanitizer)
 one_stage=""
 if [ "${1:-}" = --stage ]; then one_stage=$2; set --; fi  # a child running one stage
 [ $# -gt 0 ] && stages=("$@") || stages=("${all_stages[@]}")
@@ -268,6 +268,34 @@ stage_bench() {
   # DTRAIN_BENCH_MODELS splits the benchmark over calls (compilation makes it long).
   python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$b/apps/dtrain" --data "$data" \
     --out "$sdir" --models "${DTRAIN_BENCH_MODELS:-mlp,cnn}" --epochs 4 --repeats 2
+}
+
+# Where a step's GPU time goes: ncu's per-kernel times of the CNN at batch 1024 and 128 (graphs
+# off, so that each kernel is one launch; 300 launches after the first 400, a few steady steps),
+# and of PyTorch's eager CNN at 1024 beside it, each ranked by scripts/bench/ncu_kernel_sums.py.
+stage_profile() {
+  if [ "$rehearsal" = 1 ]; then echo "gpu-check: rehearsal: the profile needs a GPU"; return $skipped; fi
+  need_data || return 2
+  local b ncu batch rc=0
+  b=$(bin_dir) || return 2
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  [ -x "$ncu" ] || { echo "gpu-check: no ncu here"; return 1; }
+  local prof=(--metrics gpu__time_duration.sum --print-summary per-kernel)
+  for batch in 1024 128; do
+    "$ncu" "${prof[@]}" --launch-skip 400 --launch-count 300 "$b/apps/dtrain" run \
+      configs/fmnist-cnn.yaml backend=cuda "data.path=$data" train.per_replica_batch=$batch \
+      train.cuda_graph=false train.epochs=1 optimizer.warmup_epochs=0 data.train_limit=16384 \
+      data.test_limit=1024 --results "$sdir/runs" --tag "cnn-b$batch" --quiet \
+      > "$sdir/ncu-cnn$batch.txt" 2>&1 || rc=1
+    python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-cnn$batch.txt" || rc=1
+  done
+  if python3 -c 'import torch' 2>/dev/null; then
+    "$ncu" "${prof[@]}" --launch-skip 3000 --launch-count 400 python3 scripts/bench/torch_mlp.py \
+      --device=cuda --model=cnn --batch=1024 --epochs=2 --scaling=sqrt --threads=1 \
+      "--data=$data" --mode=eager > "$sdir/ncu-torch-cnn1024.txt" 2>&1 || rc=1
+    python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-torch-cnn1024.txt" || rc=1
+  fi
+  return $rc
 }
 
 # The training runs on the GPU: config, overrides (split on spaces) and tag.
