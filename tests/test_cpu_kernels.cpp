@@ -89,7 +89,7 @@ std::vector<float> converted(Device& d, const std::vector<float>& v, int64_t n, 
 // layout differs between two calls.
 struct BnOut {
   std::vector<double> moments, sums;
-  std::vector<float> y, dx, dg, db;
+  std::vector<float> y, dx, dg, db, y_relu;  // y_relu: bn_apply with its ReLU fused
 };
 BnOut run_bn(Device& d, int64_t block, const std::vector<float>& x, const std::vector<float>& dy,
              const std::vector<float>& stats, const std::vector<double>& sums_in, int64_t n,
@@ -100,12 +100,17 @@ BnOut run_bn(Device& d, int64_t block, const std::vector<float>& x, const std::v
   BnOut r{std::vector<double>(2 * c), std::vector<double>(2 * c), std::vector<float>(x.size()),
           std::vector<float>(x.size()), std::vector<float>(c, 0.f), std::vector<float>(c, 0.f)};
   d.channel_moments(xb.data(), n, c, p, block, r.moments.data());
-  d.bn_apply(xb.data(), stats.data(), gamma.data(), beta.data(), n, c, p, block, r.y.data());
+  d.bn_apply(xb.data(), stats.data(), gamma.data(), beta.data(), n, c, p, block, r.y.data(),
+             false);
+  r.y_relu.resize(x.size());
+  d.bn_apply(xb.data(), stats.data(), gamma.data(), beta.data(), n, c, p, block, r.y_relu.data(),
+             true);
   d.bn_backward_sums(xb.data(), dyb.data(), stats.data(), gamma.data(), n, c, p, block,
                      r.sums.data(), r.dg.data(), r.db.data());
   d.bn_backward_dx(xb.data(), dyb.data(), stats.data(), gamma.data(), sums_in.data(),
                    double(n * p), n, c, p, block, r.dx.data());
   r.y = converted(d, r.y, n, c, p, block, 0);
+  r.y_relu = converted(d, r.y_relu, n, c, p, block, 0);
   r.dx = converted(d, r.dx, n, c, p, block, 0);
   return r;
 }
@@ -129,6 +134,12 @@ TEST_CASE("maps in channel blocks: the layout, and BatchNorm's values as in NCHW
   if (have_onednn()) devices.push_back(make_cpu_device({2, CpuConv::onednn}));  // oneDNN's
   for (auto& d : devices) {
     const BnOut want = run_bn(*d, 0, x, dy, stats, sums, n, c, p);
+    // The ReLU fused into BatchNorm: the bits of a ReLU after it.
+    size_t unlike = 0;
+    for (size_t i = 0; i < want.y.size(); ++i)
+      unlike += std::bit_cast<uint32_t>(want.y_relu[i]) !=
+                std::bit_cast<uint32_t>(math::relu(want.y[i]));
+    CHECK(unlike == 0);
     for (int64_t b : {8, 16}) {
       INFO(d->name() << ", blocks of " << b);
       const auto xb = converted(*d, x, n, c, p, 0, b);
@@ -142,6 +153,7 @@ TEST_CASE("maps in channel blocks: the layout, and BatchNorm's values as in NCHW
       const BnOut got = run_bn(*d, b, x, dy, stats, sums, n, c, p);
       // Elementwise with the same statistics: the same bits; sums: only their order differs.
       CHECK(got.y == want.y);
+      CHECK(got.y_relu == want.y_relu);
       CHECK(got.dx == want.dx);
       // (Each sample's 37 terms summed in float, below 1 for the moments, up to about 10 for
       // the sums, which carry gamma: about 1e-6 and 2e-5 apart.)
@@ -229,7 +241,7 @@ TEST_CASE("CPU kernels give the same bits with 1 2 or 3 threads", "[cpu][threads
         dg(ch, 0.f), db(ch, 0.f);
     d->bn_prepare(moments.data(), double(ns * sp), 1e-5, 0.1, running.data(), stats.data(), ch);
     std::vector<float> y(x.size()), dx(x.size());
-    d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), ns, ch, sp, 0, y.data());
+    d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), ns, ch, sp, 0, y.data(), false);
     d->bn_backward_sums(x.data(), dy.data(), stats.data(), gamma.data(), ns, ch, sp, 0,
                         sums.data(), dg.data(), db.data());
     d->bn_backward_dx(x.data(), dy.data(), stats.data(), gamma.data(), sums.data(), double(ns * sp),
@@ -309,6 +321,14 @@ TEST_CASE("CPU elementwise loops give math.hpp's bits in every instruction-set c
   }
   d->add(x.data(), b.data(), y.data(), n);
   same("add", y, [&](size_t i) { return x[i] + b[i]; });
+  // A residual sum with its ReLU: the bits of the two passes it replaces, and its backward
+  // from the output gives those of the backward from the sum.
+  d->add_relu(x.data(), b.data(), y.data(), n);
+  same("add_relu", y, [&](size_t i) { return math::relu(x[i] + b[i]); });
+  for (size_t i = 0; i < n; ++i) dx[i] = math::relu_backward(y[i], b[i]);
+  same("relu backward from the output", dx, [&](size_t i) {
+    return math::relu_backward(x[i] + b[i], b[i]);
+  });
   d->multiply(x.data(), b.data(), y.data(), n);
   same("multiply", y, [&](size_t i) { return x[i] * b[i]; });
 
@@ -350,7 +370,7 @@ TEST_CASE("CPU elementwise loops give math.hpp's bits in every instruction-set c
     gamma[k] = 1.f + b[k] * 0.25f;
     beta[k] = b[cols + k];
   }
-  d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), rows, ch, sp, 0, y.data());
+  d->bn_apply(x.data(), stats.data(), gamma.data(), beta.data(), rows, ch, sp, 0, y.data(), false);
   same("bn_apply", y, [&](size_t i) {
     const size_t k = (i / sp) % ch;
     if (i >= static_cast<size_t>(rows * ch * sp)) return y[i];  // the ragged end: not written

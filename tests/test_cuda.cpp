@@ -223,7 +223,9 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
             *dg = mr.in(gamma), *db = mr.in(beta);
       d.channel_moments(xp, ns, c, sp, 0, moments.data());
       d.bn_prepare(moments.data(), double(ns * sp), 1e-5, 0.1, running, stats, c);
-      d.bn_apply(xp, stats, gp, mr.in(beta), ns, c, sp, 0, y);
+      d.bn_apply(xp, stats, gp, mr.in(beta), ns, c, sp, 0, y, false);
+      float* yr = mr.in(x);
+      d.bn_apply(xp, stats, gp, mr.in(beta), ns, c, sp, 0, yr, true);  // its ReLU fused
       d.bn_backward_sums(xp, mr.in(dy), stats, gp, ns, c, sp, 0, sums.data(), dg, db);
       d.bn_backward_dx(xp, mr.in(dy), stats, gp, sums.data(), double(ns * sp), ns, c, sp, 0, dx);
       float* eval = mr.in(std::vector<float>(2 * c));
@@ -231,6 +233,7 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
       std::vector<double> hs(2 * c);
       d.download(hs.data(), sums.data(), hs.size() * sizeof(double));
       return Outs{mr.out(y, x.size()),
+                  mr.out(yr, x.size()),
                   mr.out(dx, x.size()),
                   mr.out(dg, c),
                   mr.out(db, c),
@@ -307,7 +310,9 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     float* a = mr.in(P);
     d.add(a, mr.in(G), y, P.size());
     d.add(a, mr.in(mask), a, P.size());  // in place
-    return Outs{mr.out(y, P.size()), mr.out(a, P.size())};
+    float* r = mr.in(std::vector<float>(P.size()));
+    d.add_relu(mr.in(P), mr.in(G), r, P.size());  // with the block's ReLU
+    return Outs{mr.out(y, P.size()), mr.out(a, P.size()), mr.out(r, P.size())};
   });
 }
 

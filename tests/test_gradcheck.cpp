@@ -222,6 +222,57 @@ TEST_CASE("batchnorm normalises in training and uses running statistics in evalu
   CHECK(e[0] == Approx((1 - run[0]) / std::sqrt(run[2] + 1e-5)).epsilon(1e-5));
 }
 
+// BatchNorm takes over the ReLU after it (one pass forward, one map fewer kept); the fused
+// layer must give the bits of the two layers, forward and backward, with and without dx.
+TEST_CASE("batchnorm with its ReLU fused gives the bits of batchnorm then relu", "[bn]") {
+  auto dev = make_cpu_device();
+  const MapShape shape{6, 5, 7};
+  const int64_t rows = 9, n = rows * shape.size();
+  Rng rng(31);
+  const auto x = test::random_vec(rng, static_cast<size_t>(n), -2, 2);
+  const auto dy = test::random_vec(rng, static_cast<size_t>(n));
+  for (bool need_dx : {true, false}) {
+    INFO("need_dx " << need_dx);
+    BatchNorm plain(shape, false), fused(shape, false);
+    ActivationLayer relu(shape.size(), Activation::relu);
+    fused.fuse_relu();
+    std::vector<float> p1(12), g1(12, 0.f), p2(12), g2(12, 0.f);
+    for (size_t i = 0; i < 6; ++i) p1[i] = p2[i] = 0.5f + 0.2f * float(i);  // gamma
+    for (size_t i = 6; i < 12; ++i) p1[i] = p2[i] = 0.1f * float(i) - 0.9f;  // beta
+    LayerContext ctx;
+    for (Layer* l : {static_cast<Layer*>(&plain), static_cast<Layer*>(&fused),
+                     static_cast<Layer*>(&relu)}) {
+      l->setup(*dev);
+      l->attach(&ctx);
+    }
+    plain.bind(p1.data(), g1.data());
+    fused.bind(p2.data(), g2.data());
+    const float* ya = relu.forward(*dev, plain.forward(*dev, x.data(), rows), rows);
+    const float* yb = fused.forward(*dev, x.data(), rows);
+    CHECK(std::vector<float>(ya, ya + n) == std::vector<float>(yb, yb + n));
+    const float* da = plain.backward(*dev, relu.backward(*dev, dy.data(), rows, true), rows,
+                                     need_dx);
+    const float* db = fused.backward(*dev, dy.data(), rows, need_dx);
+    CHECK(g1 == g2);  // dgamma, dbeta
+    if (need_dx) CHECK(std::vector<float>(da, da + n) == std::vector<float>(db, db + n));
+    CHECK(fused.describe() == "batchnorm(6) -> relu");
+  }
+  // In a list, each BatchNorm followed by a ReLU takes it over; other pairs stay.
+  std::vector<std::unique_ptr<Layer>> layers;
+  layers.push_back(std::make_unique<BatchNorm>(shape, false));
+  layers.push_back(std::make_unique<ActivationLayer>(shape.size(), Activation::relu));
+  layers.push_back(std::make_unique<ActivationLayer>(shape.size(), Activation::relu));
+  layers.push_back(std::make_unique<BatchNorm>(shape, false));
+  layers.push_back(std::make_unique<ActivationLayer>(shape.size(), Activation::tanh));
+  layers.push_back(std::make_unique<BatchNorm>(shape, false));
+  layers.push_back(std::make_unique<ActivationLayer>(shape.size(), Activation::relu));
+  fuse_batchnorm_relu(layers);
+  std::vector<std::string> names;
+  for (const auto& l : layers) names.push_back(l->describe());
+  CHECK(names == std::vector<std::string>{"batchnorm(6) -> relu", "relu", "batchnorm(6)", "tanh",
+                                          "batchnorm(6) -> relu"});
+}
+
 TEST_CASE("dropout masks in training, scales survivors and is the identity in evaluation",
           "[dropout]") {
   auto dev = make_cpu_device();

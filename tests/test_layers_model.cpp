@@ -188,7 +188,9 @@ TEST_CASE("resnet presets have the standard parameter counts", "[model][residual
   const auto stem = build_layers(
       parse_config("model: {type: resnet, depth: 50, stem: imagenet}", "r.yaml").model,
       {3, 224, 224}, 1000);
-  CHECK(stem[3]->describe() == "maxpool(k3, pad 1, 56x56)");
+  // conv, batchnorm with its ReLU fused (fuse_batchnorm_relu), maxpool
+  CHECK(stem[1]->describe() == "batchnorm(64) -> relu");
+  CHECK(stem[2]->describe() == "maxpool(k3, pad 1, 56x56)");
   // Widths override the standard ones: 8/16/32 on Fashion-MNIST.
   CHECK(params("depth: 20, widths: [8, 16, 32]", {1, 28, 28}, 10) < 272474 / 3);
   CHECK_THAT(test::config_error("model: {type: resnet, depth: 21}"),

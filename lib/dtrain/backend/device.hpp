@@ -183,9 +183,11 @@ class Device {
   // null): stats from the running statistics.
   virtual void bn_prepare(const double* moments, double count, double eps, double momentum,
                           float* running, float* stats, int64_t c) = 0;
-  // y = gamma * (x - mean) * inv_std + beta, per channel.
+  // y = gamma * (x - mean) * inv_std + beta, per channel; with `relu`, y = max(that, 0) in the
+  // same pass (BatchNorm followed by ReLU; math::bn_apply_relu_one).
   virtual void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
-                        int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) = 0;
+                        int64_t n, int64_t c, int64_t spatial, int64_t block, float* y,
+                        bool relu) = 0;
   // sums = [sum(dy * gamma), sum(dy * gamma * xhat)] per channel; dgamma, dbeta (+)=.
   virtual void bn_backward_sums(const float* x, const float* dy, const float* stats,
                                 const float* gamma, int64_t n, int64_t c, int64_t spatial,
@@ -208,6 +210,8 @@ class Device {
   // y = a + b, element by element; y may be a or b (a residual block's sum, and the sum of its
   // two input gradients).
   virtual void add(const float* a, const float* b, float* y, size_t n) = 0;
+  // y = max(a + b, 0) (a residual block's sum and its ReLU in one pass; math::add_relu).
+  virtual void add_relu(const float* a, const float* b, float* y, size_t n) = 0;
 
   // ---- transformer operations: a sample is t positions of c features, [t, c] row-major ----
   // Token and position embeddings, y[r, i] = wte[id(r, i)] + wpe[i], for `rows` samples whose

@@ -93,6 +93,12 @@ DTRAIN_HD inline float gelu_grad(float x) {
 DTRAIN_HD inline float relu_backward(float x, float dy) {
   return x > 0.f ? dy : 0.f;
 }
+// A ReLU fused after another map (BatchNorm, a residual sum): its backward from its output y,
+// which is positive exactly where its input is, so relu_backward(y, dy) gives the bits of
+// relu_backward(x, dy).
+DTRAIN_HD inline float add_relu(float a, float b) {
+  return relu(a + b);
+}
 DTRAIN_HD inline float tanh_backward(float y, float dy) {
   return dy * (1.f - y * y);
 }
@@ -335,6 +341,9 @@ DTRAIN_HD inline BnAffine bn_affine(float gamma, float beta, float mean, float i
 }
 DTRAIN_HD inline float bn_apply_one(const BnAffine& t, float x) {
   return t.a * x + t.b;
+}
+DTRAIN_HD inline float bn_apply_relu_one(const BnAffine& t, float x) {
+  return relu(bn_apply_one(t, x));
 }
 
 // The normalised input.

@@ -156,7 +156,7 @@ void BatchNorm::setup(Device& d) {
 }
 
 std::string BatchNorm::describe() const {
-  return fmt::format("batchnorm({}{})", in_.c, sync_ ? ", sync" : "");
+  return fmt::format("batchnorm({}{}){}", in_.c, sync_ ? ", sync" : "", relu_ ? " -> relu" : "");
 }
 
 void BatchNorm::bind(float* params, float* grads) {
@@ -175,7 +175,7 @@ void BatchNorm::forward_impl(Device& d, const float* x, float* y, int64_t rows) 
   const int64_t c = in_.c, s = in_.h * in_.w;
   if (!training()) {
     d.bn_prepare(nullptr, 0, eps_, 0, running_.data(), stats_.data(), c);
-    d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y);
+    d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y, relu_);
     return;
   }
   d.channel_moments(x, rows, c, s, block_, moments_.data());
@@ -183,12 +183,24 @@ void BatchNorm::forward_impl(Device& d, const float* x, float* y, int64_t rows) 
   if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, moments_, &count_);
   if (count_ <= 0) return;  // nothing anywhere: leave the running statistics alone
   d.bn_prepare(moments_.data(), count_, eps_, momentum_, running_.data(), stats_.data(), c);
-  d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y);
+  d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y, relu_);
 }
 
-void BatchNorm::backward_impl(Device& d, const float* x, const float*, const float* dy, float* dx,
-                              int64_t rows) {
+void BatchNorm::backward_impl(Device& d, const float* x, const float* y, const float* dy,
+                              float* dx, int64_t rows) {
   const int64_t c = in_.c, s = in_.h * in_.w;
+  if (relu_) {
+    // The ReLU's gradient, into dx where there is one: bn_backward_dx then reads and writes
+    // each element in place.
+    const auto n = static_cast<size_t>(rows * in_features());
+    float* m = dx;
+    if (!m) {
+      masked_.resize(d, std::max<size_t>(n, 1));
+      m = masked_.data();
+    }
+    d.activation_backward(Activation::relu, y, y, dy, m, n);  // y > 0 exactly where x > 0
+    dy = m;
+  }
   d.bn_backward_sums(x, dy, stats_.data(), gamma_, rows, c, s, block_, sums_.data(), dgamma_,
                      dbeta_);
   if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, sums_, nullptr);

@@ -445,7 +445,21 @@ MapShape input_map(const std::vector<int64_t>& input_shape) {
   return {n, 1, 1, true};
 }
 
-// make_layers with `name(i, spec)` prefixed to entry i's UserError.
+}  // namespace
+
+void fuse_batchnorm_relu(std::vector<std::unique_ptr<Layer>>& layers) {
+  for (size_t i = 0; i + 1 < layers.size(); ++i) {
+    auto* bn = dynamic_cast<BatchNorm*>(layers[i].get());
+    const auto* act = dynamic_cast<const ActivationLayer*>(layers[i + 1].get());
+    if (!bn || bn->relu() || !act || act->activation() != Activation::relu) continue;
+    bn->fuse_relu();
+    layers.erase(layers.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+  }
+}
+
+namespace {
+
+// make_layers with `name(i, spec)` prefixed to entry i's UserError, BatchNorm and ReLU fused.
 template <class Name>
 std::vector<std::unique_ptr<Layer>> make_named(const std::vector<LayerSpec>& specs, MapShape& cur,
                                                bool sync, const Name& name) {
@@ -457,6 +471,7 @@ std::vector<std::unique_ptr<Layer>> make_named(const std::vector<LayerSpec>& spe
       throw UserError(fmt::format("{}: {}", name(i, specs[i]), e.what()));
     }
   }
+  fuse_batchnorm_relu(layers);
   return layers;
 }
 

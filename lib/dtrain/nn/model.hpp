@@ -147,6 +147,7 @@ class ActivationLayer final : public Layer {
  public:
   ActivationLayer(int64_t features, Activation a) : Layer(features, features), act_(a) {}
   std::string describe() const override;
+  Activation activation() const { return act_; }
 
  protected:
   std::optional<MapLayout> layout_for(Device&, MapLayout in) override { return in; }
@@ -243,6 +244,11 @@ class BatchNorm final : public Layer {
   void setup(Device& d) override;
   Buffer<float>* state() { return &running_; }  // [mean (c), var (c)]
   void collect_state(std::vector<Buffer<float>*>& out) override { out.push_back(&running_); }
+  // Takes over the ReLU that follows it (fuse_batchnorm_relu): y = max(BatchNorm(x), 0) in one
+  // pass, and backward masks dy by y > 0, as the ReLU layer did: the same bits, one map fewer
+  // written and kept.
+  void fuse_relu() { relu_ = true; }
+  bool relu() const { return relu_; }
 
  protected:
   // Channel blocks of its own channels only: after flatten its features are a map's channels
@@ -269,6 +275,8 @@ class BatchNorm final : public Layer {
   std::vector<double> host_;  // staging for the synchronised all-reduce
   double count_ = 0;          // elements per channel behind stats_ (all replicas if sync)
   int64_t block_ = 0;         // the maps' channel blocks (MapLayout), 0: NCHW
+  bool relu_ = false;         // a ReLU fused after it
+  Buffer<float> masked_;      // dy masked by the ReLU, where backward has no dx to hold it
 };
 
 // Inverted dropout: zeroes a fraction p in training and scales the rest by 1/(1-p); identity
@@ -336,6 +344,9 @@ const float* in_layout(Device& d, Buffer<float>& buf, const float* v, int64_t ro
 // The layers of `specs` for input maps of shape `cur`, which it advances to the output shape.
 // A UserError from entry i is prefixed with "<where>[i] (<type>): ". Specs that make no layer
 // (flatten) only change the shape.
+// Each BatchNorm directly followed by a ReLU takes the ReLU over (BatchNorm::fuse_relu), which
+// leaves the list.
+void fuse_batchnorm_relu(std::vector<std::unique_ptr<Layer>>& layers);
 std::vector<std::unique_ptr<Layer>> make_layers(const std::vector<LayerSpec>& specs, MapShape& cur,
                                                 bool sync, const std::string& where);
 // The residual block of spec `l` for input maps `cur`, which it advances (residual.cpp).

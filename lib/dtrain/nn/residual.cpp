@@ -149,7 +149,9 @@ int64_t Residual::macs_per_sample() const {
 }
 
 int64_t Residual::activation_floats() const {
-  int64_t n = out_features() * (act_ ? 2 : 1);  // the sum, and the activation's output
+  // The output, and the sum before an activation other than ReLU (whose backward needs only
+  // the output).
+  int64_t n = out_features() * (act_ && *act_ != Activation::relu ? 2 : 1);
   for (const auto* list : {&body_, &shortcut_})
     for (const auto& l : *list) n += l->activation_floats();
   return n;
@@ -161,6 +163,7 @@ void Residual::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
                              out_features(), shortcut_layout_, out_layout_);
   const auto n = static_cast<size_t>(rows * out_features());
   if (!act_) return d.add(b, s, y, n);
+  if (*act_ == Activation::relu) return d.add_relu(b, s, y, n);  // one pass, no sum kept
   sum_.resize(d, std::max<size_t>(n, 1));
   d.add(b, s, sum_.data(), n);
   d.activation_forward(*act_, sum_.data(), y, n);
@@ -172,7 +175,9 @@ void Residual::backward_impl(Device& d, const float*, const float* y, const floa
   if (act_) {
     const auto n = static_cast<size_t>(rows * out_features());
     dsum_.resize(d, std::max<size_t>(n, 1));
-    d.activation_backward(*act_, sum_.data(), y, dy, dsum_.data(), n);
+    // ReLU's from its output: y > 0 exactly where the sum is (math::add_relu).
+    const float* in = *act_ == Activation::relu ? y : sum_.data();
+    d.activation_backward(*act_, in, y, dy, dsum_.data(), n);
     g = dsum_.data();
   }
   // Both branches see dL/d(sum); their input gradients add up.

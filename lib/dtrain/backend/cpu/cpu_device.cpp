@@ -805,13 +805,14 @@ class CpuDevice final : public Device {
   }
 
   void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
-                int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) override {
+                int64_t n, int64_t c, int64_t spatial, int64_t block, float* y,
+                bool relu) override {
     if (block) {
       return each_tile(n, c, spatial, block, [&](int64_t, int64_t ch0, int64_t at) {
         std::array<math::BnAffine, kMaxBlock> a;
         for (int64_t j = 0, ch = ch0; j < block; ++j, ++ch)
           a[j] = math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]);
-        cpu::bn_block_apply(a.data(), x + at, block, spatial, y + at);
+        cpu::bn_block_apply(a.data(), x + at, block, spatial, y + at, relu);
       });
     }
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
@@ -819,8 +820,8 @@ class CpuDevice final : public Device {
       const int64_t ch = sc % c;
       const float* p = x + sc * spatial;
       float* q = y + sc * spatial;
-      cpu::bn_apply_row(math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]), p, q,
-                        spatial);
+      const math::BnAffine t = math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]);
+      relu ? cpu::bn_apply_relu_row(t, p, q, spatial) : cpu::bn_apply_row(t, p, q, spatial);
     }
   }
 
@@ -900,6 +901,9 @@ class CpuDevice final : public Device {
 
   void add(const float* a, const float* b, float* y, size_t n) override {
     elementwise<math::plus>(a, b, y, n);
+  }
+  void add_relu(const float* a, const float* b, float* y, size_t n) override {
+    elementwise<math::add_relu>(a, b, y, n);
   }
 
   void clip_by_norm(const float* x, float* y, size_t n, const double* sumsq,

@@ -104,6 +104,10 @@ DTRAIN_CPU_CLONES inline void bn_apply_row(const math::BnAffine& t, const float*
                                            int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = math::bn_apply_one(t, x[i]);
 }
+DTRAIN_CPU_CLONES inline void bn_apply_relu_row(const math::BnAffine& t, const float* x, float* y,
+                                                int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = math::bn_apply_relu_one(t, x[i]);
+}
 DTRAIN_CPU_CLONES inline void bn_dx_row(const math::BnDx& t, const float* dy, const float* x,
                                         float* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dx[i] = math::bn_dx_one(t, dy[i], x[i]);
@@ -139,15 +143,17 @@ template <int B>
   L::store(a, sa);
   L::store(q, sq);
 }
-template <int B>
+template <int B, bool Relu>
 [[gnu::always_inline]] inline void bn_tile_apply(const math::BnAffine* t, const float* x,
                                                  int64_t spatial, float* y) {
   using L = BnLanes<B>;
-  typename L::V a, b, v;
+  typename L::V a, b, v, r, zero{};
   for (int j = 0; j < B; ++j) a[j] = t[j].a, b[j] = t[j].b;
   for (int64_t i = 0; i < spatial; ++i) {
     L::load(v, x + i * B);
-    L::store(y + i * B, a * v + b);  // math::bn_apply_one
+    r = a * v + b;  // math::bn_apply_one
+    if constexpr (Relu) r = r > zero ? r : zero;  // math::relu
+    L::store(y + i * B, r);
   }
 }
 template <int B>
@@ -186,8 +192,12 @@ DTRAIN_CPU_CLONES inline void bn_block_moments(const float* x, int64_t b, int64_
   b == 16 ? bn_tile_moments<16>(x, spatial, a, q) : bn_tile_moments<8>(x, spatial, a, q);
 }
 DTRAIN_CPU_CLONES inline void bn_block_apply(const math::BnAffine* t, const float* x, int64_t b,
-                                             int64_t spatial, float* y) {
-  b == 16 ? bn_tile_apply<16>(t, x, spatial, y) : bn_tile_apply<8>(t, x, spatial, y);
+                                             int64_t spatial, float* y, bool relu) {
+  if (relu)
+    b == 16 ? bn_tile_apply<16, true>(t, x, spatial, y) : bn_tile_apply<8, true>(t, x, spatial, y);
+  else
+    b == 16 ? bn_tile_apply<16, false>(t, x, spatial, y)
+            : bn_tile_apply<8, false>(t, x, spatial, y);
 }
 DTRAIN_CPU_CLONES inline void bn_block_sums(const float* x, const float* dy, const float* mean,
                                             const float* inv_std, int64_t b, int64_t spatial,

@@ -418,10 +418,13 @@ void CudaDevice::bn_prepare(const double* moments, double count, double eps, dou
 }
 
 void CudaDevice::bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
-                          int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) {
+                          int64_t n, int64_t c, int64_t spatial, int64_t block, float* y,
+                          bool relu) {
   nchw_only(block);
   if (n * c * spatial == 0) return;
-  launch([&](cudaStream_t s) { kernels::bn_apply(x, stats, gamma, beta, n, c, spatial, y, s); });
+  launch([&](cudaStream_t s) {
+    kernels::bn_apply(x, stats, gamma, beta, n, c, spatial, y, relu, s);
+  });
 }
 
 void CudaDevice::bn_backward_sums(const float* x, const float* dy, const float* stats,
@@ -467,6 +470,11 @@ void CudaDevice::multiply(const float* x, const float* mask, float* y, size_t n)
 void CudaDevice::add(const float* a, const float* b, float* y, size_t n) {
   if (n == 0) return;
   launch([&](cudaStream_t s) { kernels::add(a, b, y, n, s); });
+}
+
+void CudaDevice::add_relu(const float* a, const float* b, float* y, size_t n) {
+  if (n == 0) return;
+  launch([&](cudaStream_t s) { kernels::add_relu(a, b, y, n, s); });
 }
 
 // ---- transformer operations ----

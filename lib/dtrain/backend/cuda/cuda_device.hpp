@@ -93,7 +93,8 @@ class CudaDevice final : public Device, public DeviceQueue {
   void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
                   float* stats, int64_t c) override;
   void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
-                int64_t n, int64_t c, int64_t spatial, int64_t block, float* y) override;
+                int64_t n, int64_t c, int64_t spatial, int64_t block, float* y,
+                bool relu) override;
   void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
                         int64_t n, int64_t c, int64_t spatial, int64_t block, double* sums,
                         float* dgamma, float* dbeta) override;
@@ -105,6 +106,7 @@ class CudaDevice final : public Device, public DeviceQueue {
   void dropout_mask(float* mask, size_t n, double p, uint64_t seed) override;
   void multiply(const float* x, const float* mask, float* y, size_t n) override;
   void add(const float* a, const float* b, float* y, size_t n) override;
+  void add_relu(const float* a, const float* b, float* y, size_t n) override;
   // Transformer operations (cuda_device.cpp).
   void embedding_forward(const float* tokens, int64_t stride, const float* wte, const float* wpe,
                          int64_t rows, int64_t t, int64_t c, int64_t vocab, float* y) override;

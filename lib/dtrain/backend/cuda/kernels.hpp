@@ -40,6 +40,7 @@ void sum_squares_partial(const float* x, size_t n, double* partial, cudaStream_t
 void add_partials(const double* partial, unsigned count, double* acc, cudaStream_t s);
 void multiply(const float* x, const float* mask, float* y, size_t n, cudaStream_t s);
 void add(const float* a, const float* b, float* y, size_t n, cudaStream_t s);  // y = a + b
+void add_relu(const float* a, const float* b, float* y, size_t n, cudaStream_t s);  // max(a+b, 0)
 // acc = (first ? x : acc + x) * scale (math::fold).
 void fold(float* acc, const float* x, size_t n, bool first, float scale, cudaStream_t s);
 
@@ -98,7 +99,7 @@ void channel_bias_grad(const float* dy, int64_t n, int64_t c, int64_t spatial, f
 void bn_prepare(const double* moments, double count, double eps, double momentum, float* running,
                 float* stats, int64_t c, cudaStream_t s);
 void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta, int64_t n,
-              int64_t c, int64_t spatial, float* y, cudaStream_t s);
+              int64_t c, int64_t spatial, float* y, bool relu, cudaStream_t s);
 void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,
                     const double* sums, double m, int64_t n, int64_t c, int64_t spatial, float* dx,
                     cudaStream_t s);

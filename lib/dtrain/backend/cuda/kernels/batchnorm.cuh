@@ -18,15 +18,25 @@ __global__ void k_bn_prepare(const double* moments, double count, double eps, do
 // The element-wise kernels find an element's channel by division in I: 32 bits where the
 // element count allows (ncu showed the 64-bit division's cost in every element-wise kernel).
 
-// stats = [mean (c), inv_std (c)]
-template <class I>
+// stats = [mean (c), inv_std (c)]; Relu: BatchNorm's ReLU fused.
+template <class I, bool Relu>
 __global__ void k_bn_apply(const float* x, const float* stats, const float* gamma,
                            const float* beta, I total, I c, I spatial, float* y) {
   for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
     const I ch = (i / spatial) % c;
     const math::BnAffine t = math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]);
-    y[i] = math::bn_apply_one(t, x[i]);
+    y[i] = Relu ? math::bn_apply_relu_one(t, x[i]) : math::bn_apply_one(t, x[i]);
   }
+}
+
+template <class I>
+void launch_bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
+                     I total, I c, I spatial, float* y, bool relu, cudaStream_t s) {
+  const unsigned blocks = blocks_for(static_cast<size_t>(total));
+  if (relu)
+    k_bn_apply<I, true><<<blocks, kThreads, 0, s>>>(x, stats, gamma, beta, total, c, spatial, y);
+  else
+    k_bn_apply<I, false><<<blocks, kThreads, 0, s>>>(x, stats, gamma, beta, total, c, spatial, y);
 }
 
 // sums = [s1 (c), s2 (c)] as doubles; the CPU twin's arithmetic.
@@ -49,14 +59,13 @@ void bn_prepare(const double* moments, double count, double eps, double momentum
 }
 
 void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta, int64_t n,
-              int64_t c, int64_t spatial, float* y, cudaStream_t s) {
+              int64_t c, int64_t spatial, float* y, bool relu, cudaStream_t s) {
   const int64_t total = n * c * spatial;
-  const unsigned blocks = blocks_for(static_cast<size_t>(total));
   if (fits_u32(total))
-    k_bn_apply<uint32_t><<<blocks, kThreads, 0, s>>>(x, stats, gamma, beta, uint32_t(total),
-                                                     uint32_t(c), uint32_t(spatial), y);
+    launch_bn_apply<uint32_t>(x, stats, gamma, beta, uint32_t(total), uint32_t(c),
+                              uint32_t(spatial), y, relu, s);
   else
-    k_bn_apply<int64_t><<<blocks, kThreads, 0, s>>>(x, stats, gamma, beta, total, c, spatial, y);
+    launch_bn_apply<int64_t>(x, stats, gamma, beta, total, c, spatial, y, relu, s);
 }
 
 void bn_backward_dx(const float* x, const float* dy, const float* stats, const float* gamma,

@@ -29,6 +29,10 @@ __global__ void k_add(const float* a, const float* b, float* y, size_t n) {
   GRID_STRIDE(i, n) y[i] = a[i] + b[i];
 }
 
+__global__ void k_add_relu(const float* a, const float* b, float* y, size_t n) {
+  GRID_STRIDE(i, n) y[i] = math::add_relu(a[i], b[i]);
+}
+
 __global__ void k_fold(float* acc, const float* x, size_t n, bool first, float scale) {
   GRID_STRIDE(i, n) acc[i] = math::fold(first ? 0.f : acc[i], x[i], first, scale);
 }
@@ -54,6 +58,10 @@ void multiply(const float* x, const float* mask, float* y, size_t n, cudaStream_
 
 void add(const float* a, const float* b, float* y, size_t n, cudaStream_t s) {
   k_add<<<blocks_for(n), kThreads, 0, s>>>(a, b, y, n);
+}
+
+void add_relu(const float* a, const float* b, float* y, size_t n, cudaStream_t s) {
+  k_add_relu<<<blocks_for(n), kThreads, 0, s>>>(a, b, y, n);
 }
 
 void fold(float* acc, const float* x, size_t n, bool first, float scale, cudaStream_t s) {
