@@ -265,9 +265,12 @@ stage_bench() {
   need_data || return 2
   local b
   b=$(bin_dir) || return 2
-  # DTRAIN_BENCH_MODELS splits the benchmark over calls (compilation makes it long).
+  # DTRAIN_BENCH_MODELS, _MODES and _BATCHES split the benchmark over calls (compilation makes
+  # it long): e.g. DTRAIN_BENCH_MODELS=cnn DTRAIN_BENCH_MODES=graph,compile.
   python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$b/apps/dtrain" --data "$data" \
-    --out "$sdir" --models "${DTRAIN_BENCH_MODELS:-mlp,cnn}" --epochs 4 --repeats 2
+    --out "$sdir" --models "${DTRAIN_BENCH_MODELS:-mlp,cnn}" \
+    --modes "${DTRAIN_BENCH_MODES:-eager,graph,compile,compile-max}" \
+    --batches "${DTRAIN_BENCH_BATCHES:-128,1024}" --epochs 4 --repeats 2
 }
 
 # Where a step's GPU time goes: ncu's per-kernel times of the CNN at batch 1024 and 128 (graphs

@@ -169,7 +169,7 @@ class CudaDevice final : public Device, public DeviceQueue {
   const Bf16* to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, Buffer<Bf16>& buf);
   void from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate);
   // Convolutions (cudnn_conv.cpp).
-  ConvPlan& plan(const ConvGeom& g, int64_t n);
+  ConvPlan& plan(const ConvGeom& g, int64_t n, bool backward);
   // Throws unless `block` is 0: this backend's tensors are NCHW (conv_out_block offers none).
   static void nchw_only(int64_t block);
   void grow_workspace(size_t bytes);

@@ -103,8 +103,8 @@ void set_descriptors(ConvPlan& p, const ConvGeom& g, int64_t n, bool tf32, bool 
            rank);
 }
 
-// The three algorithms of a plan and the workspace they need.
-void choose_algorithms(cudnnHandle_t dnn, ConvPlan& p, const ConvGeom& g, int64_t n, int rank) {
+// The forward algorithm of a plan and the workspace it needs.
+void choose_forward(cudnnHandle_t dnn, ConvPlan& p, const ConvGeom& g, int64_t n, int rank) {
   // Every algorithm, ranked, so that a deterministic one further down the list is seen.
   int got = 0;
   cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -112,6 +112,23 @@ void choose_algorithms(cudnnHandle_t dnn, ConvPlan& p, const ConvGeom& g, int64_
                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd),
            rank);
   p.fwd = pick(fwd, got, "forward", g, n, rank).algo;
+  DT_CUDNN(
+      cudnnGetConvolutionForwardWorkspaceSize(dnn, p.x, p.w, p.conv, p.y, p.fwd, &p.workspace),
+      rank);
+}
+
+}  // namespace
+
+std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t dnn, const ConvGeom& g, int64_t n, bool tf32,
+                                         bool bf16, int rank) {
+  auto p = std::make_unique<ConvPlan>();  // released if anything below throws
+  set_descriptors(*p, g, n, tf32, bf16, rank);
+  choose_forward(dnn, *p, g, n, rank);
+  return p;
+}
+
+void choose_backward(cudnnHandle_t dnn, ConvPlan& p, const ConvGeom& g, int64_t n, int rank) {
+  int got = 0;
   cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
   DT_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
                dnn, p.w, p.y, p.conv, p.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bd),
@@ -122,36 +139,33 @@ void choose_algorithms(cudnnHandle_t dnn, ConvPlan& p, const ConvGeom& g, int64_
                dnn, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf),
            rank);
   p.bwd_filter = pick(bf, got, "backward-filter", g, n, rank).algo;
-  size_t w1 = 0, w2 = 0, w3 = 0;
-  DT_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(dnn, p.x, p.w, p.conv, p.y, p.fwd, &w1), rank);
+  size_t w2 = 0, w3 = 0;
   DT_CUDNN(
       cudnnGetConvolutionBackwardDataWorkspaceSize(dnn, p.w, p.y, p.conv, p.x, p.bwd_data, &w2),
       rank);
   DT_CUDNN(
       cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn, p.x, p.y, p.conv, p.w, p.bwd_filter, &w3),
       rank);
-  p.workspace = std::max({w1, w2, w3});
-}
-
-}  // namespace
-
-std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t dnn, const ConvGeom& g, int64_t n, bool tf32,
-                                         bool bf16, int rank) {
-  auto p = std::make_unique<ConvPlan>();  // released if anything below throws
-  set_descriptors(*p, g, n, tf32, bf16, rank);
-  choose_algorithms(dnn, *p, g, n, rank);
-  return p;
+  p.workspace = std::max({p.workspace, w2, w3});
+  p.backward = true;
 }
 
 // ---- CudaDevice's convolutions ----
 
-ConvPlan& CudaDevice::plan(const ConvGeom& g, int64_t n) {
+// A shape's backward algorithms are chosen when it first runs backward: evaluation's shapes
+// never do, and in bf16 the backward-filter query alone took 3.7 s for the CNN's first shape
+// on an H200 (it compiles engines at run time), which evaluation paid for shapes it only runs
+// forward. A training step's shapes first run backward in its eager warm-up step, never in a
+// capture.
+ConvPlan& CudaDevice::plan(const ConvGeom& g, int64_t n, bool backward) {
   const PlanKey key{g.c, g.h, g.w, g.oc, g.k, g.stride, g.pad, n};
   auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
-  auto owned = make_conv_plan(dnn_, g, n, tf32_, bf16_, rank_);
-  if (owned->workspace > workspace_bytes_) grow_workspace(owned->workspace);
-  return *plans_.emplace(key, std::move(owned)).first->second;
+  if (it == plans_.end())
+    it = plans_.emplace(key, make_conv_plan(dnn_, g, n, tf32_, bf16_, rank_)).first;
+  ConvPlan& p = *it->second;
+  if (backward && !p.backward) choose_backward(dnn_, p, g, n, rank_);
+  if (p.workspace > workspace_bytes_) grow_workspace(p.workspace);
+  return p;
 }
 
 void CudaDevice::grow_workspace(size_t bytes) {
@@ -176,7 +190,7 @@ void CudaDevice::conv_forward(const ConvGeom& g, int64_t n, const float* x, cons
   nchw_only(g.out_block);
   if (n == 0) return;
   enqueue([&] {
-    ConvPlan& p = plan(g, n);
+    ConvPlan& p = plan(g, n, false);
     const float one = 1.f, zero = 0.f;
     launches_ += b ? 2 : 1;
     if (bf16_) {  // bf16 in, bf16 out (fp32 accumulation), then fp32 plus the bias
@@ -204,7 +218,7 @@ void CudaDevice::conv_backward(const ConvGeom& g, int64_t n, const float* x, con
   nchw_only(g.out_block);
   if (n == 0) return;
   enqueue([&] {
-    const ConvPlan& p = plan(g, n);
+    const ConvPlan& p = plan(g, n, true);
     const float one = 1.f, zero = 0.f;
     launches_ += 1 + (dx ? 1 : 0);  // cuDNN's; the bias gradient counts its own
     if (bf16_) return conv_backward_bf16(p, g, n, x, w, dy, dw, db, dx);

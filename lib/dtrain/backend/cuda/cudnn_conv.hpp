@@ -30,12 +30,15 @@ struct ConvPlan {
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-  size_t workspace = 0;  // bytes, the most any of the three algorithms needs
+  bool backward = false;  // whether bwd_data and bwd_filter are chosen (choose_backward)
+  size_t workspace = 0;   // bytes, the most any of the chosen algorithms needs
 };
 
 // The plan of a convolution of n samples of geometry g in cuDNN's fp32 (FMA, no TF32), tf32 or
-// bf16 configuration. Throws SystemError where cuDNN cannot plan it.
+// bf16 configuration, with its forward algorithm; choose_backward adds the two backward ones.
+// Both throw SystemError where cuDNN cannot plan it.
 std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t dnn, const ConvGeom& g, int64_t n, bool tf32,
                                          bool bf16, int rank);
+void choose_backward(cudnnHandle_t dnn, ConvPlan& p, const ConvGeom& g, int64_t n, int rank);
 
 }  // namespace dtrain
