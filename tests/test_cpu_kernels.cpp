@@ -98,11 +98,11 @@ BnOut run_bn(Device& d, int64_t block, const std::vector<float>& x, const std::v
   std::vector<float> gamma(static_cast<size_t>(c)), beta(gamma.size());
   for (size_t k = 0; k < gamma.size(); ++k) gamma[k] = 0.5f + 0.1f * float(k), beta[k] = -0.2f;
   BnOut r{std::vector<double>(2 * c), std::vector<double>(2 * c), std::vector<float>(x.size()),
-          std::vector<float>(x.size()), std::vector<float>(c, 0.f), std::vector<float>(c, 0.f)};
+          std::vector<float>(x.size()), std::vector<float>(c, 0.f), std::vector<float>(c, 0.f),
+          std::vector<float>(x.size())};
   d.channel_moments(xb.data(), n, c, p, block, r.moments.data());
   d.bn_apply(xb.data(), stats.data(), gamma.data(), beta.data(), n, c, p, block, r.y.data(),
              false);
-  r.y_relu.resize(x.size());
   d.bn_apply(xb.data(), stats.data(), gamma.data(), beta.data(), n, c, p, block, r.y_relu.data(),
              true);
   d.bn_backward_sums(xb.data(), dyb.data(), stats.data(), gamma.data(), n, c, p, block,
@@ -325,7 +325,7 @@ TEST_CASE("CPU elementwise loops give math.hpp's bits in every instruction-set c
   // from the output gives those of the backward from the sum.
   d->add_relu(x.data(), b.data(), y.data(), n);
   same("add_relu", y, [&](size_t i) { return math::relu(x[i] + b[i]); });
-  for (size_t i = 0; i < n; ++i) dx[i] = math::relu_backward(y[i], b[i]);
+  d->activation_backward(Activation::relu, y.data(), y.data(), b.data(), dx.data(), n);
   same("relu backward from the output", dx, [&](size_t i) {
     return math::relu_backward(x[i] + b[i], b[i]);
   });

@@ -209,8 +209,10 @@ TEST_CASE("CUDA kernels match their CPU twins", "[cuda]") {
     });
   }
   // A channel's 150 values in one run of the GPU's sums, and 13 x 700 = 9,100 in three runs
-  // (math::channel_split), the last one shorter, the runs' ends inside samples.
-  for (const auto& shape : {std::array<int64_t, 3>{5, 4, 30}, std::array<int64_t, 3>{13, 3, 700}}) {
+  // (math::channel_split), the last one shorter, the runs' ends inside samples; and 70,000
+  // channels, past a grid's 65,535 rows of blocks and the sums' default scratch.
+  for (const auto& shape : {std::array<int64_t, 3>{5, 4, 30}, std::array<int64_t, 3>{13, 3, 700},
+                            std::array<int64_t, 3>{2, 70000, 3}}) {
     const int64_t ns = shape[0], c = shape[1], sp = shape[2];
     const auto x = random_vec(rng, ns * c * sp, -2, 3), dy = random_vec(rng, ns * c * sp);
     const auto gamma = random_vec(rng, c, 0.5, 1.5), beta = random_vec(rng, c);

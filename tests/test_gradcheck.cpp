@@ -223,40 +223,45 @@ TEST_CASE("batchnorm normalises in training and uses running statistics in evalu
 }
 
 // BatchNorm takes over the ReLU after it (one pass forward, one map fewer kept); the fused
-// layer must give the bits of the two layers, forward and backward, with and without dx.
+// layer must give the bits of the two layers, forward and backward, with and without dx, on
+// NCHW maps and in channel blocks (the values' order is the same for both chains, so x and dy
+// serve as given).
 TEST_CASE("batchnorm with its ReLU fused gives the bits of batchnorm then relu", "[bn]") {
   auto dev = make_cpu_device();
-  const MapShape shape{6, 5, 7};
+  const MapShape shape{16, 5, 7};
   const int64_t rows = 9, n = rows * shape.size();
   Rng rng(31);
   const auto x = test::random_vec(rng, static_cast<size_t>(n), -2, 2);
   const auto dy = test::random_vec(rng, static_cast<size_t>(n));
-  for (bool need_dx : {true, false}) {
-    INFO("need_dx " << need_dx);
-    BatchNorm plain(shape, false), fused(shape, false);
-    ActivationLayer relu(shape.size(), Activation::relu);
-    fused.fuse_relu();
-    std::vector<float> p1(12), g1(12, 0.f), p2(12), g2(12, 0.f);
-    for (size_t i = 0; i < 6; ++i) p1[i] = p2[i] = 0.5f + 0.2f * float(i);  // gamma
-    for (size_t i = 6; i < 12; ++i) p1[i] = p2[i] = 0.1f * float(i) - 0.9f;  // beta
-    LayerContext ctx;
-    for (Layer* l : {static_cast<Layer*>(&plain), static_cast<Layer*>(&fused),
-                     static_cast<Layer*>(&relu)}) {
-      l->setup(*dev);
-      l->attach(&ctx);
+  for (int64_t block : {0, 8})
+    for (bool need_dx : {true, false}) {
+      INFO("blocks of " << block << ", need_dx " << need_dx);
+      BatchNorm plain(shape, false), fused(shape, false);
+      ActivationLayer relu(shape.size(), Activation::relu);
+      fused.fuse_relu();
+      std::vector<float> p1(32), g1(32, 0.f), p2(32), g2(32, 0.f);
+      for (size_t i = 0; i < 16; ++i) p1[i] = p2[i] = 0.5f + 0.05f * float(i);  // gamma
+      for (size_t i = 16; i < 32; ++i) p1[i] = p2[i] = 0.05f * float(i) - 1.1f;  // beta
+      LayerContext ctx;
+      const MapLayout in{block, block ? shape.c : 0};
+      for (Layer* l : {static_cast<Layer*>(&plain), static_cast<Layer*>(&fused),
+                       static_cast<Layer*>(&relu)}) {
+        CHECK(l->plan_layout(*dev, in) == in);
+        l->setup(*dev);
+        l->attach(&ctx);
+      }
+      plain.bind(p1.data(), g1.data());
+      fused.bind(p2.data(), g2.data());
+      const float* ya = relu.forward(*dev, plain.forward(*dev, x.data(), rows), rows);
+      const float* yb = fused.forward(*dev, x.data(), rows);
+      CHECK(std::vector<float>(ya, ya + n) == std::vector<float>(yb, yb + n));
+      const float* da = plain.backward(*dev, relu.backward(*dev, dy.data(), rows, true), rows,
+                                       need_dx);
+      const float* db = fused.backward(*dev, dy.data(), rows, need_dx);
+      CHECK(g1 == g2);  // dgamma, dbeta
+      if (need_dx) CHECK(std::vector<float>(da, da + n) == std::vector<float>(db, db + n));
+      CHECK(fused.describe() == "batchnorm(16) -> relu");
     }
-    plain.bind(p1.data(), g1.data());
-    fused.bind(p2.data(), g2.data());
-    const float* ya = relu.forward(*dev, plain.forward(*dev, x.data(), rows), rows);
-    const float* yb = fused.forward(*dev, x.data(), rows);
-    CHECK(std::vector<float>(ya, ya + n) == std::vector<float>(yb, yb + n));
-    const float* da = plain.backward(*dev, relu.backward(*dev, dy.data(), rows, true), rows,
-                                     need_dx);
-    const float* db = fused.backward(*dev, dy.data(), rows, need_dx);
-    CHECK(g1 == g2);  // dgamma, dbeta
-    if (need_dx) CHECK(std::vector<float>(da, da + n) == std::vector<float>(db, db + n));
-    CHECK(fused.describe() == "batchnorm(6) -> relu");
-  }
   // In a list, each BatchNorm followed by a ReLU takes it over; other pairs stay.
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(std::make_unique<BatchNorm>(shape, false));
@@ -269,8 +274,8 @@ TEST_CASE("batchnorm with its ReLU fused gives the bits of batchnorm then relu",
   fuse_batchnorm_relu(layers);
   std::vector<std::string> names;
   for (const auto& l : layers) names.push_back(l->describe());
-  CHECK(names == std::vector<std::string>{"batchnorm(6) -> relu", "relu", "batchnorm(6)", "tanh",
-                                          "batchnorm(6) -> relu"});
+  CHECK(names == std::vector<std::string>{"batchnorm(16) -> relu", "relu", "batchnorm(16)",
+                                          "tanh", "batchnorm(16) -> relu"});
 }
 
 TEST_CASE("dropout masks in training, scales survivors and is the identity in evaluation",

@@ -131,7 +131,8 @@ class Device {
   virtual void bias_grad(const float* dy, float* db, int64_t rows, int64_t cols,
                          Accumulate mode) = 0;
   virtual void activation_forward(Activation a, const float* x, float* y, size_t n) = 0;
-  // dx = dy * f'(x); x is the activation's input, y its output.
+  // dx = dy * f'(x); x is the activation's input, y its output. ReLU's may take y for x (a
+  // fused ReLU keeps no input; math::relu_backward), and dx may be dy.
   virtual void activation_backward(Activation a, const float* x, const float* y, const float* dy,
                                    float* dx, size_t n) = 0;
   // Softmax cross-entropy over rows of logits against the targets (1 - smoothing) onehot +
@@ -192,7 +193,8 @@ class Device {
   virtual void bn_backward_sums(const float* x, const float* dy, const float* stats,
                                 const float* gamma, int64_t n, int64_t c, int64_t spatial,
                                 int64_t block, double* sums, float* dgamma, float* dbeta) = 0;
-  // dx = inv_std / m * (m * dy * gamma - s1 - xhat * s2), m = the (global) element count.
+  // dx = inv_std / m * (m * dy * gamma - s1 - xhat * s2), m = the (global) element count. dx may
+  // be dy (element by element in place: a fused ReLU's masked gradient is written into dx).
   virtual void bn_backward_dx(const float* x, const float* dy, const float* stats,
                               const float* gamma, const double* sums, double m, int64_t n,
                               int64_t c, int64_t spatial, int64_t block, float* dx) = 0;

@@ -90,12 +90,12 @@ DTRAIN_HD inline float gelu_grad(float x) {
   const float du = k * (1.f + 3.f * 0.044715f * x * x);
   return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
 }
+// A ReLU fused after another map (BatchNorm, a residual sum) runs backward from its output y,
+// which is positive exactly where its input is: relu_backward(y, dy) gives the bits of
+// relu_backward(x, dy).
 DTRAIN_HD inline float relu_backward(float x, float dy) {
   return x > 0.f ? dy : 0.f;
 }
-// A ReLU fused after another map (BatchNorm, a residual sum): its backward from its output y,
-// which is positive exactly where its input is, so relu_backward(y, dy) gives the bits of
-// relu_backward(x, dy).
 DTRAIN_HD inline float add_relu(float a, float b) {
   return relu(a + b);
 }
@@ -255,6 +255,7 @@ struct PoolCover {
 };
 template <class I>
 DTRAIN_HD inline PoolCover<I> pool_cover(I ii, I k, I stride, I out) {
+  if (out <= I(0)) return {I(1), I(0)};  // no outputs: empty (and no unsigned out - 1)
   const I lo = ii >= k ? (ii - k) / stride + 1 : I(0);
   const I hi = ii / stride < out - 1 ? ii / stride : out - 1;
   return {lo, hi};

@@ -163,7 +163,15 @@ ConvPlan& CudaDevice::plan(const ConvGeom& g, int64_t n, bool backward) {
   if (it == plans_.end())
     it = plans_.emplace(key, make_conv_plan(dnn_, g, n, tf32_, bf16_, rank_)).first;
   ConvPlan& p = *it->second;
-  if (backward && !p.backward) choose_backward(dnn_, p, g, n, rank_);
+  if (backward && !p.backward) {
+    // cuDNN's queries must not run inside a stream capture.
+    if (graph_.mode() != GraphMode::eager)
+      throw SystemError(fmt::format("rank {}: a convolution's first backward inside a CUDA-graph "
+                                    "step",
+                                    rank_),
+                        __FILE__, __LINE__);
+    choose_backward(dnn_, p, g, n, rank_);
+  }
   if (p.workspace > workspace_bytes_) grow_workspace(p.workspace);
   return p;
 }

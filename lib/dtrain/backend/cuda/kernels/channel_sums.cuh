@@ -110,6 +110,7 @@ __global__ void k_channel_totals(const double* partial, int64_t c, int64_t parts
 template <class Term, class Out>
 void channel_sums(Term term, Out out, int64_t n, int64_t c, int64_t spatial, double* scratch,
                   cudaStream_t s) {
+  if (c <= 0) return;
   const math::ChannelSplit sp = math::channel_split(n * spatial, c);
   const dim3 grid(static_cast<unsigned>(sp.parts),
                   static_cast<unsigned>(std::min<int64_t>(c, 65535)));
