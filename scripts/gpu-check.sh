@@ -265,12 +265,15 @@ stage_bench() {
   need_data || return 2
   local b
   b=$(bin_dir) || return 2
-  # DTRAIN_BENCH_MODELS, _MODES and _BATCHES split the benchmark over calls (compilation makes
-  # it long): e.g. DTRAIN_BENCH_MODELS=cnn DTRAIN_BENCH_MODES=graph,compile.
+  # DTRAIN_BENCH_MODELS (mlp, cnn, resnet18, gpt), _MODES and _BATCHES (default: each
+  # model's) split the benchmark over calls (compilation makes it long): e.g.
+  # DTRAIN_BENCH_MODELS=resnet18,gpt DTRAIN_BENCH_MODES=graph,compile.
+  local batches=()
+  [ -n "${DTRAIN_BENCH_BATCHES:-}" ] && batches=(--batches "$DTRAIN_BENCH_BATCHES")
   python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$b/apps/dtrain" --data "$data" \
     --out "$sdir" --models "${DTRAIN_BENCH_MODELS:-mlp,cnn}" \
     --modes "${DTRAIN_BENCH_MODES:-eager,graph,compile,compile-max}" \
-    --batches "${DTRAIN_BENCH_BATCHES:-128,1024}" --epochs 4 --repeats 2
+    "${batches[@]}" --epochs 4 --repeats 2
 }
 
 # Where a step's GPU time goes: ncu's per-kernel times of the CNN at batch 1024 and 128 (graphs

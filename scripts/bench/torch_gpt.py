@@ -4,6 +4,7 @@ the data pipeline and recipe of dtrain's `data.dataset: bytes` + `model.type: gp
 
   python3 torch_gpt.py --epochs 3 --threads 2                    # eager
   python3 torch_gpt.py --epochs 3 --threads 2 --mode compile     # torch.compile (Inductor, C++)
+  python3 torch_gpt.py --device cuda --precision bf16 --mode compile   # on one GPU
   python3 torch_gpt.py --order sequential --start-from RUN/checkpoint.bin   # continue a dtrain run
 
 The model: token and position embeddings; n_layer pre-LayerNorm blocks, each
@@ -29,6 +30,11 @@ epoch + step/steps by dtrain's rule (lib/dtrain/nn/schedule.cpp: during the warm
 from the base to the scaled peak, which with lr_scaling none is flat; then a cosine from the peak
 to --min-lr over the remaining epochs).
 
+On a GPU (--device cuda) the windows live on the device and are gathered there; --precision
+fp32 keeps TF32 off in GEMMs (tf32 allows it), bf16 runs the forward under autocast to bfloat16
+(weights, gradients and AdamW in FP32, as dtrain's precision: bf16); modes eager, compile and
+compile-max (torch.compile mode="max-autotune", Triton GEMM autotuning and CUDA graphs).
+
 Timing: one forward and backward pass on a training batch (its gradient thrown away, no update,
 so training is unchanged) runs before the first epoch and is reported as warmup_s; in compile
 mode it is where torch.compile compiles (the forward and backward graphs). Each epoch's time is
@@ -44,6 +50,7 @@ what remains between them is arithmetic (scripts/bench/gpt_same_start.py).
 Prints one JSON line per epoch and a final JSON summary line (prefixed "SUMMARY ").
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -179,15 +186,27 @@ def make_optimizer(model, args):
     return torch.optim.AdamW(groups, foreach=True, **kw), "foreach"
 
 
+def autocast(args):
+    if args.precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16)
+
+
+def sync(args):
+    if torch.device(args.device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 @torch.no_grad()
-def validation_loss(model, test, chunk=64):
+def validation_loss(model, test, args, chunk=64):
     """The mean over every position of every validation window (all windows have block
     positions, so the mean of per-chunk means weighted by windows)."""
     model.eval()
     total = 0.0
     for i in range(0, test.shape[0], chunk):
         w = test[i:i + chunk]
-        total += model(w[:, :-1], w[:, 1:]).item() * w.shape[0]
+        with autocast(args):
+            total += model(w[:, :-1], w[:, 1:]).item() * w.shape[0]
     model.train()
     return total / test.shape[0]
 
@@ -213,7 +232,9 @@ def main():
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    p.add_argument("--mode", choices=["eager", "compile", "compile-max"], default="eager")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (one GPU)")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="fp32")
     p.add_argument("--optimizer-impl", choices=["fused", "foreach"], default="fused")
     p.add_argument("--order", choices=["shuffled", "sequential"], default="shuffled",
                    help="sequential: every epoch visits the windows in order (data.shuffle none)")
@@ -223,11 +244,18 @@ def main():
     args = p.parse_args()
     if args.start_from and args.order != "sequential":
         p.error("--start-from needs --order sequential (dtrain's shuffled order is its own)")
+    if args.start_from and args.device != "cpu":
+        p.error("--start-from runs on the CPU (--device cpu)")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
     train, test, nfiles, nbytes = load(args)
-    model = GPT(256, args.block, args.n_layer, args.n_head, args.n_embd)
+    train, test = train.to(dev), test.to(dev)  # on a GPU, gathered there
+    model = GPT(256, args.block, args.n_layer, args.n_head, args.n_embd).to(dev)
     params = sum(p.numel() for p in model.parameters())
     opt, opt_impl = make_optimizer(model, args)
     done = 0  # optimizer steps already taken (in the checkpoint)
@@ -238,8 +266,9 @@ def main():
         done = ckpt["global_step"]
     step_model = model
     compile_error = None
-    if args.mode == "compile":
-        step_model = torch.compile(model)
+    if args.mode.startswith("compile"):
+        step_model = torch.compile(model,
+                                   mode="max-autotune" if args.mode == "compile-max" else None)
     steps = train.shape[0] // args.batch  # the last partial batch dropped
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -247,14 +276,19 @@ def main():
     t0 = time.perf_counter()
     try:
         w = train[:args.batch]
-        step_model(w[:, :-1], w[:, 1:]).backward()
+        with autocast(args):
+            loss = step_model(w[:, :-1], w[:, 1:])
+        loss.backward()
+        sync(args)
     except Exception as e:  # a compiler missing on this machine, say: record why, run eager
         compile_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
         print(f"# torch.compile failed ({compile_error}); running eager", file=sys.stderr)
         step_model = model
         opt.zero_grad(set_to_none=True)
         w = train[:args.batch]
-        model(w[:, :-1], w[:, 1:]).backward()
+        with autocast(args):
+            loss = model(w[:, :-1], w[:, 1:])
+        loss.backward()
     opt.zero_grad(set_to_none=True)
     warmup_s = time.perf_counter() - t0
     print(json.dumps({"warmup_s": warmup_s, "mode": args.mode, "params": params,
@@ -266,26 +300,29 @@ def main():
     tokens_per_epoch = steps * args.batch * args.block
     for epoch in range(args.epochs):
         perm = (torch.randperm(train.shape[0], generator=gen) if args.order == "shuffled"
-                else torch.arange(train.shape[0]))
+                else torch.arange(train.shape[0])).to(dev)
         model.train()
+        sync(args)
         t0 = time.perf_counter()
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=dev)
         first = min(steps, max(0, done - epoch * steps))  # steps the checkpoint took
         for s in range(first, steps):
             lr = lr_at(args, epoch + s / steps)
             for g in opt.param_groups:
                 g["lr"] = lr
             xb = train[perm[s * args.batch:(s + 1) * args.batch]]
-            loss = step_model(xb[:, :-1], xb[:, 1:])
+            with autocast(args):
+                loss = step_model(xb[:, :-1], xb[:, 1:])
             loss.backward()
             if args.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             loss_sum += loss.detach()
+        sync(args)
         dt = time.perf_counter() - t0
         times.append(dt)
-        val = validation_loss(model, test)
+        val = validation_loss(model, test, args)
         row = {"epoch": epoch + 1, "epoch_time_s": dt, "tokens_per_s": tokens_per_epoch / dt,
                "train_loss": (loss_sum / max(1, steps - first)).item(), "test_loss": val,
                "first_step": first}
@@ -295,7 +332,8 @@ def main():
     print("SUMMARY " + json.dumps({
         "framework": "pytorch", "mode": args.mode if compile_error is None else "eager",
         "mode_asked": args.mode, "compile_error": compile_error, "torch": torch.__version__,
-        "threads": args.threads, "optimizer_impl": opt_impl, "params": params,
+        "threads": args.threads, "device": args.device, "precision": args.precision,
+        "optimizer_impl": opt_impl, "params": params,
         "batch": args.batch, "block": args.block, "steps_per_epoch": steps,
         "tokens_per_epoch": tokens_per_epoch, "warmup_s": warmup_s,
         "first_epoch_time_s": times[0], "steady_epoch_time_s": steady,

@@ -20,12 +20,15 @@ CUDA graph after 3 warm-up steps and replayed), compile (torch.compile, default 
 optimizer), compile-max (torch.compile mode="max-autotune", which also replays CUDA graphs).
 CPU modes: eager (NCHW), channels-last (NHWC tensors and weights, oneDNN's preferred layout for
 convolutions), compile (torch.compile with Inductor's C++ backend).
+--precision bf16 runs the forward and the loss under autocast to bfloat16 (weights, gradients
+and the update in FP32); --channels-last puts images and weights in NHWC on the GPU too.
 Warm-up steps and captures count as training steps of the first epoch, so every mode trains the
 same steps; the first epoch is reported separately from the steady-state median.
 
 Prints one JSON line per epoch and a final JSON summary line (prefixed "SUMMARY ").
 """
 import argparse
+import contextlib
 import gzip
 import json
 import math
@@ -164,21 +167,47 @@ def build_model(args):
                          nn.Linear(128, 10))
 
 
+class BatchPrep:
+    """What a gathered batch goes through before the forward, the same in every mode: the
+    layout (channels-last: flat rows to NHWC images, as a user's data loader would hand them)
+    and the forward's precision (bf16: autocast, weights, gradients and the update in FP32, as
+    dtrain's precision: bf16 keeps its master weights in FP32)."""
+
+    def __init__(self, args):
+        self.shape = input_shape(args)
+        self.channels_last = args.mode == "channels-last" or args.channels_last
+        self.bf16 = args.precision == "bf16"
+        self.device_type = torch.device(args.device).type
+
+    def __call__(self, xb):
+        if not self.channels_last:
+            return xb
+        return xb.view(-1, *self.shape).contiguous(memory_format=torch.channels_last)
+
+    def autocast(self):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        # The cast cache off: PyTorch's advice for autocast inside a CUDA graph capture.
+        return torch.autocast(self.device_type, dtype=torch.bfloat16, cache_enabled=False)
+
+
 class GraphedStep:
     """The whole training step in one CUDA graph: the batch gather from a static index buffer,
     forward, loss, backward, the fused SGD update with the learning rate read from a device
     tensor, and the running loss sum. The first `warmup` calls run eagerly on a side stream
     (PyTorch's whole-network capture recipe), the next captures and replays."""
 
-    def __init__(self, model, opt, loss_fn, xtr, ytr, global_batch, lr_t, warmup=3):
+    def __init__(self, model, opt, loss_fn, xtr, ytr, global_batch, lr_t, prep, warmup=3):
         self.model, self.opt, self.loss_fn, self.xtr, self.ytr = model, opt, loss_fn, xtr, ytr
+        self.prep = prep  # the batch's layout and the forward's precision (see run)
         self.idx = torch.zeros(global_batch, dtype=torch.int64, device=xtr.device)
         self.loss_sum = torch.zeros((), device=xtr.device)
         self.lr_t, self.warmup, self.calls, self.graph = lr_t, warmup, 0, None
 
     def body(self):
         self.opt.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(self.xtr[self.idx]), self.ytr[self.idx])
+        with self.prep.autocast():
+            loss = self.loss_fn(self.model(self.prep(self.xtr[self.idx])), self.ytr[self.idx])
         loss.backward()
         self.opt.step()
         self.loss_sum += loss.detach()
@@ -222,9 +251,10 @@ def run(rank, world, args):
     data = synthetic(args) if args.synthetic else load(args.data)
     xtr, ytr, xte, yte = (t.to(dev) for t in data)  # data preloaded on the device
     model = build_model(args).to(dev)
-    if args.mode == "channels-last":
+    prep = BatchPrep(args)
+    if prep.channels_last:
         # The model's convolution weights in NHWC; each batch is converted after the gather
-        # inside the timed step, as a user's data loader would hand it.
+        # inside the timed step.
         model = model.to(memory_format=torch.channels_last)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
@@ -242,7 +272,7 @@ def run(rank, world, args):
     global_batch = args.batch * world
     steps = xtr.shape[0] // global_batch
     gen = torch.Generator().manual_seed(args.seed)
-    graphed = (GraphedStep(model, opt, loss_fn, xtr, ytr, global_batch, lr_t)
+    graphed = (GraphedStep(model, opt, loss_fn, xtr, ytr, global_batch, lr_t, prep)
                if args.mode == "graph" else None)
     times = []
     for epoch in range(args.epochs):
@@ -266,11 +296,10 @@ def run(rank, world, args):
                 continue
             for g in opt.param_groups:
                 g["lr"] = lr
-            xb, yb = xtr[idx], ytr[idx]
-            if args.mode == "channels-last":
-                xb = xb.view(-1, *input_shape(args)).contiguous(memory_format=torch.channels_last)
+            xb, yb = prep(xtr[idx]), ytr[idx]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(train_model(xb), yb)
+            with prep.autocast():
+                loss = loss_fn(train_model(xb), yb)
             loss.backward()
             opt.step()
             loss_sum += loss.detach()
@@ -281,7 +310,7 @@ def run(rank, world, args):
         dt = time.perf_counter() - t0
         times.append(dt)
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), prep.autocast():
             # In chunks of 1000, dtrain's eval_batch: a ResNet on all 10,000 images at once
             # would hold gigabytes of activations.
             hits = sum((model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item()
@@ -336,8 +365,12 @@ def main():
                    choices=["eager", "eager-fused", "graph", "compile", "compile-max",
                             "channels-last"],
                    help="how the step runs (see the top of this file)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
-                   help="GPU only: fp32 keeps TF32 off in GEMMs and convolutions")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                   help="fp32 keeps TF32 off in GEMMs and convolutions (GPU); bf16 runs the "
+                        "forward under autocast to bfloat16")
+    p.add_argument("--channels-last", action="store_true",
+                   help="GPU: images and convolution weights in NHWC (the CPU's mode "
+                        "channels-last does the same)")
     args = p.parse_args()
     cpu_modes = ["eager", "channels-last", "compile"]
     gpu_modes = ["eager", "eager-fused", "graph", "compile", "compile-max"]
