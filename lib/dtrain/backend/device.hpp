@@ -55,6 +55,13 @@ enum class Accumulate { overwrite, add };
 //            launches the graph recorded for this step.
 enum class GraphMode { eager, capture, replay };
 
+// A point in one queue's work that another queue of the same device can wait for
+// (DeviceQueue::record, wait_for): a CUDA event.
+class QueueFence {
+ public:
+  virtual ~QueueFence() = default;
+};
+
 // The optional capability of a device that queues its work instead of finishing each call
 // (the CUDA backend): the queue itself, step timing by device events, and CUDA graphs of the
 // steady-state step. The CPU finishes every call before returning and has none of this:
@@ -66,6 +73,12 @@ class DeviceQueue {
   virtual void synchronize() = 0;
   // The queue itself (a cudaStream_t), for communicators that order their work against it.
   virtual void* native_stream() = 0;
+  // Order across the queues of one device with no host wait: record(f) marks the work queued
+  // so far, and another queue's wait_for(f) starts its later work after that point (the latest
+  // record(f) made before the wait_for call counts).
+  virtual std::unique_ptr<QueueFence> make_fence() = 0;
+  virtual void record(QueueFence& f) = 0;
+  virtual void wait_for(QueueFence& f) = 0;
   // Kernels (and library calls) launched so far, for the launch-latency floor.
   virtual int64_t launches() const = 0;
 

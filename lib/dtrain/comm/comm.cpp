@@ -1,5 +1,7 @@
 #include "dtrain/comm/comm.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <memory>
@@ -62,6 +64,7 @@ class Signal {
 struct InProcessGroup::State {
   explicit State(int n) : size(n), slots(static_cast<size_t>(n), nullptr) {
     for (int r = 0; r < n; ++r) turn.push_back(std::make_unique<Signal>());
+    fence.resize(static_cast<size_t>(n));
   }
   int size;
   std::mutex mu;
@@ -72,6 +75,9 @@ struct InProcessGroup::State {
   std::string why;
   std::vector<void*> slots;  // each rank's buffer for the collective in flight
   std::vector<std::unique_ptr<Signal>> turn;
+  // A GPU's replicas (reduce_shared): fence[r] marks rank r's fold on its own queue, made by
+  // rank r at its first turn and read by the others only after a turn or a barrier.
+  std::vector<std::unique_ptr<QueueFence>> fence;
 
   void wait() {
     std::unique_lock lk(mu);
@@ -144,16 +150,29 @@ class InProcessComm final : public Communicator {
     // An ordered fold: out = buffer 0, then out += buffer 1, ..., each rank adding its own as
     // soon as the rank before it has, while its gradients are still in this core's cache.
     // Per element that is reduce()'s arithmetic: acc = b0; acc += b1; ...; acc *= 1/p.
+    // On a GPU the ranks' queues are ordered by fences, the host waiting for none of them:
+    // each rank's fold follows the previous rank's, and every rank's later work follows the
+    // last rank's fold and `then`.
     const int p = s_->size;
     s_->take_turn(rank_);
     const bool last = rank_ == p - 1;
     const float scale = last && op == ReduceOp::mean ? 1.0f / static_cast<float>(p) : 1.0f;
-    DeviceQueue* queue = dev.queue();  // a GPU's stream: the next rank reads what this one wrote
+    DeviceQueue* queue = dev.queue();
+    if (queue && rank_ > 0) queue->wait_for(fence(rank_ - 1, nullptr));
     dev.fold(out, data, n, rank_ == 0, scale);
     if (last && then) then();
-    if (queue) queue->synchronize();
+    if (queue) queue->record(fence(rank_, queue));
     if (!last) s_->turn[static_cast<size_t>(rank_ + 1)]->release();
-    if (p > 1) s_->wait();  // the sum is whole and `then` has run
+    if (p > 1) s_->wait();  // the sum is queued whole and `then` has run or is queued
+    if (queue && !last) queue->wait_for(fence(p - 1, nullptr));
+  }
+
+  // Rank r's fence, made by rank r itself (`owner`: its queue) the first time.
+  QueueFence& fence(int r, DeviceQueue* owner) {
+    auto& f = s_->fence[static_cast<size_t>(r)];
+    if (!f && owner) f = owner->make_fence();
+    if (!f) DTRAIN_THROW_SYSTEM(fmt::format("rank {}: rank {}'s fence is missing", rank_, r));
+    return *f;
   }
 
   // out[i] = bufs[0][i] + bufs[1][i] + ... in that order (times 1/p for mean) for i in

@@ -88,6 +88,37 @@ void CudaDevice::synchronize() {
   DT_CUDA(cudaStreamSynchronize(stream_), rank_);
 }
 
+namespace {
+struct CudaFence final : QueueFence {
+  cudaEvent_t event = nullptr;
+  ~CudaFence() override {
+    if (event) cudaEventDestroy(event);  // released once a pending record completes
+  }
+};
+CudaFence& cuda_fence(QueueFence& f) {
+  auto* c = dynamic_cast<CudaFence*>(&f);
+  if (!c) DTRAIN_THROW_SYSTEM("a queue fence of another device kind reached the CUDA device");
+  return *c;
+}
+}  // namespace
+
+std::unique_ptr<QueueFence> CudaDevice::make_fence() {
+  select();
+  auto f = std::make_unique<CudaFence>();
+  DT_CUDA(cudaEventCreateWithFlags(&f->event, cudaEventDisableTiming), rank_);
+  return f;
+}
+
+void CudaDevice::record(QueueFence& f) {
+  no_graph("a fence across replicas' queues");
+  DT_CUDA(cudaEventRecord(cuda_fence(f).event, stream_), rank_);
+}
+
+void CudaDevice::wait_for(QueueFence& f) {
+  no_graph("a fence across replicas' queues");
+  DT_CUDA(cudaStreamWaitEvent(stream_, cuda_fence(f).event, 0), rank_);
+}
+
 void CudaDevice::check_launch() {
   ++launches_;
   DT_CUDA(cudaGetLastError(), rank_);

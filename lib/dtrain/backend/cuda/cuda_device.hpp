@@ -43,6 +43,9 @@ class CudaDevice final : public Device, public DeviceQueue {
   // ---- DeviceQueue ----
   void synchronize() override;
   void* native_stream() override { return stream_; }
+  std::unique_ptr<QueueFence> make_fence() override;
+  void record(QueueFence& f) override;
+  void wait_for(QueueFence& f) override;
   int64_t launches() const override { return launches_; }
   void step_begin(int64_t step) override;
   void step_mark(int phase) override;
