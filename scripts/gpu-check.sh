@@ -273,7 +273,7 @@ stage_bench() {
   python3 scripts/bench/gpu_vs_pytorch.py --dtrain "$b/apps/dtrain" --data "$data" \
     --out "$sdir" --models "${DTRAIN_BENCH_MODELS:-mlp,cnn}" \
     --modes "${DTRAIN_BENCH_MODES:-eager,graph,compile,compile-max}" \
-    "${batches[@]}" --epochs 4 --repeats 2
+    ${batches[@]+"${batches[@]}"} --epochs 4 --repeats 2
 }
 
 # Where a step's GPU time goes: ncu's per-kernel times of the CNN at batch 1024 and 128 (graphs

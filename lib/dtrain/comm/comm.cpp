@@ -161,7 +161,7 @@ class InProcessComm final : public Communicator {
     if (queue && rank_ > 0) queue->wait_for(fence(rank_ - 1, nullptr));
     dev.fold(out, data, n, rank_ == 0, scale);
     if (last && then) then();
-    if (queue) queue->record(fence(rank_, queue));
+    if (queue && p > 1) queue->record(fence(rank_, queue));
     if (!last) s_->turn[static_cast<size_t>(rank_ + 1)]->release();
     if (p > 1) s_->wait();  // the sum is queued whole and `then` has run or is queued
     if (queue && !last) queue->wait_for(fence(p - 1, nullptr));

@@ -25,9 +25,11 @@ class Communicator {
   // For replicas that share one copy of the weights (threads of one process): reduces every
   // rank's `data` into `out` alone, with allreduce's arithmetic (rank 0 + rank 1 + ..., in that
   // order), and the last rank then calls then(); returns when `then` has returned. Each rank
-  // adds its part with Device::fold on `dev`, its own device (the GPU's stream where replicas
-  // share a GPU: a rank's work there is finished before the next rank's turn and before the
-  // ranks go on). Throws SystemError where the ranks do not share memory.
+  // adds its part with Device::fold on `dev`, its own device. Where replicas share a GPU, each
+  // on its own stream, the ranks' streams are ordered by fences (DeviceQueue::record,
+  // wait_for): a rank's fold follows the previous rank's, and each rank's later work follows
+  // the last rank's fold and whatever `then` queued; the host returns without waiting for the
+  // device. Throws SystemError where the ranks do not share memory.
   virtual void reduce_shared(Device& dev, const float* data, size_t n, ReduceOp op, float* out,
                              const std::function<void()>& then);
   // Releases every rank blocked in a collective (they throw Aborted); used when one rank fails.

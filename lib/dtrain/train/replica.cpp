@@ -647,6 +647,9 @@ void Replica::reduce_gradients(EpochTimes& t) {
 }
 
 void Replica::update_shared() {
+  // A GPU: the folds of every rank, ordered by fences and still queued, finish first, so that
+  // the time below is the update's alone (they are the exchange's).
+  if (queue_) queue_->synchronize();
   const auto t0 = Clock::now();
   SharedWeights& sw = *run_.shared;
   // global_step_ counts this step already: it is the optimizer's 1-based step number.

@@ -102,6 +102,16 @@ CudaFence& cuda_fence(QueueFence& f) {
 }
 }  // namespace
 
+void CudaDevice::no_fence_in_graph() const {
+  // Graphs are off where replicas share a GPU (cuda_graph_state): a fence inside a capture
+  // would tie the graph to another stream's event.
+  if (graph_.mode() != GraphMode::eager)
+    throw SystemError(fmt::format("rank {}: a fence between replicas' streams inside a "
+                                  "CUDA-graph step",
+                                  rank_),
+                      __FILE__, __LINE__);
+}
+
 std::unique_ptr<QueueFence> CudaDevice::make_fence() {
   select();
   auto f = std::make_unique<CudaFence>();
@@ -110,12 +120,12 @@ std::unique_ptr<QueueFence> CudaDevice::make_fence() {
 }
 
 void CudaDevice::record(QueueFence& f) {
-  no_graph("a fence across replicas' queues");
+  no_fence_in_graph();
   DT_CUDA(cudaEventRecord(cuda_fence(f).event, stream_), rank_);
 }
 
 void CudaDevice::wait_for(QueueFence& f) {
-  no_graph("a fence across replicas' queues");
+  no_fence_in_graph();
   DT_CUDA(cudaStreamWaitEvent(stream_, cuda_fence(f).event, 0), rank_);
 }
 

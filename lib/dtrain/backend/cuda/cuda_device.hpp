@@ -168,6 +168,7 @@ class CudaDevice final : public Device, public DeviceQueue {
   void select();
   void make_blas_workspace();
   void no_graph(const char* what) const;  // for the calls that wait for the host
+  void no_fence_in_graph() const;
   // The stored rows x cols matrix (leading dimension ld) as bfloat16 in `buf`.
   const Bf16* to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, Buffer<Bf16>& buf);
   void from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate);
