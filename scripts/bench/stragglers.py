@@ -3,22 +3,32 @@
 the test facility that stretches that rank's phase to FACTOR times its time), and runs with no
 slowdown; does the epoch's verdict name the right rank and phase, and only then?
 
-The run: a 6.4M-parameter MLP on augmented synthetic 3x32x32 images (phases of milliseconds:
-data about 1, forward and backward about 10, exchange and optimizer a few), 2 replicas as
-threads with 1 thread each, one epoch of 16 steps. Writes results/stragglers/README.md and
-trials.json.
+The run: a 2.7M-parameter MLP (hidden 96, 64) on augmented synthetic 3x96x96 images, so that
+every phase is a sizeable share of the step (on 2 cores, milliseconds: data about 5, forward
+5, backward 6, exchange 3, optimizer 3), 2 replicas as threads with 1 thread each, one epoch of
+16 steps. Writes results/stragglers/README.md and trials.json.
 
 With --launch mpirun the two replicas are two processes (mpirun -np 2, each bound to a core of
-its own), as on two machines; the default runs them as threads of one process. Results go to
-results/stragglers/ (threads) or results/stragglers/mpirun/.
+its own), as on two machines; the default runs them as threads of one process. With --launch
+turns they take turns on one thread (replicas: shared, threads: 1): both ranks' phases run on
+the same core, so that a difference between the machine's cores cannot pass for a straggler;
+shared weights leave the exchange and the optimizer unnamed (one rank runs them for all), so
+only data, forward and backward are slowed. Results go to results/stragglers/ (threads),
+results/stragglers/mpirun/ or results/stragglers/turns/.
+
+With --cores, no trials: the same run at one replica, pinned to each core in turn (taskset),
+several rounds, each phase's median time from the step trace: how much the machine's own cores
+differ, which a straggler rule sees as a straggler when ranks run on different cores. Writes
+results/stragglers/cores.md.
 
 Usage: stragglers.py [--dtrain build/apps/dtrain] [--trials 10] [--factors 1.1,1.5]
-                     [--launch threads|mpirun]
+                     [--launch threads|mpirun|turns] [--cores]
 """
 import argparse
 import collections
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -30,9 +40,9 @@ CONFIG = """name: s
 threads: 1
 data:
   dataset: synthetic
-  synthetic: {train_size: 2048, test_size: 128, shape: [3, 32, 32], classes: 10}
+  synthetic: {train_size: 2048, test_size: 128, shape: [3, 96, 96], classes: 10}
   augment: {crop_padding: 4, flip: true}
-model: {hidden: [1024, 256]}
+model: {hidden: [96, 64]}
 train: {epochs: 1, per_replica_batch: 64, target_accuracy: 0}
 optimizer: {lr: 0.05, base_batch: 64}
 """
@@ -43,18 +53,22 @@ def trial(args, work, tag, slow):
     env.pop("DTRAIN_SLOW", None)
     if slow:
         env["DTRAIN_SLOW"] = slow
-    cmd = [args.dtrain, "run", os.path.join(work, "s.yaml"), "gpus=2", "--results", work,
-           "--tag", tag, "--quiet"]
+    # The step trace (steps 2-16) gives each rank's phase times beside the verdict.
+    cmd = [args.dtrain, "run", os.path.join(work, "s.yaml"), "gpus=2", "train.trace.from_step=2",
+           "train.trace.steps=15", "--results", work, "--tag", tag, "--quiet"]
     if args.launch == "mpirun":
         mpi = ["mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "core", "--mca", "btl",
                "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]
         cmd = mpi + (["-x", "DTRAIN_SLOW"] if slow else []) + cmd  # to both processes
+    elif args.launch == "turns":
+        cmd[4:4] = ["replicas=shared", "threads=1"]
     else:
         cmd.insert(4, "replicas=threads")
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(os.path.join(work, "s", f"{tag}-g2", "summary.json")) as f:
+    run = os.path.join(work, "s", f"{tag}-g2")
+    with open(os.path.join(run, "summary.json")) as f:
         named = json.load(f).get("stragglers", [])
-    return named[0] if named else None
+    return (named[0] if named else None), phase_medians(os.path.join(run, "trace.json"))
 
 
 def main():
@@ -62,29 +76,85 @@ def main():
     p.add_argument("--dtrain", default=os.path.join(ROOT, "build", "apps", "dtrain"))
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--factors", default="1.1,1.5")
-    p.add_argument("--launch", choices=["threads", "mpirun"], default="threads")
+    p.add_argument("--launch", choices=["threads", "mpirun", "turns"], default="threads")
     p.add_argument("--out", default=None)
+    p.add_argument("--cores", action="store_true")
     args = p.parse_args()
+    if args.cores:
+        return cores(args)
     if args.out is None:
         args.out = os.path.join(ROOT, "results", "stragglers",
-                                *(["mpirun"] if args.launch == "mpirun" else []))
+                                *([] if args.launch == "threads" else [args.launch]))
     factors = [float(x) for x in args.factors.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as work:
         with open(os.path.join(work, "s.yaml"), "w") as f:
             f.write(CONFIG)
-        cases = [(None, None)] + [(f, ph) for f in factors for ph in PHASES]
+        phases = PHASES[:3] if args.launch == "turns" else PHASES
+        cases = [(None, None)] + [(f, ph) for f in factors for ph in phases]
         for t in range(args.trials):  # trials interleaved: drift on the machine hits all cases
             for factor, phase in cases:
                 tag = f"t{t}-{phase or 'none'}-{factor or 1}"
-                named = trial(args, work, tag, f"1:{phase}:{factor}" if phase else None)
+                named, ms = trial(args, work, tag, f"1:{phase}:{factor}" if phase else None)
                 ok = (named is None) if phase is None else (
                     named is not None and named["rank"] == 1 and named["phase"] == phase)
-                rows.append(dict(trial=t + 1, factor=factor, phase=phase, named=named, correct=ok))
+                rows.append(dict(trial=t + 1, factor=factor, phase=phase, named=named, correct=ok,
+                                 phase_ms=ms))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "trials.json"), "w") as f:
         json.dump(rows, f, indent=1)
     render(args, rows, factors)
+
+
+def phase_medians(trace_path):
+    """Per rank (the trace's pid) and phase, the median span in milliseconds."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    spans = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("name") in PHASES:
+            spans[(e["pid"], e["name"])].append(e["dur"] / 1000)
+    ranks = sorted({pid for pid, _ in spans})
+    return {str(r): {ph: statistics.median(spans[(r, ph)]) if spans[(r, ph)] else None
+                     for ph in PHASES} for r in ranks}
+
+
+def cores(args):
+    rounds = args.trials
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        with open(os.path.join(work, "s.yaml"), "w") as f:
+            f.write(CONFIG)
+        for t in range(rounds):
+            for core in range(os.cpu_count()):
+                tag = f"r{t}-c{core}"
+                subprocess.run(["taskset", "-c", str(core), args.dtrain, "run",
+                                os.path.join(work, "s.yaml"), "gpus=1", "train.trace.from_step=2",
+                                "train.trace.steps=15", "--results", work, "--tag", tag,
+                                "--quiet"], check=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+                rows.append((t + 1, core, phase_medians(
+                    os.path.join(work, "s", f"{tag}-g1", "trace.json"))["0"]))
+    lines = ["# How much this machine's cores differ", "",
+             f"{time.strftime('%Y-%m-%d', time.gmtime())}, `scripts/bench/stragglers.py --cores "
+             f"--trials {rounds}` on {os.cpu_count()} cores: the trials' run at one replica "
+             "pinned to one core (`taskset -c CORE`), the cores in turn, each round a few "
+             "seconds apart; the median time of each phase over steps 2-16 (step trace), "
+             "milliseconds. The exchange is empty at one replica.", "",
+             "| round | core | " + " | ".join(p for p in PHASES if p != "exchange") + " |",
+             "|---|---|" + "---|" * (len(PHASES) - 1)]
+    for t, core, med in rows:
+        lines.append(f"| {t} | {core} | " + " | ".join(
+            f"{med[p]:.2f}" if med[p] is not None else "-" for p in PHASES if p != "exchange")
+            + " |")
+    fwd = [med["forward"] for _, _, med in rows]
+    lines += ["", f"Forward: {min(fwd):.2f} to {max(fwd):.2f} ms "
+              f"({max(fwd) / min(fwd):.2f}x) over the {len(rows)} runs.", ""]
+    out = args.out or os.path.join(ROOT, "results", "stragglers")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "cores.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
 
 
 def render(args, rows, factors):
@@ -96,12 +166,15 @@ def render(args, rows, factors):
              f"{time.strftime('%Y-%m-%d', time.gmtime())}, `scripts/bench/stragglers.py "
              f"--trials {args.trials} --factors {args.factors} --launch {args.launch}` on "
              f"{os.cpu_count()} cores. Rank 1 of a 2-replica run "
-             + ("(2 processes under mpirun, each bound to a core, 1 thread each)"
-                if args.launch == "mpirun" else "(threads, 1 each)")
+             + {"mpirun": "(2 processes under mpirun, each bound to a core, 1 thread each)",
+                "turns": "(in turn on one thread, sharing one copy of the weights)",
+                "threads": "(threads, 1 each)"}[args.launch]
              + " slowed in one phase by the factor "
              "(`DTRAIN_SLOW=1:PHASE:FACTOR`), or not at all; one epoch of 16 steps of a "
-             "6.4M-parameter MLP on augmented 3x32x32 images; the epoch's verdict from "
-             "`summary.json`. Right: the slowed rank and phase named (no slowdown: no one named).",
+             "2.7M-parameter MLP on augmented 3x96x96 images; the epoch's verdict from "
+             "`summary.json`. Right: the slowed rank and phase named (no slowdown: no one named). "
+             "`all`: a rank slower in every phase alike (its core), named where no phase stands "
+             "out.",
              "", "| slowdown | phase | right | trials | what was named (rank phase: count) |",
              "|---|---|---|---|---|"]
     for (factor, phase), rs in tally.items():
@@ -114,6 +187,18 @@ def render(args, rows, factors):
             what += f" (median excess {sorted(excess)[len(excess) // 2]:+.0%})"
         lines.append(f"| {'none' if factor is None else f'x{factor}'} | {phase or '-'} | "
                      f"{sum(r['correct'] for r in rs)} | {len(rs)} | {what} |")
+    # The machine's own difference between the ranks: the runs with no slowdown.
+    calm = [r["phase_ms"] for r in rows if r["phase"] is None and r.get("phase_ms")]
+    ratios = []
+    for ph in ("data", "forward"):
+        v = [m["1"][ph] / m["0"][ph] for m in calm
+             if "0" in m and "1" in m and m["0"].get(ph) and m["1"].get(ph)]
+        if v:
+            ratios.append(f"{ph} {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})")
+    if ratios:
+        lines += ["", "With no slowdown, rank 1's median phase time over rank 0's (steps 2-16, "
+                  "the step trace; median of the runs, and their range): " + ", ".join(ratios)
+                  + "."]
     lines += ["", "Per trial: trials.json.", ""]
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write("\n".join(lines))

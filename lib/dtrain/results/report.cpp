@@ -230,7 +230,7 @@ std::string straggler_text(const nlohmann::json& epochs, int epochs_completed) {
       continue;
     const auto rank = e["rank"].get<int64_t>();
     const auto phase = e["phase"].get<std::string>();
-    if (rank < 0 || !step_phase_named(phase)) continue;
+    if (rank < 0 || !straggler_phase_code(phase)) continue;
     ++count[{rank, phase}];
   }
   if (count.empty()) return "none";

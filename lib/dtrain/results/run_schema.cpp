@@ -62,9 +62,11 @@ const std::vector<MetricsColumn>& metrics_columns() {
       {"straggler_rank", &M::straggler_rank, "{}", "",
        "the rank named as the epoch's straggler (busy time per phase, waits excluded); -1: none"},
       {"straggler_phase", &M::straggler_phase, "{}", "",
-       "its phase: 0 data, 1 forward, 2 backward, 3 exchange, 4 optimizer; -1: none"},
+       "its phase: 0 data, 1 forward, 2 backward, 3 exchange, 4 optimizer, 5 all (every phase "
+       "alike: the rank itself is slower); -1: none"},
       {"straggler_excess", &M::straggler_excess, "{:.4f}", "fraction",
-       "its median excess over the other ranks' median in that phase; nan: none"},
+       "its median excess over the other ranks' median in that phase, beyond its own pace (for "
+       "5: its pace); nan: none"},
       {"bn_sync_s", &M::bn_sync_s, "{:.6f}", "s",
        "model.batchnorm: sync: rank 0's time in the BatchNorm statistics' exchanges over the "
        "replicas, part of compute_s; 0 without"},

@@ -48,7 +48,7 @@ json stragglers_json(const S& s) {
     if (m.straggler_rank >= 0)
       out.push_back({{"epoch", m.epoch},
                      {"rank", m.straggler_rank},
-                     {"phase", to_string(static_cast<StepPhase>(m.straggler_phase))},
+                     {"phase", straggler_phase_name(m.straggler_phase)},
                      {"excess", number_or_null(m.straggler_excess)}});
   return out;
 }

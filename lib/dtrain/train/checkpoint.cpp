@@ -259,7 +259,7 @@ void check_epochs(const Checkpoint& c, const Check& k, double max_samples) {
     k.whole(static_cast<double>(m.samples), max_samples, "the samples of finished epoch", e);
     k.whole(m.slowest_rank, c.replicas - 1, "the slowest rank of finished epoch", e);
     k.within(m.straggler_rank, -1, c.replicas - 1, "the straggler rank of finished epoch", e);
-    k.within(m.straggler_phase, -1, kStepPhases - 1, "the straggler phase of finished epoch", e);
+    k.within(m.straggler_phase, -1, kEveryPhase, "the straggler phase of finished epoch", e);
     k.nan_or_finite(m.straggler_excess, "the straggler excess of finished epoch", e);
     k.whole(static_cast<double>(m.exchange_bytes_per_step), 0x1p62,
             "the exchange bytes per step of finished epoch", e);
