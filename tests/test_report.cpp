@@ -214,6 +214,8 @@ TEST_CASE("the comparison table's MFU and straggler come from summary.json", "[r
   CHECK(r.mfu == 0.25);
   CHECK(r.straggler == "rank 2, backward, 2 of 5 epochs");
   CHECK(read(R"("stragglers": [])").straggler == "none");
+  CHECK(read(R"("stragglers": [{"epoch": 1, "rank": 3, "phase": "all"}])").straggler ==
+        "rank 3, all, 1 of 5 epochs");
   r = read(R"("utilisation": {"mfu": null})");
   CHECK_FALSE(r.mfu);
   CHECK(r.straggler.empty());  // not looked for

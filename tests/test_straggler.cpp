@@ -71,14 +71,16 @@ TEST_CASE("the straggler rule names the slow rank and phase, and waits are not b
   CHECK(two.rank == 0);
   CHECK(two.phase == static_cast<int>(StepPhase::forward));
   // Noise alone (up to 6% either way: single steps pass the threshold, and a rank is slower
-  // than the others in about half the steps) names no one, in many draws: no median is over
-  // the threshold.
+  // than the others in about half the steps) names no one, in many draws, even where some
+  // rank and phase was slower in 60% of the steps: no median is over the threshold.
+  double most = 0;
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     const Straggler none = name_straggler(logs(4, 60, 0.06, 0, StepPhase::data, 1.0, seed), log);
     INFO("seed " << seed << ": " << describe(none));
     CHECK(none.rank == -1);
-    CHECK(none.share > 0.4);  // the largest share of steps slower than expected, of any
+    most = std::max(most, none.share);  // the largest share of steps slower than expected
   }
+  CHECK(most >= 0.6);
   // Slow in half the steps only: not named; in two thirds: named.
   for (const auto& [period, named_expected] : {std::pair{2, false}, std::pair{3, true}}) {
     auto half = logs(2, 60, 0.0, -1, StepPhase::data, 1.0);
@@ -255,14 +257,14 @@ TEST_CASE("a rank slower in every phase is named for its pace, a phase beyond it
     CHECK(core.excess == Approx(0.3).margin(0.03));
   }
   // On that core, its data phase 20% slower again: the data phase is named, by its excess over
-  // the rank's own pace.
+  // the rank's own pace in its other phases (the slow phase does not raise it).
   for (const StepPhase p : {StepPhase::data, StepPhase::exchange, StepPhase::optimizer}) {
     INFO(to_string(p));
     const Straggler both =
         name_straggler(logs(2, 60, 0.02, 1, p, 1.2, 7, /*paced=*/1, 1.3), log);
     CHECK(both.rank == 1);
     CHECK(both.phase == static_cast<int>(p));
-    CHECK(both.excess == Approx(0.2).margin(0.03));
+    CHECK(both.excess == Approx(0.2).margin(0.02));
   }
   // A phase that stands out is named before a slower rank: the rank shows in slowest_rank.
   const Straggler first =
@@ -281,7 +283,7 @@ TEST_CASE("a rank slower in every phase is named for its pace, a phase beyond it
     INFO("seed " << seed << ": " << describe(none));
     CHECK(none.rank == -1);
   }
-  // Not nameable (shared weights may not name the pace): no one.
+  // A rule that may not name a rank in every phase: no one.
   StragglerRule no_pace;
   no_pace.phases &= ~(1u << kEveryPhase);
   CHECK(name_straggler(logs(2, 60, 0.02, -1, StepPhase::data, 1.0, 7, 1, 1.3), log, no_pace)

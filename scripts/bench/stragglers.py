@@ -4,9 +4,8 @@ the test facility that stretches that rank's phase to FACTOR times its time), an
 slowdown; does the epoch's verdict name the right rank and phase, and only then?
 
 The run: a 2.7M-parameter MLP (hidden 96, 64) on augmented synthetic 3x96x96 images, so that
-every phase is a sizeable share of the step (on 2 cores, milliseconds: data about 5, forward
-5, backward 6, exchange 3, optimizer 3), 2 replicas as threads with 1 thread each, one epoch of
-16 steps. Writes results/stragglers/README.md and trials.json.
+every phase is a sizeable share of the step (on 2 cores, each phase takes 2 to 5 ms), 2
+replicas as threads with 1 thread each, one epoch of 16 steps. Writes results/stragglers/README.md and trials.json.
 
 With --launch mpirun the two replicas are two processes (mpirun -np 2, each bound to a core of
 its own), as on two machines; the default runs them as threads of one process. With --launch

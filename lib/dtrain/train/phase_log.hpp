@@ -23,8 +23,9 @@ class PhaseLog {
   PhaseLog(int replicas, int64_t steps, int arrivals, bool host_memory);
 
   bool on() const { return on_; }
-  // Phase p is never named: where it is not the rank's own work (with shared weights the last
-  // rank to arrive makes the whole sum for every rank).
+  // Phase p is never named, nor counted in a rank's pace or busy time as a whole: where it is
+  // not the rank's own work (with shared weights the last rank to arrive makes the whole sum and
+  // the update for every rank).
   void never_name(StepPhase p) { rule_.phases &= ~(1u << static_cast<int>(p)); }
   bool host_clocks() const { return host_; }
   // The epoch starts at step `first` (a resumed epoch's earlier steps are not in the log).

@@ -187,7 +187,10 @@ void Replica::make_exchange(size_t n_params) {
   // On a GPU, one: when the device finished the step's compute (the exchange's start).
   const int arrivals = run_.shared || queue_ ? 1 : static_cast<int>(exchange_->bucket_count());
   phases_ = PhaseLog(replicas_, steps_, arrivals, dev_->host_memory());
-  if (run_.shared) phases_.never_name(StepPhase::exchange);
+  if (run_.shared) {  // the last rank makes the sum and the update for every rank
+    phases_.never_name(StepPhase::exchange);
+    phases_.never_name(StepPhase::optimizer);
+  }
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
   // reduce the whole buffer at once, in finish().
   if ((cfg_.train.trace.enabled() || phases_.on()) && !run_.shared)

@@ -44,7 +44,14 @@ std::vector<std::array<double, kStepPhases>> busy_of_step(
 // it; and each step's floor.
 struct Tally {
   static constexpr size_t kPer = kEveryPhase + 1;
-  explicit Tally(size_t ranks) : slower(ranks * kPer, 0), ratio(ranks * kPer), extra(ranks * kPer) {}
+  Tally(size_t ranks, size_t steps)
+      : slower(ranks * kPer, 0), ratio(ranks * kPer), extra(ranks * kPer) {
+    for (size_t k = 0; k < ratio.size(); ++k) {
+      ratio[k].reserve(steps);
+      extra[k].reserve(steps);
+    }
+    floors.reserve(steps);
+  }
   void add(size_t k, double mine, double expected) {
     if (mine > expected) ++slower[k];
     if (expected > 0) ratio[k].push_back(mine / expected);
@@ -67,67 +74,90 @@ struct Tally {
 };
 
 using Busy = std::vector<std::array<double, kStepPhases>>;  // a step's, per rank
+using Paces = std::vector<std::array<double, Tally::kPer>>;  // per rank
 
-// The median of the ranks' values other than rank r's.
-template <class Value>
-double others_median(size_t n, size_t r, Value&& value, std::vector<double>& scratch) {
-  scratch.clear();
-  for (size_t q = 0; q < n; ++q)
-    if (q != r) scratch.push_back(value(q));
-  return median(scratch);
-}
-
-double step_median(const Busy& busy) {
-  std::vector<double> all;
-  for (const auto& b : busy) all.push_back(b[0] + b[1] + b[2] + b[3] + b[4]);
-  return median(all);
-}
-
-// Each rank's pace over the epoch: the median over steps of the median over its phases (those
-// the rule may name that take at least rule.pace_share of the step) of its time over the other
-// ranks' median; 1 in a step where fewer than 3 phases do.
-std::vector<double> paces(const std::vector<Busy>& steps, const StragglerRule& rule) {
-  const size_t n = steps.empty() ? 0 : steps[0].size();
-  std::vector<std::vector<double>> per(n);
-  std::vector<double> x, scratch;
-  for (const Busy& busy : steps) {
-    const double step = step_median(busy);
-    for (size_t r = 0; r < n; ++r) {
-      x.clear();
-      for (size_t p = 0; p < kStepPhases; ++p) {
-        const double med = others_median(n, r, [&](size_t q) { return busy[q][p]; }, scratch);
-        if ((rule.phases >> p & 1u) && med > 0 && med >= rule.pace_share * step)
-          x.push_back(busy[r][p] / med);
-      }
-      per[r].push_back(x.size() >= 3 ? median(x) : 1.0);
-    }
+// For each rank, the median of the other ranks' values: one sort, then each rank's median is a
+// fixed position of the sorted values with its own left out.
+std::vector<double> others_medians(const std::vector<double>& v) {
+  const size_t n = v.size(), m = n - 1;  // n >= 2
+  std::vector<size_t> order(n), pos(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+  for (size_t i = 0; i < n; ++i) pos[order[i]] = i;
+  std::vector<double> out(n);
+  for (size_t r = 0; r < n; ++r) {
+    auto at = [&](size_t j) { return v[order[j < pos[r] ? j : j + 1]]; };
+    out[r] = m % 2 ? at(m / 2) : (at(m / 2 - 1) + at(m / 2)) / 2;
   }
-  std::vector<double> out(n, 1.0);
-  for (size_t r = 0; r < n; ++r)
-    if (!per[r].empty()) out[r] = median(per[r]);
   return out;
 }
 
-// A step's comparisons: each rank's phases against the other ranks' medians times its pace (at
-// least 1: a faster rank's phases are compared as they are), and its busy time in the phases
-// the rule may name against the other ranks' median.
-void tally_step(const Busy& busy, const std::vector<double>& pace, const StragglerRule& rule,
-                Tally& t) {
-  const size_t n = busy.size();
-  t.floors.push_back(std::max(rule.floor_s, rule.floor_step * step_median(busy)));
-  std::vector<double> mine(n), scratch;  // the nameable phases' busy time
-  for (size_t r = 0; r < n; ++r)
-    for (size_t p = 0; p < kStepPhases; ++p)
-      if (rule.phases >> p & 1u) mine[r] += busy[r][p];
-  for (size_t r = 0; r < n; ++r) {
-    const double slowed = std::max(1.0, pace[r]);
+// A step's other-rank medians: [p][r] for each phase, then [kEveryPhase][r] for the busy time
+// in the phases the rule may name (`mine`).
+struct StepMedians {
+  StepMedians(const Busy& busy, const StragglerRule& rule) : mine(busy.size()) {
+    std::vector<double> all(busy.size()), column(busy.size());
     for (size_t p = 0; p < kStepPhases; ++p) {
-      const double expected =
-          slowed * others_median(n, r, [&](size_t q) { return busy[q][p]; }, scratch);
-      t.add(r * Tally::kPer + p, busy[r][p], expected);
+      for (size_t r = 0; r < busy.size(); ++r) {
+        column[r] = busy[r][p];
+        all[r] += busy[r][p];
+        if (rule.phases >> p & 1u) mine[r] += busy[r][p];
+      }
+      others[p] = others_medians(column);
     }
-    t.add(r * Tally::kPer + kEveryPhase, mine[r],
-          others_median(n, r, [&](size_t q) { return mine[q]; }, scratch));
+    others[kEveryPhase] = others_medians(mine);
+    step = median(all);
+  }
+  std::array<std::vector<double>, Tally::kPer> others;
+  std::vector<double> mine;
+  double step = 0;  // the median rank's busy time
+};
+
+// Each rank's pace over the epoch, the median over steps of the median of its time over the
+// other ranks' median in the phases the rule may name that take at least rule.pace_share of
+// the step: [p], for testing phase p, over those phases but p (at least 2, else 1), so that a
+// slow phase does not raise the pace it is measured against; [kEveryPhase] over them all (at
+// least 3, else 1).
+Paces paces(const std::vector<Busy>& steps, const StragglerRule& rule) {
+  const size_t n = steps.empty() ? 0 : steps[0].size();
+  std::vector<std::array<std::vector<double>, Tally::kPer>> per(n);
+  std::vector<double> x;
+  for (const Busy& busy : steps) {
+    const StepMedians med(busy, rule);
+    for (size_t r = 0; r < n; ++r) {
+      std::array<double, kStepPhases> ratio{};
+      std::array<bool, kStepPhases> in{};
+      for (size_t p = 0; p < kStepPhases; ++p) {
+        const double o = med.others[p][r];
+        in[p] = (rule.phases >> p & 1u) && o > 0 && o >= rule.pace_share * med.step;
+        if (in[p]) ratio[p] = busy[r][p] / o;
+      }
+      for (size_t left = 0; left <= kStepPhases; ++left) {  // left out; kStepPhases: none
+        x.clear();
+        for (size_t p = 0; p < kStepPhases; ++p)
+          if (in[p] && p != left) x.push_back(ratio[p]);
+        const size_t need = left == kStepPhases ? 3 : 2;
+        per[r][left].push_back(x.size() >= need ? median(x) : 1.0);
+      }
+    }
+  }
+  Paces out(n);
+  for (size_t r = 0; r < n; ++r)
+    for (size_t k = 0; k < Tally::kPer; ++k)
+      out[r][k] = per[r][k].empty() ? 1.0 : median(per[r][k]);
+  return out;
+}
+
+// A step's comparisons: each rank's phases against the other ranks' medians times its pace for
+// that phase (at least 1: a faster rank's phases are compared as they are), and its busy time in
+// the phases the rule may name against the other ranks' median.
+void tally_step(const Busy& busy, const Paces& pace, const StragglerRule& rule, Tally& t) {
+  const StepMedians med(busy, rule);
+  t.floors.push_back(std::max(rule.floor_s, rule.floor_step * med.step));
+  for (size_t r = 0; r < busy.size(); ++r) {
+    for (size_t p = 0; p < kStepPhases; ++p)
+      t.add(r * Tally::kPer + p, busy[r][p], std::max(1.0, pace[r][p]) * med.others[p][r]);
+    t.add(r * Tally::kPer + kEveryPhase, med.mine[r], med.others[kEveryPhase][r]);
   }
 }
 
@@ -161,12 +191,13 @@ Straggler name_straggler(const std::vector<std::vector<double>>& ranks, const St
   for (const auto& v : ranks)
     if (v.size() < static_cast<size_t>(log.steps) * log.stride()) return {};
   std::vector<Busy> busy;
+  busy.reserve(static_cast<size_t>(log.steps));
   for (int64_t s = 0; s < log.steps; ++s) busy.push_back(busy_of_step(ranks, log, s));
-  const std::vector<double> pace = paces(busy, rule);
-  Tally t(n);
+  const Paces pace = paces(busy, rule);
+  Tally t(n, busy.size());
   for (const Busy& b : busy) tally_step(b, pace, rule, t);
-  // Of the phases over the rule, the one that costs the step most; where none is, of the ranks'
-  // busy times as a whole.
+  // Of the phases over the rule, the one that costs the step most; where none is, of the ranks
+  // slower in every phase alike (a pace over the threshold) whose busy time as a whole is.
   const double steps = static_cast<double>(log.steps);
   Straggler out;
   for (const bool whole : {false, true}) {
@@ -175,11 +206,12 @@ Straggler name_straggler(const std::vector<std::vector<double>>& ranks, const St
       const int phase = static_cast<int>(k % Tally::kPer);
       if ((phase == kEveryPhase) != whole || !(rule.phases >> phase & 1u)) continue;
       const double share = static_cast<double>(t.slower[k]) / steps;
-      if (!t.over(k, rule)) {
+      const bool alike = !whole || pace[k / Tally::kPer][kEveryPhase] > 1 + rule.threshold;
+      if (!alike || !t.over(k, rule)) {
         if (out.rank < 0) out.share = std::max(out.share, share);
         continue;
       }
-      const double c = median(t.extra[k]);
+      const double c = median(t.extra[k]);  // reorders extra[k]: over() is done with it
       if (c <= cost) continue;
       cost = c;
       out = {static_cast<int>(k / Tally::kPer), phase, median(t.ratio[k]) - 1, share};

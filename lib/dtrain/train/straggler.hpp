@@ -7,10 +7,11 @@
 // forward, backward (the bucket all-reduces it ran excluded), the exchange less its waits for
 // the last rank to arrive at each collective, the optimizer. Each step, each rank's busy time
 // in each phase is compared with the median of the other ranks' times the rank's own pace over
-// the epoch (a rank on a slower core or device is slower in every phase alike: that is its
-// pace, not a phase's fault); a rank is named for a phase when it is slower than that by more
-// than a threshold, by an amount that matters to the step, in most of the epoch's steps. Where
-// no phase stands out, a rank whose pace itself is that much slower is named for every phase.
+// the epoch in its other phases (a rank on a slower core or device is slower in every phase
+// alike: that is its pace, not a phase's fault); a rank is named for a phase when it is slower
+// than that by more than a threshold, by an amount that matters to the step, in most of the
+// epoch's steps. Where no phase stands out, a rank whose pace itself is over the threshold and
+// whose busy time as a whole is over the rule is named for every phase.
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -40,23 +41,24 @@ struct StepLog {
 };
 
 // Over the epoch's steps, a rank's phase is named where its time over the expected time (the
-// other ranks' median, times the rank's pace where that is over 1) has a median
-// over 1 + threshold, its excess in seconds has a median over the floor, and it was slower than
-// expected in at least `share` of the steps. Medians over steps, not a vote of single steps: a
-// 10% slowdown under 5% noise per step is over a 5% threshold in 84% of steps, its median in
-// nearly every epoch.
+// other ranks' median, times the rank's pace in its other phases where that is over 1) has a
+// median over 1 + threshold, its excess in seconds has a median over the floor, and it was
+// slower than expected in at least `share` of the steps. Medians over steps, not a vote of
+// single steps: a 10% slowdown under 5% noise per step is over a 5% threshold in 84% of steps,
+// its median in nearly every epoch.
 struct StragglerRule {
   // Half the smallest slowdown the trials must name (10%): as far from it as from no slowdown.
   double threshold = 0.05;
   double floor_s = 20e-6;    // the floor: this many seconds (clock jitter) or ...
   double floor_step = 0.01;  // ... this share of the step's busy time, the larger
   double share = 0.6;        // slower than expected in at least this share of the steps
-  // The phases that may be named (bit p: phase p; bit kEveryPhase: the rank's pace). Phases
-  // that may not be named do not count towards a pace either.
+  // The phases that may be named (bit p: phase p; bit kEveryPhase: the rank in every phase).
+  // Phases that may not be named count neither in a pace nor in a rank's busy time as a whole.
   unsigned phases = (1u << (kEveryPhase + 1)) - 1;
   // A rank's pace: the median over steps of the median over the phases that take at least this
-  // share of the step of its time over the other ranks' median (1 in a step where fewer than 3
-  // phases do).
+  // share of the step of its time over the other ranks' median. For testing a phase, over the
+  // others (1 in a step where fewer than 2 do); for naming the rank in every phase, over all
+  // (1 where fewer than 3 do).
   double pace_share = 0.05;
 };
 
