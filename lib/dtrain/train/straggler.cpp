@@ -118,12 +118,14 @@ struct StepMedians {
 // the step: [p], for testing phase p, over those phases but p (at least 2, else 1), so that a
 // slow phase does not raise the pace it is measured against; [kEveryPhase] over them all (at
 // least 3, else 1).
-Paces paces(const std::vector<Busy>& steps, const StragglerRule& rule) {
+Paces paces(const std::vector<Busy>& steps, const std::vector<StepMedians>& meds,
+            const StragglerRule& rule) {
   const size_t n = steps.empty() ? 0 : steps[0].size();
   std::vector<std::array<std::vector<double>, Tally::kPer>> per(n);
   std::vector<double> x;
-  for (const Busy& busy : steps) {
-    const StepMedians med(busy, rule);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const Busy& busy = steps[s];
+    const StepMedians& med = meds[s];
     for (size_t r = 0; r < n; ++r) {
       std::array<double, kStepPhases> ratio{};
       std::array<bool, kStepPhases> in{};
@@ -151,8 +153,8 @@ Paces paces(const std::vector<Busy>& steps, const StragglerRule& rule) {
 // A step's comparisons: each rank's phases against the other ranks' medians times its pace for
 // that phase (at least 1: a faster rank's phases are compared as they are), and its busy time in
 // the phases the rule may name against the other ranks' median.
-void tally_step(const Busy& busy, const Paces& pace, const StragglerRule& rule, Tally& t) {
-  const StepMedians med(busy, rule);
+void tally_step(const Busy& busy, const StepMedians& med, const Paces& pace,
+                const StragglerRule& rule, Tally& t) {
   t.floors.push_back(std::max(rule.floor_s, rule.floor_step * med.step));
   for (size_t r = 0; r < busy.size(); ++r) {
     for (size_t p = 0; p < kStepPhases; ++p)
@@ -193,9 +195,12 @@ Straggler name_straggler(const std::vector<std::vector<double>>& ranks, const St
   std::vector<Busy> busy;
   busy.reserve(static_cast<size_t>(log.steps));
   for (int64_t s = 0; s < log.steps; ++s) busy.push_back(busy_of_step(ranks, log, s));
-  const Paces pace = paces(busy, rule);
+  std::vector<StepMedians> meds;  // each step's, for the paces and the tally alike
+  meds.reserve(busy.size());
+  for (const Busy& b : busy) meds.emplace_back(b, rule);
+  const Paces pace = paces(busy, meds, rule);
   Tally t(n, busy.size());
-  for (const Busy& b : busy) tally_step(b, pace, rule, t);
+  for (size_t s = 0; s < busy.size(); ++s) tally_step(busy[s], meds[s], pace, rule, t);
   // Of the phases over the rule, the one that costs the step most; where none is, of the ranks
   // slower in every phase alike (a pace over the threshold) whose busy time as a whole is.
   const double steps = static_cast<double>(log.steps);
