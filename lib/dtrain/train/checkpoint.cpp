@@ -26,9 +26,11 @@ namespace {
 // straggler's three, version 4 the synchronised-BatchNorm time and, after the epochs, the
 // scorings of the test set (train.eval_steps); older files still read (the columns they lack as
 // for a run that measured none: NaN, no straggler, 0, no scorings). Version 5 adds the data's
-// fingerprint after the scorings (0 in an older file: not checked).
-constexpr int kVersion = 5;
-constexpr char kMagic[] = "dtrain checkpoint 5\n";
+// fingerprint after the scorings (0 in an older file: not checked). Version 6 has version 5's
+// fields, and its epochs may name a straggler in every phase (kEveryPhase), which an older file
+// never holds and an older dtrain would take for damage.
+constexpr int kVersion = 6;
+constexpr char kMagic[] = "dtrain checkpoint 6\n";
 constexpr char kMagicPrefix[] = "dtrain checkpoint ";
 constexpr size_t kMagicLen = sizeof(kMagic) - 1;
 
@@ -81,6 +83,16 @@ int header_version(const std::string& bytes) {
     return 0;
   const char v = bytes[n];
   return v >= '1' && v <= '0' + kVersion ? v - '0' : 0;
+}
+
+// The version of a header line of a later dtrain's checkpoint (one digit, above kVersion), else 0.
+int newer_version(const std::string& bytes) {
+  const size_t n = sizeof(kMagicPrefix) - 1;
+  if (bytes.size() < kMagicLen || bytes.compare(0, n, kMagicPrefix) != 0 ||
+      bytes[kMagicLen - 1] != '\n')
+    return 0;
+  const char v = bytes[n];
+  return v > '0' + kVersion && v <= '9' ? v - '0' : 0;
 }
 
 class Writer {
@@ -362,6 +374,9 @@ namespace {
 Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
   Reader r(bytes, what);
   const int version = header_version(bytes);
+  if (const int newer = newer_version(bytes))
+    r.bad(fmt::format("it is of version {}, from a newer dtrain: this one reads versions 1 to {}",
+                      newer, kVersion));
   if (bytes.size() < kMagicLen + sizeof(uint32_t) || version == 0) r.bad("no checkpoint header");
   const size_t body = bytes.size() - sizeof(uint32_t);
   uint32_t stored = 0;
@@ -381,6 +396,10 @@ Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
   }
   if (version >= 5) r.pod(c.data_fingerprint);
   if (r.at() != body) r.bad("unexpected bytes after its fields");
+  for (const auto& m : c.epochs)
+    if (version < 6 && m.straggler_phase == kEveryPhase)
+      r.bad(fmt::format("epoch {} names a straggler in every phase, which version {} does not hold",
+                        m.epoch, version));
   return c;
 }
 }  // namespace
