@@ -49,6 +49,9 @@ TEST_CASE("the batch-size law keeps each batch's best LR and fits the steps", "[
     runs.push_back(run(b, 0.8, std::nullopt, 100));
   }
   runs.push_back(run(16384, 0.1, std::nullopt, 100));  // never reached
+  RunRecord blown = run(4096, 0.8, std::nullopt, 100);  // a third seed at 4096 diverged
+  blown.status = "diverged";
+  runs.push_back(blown);
   RunRecord unfinished = run(64, 0.01, 1.0, 100);
   unfinished.status = "failed";
   runs.push_back(unfinished);
@@ -56,7 +59,7 @@ TEST_CASE("the batch-size law keeps each batch's best LR and fits the steps", "[
   REQUIRE(law.rows.size() == 4);
   for (const BatchLawRow& r : law.rows) {
     INFO(r.global_batch);
-    CHECK(r.best_lr == 0.1);
+    CHECK(r.lr == 0.1);
     CHECK(r.runs == 2);
     CHECK(r.reached == 2);
     CHECK(r.lrs_tried == 3);
@@ -74,6 +77,28 @@ TEST_CASE("the batch-size law keeps each batch's best LR and fits the steps", "[
   CHECK_THAT(md, Catch::Contains("No run reached the target at global batch 16384."));
   CHECK(nlohmann::json::parse(to_json(law)).at("fit").at("b_noise").get<double>() ==
         Approx(512));
+  // Every LR tried: 3 at each of the 4 batches, the one at 16384; each LR's runs, reached and
+  // diverged, the kept one marked.
+  REQUIRE(law.tried.size() == 13);
+  const BatchLawRow& fast = law.tried[2];  // batch 64, LR 0.8: one seed of two got there
+  CHECK(fast.global_batch == 64);
+  CHECK(fast.lr == 0.8);
+  CHECK(fast.runs == 2);
+  CHECK(fast.reached == 1);
+  CHECK_FALSE(fast.kept);
+  CHECK(law.tried[0].kept);  // 0.1 at batch 64
+  CHECK(law.tried.back().global_batch == 16384);
+  CHECK(law.tried.back().kept);  // the only LR there, though it never reached the target
+  const std::string lrs = tried_markdown(law);
+  CHECK_THAT(lrs, Catch::Contains("| 1024 | **0.1** | 2 | 2 | 0 | 1500.0 |"));
+  CHECK_THAT(lrs, Catch::Contains("| 1024 | 0.4 | 1 | 1 | 0 | 2250.0 |"));
+  CHECK_THAT(lrs, Catch::Contains("| 16384 | **0.1** | 1 | 0 | 0 | never |"));
+  CHECK_THAT(tried_csv(law), Catch::Contains("\n64,0.8,2,1,0,4500,0\n"));
+  CHECK_THAT(lrs, Catch::Contains("| 4096 | 0.8 | 3 | 1 | 1 | 562.5 |"));
+  const auto tj = nlohmann::json::parse(tried_json(law));
+  REQUIRE(tj.size() == 13);
+  CHECK(tj[12].at("steps_to_target").is_null());
+  CHECK(tj[0].at("kept") == true);
   // Runs towards different targets are not one law.
   runs.back().status = "done";
   runs.back().target_accuracy = 0.8;
@@ -124,6 +149,9 @@ TEST_CASE("report --batch-law over a small sweep of batches and LRs writes its t
   CHECK(j.at("target_accuracy").get<double>() == 0.6);
   CHECK(j.at("rows").size() + j.at("never_reached").size() == 3);
   for (const auto& row : j["rows"]) CHECK(row.at("lrs_tried") == 2);
+  const auto lrs = nlohmann::json::parse(slurp(d.path / "rep" / "bl-batch-law-lrs.json"));
+  CHECK(lrs.size() == 6);  // 3 batches x 2 LRs
+  CHECK(fs::exists(d.path / "rep" / "bl-batch-law-lrs.md"));
   const auto ref = nlohmann::json::parse(slurp(d.path / "rep" / "bl-reference.json"));
   CHECK(ref.at("points").size() + ref.at("left_out").size() == 3);
 

@@ -148,6 +148,8 @@ int write_experiment(const std::string& name, const std::string& stem_name,
   if (law) {
     write_tables(name + ", batch-size law", stem_name + "-batch-law", to_markdown(*law),
                  to_csv(*law), to_json(*law), out, index, written);
+    write_tables(name + ", every learning rate tried", stem_name + "-batch-law-lrs",
+                 tried_markdown(*law), tried_csv(*law), tried_json(*law), out, index, written);
     const Reference own = reference_points(runs);
     write_tables(name + ", reference convergence points", stem_name + "-reference",
                  to_markdown(own), to_csv(own), to_json(own), out, index, written);

@@ -18,15 +18,17 @@ namespace {
 BatchLawRow summarize_lr(long long batch, double lr, const std::vector<const RunRecord*>& rs) {
   BatchLawRow row;
   row.global_batch = batch;
-  row.best_lr = lr;
+  row.lr = lr;
   row.runs = static_cast<int>(rs.size());
   double sum = 0;
-  for (const RunRecord* r : rs)
+  for (const RunRecord* r : rs) {
+    row.diverged += r->status == "diverged" ? 1 : 0;
     if (const auto steps = steps_to_target(*r)) {
       ++row.reached;
       sum += *steps;
       row.resolution = std::max(row.resolution, resolution_steps(*r));
     }
+  }
   row.steps = row.reached > 0 ? sum / row.reached : 0;
   row.samples = row.steps * static_cast<double>(batch);
   return row;
@@ -93,11 +95,16 @@ KeptLrs kept_runs(const std::vector<RunRecord>& runs) {
   }
   for (const auto& [batch, lrs] : by_batch) {
     std::optional<KeptRuns> best;
+    const size_t from = kept.tried.size();
     for (const auto& [lr, rs] : lrs) {
       KeptRuns k{summarize_lr(batch, lr, rs), rs};
+      k.row.lrs_tried = static_cast<int>(lrs.size());
+      kept.tried.push_back(k.row);
       if (!best || better(k.row, best->row)) best = std::move(k);
     }
-    best->row.lrs_tried = static_cast<int>(lrs.size());
+    best->row.kept = true;
+    for (size_t i = from; i < kept.tried.size(); ++i)
+      kept.tried[i].kept = kept.tried[i].lr == best->row.lr;
     kept.batches.push_back(std::move(*best));
   }
   return kept;
@@ -108,6 +115,7 @@ BatchLaw batch_law(const std::vector<RunRecord>& runs) {
   const KeptLrs kept = kept_runs(runs);
   law.target_accuracy = kept.target_accuracy;
   law.target_loss = kept.target_loss;
+  law.tried = kept.tried;
   std::vector<double> b, s;
   for (const KeptRuns& k : kept.batches) {
     if (k.row.reached == 0) {
@@ -140,7 +148,7 @@ std::string to_markdown(const BatchLaw& law) {
       target_text(law.target_accuracy, law.target_loss));
   for (const BatchLawRow& r : law.rows)
     md += fmt::format("| {} | {} | {:.6g} | {} | {} | {:.1f} | {:.0f} | {:.0f} |\n",
-                      r.global_batch, r.lrs_tried, r.best_lr, r.runs, r.reached, r.steps,
+                      r.global_batch, r.lrs_tried, r.lr, r.runs, r.reached, r.steps,
                       r.samples, r.resolution);
   if (!law.never_reached.empty())
     md += fmt::format("\nNo run reached the target at global batch {}.\n",
@@ -163,12 +171,52 @@ std::string to_markdown(const BatchLaw& law) {
   return md;
 }
 
+std::string tried_markdown(const BatchLaw& law) {
+  std::string md = fmt::format(
+      "Every learning rate tried at each global batch: its runs, how many reached the target "
+      "({}) and how many diverged, and the mean steps to the target of those that reached it. "
+      "The LR kept at each batch (all its runs reached the target, in the fewest steps) is in "
+      "bold.\n\n| global batch | peak LR | runs | reached | diverged | steps to target |\n"
+      "|---|---|---|---|---|---|\n",
+      target_text(law.target_accuracy, law.target_loss));
+  for (const BatchLawRow& r : law.tried) {
+    const std::string lr = r.kept ? fmt::format("**{:.6g}**", r.lr) : fmt::format("{:.6g}", r.lr);
+    md += fmt::format("| {} | {} | {} | {} | {} | {} |\n", r.global_batch, lr, r.runs,
+                      r.reached, r.diverged,
+                      r.reached > 0 ? fmt::format("{:.1f}", r.steps) : std::string("never"));
+  }
+  return md;
+}
+
+std::string tried_csv(const BatchLaw& law) {
+  std::string csv = "global_batch,peak_lr,runs,reached,diverged,steps_to_target,kept\n";
+  for (const BatchLawRow& r : law.tried)
+    csv += fmt::format("{},{:.9g},{},{},{},{},{}\n", r.global_batch, r.lr, r.runs, r.reached,
+                       r.diverged, r.reached > 0 ? fmt::format("{:.6g}", r.steps) : "",
+                       r.kept ? 1 : 0);
+  return csv;
+}
+
+std::string tried_json(const BatchLaw& law) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const BatchLawRow& r : law.tried)
+    rows.push_back({{"global_batch", r.global_batch},
+                    {"peak_lr", r.lr},
+                    {"runs", r.runs},
+                    {"reached", r.reached},
+                    {"diverged", r.diverged},
+                    {"steps_to_target",
+                     r.reached > 0 ? nlohmann::json(r.steps) : nlohmann::json(nullptr)},
+                    {"kept", r.kept}});
+  return rows.dump(2) + "\n";
+}
+
 std::string to_csv(const BatchLaw& law) {
   std::string csv = "global_batch,lrs_tried,best_peak_lr,runs,reached,steps_to_target,"
                     "samples_to_target,resolution_steps\n";
   for (const BatchLawRow& r : law.rows)
     csv += fmt::format("{},{},{:.9g},{},{},{:.6g},{:.6g},{:.6g}\n", r.global_batch, r.lrs_tried,
-                       r.best_lr, r.runs, r.reached, r.steps, r.samples, r.resolution);
+                       r.lr, r.runs, r.reached, r.steps, r.samples, r.resolution);
   return csv;
 }
 
@@ -176,7 +224,7 @@ std::string to_json(const BatchLaw& law) {
   nlohmann::json rows = nlohmann::json::array();
   for (const BatchLawRow& r : law.rows)
     rows.push_back({{"global_batch", r.global_batch}, {"lrs_tried", r.lrs_tried},
-                    {"best_peak_lr", r.best_lr}, {"runs", r.runs}, {"reached", r.reached},
+                    {"best_peak_lr", r.lr}, {"runs", r.runs}, {"reached", r.reached},
                     {"steps_to_target", r.steps}, {"samples_to_target", r.samples},
                     {"resolution_steps", r.resolution}});
   const BatchLawFit& f = law.fit;

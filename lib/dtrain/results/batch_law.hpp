@@ -20,17 +20,20 @@ namespace dtrain {
 
 struct BatchLawRow {
   long long global_batch = 0;
-  double best_lr = 0;       // the peak LR of the runs kept
+  double lr = 0;              // the peak LR of these runs (in BatchLaw::rows, the one kept)
   int runs = 0, reached = 0;  // of that LR's runs: how many, how many reached the target
-  double steps = 0;         // mean steps to target over those that reached it
-  double samples = 0;       // steps x global batch
-  double resolution = 0;    // the steps are known to within this many (the coarsest run's)
-  int lrs_tried = 0;        // LRs run at this batch
+  int diverged = 0;           // of that LR's runs, how many ended diverged
+  double steps = 0;           // mean steps to target over those that reached it
+  double samples = 0;         // steps x global batch
+  double resolution = 0;      // the steps are known to within this many (the coarsest run's)
+  int lrs_tried = 0;          // LRs run at this batch
+  bool kept = false;          // in BatchLaw::tried: this is the LR kept at its batch
 };
 
 struct BatchLaw {
   std::vector<BatchLawRow> rows;          // by batch, ascending
   std::vector<long long> never_reached;   // batches where no run reached the target
+  std::vector<BatchLawRow> tried;         // every LR at every batch, by batch then LR
   BatchLawFit fit;
   std::optional<double> b_simple;         // the median over the runs that measured it
   double target_accuracy = 0, target_loss = 0;
@@ -44,6 +47,7 @@ struct KeptRuns {
 };
 struct KeptLrs {
   std::vector<KeptRuns> batches;  // by batch, ascending (where no run reached it too)
+  std::vector<BatchLawRow> tried;  // every LR at every batch, by batch then LR
   double target_accuracy = 0, target_loss = 0;
 };
 // A run that ended by itself (done or diverged): one whose epochs to target count.
@@ -68,5 +72,12 @@ std::string target_text(double accuracy, double loss);
 std::string to_markdown(const BatchLaw& law);
 std::string to_csv(const BatchLaw& law);
 std::string to_json(const BatchLaw& law);
+
+// Every LR tried at every batch (law.tried): its runs, how many reached the target or diverged,
+// the mean steps of those that reached it, and whether it is the one kept; whether a rule such
+// as linear scaling holds at a batch is read here.
+std::string tried_markdown(const BatchLaw& law);
+std::string tried_csv(const BatchLaw& law);
+std::string tried_json(const BatchLaw& law);
 
 }  // namespace dtrain

@@ -39,18 +39,18 @@ std::optional<ReferencePoint> point_of(const KeptRuns& k, std::string& why) {
   if (unreached > 0) {
     why = fmt::format("global batch {}: {} of {} runs at LR {:g} did not reach the target",
                       k.row.global_batch, std::count(epochs.begin(), epochs.end(), kInf), n,
-                      k.row.best_lr);
+                      k.row.lr);
     return std::nullopt;
   }
   if (kept.size() < 2) {
     why = fmt::format("global batch {}: one run at LR {:g}, and a reference needs a spread: two "
                       "runs or more",
-                      k.row.global_batch, k.row.best_lr);
+                      k.row.global_batch, k.row.lr);
     return std::nullopt;
   }
   ReferencePoint p;
   p.global_batch = k.row.global_batch;
-  p.peak_lr = k.row.best_lr;
+  p.peak_lr = k.row.lr;
   p.runs = n;
   p.kept = static_cast<int>(kept.size());
   double sum = 0, sq = 0;
