@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtrain/results/batch_law.hpp"
+#include "dtrain/results/plots.hpp"
 #include "dtrain/results/reference.hpp"
 #include "dtrain/results/stats.hpp"
 #include "helpers.hpp"
@@ -99,6 +100,25 @@ TEST_CASE("the batch-size law keeps each batch's best LR and fits the steps", "[
   REQUIRE(tj.size() == 13);
   CHECK(tj[12].at("steps_to_target").is_null());
   CHECK(tj[0].at("kept") == true);
+  // The figure, where gnuplot is installed (install-deps.sh installs it): the kept LRs' steps,
+  // the others that reached the target, and the fit's curve with its numbers.
+  if (gnuplot_available()) {
+    TempDir fig("batch-law-figure");
+    const std::string out = fig.path.string();
+    REQUIRE(draw_batch_law(law, "a 'quoted' title", out, "law") == "");
+    CHECK(slurp(fig.path / "law.png").substr(1, 3) == "PNG");
+    CHECK_THAT(slurp(fig.path / "law.svg"), Catch::Contains("<svg"));
+    CHECK(count_lines(slurp(fig.path / "data" / "law.dat")) == 1 + 4);
+    CHECK(count_lines(slurp(fig.path / "data" / "law-other-lrs.dat")) == 1 + 8);
+    const std::string script = slurp(fig.path / "data" / "law.gp");
+    CHECK_THAT(script, Catch::Contains("1000 * (1 + 512 / x)"));
+    CHECK_THAT(script, Catch::Contains("set arrow from 400, graph 0"));  // B_simple
+    CHECK_THAT(script, !Catch::Contains("quoted"));  // titles travel as data
+    CHECK(draw_batch_law(batch_law({run(64, 0.1, std::nullopt, 100)}), "t", out, "none") ==
+          "no batch reached the target: nothing to draw");
+  } else {
+    WARN("SKIPPED: no gnuplot, no figure to check");
+  }
   // Runs towards different targets are not one law.
   runs.back().status = "done";
   runs.back().target_accuracy = 0.8;

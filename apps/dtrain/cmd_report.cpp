@@ -106,6 +106,30 @@ int write_figures(const Comparison& cmp, const std::string& out, std::string& in
   return static_cast<int>(plots.failures.size());
 }
 
+// --batch-law --plots: the law's figure as STEM.png and .svg; returns 1 where gnuplot failed.
+int write_law_figure(const BatchLaw& law, const std::string& name, const std::string& stem,
+                     const std::string& out, std::string& index,
+                     std::vector<std::string>& written) {
+  if (law.rows.empty()) {  // nothing to draw: said, as for the other figures
+    const std::string note = fmt::format("figure {}: no batch reached the target", stem);
+    std::fprintf(stderr, "dtrain: note: %s\n", note.c_str());
+    index += "\n" + note + ".\n";
+    return 0;
+  }
+  const std::string error =
+      draw_batch_law(law, name + ": steps to the target against the global batch", out, stem);
+  if (!error.empty()) {
+    std::fprintf(stderr, "dtrain: warning: figure %s not drawn: %s\n", stem.c_str(),
+                 error.c_str());
+    index += fmt::format("\nfigure {} not drawn: {}.\n", stem, error);
+    return 1;
+  }
+  index += fmt::format("\n![{0}]({0}.png)\n", stem);
+  written.push_back(stem + ".png");
+  written.push_back(stem + ".svg");
+  return 0;
+}
+
 // One table as FILE.md, .csv and .json under `out`, printed, and linked from the index.
 void write_tables(const std::string& title, const std::string& file, const std::string& md,
                   const std::string& csv, const std::string& json, const std::string& out,
@@ -154,13 +178,16 @@ int write_experiment(const std::string& name, const std::string& stem_name,
     write_tables(name + ", reference convergence points", stem_name + "-reference",
                  to_markdown(own), to_csv(own), to_json(own), out, index, written);
   }
+  int failed = law && opt.plots
+                   ? write_law_figure(*law, name, stem_name + "-batch-law", out, index, written)
+                   : 0;
   if (ref) {
     const auto checks = check_against(*ref, runs);
     write_tables(name + ", against the reference", stem_name + "-vs-reference",
                  checks_markdown(*ref, checks), checks_csv(checks), checks_json(checks), out,
                  index, written);
   }
-  return opt.plots ? write_figures(cmp, out, index, written) : 0;
+  return failed + (opt.plots ? write_figures(cmp, out, index, written) : 0);
 }
 
 // --reference: each experiment's reference convergence points from the study's runs of the

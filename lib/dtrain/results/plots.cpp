@@ -468,6 +468,80 @@ std::string draw_waterfall(const std::vector<WaterfallBar>& bars, const std::str
 
 namespace {
 
+// The batch-size law's vertical markers (the fitted critical batch, B_simple) and its fit's
+// curves, as gnuplot commands of our own text and numbers; titles through `f`.
+std::pair<std::string, std::string> law_fit_lines(const BatchLaw& law, Figure& f) {
+  std::string setup, plot;
+  const auto marker = [&](double b, const char* colour, const std::string& what) {
+    setup += fmt::format("\nset arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3 lw 2 lc rgb '{1}'",
+                         num(b), colour);
+    plot += fmt::format(", NaN with lines dt 3 lw 2 lc rgb '{}' title {}", colour, f.text(what));
+  };
+  const BatchLawFit& fit = law.fit;
+  if (fit.ok) {
+    plot += fmt::format(
+        ", {0} * (1 + {1} / x) with lines lw 2 lc rgb '#cc0000' title {2}, {0} with lines dt 4 "
+        "lc rgb '#cc0000' title {3}",
+        num(fit.s_min), num(fit.b_noise),
+        f.text(fmt::format("fit S = S_min (1 + B_noise / B), rms misfit {:.1f}%",
+                           100 * fit.rms_relative)),
+        f.text(fmt::format("S_min = {:.1f} steps", fit.s_min)));
+    if (fit.b_noise > 0)
+      marker(fit.b_noise, "#cc0000", fmt::format("B_noise (critical batch) = {:.0f}", fit.b_noise));
+  }
+  if (law.b_simple && *law.b_simple > 0)
+    marker(*law.b_simple, "#4e9a06", fmt::format("B_simple (noise scale) = {:.0f}", *law.b_simple));
+  return {setup, plot};
+}
+
+}  // namespace
+
+std::string draw_batch_law(const BatchLaw& law, const std::string& title,
+                           const std::string& out_dir, const std::string& stem) {
+  if (law.rows.empty()) return "no batch reached the target: nothing to draw";
+  const std::string gnuplot = gnuplot_or_throw();
+  const fs::path data = fs::path(out_dir) / "data";
+  fs::create_directories(data);
+  Figure f(data, stem);
+  std::string kept = "# global_batch steps_to_target (the LR kept, mean of its runs)\n";
+  double lo = 0, hi = 0, floor = law.fit.ok ? law.fit.s_min : 0;  // batches; the fewest steps
+  for (const BatchLawRow& r : law.rows) {
+    const auto b = static_cast<double>(r.global_batch);
+    kept += fmt::format("{} {}\n", num(b), num(r.steps));
+    lo = lo > 0 ? std::min(lo, b) : b;
+    hi = std::max(hi, b);
+    floor = floor > 0 ? std::min(floor, r.steps) : r.steps;
+  }
+  std::string others = "# global_batch steps_to_target (an LR not kept, its runs that reached it)\n";
+  int n_others = 0;
+  for (const BatchLawRow& t : law.tried)
+    if (!t.kept && t.reached > 0 && t.global_batch > 0 && t.steps > 0) {
+      others += fmt::format("{} {}\n", t.global_batch, num(t.steps));
+      ++n_others;
+    }
+  const std::string kept_file = data_file(data, f.stem() + ".dat", kept);
+  const BatchLawRow& first = law.rows.front();
+  std::string plot = fmt::format(
+      "plot {} using 1:2 with linespoints pt 7 ps 1.5 lw 2 lc rgb '#3465a4' title {}, "
+      "{} * {} / x with lines dt 2 lc rgb 'black' title {}",
+      kept_file, f.text("steps to the target at the best LR of each batch"),
+      num(first.steps), num(static_cast<double>(first.global_batch)),
+      f.text("perfect scaling: steps halve as the batch doubles"));
+  if (n_others > 0)
+    plot += fmt::format(", {} using 1:2 with points pt 6 ps 1.2 lc rgb '#888a85' title {}",
+                        data_file(data, f.stem() + "-other-lrs.dat", others),
+                        f.text("other LRs that reached the target"));
+  const auto [markers, fit_plot] = law_fit_lines(law, f);
+  const std::string setup = fmt::format(
+      "set title {}\nset logscale xy\nset xrange [{}:{}]\nset yrange [{}:*]\nset samples 400\n"
+      "set grid\nset key top right\nset xlabel 'global batch (samples per optimizer step)'\n"
+      "set ylabel 'optimizer steps to the target'{}",
+      f.text(title), num(lo / 1.5), num(hi * 1.5), num(floor / 2), markers);
+  return f.render(gnuplot, out_dir, setup, plot + fit_plot);
+}
+
+namespace {
+
 // One device's samples from devices.csv: seconds since the file's first sample, utilisation
 // and (GPUs) memory used.
 struct DeviceSeries {

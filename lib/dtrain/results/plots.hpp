@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/results/batch_law.hpp"
 #include "dtrain/results/report.hpp"
 
 namespace dtrain {
@@ -42,6 +43,15 @@ struct WaterfallBar {
 // distinguishable from the rung before hatched. Returns "" or what failed;
 // throws UserError without gnuplot.
 std::string draw_waterfall(const std::vector<WaterfallBar>& bars, const std::string& title,
+                           const std::string& out_dir, const std::string& stem);
+
+// Draws the batch-size law as out_dir/STEM.png and .svg (data and script in out_dir/data/),
+// log-log: the steps to the target at each batch's kept LR, the other LRs' that reached it,
+// perfect scaling through the smallest batch (steps halve as the batch doubles), the fit
+// S_min (1 + B_noise / B) with S_min and the critical batch B_noise marked, and B_simple.
+// Returns "" or what failed (a law with no batch that reached the target: what is missing);
+// throws UserError without gnuplot.
+std::string draw_batch_law(const BatchLaw& law, const std::string& title,
                            const std::string& out_dir, const std::string& stem);
 
 }  // namespace dtrain
