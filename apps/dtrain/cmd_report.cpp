@@ -178,9 +178,10 @@ int write_experiment(const std::string& name, const std::string& stem_name,
     write_tables(name + ", reference convergence points", stem_name + "-reference",
                  to_markdown(own), to_csv(own), to_json(own), out, index, written);
   }
-  int failed = law && opt.plots
-                   ? write_law_figure(*law, name, stem_name + "-batch-law", out, index, written)
-                   : 0;
+  const int failed =
+      law && opt.plots
+          ? write_law_figure(*law, name, stem_name + "-batch-law", out, index, written)
+          : 0;
   if (ref) {
     const auto checks = check_against(*ref, runs);
     write_tables(name + ", against the reference", stem_name + "-vs-reference",
