@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <algorithm>
 #include <functional>
 #include <limits>
@@ -458,6 +460,27 @@ bool wait_rows(const fs::path& metrics, int rows, pid_t pid) {
   return false;
 }
 
+// Whether SIGINT and SIGTERM are both blocked ("blocked"), both not ("unblocked") or one of
+// them, in the main thread ("main") and in each other thread of `pid` by its name.
+std::map<std::string, std::string> stop_signal_masks(pid_t pid) {
+  std::map<std::string, std::string> out;
+  const fs::path tasks = fs::path("/proc") / std::to_string(pid) / "task";
+  for (const auto& t : fs::directory_iterator(tasks)) {
+    std::string name = slurp(t.path() / "comm");
+    while (!name.empty() && name.back() == '\n') name.pop_back();
+    if (t.path().filename() == std::to_string(pid)) name = "main";
+    std::istringstream status(slurp(t.path() / "status"));
+    std::string line;
+    while (std::getline(status, line))
+      if (line.rfind("SigBlk:", 0) == 0) {
+        const unsigned long long blk = std::stoull(line.substr(7), nullptr, 16);
+        const bool i = blk >> (SIGINT - 1) & 1, te = blk >> (SIGTERM - 1) & 1;
+        out[name] = i && te ? "blocked" : !i && !te ? "unblocked" : "one of them";
+      }
+  }
+  return out;
+}
+
 int exit_code(pid_t pid) {
   int st = 0;
   waitpid(pid, &st, 0);
@@ -481,6 +504,12 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
     const auto out = d.path / ("out" + std::to_string(sig));
     const pid_t pid = start("run " + cfg + " --results " + res + " --tag t", "", "", out.string());
     REQUIRE(wait_rows(run / "metrics.csv", 3, pid));
+    // The stop signals are blocked in the threads that compute (the main one here) and taken
+    // by a thread of dtrain's own: a signal frame on a thread inside oneDNN's sgemm kernels
+    // would be written into the heap.
+    const auto masks = stop_signal_masks(pid);
+    CHECK(masks.at("main") == "blocked");
+    CHECK(masks.at("dtrain-signals") == "unblocked");
     kill(pid, sig);
     CHECK(exit_code(pid) == code);
     // The log says how to continue, with the tag the command needs.

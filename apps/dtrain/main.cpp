@@ -32,6 +32,7 @@ void on_interrupt(int signal) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtrain::route_stop_signals();  // before any thread: none that computes ever takes a signal
   // Started by mpirun/srun: one replica per process over MPI.
   if (dtrain::mpi::detect().active) {
     try {

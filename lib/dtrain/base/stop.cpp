@@ -1,6 +1,11 @@
 #include "dtrain/base/stop.hpp"
 
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <thread>
 
 namespace dtrain {
 
@@ -21,6 +26,31 @@ int stop_exit_code() {
 }
 bool stop_requested() {
   return g_stop.load(std::memory_order_relaxed);
+}
+
+namespace {
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+}  // namespace
+
+void route_stop_signals() {
+  const sigset_t set = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    pthread_setname_np(pthread_self(), "dtrain-signals");
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    for (;;) ::pause();  // each handled signal returns here; the default action ends it all
+  }).detach();
+}
+
+void unblock_stop_signals_in_child() {
+  const sigset_t set = stop_signals();
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 }  // namespace dtrain

@@ -9,4 +9,17 @@ bool stop_requested();
 // SIGTERM), 130 when no signal asked.
 int stop_exit_code();
 
+// Routes Ctrl-C and SIGTERM to one thread of dtrain's own ("dtrain-signals"), which only waits
+// for them: blocked in the calling thread and so in every thread started after it (replicas,
+// OpenMP's, the device sampler, MPI's), unblocked in that one. A handler then never runs on a
+// thread that computes. oneDNN's generated sgemm kernels point the stack register at a heap
+// buffer while they run, so the kernel's signal frame written there corrupts the heap
+// (oneDNN issue #4845; one SIGTERM in five crashed a run of the MLP before this).
+// Call it first in main(), before any other thread is started; what handles the signals (the
+// default action, or on_interrupt's flag) is still set by signal() as before.
+void route_stop_signals();
+// In a child between fork() and exec(): the signals unblocked again, so that the program run
+// (gnuplot) stops on Ctrl-C as it would by itself. Async-signal-safe.
+void unblock_stop_signals_in_child();
+
 }  // namespace dtrain

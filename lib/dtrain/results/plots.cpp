@@ -19,6 +19,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/stop.hpp"
 #include "dtrain/results/run_schema.hpp"
 
 namespace dtrain {
@@ -96,6 +97,7 @@ int run_gnuplot(const std::string& exe, const fs::path& dir, const std::string& 
   if (pid < 0) return -1;
   if (pid == 0) {
     // Only async-signal-safe calls between fork and exec.
+    unblock_stop_signals_in_child();  // dtrain routes them to a thread of its own
     const int null_in = ::open("/dev/null", O_RDONLY);
     if (null_in >= 0) ::dup2(null_in, 0);
     const int out =
