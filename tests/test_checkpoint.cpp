@@ -618,6 +618,9 @@ TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: 
     if (!wait_rows(run / "metrics.csv", rows, pid)) break;
     kill(pid, SIGKILL);
     CHECK(exit_code(pid) == 137);
+    // The run's log holds its lines up to the kill: each is written as it is logged.
+    CHECK_THAT(slurp(run / "log"),
+               Catch::Contains(kills ? "resume: continuing at epoch" : "train loss"));
     ++kills;
   }
   CHECK(kills == 3);

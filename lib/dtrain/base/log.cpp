@@ -21,6 +21,9 @@ spdlog::logger& log() {
     auto l = std::make_shared<spdlog::logger>("dtrain", sink);
     l->set_pattern("[%H:%M:%S] %^%l%$ %v");
     l->set_level(spdlog::level::info);
+    // Every line reaches the run's log file as it is logged: a killed run keeps its log (a few
+    // lines an epoch, so the writes cost nothing to speak of).
+    l->flush_on(spdlog::level::info);
     return l;
   }();
   return *logger;
