@@ -449,4 +449,20 @@ TEST_CASE("export-images names the shape of the files it wrote, and that command
   INFO(v.out);
   CHECK(v.code == 0);
   CHECK_THAT(v.out, Catch::Contains("shape=[3,8,8]"));
+  // A folder whose name a shell would read as code: the printed command quotes it, and run by a
+  // shell as printed (validate for run) it names that folder and runs nothing else.
+  const fs::path odd = t.dir / "im g$(touch PWN);'x'";
+  const auto e = dtrain_cli("export-images " + cfg.string() + " --out \"" + t.dir.string() +
+                            "/im g\\$(touch PWN);'x'\"");
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  REQUIRE(fs::is_directory(odd));
+  const size_t at = e.out.find("dtrain run ");
+  REQUIRE(at != std::string::npos);
+  std::string line = e.out.substr(at + std::string("dtrain run ").size());
+  line = line.substr(0, line.find('\n'));
+  const auto again = shell("cd " + t.dir.string() + " && " + dtrain_binary() + " validate " + line);
+  INFO(line << "\n" << again.out);
+  CHECK(again.code == 0);
+  CHECK_FALSE(fs::exists(t.dir / "PWN"));
 }

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstring>
 #include <filesystem>
 
 #include "commands.hpp"
@@ -13,6 +16,21 @@
 #include "dtrain/data/image_folder.hpp"
 
 namespace dtrain::cli {
+
+namespace {
+// `word` as one word of a POSIX shell command line: as it is where it holds only characters no
+// shell treats specially, else in single quotes (a quote inside as '\''), so that a printed
+// command run by copy and paste gets the path it names and nothing else.
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || (ch && std::strchr("_./=:,+@%-", ch));
+  });
+  if (plain) return word;
+  std::string out = "'";
+  for (const char ch : word) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+}  // namespace
 
 void setup_export(CLI::App& app, ExportOptions& opt) {
   add_config_arguments(app, opt.config, opt.overrides);
@@ -48,9 +66,9 @@ int run_export(const ExportOptions& opt) {
   if (opt.side > 0 && shape.size() == 3) shape[1] = shape[2] = opt.side;
   fmt::print(
       "{}: {} images ({} train, {} test) as {} files; train on them with\n"
-      "  dtrain run {} data.dataset=folder data.path={} 'data.shape=[{}]'\n",
-      opt.out, n, s.train.size(), s.test.size(), opt.format, opt.config, opt.out,
-      fmt::join(shape, ","));
+      "  dtrain run {} data.dataset=folder {} 'data.shape=[{}]'\n",
+      opt.out, n, s.train.size(), s.test.size(), opt.format, shell_word(opt.config),
+      shell_word("data.path=" + opt.out), fmt::join(shape, ","));
   return 0;
 }
 
