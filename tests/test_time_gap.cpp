@@ -207,6 +207,20 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
   CHECK_THAT(file.out, Catch::Contains("is not a run folder (give two run folders"));
   // An output that is not a regular file is never replaced.
   CHECK(dtrain_cli("explain-time " + one + " " + two + " --json " + d.path.string()).code == 2);
+  // Nor a run's own files: explain-time --json, project --out and report --out that would
+  // write over them are refused, one line and exit 2, the run left as it was.
+  const std::string one_summary = slurp(fs::path(one) / "summary.json");
+  const auto over = dtrain_cli("explain-time " + one + " " + two + " --json " + one +
+                               "/summary.json");
+  CHECK(over.code == 2);
+  CHECK_THAT(over.out, Catch::Contains("that is the run's own summary.json in " + one));
+  const auto proj = dtrain_cli("project " + one + " --out " + one + "/metrics.csv/../summary");
+  CHECK(proj.code == 2);
+  CHECK_THAT(proj.out, Catch::Contains("that is the run's own summary.json"));
+  const auto rep = dtrain_cli("report " + res + " --out " + two);
+  CHECK(rep.code == 2);
+  CHECK_THAT(rep.out, Catch::Contains("that is a run folder"));
+  CHECK(slurp(fs::path(one) / "summary.json") == one_summary);
   // Runs of two experiments: refused.
   const auto other = d.path / "o.yaml";
   std::ofstream(other) << slurp(cfg).replace(0, 7, "name: o");

@@ -18,6 +18,7 @@
 #include "dtrain/comm/bench_comm.hpp"
 #include "dtrain/comm/comm.hpp"
 #include "dtrain/comm/mpi.hpp"
+#include "dtrain/results/report.hpp"
 
 namespace dtrain::cli {
 
@@ -137,6 +138,8 @@ int run_bench_comm(const BenchCommOptions& opt) {
   rep.warmup = s.warmup;
   rep.utc = utc_stamp("{:%Y-%m-%dT%H:%M:%SZ}");
   const std::string stem = out_stem(opt.out);
+  for (const char* ext : {".md", ".json"})
+    refuse_run_folder_output(stem + ext, "--out", /*folder=*/false);
   if (!multi || mpi::rank() == 0)  // a folder that cannot be made fails before the timing
     ensure_dir(fs::absolute(stem).parent_path().string(), "bench-comm output");
   rep.rows = multi ? bench_mpi(s, rep.communicator) : bench_in_process(opt.replicas, s);

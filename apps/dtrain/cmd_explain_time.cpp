@@ -65,6 +65,7 @@ void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {
 }
 
 int run_explain_time(const ExplainTimeOptions& opt) {
+  if (!opt.json.empty()) refuse_run_folder_output(opt.json, "--json", /*folder=*/false);
   for (const std::string& dir : {opt.small, opt.large})
     if (!std::filesystem::is_directory(dir))
       throw UserError(fmt::format("explain-time: {} is not a run folder (give two run folders, "

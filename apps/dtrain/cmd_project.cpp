@@ -455,6 +455,8 @@ int run_project(const ProjectOptions& opt) {
                               slug(link.name))
                        : fs::path(r.dir) / ("projection-" + slug(link.name));
   if (stem.extension() == ".md" || stem.extension() == ".json") stem.replace_extension();
+  for (const char* ext : {".md", ".json"})
+    refuse_run_folder_output(stem.string() + ext, "--out", /*folder=*/false);
   ensure_dir(fs::absolute(stem).parent_path().string(), "projection");
   write_file_atomic(stem.string() + ".md",
                     "# Projection: " + link.name + "\n\n" + head + "\n" + md);

@@ -255,6 +255,7 @@ int run_report(const ReportOptions& opt) {
                                 fmt::join(opt.paths, ", ")));
   const std::string out =
       opt.out.empty() ? (fs::path(opt.paths.front()) / "report").string() : opt.out;
+  refuse_run_folder_output(out, "--out", /*folder=*/true);
 
   int unreadable = 0, plot_failures = 0;
   const RunsByExperiment by_experiment = read_runs(dirs, unreadable);

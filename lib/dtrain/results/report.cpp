@@ -932,6 +932,25 @@ void walk_run_dirs(const std::string& root, std::vector<std::string>& out) {
 }
 }  // namespace
 
+void refuse_run_folder_output(const std::string& path, const std::string& option, bool folder) {
+  namespace fs = std::filesystem;
+  // What recorder.cpp, the trainer and the telemetry write into a run folder.
+  static const char* const kRunFiles[] = {
+      "summary.json",  "metrics.csv",  "evals.csv",      "log",        "status",
+      "overrides.txt", "devices.csv",  "checkpoint.bin", "trace.json", "config.resolved.yaml"};
+  const fs::path p = fs::path(path).lexically_normal();
+  if (folder && has_status_entry(p))
+    throw UserError(fmt::format("{} {}: that is a run folder; write elsewhere, so that none of "
+                                "the run's files is replaced",
+                                option, path));
+  const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string name = p.filename().string();
+  if (!folder && has_status_entry(parent) &&
+      std::find(std::begin(kRunFiles), std::end(kRunFiles), name) != std::end(kRunFiles))
+    throw UserError(fmt::format("{} {}: that is the run's own {} in {}; write elsewhere",
+                                option, path, name, parent.string()));
+}
+
 std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;

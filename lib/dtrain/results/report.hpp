@@ -56,6 +56,11 @@ RunRecord load_run(const std::string& dir);
 // folders such as .attempts/. Throws UserError for a path that does not exist.
 std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths);
 
+// Refuses (UserError naming `option`) to write where a run's own files would be replaced: a
+// file `path` named as one of them (summary.json, metrics.csv, log, status, ...) inside a run
+// folder, or with `folder`, an output folder that is itself a run folder.
+void refuse_run_folder_output(const std::string& path, const std::string& option, bool folder);
+
 struct EpochRow {
   int epoch = 0;
   double lr = 0, train_loss = 0, train_acc = 0, test_loss = 0, test_acc = 0, epoch_time_s = 0;
