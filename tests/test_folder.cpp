@@ -178,6 +178,23 @@ TEST_CASE("folder: a file that does not decode stops training, naming it", "[fol
   } catch (const UserError& e) {
     CHECK_THAT(e.what(), Catch::Contains("zz-text.png: not a JPEG or PNG file"));
   }
+  // Through dtrain run: one line and exit 2, the run marked failed, and its log ends with why.
+  TempDir d("decode-fail-cli");
+  const fs::path cfg = d.path / "f.yaml";
+  std::ofstream(cfg) << "name: f\nthreads: 1\ndata: {dataset: folder, path: " << t.dir.string()
+                     << ", shape: [3, 8, 8], normalize: false}\nmodel: {hidden: [8]}\n"
+                        "train: {epochs: 1, per_replica_batch: 8}\n";
+  const fs::path res = d.path / "res";
+  const auto r = dtrain_cli("run " + cfg.string() + " --quiet --tag t --results " + res.string());
+  INFO(r.out);
+  CHECK(r.code == 2);
+  const fs::path run = res / "f" / "t-g1";
+  CHECK(slurp(run / "status") == "failed\n");
+  const std::string log = slurp(run / "log");
+  REQUIRE(log.size() > 2);
+  CHECK_THAT(log.substr(log.rfind('\n', log.size() - 2) + 1),
+             Catch::Contains("error run t-g1 failed: ") &&
+                 Catch::Contains("zz-text.png: not a JPEG or PNG file"));
 }
 
 TEST_CASE("the input pipeline gives the same batches at any worker and prefetch count",

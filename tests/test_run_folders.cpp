@@ -60,6 +60,11 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
               .code == 1);
   const fs::path g2 = fs::path(res) / "rf" / "t-g2";
   REQUIRE(slurp(g2 / "status") == "failed\n");
+  // Its log ends with why, once.
+  const std::string log = slurp(g2 / "log");
+  CHECK_THAT(log.substr(log.rfind('\n', log.size() - 2) + 1),
+             Catch::Contains("error run t-g2 failed: ") && Catch::Contains("fault"));
+  CHECK(log.find("failed: ") == log.rfind("failed: "));
   // Command A plans both runs, then trains t-g1 for seconds; meanwhile "command B" finishes
   // t-g2 (its folder replaced by the finished one).
   // DTRAIN_SLOW stretches t-g1's optimizer steps 100-fold, waiting: about 2 s for 25 epochs

@@ -548,7 +548,13 @@ void record_interrupt(const RunOptions& opt, Sweep& s, size_t i, const RunHold& 
 // launcher the job ends here.
 void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
                     const std::exception& e) {
-  if (h.rec) h.rec->fail(e.what());
+  if (h.rec) {
+    // The log, the file a user opens first, ends with why: a user's mistake reaches the
+    // terminal from main() alone, anything else through log() below.
+    if (dynamic_cast<const UserError*>(&e))
+      h.rec->log_error(fmt::format("run {} failed: {}", run_id(s.tag, s.runs[i]), e.what()));
+    h.rec->fail(e.what());
+  }
   // Failed before this command wrote the folder (another process holds it, a damaged
   // checkpoint, a run finished meanwhile with another config): the folder's own status
   // stands; a run with no folder yet failed here.

@@ -41,6 +41,11 @@ RunLogFile::RunLogFile(const std::string& path) {
   log().sinks().push_back(sink_);
 }
 
+void RunLogFile::error(const std::string& text) {
+  sink_->log(spdlog::details::log_msg(spdlog::source_loc{}, "dtrain", spdlog::level::err, text));
+  sink_->flush();
+}
+
 RunLogFile::~RunLogFile() {
   auto& sinks = log().sinks();
   sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());

@@ -17,6 +17,8 @@ class RunLogFile {
   ~RunLogFile();
   RunLogFile(const RunLogFile&) = delete;
   RunLogFile& operator=(const RunLogFile&) = delete;
+  // An error line in this file alone (the terminal has it from the one who throws).
+  void error(const std::string& text);
 
  private:
   std::shared_ptr<spdlog::sinks::sink> sink_;

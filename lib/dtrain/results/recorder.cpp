@@ -356,6 +356,11 @@ bool RunRecorder::fail_if_running(const std::string& error) {
   return true;
 }
 
+void RunRecorder::log_error(const std::string& text) {
+  const std::lock_guard<std::recursive_mutex> hold(mu_);
+  if (log_file_) log_file_->error(text);
+}
+
 void RunRecorder::fail(const std::string& error) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
   ended_ = true;

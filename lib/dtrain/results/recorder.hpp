@@ -72,6 +72,8 @@ class RunRecorder : public TrainObserver {
   // The run is complete: the summary, then the checkpoint is removed.
   void finish(const TrainResult& r);
   void fail(const std::string& error);
+  // An error line in the run's log file alone (the terminal has it from elsewhere).
+  void log_error(const std::string& text);
   // fail() from another thread, unless the run has already ended (finish, fail, interrupt):
   // for rank 0 when the launcher is ending the job while the main thread is held in MPI.
   // Returns whether it recorded the failure.
