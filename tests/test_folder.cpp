@@ -483,3 +483,27 @@ TEST_CASE("export-images names the shape of the files it wrote, and that command
   CHECK(again.code == 0);
   CHECK_FALSE(fs::exists(t.dir / "PWN"));
 }
+
+// bench-input times the pipeline at each worker count, one row each; batch buffers that
+// cannot fit are refused before any file is read.
+TEST_CASE("bench-input gives a row per worker count and refuses buffers beyond memory",
+          "[folder][cli]") {
+  TempTree t("bench-input");
+  write_tree(t.dir, 24, 8);
+  TempDir d("bench-input-cli");
+  const fs::path cfg = d.path / "b.yaml";
+  std::ofstream(cfg) << "name: b\nthreads: 1\ndata: {dataset: folder, path: " << t.dir.string()
+                     << ", shape: [3, 8, 8]}\nmodel: {hidden: [8]}\n"
+                        "train: {epochs: 1, per_replica_batch: 4}\n";
+  const auto r = dtrain_cli("bench-input " + cfg.string() + " --workers 1 --workers 2 " +
+                            "--images 16 --repeats 1");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("|       1 |") && Catch::Contains("|       2 |"));
+  // 10 images of 3 x 2^15 x 2^15 floats, 3 buffers: about 480 GiB.
+  const auto big = dtrain_cli("bench-input " + cfg.string() + " 'data.shape=[3,32768,32768]' " +
+                              "train.per_replica_batch=10 --workers 1 --images 4");
+  INFO(big.out);
+  CHECK(big.code == 2);
+  CHECK_THAT(big.out, Catch::Contains("GiB of buffers; this machine has"));
+}

@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/data/pipeline.hpp"
@@ -41,6 +42,20 @@ int run_bench_input(const BenchInputOptions& opt) {
         fmt::format("{}: bench-input times image files (data.dataset: folder); "
                     "this config's data is {} and is held in memory",
                     opt.config, to_string(cfg.data.dataset)));
+  // The pipeline's prefetch + 1 batch buffers, refused where they cannot fit, as run refuses a
+  // batch too large for the machine.
+  double features = 1;
+  for (const int64_t d : cfg.data.shape) features *= static_cast<double>(d);
+  const double need =
+      4.0 * features * static_cast<double>(cfg.micro_batch()) * (cfg.data.prefetch + 1);
+  const double have = available_host_memory();
+  if (have > 0 && need > have)
+    throw UserError(fmt::format(
+        "{}: batches of {} images of {:.0f} floats at data.prefetch {} need {:.1f} GiB of "
+        "buffers; this machine has {:.1f} GiB available (fix: a smaller data.shape, batch or "
+        "prefetch)",
+        opt.config, cfg.micro_batch(), features, cfg.data.prefetch,
+        need / (1024.0 * 1024 * 1024), have / (1024.0 * 1024 * 1024)));
   const DataSplit data = load_data(cfg.data, cfg.train.seed);
   fmt::print("# {}: {}\n# batches of {} at prefetch {}, {} images a measurement, median of {}\n",
              opt.config, data.description, cfg.micro_batch(), cfg.data.prefetch, opt.images,

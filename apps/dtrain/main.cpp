@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <exception>
 #include <functional>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -201,6 +202,14 @@ int run_command(const Command& cmd) {
   } catch (const dtrain::StorageError& e) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());  // a full disk: named, not a bug
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // An allocation the estimates before training did not foresee, or a limit (ulimit -v, a
+    // cgroup) below what the machine reports available.
+    dtrain::clear_progress();
+    std::fprintf(stderr,
+                 "dtrain: error: out of memory (an allocation failed); a smaller batch, model or "
+                 "data.shape needs less, and `dtrain validate` shows the estimate\n");
     return 1;
   } catch (const std::exception& e) {
     dtrain::clear_progress();

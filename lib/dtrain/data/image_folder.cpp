@@ -389,17 +389,24 @@ std::pair<std::vector<double>, std::vector<double>> measure_stats(const DataConf
   probe.jpeg_draft = false;  // a key that acts after the load must not change what it loads
   const auto picks = spread(probe.paths.size(), 256);
   const int64_t c = cfg.shape[0], plane = cfg.shape[1] * cfg.shape[2];
-  std::vector<float> px(picks.size() * static_cast<size_t>(c * plane));
-  parallel_for(picks.size(), cfg.workers, [&](size_t i) {
-    make_sample(probe, static_cast<int64_t>(picks[i]), 0, 0, px.data() + i * c * plane);
-  });
-  const bool per_channel = cfg.normalize == Normalize::channel;
+  const auto image = static_cast<size_t>(c * plane);
+  // A few images per worker at a time, not all 256 at once (large shapes: gigabytes), summed in
+  // the same order either way.
+  const size_t chunk = 4 * static_cast<size_t>(std::max(1, cfg.workers));
+  std::vector<float> px(std::min(chunk, picks.size()) * image);
   std::vector<double> sum(static_cast<size_t>(c)), sq(sum.size());
-  for (size_t i = 0; i < px.size(); ++i) {
-    const auto ch = static_cast<size_t>(static_cast<int64_t>(i) / plane % c);
-    sum[ch] += px[i];
-    sq[ch] += static_cast<double>(px[i]) * px[i];
+  for (size_t first = 0; first < picks.size(); first += chunk) {
+    const size_t count = std::min(chunk, picks.size() - first);
+    parallel_for(count, cfg.workers, [&](size_t i) {
+      make_sample(probe, static_cast<int64_t>(picks[first + i]), 0, 0, px.data() + i * image);
+    });
+    for (size_t i = 0; i < count * image; ++i) {
+      const auto ch = static_cast<size_t>(static_cast<int64_t>(i) / plane % c);
+      sum[ch] += px[i];
+      sq[ch] += static_cast<double>(px[i]) * px[i];
+    }
   }
+  const bool per_channel = cfg.normalize == Normalize::channel;
   if (!per_channel) {
     for (size_t ch = 1; ch < sum.size(); ++ch) sum[0] += sum[ch], sq[0] += sq[ch];
     sum.assign(sum.size(), sum[0]);
