@@ -174,6 +174,28 @@ TEST_CASE("report --batch-law over a small sweep of batches and LRs writes its t
   CHECK(fs::exists(d.path / "rep" / "bl-batch-law-lrs.md"));
   const auto ref = nlohmann::json::parse(slurp(d.path / "rep" / "bl-reference.json"));
   CHECK(ref.at("points").size() + ref.at("left_out").size() == 3);
+  // A copy of a run passed with the study (another root) is the same run, not another seed:
+  // said, and counted once.
+  const fs::path first = fs::path(res) / "bl" / "s-g1-per_replica_batch16-lr0.05";
+  REQUIRE(fs::is_directory(first));
+  fs::create_directories(d.path / "copy" / "bl");
+  fs::copy(first, d.path / "copy" / "bl" / first.filename(), fs::copy_options::recursive);
+  const auto twice = dtrain_cli("report " + res + " " + (d.path / "copy").string() +
+                                " --batch-law --out " + (d.path / "rep2").string());
+  INFO(twice.out);
+  REQUIRE(twice.code == 0);
+  CHECK_THAT(twice.out, Catch::Contains("holds run s-g1-per_replica_batch16-lr0.05 of bl again"));
+  CHECK(slurp(d.path / "rep2" / "bl-batch-law-lrs.json") ==
+        slurp(d.path / "rep" / "bl-batch-law-lrs.json"));
+  // A summary that says a run reached its target in 0 steps is damaged: named, left out.
+  const fs::path bad = d.path / "copy" / "bl" / first.filename() / "summary.json";
+  auto js = nlohmann::json::parse(slurp(bad));
+  js["steps_to_target"] = 0;
+  put(bad, js.dump());
+  const auto zero = dtrain_cli("report " + (d.path / "copy").string() + " --out " +
+                               (d.path / "rep3").string());
+  CHECK(zero.code == 1);
+  CHECK_THAT(zero.out, Catch::Contains("'steps_to_target' is 0"));
 
   // Two replicas at the study's smallest batch, judged against it.
   const auto more = (d.path / "more").string();

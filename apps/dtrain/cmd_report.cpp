@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <fstream>
@@ -28,7 +29,19 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
   for (const auto& d : dirs) {
     try {
       auto r = load_run(d);
-      by_experiment[r.experiment].push_back(std::move(r));
+      auto& runs = by_experiment[r.experiment];
+      // A second folder of one run (a copy, a backup passed with the study) would count as
+      // another seed: the same run id gives the same numbers, so it counts once.
+      const auto same = std::find_if(runs.begin(), runs.end(), [&](const RunRecord& o) {
+        return o.run_id == r.run_id && o.status.rfind("unreadable", 0) != 0;
+      });
+      if (same != runs.end()) {
+        std::fprintf(stderr, "dtrain: warning: %s holds run %s of %s again, as %s does; counted "
+                             "once\n",
+                     d.c_str(), r.run_id.c_str(), r.experiment.c_str(), same->dir.c_str());
+        continue;
+      }
+      runs.push_back(std::move(r));
     } catch (const UserError& e) {
       RunRecord r;
       r.dir = d;

@@ -270,6 +270,17 @@ void read_to_target(const nlohmann::json& j, const std::string& path, RunRecord&
                                 "trained (a damaged file?)",
                                 path, *r.steps_to_target, trained));
   if (r.target_resolution_steps && *r.target_resolution_steps < 1) r.target_resolution_steps.reset();
+  // A target is checked after a step: a run that reached one took a step at least, in an
+  // epoch of a step at least (summaries from before steps_per_epoch have none: 0, not checked).
+  if (r.steps_to_target && *r.steps_to_target < 1)
+    throw UserError(fmt::format("{}: 'steps_to_target' is 0; a run reaches its target after a "
+                                "step at least (a damaged file?)",
+                                path));
+  if ((r.steps_to_target || r.epochs_to_target) && j.contains(k::steps_per_epoch) &&
+      r.steps_per_epoch < 1)
+    throw UserError(fmt::format("{}: 'steps_per_epoch' is 0 in a run that reached its target "
+                                "(a damaged file?)",
+                                path));
 }
 }  // namespace
 
