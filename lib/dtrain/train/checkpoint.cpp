@@ -75,24 +75,26 @@ size_t eval_bytes() {
   return n;
 }
 
-// The version of a checkpoint's header line, or 0 where it is none dtrain reads.
-int header_version(const std::string& bytes) {
+// The version digit of a checkpoint header line ("dtrain checkpoint N\n"), any N from 1 to 9;
+// 0 where the bytes start with no such line.
+int header_digit(const std::string& bytes) {
   const size_t n = sizeof(kMagicPrefix) - 1;
   if (bytes.size() < kMagicLen || bytes.compare(0, n, kMagicPrefix) != 0 ||
-      bytes[kMagicLen - 1] != '\n')
+      bytes[kMagicLen - 1] != '\n' || bytes[n] < '1' || bytes[n] > '9')
     return 0;
-  const char v = bytes[n];
-  return v >= '1' && v <= '0' + kVersion ? v - '0' : 0;
+  return bytes[n] - '0';
 }
 
-// The version of a header line of a later dtrain's checkpoint (one digit, above kVersion), else 0.
+// The version of a checkpoint's header line, or 0 where it is none dtrain reads.
+int header_version(const std::string& bytes) {
+  const int v = header_digit(bytes);
+  return v <= kVersion ? v : 0;
+}
+
+// The version of a header line of a later dtrain's checkpoint (above kVersion), else 0.
 int newer_version(const std::string& bytes) {
-  const size_t n = sizeof(kMagicPrefix) - 1;
-  if (bytes.size() < kMagicLen || bytes.compare(0, n, kMagicPrefix) != 0 ||
-      bytes[kMagicLen - 1] != '\n')
-    return 0;
-  const char v = bytes[n];
-  return v > '0' + kVersion && v <= '9' ? v - '0' : 0;
+  const int v = header_digit(bytes);
+  return v > kVersion ? v : 0;
 }
 
 class Writer {
