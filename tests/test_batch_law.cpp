@@ -184,7 +184,8 @@ TEST_CASE("report --batch-law over a small sweep of batches and LRs writes its t
                                 " --batch-law --out " + (d.path / "rep2").string());
   INFO(twice.out);
   REQUIRE(twice.code == 0);
-  CHECK_THAT(twice.out, Catch::Contains("holds run s-g1-per_replica_batch16-lr0.05 of bl again"));
+  CHECK_THAT(twice.out, Catch::Contains("(run s-g1-per_replica_batch16-lr0.05 of bl, the same "
+                                        "summary); counted once"));
   CHECK(slurp(d.path / "rep2" / "bl-batch-law-lrs.json") ==
         slurp(d.path / "rep" / "bl-batch-law-lrs.json"));
   // A summary that says a run reached its target in 0 steps is damaged: named, left out.

@@ -238,15 +238,15 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   const Checkpoint four = decode_checkpoint(resealed(v4), "v4");
   CHECK(four.data_fingerprint == 0);
   CHECK(four.epochs.back().bn_sync_s == 0.5);
-  // Version 6: a straggler in every phase round-trips; a version 5 file cannot hold one (no
-  // writer of version 5 named it), so one there is damage; a later version is named as such.
+  // Version 6: a straggler in every phase round-trips, also from a version 5 file (the last
+  // builds before version 6 wrote it so); a later version is named as such.
   Checkpoint every = printed;
   every.epochs.back().straggler_phase = kEveryPhase;
   std::string v6 = encode_checkpoint(every);
   CHECK(v6.compare(0, 20, "dtrain checkpoint 6\n") == 0);
   CHECK(decode_checkpoint(v6, "v6").epochs.back().straggler_phase == kEveryPhase);
   v6[std::string("dtrain checkpoint ").size()] = '5';
-  CHECK(refused(resealed(v6)).find("every phase, which version 5") != std::string::npos);
+  CHECK(decode_checkpoint(resealed(v6), "v5").epochs.back().straggler_phase == kEveryPhase);
   v6[std::string("dtrain checkpoint ").size()] = '7';
   CHECK(refused(resealed(v6)).find("version 7, from a newer dtrain") != std::string::npos);
   // Version 4's test scorings round-trip; one out of order, or of an accuracy above 1, is
@@ -620,7 +620,7 @@ TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: 
     CHECK(exit_code(pid) == 137);
     // The run's log holds its lines up to the kill: each is written as it is logged.
     CHECK_THAT(slurp(run / "log"),
-               Catch::Contains(kills ? "resume: continuing at epoch" : "train loss"));
+               Catch::Contains(kills ? "resume: continuing at epoch" : "  model "));
     ++kills;
   }
   CHECK(kills == 3);

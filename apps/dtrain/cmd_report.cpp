@@ -24,6 +24,14 @@ namespace {
 using RunsByExperiment = std::map<std::string, std::vector<RunRecord>>;
 
 // Reads every run folder; a broken run is reported, named, and does not stop the others.
+// A file's bytes ("" where it cannot be read).
+std::string file_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
 RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable) {
   RunsByExperiment by_experiment;
   for (const auto& d : dirs) {
@@ -31,14 +39,16 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
       auto r = load_run(d);
       auto& runs = by_experiment[r.experiment];
       // A second folder of one run (a copy, a backup passed with the study) would count as
-      // another seed: the same run id gives the same numbers, so it counts once.
+      // another seed: the same run id and the same summary, byte for byte, count once.
       const auto same = std::find_if(runs.begin(), runs.end(), [&](const RunRecord& o) {
-        return o.run_id == r.run_id && o.status.rfind("unreadable", 0) != 0;
+        return o.run_id == r.run_id && o.status.rfind("unreadable", 0) != 0 &&
+               file_text(fs::path(o.dir) / "summary.json") ==
+                   file_text(fs::path(d) / "summary.json");
       });
       if (same != runs.end()) {
-        std::fprintf(stderr, "dtrain: warning: %s holds run %s of %s again, as %s does; counted "
-                             "once\n",
-                     d.c_str(), r.run_id.c_str(), r.experiment.c_str(), same->dir.c_str());
+        std::fprintf(stderr, "dtrain: warning: %s is a copy of %s (run %s of %s, the same "
+                             "summary); counted once\n",
+                     d.c_str(), same->dir.c_str(), r.run_id.c_str(), r.experiment.c_str());
         continue;
       }
       runs.push_back(std::move(r));

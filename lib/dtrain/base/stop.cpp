@@ -41,11 +41,15 @@ sigset_t stop_signals() {
 void route_stop_signals() {
   const sigset_t set = stop_signals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([set] {
-    pthread_setname_np(pthread_self(), "dtrain-signals");
-    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-    for (;;) ::pause();  // each handled signal returns here; the default action ends it all
-  }).detach();
+  try {
+    std::thread([set] {
+      pthread_setname_np(pthread_self(), "dtrain-signals");
+      pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+      for (;;) ::pause();  // each handled signal returns here; the default action ends it all
+    }).detach();
+  } catch (const std::exception&) {
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);  // no thread to spare: taken where they land
+  }
 }
 
 void unblock_stop_signals_in_child() {

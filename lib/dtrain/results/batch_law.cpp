@@ -175,8 +175,9 @@ std::string tried_markdown(const BatchLaw& law) {
   std::string md = fmt::format(
       "Every learning rate tried at each global batch: its runs, how many reached the target "
       "({}) and how many diverged, and the mean steps to the target of those that reached it. "
-      "The LR kept at each batch (all its runs reached the target, in the fewest steps) is in "
-      "bold.\n\n| global batch | peak LR | runs | reached | diverged | steps to target |\n"
+      "The LR kept at each batch (of those whose runs all reached the target, the fewest steps; "
+      "else the one that reached it most often) is in bold.\n\n"
+      "| global batch | peak LR | runs | reached | diverged | steps to target |\n"
       "|---|---|---|---|---|---|\n",
       target_text(law.target_accuracy, law.target_loss));
   for (const BatchLawRow& r : law.tried) {

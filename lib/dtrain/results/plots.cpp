@@ -519,8 +519,12 @@ std::string draw_batch_law(const BatchLaw& law, const std::string& title,
   for (const BatchLawRow& t : law.tried)
     if (!t.kept && t.reached > 0 && t.global_batch > 0 && t.steps > 0) {
       others += fmt::format("{} {}\n", t.global_batch, num(t.steps));
+      floor = std::min(floor, t.steps);
       ++n_others;
     }
+  // The markers (B_noise, B_simple) inside the range too.
+  for (const double b : {law.fit.ok ? law.fit.b_noise : 0.0, law.b_simple.value_or(0.0)})
+    if (b > 0 && std::isfinite(b)) lo = std::min(lo, b), hi = std::max(hi, b);
   const std::string kept_file = data_file(data, f.stem() + ".dat", kept);
   const BatchLawRow& first = law.rows.front();
   std::string plot = fmt::format(

@@ -272,10 +272,12 @@ void read_to_target(const nlohmann::json& j, const std::string& path, RunRecord&
   if (r.target_resolution_steps && *r.target_resolution_steps < 1) r.target_resolution_steps.reset();
   // A target is checked after a step: a run that reached one took a step at least, in an
   // epoch of a step at least (summaries from before steps_per_epoch have none: 0, not checked).
-  if (r.steps_to_target && *r.steps_to_target < 1)
-    throw UserError(fmt::format("{}: 'steps_to_target' is 0; a run reaches its target after a "
-                                "step at least (a damaged file?)",
-                                path));
+  for (const auto& [key, v] : {std::pair{k::steps_to_target, r.steps_to_target},
+                               std::pair{k::epochs_to_target, r.epochs_to_target}})
+    if (v && *v < 1)
+      throw UserError(fmt::format("{}: '{}' is 0; a run reaches its target after a step at "
+                                  "least (a damaged file?)",
+                                  path, key));
   if ((r.steps_to_target || r.epochs_to_target) && j.contains(k::steps_per_epoch) &&
       r.steps_per_epoch < 1)
     throw UserError(fmt::format("{}: 'steps_per_epoch' is 0 in a run that reached its target "

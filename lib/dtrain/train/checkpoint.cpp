@@ -27,8 +27,9 @@ namespace {
 // scorings of the test set (train.eval_steps); older files still read (the columns they lack as
 // for a run that measured none: NaN, no straggler, 0, no scorings). Version 5 adds the data's
 // fingerprint after the scorings (0 in an older file: not checked). Version 6 has version 5's
-// fields, and its epochs may name a straggler in every phase (kEveryPhase), which an older file
-// never holds and an older dtrain would take for damage.
+// fields; its epochs may name a straggler in every phase (kEveryPhase), which a dtrain that
+// reads up to version 5 would take for damage (version 5 files of the last builds before 6 may
+// hold it too, and are read).
 constexpr int kVersion = 6;
 constexpr char kMagic[] = "dtrain checkpoint 6\n";
 constexpr char kMagicPrefix[] = "dtrain checkpoint ";
@@ -398,10 +399,6 @@ Checkpoint decode_fields(const std::string& bytes, const std::string& what) {
   }
   if (version >= 5) r.pod(c.data_fingerprint);
   if (r.at() != body) r.bad("unexpected bytes after its fields");
-  for (const auto& m : c.epochs)
-    if (version < 6 && m.straggler_phase == kEveryPhase)
-      r.bad(fmt::format("epoch {} names a straggler in every phase, which version {} does not hold",
-                        m.epoch, version));
   return c;
 }
 }  // namespace
