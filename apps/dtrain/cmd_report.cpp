@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/results/batch_law.hpp"
 #include "dtrain/results/plots.hpp"
@@ -23,15 +24,16 @@ namespace fs = std::filesystem;
 namespace {
 using RunsByExperiment = std::map<std::string, std::vector<RunRecord>>;
 
-// Reads every run folder; a broken run is reported, named, and does not stop the others.
-// A file's bytes ("" where it cannot be read).
-std::string file_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+// Whether two run folders hold the same summary.json, byte for byte (a copy of one run).
+bool same_summary(const std::string& a, const std::string& b) {
+  const auto text = [](const std::string& dir) {
+    return try_read_own_file((fs::path(dir) / "summary.json").string(), kMaxSummaryBytes);
+  };
+  const auto x = text(a);
+  return x && x == text(b);
 }
 
+// Reads every run folder; a broken run is reported, named, and does not stop the others.
 RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable) {
   RunsByExperiment by_experiment;
   for (const auto& d : dirs) {
@@ -42,8 +44,7 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
       // another seed: the same run id and the same summary, byte for byte, count once.
       const auto same = std::find_if(runs.begin(), runs.end(), [&](const RunRecord& o) {
         return o.run_id == r.run_id && o.status.rfind("unreadable", 0) != 0 &&
-               file_text(fs::path(o.dir) / "summary.json") ==
-                   file_text(fs::path(d) / "summary.json");
+               same_summary(o.dir, d);
       });
       if (same != runs.end()) {
         std::fprintf(stderr, "dtrain: warning: %s is a copy of %s (run %s of %s, the same "

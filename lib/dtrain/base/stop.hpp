@@ -13,9 +13,9 @@ int stop_exit_code();
 // for them: blocked in the calling thread and so in every thread started after it (replicas,
 // OpenMP's, the device sampler, MPI's), unblocked in that one. A handler then never runs on a
 // thread that runs oneDNN's kernels (OpenBLAS's pool, started before main(), may still take
-// one: its kernels keep the stack where it is). oneDNN's generated sgemm kernels point the stack register at a heap
-// buffer while they run, so the kernel's signal frame written there corrupts the heap
-// (oneDNN issue #4845; one SIGTERM in five crashed a run of the MLP before this).
+// one: its kernels keep the stack where it is). oneDNN's generated sgemm kernels point the
+// stack register at a heap buffer while they run, so the kernel's signal frame written there
+// corrupts the heap (oneDNN issue #4845; one SIGTERM in five crashed a run of the MLP before).
 // Call it first in main(), before any other thread is started; what handles the signals (the
 // default action, or on_interrupt's flag) is still set by signal() as before.
 void route_stop_signals();

@@ -475,8 +475,9 @@ namespace {
 std::pair<std::string, std::string> law_fit_lines(const BatchLaw& law, Figure& f) {
   std::string setup, plot;
   const auto marker = [&](double b, const char* colour, const std::string& what) {
-    setup += fmt::format("\nset arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3 lw 2 lc rgb '{1}'",
-                         num(b), colour);
+    setup += fmt::format(
+        "\nset arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3 lw 2 lc rgb '{1}'", num(b),
+        colour);
     plot += fmt::format(", NaN with lines dt 3 lw 2 lc rgb '{}' title {}", colour, f.text(what));
   };
   const BatchLawFit& fit = law.fit;
@@ -514,7 +515,8 @@ std::string draw_batch_law(const BatchLaw& law, const std::string& title,
     hi = std::max(hi, b);
     floor = floor > 0 ? std::min(floor, r.steps) : r.steps;
   }
-  std::string others = "# global_batch steps_to_target (an LR not kept, its runs that reached it)\n";
+  std::string others =
+      "# global_batch steps_to_target (an LR not kept, its runs that reached it)\n";
   int n_others = 0;
   for (const BatchLawRow& t : law.tried)
     if (!t.kept && t.reached > 0 && t.global_batch > 0 && t.steps > 0) {
