@@ -197,6 +197,22 @@ TEST_CASE("report --batch-law over a small sweep of batches and LRs writes its t
                                (d.path / "rep3").string());
   CHECK(zero.code == 1);
   CHECK_THAT(zero.out, Catch::Contains("'steps_to_target' is 0"));
+  // So is one that reached it in 0 epochs, or in epochs of no step.
+  js["steps_to_target"] = nullptr;
+  js["epochs_to_target"] = 0;
+  put(bad, js.dump());
+  const auto no_epochs = dtrain_cli("report " + (d.path / "copy").string() + " --out " +
+                                    (d.path / "rep4").string());
+  CHECK(no_epochs.code == 1);
+  CHECK_THAT(no_epochs.out, Catch::Contains("'epochs_to_target' is 0"));
+  js["epochs_to_target"] = 2;
+  js["steps_per_epoch"] = 0;
+  put(bad, js.dump());
+  const auto no_steps = dtrain_cli("report " + (d.path / "copy").string() + " --out " +
+                                   (d.path / "rep5").string());
+  CHECK(no_steps.code == 1);
+  CHECK_THAT(no_steps.out,
+             Catch::Contains("'steps_per_epoch' is 0 in a run that reached its target"));
 
   // Two replicas at the study's smallest batch, judged against it.
   const auto more = (d.path / "more").string();
