@@ -2,6 +2,8 @@
 // downloaded): read channel-planar with their labels, limits read only what they keep, damaged
 // or mismatched files are refused naming the file and the record, and the data joins the
 // equivalence contract (N replicas x B against 1 replica x N*B).
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
@@ -122,6 +124,23 @@ TEST_CASE("damaged CIFAR files are refused naming the file and the record", "[da
   CHECK_THAT(refused(), Catch::Contains("data_batch_5.bin: missing"));
   put(dir / "data_batch_5.bin", "");
   CHECK_THAT(refused(), Catch::Contains("data_batch_5.bin: 0 bytes is not a CIFAR-10 batch"));
+  // Something other than a file in a batch's place is named for what it is (never opened: a
+  // FIFO would block).
+  fs::remove(dir / "data_batch_5.bin");
+  REQUIRE(::mkfifo((dir / "data_batch_5.bin").c_str(), 0600) == 0);
+  CHECK_THAT(refused(), Catch::Contains("data_batch_5.bin: a FIFO, where a batch file belongs"));
+  fs::remove(dir / "data_batch_5.bin");
+  fs::create_symlink("data_batch_5.bin", dir / "data_batch_5.bin");
+  CHECK_THAT(refused(), Catch::Contains("data_batch_5.bin: a symbolic link that loops or leads "
+                                        "nowhere"));
+  fs::remove(dir / "data_batch_5.bin");
+  fs::create_directory(dir / "data_batch_5.bin");
+  CHECK_THAT(refused(), Catch::Contains("data_batch_5.bin: a folder, where"));
+  fs::remove(dir / "data_batch_5.bin");
+  fs::create_symlink("gone.bin", dir / "data_batch_1.bin.link");
+  fs::remove(dir / "data_batch_1.bin");
+  fs::rename(dir / "data_batch_1.bin.link", dir / "data_batch_1.bin");
+  CHECK_THAT(refused(), Catch::Contains("data_batch_1.bin: a symbolic link that loops"));
   // No files at all, and a path that is a file.
   cfg.path = (d.path / "empty").string();
   fs::create_directories(cfg.path);

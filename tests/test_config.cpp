@@ -195,6 +195,10 @@ TEST_CASE("comma lists split outside brackets", "[config][plan]") {
   CHECK(split_values("1,2,4") == std::vector<std::string>{"1", "2", "4"});
   CHECK(split_values("[512,256],[64]") == std::vector<std::string>{"[512,256]", "[64]"});
   CHECK(split_values("0.1") == std::vector<std::string>{"0.1"});
+  // Quoted values keep their commas, and an escaped quote does not end a double-quoted one.
+  CHECK(split_values(R"("a,b",'c,d')") == std::vector<std::string>{R"("a,b")", "'c,d'"});
+  CHECK(split_values(R"("a\",b",c)") == std::vector<std::string>{R"("a\",b")", "c"});
+  CHECK(split_values(R"('it''s,x',y)") == std::vector<std::string>{"'it''s,x'", "y"});
 }
 
 TEST_CASE("closest_match finds typos and ignores unrelated words", "[config]") {

@@ -255,9 +255,16 @@ TEST_CASE("a data file that is not a regular file is refused at once", "[data][e
   REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
   // Opening a FIFO for reading would block forever without a writer.
   CHECK_THAT(error_of([&] { read_idx_images(fifo.string()); }),
-             Catch::Contains("not a regular file"));
+             Catch::Contains("fifo: a FIFO (a data file must be a regular file)"));
   CHECK_THAT(error_of([&] { read_idx_labels(d.path.string()); }),
-             Catch::Contains("not a regular file"));
+             Catch::Contains(": a folder (a data file must be a regular file)"));
+  // A link to itself is named as such, not as a missing file.
+  const auto loop = d.path / "loop";
+  fs::create_symlink("loop", loop);
+  CHECK_THAT(error_of([&] { read_idx_images(loop.string()); }),
+             Catch::Contains("loop: a symbolic link that loops or leads nowhere"));
+  CHECK_THAT(error_of([&] { read_idx_images((d.path / "none").string()); }),
+             Catch::Contains("none: file not found"));
 }
 
 TEST_CASE("a label past the named dataset's ten classes is refused", "[data][errors]") {

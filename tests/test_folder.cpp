@@ -164,6 +164,21 @@ TEST_CASE("folder: bad files fail naming the path, or are skipped and listed", "
   CHECK(d.skipped.size() == 4);
   CHECK(d.train.size() == 24);
   CHECK(d.class_names.size() == 4);
+  // A split whose every file is skipped says so, with the first reason, at listing and at
+  // decoding.
+  TempTree bad("all-bad");
+  write_bytes(bad.dir / "train" / "a" / "1.png", "");
+  write_bytes(bad.dir / "test" / "a" / "2.png", "not an image");
+  CHECK_THAT(error_of([&] { list_image_folder(bad.dir.string(), BadFile::skip); }),
+             Catch::Contains("train: no usable image file (1 left out by data.on_bad_file: "
+                             "skip; the first: ") &&
+                 Catch::Contains("1.png: empty file (0 bytes))"));
+  write_bytes(bad.dir / "train" / "a" / "1.png", "not an image either");
+  Config cb = folder_config(bad.dir, 1, 8);
+  cb.data.on_bad_file = BadFile::skip;
+  CHECK_THAT(error_of([&] { load_data(cb.data, 1); }),
+             Catch::Contains("train: no usable image file (2 left out") &&
+                 Catch::Contains("1.png: not a JPEG or PNG file"));
 }
 
 TEST_CASE("folder: a file that does not decode stops training, naming it", "[folder]") {
@@ -468,9 +483,11 @@ TEST_CASE("export-images names the shape of the files it wrote, and that command
   CHECK_THAT(v.out, Catch::Contains("shape=[3,8,8]"));
   // A folder whose name a shell would read as code: the printed command quotes it, and run by a
   // shell as printed (validate for run) it names that folder and runs nothing else.
-  const fs::path odd = t.dir / "im g$(touch PWN);'x'";
+  // Its commas, " #" and quotes reach the override parser inside YAML quotes: no sweep list, no
+  // comment.
+  const fs::path odd = t.dir / "im g$(touch PWN);'x', #\"q\\";
   const auto e = dtrain_cli("export-images " + cfg.string() + " --out \"" + t.dir.string() +
-                            "/im g\\$(touch PWN);'x'\"");
+                            "/im g\\$(touch PWN);'x', #\\\"q\\\\\"");
   INFO(e.out);
   REQUIRE(e.code == 0);
   REQUIRE(fs::is_directory(odd));

@@ -526,6 +526,10 @@ TEST_CASE("dataset tokens: folders, sizes and keys that cannot work are refused 
     return test::error_of([&] { load_data(d, 1); });
   };
   CHECK_THAT(error(dir.path / "missing"), Catch::Contains("does not exist (dataset: tokens"));
+  fs::create_symlink("self", dir.path / "self");
+  CHECK_THAT(error(dir.path / "self"),
+             Catch::Contains("self' is a symbolic link that loops or leads nowhere (dataset: "
+                             "tokens"));
   CHECK_THAT(error(dir.path / "no-val"),
              Catch::Contains("holds no validation shards: llm.c token shards (*.bin) whose name "
                              "contains 'val'"));

@@ -214,6 +214,10 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
                                "/summary.json");
   CHECK(over.code == 2);
   CHECK_THAT(over.out, Catch::Contains("that is the run's own summary.json in " + one));
+  const auto classes = dtrain_cli("explain-time " + one + " " + two + " --json " + one +
+                                  "/skipped-files.txt");
+  CHECK(classes.code == 2);
+  CHECK_THAT(classes.out, Catch::Contains("that is the run's own skipped-files.txt"));
   const auto proj = dtrain_cli("project " + one + " --out " + one + "/metrics.csv/../summary");
   CHECK(proj.code == 2);
   CHECK_THAT(proj.out, Catch::Contains("that is the run's own summary.json"));

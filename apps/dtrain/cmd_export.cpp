@@ -30,6 +30,26 @@ std::string shell_word(const std::string& word) {
   for (const char ch : word) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
   return out + "'";
 }
+
+// `value` as the value of a key=value override that reads back as exactly this text: as it is
+// where it is plain, else as a YAML double-quoted string (a comma would split it into a sweep
+// list, " #" start a comment, a leading '[' make a list, "null" no value).
+std::string override_value(const std::string& value) {
+  const bool plain = !value.empty() && std::all_of(value.begin(), value.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || (ch && std::strchr("_./+@-", ch));
+  });
+  if (plain && value != "null" && value != "Null" && value != "NULL") return value;
+  std::string out = "\"";
+  for (const char ch : value) {
+    if (ch == '"' || ch == '\\')
+      out += {'\\', ch};
+    else if (static_cast<unsigned char>(ch) < 0x20)
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
+    else
+      out += ch;
+  }
+  return out + "\"";
+}
 }  // namespace
 
 void setup_export(CLI::App& app, ExportOptions& opt) {
@@ -68,7 +88,7 @@ int run_export(const ExportOptions& opt) {
       "{}: {} images ({} train, {} test) as {} files; train on them with\n"
       "  dtrain run {} data.dataset=folder {} 'data.shape=[{}]'\n",
       opt.out, n, s.train.size(), s.test.size(), opt.format, shell_word(opt.config),
-      shell_word("data.path=" + opt.out), fmt::join(shape, ","));
+      shell_word("data.path=" + override_value(opt.out)), fmt::join(shape, ","));
   return 0;
 }
 

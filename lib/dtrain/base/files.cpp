@@ -163,6 +163,22 @@ std::optional<std::string> try_read_own_file(const std::string& path, size_t max
   return try_read(path, max_bytes, true);
 }
 
+std::string not_regular_file(const std::string& path) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (fs::is_regular_file(st)) return "";
+  if (!fs::exists(st)) {
+    std::error_code lec;
+    const bool link = fs::is_symlink(fs::symlink_status(path, lec));
+    return link ? "a symbolic link that loops or leads nowhere" : "missing";
+  }
+  if (fs::is_directory(st)) return "a folder";
+  if (fs::is_fifo(st)) return "a FIFO";
+  if (fs::is_block_file(st) || fs::is_character_file(st)) return "a device";
+  if (fs::is_socket(st)) return "a socket";
+  return "not a regular file";
+}
+
 bool is_hidden(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
   return !name.empty() && name.front() == '.';

@@ -36,6 +36,10 @@ inline constexpr size_t kMaxMetricsBytes = size_t{64} << 20;    // a row per epo
 inline constexpr size_t kMaxIndexBytes = size_t{16} << 20;      // a row per run (<= 10000)
 std::string read_own_file(const std::string& path, const std::string& what, size_t max_bytes);
 std::optional<std::string> try_read_own_file(const std::string& path, size_t max_bytes);
+// What `path` is when it is not a regular file once links are followed, as a phrase for an error
+// line ("missing", "a symbolic link that loops or leads nowhere", "a folder", "a FIFO", "a
+// device", "a socket"); empty for a regular file (or a link to one).
+std::string not_regular_file(const std::string& path);
 // A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.
 std::string slug(const std::string& s);
 // Whether a path names a hidden entry (its name starts with '.'), which folder readers skip.

@@ -15,9 +15,15 @@ std::vector<std::string> split_values(const std::string& value) {
   std::string cur;
   int depth = 0;
   char quote = 0;
+  bool escaped = false;  // after a backslash inside double quotes, as YAML reads them
   for (char ch : value) {
     if (quote) {
-      if (ch == quote) quote = 0;
+      if (escaped)
+        escaped = false;
+      else if (quote == '"' && ch == '\\')
+        escaped = true;
+      else if (ch == quote)
+        quote = 0;
     } else if (ch == '"' || ch == '\'') {
       quote = ch;
     } else if (ch == '[' || ch == '{') {

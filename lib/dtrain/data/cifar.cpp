@@ -30,7 +30,7 @@ const CifarFormat kCifar100{"CIFAR-100", 2, 100, 20, {"train.bin"}, "test.bin"};
 
 bool holds(const fs::path& dir, const CifarFormat& f) {
   std::error_code ec;
-  return fs::exists(dir / f.train_files.front(), ec);
+  return fs::exists(fs::symlink_status(dir / f.train_files.front(), ec));
 }
 
 const char* archive_folder(const CifarFormat& f) {
@@ -40,6 +40,11 @@ const char* archive_folder(const CifarFormat& f) {
 // The number of records of `path` from its size: a file that is not whole records is refused,
 // naming the short record.
 int64_t record_count(const std::string& path, const CifarFormat& f) {
+  const std::string kind = not_regular_file(path);
+  if (!kind.empty())
+    throw UserError(fmt::format("{}: {}{}; {}'s binary version has {} and {}", path, kind,
+                                kind == "missing" ? "" : ", where a batch file belongs", f.name,
+                                fmt::join(f.train_files, ", "), f.test_file));
   std::error_code ec;
   const auto size = static_cast<int64_t>(fs::file_size(path, ec));
   if (ec) throw UserError(fmt::format("{}: cannot read it: {}", path, ec.message()));
@@ -121,13 +126,7 @@ void load_cifar(const std::string& path, const CifarFormat& f, int64_t limit, in
   std::vector<std::string> files;
   for (const auto& name : f.train_files) files.push_back((fs::path(dir) / name).string());
   files.push_back((fs::path(dir) / f.test_file).string());
-  for (const auto& file : files) {
-    std::error_code ec;
-    if (!fs::exists(file, ec))
-      throw UserError(fmt::format("{}: missing; {}'s binary version has {} and {}", file, f.name,
-                                  fmt::join(f.train_files, ", "), f.test_file));
-    record_count(file, f);
-  }
+  for (const auto& file : files) record_count(file, f);
   const int64_t max_bytes = f.record_bytes() * kMaxRecords;
   for (size_t i = 0; i + 1 < files.size(); ++i) {
     const int64_t left = limit > 0 ? limit - train.size() : 0;

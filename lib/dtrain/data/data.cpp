@@ -46,9 +46,10 @@ namespace {
 class GzFile {
  public:
   explicit GzFile(const std::string& path) : path_(path) {
-    std::error_code ec;
-    if (!fs::exists(fs::status(path, ec)))
-      throw UserError(fmt::format("{}: file not found", path));
+    const std::string kind = not_regular_file(path);
+    if (kind == "missing") throw UserError(fmt::format("{}: file not found", path));
+    if (!kind.empty())
+      throw UserError(fmt::format("{}: {} (a data file must be a regular file)", path, kind));
     // O_NONBLOCK: a FIFO or a device would block or never end; only regular files are data,
     // checked on the file opened, not the name.
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);

@@ -154,6 +154,18 @@ void list_split(const fs::path& root, const char* split, const std::vector<std::
 
 }  // namespace
 
+namespace {
+// A split with no sample left: none there, or every one skipped (data.on_bad_file: skip), then
+// with how many and the first reason, so the user sees why without a run folder to look in.
+[[noreturn]] void throw_nothing_left(const FolderListing& l, const std::string& root,
+                                     const char* split) {
+  if (l.skipped.empty()) throw UserError(fmt::format("{}/{}: holds no image files", root, split));
+  throw UserError(fmt::format("{}/{}: no usable image file ({} left out by data.on_bad_file: "
+                              "skip; the first: {})",
+                              root, split, l.skipped.size(), l.skipped.front()));
+}
+}  // namespace
+
 FolderListing list_image_folder(const std::string& root, BadFile on_bad_file) {
   std::error_code ec;
   if (!fs::is_directory(root, ec))
@@ -166,9 +178,7 @@ FolderListing list_image_folder(const std::string& root, BadFile on_bad_file) {
   list_split(root, "train", l.classes, on_bad_file, l.train, l.train_y, l.skipped);
   list_split(root, "test", l.classes, on_bad_file, l.test, l.test_y, l.skipped);
   for (const auto* split : {&l.train, &l.test})
-    if (split->empty())
-      throw UserError(
-          fmt::format("{}/{}: holds no image files", root, split == &l.train ? "train" : "test"));
+    if (split->empty()) throw_nothing_left(l, root, split == &l.train ? "train" : "test");
   return l;
 }
 
@@ -449,9 +459,7 @@ void load_folder(const DataConfig& cfg, DataSplit& s) {
   if (cfg.on_bad_file == BadFile::skip)
     drop_undecodable(l, cfg.path, static_cast<int>(cfg.shape[0]), cfg.workers);
   for (const auto* split : {&l.train, &l.test})
-    if (split->empty())
-      throw UserError(fmt::format("{}/{}: no image file decodes ({} skipped)", cfg.path,
-                                  split == &l.train ? "train" : "test", l.skipped.size()));
+    if (split->empty()) throw_nothing_left(l, cfg.path, split == &l.train ? "train" : "test");
   s.train = split_dataset(cfg, l, true, cfg.train_limit);
   s.test = split_dataset(cfg, l, false, cfg.test_limit);
   set_stats(cfg, s);

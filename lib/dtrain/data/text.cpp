@@ -21,6 +21,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Why a data.path that names nothing readable is refused: absent, or a link to nothing.
+std::string absent(const std::string& path) {
+  const std::string kind = not_regular_file(path);
+  return kind == "missing" ? "does not exist" : "is " + kind;
+}
+
 int64_t total_size(const std::vector<std::string>& files) {
   int64_t total = 0;
   for (const auto& f : files) {
@@ -120,9 +126,9 @@ std::vector<std::string> corpus_files(const std::string& path,
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st))
-    throw UserError(fmt::format("data.path: '{}' does not exist (dataset: bytes reads a file or "
-                                "a folder of files)",
-                                path));
+    throw UserError(fmt::format("data.path: '{}' {} (dataset: bytes reads a file or a folder "
+                                "of files)",
+                                path, absent(path)));
   std::vector<std::string> files;
   std::vector<bool> used(exclude.size(), false);
   if (fs::is_regular_file(st))
@@ -420,9 +426,9 @@ TokenShards token_shards(const std::string& path) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st))
-    throw UserError(fmt::format("data.path: '{}' does not exist (dataset: tokens reads an llm.c "
-                                "token shard, or a folder of *train* and *val* shards)",
-                                path));
+    throw UserError(fmt::format("data.path: '{}' {} (dataset: tokens reads an llm.c token "
+                                "shard, or a folder of *train* and *val* shards)",
+                                path, absent(path)));
   if (fs::is_directory(st)) return folder_shards(path);
   if (!fs::is_regular_file(st))
     throw UserError(fmt::format("data.path: '{}' is neither a file nor a folder", path));

@@ -949,8 +949,9 @@ void refuse_run_folder_output(const std::string& path, const std::string& option
   namespace fs = std::filesystem;
   // What recorder.cpp, the trainer and the telemetry write into a run folder.
   static const char* const kRunFiles[] = {
-      "summary.json",  "metrics.csv",  "evals.csv",      "log",        "status",
-      "overrides.txt", "devices.csv",  "checkpoint.bin", "trace.json", "config.resolved.yaml"};
+      "summary.json",  "metrics.csv", "evals.csv",      "log",         "status",
+      "overrides.txt", "devices.csv", "checkpoint.bin", "trace.json",  "config.resolved.yaml",
+      "classes.txt",   "skipped-files.txt"};
   const fs::path p = fs::path(path).lexically_normal();
   if (folder && has_status_entry(p))
     throw UserError(fmt::format("{} {}: that is a run folder; write elsewhere, so that none of "
