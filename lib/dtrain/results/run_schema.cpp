@@ -224,6 +224,15 @@ std::vector<EpochMetrics> read_epochs(const MetricsCsv& csv,
     }
     out.push_back(m);
   }
+  // dtrain writes a row per finished epoch, 1, 2, 3, ...: anything else was edited or damaged,
+  // and would draw a curve that doubles back or a table of epochs no run had.
+  const auto epoch = csv.find("epoch");
+  const bool read = names.empty() || std::find(names.begin(), names.end(), "epoch") != names.end();
+  for (size_t r = 0; epoch && read && r < out.size(); ++r)
+    if (out[r].epoch != static_cast<int>(r) + 1)
+      throw UserError(fmt::format("{}:{}: epoch '{}' where epoch {} belongs (a row per epoch, "
+                                  "from 1 up)",
+                                  csv.path, csv.lines[r], csv.rows[r][*epoch], r + 1));
   return out;
 }
 

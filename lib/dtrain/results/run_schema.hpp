@@ -75,7 +75,8 @@ MetricsCsv read_metrics_csv(const std::string& dir, RaggedRows ragged = RaggedRo
 
 // The rows as EpochMetrics: the named columns (every column of the table the file has, when
 // `names` is empty) set from the file, the others left at EpochMetrics' defaults. Throws
-// UserError "PATH:LINE: 'CELL' is not a number" for a cell metrics_value refuses.
+// UserError "PATH:LINE: 'CELL' is not a number" for a cell metrics_value refuses, and one naming
+// the line where the epoch column, when read, is not 1, 2, 3, ...
 std::vector<EpochMetrics> read_epochs(const MetricsCsv& csv,
                                       const std::vector<std::string_view>& names = {});
 
