@@ -65,6 +65,18 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
   CHECK_THAT(log.substr(log.rfind('\n', log.size() - 2) + 1),
              Catch::Contains("error run t-g2 failed: ") && Catch::Contains("fault"));
   CHECK(log.find("failed: ") == log.rfind("failed: "));
+  // An allocation failure (DTRAIN_FAULT's oom) says "out of memory" and how to need less, on the
+  // terminal, in the log and in the summary, never just "std::bad_alloc".
+  const auto oom = shell("DTRAIN_FAULT=1:3:oom " + dtrain_binary() + " run " + cfg +
+                         " gpus=2 --results " + res + " --tag oom --quiet");
+  CHECK(oom.code == 1);
+  CHECK_THAT(oom.out, Catch::Contains("run oom-g2 failed: out of memory (an allocation "
+                                      "failed); a smaller batch, model or data.shape needs less"));
+  const fs::path oom_dir = fs::path(res) / "rf" / "oom-g2";
+  CHECK(slurp(oom_dir / "status") == "failed\n");
+  CHECK_THAT(slurp(oom_dir / "log"), Catch::Contains("failed: out of memory"));
+  CHECK_THAT(slurp(oom_dir / "summary.json"), Catch::Contains("out of memory"));
+  CHECK_THAT(oom.out, !Catch::Contains("bad_alloc"));
   // Command A plans both runs, then trains t-g1 for seconds; meanwhile "command B" finishes
   // t-g2 (its folder replaced by the finished one).
   // DTRAIN_SLOW stretches t-g1's optimizer steps 100-fold, waiting: about 2 s for 25 epochs

@@ -553,7 +553,7 @@ void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
     // terminal from main() alone, anything else through log() below.
     if (dynamic_cast<const UserError*>(&e))
       h.rec->log_error(fmt::format("run {} failed: {}", run_id(s.tag, s.runs[i]), e.what()));
-    h.rec->fail(e.what());
+    h.rec->fail(failure_text(e));
   }
   // Failed before this command wrote the folder (another process holds it, a damaged
   // checkpoint, a run finished meanwhile with another config): the folder's own status
@@ -564,17 +564,18 @@ void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
   index.save();
   const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
   const bool everyone = dynamic_cast<const RefusedOnEveryRank*>(&e) != nullptr;
-  if (s.multi && h.comm && !remote && !everyone) h.comm->abort(e.what());  // tell the others
+  // Tell the others.
+  if (s.multi && h.comm && !remote && !everyone) h.comm->abort(failure_text(e));
   if (s.multi && !everyone) {
     // A rank's failure ends the job: rank 0 has recorded it; every process exits now.
     std::fprintf(stderr, "dtrain: rank %d: run %s failed: %s\n", mpi::rank(),
-                 run_id(s.tag, s.runs[i]).c_str(), e.what());
+                 run_id(s.tag, s.runs[i]).c_str(), failure_text(e).c_str());
     mpi::end_job_after_failure(1);
   }
   // A user's mistake ends the command with its one line (main prints it); anything else is
   // this run's failure, and the command goes on to the next run.
   if (!dynamic_cast<const UserError*>(&e))
-    log().error("run {} failed: {}", run_id(s.tag, s.runs[i]), e.what());
+    log().error("run {} failed: {}", run_id(s.tag, s.runs[i]), failure_text(e));
 }
 
 enum class Outcome { trained, skipped, failed, interrupted };

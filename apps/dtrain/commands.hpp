@@ -17,6 +17,10 @@ void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::s
 // A message as one line: a control character (a newline in a file's name) becomes '?'.
 std::string one_line(const char* what);
 
+// What a failure says: e.what(), except for an allocation failure (std::bad_alloc says only its
+// type), which says "out of memory" and how to need less.
+std::string failure_text(const std::exception& e);
+
 // Refuses an empty value for a path option (`--out ''` would write into the current folder).
 CLI::Validator non_empty();
 

@@ -1,6 +1,8 @@
 // What several subcommands share: the config arguments, tags and loading each data set once.
 #include <fmt/format.h>
 
+#include <new>
+
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
@@ -19,6 +21,15 @@ std::string one_line(const char* what) {
   for (char& ch : s)
     if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
   return s;
+}
+
+std::string failure_text(const std::exception& e) {
+  // An allocation the estimates before training did not foresee, or a limit (ulimit -v, a
+  // cgroup) below what the machine reports available.
+  if (dynamic_cast<const std::bad_alloc*>(&e))
+    return "out of memory (an allocation failed); a smaller batch, model or data.shape needs "
+           "less, and `dtrain validate` shows the estimate";
+  return e.what();
 }
 
 CLI::Validator non_empty() {

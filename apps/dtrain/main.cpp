@@ -203,13 +203,9 @@ int run_command(const Command& cmd) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());  // a full disk: named, not a bug
     return 1;
-  } catch (const std::bad_alloc&) {
-    // An allocation the estimates before training did not foresee, or a limit (ulimit -v, a
-    // cgroup) below what the machine reports available.
+  } catch (const std::bad_alloc& e) {
     dtrain::clear_progress();
-    std::fprintf(stderr,
-                 "dtrain: error: out of memory (an allocation failed); a smaller batch, model or "
-                 "data.shape needs less, and `dtrain validate` shows the estimate\n");
+    std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::failure_text(e).c_str());
     return 1;
   } catch (const std::exception& e) {
     dtrain::clear_progress();

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
+#include <string_view>
 
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
@@ -221,11 +223,16 @@ void Replica::enable_graphs() {
 
 void Replica::read_fault_injection() {
   // Fault injection for testing failure handling: DTRAIN_FAULT=RANK:STEP makes that rank throw
-  // at that (global, 1-based) step.
+  // at that (global, 1-based) step; DTRAIN_FAULT=RANK:STEP:oom makes it an allocation failure.
   if (const char* f = std::getenv("DTRAIN_FAULT")) {
     int fr = -1;
     long long fs = -1;
-    if (std::sscanf(f, "%d:%lld", &fr, &fs) == 2 && fr == rank_) fault_step_ = fs;
+    char kind[4] = {};
+    const int n = std::sscanf(f, "%d:%lld:%3s", &fr, &fs, kind);
+    if (n >= 2 && fr == rank_) {
+      fault_step_ = fs;
+      fault_oom_ = n == 3 && std::string_view(kind) == "oom";
+    }
   }
 }
 
@@ -455,7 +462,8 @@ void Replica::report_devices(int epoch) {
 }
 
 void Replica::check_fault() {
-  if (++global_step_ == fault_step_)
+  if (++global_step_ == fault_step_ && fault_oom_) throw std::bad_alloc();
+  if (global_step_ == fault_step_)
     DTRAIN_THROW_SYSTEM(
         fmt::format("injected fault (DTRAIN_FAULT) on rank {} at step {}", rank_, global_step_));
 }

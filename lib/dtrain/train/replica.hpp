@@ -217,6 +217,7 @@ class Replica {
   NoiseProbe noise_;  // the gradient noise scale
   int64_t global_step_ = 0;
   int64_t fault_step_ = -1;  // DTRAIN_FAULT
+  bool fault_oom_ = false;   // ... as std::bad_alloc
   int start_epoch_ = 0;      // where a resumed run continues
   int64_t start_step_ = 0;
   int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
