@@ -77,6 +77,13 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
   CHECK_THAT(slurp(oom_dir / "log"), Catch::Contains("failed: out of memory"));
   CHECK_THAT(slurp(oom_dir / "summary.json"), Catch::Contains("out of memory"));
   CHECK_THAT(oom.out, !Catch::Contains("bad_alloc"));
+  // A replica thread that cannot be started (a limit on threads or memory): the run fails
+  // saying why, the threads already started end, and the process does not abort.
+  const auto thr = shell("DTRAIN_FAULT=thread:1 " + dtrain_binary() + " run " + cfg +
+                         " gpus=2 replicas=threads --results " + res + " --tag thr --quiet");
+  CHECK(thr.code == 1);
+  CHECK_THAT(thr.out, Catch::Contains("cannot start the thread of rank 1 of 2 replicas"));
+  CHECK(slurp(fs::path(res) / "rf" / "thr-g2" / "status") == "failed\n");
   // Command A plans both runs, then trains t-g1 for seconds; meanwhile "command B" finishes
   // t-g2 (its folder replaced by the finished one).
   // DTRAIN_SLOW stretches t-g1's optimizer steps 100-fold, waiting: about 2 s for 25 epochs

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <mutex>
 #include <thread>
+#include <system_error>
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
@@ -48,18 +49,26 @@ std::vector<SizeResult> bench_in_process(int replicas, const BenchSettings& s) {
   std::exception_ptr first;
   std::mutex mu;
   std::vector<std::thread> threads;
-  for (int r = 0; r < replicas; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = group.communicator(r);
-        auto mine = bench_allreduce(*comm, s);
-        if (r == 0) rows = std::move(mine);
-      } catch (...) {
-        std::lock_guard lk(mu);
-        if (!first) first = std::current_exception();
-        group.abort(fmt::format("rank {} failed", r));
-      }
-    });
+  try {
+    for (int r = 0; r < replicas; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          auto comm = group.communicator(r);
+          auto mine = bench_allreduce(*comm, s);
+          if (r == 0) rows = std::move(mine);
+        } catch (...) {
+          std::lock_guard lk(mu);
+          if (!first) first = std::current_exception();
+          group.abort(fmt::format("rank {} failed", r));
+        }
+      });
+  } catch (const std::system_error& e) {  // out of threads: those started leave, then say so
+    group.abort("a replica's thread could not be started");
+    for (auto& t : threads) t.join();
+    DTRAIN_THROW_SYSTEM(fmt::format("bench-comm: cannot start the thread of rank {} of {} "
+                                    "replicas ({}); fewer --replicas, or raise ulimit -u / -v",
+                                    threads.size(), replicas, e.what()));
+  }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
   return rows;

@@ -203,6 +203,12 @@ int run_command(const Command& cmd) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());  // a full disk: named, not a bug
     return 1;
+  } catch (const dtrain::SystemError& e) {
+    // A failure of the machine or a library (CUDA, NCCL, MPI, threads), typed and placed
+    // (file:line, rank): an error, not a bug of dtrain's.
+    dtrain::clear_progress();
+    std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(e.what()).c_str());
+    return 1;
   } catch (const std::bad_alloc& e) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::failure_text(e).c_str());

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <system_error>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
@@ -47,7 +48,11 @@ void parallel_for(size_t n, int workers, F&& fn) {
     }
   };
   std::vector<std::thread> pool;
-  for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+  try {
+    for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // Out of threads: the ones started and this one share the work instead.
+  }
   work();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);

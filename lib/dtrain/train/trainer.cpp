@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <system_error>
 
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
@@ -535,7 +537,28 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
     fibers::run(cfg.gpus, threads, run_rank);
   } else {
     std::vector<std::thread> pool;
-    for (int r = 1; r < cfg.gpus; ++r) pool.emplace_back(run_rank, r);
+    // DTRAIN_FAULT=thread:R (a test facility) fails the start of rank R's thread as a limit would.
+    const char* fault = std::getenv("DTRAIN_FAULT");
+    int fault_rank = -1;
+    if (fault && std::sscanf(fault, "thread:%d", &fault_rank) != 1) fault_rank = -1;
+    try {
+      for (int r = 1; r < cfg.gpus; ++r) {
+        if (r == fault_rank)
+          throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+        pool.emplace_back(run_rank, r);
+      }
+    } catch (const std::system_error& e) {
+      // Out of threads (ulimit -u, or -v reached by their stacks): the ranks started leave
+      // their first collective, and the run fails saying why instead of ending the process.
+      group.abort("a replica's thread could not be started");
+      if (sh.nccl) sh.nccl->abort();
+      for (auto& t : pool) t.join();
+      DTRAIN_THROW_SYSTEM(fmt::format(
+          "cannot start the thread of rank {} of {} replicas ({}); a limit on threads or memory "
+          "(ulimit -u, ulimit -v) is below what {} replica threads need: fewer replicas, or "
+          "replicas: shared, which runs them in turn on `threads` threads",
+          pool.size() + 1, cfg.gpus, e.what(), cfg.gpus));
+    }
     run_rank(0);
     for (auto& t : pool) t.join();
   }
