@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -374,4 +375,37 @@ TEST_CASE("a resume whose saved config no longer reads starts over instead of fa
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("is of another config; the run starts over"));
   CHECK(slurp(g1 / "status") == "done\n");
+}
+
+// A config of at most 1 MiB may resolve to more (every layer's keys written out): the run's own
+// config.resolved.yaml is read back at any size it can have, so such a run still resumes from its
+// checkpoint, and a finished one is still recognised as finished.
+TEST_CASE("a resolved config over 1 MiB still resumes and is recognised when finished",
+          "[resume][cli]") {
+  TempDir d("rf-big-config");
+  const std::string cfg = sweep_config(d, 2);
+  const auto res = (d.path / "res").string();
+  const fs::path run = fs::path(res) / "rf" / "t-g1";
+  const auto pad = [&] {  // comments: the same config, 1.5 MiB larger
+    std::ofstream(run / "config.resolved.yaml", std::ios::app)
+        << std::string(1536, '#') + "\n" << std::string(1536 * 1024 - 1537, '#') << "\n";
+    REQUIRE(fs::file_size(run / "config.resolved.yaml") > (size_t{3} << 19));
+  };
+  // 500 steps an epoch: the fault comes after the first epoch's checkpoint.
+  REQUIRE(shell("DTRAIN_FAULT=0:502 " + dtrain_binary() + " run " + cfg +
+                " gpus=1 --results " + res + " --tag t --quiet")
+              .code == 1);
+  pad();
+  const auto resumed =
+      dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag t --resume --quiet");
+  INFO(resumed.out);
+  CHECK(resumed.code == 0);
+  CHECK_THAT(resumed.out, !Catch::Contains("starts over"));
+  CHECK_THAT(slurp(run / "log"), Catch::Contains("resume: continuing at epoch 2"));
+  pad();
+  const auto again =
+      dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag t --resume --quiet");
+  INFO(again.out);
+  CHECK(again.code == 0);
+  CHECK_THAT(again.out, !Catch::Contains("no config.resolved.yaml"));
 }

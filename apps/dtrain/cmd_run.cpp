@@ -159,7 +159,7 @@ std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg,
                                     const DataSplit& data) {
   const std::string want = resume_identity(to_yaml(cfg));
   const auto had =
-      try_read_own_file((fs::path(dir) / "config.resolved.yaml").string(), kMaxConfigBytes);
+      try_read_own_file((fs::path(dir) / "config.resolved.yaml").string(), kMaxResolvedConfigBytes);
   std::error_code ec;
   const bool saved = fs::exists(fs::symlink_status(checkpoint_path(dir), ec));
   std::optional<Checkpoint> c;
@@ -175,7 +175,7 @@ std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg,
 // "" if the finished run in `dir` was run with `cfg`, else why --resume cannot reuse it.
 std::string differs_from_finished(const std::string& dir, const Config& cfg) {
   const auto had = try_read_own_file((fs::path(dir) / "config.resolved.yaml").string(),
-                                     kMaxConfigBytes);
+                                     kMaxResolvedConfigBytes);
   return config_differs(dir, had, cfg);
 }
 

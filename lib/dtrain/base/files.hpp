@@ -30,7 +30,9 @@ std::optional<std::string> try_read_text_file(const std::string& path,
 // hold; the values read still need their own range checks.
 // Bounds from what each of those files can hold.
 inline constexpr size_t kMaxStatusBytes = 4096;                 // one word and a newline
-inline constexpr size_t kMaxConfigBytes = size_t{1} << 20;      // a config, as when read first
+// A config file is read up to 1 MiB; written out with every default (config.resolved.yaml) it
+// grows (a 528 KB list of 16,000 layers to 1.19 MB), bounded like the summary that repeats it.
+inline constexpr size_t kMaxResolvedConfigBytes = size_t{64} << 20;  // a config with every default
 inline constexpr size_t kMaxSummaryBytes = size_t{64} << 20;    // the config and per-run values
 inline constexpr size_t kMaxMetricsBytes = size_t{64} << 20;    // a row per epoch (<= 100000)
 inline constexpr size_t kMaxIndexBytes = size_t{16} << 20;      // a row per run (<= 10000)

@@ -504,7 +504,7 @@ std::optional<Checkpoint> load_checkpoint(const std::string& run_dir) {
     throw UserError(fmt::format("{}: no config.resolved.yaml beside it to check it against; "
                                 "delete it to start the run over",
                                 path));
-  const std::string yaml = read_own_file(resolved, "resolved config", kMaxConfigBytes);
+  const std::string yaml = read_own_file(resolved, "resolved config", kMaxResolvedConfigBytes);
   return load_checkpoint(run_dir, parse_config(yaml, resolved));
 }
 
