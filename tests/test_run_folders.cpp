@@ -341,7 +341,7 @@ TEST_CASE("a run folder's summary cannot move the table, crash the reader or rea
   put(g1 / "summary.json", summary);
   r = dtrain_cli("report " + res + " --out " + (d.path / "rep2").string());
   CHECK(r.code == 1);  // that folder unreadable, named; the rest reported
-  CHECK_THAT(r.out, Catch::Contains("nested deeper than 32 levels"));
+  CHECK_THAT(r.out, Catch::Contains("nested deeper than 72 levels"));
   // An index row naming a link to a folder elsewhere: not read into the table.
   fs::create_directories(d.path / "outside");
   fs::copy(fs::path(res) / "rf" / "t-g2", d.path / "outside" / "evil",
@@ -408,4 +408,26 @@ TEST_CASE("a resolved config over 1 MiB still resumes and is recognised when fin
   INFO(again.out);
   CHECK(again.code == 0);
   CHECK_THAT(again.out, !Catch::Contains("no config.resolved.yaml"));
+}
+
+// A config may nest blocks as deep as the config reader allows (64 levels); the summary that
+// repeats it is read back at that depth plus its own levels, so such a run is reported.
+TEST_CASE("a run of deeply nested residual blocks is reported like any other", "[report][cli]") {
+  TempDir d("rf-nested");
+  std::string body = "[relu]";
+  for (int i = 0; i < 14; ++i) body = "[{residual: {body: " + body + "}}]";
+  const std::string cfg =
+      d.write("n.yaml", "name: n\nthreads: 1\ndata: {dataset: synthetic, synthetic: "
+                        "{train_size: 64, test_size: 16, shape: [4], classes: 2}}\n"
+                        "model: {type: layers, layers: " + body + "}\n"
+                        "train: {epochs: 1, per_replica_batch: 16}\n");
+  const auto res = (d.path / "res").string();
+  const auto v = dtrain_cli("validate " + cfg);
+  INFO(v.out);
+  REQUIRE(v.code == 0);
+  REQUIRE(dtrain_cli("run " + cfg + " --results " + res + " --tag t --quiet").code == 0);
+  const auto r = dtrain_cli("report " + res + " --out " + (d.path / "rep").string());
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(slurp(d.path / "rep" / "n.md"), Catch::Contains("| t-g1 "));
 }

@@ -423,9 +423,9 @@ struct TreeWalk {
 constexpr int64_t kMaxConfigNodes = 100000;
 
 void check_tree(const YAML::Node& n, TreeWalk& w, int depth = 0) {
-  if (depth > 64)
-    throw UserError(
-        fmt::format("{}:{}: nested more than 64 levels deep", w.source_name, n.Mark().line + 1));
+  if (depth > kMaxConfigDepth)
+    throw UserError(fmt::format("{}:{}: nested more than {} levels deep", w.source_name,
+                                n.Mark().line + 1, kMaxConfigDepth));
   if (++w.nodes > kMaxConfigNodes)
     throw UserError(fmt::format(
         "{}: holds more than {} values (counting what its aliases repeat); a config has a few "

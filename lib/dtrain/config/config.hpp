@@ -15,6 +15,10 @@ class Node;
 
 namespace dtrain {
 
+// How deep a config may nest (blocks inside blocks); deeper is refused when it is read, and
+// whatever repeats a config (summary.json) is read back to this depth plus its own levels.
+inline constexpr int kMaxConfigDepth = 64;
+
 enum class Backend { auto_, cpu, cuda };
 inline const EnumTable<Backend>& choices(Backend) {
   static const EnumTable<Backend> names = {

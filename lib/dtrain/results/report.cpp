@@ -326,11 +326,14 @@ RunRecord load_run(const std::string& dir) {
   const std::string text = read_own_file(path, "summary.json", kMaxSummaryBytes);
   nlohmann::json j;
   try {
-    // dtrain writes a few levels; a deeper file is refused before anything walks it
-    // recursively (dumping a million nested arrays overflows the stack).
+    // dtrain writes a few levels around the config, which nests as deep as its blocks do; a
+    // deeper file is refused before anything walks it recursively (dumping a million nested
+    // arrays overflows the stack).
+    constexpr int kMaxDepth = kMaxConfigDepth + 8;
     j = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      if (depth > 32)
-        throw UserError(fmt::format("{}: nested deeper than 32 levels (a damaged file?)", path));
+      if (depth > kMaxDepth)
+        throw UserError(fmt::format("{}: nested deeper than {} levels (a damaged file?)", path,
+                                    kMaxDepth));
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
