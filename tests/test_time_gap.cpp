@@ -218,6 +218,25 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
                                   "/skipped-files.txt");
   CHECK(classes.code == 2);
   CHECK_THAT(classes.out, Catch::Contains("that is the run's own skipped-files.txt"));
+  // Nor what an experiment keeps beside its runs: a tag's index and comparison table.
+  const fs::path exp_dir = fs::path(one).parent_path();
+  for (const auto& f : fs::directory_iterator(exp_dir)) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind("index-", 0) != 0 && name.rfind("comparison-", 0) != 0) continue;
+    const std::string before = slurp(f.path());
+    const auto over_index = dtrain_cli("explain-time " + one + " " + two + " --json " +
+                                       f.path().string());
+    CHECK(over_index.code == 2);
+    CHECK_THAT(over_index.out, Catch::Contains("write elsewhere"));
+    if (f.path().extension() == ".md") {  // project --out STEM writes STEM.md and STEM.json
+      fs::path stem = f.path();
+      const auto proj_cmp = dtrain_cli("project " + one + " --out " +
+                                       stem.replace_extension().string());
+      CHECK(proj_cmp.code == 2);
+      CHECK_THAT(proj_cmp.out, Catch::Contains("a tag's comparison table"));
+    }
+    CHECK(slurp(f.path()) == before);
+  }
   const auto proj = dtrain_cli("project " + one + " --out " + one + "/metrics.csv/../summary");
   CHECK(proj.code == 2);
   CHECK_THAT(proj.out, Catch::Contains("that is the run's own summary.json"));

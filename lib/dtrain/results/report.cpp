@@ -966,6 +966,20 @@ void refuse_run_folder_output(const std::string& path, const std::string& option
       std::find(std::begin(kRunFiles), std::end(kRunFiles), name) != std::end(kRunFiles))
     throw UserError(fmt::format("{} {}: that is the run's own {} in {}; write elsewhere",
                                 option, path, name, parent.string()));
+  // What `dtrain run` keeps beside the run folders: a tag's index (which --resume reads) and
+  // its comparison table.
+  const auto named = [&](std::string_view head, std::string_view tail) {
+    return name.size() > head.size() + tail.size() && name.compare(0, head.size(), head) == 0 &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  std::error_code ec;
+  if (!folder && fs::exists(fs::symlink_status(p, ec)) &&
+      (named("index-", ".csv") || named("comparison-", ".md") || named("comparison-", ".csv")))
+    throw UserError(fmt::format("{} {}: that is {} in {}; write elsewhere", option, path,
+                                named("index-", ".csv") ? "the index of a tag's runs, which "
+                                                          "--resume reads,"
+                                                        : "a tag's comparison table",
+                                parent.string()));
 }
 
 std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
