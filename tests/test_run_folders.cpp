@@ -329,6 +329,23 @@ TEST_CASE("a run folder's summary cannot move the table, crash the reader or rea
   CHECK(r.code == 0);
   CHECK(!fs::exists(d.path / "escape"));
   CHECK_THAT(r.out, Catch::Contains("names experiment '../../escape', not 'rf'"));
+  // Control characters and '|' never reach the terminal or a table: an experiment name that
+  // holds them is a damaged summary, and a status file that holds them (no summary beside it)
+  // is no status.
+  set("experiment", "\"rf\\u001b[2J\\nPWNED\"");
+  put(g1 / "summary.json", summary);
+  r = dtrain_cli("report " + res + " --out " + (d.path / "rep0").string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("'experiment' holds a control character or '|'"));
+  CHECK(r.out.find('\x1b') == std::string::npos);
+  fs::copy(g1, exp / "t-g9", fs::copy_options::recursive);
+  fs::remove(exp / "t-g9" / "summary.json");
+  put(exp / "t-g9" / "status", "\x1b[31mdone | 99.99% | x\x07\n");
+  r = dtrain_cli("report " + res + " --out " + (d.path / "rep1").string());
+  CHECK(r.out.find('\x1b') == std::string::npos);
+  CHECK(r.out.find("99.99%") == std::string::npos);
+  CHECK_THAT(slurp(d.path / "rep1" / "rf.md"), Catch::Contains("| unreadable"));
+  fs::remove_all(exp / "t-g9");
   // A model description of 60000 digits (no param_count) and a config nested a million deep.
   set("experiment", "\"rf\"");
   set("model", "\"(" + std::string(60000, '7') + " parameters)\"");

@@ -49,15 +49,22 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
       if (same != runs.end()) {
         std::fprintf(stderr, "dtrain: warning: %s is a copy of %s (run %s of %s, the same "
                              "summary); counted once\n",
-                     d.c_str(), same->dir.c_str(), r.run_id.c_str(), r.experiment.c_str());
+                     one_line(d.c_str()).c_str(), one_line(same->dir.c_str()).c_str(),
+                     r.run_id.c_str(), r.experiment.c_str());
         continue;
       }
       runs.push_back(std::move(r));
     } catch (const UserError& e) {
       RunRecord r;
       r.dir = d;
-      r.run_id = fs::path(d).filename().string();
-      r.experiment = fs::path(d).parent_path().filename().string();
+      // Folder names go into tables and the terminal: without control characters or '|'.
+      const auto cell = [](std::string text) {
+        text = one_line(text.c_str());
+        std::replace(text.begin(), text.end(), '|', '?');
+        return text;
+      };
+      r.run_id = cell(fs::path(d).filename().string());
+      r.experiment = cell(fs::path(d).parent_path().filename().string());
       const std::string st = read_run_status(d);
       std::error_code ec;
       const bool summary = fs::exists(fs::symlink_status(fs::path(d) / "summary.json", ec));
@@ -66,7 +73,7 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
         r.status = st;
       } else {
         ++unreadable;
-        std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
+        std::fprintf(stderr, "dtrain: warning: %s\n", one_line(e.what()).c_str());
         r.status = st.empty() ? "unreadable" : "unreadable (" + st + ")";
         r.error = e.what();
       }
@@ -106,9 +113,9 @@ int write_figures(const Comparison& cmp, const std::string& out, std::string& in
         std::fprintf(stderr,
                      "dtrain: warning: %s/metrics.csv: %zu epoch rows, but summary.json counts "
                      "%d finished epochs; the curves show what the file holds\n",
-                     row.run.dir.c_str(), m.size(), row.run.epochs_completed);
+                     one_line(row.run.dir.c_str()).c_str(), m.size(), row.run.epochs_completed);
     } catch (const UserError& e) {
-      std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
+      std::fprintf(stderr, "dtrain: warning: %s\n", one_line(e.what()).c_str());
     }
   }
   const Plots plots = write_plots(cmp, metrics, out);

@@ -132,7 +132,11 @@ std::string read_run_status(const std::string& dir, bool held_here) {
   if (!std::getline(in, line)) return "";
   // A run nobody holds is not running any more: its process died or was stopped.
   if (line == "running" && (held_here || RunLock::holder(dir) == 0)) return "interrupted";
-  return line;
+  // Only the words dtrain writes: anything else (control characters that would reach a
+  // terminal, a '|' that would add cells to a table) was not written by dtrain.
+  for (const char* known : {"running", "done", "diverged", "failed", "interrupted"})
+    if (line == known) return line;
+  return "";
 }
 
 RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,

@@ -16,7 +16,8 @@
 namespace dtrain {
 
 // The run's status: "done", "diverged" or "failed" from summary.json, else DIR/status's first
-// line ("running"; "interrupted" when no process holds the run), or "" if neither exists.
+// line ("running"; "interrupted" when no process holds the run), or "" if neither exists or
+// the line is no status dtrain writes.
 // `held_here`: this process holds the run's lock, so a `running` left in the folder is an
 // earlier process's that died or was stopped (interrupted). Neither file is read through a link.
 std::string read_run_status(const std::string& dir, bool held_here = false);

@@ -297,6 +297,7 @@ void check_values(const RunRecord& r, const std::string& path) {
   if (r.run_id.empty() || r.run_id.front() == '.' || r.run_id.find('/') != std::string::npos)
     damaged("'run_id' is not a run folder's name");
   for (const auto& [key, text] : {std::pair{"run_id", &r.run_id}, {"status", &r.status},
+                                  {"experiment", &r.experiment},
                                   {"group", &r.group}, {"lr_scaling", &r.lr_scaling},
                                   {"reduction", &r.reduction}, {"shuffle", &r.shuffle},
                                   {"sharding", &r.sharding}})
