@@ -191,6 +191,22 @@ TEST_CASE("override syntax errors are clear", "[config][errors]") {
   CHECK_THROWS_AS(parse_override("=3"), UserError);
 }
 
+TEST_CASE("a run id fits in a file name, however long the swept value", "[config][plan]") {
+  PlannedRun r;
+  r.config.gpus = 2;
+  r.label = "hidden" + std::string(300, '4');
+  const std::string id = run_id("t", r);
+  CHECK(id.size() == 249);
+  CHECK(id.rfind("t-g2-hidden444", 0) == 0);
+  PlannedRun other = r;
+  other.label.back() = '5';  // differs only past the cut
+  CHECK(run_id("t", other) != id);
+  CHECK(run_id("t", other).size() == 249);
+  CHECK(run_id("t", r) == id);  // the same for every command that plans it
+  r.label = "lr0.1";
+  CHECK(run_id("t", r) == "t-g2-lr0.1");
+}
+
 TEST_CASE("comma lists split outside brackets", "[config][plan]") {
   CHECK(split_values("1,2,4") == std::vector<std::string>{"1", "2", "4"});
   CHECK(split_values("[512,256],[64]") == std::vector<std::string>{"[512,256]", "[64]"});

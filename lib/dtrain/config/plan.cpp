@@ -106,6 +106,15 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
 std::string run_id(const std::string& tag, const PlannedRun& run) {
   std::string id = fmt::format("{}-g{}", tag, run.config.gpus);
   if (!run.label.empty()) id += "-" + run.label;
+  // The id names a folder and its lock file (".<id>.lock"), which must fit in a file name's 255
+  // bytes: an id that would not (a long swept value) keeps its start and a hash of the whole, so
+  // ids stay distinct and the same for every command that plans them; shorter ones are as ever.
+  constexpr size_t kMaxId = 255 - 6;
+  if (id.size() > kMaxId) {
+    uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
+    for (const char ch : id) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ULL;
+    id = fmt::format("{}-{:016x}", id.substr(0, kMaxId - 17), h);
+  }
   return id;
 }
 

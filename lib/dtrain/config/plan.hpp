@@ -29,7 +29,8 @@ constexpr int64_t kMaxRuns = 10000;
 std::vector<PlannedRun> plan_runs(const std::string& config_path,
                                   const std::vector<std::string>& override_texts);
 
-// Run folder name: "<tag>-g<gpus>[-<label>]".
+// Run folder name: "<tag>-g<gpus>[-<label>]", at most 249 bytes (past that, its first 232 and a
+// hash of the whole).
 std::string run_id(const std::string& tag, const PlannedRun& run);
 
 }  // namespace dtrain
