@@ -240,7 +240,7 @@ nlohmann::json delta_json(const WelchTest& w) {
   return j;
 }
 
-std::string to_json(const std::string& experiment, const std::vector<RungResult>& rs) {
+std::string to_json(const std::string& experiment, int seeds, const std::vector<RungResult>& rs) {
   nlohmann::json rungs = nlohmann::json::array();
   const RungResult* prev = nullptr;
   for (const auto& r : rs) {
@@ -258,6 +258,7 @@ std::string to_json(const std::string& experiment, const std::vector<RungResult>
     rungs.push_back(std::move(j));
   }
   const nlohmann::json out = {{"experiment", experiment},
+                              {"seeds", seeds},
                               {"note", kOrderNote},
                               {"equivalent_matches", equivalent_matches(rs[0], rs[1])},
                               {"equivalent_within_noise", equivalent_within_noise(rs[0], rs[1])},
@@ -295,6 +296,32 @@ void draw_figure(const std::vector<RungResult>& rs, const std::string& title,
     log().warn("explain: figure not drawn: {}", error);
 }
 
+namespace {
+// --resume continues an explanation with the seeds it was made with: other seeds would train
+// other runs and replace its table. The seeds are in its JSON (or, from older files, the runs of
+// its first rung); an explanation not written yet has none to compare.
+void refuse_other_seeds(const std::string& json_path, int seeds) {
+  const auto text = try_read_own_file(json_path, kMaxSummaryBytes);
+  if (!text) return;
+  const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  int had = 0;
+  if (j.is_object() && j.contains("seeds") && j["seeds"].is_number_integer()) {
+    had = j["seeds"].get<int>();
+  } else if (j.is_object() && j.contains("rungs") && j["rungs"].is_array()) {
+    for (const auto& r : j["rungs"])
+      if (r.is_object() && r.value("skipped", true) == false && r.contains("run_ids") &&
+          r["run_ids"].is_array()) {
+        had = static_cast<int>(r["run_ids"].size());
+        break;
+      }
+  }
+  if (had > 0 && had != seeds)
+    throw UserError(fmt::format("{}: this explanation was made with --seeds {}; --resume "
+                                "continues it with the same (--seeds {}), or pick another --tag",
+                                json_path, had, had));
+}
+}  // namespace
+
 int run_explain(const ExplainOptions& opt) {
   if (opt.resume && opt.tag.empty())
     throw UserError("--resume needs --tag: it continues an earlier explain by name");
@@ -314,6 +341,7 @@ int run_explain(const ExplainOptions& opt) {
     throw UserError(fmt::format("{}.md: an explanation under --tag {} at {} exists already; "
                                 "pick another --tag, or pass --resume to continue that one",
                                 base, tag, rungs[1].overrides[0]));
+  if (opt.resume) refuse_other_seeds(base + ".json", opt.seeds);
   for (size_t k = 0; k < rungs.size(); ++k) {
     RungResult rr{rungs[k], fmt::format("{}-rung{}", name, k), others, {}, {}, {}, {}};
     rr.overrides.insert(rr.overrides.end(), rungs[k].overrides.begin(), rungs[k].overrides.end());
@@ -338,7 +366,7 @@ int run_explain(const ExplainOptions& opt) {
   }
   const std::string md = to_markdown(results);
   write_file_atomic(base + ".md", md);
-  write_file_atomic(base + ".json", to_json(experiment, results));
+  write_file_atomic(base + ".json", to_json(experiment, opt.seeds, results));
   fmt::print("\n## {}: 1 replica against {}\n\n{}\n(written to {}.md and .json)\n", experiment,
              rungs[1].overrides[0], md, base);
   draw_figure(results, fmt::format("{}: 1 replica -> {}", experiment, rungs[1].overrides[0]),
