@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "dtrain/backend/gpu.hpp"
+#include "dtrain/results/plots.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -404,6 +405,20 @@ TEST_CASE("hostile inputs to the newer commands end with one line and exit 2", "
   CHECK(r.code == 0);
   CHECK(std::filesystem::exists(t.path / "rep" / "x_.md"));
   CHECK(std::filesystem::exists(t.path / "rep" / "x_-2.md"));
+  // And their own figures: each experiment's curves under its own stem.
+  if (dtrain::gnuplot_available()) {
+    const auto plots = t.path / "rep-plots";
+    r = dtrain_cli("report " + (t.path / "res").string() + " --plots --out " + plots.string());
+    CHECK(r.code == 0);
+    int first = 0, second = 0;
+    for (const auto& f : std::filesystem::directory_iterator(plots)) {
+      const std::string n = f.path().filename().string();
+      first += n.rfind("x_-curves", 0) == 0 && f.path().extension() == ".png";
+      second += n.rfind("x_-2-curves", 0) == 0 && f.path().extension() == ".png";
+    }
+    CHECK(first == 1);
+    CHECK(second == 1);
+  }
   CHECK(dtrain_cli("report " + (t.path / "res").string() + " --by train.seed --by train.seed")
             .code == 2);
   // A file where a results folder belongs, an empty sample shape, and a value that YAML would

@@ -100,8 +100,8 @@ void remove_previous_report(const std::string& out, const fs::path& manifest) {
 }
 
 // Draws the figures of one experiment; returns how many could not be drawn.
-int write_figures(const Comparison& cmp, const std::string& out, std::string& index,
-                  std::vector<std::string>& written) {
+int write_figures(const Comparison& cmp, const std::string& stem_name, const std::string& out,
+                  std::string& index, std::vector<std::string>& written) {
   std::map<std::string, std::vector<EpochRow>> metrics;
   for (const auto& row : cmp.rows) {
     // Unreadable, or still training (no summary yet): no curves.
@@ -118,7 +118,7 @@ int write_figures(const Comparison& cmp, const std::string& out, std::string& in
       std::fprintf(stderr, "dtrain: warning: %s\n", one_line(e.what()).c_str());
     }
   }
-  const Plots plots = write_plots(cmp, metrics, out);
+  const Plots plots = write_plots(cmp, metrics, out, stem_name);
   for (const auto& s : plots.stems) {
     index += fmt::format("\n![{0}]({0}.png)\n", s);
     written.push_back(s + ".png");
@@ -219,7 +219,7 @@ int write_experiment(const std::string& name, const std::string& stem_name,
                  checks_markdown(*ref, checks), checks_csv(checks), checks_json(checks), out,
                  index, written);
   }
-  return failed + (opt.plots ? write_figures(cmp, out, index, written) : 0);
+  return failed + (opt.plots ? write_figures(cmp, stem_name, out, index, written) : 0);
 }
 
 // --reference: each experiment's reference convergence points from the study's runs of the

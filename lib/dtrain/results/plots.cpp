@@ -663,12 +663,13 @@ void PlotSet::devices(const RunRecord& r) {
 }
 
 Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
-                  const std::string& out_dir) {
+                  const std::string& out_dir, const std::string& stem) {
   const std::string gnuplot = gnuplot_or_throw();
   const fs::path data = fs::path(out_dir) / "data";
   fs::create_directories(data);
   PlotSet set{c,       metrics, gnuplot,
-              out_dir, data,    slug(c.experiment.empty() ? "experiment" : c.experiment),
+              out_dir, data,
+              stem.empty() ? slug(c.experiment.empty() ? "experiment" : c.experiment) : stem,
               {}};
 
   // Groups in order of first appearance.

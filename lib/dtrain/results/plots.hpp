@@ -27,8 +27,10 @@ struct Plots {
 // Security: no string from a run folder, a folder name or the command line is ever written into
 // a gnuplot script or a command line; titles travel as data (see plots.cpp), gnuplot runs
 // without a shell, and figures are drawn under fixed names in data/ and then moved.
+// `stem` starts every file's name (report gives experiments whose names slug alike their own:
+// x_, x_-2); empty: the experiment's name as a slug.
 Plots write_plots(const Comparison& c, const std::map<std::string, std::vector<EpochRow>>& metrics,
-                  const std::string& out_dir);
+                  const std::string& out_dir, const std::string& stem = "");
 
 // One rung of a `dtrain explain` waterfall: the change in final test accuracy (points) from the
 // rung before, and half its 95% confidence interval over the seeds (0 without a test).
