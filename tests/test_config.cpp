@@ -183,6 +183,22 @@ TEST_CASE("cross-field and name rules are enforced", "[config][errors]") {
              Catch::Contains("exp.yaml:1: name: must be a folder name of 1 to 200 bytes without '/'"));
   CHECK_THAT(error_of("model:\n  type: layers\n  layers:\n    - dense\n"),
              Catch::Contains("dense needs units"));
+  // Controls outside ASCII too: C1 (U+0085) and a right-to-left override (U+202E); letters
+  // outside ASCII are names like any other.
+  for (const char* bad : {"name: \"a\\u0085b\"\n", "name: \"exp\\u202Egnp.sh\"\n"})
+    CHECK_THAT(error_of(bad), Catch::Contains("name: must not hold control characters"));
+  CHECK(error_of("name: \"Gr\\u00fc\\u00dfe-\\u5b9f\\u9a13\"\n").empty());
+}
+
+TEST_CASE("YAML the config reader does not take is named for what it is", "[config][errors]") {
+  CHECK_THAT(error_of("name: m\ntrain:\n  <<: {epochs: 1}\n"),
+             Catch::Contains("unknown key 'train.<<' (a YAML merge key: dtrain does not merge "
+                             "maps; write the keys out)"));
+  const std::string deep = std::string(3000, '[') + std::string(3000, ']');
+  CHECK_THAT(error_of("model: {layers: " + deep + "}\n"),
+             Catch::Contains("nested more than 64 levels deep"));
+  CHECK_THAT(error_of("name: m\n", {parse_override("gpus=2\n---\nname: e")}),
+             Catch::Contains("holds more than one YAML document"));
 }
 
 TEST_CASE("override syntax errors are clear", "[config][errors]") {

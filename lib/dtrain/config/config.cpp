@@ -1,6 +1,7 @@
 #include "dtrain/config/config.hpp"
 
 #include <fmt/format.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -180,7 +181,10 @@ class MapReader {
       const auto guess = closest_match(key, valid);
       std::string valid_list;
       for (const auto& v : valid) valid_list += (valid_list.empty() ? "" : ", ") + v;
-      const std::string hint = guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess);
+      const std::string hint =
+          key == "<<" ? " (a YAML merge key: dtrain does not merge maps; write the keys out)"
+          : guess.empty() ? ""
+                          : fmt::format(" (did you mean '{}'?)", guess);
       const auto* ov = override_for(key);
       const std::string loc = ov ? fmt::format("override '{}'", *ov)
                               : kv.first.Mark().is_null()
@@ -459,7 +463,17 @@ void apply_override(YAML::Node& root, const Override& ov) {
   YAML::Node value;
   try {
     // A leading '%' would make a YAML directive of the line: such a value is the text itself.
-    value = !ov.value.empty() && ov.value[0] == '%' ? YAML::Node(ov.value) : YAML::Load(ov.value);
+    if (!ov.value.empty() && ov.value[0] == '%') {
+      value = YAML::Node(ov.value);
+    } else {
+      const std::vector<YAML::Node> docs = YAML::LoadAll(ov.value);
+      // As in a file: a second document ('---') would otherwise be dropped without a word.
+      if (docs.size() > 1)
+        throw UserError(fmt::format("override '{}': holds more than one YAML document "
+                                    "(separated by '---'); give one value",
+                                    ov.text()));
+      if (!docs.empty()) value = docs.front();
+    }
   } catch (const YAML::Exception& e) {
     throw UserError(fmt::format("override '{}': value is not valid YAML: {}", ov.text(), e.msg));
   }
@@ -783,10 +797,19 @@ Config decode(const YAML::Node& root, const Source& src) {
 }  // namespace
 
 bool has_control_character(const std::string& s) {
-  return std::any_of(s.begin(), s.end(), [](char ch) {
-    const auto c = static_cast<unsigned char>(ch);
-    return c < 0x20 || c == 0x7f;
-  });
+  const auto at = [&](size_t i) { return i < s.size() ? static_cast<unsigned char>(s[i]) : 0; };
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned c = at(i);
+    if (c < 0x20 || c == 0x7f) return true;
+    // In UTF-8: C1 controls (U+0080-U+009F), and the marks that reorder what a terminal shows
+    // (U+200E-U+200F, U+202A-U+202E, U+2066-U+2069): a name could then read as another.
+    if (c == 0xc2 && at(i + 1) >= 0x80 && at(i + 1) <= 0x9f) return true;
+    if (c == 0xe2 && at(i + 1) == 0x80 &&
+        ((at(i + 2) >= 0x8e && at(i + 2) <= 0x8f) || (at(i + 2) >= 0xaa && at(i + 2) <= 0xae)))
+      return true;
+    if (c == 0xe2 && at(i + 1) == 0x81 && at(i + 2) >= 0xa6 && at(i + 2) <= 0xa9) return true;
+  }
+  return false;
 }
 
 const char* folder_name_rule(const std::string& name) {
@@ -796,7 +819,7 @@ const char* folder_name_rule(const std::string& name) {
     return "must be a folder name of 1 to 200 bytes without '/', not starting with '.'";
   if (has_control_character(name))
     return "must not hold control characters (a tab, newline or carriage return makes a folder "
-           "that no listing shows as it is)";
+           "that no listing shows as it is; nor right-to-left or other reordering marks)";
   return nullptr;
 }
 
@@ -927,6 +950,9 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
                       "a config is one document",
                       source_name));
     root = YAML::Load(yaml_text);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own guard, far past kMaxConfigDepth
+    throw UserError(fmt::format("{}:{}: nested more than {} levels deep", source_name,
+                                e.mark.line + 1, kMaxConfigDepth));
   } catch (const YAML::ParserException& e) {
     throw UserError(fmt::format("{}:{}: malformed YAML: {}", source_name, e.mark.line + 1, e.msg));
   } catch (const YAML::Exception& e) {
