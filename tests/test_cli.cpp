@@ -180,6 +180,9 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + good + " data.dataset=idx data.path=" + s.path.string(),
        "missing train-images-idx3-ubyte"},
       {"run " + good + " train.per_replica_batch=1024", "larger than the 512 training samples"},
+      // In a sweep, the run the mistake is in is named by its swept values.
+      {"validate " + good + " train.per_replica_batch=16,1024",
+       "the sweep's run per_replica_batch1024: train: global batch 1024"},
       {"validate " + good + " optimizer.lr_scaling=cubic", "expected one of none | linear | sqrt"},
       {"run " + good + " backend=cuda", "backend: cuda, but"},
       {"run " + good + " precision=fp16", "expected one of fp32 | tf32 | bf16"},

@@ -389,7 +389,14 @@ void check_plans(const Sweep& s, HeldData& data) {
   if (!first_key.empty()) order.push_back(first_key);
   try {
     for (const auto& key : order)
-      for (size_t i : by_data[key]) check_plan(s.runs[i].config, data.get(s.runs[i].config));
+      for (size_t i : by_data[key]) {
+        const DataSplit& d = data.get(s.runs[i].config);
+        try {
+          check_plan(s.runs[i].config, d);
+        } catch (const UserError& e) {
+          rethrow_for_run(s.runs[i], s.runs.size(), e);
+        }
+      }
   } catch (const UserError& e) {
     // Under a launcher each process loads its own data: a node without the files fails alone,
     // and only rank 0 prints a mistake (main), so the other ranks say theirs here.

@@ -67,7 +67,11 @@ int run_validate(const ValidateOptions& opt) {
     std::string size = opt.skip_data ? model_line_without_data(r.config) : "";
     if (!opt.skip_data) {
       const DataSplit& data = cache.get(r.config);
-      check_plan(r.config, data);
+      try {
+        check_plan(r.config, data);
+      } catch (const UserError& e) {
+        rethrow_for_run(r, runs.size(), e);
+      }
       description = data.description;
       // Not an error (the run can train), but outputs no sample trains: once per data set.
       const std::string key = data_identity(r.config.data, r.config.train.seed);

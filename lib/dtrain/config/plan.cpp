@@ -99,8 +99,19 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
     }
     runs = std::move(next);
   }
-  for (auto& r : runs) r.config = load_config(config_path, r.overrides);
+  for (auto& r : runs) {
+    try {
+      r.config = load_config(config_path, r.overrides);
+    } catch (const UserError& e) {
+      rethrow_for_run(r, runs.size(), e);
+    }
+  }
   return runs;
+}
+
+void rethrow_for_run(const PlannedRun& r, size_t runs, const UserError& e) {
+  if (runs == 1 || r.label.empty()) throw e;
+  throw UserError(fmt::format("the sweep's run {}: {}", r.label, e.what()));
 }
 
 std::string run_id(const std::string& tag, const PlannedRun& run) {

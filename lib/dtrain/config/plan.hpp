@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/base/error.hpp"
 #include "dtrain/config/config.hpp"
 
 namespace dtrain {
@@ -28,6 +29,10 @@ constexpr int64_t kMaxRuns = 10000;
 // More than kMaxRuns runs is a UserError, counted before any run is built.
 std::vector<PlannedRun> plan_runs(const std::string& config_path,
                                   const std::vector<std::string>& override_texts);
+
+// A mistake found in one run of a sweep, thrown again naming that run by its swept values
+// ("the sweep's run train_size8: ..."); as it was where the command plans one run.
+[[noreturn]] void rethrow_for_run(const PlannedRun& r, size_t runs, const UserError& e);
 
 // Run folder name: "<tag>-g<gpus>[-<label>]", at most 249 bytes (past that, its first 232 and a
 // hash of the whole).
