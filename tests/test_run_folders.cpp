@@ -408,6 +408,12 @@ TEST_CASE("a resolved config over 1 MiB still resumes and is recognised when fin
         << std::string(1536, '#') + "\n" << std::string(1536 * 1024 - 1537, '#') << "\n";
     REQUIRE(fs::file_size(run / "config.resolved.yaml") > (size_t{3} << 19));
   };
+  // --resume under a tag nothing was run with trains from the start, and says so (a typo in
+  // --tag or --results would otherwise go unnoticed).
+  const auto fresh =
+      dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag fresh --resume --quiet");
+  CHECK(fresh.code == 0);
+  CHECK_THAT(fresh.out, Catch::Contains("--resume: no run of --tag fresh in " + res + "/rf yet"));
   // 500 steps an epoch: the fault comes after the first epoch's checkpoint.
   REQUIRE(shell("DTRAIN_FAULT=0:502 " + dtrain_binary() + " run " + cfg +
                 " gpus=1 --results " + res + " --tag t --quiet")

@@ -327,6 +327,7 @@ IndexRow index_row(const std::string& tag, const PlannedRun& r, const std::strin
 // before the first step of the first run; the first refusal ends the planning.
 std::string plan_folders(const RunOptions& opt, Sweep& s) {
   std::string refusal;
+  bool any_found = false;
   s.skip.assign(s.runs.size(), false);
   for (size_t i = 0; i < s.runs.size() && refusal.empty(); ++i) {
     const auto& r = s.runs[i];
@@ -340,7 +341,13 @@ std::string plan_folders(const RunOptions& opt, Sweep& s) {
     refusal = plan.compare ? differs_from_finished(dir, r.config) : plan.refusal;
     s.index.push_back(index_row(s.tag, r, dir, s.skip[i] ? status : "pending"));
     s.dirs.push_back(dir);
+    any_found = any_found || found.exists;
   }
+  // Not an error (a sweep may be resumed before its first run started), but a typo in --tag or
+  // --results would otherwise train everything again without a word.
+  if (opt.resume && s.leader && !any_found && refusal.empty())
+    log().warn("--resume: no run of --tag {} in {} yet; every run starts from the beginning",
+               s.tag, (fs::path(opt.results) / s.runs.front().config.name).string());
   return refusal;
 }
 
