@@ -190,6 +190,21 @@ TEST_CASE("cross-field and name rules are enforced", "[config][errors]") {
   CHECK(error_of("name: \"Gr\\u00fc\\u00dfe-\\u5b9f\\u9a13\"\n").empty());
 }
 
+TEST_CASE("a resolved config quotes text that YAML would read as something else",
+          "[config]") {
+  // dtrain reads every value back as written; other YAML readers take a plain true, no, 123 or
+  // 0x10 for a boolean or a number, so such texts are written quoted.
+  for (const char* name : {"true", "No", "123", "1e5", "0x10", "null", "~", "-.inf"}) {
+    INFO(name);
+    const Config c = parse_config(std::string("name: \"") + name + "\"\n", "exp.yaml");
+    const std::string yaml = to_yaml(c);
+    CHECK_THAT(yaml, Catch::Contains(std::string("name: \"") + name + "\"\n"));
+    CHECK(parse_config(yaml, "resolved.yaml").name == name);
+  }
+  const std::string plain = to_yaml(parse_config("name: exp-1\n", "exp.yaml"));
+  CHECK_THAT(plain, Catch::Contains("name: exp-1\n"));
+}
+
 TEST_CASE("YAML the config reader does not take is named for what it is", "[config][errors]") {
   CHECK_THAT(error_of("name: m\ntrain:\n  <<: {epochs: 1}\n"),
              Catch::Contains("unknown key 'train.<<' (a YAML merge key: dtrain does not merge "

@@ -6,6 +6,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -796,6 +798,26 @@ Config decode(const YAML::Node& root, const Source& src) {
 
 }  // namespace
 
+// Whether a text value must be written quoted to read back as this text: yaml-cpp writes "a\r"
+// plain, which reads back as "a"; and another YAML reader takes a plain true, no, null, 123 or
+// 0x10 for a boolean, a null or a number, not for the name it is.
+namespace {
+bool needs_quotes(const std::string& v) {
+  if (v.empty() || has_control_character(v)) return true;
+  static const char* const kWords[] = {"true", "false", "yes", "no", "on", "off", "y", "n",
+                                       "null", "~"};
+  std::string lower = v;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const char* w : kWords)
+    if (lower == w) return true;
+  char* end = nullptr;
+  std::strtod(v.c_str(), &end);  // numbers, and inf and nan spelled as C reads them
+  if (end == v.c_str() + v.size()) return true;
+  return lower == ".inf" || lower == "-.inf" || lower == "+.inf" || lower == ".nan" ||
+         lower.rfind("0x", 0) == 0 || lower.rfind("0o", 0) == 0;
+}
+}  // namespace
+
 bool has_control_character(const std::string& s) {
   const auto at = [&](size_t i) { return i < s.size() ? static_cast<unsigned char>(s[i]) : 0; };
   for (size_t i = 0; i < s.size(); ++i) {
@@ -998,8 +1020,7 @@ class YamlWriter {
       else if constexpr (std::is_same_v<T, std::vector<std::string>>)
         texts(v);
       else if constexpr (std::is_same_v<T, std::string>)
-        // yaml-cpp writes "a\r" plain, which reads back as "a": quoted, it reads back whole.
-        e_ << (has_control_character(v) ? YAML::DoubleQuoted : YAML::Auto) << v;
+        e_ << (needs_quotes(v) ? YAML::DoubleQuoted : YAML::Auto) << v;
       else
         e_ << v;
     }
@@ -1026,7 +1047,7 @@ class YamlWriter {
   // A text list in flow style, each entry quoted where yaml-cpp would misread it plain.
   void texts(const std::vector<std::string>& v) {
     e_ << YAML::Flow << YAML::BeginSeq;
-    for (const auto& x : v) e_ << (has_control_character(x) ? YAML::DoubleQuoted : YAML::Auto) << x;
+    for (const auto& x : v) e_ << (needs_quotes(x) ? YAML::DoubleQuoted : YAML::Auto) << x;
     e_ << YAML::EndSeq;
   }
 
