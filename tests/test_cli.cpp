@@ -180,6 +180,8 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + good + " data.dataset=idx data.path=" + s.path.string(),
        "missing train-images-idx3-ubyte"},
       {"run " + good + " train.per_replica_batch=1024", "larger than the 512 training samples"},
+      // /proc: every process folder has a status file, none is a run's.
+      {"report /proc --out " + (s.path / "proc-report").string(), "no run folders"},
       // In a sweep, the run the mistake is in is named by its swept values.
       {"validate " + good + " train.per_replica_batch=16,1024",
        "the sweep's run per_replica_batch1024: train: global batch 1024"},

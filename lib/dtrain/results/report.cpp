@@ -1,5 +1,8 @@
 #include "dtrain/results/report.hpp"
 
+#include <linux/magic.h>
+#include <sys/vfs.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -923,17 +926,30 @@ bool has_status_entry(const std::filesystem::path& dir) {
   return std::filesystem::exists(std::filesystem::symlink_status(dir / "status", ec));
 }
 
-// The run folders under `root` (hidden folders and links are not entered: a report covers the
-// folders under its paths). A folder that cannot be listed is the user's to fix, named.
+// Whether `dir` lies on a file system of the kernel's (/proc, /sys, cgroups): every process
+// folder in /proc has a `status` file, which is not a run's.
+bool kernel_filesystem(const std::filesystem::path& dir) {
+  struct statfs st {};
+  if (::statfs(dir.c_str(), &st) != 0) return false;
+  for (const auto magic : {PROC_SUPER_MAGIC, SYSFS_MAGIC, CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC,
+                           DEBUGFS_MAGIC, TRACEFS_MAGIC, SECURITYFS_MAGIC, DEVPTS_SUPER_MAGIC})
+    if (st.f_type == static_cast<decltype(st.f_type)>(magic)) return true;
+  return false;
+}
+
+// The run folders under `root` (hidden folders, links and the kernel's file systems are not
+// entered: a report covers the folders under its paths). A folder that cannot be listed is the
+// user's to fix, named.
 void walk_run_dirs(const std::string& root, std::vector<std::string>& out) {
   namespace fs = std::filesystem;
+  if (kernel_filesystem(root)) return;
   try {
     auto it = fs::recursive_directory_iterator(root);
     for (; it != fs::recursive_directory_iterator(); ++it) {
       const auto& e = *it;
       if (e.is_symlink() || !e.is_directory()) continue;
-      if (e.path().filename().string().rfind('.', 0) == 0) {
-        it.disable_recursion_pending();  // hidden: .attempts/ and the like
+      if (e.path().filename().string().rfind('.', 0) == 0 || kernel_filesystem(e.path())) {
+        it.disable_recursion_pending();  // hidden (.attempts/ and the like), or /proc
         continue;
       }
       if (has_status_entry(e.path())) {
