@@ -148,7 +148,7 @@ probe yaml-open-quote 2 "quote.yaml" -- validate quote.yaml
 probe unknown-key 2 "train.epoch" -- validate ok.yaml train.epoch=3
 probe empty-config 0 "holds no settings" -- validate empty.yaml
 probe fifo-as-config 2 "not a regular file" -- validate fifo.yaml
-probe fifo-as-data 2 "not a regular file" -- validate ok.yaml data.dataset=fashion-mnist data.path=fifodata
+probe fifo-as-data 2 "a FIFO (a data file must be a regular file)" -- validate ok.yaml data.dataset=fashion-mnist data.path=fifodata
 probe tag-hidden 2 "--tag" -- run ok.yaml --tag .hidden --results res
 probe bench-comm-64G 2 "error" -- bench-comm --sizes 64G:64G --out bc
 

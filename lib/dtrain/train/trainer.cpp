@@ -470,6 +470,36 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
   return std::move(sh.result);
 }
 
+namespace {
+// Starts ranks 1..n-1 on threads of their own. When one cannot start (ulimit -u, or -v reached
+// by the threads' stacks), `stop` makes the ranks started leave their first collective, they
+// are joined, and the run fails saying why instead of ending the process.
+// DTRAIN_FAULT=thread:R (a test facility) fails the start of rank R's thread as a limit would.
+template <class Run, class Stop>
+std::vector<std::thread> start_rank_threads(int n, const Run& run_rank, const Stop& stop) {
+  const char* fault = std::getenv("DTRAIN_FAULT");
+  int fault_rank = -1;
+  if (fault && std::sscanf(fault, "thread:%d", &fault_rank) != 1) fault_rank = -1;
+  std::vector<std::thread> pool;
+  try {
+    for (int r = 1; r < n; ++r) {
+      if (r == fault_rank)
+        throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+      pool.emplace_back(run_rank, r);
+    }
+  } catch (const std::system_error& e) {
+    stop();
+    for (auto& t : pool) t.join();
+    DTRAIN_THROW_SYSTEM(fmt::format(
+        "cannot start the thread of rank {} of {} replicas ({}); a limit on threads or memory "
+        "(ulimit -u, ulimit -v) is below what {} replica threads need: fewer replicas, or "
+        "replicas: shared, which runs them in turn on `threads` threads",
+        pool.size() + 1, n, e.what(), n));
+  }
+  return pool;
+}
+}  // namespace
+
 TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* observer,
                   const Checkpoint* resume) {
   check_plan(cfg, data);
@@ -536,29 +566,10 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   if (in_turn) {
     fibers::run(cfg.gpus, threads, run_rank);
   } else {
-    std::vector<std::thread> pool;
-    // DTRAIN_FAULT=thread:R (a test facility) fails the start of rank R's thread as a limit would.
-    const char* fault = std::getenv("DTRAIN_FAULT");
-    int fault_rank = -1;
-    if (fault && std::sscanf(fault, "thread:%d", &fault_rank) != 1) fault_rank = -1;
-    try {
-      for (int r = 1; r < cfg.gpus; ++r) {
-        if (r == fault_rank)
-          throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
-        pool.emplace_back(run_rank, r);
-      }
-    } catch (const std::system_error& e) {
-      // Out of threads (ulimit -u, or -v reached by their stacks): the ranks started leave
-      // their first collective, and the run fails saying why instead of ending the process.
+    std::vector<std::thread> pool = start_rank_threads(cfg.gpus, run_rank, [&] {
       group.abort("a replica's thread could not be started");
       if (sh.nccl) sh.nccl->abort();
-      for (auto& t : pool) t.join();
-      DTRAIN_THROW_SYSTEM(fmt::format(
-          "cannot start the thread of rank {} of {} replicas ({}); a limit on threads or memory "
-          "(ulimit -u, ulimit -v) is below what {} replica threads need: fewer replicas, or "
-          "replicas: shared, which runs them in turn on `threads` threads",
-          pool.size() + 1, cfg.gpus, e.what(), cfg.gpus));
-    }
+    });
     run_rank(0);
     for (auto& t : pool) t.join();
   }
