@@ -197,7 +197,8 @@ TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", 
   CHECK_THAT(over.out, Catch::Contains("exists already; pick another --tag"));
   CHECK(slurp(dir.path / "results" / "tiny" / "explain-t-gpus_2.md") == md);
   // Nor with --resume and other seeds: that would train other runs and replace the table.
-  const auto seeds = dtrain_cli("explain " + args + " --seeds 2 --tag t --resume --results " + res);
+  const auto seeds =
+      dtrain_cli("explain " + args + " --seeds 2 --tag t --resume --results " + res);
   CHECK(seeds.code == 2);
   CHECK_THAT(seeds.out, Catch::Contains("made with --seeds 1; --resume continues it with the same"));
   CHECK(slurp(dir.path / "results" / "tiny" / "explain-t-gpus_2.md") == md);

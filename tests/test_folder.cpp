@@ -177,7 +177,7 @@ TEST_CASE("folder: bad files fail naming the path, or are skipped and listed", "
   Config cb = folder_config(bad.dir, 1, 8);
   cb.data.on_bad_file = BadFile::skip;
   CHECK_THAT(error_of([&] { load_data(cb.data, 1); }),
-             Catch::Contains("train: no usable image file (2 left out") &&
+             Catch::Contains("train: no usable image file (1 left out") &&
                  Catch::Contains("1.png: not a JPEG or PNG file"));
 }
 

@@ -234,7 +234,8 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
            {"2,0,0,0,0,0,0\n", ":2: epoch '2' where epoch 1 belongs"},
            {"1,0,0,0,0,0,0\n1,0,0,0,0,0,0\n", ":3: epoch '1' where epoch 2 belongs"},
            {"1,0,0,0,0,0,0\n3,0,0,0,0,0,0\n", ":3: epoch '3' where epoch 2 belongs"},
-           {"1e300,0,0,0,0,0,0\n", ":2: epoch '1e300' where epoch 1 belongs"}}) {
+           {"1e300,0,0,0,0,0,0\n", ":2: epoch '1e300' where epoch 1 belongs"},
+           {"1.4,0,0,0,0,0,0\n", ":2: epoch '1.4' where epoch 1 belongs"}}) {
     put(d.path / "metrics.csv", head + rows);
     CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(line));
   }

@@ -220,9 +220,11 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
   CHECK_THAT(classes.out, Catch::Contains("that is the run's own skipped-files.txt"));
   // Nor what an experiment keeps beside its runs: a tag's index and comparison table.
   const fs::path exp_dir = fs::path(one).parent_path();
+  int tag_files = 0;
   for (const auto& f : fs::directory_iterator(exp_dir)) {
     const std::string name = f.path().filename().string();
     if (name.rfind("index-", 0) != 0 && name.rfind("comparison-", 0) != 0) continue;
+    ++tag_files;
     const std::string before = slurp(f.path());
     const auto over_index = dtrain_cli("explain-time " + one + " " + two + " --json " +
                                        f.path().string());
@@ -237,6 +239,7 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
     }
     CHECK(slurp(f.path()) == before);
   }
+  CHECK(tag_files >= 3);  // index-<tag>.csv, comparison-<tag>.md and .csv
   const auto proj = dtrain_cli("project " + one + " --out " + one + "/metrics.csv/../summary");
   CHECK(proj.code == 2);
   CHECK_THAT(proj.out, Catch::Contains("that is the run's own summary.json"));

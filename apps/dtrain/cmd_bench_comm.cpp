@@ -49,6 +49,7 @@ std::vector<SizeResult> bench_in_process(int replicas, const BenchSettings& s) {
   std::exception_ptr first;
   std::mutex mu;
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(replicas));  // no reallocation while threads run
   try {
     for (int r = 0; r < replicas; ++r)
       threads.emplace_back([&, r] {
@@ -62,7 +63,7 @@ std::vector<SizeResult> bench_in_process(int replicas, const BenchSettings& s) {
           group.abort(fmt::format("rank {} failed", r));
         }
       });
-  } catch (const std::system_error& e) {  // out of threads: those started leave, then say so
+  } catch (const std::exception& e) {  // out of threads: those started leave, then say so
     group.abort("a replica's thread could not be started");
     for (auto& t : threads) t.join();
     DTRAIN_THROW_SYSTEM(fmt::format("bench-comm: cannot start the thread of rank {} of {} "

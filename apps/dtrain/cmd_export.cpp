@@ -38,7 +38,10 @@ std::string override_value(const std::string& value) {
   const bool plain = !value.empty() && std::all_of(value.begin(), value.end(), [](char ch) {
     return std::isalnum(static_cast<unsigned char>(ch)) || (ch && std::strchr("_./+@-", ch));
   });
-  if (plain && value != "null" && value != "Null" && value != "NULL") return value;
+  // A leading '-' or '@' means something else to YAML ("-" alone is a list).
+  if (plain && value.front() != '-' && value.front() != '@' && value != "null" &&
+      value != "Null" && value != "NULL")
+    return value;
   std::string out = "\"";
   for (const char ch : value) {
     if (ch == '"' || ch == '\\')

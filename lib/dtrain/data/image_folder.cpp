@@ -164,10 +164,15 @@ namespace {
 // with how many and the first reason, so the user sees why without a run folder to look in.
 [[noreturn]] void throw_nothing_left(const FolderListing& l, const std::string& root,
                                      const char* split) {
-  if (l.skipped.empty()) throw UserError(fmt::format("{}/{}: holds no image files", root, split));
+  const std::string prefix = (fs::path(root) / split).string() + "/";
+  std::vector<const std::string*> mine;  // the split's own: skipped lists both
+  const std::string joined = root + "/" + split + "/";  // as the decoder names files
+  for (const auto& s : l.skipped)
+    if (s.rfind(prefix, 0) == 0 || s.rfind(joined, 0) == 0) mine.push_back(&s);
+  if (mine.empty()) throw UserError(fmt::format("{}/{}: holds no image files", root, split));
   throw UserError(fmt::format("{}/{}: no usable image file ({} left out by data.on_bad_file: "
                               "skip; the first: {})",
-                              root, split, l.skipped.size(), l.skipped.front()));
+                              root, split, mine.size(), *mine.front()));
 }
 }  // namespace
 

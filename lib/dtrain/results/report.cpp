@@ -299,8 +299,12 @@ void check_values(const RunRecord& r, const std::string& path) {
   };
   if (r.run_id.empty() || r.run_id.front() == '.' || r.run_id.find('/') != std::string::npos)
     damaged("'run_id' is not a run folder's name");
+  // The experiment's name heads its section, never a cell: a '|' in it (a name the config
+  // takes) is text there.
+  for (const char ch : r.experiment)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+      damaged("'experiment' holds a control character");
   for (const auto& [key, text] : {std::pair{"run_id", &r.run_id}, {"status", &r.status},
-                                  {"experiment", &r.experiment},
                                   {"group", &r.group}, {"lr_scaling", &r.lr_scaling},
                                   {"reduction", &r.reduction}, {"shuffle", &r.shuffle},
                                   {"sharding", &r.sharding}})
@@ -989,9 +993,15 @@ void refuse_run_folder_output(const std::string& path, const std::string& option
     return name.size() > head.size() + tail.size() && name.compare(0, head.size(), head) == 0 &&
            name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
+  // Only beside run folders: a file of such a name elsewhere is the user's own output.
   std::error_code ec;
+  bool beside_runs = false;
   if (!folder && fs::exists(fs::symlink_status(p, ec)) &&
       (named("index-", ".csv") || named("comparison-", ".md") || named("comparison-", ".csv")))
+    for (fs::directory_iterator it(parent, ec), end; !ec && it != end && !beside_runs;
+         it.increment(ec))
+      beside_runs = it->is_directory(ec) && !it->is_symlink(ec) && has_status_entry(it->path());
+  if (beside_runs)
     throw UserError(fmt::format("{} {}: that is {} in {}; write elsewhere", option, path,
                                 named("index-", ".csv") ? "the index of a tag's runs, which "
                                                           "--resume reads,"

@@ -229,7 +229,8 @@ std::vector<EpochMetrics> read_epochs(const MetricsCsv& csv,
   const auto epoch = csv.find("epoch");
   const bool read = names.empty() || std::find(names.begin(), names.end(), "epoch") != names.end();
   for (size_t r = 0; epoch && read && r < out.size(); ++r)
-    if (out[r].epoch != static_cast<int>(r) + 1)
+    if (out[r].epoch != static_cast<int>(r) + 1 ||
+        metrics_value(csv.rows[r][*epoch]) != static_cast<double>(r + 1))  // 1.4 is no epoch
       throw UserError(fmt::format("{}:{}: epoch '{}' where epoch {} belongs (a row per epoch, "
                                   "from 1 up)",
                                   csv.path, csv.lines[r], csv.rows[r][*epoch], r + 1));

@@ -481,13 +481,14 @@ std::vector<std::thread> start_rank_threads(int n, const Run& run_rank, const St
   int fault_rank = -1;
   if (fault && std::sscanf(fault, "thread:%d", &fault_rank) != 1) fault_rank = -1;
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(n));  // no reallocation while threads run
   try {
     for (int r = 1; r < n; ++r) {
       if (r == fault_rank)
         throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
       pool.emplace_back(run_rank, r);
     }
-  } catch (const std::system_error& e) {
+  } catch (const std::exception& e) {  // system_error, or bad_alloc for a thread's state
     stop();
     for (auto& t : pool) t.join();
     DTRAIN_THROW_SYSTEM(fmt::format(
