@@ -230,13 +230,13 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":2: 'abc' is not a number"));
   // Epochs that no run writes: out of order, repeated, skipped, or not a whole number in range.
   const std::string head = "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n";
-  for (const auto& [rows, line] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [body, line] : std::vector<std::pair<std::string, std::string>>{
            {"2,0,0,0,0,0,0\n", ":2: epoch '2' where epoch 1 belongs"},
            {"1,0,0,0,0,0,0\n1,0,0,0,0,0,0\n", ":3: epoch '1' where epoch 2 belongs"},
            {"1,0,0,0,0,0,0\n3,0,0,0,0,0,0\n", ":3: epoch '3' where epoch 2 belongs"},
            {"1e300,0,0,0,0,0,0\n", ":2: epoch '1e300' where epoch 1 belongs"},
            {"1.4,0,0,0,0,0,0\n", ":2: epoch '1.4' where epoch 1 belongs"}}) {
-    put(d.path / "metrics.csv", head + rows);
+    put(d.path / "metrics.csv", head + body);
     CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(line));
   }
   put(d.path / "metrics.csv", head + "1,0,0,0,0,0,0\n2,0,0,0,0,0,0\n");
