@@ -461,6 +461,8 @@ void check_tree(const YAML::Node& n, TreeWalk& w, int depth = 0) {
   }
 }
 
+bool holds_second_document(const std::string& text);  // below, beside its event handler
+
 void apply_override(YAML::Node& root, const Override& ov) {
   YAML::Node value;
   try {
@@ -468,13 +470,12 @@ void apply_override(YAML::Node& root, const Override& ov) {
     if (!ov.value.empty() && ov.value[0] == '%') {
       value = YAML::Node(ov.value);
     } else {
-      const std::vector<YAML::Node> docs = YAML::LoadAll(ov.value);
       // As in a file: a second document ('---') would otherwise be dropped without a word.
-      if (docs.size() > 1)
+      if (holds_second_document(ov.value))
         throw UserError(fmt::format("override '{}': holds more than one YAML document "
                                     "(separated by '---'); give one value",
                                     ov.text()));
-      if (!docs.empty()) value = docs.front();
+      value = YAML::Load(ov.value);
     }
   } catch (const YAML::Exception& e) {
     throw UserError(fmt::format("override '{}': value is not valid YAML: {}", ov.text(), e.msg));
@@ -947,6 +948,17 @@ struct DocumentContent : YAML::EventHandler {
   void OnMapEnd() override {}
 };
 
+// Whether `text` holds a second YAML document with content. At most two documents are looked
+// at: yaml-cpp's LoadAll loops forever on some malformed input (found by fuzzing), and a
+// second document is all that needs finding.
+bool holds_second_document(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentContent first, second;
+  parser.HandleNextDocument(first);
+  return parser.HandleNextDocument(second) && second.content;
+}
+
 }  // namespace
 
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
@@ -960,13 +972,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
                                    yaml_text.begin() + static_cast<std::ptrdiff_t>(nul), '\n')));
   YAML::Node root;
   try {
-    // At most two documents are looked at: yaml-cpp's LoadAll loops forever on some malformed
-    // input (found by fuzzing), and a second document is all that needs finding.
-    std::istringstream in(yaml_text);
-    YAML::Parser parser(in);
-    DocumentContent first, second;
-    parser.HandleNextDocument(first);
-    if (parser.HandleNextDocument(second) && second.content)
+    if (holds_second_document(yaml_text))
       throw UserError(
           fmt::format("{}: holds more than one YAML document (separated by '---'); "
                       "a config is one document",
