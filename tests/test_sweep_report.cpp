@@ -88,6 +88,25 @@ bool is_png(const fs::path& p) {
 
 }  // namespace
 
+TEST_CASE("a run folder copied under another name is a run of that name", "[report][cli]") {
+  TempDir tmp("report-copy");
+  fixture_run(tmp.path, "g1", 1, "done", 100, 0.90);
+  fixture_run(tmp.path, "g2", 2, "done", 180, 0.89);
+  fs::copy(tmp.path / "fx" / "g1", tmp.path / "fx" / "g1-again");
+  const auto r = dtrain_cli("report " + tmp.path.string() + " --baseline g1-again --out " +
+                            (tmp.path / "out").string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = json::parse(slurp(tmp.path / "out" / "fx.json"));
+  std::vector<std::string> ids;
+  for (const auto& run : j["runs"]) {
+    ids.push_back(run["run_id"].get<std::string>());
+    CHECK(run["baseline"] == "g1-again");
+  }
+  std::sort(ids.begin(), ids.end());
+  CHECK(ids == std::vector<std::string>{"g1", "g1-again", "g2"});
+}
+
 TEST_CASE("report regenerates tables from fixture folders and names the broken ones",
           "[report][cli]") {
   TempDir tmp("report");

@@ -290,6 +290,15 @@ void read_to_target(const nlohmann::json& j, const std::string& path, RunRecord&
 }  // namespace
 
 namespace {
+// A run folder's own name, also for "runs/x/" and ".".
+std::string folder_name(const std::string& dir) {
+  std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  if (p.empty() || p.filename() == "." || p.filename() == "..")
+    p = std::filesystem::weakly_canonical(p.empty() ? "." : p);
+  return p.filename().string();
+}
+
 // What summary.json says that goes into tables as it is: text without control characters or a
 // table's '|' (and a run id that is a folder name), accuracies in [0, 1], times and rates
 // finite and >= 0. A file that says otherwise was not written by dtrain.
@@ -297,14 +306,19 @@ void check_values(const RunRecord& r, const std::string& path) {
   const auto damaged = [&](const std::string& what) {
     throw UserError(fmt::format("{}: {} (a damaged file?)", path, what));
   };
-  if (r.run_id.empty() || r.run_id.front() == '.' || r.run_id.find('/') != std::string::npos)
-    damaged("'run_id' is not a run folder's name");
+  // The run's id is its folder's name (a folder copied under another name is that name, not
+  // the summary's), shown in tables as it is.
+  for (const char ch : r.run_id)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f || ch == '|')
+      throw UserError(fmt::format("{}: the run folder's name holds a control character or '|'; "
+                                  "rename the folder",
+                                  path));
   // The experiment's name heads its section, never a cell: a '|' in it (a name the config
   // takes) is text there.
   for (const char ch : r.experiment)
     if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
       damaged("'experiment' holds a control character");
-  for (const auto& [key, text] : {std::pair{"run_id", &r.run_id}, {"status", &r.status},
+  for (const auto& [key, text] : {std::pair{"status", &r.status},
                                   {"group", &r.group}, {"lr_scaling", &r.lr_scaling},
                                   {"reduction", &r.reduction}, {"shuffle", &r.shuffle},
                                   {"sharding", &r.sharding}})
@@ -352,7 +366,7 @@ RunRecord load_run(const std::string& dir) {
   RunRecord r;
   r.dir = dir;
   try {
-    r.run_id = j.value(k::run_id, std::filesystem::path(dir).filename().string());
+    r.run_id = folder_name(dir);
     r.experiment = j.value(k::experiment, std::string());
     r.status = j.value(k::status, std::string("unknown"));
     r.error = j.value(k::error, std::string());
