@@ -211,6 +211,12 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
     CHECK_THAT(r.out, Catch::Contains(c.expect));
     CHECK(count_lines(r.out) <= 2);
   }
+  // A mistake in the config file itself fails every run of a sweep alike: it is the file's,
+  // not the first run's.
+  const auto typo = dtrain_cli("validate " + (s.path / "typo.yaml").string() +
+                               " optimizer.lr=0.1,0.2 gpus=1,2");
+  CHECK(typo.code == 2);
+  CHECK_THAT(typo.out, Catch::Contains("typo.yaml") && !Catch::Contains("the sweep's run"));
   // None of them left a run folder behind.
   CHECK_FALSE(fs::exists(s.path / "res" / "tiny"));
 }

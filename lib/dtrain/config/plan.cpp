@@ -41,6 +41,29 @@ std::vector<std::string> split_values(const std::string& value) {
   return out;
 }
 
+namespace {
+// Each run's config. A mistake is the first failing run's, named by its label, unless every
+// run fails with the same words: then it is the config file's (an unknown key), said as it is.
+void load_each(const std::string& config_path, std::vector<PlannedRun>& runs) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    try {
+      runs[i].config = load_config(config_path, runs[i].overrides);
+    } catch (const UserError& e) {
+      for (size_t j = i + 1; j < runs.size(); ++j) {
+        try {
+          (void)load_config(config_path, runs[j].overrides);
+        } catch (const UserError& other) {
+          if (std::string(other.what()) == e.what()) continue;
+        }
+        rethrow_for_run(runs[i], runs.size(), e);
+      }
+      if (i == 0) throw;
+      rethrow_for_run(runs[i], runs.size(), e);
+    }
+  }
+}
+}  // namespace
+
 std::vector<PlannedRun> plan_runs(const std::string& config_path,
                                   const std::vector<std::string>& override_texts) {
   struct Axis {
@@ -99,13 +122,7 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
     }
     runs = std::move(next);
   }
-  for (auto& r : runs) {
-    try {
-      r.config = load_config(config_path, r.overrides);
-    } catch (const UserError& e) {
-      rethrow_for_run(r, runs.size(), e);
-    }
-  }
+  load_each(config_path, runs);
   return runs;
 }
 
