@@ -199,6 +199,8 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + good + " --results ''", "give a path, not an empty string"},
       {"export-images " + good + " --out ''", "give a path, not an empty string"},
       {"report " + s.path.string() + " --out a --out b", "--out: given more than once"},
+      {"run " + good + " --tag ''", "--tag: give a tag, not an empty string"},
+      {"report " + s.path.string() + " --baseline ''", "give a run id, not an empty string"},
   };
   for (const auto& c : cases) {
     // Runs get a results folder of their own unless the case is about --results or --resume.

@@ -206,6 +206,16 @@ TEST_CASE("report reads no file of a run folder through a symbolic link", "[repo
   CHECK(loop.code != 2);
   CHECK(fs::exists(d.path / "rep2" / "index.md"));
   CHECK_THAT(slurp(d.path / "rep2" / "index.md"), Catch::Contains("t-g2"));
+  // So is a summary.json or a metrics.csv that is a loop of links.
+  fs::remove(g2 / "summary.json");
+  fs::create_symlink("summary.json", g2 / "summary.json");
+  fs::remove(g1 / "metrics.csv");
+  fs::create_symlink("metrics.csv", g1 / "metrics.csv");
+  const auto loops = dtrain_cli("report " + res + " --plots --out " + (d.path / "rep3").string());
+  INFO(loops.out);
+  CHECK(loops.code == 1);
+  CHECK_THAT(loops.out, Catch::Contains("t-g2/summary.json: a symbolic link"));
+  CHECK(fs::exists(d.path / "rep3" / "index.md"));
 }
 
 TEST_CASE("report names a folder it cannot list and shows a live run as running",

@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <sys/resource.h>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/json.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/config/schema.hpp"
 #include "dtrain/results/recorder.hpp"
@@ -252,7 +254,8 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   std::string wide = "epoch";
   for (int i = 0; i < 100; ++i) wide += ",c" + std::to_string(i);
   put(d.path / "metrics.csv", wide + "\n");
-  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("101 columns; dtrain writes 30"));
+  CHECK_THROWS_WITH(load_metrics(d.path.string()),
+                    Catch::Contains("more than 64 columns; dtrain writes 30"));
   fs::remove(d.path / "metrics.csv");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("metrics.csv: missing"));
 }
@@ -421,4 +424,42 @@ TEST_CASE("summary.json's to-target fields agree: a scoring between steps sets t
   CHECK(k["steps_to_target"].is_null());
   CHECK(k["time_to_target_s"].is_null());
   CHECK(k["target_resolution_steps"] == 400);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define DTRAIN_SCHEMA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DTRAIN_SCHEMA_ASAN 1
+#endif
+#endif
+
+TEST_CASE("a metrics.csv row or a summary.json past what dtrain writes costs no memory",
+          "[schema][report][errors]") {
+  const auto peak_mib = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_maxrss) / 1024.0;
+  };
+  const double before = peak_mib();
+  TempDir d("schema-hostile");
+  // 32 MiB of commas in one row: not 32 million cells before the count is compared.
+  put(d.path / "metrics.csv",
+      metrics_csv_header() + "1" + std::string(size_t{32} << 20, ',') + "\n");
+  CHECK_THROWS_WITH(load_metrics(d.path.string()),
+                    Catch::Contains(":2: more cells, header has 30"));
+  // 32 MiB of '[': not 32 million nested arrays before the depth is seen. The status file
+  // still tells a resume what the run is.
+  put(d.path / "summary.json", std::string(size_t{32} << 20, '['));
+  put(d.path / "status", "done\n");
+  CHECK(read_run_status(d.path.string(), false) == "done");
+  CHECK_THROWS_WITH(load_run(d.path.string()), Catch::Contains("nested deeper than"));
+  CHECK(parse_json_bounded("[[[1]]]", 3) == json::parse("[[[1]]]"));
+  CHECK(parse_json_bounded("[[[[1]]]]", 3).is_discarded());
+  CHECK(parse_json_bounded("{\"a\": ", 3).is_discarded());
+#ifdef DTRAIN_SCHEMA_ASAN
+  WARN("peak memory not checked under AddressSanitizer (" << peak_mib() - before << " MiB)");
+#else
+  CHECK(peak_mib() - before < 400);
+#endif
 }

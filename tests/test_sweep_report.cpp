@@ -105,6 +105,14 @@ TEST_CASE("a run folder copied under another name is a run of that name", "[repo
   }
   std::sort(ids.begin(), ids.end());
   CHECK(ids == std::vector<std::string>{"g1", "g1-again", "g2"});
+  // Two results folders with a run of one name: --baseline does not guess which.
+  TempDir other("report-copy-2");
+  fixture_run(other.path, "g1", 1, "done", 120, 0.80);
+  const auto two = dtrain_cli("report " + tmp.path.string() + " " + other.path.string() +
+                              " --baseline g1 --out " + (tmp.path / "out2").string());
+  INFO(two.out);
+  CHECK(two.code == 2);
+  CHECK_THAT(two.out, Catch::Contains("--baseline g1: two runs have this name"));
 }
 
 TEST_CASE("report regenerates tables from fixture folders and names the broken ones",

@@ -14,6 +14,7 @@
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/json.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/base/log.hpp"
@@ -37,7 +38,8 @@ void setup_explain(CLI::App& app, ExplainOptions& opt) {
   app.add_option("--results", opt.results, "Results root, as for `dtrain run`")
       ->capture_default_str()
       ->check(non_empty());
-  app.add_option("--tag", opt.tag, "Name of this explanation (default: UTC date-time)");
+  app.add_option("--tag", opt.tag, "Name of this explanation (default: UTC date-time)")
+      ->check(non_empty("a tag"));
   app.add_flag("--resume", opt.resume,
                "Continue an earlier explain with the same --tag: finished rungs are skipped");
   app.add_flag("-q,--quiet", opt.quiet, "Only warnings, errors and the final table");
@@ -99,7 +101,7 @@ void collect(const ExplainOptions& opt, const std::string& experiment, RungResul
   for (const auto& r : plan_runs(opt.config, rr.overrides)) {
     const std::string id = run_id(rr.tag, r);
     const fs::path dir = fs::path(opt.results) / experiment / id;
-    if (!fs::exists(dir / "summary.json")) continue;
+    if (std::error_code ec; !fs::exists(dir / "summary.json", ec) && !ec) continue;
     const RunRecord rec = load_run(dir.string());
     rr.run_ids.push_back(id);
     acc.push_back(rec.final_test_acc.value_or(NAN));
@@ -303,7 +305,7 @@ namespace {
 void refuse_other_seeds(const std::string& json_path, int seeds) {
   const auto text = try_read_own_file(json_path, kMaxSummaryBytes);
   if (!text) return;
-  const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const auto j = parse_json_bounded(*text, 8);  // dtrain writes 4 levels
   int had = 0;
   if (j.is_object() && j.contains("seeds") && j["seeds"].is_number_integer()) {
     had = j["seeds"].get<int>();

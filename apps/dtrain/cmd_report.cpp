@@ -254,7 +254,7 @@ void setup_report(CLI::App& app, ReportOptions& opt) {
   app.add_option("--baseline", opt.baseline,
                  "Run id to compare every run of its experiment with (default: the run with the "
                  "fewest replicas among those sharing the swept settings)")
-      ->check(non_empty());
+      ->check(non_empty("a run id"));
   app.add_flag("--plots", opt.plots, "Also draw PNG and SVG figures (needs gnuplot)");
   app.add_option("--by", opt.by,
                  "Config key to aggregate over, e.g. train.seed (repeatable): runs that differ "

@@ -110,7 +110,8 @@ void setup_run(CLI::App& app, RunOptions& opt) {
       ->capture_default_str()
       ->check(non_empty());
   app.add_option("--tag", opt.tag,
-                 "Run-id prefix shared by this command's runs (default: UTC date-time)");
+                 "Run-id prefix shared by this command's runs (default: UTC date-time)")
+      ->check(non_empty("a tag"));
   app.add_flag("--resume", opt.resume,
                "Continue an earlier command with the same --tag: finished runs (done or "
                "diverged) are skipped, unfinished ones continue from their checkpoint (or start "
@@ -652,7 +653,8 @@ std::map<std::string, std::vector<RunRecord>> read_records(const std::string& re
   std::map<std::string, std::vector<RunRecord>> by_experiment;
   for (const auto& name : index.experiments()) {
     for (const auto& d : index_dirs(fs::path(results) / name, index.rows(name))) {
-      if (!fs::exists(fs::path(d) / "summary.json")) continue;
+      // A link loop in its place is no filesystem_error: load_run names it.
+      if (std::error_code ec; !fs::exists(fs::path(d) / "summary.json", ec) && !ec) continue;
       try {
         auto rec = load_run(d);
         // The table goes to this experiment's folder, whatever a summary claims to be.

@@ -21,8 +21,9 @@ std::string one_line(const char* what);
 // type), which says "out of memory" and how to need less.
 std::string failure_text(const std::exception& e);
 
-// Refuses an empty value for a path option (`--out ''` would write into the current folder).
-CLI::Validator non_empty();
+// Refuses an empty value for an option: a path (`--out ''` would write into the current folder),
+// a tag, a run id; `what` says which.
+CLI::Validator non_empty(const char* what = "a path");
 
 // The run-folder prefix of a --tag: `fallback` (a date-time) when none is given; a tag with
 // control characters, one that slugs to a hidden name or more than 100 characters is refused.

@@ -32,9 +32,11 @@ std::string failure_text(const std::exception& e) {
   return e.what();
 }
 
-CLI::Validator non_empty() {
+CLI::Validator non_empty(const char* what) {
   return CLI::Validator(
-      [](std::string& v) { return v.empty() ? std::string("give a path, not an empty string") : ""; },
+      [what](std::string& v) {
+        return v.empty() ? fmt::format("give {}, not an empty string", what) : std::string();
+      },
       "", "NON_EMPTY");
 }
 

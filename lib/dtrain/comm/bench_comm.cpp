@@ -14,6 +14,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/json.hpp"
 #include "dtrain/base/version.hpp"
 
 namespace dtrain {
@@ -326,8 +327,8 @@ std::string to_json(const BenchReport& r) {
 }
 
 LinkFit load_bench_fit(const std::string& path) {
-  const auto j = nlohmann::json::parse(read_text_file(path, "bench-comm JSON file"), nullptr,
-                                       /*allow_exceptions=*/false);
+  // dtrain writes 3 levels.
+  const auto j = parse_json_bounded(read_text_file(path, "bench-comm JSON file"), 8);
   const auto number = [&](const char* key) {
     if (!j.is_object() || !j.contains("fit") || !j["fit"].is_object() || !j["fit"].contains(key) ||
         !j["fit"][key].is_number())

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/json.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/results/metrics.hpp"
 #include "dtrain/results/run_schema.hpp"
@@ -119,7 +120,8 @@ std::string read_run_status(const std::string& dir, bool held_here) {
   // that a crash or a full disk kept from being updated.
   if (const auto text = try_read_own_file((fs::path(dir) / "summary.json").string(),
                                           kMaxSummaryBytes)) {
-    const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    // As deep as load_run reads (the config nests in it as deep as its blocks do).
+    const auto j = parse_json_bounded(*text, kMaxConfigDepth + 8);
     if (j.is_object() && j.contains(summary_key::status) && j[summary_key::status].is_string()) {
       const auto st = j[summary_key::status].get<std::string>();
       if (st == "done" || st == "diverged" || st == "failed" || st == "interrupted") return st;

@@ -300,7 +300,7 @@ std::string folder_name(const std::string& dir) {
 }
 
 // What summary.json says that goes into tables as it is: text without control characters or a
-// table's '|' (and a run id that is a folder name), accuracies in [0, 1], times and rates
+// table's '|' (the run id, the folder's name, too), accuracies in [0, 1], times and rates
 // finite and >= 0. A file that says otherwise was not written by dtrain.
 void check_values(const RunRecord& r, const std::string& path) {
   const auto damaged = [&](const std::string& what) {
@@ -343,7 +343,8 @@ void check_values(const RunRecord& r, const std::string& path) {
 RunRecord load_run(const std::string& dir) {
   namespace k = summary_key;
   const std::string path = (std::filesystem::path(dir) / "summary.json").string();
-  if (!std::filesystem::exists(path))
+  std::error_code ec;  // a link loop is said by read_own_file, never thrown as a filesystem_error
+  if (!std::filesystem::exists(path, ec) && !ec)
     throw UserError(fmt::format("{}: missing (the run may still be running or was killed)", path));
   const std::string text = read_own_file(path, "summary.json", kMaxSummaryBytes);
   nlohmann::json j;
@@ -421,8 +422,15 @@ Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseli
   if (!runs.empty()) c.experiment = runs.front().experiment;
   const RunRecord* fixed = nullptr;
   if (!baseline.empty()) {
-    for (const auto& b : runs)
+    for (const auto& b : runs) {
+      // Two results folders can hold runs of one name (the same tag): which is meant is not
+      // for the report to guess.
+      if (b.run_id == baseline && fixed)
+        throw UserError(fmt::format("--baseline {}: two runs have this name ({} and {}); report "
+                                    "them apart, or copy one to a folder of another name",
+                                    baseline, fixed->dir, b.dir));
       if (b.run_id == baseline) fixed = &b;
+    }
     if (!fixed)
       throw UserError(fmt::format("--baseline {}: no such run among the {} runs of '{}'", baseline,
                                   runs.size(), c.experiment));
@@ -1027,9 +1035,10 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
   for (const auto& p : paths) {
-    if (!fs::is_directory(p))
+    std::error_code ec;  // a link loop is "not a folder", never a filesystem_error
+    if (!fs::is_directory(p, ec))
       throw UserError(fmt::format("{}: {}", p,
-                                  fs::exists(p) ? "not a folder (give a results folder or a run "
+                                  fs::exists(p, ec) || ec ? "not a folder (give a results folder or a run "
                                                   "folder)"
                                                 : "no such folder"));
     if (has_status_entry(p))

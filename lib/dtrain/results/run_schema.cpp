@@ -149,10 +149,12 @@ void MetricsCsv::require(const std::vector<std::string_view>& names,
 }
 
 namespace {
-std::vector<std::string> split_cells(const std::string& line) {
+// At most `most` + 1 cells: a row with more is refused anyway, and a line of commas is not made
+// into millions of strings first.
+std::vector<std::string> split_cells(const std::string& line, size_t most) {
   std::vector<std::string> out;
   std::stringstream ss(line);
-  for (std::string cell; std::getline(ss, cell, ',');) out.push_back(cell);
+  for (std::string cell; out.size() <= most && std::getline(ss, cell, ',');) out.push_back(cell);
   return out;
 }
 
@@ -179,23 +181,26 @@ constexpr size_t kMaxMetricsRows = 100000;
 MetricsCsv read_metrics_csv(const std::string& dir, RaggedRows ragged) {
   MetricsCsv csv;
   csv.path = (std::filesystem::path(dir) / "metrics.csv").string();
-  if (!std::filesystem::exists(csv.path)) throw UserError(fmt::format("{}: missing", csv.path));
+  std::error_code ec;  // a link loop is said by read_own_file, never thrown as a filesystem_error
+  if (!std::filesystem::exists(csv.path, ec) && !ec)
+    throw UserError(fmt::format("{}: missing", csv.path));
   std::istringstream in(read_own_file(csv.path, "metrics.csv", kMaxMetricsBytes));
   std::string line;
   if (!std::getline(in, line)) throw UserError(fmt::format("{}: empty", csv.path));
-  csv.header = split_cells(line);
+  csv.header = split_cells(line, kMaxMetricsColumns);
   if (csv.header.size() > kMaxMetricsColumns)
-    throw UserError(fmt::format("{}: {} columns; dtrain writes {}", csv.path, csv.header.size(),
-                                metrics_columns().size()));
+    throw UserError(fmt::format("{}: more than {} columns; dtrain writes {}", csv.path,
+                                kMaxMetricsColumns, metrics_columns().size()));
   for (int line_no = 2; std::getline(in, line); ++line_no) {
     if (line.empty()) continue;
     if (csv.rows.size() == kMaxMetricsRows)
       throw UserError(fmt::format("{}: more than {} rows, more epochs than a run can have",
                                   csv.path, kMaxMetricsRows));
-    auto cells = split_cells(line);
+    auto cells = split_cells(line, csv.header.size());
     if (cells.size() != csv.header.size()) {
       if (ragged == RaggedRows::skip) continue;
-      throw UserError(fmt::format("{}:{}: {} cells, header has {}", csv.path, line_no, cells.size(),
+      throw UserError(fmt::format("{}:{}: {} cells, header has {}", csv.path, line_no,
+                                  cells.size() > csv.header.size() ? "more" : std::to_string(cells.size()),
                                   csv.header.size()));
     }
     csv.rows.push_back(std::move(cells));

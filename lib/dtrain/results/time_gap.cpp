@@ -118,8 +118,10 @@ std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std
   };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text, [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      return depth <= 8;  // dtrain writes 3 levels; deeper is not read
+    j = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      // dtrain writes 3 levels; a deeper file is refused before it is built.
+      if (depth > 8) throw bad("nested deeper than 8 levels");
+      return true;
     });
   } catch (const nlohmann::json::exception& e) {
     throw bad(json_error_text(e.what()));

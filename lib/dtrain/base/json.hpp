@@ -1,0 +1,26 @@
+#pragma once
+// JSON files dtrain wrote and reads back, parsed with a bound on their nesting.
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace dtrain {
+
+// `text` parsed, or a discarded value where it is not JSON or nests deeper than `max_depth`.
+// The parse stops at that depth: a file of a million '[' would otherwise build a million arrays,
+// tens of times the file's size in memory, before anything could look at it.
+inline nlohmann::json parse_json_bounded(const std::string& text, int max_depth) {
+  struct TooDeep {};
+  try {
+    return nlohmann::json::parse(
+        text,
+        [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+          if (depth > max_depth) throw TooDeep{};
+          return true;
+        },
+        /*allow_exceptions=*/false);
+  } catch (const TooDeep&) {
+    return nlohmann::json(nlohmann::json::value_t::discarded);
+  }
+}
+
+}  // namespace dtrain
