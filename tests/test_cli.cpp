@@ -172,7 +172,8 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + good + " gpus=three", "gpus: expected an integer, got 'three'"},
       {"run " + good + " replicas=", "override 'replicas=': no value after '='"},
       {"run " + good + " data.path=", "(an empty string is \"data.path=''\" in the shell)"},
-      {"explain " + good + " --seeds abc", "--seeds: 'abc' is not a number; give one from 1 to 100"},
+      {"explain " + good + " --seeds abc",
+       "--seeds: 'abc' is not a number; give one from 1 to 100"},
       {"explain " + good + " --seeds 101", "--seeds: 101 is outside 1 to 100"},
       {"run " + good + " gpus=1,,2", "empty value in the comma list"},
       {"run " + good + " gpus=3 train.global_batch=32 train.per_replica_batch=null",
@@ -200,6 +201,14 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"export-images " + good + " --out ''", "give a path, not an empty string"},
       {"report " + s.path.string() + " --out a --out b", "--out: given more than once"},
       {"run " + good + " --tag ''", "--tag: give a tag, not an empty string"},
+      {"validate " + good +
+           " gpus=1,4 optimizer.schedule=cosine optimizer.min_lr=0.05 "
+           "optimizer.lr=0.025 optimizer.lr_scaling=linear",
+       "optimizer.min_lr=0.05 is above this run's peak lr 0.025"},
+      {"validate " + good +
+           " --no-data data.dataset=folder data.path=/nonexistent "
+           "data.shape=[3,100000,100000]",
+       "3 x 100000 x 100000 values a sample is over 268435456"},
       {"report " + s.path.string() + " --baseline ''", "give a run id, not an empty string"},
   };
   for (const auto& c : cases) {
@@ -215,8 +224,8 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
   }
   // A mistake in the config file itself fails every run of a sweep alike: it is the file's,
   // not the first run's.
-  const auto typo = dtrain_cli("validate " + (s.path / "typo.yaml").string() +
-                               " optimizer.lr=0.1,0.2 gpus=1,2");
+  const auto typo =
+      dtrain_cli("validate " + (s.path / "typo.yaml").string() + " optimizer.lr=0.1,0.2 gpus=1,2");
   CHECK(typo.code == 2);
   CHECK_THAT(typo.out, Catch::Contains("typo.yaml") && !Catch::Contains("the sweep's run"));
   // None of them left a run folder behind.

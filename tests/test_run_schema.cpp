@@ -2,6 +2,7 @@
 // of columns, the table and docs/run.md agree; summary.json is written from its field table,
 // each value of its declared type, and docs/run.md lists the fields as the table has them.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -11,7 +12,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-#include <sys/resource.h>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/json.hpp"
@@ -230,6 +230,10 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
       "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
       "1,0.1,abc,0.5,0.5,0.5,1\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":2: 'abc' is not a number"));
+  put(d.path / "metrics.csv", "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
+                              "1,0.1," + std::string("\0x", 2) + std::string(100, '7') + ",0.5,0.5,0.5,1\n");
+  CHECK_THROWS_WITH(load_metrics(d.path.string()),
+                    Catch::EndsWith(":2: '\\x00x" + std::string(38, '7') + "...' is not a number"));
   // Epochs that no run writes: out of order, repeated, skipped, or not a whole number in range.
   const std::string head = "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n";
   for (const auto& [body, line] : std::vector<std::pair<std::string, std::string>>{

@@ -8,16 +8,16 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
 #include "dtrain/base/json.hpp"
+#include "dtrain/base/log.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/config/plan.hpp"
-#include "dtrain/base/log.hpp"
 #include "dtrain/results/plots.hpp"
 #include "dtrain/results/report.hpp"
 #include "dtrain/train/explain.hpp"
@@ -130,7 +130,8 @@ WelchTest loss_test(const RungResult& prev, const RungResult& cur) {
 // A test that ran and cannot tell the two apart.
 bool not_distinguishable(const WelchTest& w) { return w.tested() && !w.distinguishable; }
 
-// "matches the baseline" when the equivalent's final train loss is the baseline's (1e-4).
+// "matches the baseline" when the equivalent's final train loss is the baseline's (within a
+// relative 1e-4).
 bool equivalent_matches(const RungResult& base, const RungResult& eq) {
   if (!base.loss.mean || !eq.loss.mean) return false;
   const double a = *base.loss.mean, b = *eq.loss.mean;
@@ -158,20 +159,21 @@ const char* kOrderNote =
 
 std::string equivalence_line(const std::vector<RungResult>& rs) {
   if (equivalent_matches(rs[0], rs[1]))
-    return "The equivalent run matches the baseline (final train loss within 1e-4): the "
+    return "The equivalent run matches the baseline (final train loss within a relative 1e-4): the "
            "replica count alone costs nothing.";
   if (equivalent_within_noise(rs[0], rs[1])) {
     const WelchTest w = loss_test(rs[0], rs[1]);
     return fmt::format(
         "The equivalent run matches the baseline within the seed noise (final train loss "
-        "differs by {:.1e}: more than 1e-4, but not distinguishable at {} seeds, p={:.3g}): the "
+        "differs by {:.1e}: more than a relative 1e-4, but not distinguishable at {} seeds, "
+        "p={:.3g}): the "
         "N-replica sum rounds differently and over many steps that shows; the replica count "
         "alone costs nothing measurable.",
         std::abs(w.diff),
         w.n_a == w.n_b ? std::to_string(w.n_a) : fmt::format("{} and {}", w.n_a, w.n_b), w.p);
   }
   return "The equivalent run DOES NOT match the baseline (final train loss differs by more "
-         "than 1e-4): the N-replica step is not the 1-replica step here.";
+         "than a relative 1e-4): the N-replica step is not the 1-replica step here.";
 }
 
 const char* kTestNote =

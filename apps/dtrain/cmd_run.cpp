@@ -570,6 +570,13 @@ void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
       h.rec->log_error(fmt::format("run {} failed: {}", run_id(s.tag, s.runs[i]), e.what()));
     h.rec->fail(failure_text(e));
   }
+  const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
+  const bool everyone = dynamic_cast<const RefusedOnEveryRank*>(&e) != nullptr;
+  // A user's mistake ends the command with its one line (main prints it); anything else is
+  // this run's failure, said before the index is written (a full disk may fail that too), and
+  // the command goes on to the next run. A rank of a multi-process job says it below.
+  if (!dynamic_cast<const UserError*>(&e) && !(s.multi && !everyone))
+    log().error("run {} failed: {}", run_id(s.tag, s.runs[i]), failure_text(e));
   // Failed before this command wrote the folder (another process holds it, a damaged
   // checkpoint, a run finished meanwhile with another config): the folder's own status
   // stands; a run with no folder yet failed here.
@@ -577,8 +584,6 @@ void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
       !h.rec && s.leader ? read_run_status(s.dirs[i], /*held_here=*/h.lock != nullptr) : "";
   s.index[i].status = on_disk.empty() ? "failed" : on_disk;
   index.save();
-  const bool remote = dynamic_cast<const Aborted*>(&e) != nullptr;
-  const bool everyone = dynamic_cast<const RefusedOnEveryRank*>(&e) != nullptr;
   // Tell the others.
   if (s.multi && h.comm && !remote && !everyone) h.comm->abort(failure_text(e));
   if (s.multi && !everyone) {
@@ -587,10 +592,6 @@ void record_failure(Sweep& s, size_t i, const RunHold& h, const TagIndex& index,
                  run_id(s.tag, s.runs[i]).c_str(), failure_text(e).c_str());
     mpi::end_job_after_failure(1);
   }
-  // A user's mistake ends the command with its one line (main prints it); anything else is
-  // this run's failure, and the command goes on to the next run.
-  if (!dynamic_cast<const UserError*>(&e))
-    log().error("run {} failed: {}", run_id(s.tag, s.runs[i]), failure_text(e));
 }
 
 enum class Outcome { trained, skipped, failed, interrupted };

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -642,6 +643,12 @@ void check_folder(const DataConfig& d, const MapReader& r) {
   if (d.shape.size() != 3 || (d.shape[0] != 1 && d.shape[0] != 3))
     r.fail("shape", r.node("shape"),
            "needs [C, H, W] with C 1 (grey) or 3 (RGB), e.g. [3, 224, 224]");
+  // Every image is decoded and scaled to it, and the normalisation statistics read them all
+  // before the memory check can speak: bounded as synthetic data is.
+  if (bounded_product(d.shape, int64_t{1} << 28) < 0)
+    r.fail("shape", r.node("shape"),
+           fmt::format("{} values a sample is over {} (3 x 8192 x 8192 fits)",
+                       fmt::join(d.shape, " x "), int64_t{1} << 28));
   if (d.augment.crop_padding > 0)
     a.fail("crop_padding", a.node("crop_padding"),
            "a folder dataset crops with data.augment.crop_scale and crop_ratio instead");
@@ -779,6 +786,14 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
   if (c.optimizer.warmup_epochs > c.train.epochs)
     throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
                                 c.optimizer.warmup_epochs, c.train.epochs));
+  // A floor above the peak would flatten this run's cosine and not another's (the peak moves
+  // with the global batch under lr_scaling), so that 1 and N replicas train on other schedules.
+  if (const double peak = scaled_lr(c.optimizer, c.global_batch());
+      c.optimizer.schedule == Schedule::cosine && c.optimizer.min_lr > peak)
+    throw UserError(
+        fmt::format("{}: optimizer.min_lr={} is above this run's peak lr {:.6g} (lr "
+                    "{} at global batch {}); give min_lr at most {:.6g}",
+                    src.file, c.optimizer.min_lr, peak, c.optimizer.lr, c.global_batch(), peak));
   if (c.train.stop_at_target && c.train.target_accuracy <= 0 && c.train.target_loss <= 0)
     throw UserError(fmt::format("{}: train.stop_at_target needs a target: train.target_accuracy "
                                 "or train.target_loss above 0",
@@ -889,6 +904,19 @@ int64_t Config::micro_batch() const {
 int64_t Config::global_batch() const {
   return checked_product({micro_batch(), gpus, train.accumulation_steps},
                          "per-replica batch x gpus x train.accumulation_steps");
+}
+
+double scaled_lr(const OptimizerConfig& o, int64_t global_batch) {
+  const double ratio = static_cast<double>(global_batch) / static_cast<double>(o.base_batch);
+  switch (o.lr_scaling) {
+    case LrScaling::none:
+      return o.lr;
+    case LrScaling::linear:
+      return o.lr * ratio;
+    case LrScaling::sqrt:
+      return o.lr * std::sqrt(ratio);
+  }
+  return o.lr;
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {

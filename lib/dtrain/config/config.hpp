@@ -406,6 +406,10 @@ struct Config {
   int64_t global_batch() const;  // samples per optimizer step, all replicas and micro-steps
 };
 
+// The LR the rule maps `lr` (given for base_batch) to at this global batch: the peak the
+// warmup climbs to and the schedule starts from.
+double scaled_lr(const OptimizerConfig& o, int64_t global_batch);
+
 // One `key=value` from the command line. `value` is YAML (so `model.hidden=[512,256]` works).
 struct Override {
   std::string key;

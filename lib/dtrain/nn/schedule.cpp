@@ -6,19 +6,6 @@
 
 namespace dtrain {
 
-double scaled_lr(const OptimizerConfig& o, int64_t global_batch) {
-  const double ratio = static_cast<double>(global_batch) / static_cast<double>(o.base_batch);
-  switch (o.lr_scaling) {
-    case LrScaling::none:
-      return o.lr;
-    case LrScaling::linear:
-      return o.lr * ratio;
-    case LrScaling::sqrt:
-      return o.lr * std::sqrt(ratio);
-  }
-  return o.lr;
-}
-
 double lr_at(const OptimizerConfig& o, int total_epochs, int64_t global_batch, double epoch_pos) {
   const double peak = scaled_lr(o, global_batch);
   const double w = o.warmup_epochs;

@@ -7,8 +7,7 @@
 
 namespace dtrain {
 
-// The LR the rule maps `lr` (given for base_batch) to at this global batch.
-double scaled_lr(const OptimizerConfig& o, int64_t global_batch);
+// scaled_lr, the LR the rule maps `lr` to at a global batch, is config.hpp's.
 
 // The LR in effect at fractional epoch `epoch_pos` (0 = first step of training).
 // Warmup ramps linearly from `lr` to the scaled LR over warmup_epochs (Goyal et al. 2017), then

@@ -1,8 +1,8 @@
 #include "dtrain/results/recorder.hpp"
 
+#include <fcntl.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
-#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -23,13 +23,13 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/json.hpp"
 #include "dtrain/base/log.hpp"
+#include "dtrain/config/schema.hpp"
 #include "dtrain/results/metrics.hpp"
 #include "dtrain/results/run_schema.hpp"
 #include "dtrain/results/summary.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/straggler.hpp"
 #include "dtrain/train/telemetry.hpp"
-#include "dtrain/config/schema.hpp"
 
 namespace dtrain {
 

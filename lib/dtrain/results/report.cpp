@@ -310,17 +310,20 @@ void check_values(const RunRecord& r, const std::string& path) {
   // the summary's), shown in tables as it is.
   for (const char ch : r.run_id)
     if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f || ch == '|')
-      throw UserError(fmt::format("{}: the run folder's name holds a control character or '|'; "
-                                  "rename the folder",
-                                  path));
+      throw UserError(
+          fmt::format("{}: the run folder's name holds a control character or '|'; "
+                      "rename the folder",
+                      path));
   // The experiment's name heads its section, never a cell: a '|' in it (a name the config
   // takes) is text there.
   for (const char ch : r.experiment)
     if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
       damaged("'experiment' holds a control character");
   for (const auto& [key, text] : {std::pair{"status", &r.status},
-                                  {"group", &r.group}, {"lr_scaling", &r.lr_scaling},
-                                  {"reduction", &r.reduction}, {"shuffle", &r.shuffle},
+                                  {"group", &r.group},
+                                  {"lr_scaling", &r.lr_scaling},
+                                  {"reduction", &r.reduction},
+                                  {"shuffle", &r.shuffle},
                                   {"sharding", &r.sharding}})
     for (const char ch : *text)
       if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f || ch == '|')
@@ -426,9 +429,10 @@ Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseli
       // Two results folders can hold runs of one name (the same tag): which is meant is not
       // for the report to guess.
       if (b.run_id == baseline && fixed)
-        throw UserError(fmt::format("--baseline {}: two runs have this name ({} and {}); report "
-                                    "them apart, or copy one to a folder of another name",
-                                    baseline, fixed->dir, b.dir));
+        throw UserError(
+            fmt::format("--baseline {}: two runs have this name ({} and {}); report "
+                        "them apart, or copy one to a folder of another name",
+                        baseline, fixed->dir, b.dir));
       if (b.run_id == baseline) fixed = &b;
     }
     if (!fixed)
@@ -1038,9 +1042,10 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
     std::error_code ec;  // a link loop is "not a folder", never a filesystem_error
     if (!fs::is_directory(p, ec))
       throw UserError(fmt::format("{}: {}", p,
-                                  fs::exists(p, ec) || ec ? "not a folder (give a results folder or a run "
-                                                  "folder)"
-                                                : "no such folder"));
+                                  fs::exists(p, ec) || ec
+                                      ? "not a folder (give a results folder or a run "
+                                        "folder)"
+                                      : "no such folder"));
     if (has_status_entry(p))
       out.push_back(p);
     else

@@ -158,6 +158,17 @@ std::vector<std::string> split_cells(const std::string& line, size_t most) {
   return out;
 }
 
+// A cell as an error line shows it: control characters (a NUL would end the line) as \xNN, and
+// at most 40 characters of a long one.
+std::string shown_cell(const std::string& cell) {
+  std::string out;
+  for (size_t i = 0; i < cell.size() && i < 40; ++i) {
+    const auto c = static_cast<unsigned char>(cell[i]);
+    out += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, cell[i]);
+  }
+  return cell.size() > 40 ? out + "..." : out;
+}
+
 // A whole-number column takes the value where it fits; a damaged one keeps the default.
 template <class T>
 void set_value(T& to, double v) {
@@ -199,9 +210,10 @@ MetricsCsv read_metrics_csv(const std::string& dir, RaggedRows ragged) {
     auto cells = split_cells(line, csv.header.size());
     if (cells.size() != csv.header.size()) {
       if (ragged == RaggedRows::skip) continue;
-      throw UserError(fmt::format("{}:{}: {} cells, header has {}", csv.path, line_no,
-                                  cells.size() > csv.header.size() ? "more" : std::to_string(cells.size()),
-                                  csv.header.size()));
+      throw UserError(
+          fmt::format("{}:{}: {} cells, header has {}", csv.path, line_no,
+                      cells.size() > csv.header.size() ? "more" : std::to_string(cells.size()),
+                      csv.header.size()));
     }
     csv.rows.push_back(std::move(cells));
     csv.lines.push_back(line_no);
@@ -224,7 +236,7 @@ std::vector<EpochMetrics> read_epochs(const MetricsCsv& csv,
       const auto v = metrics_value(csv.rows[r][i]);
       if (!v)
         throw UserError(
-            fmt::format("{}:{}: '{}' is not a number", csv.path, csv.lines[r], csv.rows[r][i]));
+            fmt::format("{}:{}: '{}' is not a number", csv.path, csv.lines[r], shown_cell(csv.rows[r][i])));
       std::visit([&](auto field) { set_value(m.*field, *v); }, col->field);
     }
     out.push_back(m);
@@ -238,7 +250,7 @@ std::vector<EpochMetrics> read_epochs(const MetricsCsv& csv,
         metrics_value(csv.rows[r][*epoch]) != static_cast<double>(r + 1))  // 1.4 is no epoch
       throw UserError(fmt::format("{}:{}: epoch '{}' where epoch {} belongs (a row per epoch, "
                                   "from 1 up)",
-                                  csv.path, csv.lines[r], csv.rows[r][*epoch], r + 1));
+                                  csv.path, csv.lines[r], shown_cell(csv.rows[r][*epoch]), r + 1));
   return out;
 }
 
