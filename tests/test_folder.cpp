@@ -517,10 +517,10 @@ TEST_CASE("bench-input gives a row per worker count and refuses buffers beyond m
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("|       1 |") && Catch::Contains("|       2 |"));
-  // 100 images of 3 x 2^13 x 2^13 floats (the largest shape a config takes), 3 buffers: about
-  // 225 GiB.
+  // 1000 images of 3 x 2^13 x 2^13 floats (near the 2^28 values a sample may have), 3 buffers:
+  // about 2.2 TiB.
   const auto big = dtrain_cli("bench-input " + cfg.string() + " 'data.shape=[3,8192,8192]' " +
-                              "train.per_replica_batch=100 --workers 1 --images 4");
+                              "train.per_replica_batch=1000 --workers 1 --images 4");
   INFO(big.out);
   CHECK(big.code == 2);
   CHECK_THAT(big.out, Catch::Contains("GiB of buffers; this machine has"));

@@ -230,8 +230,10 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
       "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
       "1,0.1,abc,0.5,0.5,0.5,1\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":2: 'abc' is not a number"));
+  // A NUL and a long cell in an error line: escaped, and cut at 40 characters.
+  const std::string cell = std::string("\0x", 2) + std::string(100, '7');
   put(d.path / "metrics.csv", "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
-                              "1,0.1," + std::string("\0x", 2) + std::string(100, '7') + ",0.5,0.5,0.5,1\n");
+                              "1,0.1," + cell + ",0.5,0.5,0.5,1\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()),
                     Catch::EndsWith(":2: '\\x00x" + std::string(38, '7') + "...' is not a number"));
   // Epochs that no run writes: out of order, repeated, skipped, or not a whole number in range.

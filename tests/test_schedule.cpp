@@ -42,6 +42,14 @@ TEST_CASE("cosine decays from the peak to min_lr over the epochs after warmup", 
   CHECK(lr_at(o, 10, 64, 10.0) == Approx(0.0).margin(1e-12));
   o.min_lr = 0.01;
   CHECK(lr_at(o, 10, 64, 6.0) == Approx(0.03));
+  // min_lr is given for base_batch and scales with lr: at 4x the batch under the linear rule the
+  // cosine falls from 0.2 to 0.04, the same shares of the peak as at base_batch.
+  o.lr_scaling = LrScaling::linear;
+  CHECK(lr_at(o, 10, 256, 2.0) == Approx(0.2));
+  CHECK(lr_at(o, 10, 256, 6.0) == Approx(0.12));
+  CHECK(lr_at(o, 10, 256, 10.0) == Approx(0.04));
+  o.lr_scaling = LrScaling::sqrt;
+  CHECK(lr_at(o, 10, 256, 10.0) == Approx(0.02));
 }
 
 TEST_CASE("step decays by gamma every step_size epochs", "[lr]") {

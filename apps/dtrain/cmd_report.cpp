@@ -63,7 +63,7 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
         std::replace(text.begin(), text.end(), '|', '?');
         return text;
       };
-      r.run_id = cell(fs::path(d).filename().string());
+      r.run_id = cell(folder_name(d));
       r.experiment = cell(fs::path(d).parent_path().filename().string());
       const std::string st = read_run_status(d);
       std::error_code ec;

@@ -786,14 +786,12 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
   if (c.optimizer.warmup_epochs > c.train.epochs)
     throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
                                 c.optimizer.warmup_epochs, c.train.epochs));
-  // A floor above the peak would flatten this run's cosine and not another's (the peak moves
-  // with the global batch under lr_scaling), so that 1 and N replicas train on other schedules.
-  if (const double peak = scaled_lr(c.optimizer, c.global_batch());
-      c.optimizer.schedule == Schedule::cosine && c.optimizer.min_lr > peak)
-    throw UserError(
-        fmt::format("{}: optimizer.min_lr={} is above this run's peak lr {:.6g} (lr "
-                    "{} at global batch {}); give min_lr at most {:.6g}",
-                    src.file, c.optimizer.min_lr, peak, c.optimizer.lr, c.global_batch(), peak));
+  // The floor scales with lr (schedule.cpp): above lr it would be above every run's peak.
+  if (c.optimizer.schedule == Schedule::cosine && c.optimizer.min_lr > c.optimizer.lr)
+    throw UserError(fmt::format("{}: optimizer.min_lr={} is above optimizer.lr={}; the cosine "
+                                "falls from the peak to min_lr (both given for base_batch and "
+                                "scaled alike), so give min_lr at most {}",
+                                src.file, c.optimizer.min_lr, c.optimizer.lr, c.optimizer.lr));
   if (c.train.stop_at_target && c.train.target_accuracy <= 0 && c.train.target_loss <= 0)
     throw UserError(fmt::format("{}: train.stop_at_target needs a target: train.target_accuracy "
                                 "or train.target_loss above 0",

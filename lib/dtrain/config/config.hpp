@@ -380,7 +380,7 @@ struct OptimizerConfig {
   Schedule schedule = Schedule::constant;
   double step_size = 30.0;  // epochs between decays (schedule: step)
   double gamma = 0.1;       // decay factor (schedule: step)
-  double min_lr = 0.0;      // floor of the cosine schedule
+  double min_lr = 0.0;      // floor of the cosine schedule, given for base_batch like lr
   // Clip the reduced gradient to this global L2 norm before the update (0: no clipping). Every
   // rank clips the same all-reduced gradient, so the factor is the same everywhere.
   double grad_clip = 0.0;

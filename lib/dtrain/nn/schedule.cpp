@@ -19,7 +19,9 @@ double lr_at(const OptimizerConfig& o, int total_epochs, int64_t global_batch, d
       return peak * std::pow(o.gamma, std::floor(t / o.step_size + 1e-9));
     case Schedule::cosine: {
       const double frac = std::clamp(t / span, 0.0, 1.0);
-      const double floor_lr = std::min(o.min_lr, peak);
+      // min_lr is given for base_batch, as lr is, and scales by the same rule: the floor keeps
+      // its share of the peak at every global batch, so 1 and N replicas decay alike.
+      const double floor_lr = o.lr > 0 ? std::min(o.min_lr * (peak / o.lr), peak) : 0.0;
       return floor_lr + (peak - floor_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * frac));
     }
   }

@@ -289,7 +289,6 @@ void read_to_target(const nlohmann::json& j, const std::string& path, RunRecord&
 }
 }  // namespace
 
-namespace {
 // A run folder's own name, also for "runs/x/" and ".".
 std::string folder_name(const std::string& dir) {
   std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
@@ -299,6 +298,7 @@ std::string folder_name(const std::string& dir) {
   return p.filename().string();
 }
 
+namespace {
 // What summary.json says that goes into tables as it is: text without control characters or a
 // table's '|' (the run id, the folder's name, too), accuracies in [0, 1], times and rates
 // finite and >= 0. A file that says otherwise was not written by dtrain.

@@ -51,6 +51,8 @@ struct RunRecord {
 
 // Reads DIR/summary.json; throws UserError naming the file when it is missing or corrupt.
 RunRecord load_run(const std::string& dir);
+// A run folder's name, its run id in tables, also for "runs/x/" and ".".
+std::string folder_name(const std::string& dir);
 
 // Run folders (folders holding a `status` file) at or below each path, sorted, skipping hidden
 // folders such as .attempts/. Throws UserError for a path that does not exist.

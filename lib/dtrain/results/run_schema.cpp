@@ -235,8 +235,8 @@ std::vector<EpochMetrics> read_epochs(const MetricsCsv& csv,
     for (const auto& [col, i] : at) {
       const auto v = metrics_value(csv.rows[r][i]);
       if (!v)
-        throw UserError(
-            fmt::format("{}:{}: '{}' is not a number", csv.path, csv.lines[r], shown_cell(csv.rows[r][i])));
+        throw UserError(fmt::format("{}:{}: '{}' is not a number", csv.path, csv.lines[r],
+                                    shown_cell(csv.rows[r][i])));
       std::visit([&](auto field) { set_value(m.*field, *v); }, col->field);
     }
     out.push_back(m);
