@@ -340,6 +340,23 @@ TEST_CASE("integers are decimal: a leading zero or 0x is refused, not read as oc
   CHECK(c.gpus == 2);
 }
 
+TEST_CASE("a number beyond a double's range is refused, not read as 0 or as no number",
+          "[config][errors]") {
+  CHECK(error_of("optimizer: {lr: 1e-400}\n") ==
+        "exp.yaml:1: optimizer.lr: '1e-400' is too small for a number (the smallest is "
+        "2.2e-308; write 0 for zero)");
+  CHECK_THAT(error_of("optimizer: {lr: 1e309}\n"),
+             Catch::Contains("optimizer.lr: '1e309' is out of range"));
+  CHECK_THAT(error_of("", {{"optimizer.lr", "-1e400"}}),
+             Catch::Contains("'-1e400' is out of range"));
+  CHECK_THAT(error_of("data: {normalize: channel, mean: [0.5, 1e-999, 0.5]}\n"),
+             Catch::Contains("'1e-999' is too small for a number"));
+  // Within range, however small or large, a number reads as written.
+  const Config c = parse_config("optimizer: {lr: 1e-300, weight_decay: 0}\n", "exp.yaml");
+  CHECK(c.optimizer.lr == 1e-300);
+  CHECK(c.optimizer.weight_decay == 0);
+}
+
 TEST_CASE("products of user numbers are checked before they can wrap around", "[config][errors]") {
   CHECK_THAT(error_of("gpus: 2\ntrain: {per_replica_batch: 4611686018427387904}\n"),
              Catch::Contains("the global batch (train.per_replica_batch=4611686018427387904 x "

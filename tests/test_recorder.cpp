@@ -139,6 +139,31 @@ TEST_CASE("a run's status is read from its summary before its status file", "[re
   CHECK(read_run_status(run.string()) == "running");
 }
 
+TEST_CASE("a status file that a full disk left behind its summary is brought in line",
+          "[recorder]") {
+  TempDir d("rec");
+  const auto run = d.path / "r";
+  fs::create_directories(run);
+  put(run / "status", "running\n");
+  put(run / "summary.json", R"({"status": "done"})");
+  repair_status_file(run.string(), read_run_status(run.string()));
+  CHECK(slurp(run / "status") == "done\n");
+  repair_status_file(run.string(), "done");  // in line already: left as it is
+  CHECK(slurp(run / "status") == "done\n");
+  CHECK(temp_files(d.path) == 0);
+  // --resume skips the finished run and says its status again.
+  const auto cfg = d.write("tiny.yaml", tiny_yaml(1));
+  const std::string cmd = "run " + cfg + " --results " + (d.path / "res").string() + " --tag t";
+  REQUIRE(dtrain_cli(cmd).code == 0);
+  const auto made = d.path / "res" / "tiny" / "t-g1";
+  put(made / "status", "running\n");
+  const auto r = dtrain_cli(cmd + " --resume");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("done already; skipped"));
+  CHECK(slurp(made / "status") == "done\n");
+}
+
 TEST_CASE("dtrain run on a full disk exits 1 and leaves the run marked failed", "[recorder][cli]") {
   TempDir s("full");
   const auto cfg = s.write("tiny.yaml", tiny_yaml(2));

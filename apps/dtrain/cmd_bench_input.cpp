@@ -58,8 +58,8 @@ int run_bench_input(const BenchInputOptions& opt) {
         need / (1024.0 * 1024 * 1024), have / (1024.0 * 1024 * 1024)));
   const DataSplit data = load_data(cfg.data, cfg.train.seed);
   fmt::print("# {}: {}\n# batches of {} at prefetch {}, {} images a measurement, median of {}\n",
-             opt.config, data.description, cfg.micro_batch(), cfg.data.prefetch, opt.images,
-             opt.repeats);
+             one_line(opt.config.c_str()), data.description, cfg.micro_batch(), cfg.data.prefetch,
+             opt.images, opt.repeats);
   fmt::print("{}|---:|---:|---:|---|\n", row("workers", "images/s", "per worker", "all runs"));
   for (int w : opt.workers) {
     std::vector<double> rates;

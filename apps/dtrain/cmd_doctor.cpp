@@ -46,10 +46,11 @@ int run_doctor(const DoctorOptions& opt) {
     }
   }
   if (findings == 0)
-    fmt::print("doctor: {}: none of the {} known pitfalls ({} run{})\n", opt.config,
-               doctor_rules().size(), runs.size(), runs.size() == 1 ? "" : "s");
+    fmt::print("doctor: {}: none of the {} known pitfalls ({} run{})\n",
+               one_line(opt.config.c_str()), doctor_rules().size(), runs.size(),
+               runs.size() == 1 ? "" : "s");
   else
-    fmt::print("doctor: {}: {} finding{} in {} run{}\n", opt.config, findings,
+    fmt::print("doctor: {}: {} finding{} in {} run{}\n", one_line(opt.config.c_str()), findings,
                findings == 1 ? "" : "s", runs.size(), runs.size() == 1 ? "" : "s");
   return 0;
 }

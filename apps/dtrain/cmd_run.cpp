@@ -339,6 +339,7 @@ std::string plan_folders(const RunOptions& opt, Sweep& s) {
     if (s.leader && fs::exists(dir)) found = {true, status, opt.resume ? RunLock::holder(dir) : 0};
     const FolderPlan plan = plan_folder(dir, found, opt.resume);
     s.skip[i] = plan.skip;
+    if (plan.skip && s.leader) repair_status_file(dir, status);
     refusal = plan.compare ? differs_from_finished(dir, r.config) : plan.refusal;
     s.index.push_back(index_row(s.tag, r, dir, s.skip[i] ? status : "pending"));
     s.dirs.push_back(dir);
@@ -473,6 +474,7 @@ bool finished_since_planned(const RunOptions& opt, Sweep& s, size_t i, RunHold& 
   if (!opt.resume || !finished_meanwhile(s.leader, s.multi, h.earlier, s.dirs[i], s.runs[i].config))
     return false;
   s.index[i].status = h.earlier;
+  if (s.leader) repair_status_file(s.dirs[i], h.earlier);
   return true;
 }
 

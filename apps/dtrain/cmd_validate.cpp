@@ -82,7 +82,8 @@ int run_validate(const ValidateOptions& opt) {
     }
     if (opt.print) fmt::print("# {}\n{}{}\n", run_id("TAG", r), size, to_yaml(r.config));
   }
-  fmt::print("{}: valid ({} run{}{})\n", opt.config, runs.size(), runs.size() == 1 ? "" : "s",
+  fmt::print("{}: valid ({} run{}{})\n", one_line(opt.config.c_str()), runs.size(),
+             runs.size() == 1 ? "" : "s",
              opt.skip_data ? ", data not checked" : fmt::format("; data: {}", description));
   return 0;
 }

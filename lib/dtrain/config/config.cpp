@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -243,11 +244,25 @@ class MapReader {
       if (!decimal(n.Scalar()))
         fail(key, n,
              fmt::format("expected {}, got {}{}", type_name, show(n), octal_note(n.Scalar())));
+    if constexpr (std::is_floating_point_v<T>)
+      if (const char* why = beyond_double(n.Scalar()))
+        fail(key, n, fmt::format("{} {}", show(n), why));
     try {
       out = n.as<T>();
     } catch (const YAML::Exception&) {
       fail(key, n, fmt::format("expected {}, got {}", type_name, show(n)));
     }
+  }
+
+  // Why a number as written has no double, or nullptr: yaml-cpp reads 1e309 as no number at all
+  // and 1e-400 as 0, which would train with an LR of 0 without a word.
+  static const char* beyond_double(const std::string& t) {
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(t.c_str(), &end);
+    if (errno != ERANGE || end != t.c_str() + t.size()) return nullptr;
+    if (std::abs(v) > 1) return "is out of range (a number is at most 1.8e308 in size)";
+    return "is too small for a number (the smallest is 2.2e-308; write 0 for zero)";
   }
 
   // yaml-cpp reads 010 as octal 8 and 0x10 as 16: an integer here is decimal digits with an
@@ -353,6 +368,8 @@ class MapReader {
     std::vector<double> v;
     for (const auto& e : n) {
       double x = 0;
+      if (const char* why = e.IsScalar() ? beyond_double(e.Scalar()) : nullptr)
+        fail(k.name, n, fmt::format("{} {}", show(e), why));
       try {
         x = e.as<double>();
       } catch (const YAML::Exception&) {

@@ -18,6 +18,8 @@ namespace dtrain {
 // How deep a config may nest (blocks inside blocks); deeper is refused when it is read, and
 // whatever repeats a config (summary.json) is read back to this depth plus its own levels.
 inline constexpr int kMaxConfigDepth = 64;
+// summary.json: a few levels of dtrain's own around the config it repeats.
+inline constexpr int kMaxSummaryDepth = kMaxConfigDepth + 8;
 
 enum class Backend { auto_, cpu, cuda };
 inline const EnumTable<Backend>& choices(Backend) {

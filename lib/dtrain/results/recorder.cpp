@@ -121,7 +121,7 @@ std::string read_run_status(const std::string& dir, bool held_here) {
   if (const auto text = try_read_own_file((fs::path(dir) / "summary.json").string(),
                                           kMaxSummaryBytes)) {
     // As deep as load_run reads (the config nests in it as deep as its blocks do).
-    const auto j = parse_json_bounded(*text, kMaxConfigDepth + 8);
+    const auto j = parse_json_bounded(*text, kMaxSummaryDepth);
     if (j.is_object() && j.contains(summary_key::status) && j[summary_key::status].is_string()) {
       const auto st = j[summary_key::status].get<std::string>();
       if (st == "done" || st == "diverged" || st == "failed" || st == "interrupted") return st;
@@ -139,6 +139,18 @@ std::string read_run_status(const std::string& dir, bool held_here) {
   for (const char* known : {"running", "done", "diverged", "failed", "interrupted"})
     if (line == known) return line;
   return "";
+}
+
+void repair_status_file(const std::string& dir, const std::string& status) {
+  const std::string path = (fs::path(dir) / "status").string();
+  const auto text = try_read_own_file(path, kMaxStatusBytes);
+  if (text && *text == status + "\n") return;
+  try {
+    write_file_atomic(path, status + "\n");
+    log().info("{}: said '{}' again, as summary.json does", path, status);
+  } catch (const std::exception& e) {
+    log().warn("{}: could not be brought in line with summary.json: {}", path, e.what());
+  }
 }
 
 RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,

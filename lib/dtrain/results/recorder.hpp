@@ -22,6 +22,11 @@ namespace dtrain {
 // earlier process's that died or was stopped (interrupted). Neither file is read through a link.
 std::string read_run_status(const std::string& dir, bool held_here = false);
 
+// Writes `status`, a finished run's status from its summary.json, to DIR/status where that
+// file says otherwise: a full disk can keep it from following the summary. Readers trust the
+// summary, people and scripts the file. Best effort: a file that cannot be written is left.
+void repair_status_file(const std::string& dir, const std::string& status);
+
 // Ownership of one run folder: an exclusive flock on <parent>/.<run-id>.lock, held while the
 // object lives. Two commands never write, move or resume the same run at once; a process that
 // dies releases its lock with it, so a `running` folder without a holder was interrupted.

@@ -355,11 +355,10 @@ RunRecord load_run(const std::string& dir) {
     // dtrain writes a few levels around the config, which nests as deep as its blocks do; a
     // deeper file is refused before anything walks it recursively (dumping a million nested
     // arrays overflows the stack).
-    constexpr int kMaxDepth = kMaxConfigDepth + 8;
     j = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      if (depth > kMaxDepth)
+      if (depth > kMaxSummaryDepth)
         throw UserError(fmt::format("{}: nested deeper than {} levels (a damaged file?)", path,
-                                    kMaxDepth));
+                                    kMaxSummaryDepth));
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
