@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# The ResNet accuracy study in results/resnet-study/standard/: configs/fmnist-resnet.yaml
-# (ResNet-20 at widths 16/32/64 on Fashion-MNIST, random crops and flips, 20 epochs) at 1
+# The ResNet accuracy study in results/resnet-study/epochs30/: configs/fmnist-resnet.yaml
+# (ResNet-20 at widths 16/32/64 on Fashion-MNIST, random crops and flips, 30 epochs) at 1
 # replica x 128 and 4 replicas x 32 (the same global batch; BatchNorm per replica, as DDP does
-# without SyncBatchNorm), each seed given. About 35 minutes a run on a quiet 2-core machine;
+# without SyncBatchNorm), each seed given. About 50 minutes a run on a quiet 2-core machine;
 # resumable (the same SEED again continues its runs). THREADS (default: all cores) is the
-# threads a run uses; EPOCHS (default: the config's 20) the epochs of every run; RESULTS the
-# results folder. (results/resnet-study/fmnist-resnet/ holds the earlier runs at widths
-# 8/16/32 with flips alone, made by this script before the config changed.)
+# threads a run uses; EPOCHS (default: the config's 30) the epochs of every run; RESULTS the
+# results folder. (results/resnet-study/standard/ holds the same recipe at 20 epochs, and
+# results/resnet-study/fmnist-resnet/ the earlier runs at widths 8/16/32 with flips alone, both
+# made by this script before the config changed.)
 #
 #   scripts/resnet-study.sh [SEED...]      # default: 1
-#   RESULTS=results/resnet-study/epochs30 EPOCHS=30 scripts/resnet-study.sh 1 2 3
+#   RESULTS=results/resnet-study/standard EPOCHS=20 scripts/resnet-study.sh 1 2 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
-results=${RESULTS:-results/resnet-study/standard}
+results=${RESULTS:-results/resnet-study/epochs30}
 threads=${THREADS:-0}
 case $threads in '' | *[!0-9]*) echo "resnet-study: THREADS is a whole number"; exit 2 ;; esac
 epochs=()
