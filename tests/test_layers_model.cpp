@@ -146,6 +146,15 @@ TEST_CASE("a residual body that cannot be added to its shortcut is refused, nami
   // auto picks what fits: both of these build.
   CHECK(err("{residual: {body: [{conv: {channels: 4, padding: 1}}]}}").empty());
   CHECK(err("{residual: {body: [{conv: {channels: 6, stride: 2, padding: 1}}]}}").empty());
+  // A side of 1 stays 1 at stride 2: the projection's stride is read from the other side.
+  const ModelConfig strip =
+      parse_config(
+          "model: {type: layers, layers: [{residual: {body: [{conv: {channels: 4, stride: 2, "
+          "padding: 1}}]}}]}",
+          "m.yaml")
+          .model;
+  for (const std::vector<int64_t>& in : {std::vector<int64_t>{2, 1, 32}, {2, 32, 1}, {2, 3, 32}})
+    CHECK(test::error_of([&] { build_model(*dev, strip, in, 3); }).empty());
   CHECK_THAT(test::config_error("model: {type: layers, layers: [{residual: {body: []}}]}"),
              Catch::Contains("model.layers[0]: residual needs a non-empty body"));
   CHECK_THAT(test::config_error("model: {type: layers, layers: [{residual: {body: [relu], "

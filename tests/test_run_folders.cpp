@@ -264,6 +264,11 @@ TEST_CASE("names and tags with control characters are refused, and configs read 
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Catch::Contains("control characters are not allowed in a tag"));
   CHECK(!fs::exists(d.path / "r"));
+  // A C1 control (U+009B, a terminal's CSI) is refused too, and not echoed as it is.
+  const auto c1 = dtrain_cli("run " + cfg + " --results " + (d.path / "r").string() +
+                             " --tag \"$(printf 'a\\302\\2332Jb')\"");
+  CHECK(c1.code == 2);
+  CHECK_THAT(c1.out, Catch::Contains("--tag 'a\\xc2\\x9b2Jb': control characters"));
   // Any string the writer emits reads back as itself (data.path may hold any byte).
   Config c = parse_config(slurp(cfg), "rf.yaml");
   c.data.path = "dir\rwith\tcontrols";

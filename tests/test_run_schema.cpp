@@ -469,3 +469,23 @@ TEST_CASE("a metrics.csv row or a summary.json past what dtrain writes costs no 
   CHECK(peak_mib() - before < 400);
 #endif
 }
+
+TEST_CASE("printable text hides controls, reordering marks and invalid UTF-8, nothing else",
+          "[errors]") {
+  CHECK(printable("plain ascii, 1.5e-3 | ok") == "plain ascii, 1.5e-3 | ok");
+  CHECK(printable("caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80") ==
+        "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80");  // other scripts stay
+  CHECK(printable("a\nb\x1b[2Jc\x7f") == "a?b?[2Jc?");
+  // C1 controls (U+009B is a terminal's CSI), right-to-left overrides: one '?' a byte.
+  CHECK(printable("a\xc2\x9b"
+                  "2J") == "a??2J");
+  CHECK(printable("x\xe2\x80\xaey") == "x???y");
+  CHECK(printable("x\xe2\x81\xa6y") == "x???y");
+  // Invalid UTF-8: a lone continuation byte, a cut sequence, an overlong form, a surrogate.
+  CHECK(printable("\x80"
+                  "a\xc3") == "?a?");
+  CHECK(printable("\xc0\xaf") == "??");
+  CHECK(printable("\xed\xa0\x80") == "???");
+  CHECK(printable("a\xc2\x9b", /*hex=*/true) == "a\\xc2\\x9b");
+  CHECK(printable(std::string("n\0l", 3), true) == "n\\x00l");
+}

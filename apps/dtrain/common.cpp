@@ -17,10 +17,7 @@ void add_config_arguments(CLI::App& app, std::string& config, std::vector<std::s
 }
 
 std::string one_line(const char* what) {
-  std::string s(what);
-  for (char& ch : s)
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
-  return s;
+  return printable(what);
 }
 
 std::string failure_text(const std::exception& e) {
@@ -43,11 +40,7 @@ CLI::Validator non_empty(const char* what) {
 std::string folder_tag(const std::string& given, const std::string& fallback, bool say) {
   if (given.empty()) return fallback;
   if (has_control_character(given)) {
-    std::string shown;
-    for (char ch : given) {
-      const auto c = static_cast<unsigned char>(ch);
-      shown += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, ch);
-    }
+    const std::string shown = printable(given, /*hex=*/true);
     throw UserError(fmt::format("--tag '{}': control characters are not allowed in a tag (it "
                                 "names run folders)",
                                 shown));

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     try {
       dtrain::mpi::init(&argc, &argv);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+      std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(e.what()).c_str());
       return 2;
     }
   }
@@ -159,7 +159,8 @@ int report_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
     what = "give a command, e.g. dtrain run CONFIG";
   }
   std::fprintf(stderr, "dtrain: error: %s%s%s; see dtrain %s%s--help\n", cmd.c_str(),
-               cmd.empty() ? "" : ": ", what.c_str(), cmd.c_str(), cmd.empty() ? "" : " ");
+               cmd.empty() ? "" : ": ", dtrain::cli::one_line(what.c_str()).c_str(), cmd.c_str(),
+               cmd.empty() ? "" : " ");
   return 2;
 }
 
@@ -201,7 +202,8 @@ int run_command(const Command& cmd) {
     return 2;
   } catch (const dtrain::StorageError& e) {
     dtrain::clear_progress();
-    std::fprintf(stderr, "dtrain: error: %s\n", e.what());  // a full disk: named, not a bug
+    // A full disk: named, not a bug.
+    std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(e.what()).c_str());
     return 1;
   } catch (const dtrain::SystemError& e) {
     // A failure of the machine or a library (CUDA, NCCL, MPI, threads), typed and placed
@@ -215,7 +217,7 @@ int run_command(const Command& cmd) {
     return 1;
   } catch (const std::exception& e) {
     dtrain::clear_progress();
-    std::fprintf(stderr, "dtrain: internal error: %s\n", e.what());
+    std::fprintf(stderr, "dtrain: internal error: %s\n", dtrain::cli::one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -57,6 +57,12 @@ class Interrupted : public std::runtime_error {
 // last bytes (a damaged file's bytes are not echoed to a terminal).
 std::string json_error_text(const std::string& what);
 
+// `text` as a terminal or a one-line file may show it: each byte of a C0 control (a newline, an
+// escape), DEL, a C1 control (U+0080-U+009F, which some terminals obey as escapes), a mark that
+// reorders text (U+202E and the like) or of invalid UTF-8 replaced by '?', or with `hex` by
+// \xNN. Everything else, other scripts included, stays as it is.
+std::string printable(const std::string& text, bool hex = false);
+
 }  // namespace dtrain
 
 #define DTRAIN_THROW_SYSTEM(msg) throw ::dtrain::SystemError((msg), __FILE__, __LINE__)

@@ -47,8 +47,8 @@ std::string slug(const std::string& s);
 // Whether a path names a hidden entry (its name starts with '.'), which folder readers skip.
 bool is_hidden(const std::filesystem::path& p);
 
-// Bytes the kernel says it can still hand out (MemAvailable in /proc/meminfo), or 0 where it
-// does not say.
+// Bytes this process can still have: the kernel's MemAvailable (/proc/meminfo), or less where
+// an address-space limit (ulimit -v) or a cgroup's memory.max leaves less; 0 where none says.
 double available_host_memory();
 
 }  // namespace dtrain

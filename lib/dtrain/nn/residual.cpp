@@ -203,8 +203,12 @@ std::unique_ptr<Layer> make_residual(const LayerSpec& l, MapShape& cur, bool syn
         "shortcut: project or auto, or a body that keeps the input's shape",
         show(out), show(in)));
   if (kind == Shortcut::project) {
-    // A 1x1 convolution whose stride takes the input's size to the body's output size.
-    const int64_t stride = std::max<int64_t>(1, (in.h + out.h - 1) / std::max<int64_t>(1, out.h));
+    // A 1x1 convolution whose stride takes the input's size to the body's output size, read
+    // from both sides: a side of 1 stays 1 at any stride, so one side alone may not tell it.
+    const auto ratio = [](int64_t from, int64_t to) {
+      return (from + to - 1) / std::max<int64_t>(1, to);
+    };
+    const int64_t stride = std::max<int64_t>({1, ratio(in.h, out.h), ratio(in.w, out.w)});
     if (out.flat || in.flat)
       throw UserError(fmt::format(
           "the body's output {} cannot be added to a projection shortcut of the input {}: a "

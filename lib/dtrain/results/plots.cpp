@@ -77,9 +77,7 @@ std::string last_line_of(const fs::path& log) {
     if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
   if (last.empty()) return "";
   if (last.size() > 300) last.resize(300);
-  for (char& ch : last)
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
-  return ": " + last;
+  return ": " + printable(last);
 }
 
 // Runs `exe ./script` inside `dir` with an argv, never through a shell, its messages (warnings

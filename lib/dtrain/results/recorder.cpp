@@ -186,8 +186,7 @@ void write_lines(const std::string& path, const std::vector<std::string>& lines)
   if (lines.empty()) return;
   std::string text;
   for (const std::string& l : lines) {
-    for (char ch : l) text += static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f ? '?' : ch;
-    text += '\n';
+    text += printable(l) + '\n';
   }
   write_file_atomic(path, text);
 }

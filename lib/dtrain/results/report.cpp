@@ -308,26 +308,22 @@ void check_values(const RunRecord& r, const std::string& path) {
   };
   // The run's id is its folder's name (a folder copied under another name is that name, not
   // the summary's), shown in tables as it is.
-  for (const char ch : r.run_id)
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f || ch == '|')
-      throw UserError(
-          fmt::format("{}: the run folder's name holds a control character or '|'; "
-                      "rename the folder",
-                      path));
+  if (has_control_character(r.run_id) || r.run_id.find('|') != std::string::npos)
+    throw UserError(
+        fmt::format("{}: the run folder's name holds a control character or '|'; "
+                    "rename the folder",
+                    path));
   // The experiment's name heads its section, never a cell: a '|' in it (a name the config
   // takes) is text there.
-  for (const char ch : r.experiment)
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
-      damaged("'experiment' holds a control character");
+  if (has_control_character(r.experiment)) damaged("'experiment' holds a control character");
   for (const auto& [key, text] : {std::pair{"status", &r.status},
                                   {"group", &r.group},
                                   {"lr_scaling", &r.lr_scaling},
                                   {"reduction", &r.reduction},
                                   {"shuffle", &r.shuffle},
                                   {"sharding", &r.sharding}})
-    for (const char ch : *text)
-      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f || ch == '|')
-        damaged(fmt::format("'{}' holds a control character or '|'", key));
+    if (has_control_character(*text) || text->find('|') != std::string::npos)
+      damaged(fmt::format("'{}' holds a control character or '|'", key));
   for (const auto& [key, v] : {std::pair{"final_test_accuracy", r.final_test_acc},
                                {"best_test_accuracy", r.best_test_acc}})
     if (v && !(*v >= 0 && *v <= 1)) damaged(fmt::format("'{}' is {}, not in [0, 1]", key, *v));

@@ -161,11 +161,7 @@ std::vector<std::string> split_cells(const std::string& line, size_t most) {
 // A cell as an error line shows it: control characters (a NUL would end the line) as \xNN, and
 // at most 40 characters of a long one.
 std::string shown_cell(const std::string& cell) {
-  std::string out;
-  for (size_t i = 0; i < cell.size() && i < 40; ++i) {
-    const auto c = static_cast<unsigned char>(cell[i]);
-    out += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, cell[i]);
-  }
+  const std::string out = printable(cell.substr(0, 40), /*hex=*/true);
   return cell.size() > 40 ? out + "..." : out;
 }
 

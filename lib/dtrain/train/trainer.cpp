@@ -289,10 +289,28 @@ ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data) {
   // the batch buffers.
   b.activations = 4.0 * (static_cast<double>(m.activations_per_sample) * (rows + micro) +
                          static_cast<double>(data.train.features()) * rows);
+  // Image files: the training pipeline decodes up to data.prefetch batches ahead of the one in
+  // use, the evaluation pipeline one ahead (ImagePipeline's slots).
+  if (data.train.files)
+    b.input = 4.0 * static_cast<double>(data.train.features()) *
+              (micro * (cfg.data.prefetch + 1) + 2 * rows);
   return b;
 }
 
 namespace {
+
+// The image pipelines' host buffers of a GPU run's replicas (on the CPU they count with the
+// rest): refused where the machine cannot hold them.
+void check_input_memory(const Config& cfg, const ReplicaBytes& one, int local_ranks) {
+  const double need = one.input * local_ranks, have = available_host_memory();
+  if (have <= 0 || need <= have) return;
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  throw UserError(fmt::format(
+      "the image pipeline's decoded batches need about {:.1f} GiB of host memory ({} replica{} "
+      "at data.prefetch {}), but this machine has {:.1f} GiB available; lower data.prefetch, "
+      "data.shape or train.per_replica_batch",
+      need / kGiB, local_ranks, local_ranks == 1 ? "" : "s", cfg.data.prefetch, have / kGiB));
+}
 
 // A model or batch too large for the machine is a user error before any run folder exists,
 // not "out of memory" after earlier runs of a sweep have trained.
@@ -327,7 +345,9 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
     where = fmt::format("GPU {} has", gpu);
   } else {
     have = available_host_memory();
+    need += one.input * local_ranks;
   }
+  if (place.backend == Backend::cuda && one.input > 0) check_input_memory(cfg, one, local_ranks);
   if (have <= 0 || need <= have) return;
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   const std::string split =
@@ -339,15 +359,21 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
                            "state + {:.1f} GiB of activations for {} rows)",
                            local_ranks, local_ranks == 1 ? "" : "s", one.params / kGiB,
                            one.activations / kGiB, one.rows);
+  const std::string input =
+      one.input > 0 && place.backend != Backend::cuda
+          ? fmt::format(" + {} x {:.1f} GiB of decoded image batches at data.prefetch {}",
+                        local_ranks, one.input / kGiB, cfg.data.prefetch)
+          : "";
   const char* model_keys =
       cfg.model.type == ModelType::gpt      ? "model.n_embd, model.n_layer, data.block_size"
       : cfg.model.type == ModelType::resnet ? "model.widths, model.depth"
                                             : "model.hidden (or the layers' units and channels)";
   throw UserError(fmt::format(
-      "model and batch need about {:.1f} GiB ({}), but {} {:.1f} GiB available; lower {}, "
+      "model and batch need about {:.1f} GiB ({}{}), but {} {:.1f} GiB available; lower {}{}, "
       "train.per_replica_batch (train.accumulation_steps keeps the batch a step trains on) or "
       "train.eval_batch",
-      need / kGiB, split, where, have / kGiB, model_keys));
+      need / kGiB, split, input, where, have / kGiB, model_keys,
+      input.empty() ? "" : ", data.prefetch"));
 }
 
 // Collective: under a launcher every process loads the data itself, and a node whose files

@@ -57,6 +57,7 @@ struct ReplicaBytes {
   double grads = 0;        // of params: the gradient buffer alone
   double activations = 0;  // layer outputs, their gradients and the batch buffers
   int64_t rows = 0;        // the most rows the buffers hold
+  double input = 0;        // host: the image pipeline's decoded batches (dataset: folder)
   double total() const { return params + activations; }
 };
 ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data);
