@@ -1,8 +1,12 @@
 // dtrain: data-parallel scaling experiments from YAML files.
 #include <fmt/format.h>
 
+#include <time.h>
+
+#include <atomic>
 #include <cmath>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,10 +29,26 @@ int run_main(int argc, char** argv);
 
 namespace {
 
+// When the first stop signal came (CLOCK_MONOTONIC, ns), 0 before any.
+std::atomic<int64_t> g_first_stop_ns{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "on_interrupt must be signal-safe");
+
+// The first SIGINT or SIGTERM stops the run at a step boundary, with its checkpoint and
+// summary. Another a second or more later (Ctrl-C pressed again) ends the process at once; one
+// right behind the first is the same request twice (GNU timeout signals dtrain and then its
+// process group) and is let go.
 void on_interrupt(int signal) {
-  dtrain::request_stop(signal);
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
-  std::signal(SIGTERM, SIG_DFL);
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+  int64_t first = 0;
+  if (g_first_stop_ns.compare_exchange_strong(first, ns)) {
+    dtrain::request_stop(signal);
+    return;
+  }
+  if (ns - first < 1'000'000'000) return;
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
 }
 }  // namespace
 
