@@ -158,6 +158,28 @@ TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
   CHECK_FALSE(fs::exists(d.path / "res" / "mp"));
 }
 
+TEST_CASE("ranks given other configs are refused together before the first step", "[mpi]") {
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir d("mpi-config");
+  const auto cfg = write_config(d.path, 1);
+  const std::string bin = dtrain::test::dtrain_binary();
+  const std::string common = " run " + cfg + " gpus=2 --tag t --results " +
+                             (d.path / "res").string() + " train.collective_timeout_s=20";
+  // One node's command (an MPMD launch: one rank each) with another learning rate, a setting
+  // that no collective would notice: both ranks would train, each its own recipe.
+  const auto r = shell(mpirun(1) + bin + common + " : -np 1 " + bin + common + " optimizer.lr=0.5");
+  INFO(r.out);
+  CHECK(r.code != 0);
+  for (int rank : {0, 1})
+    CHECK_THAT(r.out, Catch::Contains("rank " + std::to_string(rank) +
+                                      ": run t-g2 failed: config: 1 of 2 ranks were given "
+                                      "another config than rank 0"));
+  CHECK(slurp(d.path / "res" / "mp" / "t-g2" / "status") == "failed\n");
+}
+
 TEST_CASE("a rank that throws ends every rank quickly and the run says failed", "[mpi]") {
   if (const auto why = mpirun_missing(); !why.empty()) {
     WARN("SKIPPED: " << why);

@@ -1,6 +1,7 @@
 #pragma once
 // Counter-based random numbers shared by the CPU and CUDA backends: value i of a stream depends
 // only on (seed, i), so any backend and any thread layout draws the same numbers.
+#include <cstddef>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -17,6 +18,14 @@ DTRAIN_HD inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
+}
+
+// FNV-1a of a text: the same on every machine and build (std::hash need not be).
+inline uint64_t text_hash(const char* text, size_t size) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < size; ++i)
+    h = (h ^ static_cast<unsigned char>(text[i])) * 0x100000001b3ULL;
+  return h;
 }
 
 // Uniform in [0, 1) with 53 random bits.

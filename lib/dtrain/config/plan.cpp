@@ -7,6 +7,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/hash.hpp"
 
 namespace dtrain {
 
@@ -139,9 +140,7 @@ std::string run_id(const std::string& tag, const PlannedRun& run) {
   // ids stay distinct and the same for every command that plans them; shorter ones are as ever.
   constexpr size_t kMaxId = 255 - 6;
   if (id.size() > kMaxId) {
-    uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
-    for (const char ch : id) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ULL;
-    id = fmt::format("{}-{:016x}", id.substr(0, kMaxId - 17), h);
+    id = fmt::format("{}-{:016x}", id.substr(0, kMaxId - 17), text_hash(id.data(), id.size()));
   }
   return id;
 }
