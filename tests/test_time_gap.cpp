@@ -102,8 +102,17 @@ TEST_CASE("the time waterfall's terms add up to the measured epoch", "[report]")
 TEST_CASE("a projection's terms stand beside the measured ones and add up to its epoch",
           "[report]") {
   const std::vector<EpochMetrics> one = {epoch(8, 0.4, 6, 1, 0, 7.4), epoch(8, 0.4, 6, 1, 0, 7.4)};
-  const std::vector<EpochMetrics> four = {epoch(4.4, 0.1, 2, 1, 0.9, 3.4)};
+  const std::vector<EpochMetrics> four = {epoch(4.4, 0.1, 2, 1, 0.9, 3.4),
+                                          epoch(4.4, 0.1, 2, 1, 0.9, 3.4)};
   TimeGap g = time_gap(one, 1, four, 4);
+  // One epoch is only the start; a time past 1e9 s is a damaged file.
+  CHECK_THAT(error_of([&] { time_gap(one, 1, {four[0]}, 4); }),
+             Catch::Contains("the second run has 1 epoch; the time gap is read from the epochs "
+                             "after the first"));
+  CHECK_THAT(error_of([&] {
+               time_gap({one[0], epoch(1e308, 0.4, 6, 1, 0, 7.4)}, 1, four, 4);
+             }),
+             Catch::Contains("has a time that is not a number of seconds in (0, 1e9] (1e+308)"));
   // 100 steps an epoch at 1 replica, 25 at 4: per step data 4 ms, compute 60, optimizer 10,
   // and 8 ms of exposed exchange at 4.
   ProjectedEpoch p;
@@ -197,6 +206,15 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
   double projected_sum = pj.at("ideal_s").get<double>();
   for (const auto& t : pj.at("terms")) projected_sum += t.at("projected").at("pcie4").get<double>();
   CHECK(projected_sum == Approx(pj.at("projections")[0].at("epoch_s").get<double>()));
+  // Another model (or data set) is refused, naming the key; model.batchnorm may differ.
+  REQUIRE(dtrain_cli("run " + cfg.string() + " gpus=2 model.hidden=[64] --quiet --tag m " +
+                     "--results " + res)
+              .code == 0);
+  const auto wider =
+      dtrain_cli("explain-time " + one + " " + (fs::path(res) / "t" / "m-g2").string());
+  CHECK(wider.code == 2);
+  CHECK_THAT(wider.out, Catch::Contains("has model.hidden=[32] and") &&
+                            Catch::Contains("has [64]: the two runs must train one model"));
   // The wrong way round, and a folder that is no run: one line, exit 2.
   const auto swapped = dtrain_cli("explain-time " + two + " " + one);
   CHECK(swapped.code == 2);

@@ -56,6 +56,30 @@ void add_projections(TimeGap& g, const std::string& small_dir, const RunRecord& 
 
 }  // namespace
 
+// Throws where the two runs train another model, on other data or another backend or
+// precision: their times would differ for reasons no term names. The replica count, batch, LR,
+// BatchNorm's mode, threads and seed may differ (those are what is compared).
+void require_same_workload(const RunRecord& small, const RunRecord& large) {
+  const auto compared = [](const std::string& key) {
+    return (key.rfind("model.", 0) == 0 && key != "model.batchnorm") ||
+           key.rfind("data.", 0) == 0 || key == "backend" || key == "precision";
+  };
+  std::set<std::string> keys;
+  for (const RunRecord* r : {&small, &large})
+    for (const auto& [key, value] : r->config)
+      if (compared(key)) keys.insert(key);
+  const auto value = [](const RunRecord& r, const std::string& key) {
+    const auto it = r.config.find(key);
+    return it == r.config.end() ? std::string("(none)") : it->second;
+  };
+  for (const std::string& key : keys)
+    if (value(small, key) != value(large, key))
+      throw UserError(fmt::format(
+          "explain-time: {} has {}={} and {} has {}: the two runs must train one model on one "
+          "data set (only the replicas, batch, LR, model.batchnorm, threads and seed may differ)",
+          small.dir, key, printable(value(small, key)), large.dir, printable(value(large, key))));
+}
+
 void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {
   app.add_option("small", opt.small, "Run folder of the run with fewer replicas (e.g. 1)")
       ->required();
@@ -81,6 +105,7 @@ int run_explain_time(const ExplainTimeOptions& opt) {
     throw UserError(fmt::format("explain-time: {} is experiment '{}' and {} is '{}': the two "
                                 "runs must be of one experiment",
                                 small.dir, small.experiment, large.dir, large.experiment));
+  if (!small.config.empty() && !large.config.empty()) require_same_workload(small, large);
   const std::vector<std::string_view> cols = {"epoch_time_s", "data_s", "compute_s",
                                               "optimizer_s", "exchange_exposed_s",
                                               "rank_busy_max_s"};

@@ -12,7 +12,7 @@ namespace dtrain {
 
 namespace {
 
-// The median epoch's phases: the epoch (after the first, where there are more) whose time is
+// The median epoch's phases: the epoch after the first whose time is
 // the median (the lower of the two middle ones), every phase from that one epoch.
 struct Phases {
   double epoch = 0, data = 0, compute = 0, optimizer = 0, exposed = 0, busy0 = 0, busy_max = 0;
@@ -22,14 +22,25 @@ struct Phases {
 
 Phases phases_of(const std::vector<EpochMetrics>& all, const char* which) {
   if (all.empty()) throw UserError(fmt::format("explain-time: the {} run has no epochs", which));
-  std::vector<EpochMetrics> e(all.begin() + (all.size() > 1 ? 1 : 0), all.end());
+  // The first epoch carries the start (memory touched for the first time, kernels generated):
+  // alone, it would put that in the waterfall.
+  if (all.size() < 2)
+    throw UserError(
+        fmt::format("explain-time: the {} run has 1 epoch; the time gap is read "
+                    "from the epochs after the first, which carries the start: "
+                    "run at least 2 epochs (train.epochs=2)",
+                    which));
+  std::vector<EpochMetrics> e(all.begin() + 1, all.end());
+  constexpr double kMaxSeconds = 1e9;  // 31 years an epoch: more is a damaged file
   for (const EpochMetrics& m : e)
     for (double v : {m.epoch_time_s, m.data_s, m.compute_s, m.optimizer_s, m.exchange_exposed_s,
                      m.rank_busy_max_s, m.bn_sync_s})
-      if (!(std::isfinite(v) && v >= 0) || !(m.epoch_time_s > 0))
-        throw UserError(fmt::format("explain-time: the {} run's epoch {} has a time that is not "
-                                    "a positive number ({}); its metrics.csv is damaged",
-                                    which, m.epoch, v));
+      if (!(std::isfinite(v) && v >= 0 && v <= kMaxSeconds) || !(m.epoch_time_s > 0))
+        throw UserError(
+            fmt::format("explain-time: the {} run's epoch {} has a time that is not "
+                        "a number of seconds in (0, 1e9] ({}); its metrics.csv is "
+                        "damaged",
+                        which, m.epoch, v));
   std::sort(e.begin(), e.end(), [](const EpochMetrics& a, const EpochMetrics& b) {
     return a.epoch_time_s < b.epoch_time_s;
   });
