@@ -158,11 +158,23 @@ TEST_CASE("dtrain bench-comm: a planted wrong result exits 1, bad input exits 2"
 
   for (const char* args :
        {"--sizes 4K:1K", "--sizes lots", "--sizes 6", "--replicas 1", "--iters 0"}) {
-    const auto r = dtrain_cli(std::string("bench-comm ") + args + " --out " + out);
+    const auto r = dtrain_cli(std::string("bench-comm ") + args + " --out " + out + "-bad");
     INFO(args << ": " << r.out);
     CHECK(r.code == 2);
     CHECK(count_lines(r.out) == 1);
     CHECK(r.out.rfind("dtrain: error: ", 0) == 0);
+  }
+  // A measurement is never written over, and --out names a file, not a folder.
+  const std::string before = slurp(out + ".json");
+  const auto again = dtrain_cli("bench-comm --replicas 2 --sizes 4K:8K --out " + out);
+  CHECK(again.code == 2);
+  CHECK_THAT(again.out, Catch::Contains("w.md exists; a measurement is never written over"));
+  CHECK(slurp(out + ".json") == before);
+  for (const std::string folder : {t.path.string(), t.path.string() + "/", std::string("/")}) {
+    const auto f = dtrain_cli("bench-comm --replicas 2 --sizes 4K:8K --out " + folder);
+    INFO(folder << ": " << f.out);
+    CHECK(f.code == 2);
+    CHECK_THAT(f.out, Catch::Contains("a folder, not a file name"));
   }
   const auto env = shell("DTRAIN_BENCH_COMM_CORRUPT=x " + dtrain_binary() + " bench-comm");
   CHECK(env.code == 2);

@@ -175,6 +175,15 @@ optimizer: {lr: 0.05, base_batch: 16}
   CHECK(m.code == 0);
   CHECK(m.out.find("alpha 10.00 us per ring step, busbw 1.0 GB/s") != std::string::npos);
   CHECK(fs::exists(t.path / "m.json"));
+  // A measurement whose sums came back wrong timed a broken exchange: refused.
+  for (const std::string wrong : {R"("wrong": 5)", R"("rows": [{"bytes": 4096, "wrong": 2}])"}) {
+    const std::string broken = t.write("broken.json", R"({"fit": {"a_s": 2e-5, "b_s_per_byte": 1e-9,
+      "alpha_s": 1e-5, "busbw_Bps": 1e9}, )" + wrong + "}");
+    const auto w = dtrain_cli("project " + run.string() + " --gpus 1,2 --link measured:" + broken);
+    INFO(w.out);
+    CHECK(w.code == 2);
+    CHECK_THAT(w.out, Catch::Contains("all-reduce gave wrong sums"));
+  }
 
   // Given values are checked, even those equal to the defaults' stand-ins.
   const std::string out = " --out " + (t.path / "bad").string();

@@ -148,8 +148,17 @@ int run_bench_comm(const BenchCommOptions& opt) {
   rep.warmup = s.warmup;
   rep.utc = utc_stamp("{:%Y-%m-%dT%H:%M:%SZ}");
   const std::string stem = out_stem(opt.out);
-  for (const char* ext : {".md", ".json"})
+  require_file_stem(stem, opt.out);
+  for (const char* ext : {".md", ".json"}) {
     refuse_run_folder_output(stem + ext, "--out", /*folder=*/false);
+    // A measurement is of its moment and cannot be made again: never written over.
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(stem + ext, ec)))
+      throw UserError(
+          fmt::format("--out {}: {}{} exists; a measurement is never written over "
+                      "(give another --out, or remove it)",
+                      opt.out, stem, ext));
+  }
   if (!multi || mpi::rank() == 0)  // a folder that cannot be made fails before the timing
     ensure_dir(fs::absolute(stem).parent_path().string(), "bench-comm output");
   rep.rows = multi ? bench_mpi(s, rep.communicator) : bench_in_process(opt.replicas, s);

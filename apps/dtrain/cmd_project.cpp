@@ -455,6 +455,7 @@ int run_project(const ProjectOptions& opt) {
                               slug(link.name))
                        : fs::path(r.dir) / ("projection-" + slug(link.name));
   if (stem.extension() == ".md" || stem.extension() == ".json") stem.replace_extension();
+  require_file_stem(stem.string(), opt.out.empty() ? stem.string() : opt.out);
   for (const char* ext : {".md", ".json"})
     refuse_run_folder_output(stem.string() + ext, "--out", /*folder=*/false);
   ensure_dir(fs::absolute(stem).parent_path().string(), "projection");

@@ -1,12 +1,13 @@
 // What several subcommands share: the config arguments, tags and loading each data set once.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <new>
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
-#include "dtrain/base/log.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/log.hpp"
 #include "dtrain/config/schema.hpp"
 
 namespace dtrain::cli {
@@ -27,6 +28,19 @@ std::string failure_text(const std::exception& e) {
     return "out of memory (an allocation failed); a smaller batch, model or data.shape needs "
            "less, and `dtrain validate` shows the estimate";
   return e.what();
+}
+
+void require_file_stem(const std::string& stem, const std::string& given) {
+  namespace fs = std::filesystem;
+  const fs::path p(stem);
+  const std::string name = p.filename().string();
+  std::error_code ec;
+  if (name.empty() || name == "." || name == ".." || fs::is_directory(p, ec) ||
+      (!given.empty() && given.back() == '/'))
+    throw UserError(
+        fmt::format("--out {}: a folder, not a file name; give FOLDER/NAME (NAME.json "
+                    "and NAME.md are written)",
+                    given));
 }
 
 CLI::Validator non_empty(const char* what) {

@@ -335,6 +335,20 @@ LinkFit load_bench_fit(const std::string& path) {
       return std::numeric_limits<double>::quiet_NaN();
     return j["fit"][key].get<double>();
   };
+  // A measurement whose sums came back wrong timed a broken exchange: no link to project with.
+  int64_t wrong = j.is_object() && j.contains("wrong") && j["wrong"].is_number()
+                      ? static_cast<int64_t>(std::min(j["wrong"].get<double>(), 1e18))
+                      : 0;
+  if (j.is_object() && j.contains("rows") && j["rows"].is_array())
+    for (const auto& row : j["rows"])
+      if (row.is_object() && row.contains("wrong") && row["wrong"].is_number() &&
+          !(row["wrong"].get<double>() <= 0))
+        wrong = std::max<int64_t>(wrong, 1);
+  if (wrong != 0)
+    throw UserError(fmt::format(
+        "{}: this measurement's all-reduce gave wrong sums (\"wrong\" is not 0): its times "
+        "are of a broken exchange; measure again and check the communicator first",
+        path));
   LinkFit f{number("a_s"), number("b_s_per_byte"), number("alpha_s"), number("busbw_Bps")};
   // Bounds of any real link: latency under a second, bandwidth between 1 kB/s and 1 PB/s.
   if (!(f.alpha_s >= 0 && f.alpha_s < 1) || !(f.busbw >= 1e3 && f.busbw <= 1e15))
