@@ -189,6 +189,7 @@ optimizer: {lr: 0.05, base_batch: 16}
   const std::string out = " --out " + (t.path / "bad").string();
   for (const auto& [flags, want] : std::vector<std::pair<std::string, std::string>>{
            {"--params 0", "--params: 0 is outside 1 to"},
+           {"--gpus 1,2,1", "--gpus: 1 is given twice"},
            {"--bucket-mb -1", "--bucket-mb: -1 is outside 0"},
            {"--bucket-mb 1e-300", "a bucket holds at least one 4-byte gradient"}}) {
     const auto b = dtrain_cli("project " + run.string() + " " + flags + out);

@@ -41,15 +41,18 @@ void add_projections(TimeGap& g, const std::string& small_dir, const RunRecord& 
         std::fprintf(stderr,
                      "dtrain: warning: %s projects %lld steps per epoch at %d replicas, but %s "
                      "has %lld; left out\n",
-                     f.string().c_str(), static_cast<long long>(p->steps_per_epoch), large.gpus,
-                     large.dir.c_str(), static_cast<long long>(large.steps_per_epoch));
+                     printable(f.string()).c_str(), static_cast<long long>(p->steps_per_epoch),
+                     large.gpus, printable(large.dir).c_str(),
+                     static_cast<long long>(large.steps_per_epoch));
         continue;
       }
       // Named by the file (projection-NAME.json), which is unique, not by its link's name.
-      p->link = f.stem().string().substr(std::string("projection-").size());
+      // Control characters or a '|' in a file name would break the table.
+      p->link = printable(f.stem().string().substr(std::string("projection-").size()));
+      std::replace(p->link.begin(), p->link.end(), '|', '/');
       add_projection(g, *p);
     } catch (const UserError& e) {
-      std::fprintf(stderr, "dtrain: warning: %s\n", e.what());
+      std::fprintf(stderr, "dtrain: warning: %s\n", printable(e.what()).c_str());
     }
   }
 }

@@ -332,9 +332,14 @@ std::string to_json(const RunInput& r, const Link& link, double backward_fractio
 
 void check_options(const ProjectOptions& opt) {
   if (opt.gpus.empty()) throw UserError("--gpus: give at least one GPU count, e.g. 1,2,4,8");
-  for (int n : opt.gpus)
+  for (size_t i = 0; i < opt.gpus.size(); ++i) {
+    const int n = opt.gpus[i];
     if (n < 1 || n > (1 << 20))
       throw UserError(fmt::format("--gpus {}: each GPU count must be 1 to 1048576", n));
+    if (std::find(opt.gpus.begin(), opt.gpus.begin() + static_cast<std::ptrdiff_t>(i), n) !=
+        opt.gpus.begin() + static_cast<std::ptrdiff_t>(i))
+      throw UserError(fmt::format("--gpus: {} is given twice; give each GPU count once", n));
+  }
   // Checked as given (NaN: not given); the option's own check misses some values ("-1").
   if (!std::isnan(opt.backward_fraction) &&
       !(opt.backward_fraction > 0 && opt.backward_fraction <= 1))
