@@ -511,9 +511,13 @@ TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same
     CHECK(masks.at("main") == "blocked");
     CHECK(masks.at("dtrain-signals") == "unblocked");
     kill(pid, sig);
-    // SIGTERM twice at once, as GNU timeout sends it (to dtrain, then its process group): one
-    // request, not a second one that ends the process before its summary.
-    if (sig == SIGTERM) kill(pid, sig);
+    // SIGTERM twice, as GNU timeout sends it (to dtrain, then its process group): one request,
+    // not a second one that ends the process before its summary. 50 ms apart, so that the
+    // first is handled before the second arrives (two pending ones would merge into one).
+    if (sig == SIGTERM) {
+      ::usleep(50'000);
+      kill(pid, sig);
+    }
     CHECK(exit_code(pid) == code);
     // The log says how to continue, with the tag the command needs.
     CHECK(slurp(out).find("to continue: the same command with --resume --tag t") !=

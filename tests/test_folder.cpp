@@ -524,10 +524,10 @@ TEST_CASE("bench-input gives a row per worker count and refuses buffers beyond m
   INFO(big.out);
   CHECK(big.code == 2);
   CHECK_THAT(big.out, Catch::Contains("GiB of buffers; this machine has"));
-  // validate counts the training pipeline's batches too: 65 of 24 images of 3 x 4096 x 4096
-  // floats, about 293 GiB, where the model needs a few.
+  // validate counts the training pipeline's batches too: 65 of 24 images of 3 x 8192 x 8192
+  // floats, about 1.2 TiB, where the model needs far less.
   const auto ahead =
-      dtrain_cli("validate " + cfg.string() + " 'data.shape=[3,4096,4096]' " +
+      dtrain_cli("validate " + cfg.string() + " 'data.shape=[3,8192,8192]' " +
                  "data.normalize=false train.per_replica_batch=24 " + "data.prefetch=64");
   INFO(ahead.out);
   CHECK(ahead.code == 2);

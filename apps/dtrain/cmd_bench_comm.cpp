@@ -35,10 +35,20 @@ std::string utc_stamp(const char* format) {
 }
 
 // --out PATH writes PATH.json and PATH.md (a .json or .md the user gave is not doubled).
+// Without --out, a name of the second, with -2, -3, ... where one of that second exists.
 std::string out_stem(const std::string& out) {
   fs::path p(out.empty() ? "results/bench-comm/" + utc_stamp("{:%Y%m%d-%H%M%S}") : out);
   if (p.extension() == ".json" || p.extension() == ".md") p.replace_extension();
-  return p.string();
+  const std::string stem = p.string();
+  std::error_code ec;
+  const auto taken = [&](const std::string& s) {
+    return fs::exists(fs::symlink_status(s + ".json", ec)) ||
+           fs::exists(fs::symlink_status(s + ".md", ec));
+  };
+  if (!out.empty() || !taken(stem)) return stem;
+  for (int n = 2; n < 1000; ++n)
+    if (!taken(fmt::format("{}-{}", stem, n))) return fmt::format("{}-{}", stem, n);
+  return stem;  // refused below as taken
 }
 
 // One thread per replica, as `dtrain run` places in-process replicas. A rank that fails aborts

@@ -59,28 +59,26 @@ void add_projections(TimeGap& g, const std::string& small_dir, const RunRecord& 
 
 }  // namespace
 
-// Throws where the two runs train another model, on other data or another backend or
-// precision: their times would differ for reasons no term names. The replica count, batch, LR,
-// BatchNorm's mode, threads and seed may differ (those are what is compared).
+// Throws where the two runs train another model, or on other data, by a key both runs' configs
+// hold (a folder from an older dtrain lacks newer keys). What may differ is what is compared, or
+// how the same data reaches the model: the replicas, batch and LR, model.batchnorm, threads,
+// the seed, data.path, data.workers and data.prefetch, and the data order (data.shuffle and
+// data.sharding, which `dtrain explain` varies).
 void require_same_workload(const RunRecord& small, const RunRecord& large) {
-  const auto compared = [](const std::string& key) {
-    return (key.rfind("model.", 0) == 0 && key != "model.batchnorm") ||
-           key.rfind("data.", 0) == 0 || key == "backend" || key == "precision";
-  };
-  std::set<std::string> keys;
-  for (const RunRecord* r : {&small, &large})
-    for (const auto& [key, value] : r->config)
-      if (compared(key)) keys.insert(key);
-  const auto value = [](const RunRecord& r, const std::string& key) {
-    const auto it = r.config.find(key);
-    return it == r.config.end() ? std::string("(none)") : it->second;
-  };
-  for (const std::string& key : keys)
-    if (value(small, key) != value(large, key))
-      throw UserError(fmt::format(
-          "explain-time: {} has {}={} and {} has {}: the two runs must train one model on one "
-          "data set (only the replicas, batch, LR, model.batchnorm, threads and seed may differ)",
-          small.dir, key, printable(value(small, key)), large.dir, printable(value(large, key))));
+  static const std::set<std::string> free = {"model.batchnorm", "data.path",    "data.workers",
+                                             "data.prefetch",   "data.shuffle", "data.sharding"};
+  for (const auto& [key, value] : small.config) {
+    const bool compared =
+        key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key == "precision";
+    const auto other = large.config.find(key);
+    if (!compared || free.count(key) || other == large.config.end() || other->second == value)
+      continue;
+    throw UserError(fmt::format(
+        "explain-time: {} has {}={} and {} has {}: the two runs must train one model on one "
+        "data set (the replicas, batch, LR, model.batchnorm, threads, seed, data order and "
+        "data.path, workers and prefetch may differ)",
+        small.dir, key, printable(value), large.dir, printable(other->second)));
+  }
 }
 
 void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {

@@ -21,8 +21,8 @@ std::string one_line(const char* what);
 // type), which says "out of memory" and how to need less.
 std::string failure_text(const std::exception& e);
 
-// Refuses an --out that names no file of its own: a folder ("/", "out/", an existing folder)
-// or a name such as "." (STEM.json and STEM.md would be hidden files beside it).
+// Refuses an --out that names no file of its own: a folder ("/", "out/") or a name such as "."
+// (STEM.json and STEM.md would be hidden files beside it).
 void require_file_stem(const std::string& stem, const std::string& given);
 
 // Refuses an empty value for an option: a path (`--out ''` would write into the current folder),

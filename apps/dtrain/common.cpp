@@ -34,9 +34,7 @@ void require_file_stem(const std::string& stem, const std::string& given) {
   namespace fs = std::filesystem;
   const fs::path p(stem);
   const std::string name = p.filename().string();
-  std::error_code ec;
-  if (name.empty() || name == "." || name == ".." || fs::is_directory(p, ec) ||
-      (!given.empty() && given.back() == '/'))
+  if (name.empty() || name == "." || name == ".." || (!given.empty() && given.back() == '/'))
     throw UserError(
         fmt::format("--out {}: a folder, not a file name; give FOLDER/NAME (NAME.json "
                     "and NAME.md are written)",

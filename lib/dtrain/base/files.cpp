@@ -208,32 +208,20 @@ double number_in(const char* path, const std::string& key, double scale) {
   return 0;
 }
 
-// What a cgroup (v2) memory limit leaves this process's group, or 0 where there is none.
-double cgroup_room() {
-  std::ifstream max_in("/sys/fs/cgroup/memory.max"), cur_in("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  double current = 0;
-  if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) return 0;
-  char* end = nullptr;
-  const double limit = std::strtod(max_text.c_str(), &end);
-  return *end == '\0' && limit > current ? limit - current : 0;
-}
-
 }  // namespace
 
 double available_host_memory() {
   double have = number_in("/proc/meminfo", "MemAvailable:", 1024);
   const auto tighter = [&](double room) {
-    if (room > 0 && (have <= 0 || room < have)) have = room;
+    if (have <= 0 || room < have) have = room;
   };
   // An address-space limit (ulimit -v) counts what this process has mapped already.
   rlimit as{};
   if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
     const double mapped = number_in("/proc/self/status", "VmSize:", 1024);
     const auto limit = static_cast<double>(as.rlim_cur);
-    tighter(limit > mapped ? limit - mapped : 1);
+    if (limit > mapped) tighter(limit - mapped);
   }
-  tighter(cgroup_room());
   return have;
 }
 

@@ -48,7 +48,8 @@ std::string slug(const std::string& s);
 bool is_hidden(const std::filesystem::path& p);
 
 // Bytes this process can still have: the kernel's MemAvailable (/proc/meminfo), or less where
-// an address-space limit (ulimit -v) or a cgroup's memory.max leaves less; 0 where none says.
+// an address-space limit (ulimit -v) leaves less; 0 where neither says. (A cgroup's limit is
+// not read: its usage counts page cache the kernel would give back.)
 double available_host_memory();
 
 }  // namespace dtrain
