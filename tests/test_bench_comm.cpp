@@ -170,7 +170,7 @@ TEST_CASE("dtrain bench-comm: a planted wrong result exits 1, bad input exits 2"
   CHECK(again.code == 2);
   CHECK_THAT(again.out, Catch::Contains("w.md exists; a measurement is never written over"));
   CHECK(slurp(out + ".json") == before);
-  for (const std::string folder : {t.path.string() + "/", std::string("/"), std::string(".")}) {
+  for (const std::string& folder : {t.path.string() + "/", std::string("/"), std::string(".")}) {
     const auto f = dtrain_cli("bench-comm --replicas 2 --sizes 4K:8K --out " + folder);
     INFO(folder << ": " << f.out);
     CHECK(f.code == 2);
