@@ -176,6 +176,14 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
        "--seeds: 'abc' is not a number; give one from 1 to 100"},
       {"explain " + good + " --seeds 101", "--seeds: 101 is outside 1 to 100"},
       {"run " + good + " gpus=1,,2", "empty value in the comma list"},
+      // A value twice, or two that read alike, would train one run twice under two names.
+      {"run " + good + " gpus=1,2,1", "override 'gpus=1,2,1': 1 is in the comma list twice"},
+      {"validate " + good + " optimizer.lr=0.1,0.10",
+       "the comma lists make one run twice (optimizer.lr=0.1 and 0.10 read alike)"},
+      // A section given whole after a key inside it would drop that key.
+      {"validate " + good + " train.epochs=3 'train={seed: 5}'",
+       "override 'train={seed: 5}' replaces the whole train section, so the earlier "
+       "train.epochs=... would be lost"},
       {"run " + good + " gpus=3 train.global_batch=32 train.per_replica_batch=null",
        "cannot be split evenly across gpus=3"},
       {"run " + good + " data.dataset=idx data.path=" + s.path.string(),

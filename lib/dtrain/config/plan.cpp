@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "dtrain/base/error.hpp"
@@ -65,6 +66,29 @@ void load_each(const std::string& config_path, std::vector<PlannedRun>& runs) {
 }
 }  // namespace
 
+namespace {
+// Two values of a comma list that read alike (0.1 and 0.10, 1,1) would train the same run
+// twice under two names: refused, naming both.
+void refuse_repeated_runs(const std::vector<PlannedRun>& runs) {
+  if (runs.size() < 2) return;
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto [it, fresh] = seen.emplace(to_yaml(runs[i].config), i);
+    if (fresh) continue;
+    const PlannedRun& a = runs[it->second];
+    std::string differ;
+    for (size_t k = 0; k < a.overrides.size() && k < runs[i].overrides.size(); ++k)
+      if (a.overrides[k].value != runs[i].overrides[k].value)
+        differ += fmt::format("{}{}={} and {}", differ.empty() ? "" : ", ", a.overrides[k].key,
+                              a.overrides[k].value, runs[i].overrides[k].value);
+    throw UserError(
+        fmt::format("the comma lists make one run twice ({} read alike); give each "
+                    "value once",
+                    differ.empty() ? "two values" : differ));
+  }
+}
+}  // namespace
+
 std::vector<PlannedRun> plan_runs(const std::string& config_path,
                                   const std::vector<std::string>& override_texts) {
   struct Axis {
@@ -77,6 +101,13 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
     const Override o = parse_override(text);
     if (!keys.insert(o.key).second)
       throw UserError(fmt::format("override '{}': key '{}' given twice", text, o.key));
+    // A section given whole replaces what an earlier override set inside it.
+    for (const auto& earlier : keys)
+      if (earlier.size() > o.key.size() && earlier.compare(0, o.key.size() + 1, o.key + ".") == 0)
+        throw UserError(fmt::format(
+            "override '{}' replaces the whole {} section, so the earlier {}=... would be lost; "
+            "give {} inside it, or set the section's keys one by one",
+            text, o.key, earlier, earlier.substr(o.key.size() + 1)));
     auto values = split_values(o.value);
     for (const auto& v : values)
       if (v.empty())
@@ -86,6 +117,13 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
                                           "string is \"{}=''\" in the shell)",
                                           text, o.key, o.key)
                             : fmt::format("override '{}': empty value in the comma list", text));
+    for (size_t i = 1; i < values.size(); ++i)
+      if (std::find(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(i), values[i]) !=
+          values.begin() + static_cast<std::ptrdiff_t>(i))
+        throw UserError(
+            fmt::format("override '{}': {} is in the comma list twice; give each "
+                        "value once",
+                        text, values[i]));
     axes.push_back({o.key, std::move(values)});
   }
   // The product of the lists is counted before any run is built: a sweep of 1000 x 1000 x 1000
@@ -124,6 +162,7 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
     runs = std::move(next);
   }
   load_each(config_path, runs);
+  refuse_repeated_runs(runs);
   return runs;
 }
 

@@ -63,6 +63,12 @@ std::string pct(const std::optional<double>& v) {
   return v ? fmt::format("{:.2f}%", 100 * *v) : std::string("-");
 }
 
+// A run whose summary was not read (still running, or unreadable) has no gpus, batch or LR:
+// "-", not a 0 it never had.
+std::string known(const RunRecord& r, int64_t v) {
+  return r.gpus > 0 ? std::to_string(v) : std::string("-");
+}
+
 struct Column {
   const char* title;
   std::string (*cell)(const ComparisonRow&);
@@ -71,12 +77,15 @@ struct Column {
 const std::vector<Column>& columns() {
   static const std::vector<Column> cols = {
       {"run", [](const ComparisonRow& r) { return r.run.run_id; }},
-      {"gpus", [](const ComparisonRow& r) { return std::to_string(r.run.gpus); }},
+      {"gpus", [](const ComparisonRow& r) { return known(r.run, r.run.gpus); }},
       {"per-replica batch",
-       [](const ComparisonRow& r) { return std::to_string(r.run.per_replica_batch); }},
-      {"global batch", [](const ComparisonRow& r) { return std::to_string(r.run.global_batch); }},
+       [](const ComparisonRow& r) { return known(r.run, r.run.per_replica_batch); }},
+      {"global batch", [](const ComparisonRow& r) { return known(r.run, r.run.global_batch); }},
       {"lr rule", [](const ComparisonRow& r) { return r.run.lr_scaling; }},
-      {"peak lr", [](const ComparisonRow& r) { return fmt::format("{:.4g}", r.run.peak_lr); }},
+      {"peak lr",
+       [](const ComparisonRow& r) {
+         return r.run.gpus > 0 ? fmt::format("{:.4g}", r.run.peak_lr) : std::string("-");
+       }},
       {"reduction", [](const ComparisonRow& r) { return r.run.reduction; }},
       {"shuffle", [](const ComparisonRow& r) { return r.run.shuffle; }},
       {"sharding", [](const ComparisonRow& r) { return r.run.sharding; }},
@@ -538,17 +547,18 @@ std::string to_json(const Comparison& c) {
   };
   for (const auto& row : c.rows) {
     const auto& r = row.run;
+    const auto read = [&](auto v) { return r.gpus > 0 ? nlohmann::json(v) : nlohmann::json(); };
     rows.push_back({{"run_id", r.run_id},
                     {"dir", r.dir},
                     {"group", r.group},
                     {"status", r.status},
                     {"error", r.error},
-                    {"gpus", r.gpus},
-                    {"per_replica_batch", r.per_replica_batch},
-                    {"global_batch", r.global_batch},
-                    {"lr", r.lr},
+                    {"gpus", read(r.gpus)},
+                    {"per_replica_batch", read(r.per_replica_batch)},
+                    {"global_batch", read(r.global_batch)},
+                    {"lr", read(r.lr)},
                     {"lr_scaling", r.lr_scaling},
-                    {"peak_lr", r.peak_lr},
+                    {"peak_lr", read(r.peak_lr)},
                     {"reduction", r.reduction},
                     {"shuffle", r.shuffle},
                     {"sharding", r.sharding},
