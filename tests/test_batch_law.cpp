@@ -236,6 +236,18 @@ TEST_CASE("report --batch-law over a small sweep of batches and LRs writes its t
   CHECK_THAT(wrong.out, Catch::Contains("--reference " + other +
                                         ": no runs of experiment 'bl' (it has 'other')"));
   CHECK_FALSE(fs::exists(d.path / "vs2"));
+  // A study whose runs set no target has no epochs to one to compare with.
+  const auto untargeted = (d.path / "untargeted").string();
+  REQUIRE(dtrain_cli("run " + cfg.string() +
+                     " train.epochs=1 train.target_accuracy=0 --quiet "
+                     "--tag u --results " +
+                     untargeted)
+              .code == 0);
+  const auto none = dtrain_cli("report " + more + " --reference " + untargeted + " --out " +
+                               (d.path / "vs3").string());
+  CHECK(none.code == 2);
+  CHECK_THAT(none.out, Catch::Contains("its runs of 'bl' set no target"));
+  CHECK_FALSE(fs::exists(d.path / "vs3"));
   const auto missing = dtrain_cli("report " + more + " --reference " + (d.path / "nothing").string());
   CHECK(missing.code == 2);
   const auto empty = dtrain_cli("report " + more + " --reference ''");

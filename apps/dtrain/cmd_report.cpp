@@ -239,7 +239,14 @@ std::map<std::string, Reference> read_references(const std::string& study,
       throw UserError(fmt::format("--reference {}: no runs of experiment '{}' (it has {})", study,
                                   name, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
     }
-    refs.emplace(name, reference_points(it->second));
+    const Reference ref = reference_points(it->second);
+    if (!(ref.target_accuracy > 0) && !(ref.target_loss > 0))
+      throw UserError(fmt::format(
+          "--reference {}: its runs of '{}' set no target (train.target_accuracy or "
+          "train.target_loss), so they have no epochs to a target to compare with; give a study "
+          "whose runs set one",
+          study, name));
+    refs.emplace(name, ref);
   }
   return refs;
 }
