@@ -215,7 +215,9 @@ TEST_CASE("a run folder held by another process is never moved or resumed", "[re
     CHECK(slurp(run / "status") == "running\n");
     CHECK(!fs::exists(res / "tiny" / ".attempts"));
   }
-  // Released: the folder is an interrupted run, which --resume moves aside and runs again.
+  // Released: the folder is an interrupted run, which --resume moves aside and runs again,
+  // without the partial write its process left when it died.
+  put(run / "checkpoint.bin.tmp.99999", "cut short");
   CHECK(RunLock::holder(run.string()) == 0);
   CHECK(read_run_status(run.string()) == "interrupted");
   CHECK(dtrain_cli(cmd).code == 2);
@@ -225,6 +227,8 @@ TEST_CASE("a run folder held by another process is never moved or resumed", "[re
   CHECK(slurp(run / "status") == "done\n");
   CHECK(slurp(res / "tiny" / ".attempts" / "t-g1.1" / "status") == "running\n");
   CHECK(read_run_status((res / "tiny" / ".attempts" / "t-g1.1").string()) == "interrupted");
+  CHECK(!fs::exists(res / "tiny" / ".attempts" / "t-g1.1" / "checkpoint.bin.tmp.99999"));
+  CHECK_THAT(r.out, Catch::Contains("checkpoint.bin.tmp.99999, a write cut short"));
 }
 
 TEST_CASE("resuming refuses a finished run whose config differs", "[recorder][cli]") {

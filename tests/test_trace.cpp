@@ -180,6 +180,34 @@ TEST_CASE("a run resumed after its trace window keeps the trace it wrote", "[tra
   read_trace(trace, 4, 2, 2);
 }
 
+TEST_CASE("a run resumed inside its trace window says which steps each trace.json holds",
+          "[trace]") {
+  TempDir d("trace-resume-inside");
+  const auto cfg = write_config(d.path);
+  const auto res = (d.path / "res").string();
+  // 8 steps an epoch: the window is steps 6 to 13; the run fails at step 12, after its first
+  // epoch wrote steps 6 to 8, and continues from its checkpoint at step 8.
+  const std::string run = dtrain_binary() + " run " + cfg + " gpus=4 replicas=threads " +
+                          "train.trace.from_step=6 train.trace.steps=8 --quiet --tag r " +
+                          "--results " + res;
+  REQUIRE(shell("DTRAIN_FAULT=0:12 " + run + " 2>&1").code != 0);
+  const auto again = shell(run + " --resume 2>&1");
+  INFO(again.out);
+  REQUIRE(again.code == 0);
+  const auto about = [](const fs::path& f) {
+    return nlohmann::json::parse(slurp(f)).at("otherData").at("about").get<std::string>();
+  };
+  CHECK(about(fs::path(res) / "tr" / "r-g4" / "trace.json") ==
+        "dtrain 4 replicas, steps 9 to 13 (resumed at step 9: steps 6 to 8 are in the stopped "
+        "attempt's trace.json, under .attempts/)");
+  int attempts = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(res) / "tr" / ".attempts")) {
+    ++attempts;
+    CHECK(about(e.path() / "trace.json") == "dtrain 4 replicas, steps 6 to 8");
+  }
+  CHECK(attempts == 1);
+}
+
 TEST_CASE("a trace is no part of a run's identity, and its window is checked", "[trace]") {
   TempDir d("trace-id");
   const auto cfg = write_config(d.path);

@@ -124,8 +124,29 @@ namespace {
 // Moves an unfinished run folder aside (never deletes it) so the run can start afresh, into
 // <experiment>/.attempts/, which must be a real folder: a link there (planted) would move the
 // run out of the results tree, and a name taken by anything, a dangling link too, is refused.
+// Removes the partial writes (write_file_atomic's NAME.tmp.PID) of a process that died in the
+// middle of one: never a whole file, and a checkpoint's can be tens of MB. The caller holds the
+// run's lock, so no live process is writing them.
+void remove_partial_writes(const fs::path& dir) {
+  std::error_code ec;
+  std::vector<fs::path> partial;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || at == 0 || at + 5 == name.size() ||
+        !fs::is_regular_file(it->symlink_status(ec)) ||
+        !std::all_of(name.begin() + static_cast<std::ptrdiff_t>(at + 5), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    partial.push_back(it->path());
+  }
+  for (const fs::path& f : partial)
+    if (fs::remove(f, ec)) log().info("resume: removed {}, a write cut short", f.string());
+}
+
 std::string move_aside(const std::string& dir, const std::string& why) {
   const fs::path p(dir);
+  remove_partial_writes(p);
   const fs::path attic = p.parent_path() / ".attempts";
   std::error_code ec;
   if (fs::is_symlink(fs::symlink_status(attic, ec)))

@@ -28,6 +28,7 @@ std::chrono::steady_clock::time_point common_clock_origin(Communicator& comm) {
 }
 
 void TraceWindow::start(int64_t global_step) {
+  started_at_ = global_step;
   written_ = global_step >= cfg_.from_step + cfg_.steps - 1;
 }
 
@@ -58,11 +59,20 @@ void TraceWindow::write(Communicator& comm, StepTrace& trace, TrainObserver* obs
     const std::vector<TraceSpan> spans = unpack_spans(all.data() + r * most, n);
     ranks_[r].insert(ranks_[r].end(), spans.begin(), spans.end());
   }
+  // A run resumed inside the window holds the steps since; the stopped attempt's trace.json
+  // (moved aside to .attempts/) holds those before.
+  const int64_t first = std::max(cfg_.from_step, started_at_ + 1);
+  const std::string earlier =
+      first > cfg_.from_step
+          ? fmt::format(
+                " (resumed at step {}: steps {} to {} are in the stopped attempt's "
+                "trace.json, under .attempts/)",
+                first, cfg_.from_step, first - 1)
+          : "";
   if (observer)
-    observer->on_trace(
-        trace_json(ranks_, fmt::format("dtrain {} replicas, steps {} to {}", replicas,
-                                       cfg_.from_step,
-                                       std::min(global_step, cfg_.from_step + cfg_.steps - 1))));
+    observer->on_trace(trace_json(
+        ranks_, fmt::format("dtrain {} replicas, steps {} to {}{}", replicas, first,
+                            std::min(global_step, cfg_.from_step + cfg_.steps - 1), earlier)));
 }
 
 }  // namespace dtrain

@@ -39,6 +39,7 @@ class TraceWindow {
   TraceConfig cfg_;
   std::vector<std::vector<TraceSpan>> ranks_;  // rank 0: every rank's spans so far
   bool written_ = false;                       // the window is over and written
+  int64_t started_at_ = 0;                     // steps done when this process started the run
 };
 
 }  // namespace dtrain
