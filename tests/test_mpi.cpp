@@ -156,6 +156,12 @@ TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
   CHECK_THAT(s.out, Catch::Contains("dtrain: error: replicas: shared keeps every replica in one "
                                     "process, but this run was started by a launcher"));
   CHECK_FALSE(fs::exists(d.path / "res" / "mp"));
+  // Commands that run once are refused under a launcher, in one line (rank 0's).
+  const auto v = shell(mpirun(2) + dtrain::test::dtrain_binary() + " validate " + cfg);
+  CHECK(v.code != 0);
+  const std::string once = "dtrain: error: validate runs once, not one per process";
+  CHECK(v.out.find(once) != std::string::npos);
+  CHECK(v.out.find(once) == v.out.rfind(once));
 }
 
 TEST_CASE("ranks given other configs are refused together before the first step", "[mpi]") {

@@ -243,6 +243,20 @@ int run_command(const Command& cmd) {
 }
 }  // namespace
 
+// Started by mpirun or srun, only `run` (one replica per process), `bench-comm` (the launched
+// processes' all-reduce) and `devices` (each node's) do what a launch means; the others would
+// each run once per process, writing the same files at once. 2 for those, 0 otherwise.
+int refuse_under_launcher(const std::string& name) {
+  if (!dtrain::mpi::initialized() || name == "run" || name == "bench-comm" || name == "devices")
+    return 0;
+  if (dtrain::mpi::rank() == 0)
+    std::fprintf(stderr,
+                 "dtrain: error: %s runs once, not one per process: start it without mpirun or "
+                 "srun (only run, bench-comm and devices are launched)\n",
+                 name.c_str());
+  return 2;
+}
+
 int run_main(int argc, char** argv) {
   CLI::App app{
       "dtrain: run data-parallel training experiments from YAML and compare 1 replica against N.\n"
@@ -262,6 +276,7 @@ int run_main(int argc, char** argv) {
   if (const auto code = parse(app, argc, argv)) return *code;
   for (const auto& cmd : commands) {
     if (!*cmd.cli) continue;
+    if (const int code = refuse_under_launcher(cmd.cli->get_name())) return code;
     // Only `run` (and explain, which runs it) stops at a step boundary and records what it
     // has; the other commands write nothing half-done, so Ctrl-C and SIGTERM end them at once.
     if (cmd.stops_at_step) {
