@@ -124,6 +124,13 @@ TEST_CASE("dtrain run writes complete run folders and a comparison table", "[cli
   CHECK_THAT(slurp(fs::path(res) / "tiny" / "comparison-t.md"),
              Catch::Contains("Simulated on one machine (replicas sharing its CPU cores, or one "
                              "GPU): t-g2, t-g4."));
+  // Runs of one epoch: the table says that their times include the start.
+  CHECK_THAT(slurp(fs::path(res) / "tiny" / "comparison-t.md"), !Catch::Contains("One epoch"));
+  REQUIRE(
+      dtrain_cli("run " + cfg + " gpus=1,2 train.epochs=1 --quiet --results " + res + " --tag o")
+          .code == 0);
+  CHECK_THAT(slurp(fs::path(res) / "tiny" / "comparison-o.md"),
+             Catch::Contains("One epoch only: o-g1, o-g2. Such a time includes the start"));
   CHECK_THAT(slurp(fs::path(res) / "tiny" / "t-g4" / "summary.json"),
              Catch::Contains("\"replica_mode\": \"shared\""));
   CHECK(count_lines(slurp(fs::path(res) / "tiny" / "comparison-t.csv")) == 4);

@@ -6,14 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <functional>
 #include <string>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/log.hpp"
 #include "dtrain/results/recorder.hpp"
 #include "helpers.hpp"
 
@@ -278,4 +279,16 @@ data:
   INFO(r.out);
   CHECK(r.code == 128 + SIGTERM);  // the shell's code for a child killed by SIGTERM
   CHECK(took < std::chrono::seconds(3));
+}
+
+TEST_CASE("log lines show control characters from paths and names as '?'", "[recorder]") {
+  TempDir d("log-printable");
+  const auto file = d.path / "log";
+  {
+    RunLogFile mirror(file.string());
+    dtrain::log().info("run q-g1: {}", std::string("/tmp/RI\nnl/\x1b[31mx\xc2\x9b"));
+  }
+  const std::string text = slurp(file);
+  CHECK_THAT(text, Catch::Contains("run q-g1: /tmp/RI?nl/?[31mx??\n"));
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
 }

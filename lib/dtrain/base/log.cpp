@@ -1,5 +1,6 @@
 #include "dtrain/base/log.hpp"
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <unistd.h>
@@ -8,18 +9,40 @@
 #include <cstdio>
 #include <mutex>
 
+#include "dtrain/base/error.hpp"
+
 namespace dtrain {
 
 namespace {
 std::mutex g_progress_mu;
 bool g_progress_shown = false;
+
+// %* : the message as printable() shows it. A path or name from a user (a --results with a
+// newline, a file name with an escape sequence) never reaches the terminal or the log raw.
+class PrintableMessage : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const std::string text = printable(std::string(msg.payload.data(), msg.payload.size()));
+    dest.append(text.data(), text.data() + text.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<PrintableMessage>();
+  }
+};
+
+std::unique_ptr<spdlog::formatter> line_format(const char* pattern) {
+  auto f = std::make_unique<spdlog::pattern_formatter>();
+  f->add_flag<PrintableMessage>('*').set_pattern(pattern);
+  return f;
+}
 }  // namespace
 
 spdlog::logger& log() {
   static std::shared_ptr<spdlog::logger> logger = [] {
     auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
     auto l = std::make_shared<spdlog::logger>("dtrain", sink);
-    l->set_pattern("[%H:%M:%S] %^%l%$ %v");
+    sink->set_formatter(line_format("[%H:%M:%S] %^%l%$ %*"));
     l->set_level(spdlog::level::info);
     // Every line reaches the run's log file as it is logged: a killed run keeps its log (a few
     // lines an epoch, so the writes cost nothing to speak of).
@@ -36,7 +59,7 @@ void set_verbosity(bool quiet) {
 
 RunLogFile::RunLogFile(const std::string& path) {
   sink_ = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, false);
-  sink_->set_pattern("[%Y-%m-%d %H:%M:%S.%e] %l %v");
+  sink_->set_formatter(line_format("[%Y-%m-%d %H:%M:%S.%e] %l %*"));
   sink_->set_level(spdlog::level::info);
   log().sinks().push_back(sink_);
 }

@@ -512,6 +512,13 @@ std::string to_markdown(const Comparison& c) {
         << fmt::format("{}", fmt::join(simulated, ", "))
         << ". Their speedup is what simulating N replicas costs here, not what N devices would "
            "give; `dtrain project` predicts that.\n";
+  std::vector<std::string> one_epoch;
+  for (const auto& row : c.rows)
+    if (row.run.epochs_completed == 1 && row.speedup) one_epoch.push_back(row.run.run_id);
+  if (!one_epoch.empty())
+    out << "One epoch only: " << fmt::format("{}", fmt::join(one_epoch, ", "))
+        << ". Such a time includes the start (memory touched for the first time, kernels "
+           "generated), which more epochs spread out; speedups from one epoch say little.\n";
   for (const auto& [base, ids] : groups) {
     if (base.empty())
       out << "No finished run to compare with for: " << fmt::format("{}", fmt::join(ids, ", "))
