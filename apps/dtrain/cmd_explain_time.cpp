@@ -57,8 +57,6 @@ void add_projections(TimeGap& g, const std::string& small_dir, const RunRecord& 
   }
 }
 
-}  // namespace
-
 // Throws where the two runs train another model, or on other data, by a key both runs' configs
 // hold (a folder from an older dtrain lacks newer keys). What may differ is what is compared, or
 // how the same data reaches the model: the replicas, batch and LR, model.batchnorm, threads,
@@ -80,6 +78,8 @@ void require_same_workload(const RunRecord& small, const RunRecord& large) {
         small.dir, key, printable(value), large.dir, printable(other->second)));
   }
 }
+
+}  // namespace
 
 void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {
   app.add_option("small", opt.small, "Run folder of the run with fewer replicas (e.g. 1)")

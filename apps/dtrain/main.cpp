@@ -241,7 +241,6 @@ int run_command(const Command& cmd) {
     return 1;
   }
 }
-}  // namespace
 
 // Started by mpirun or srun, only `run` (one replica per process), `bench-comm` (the launched
 // processes' all-reduce) and `devices` (each node's) do what a launch means; the others would
@@ -256,6 +255,7 @@ int refuse_under_launcher(const std::string& name) {
                  name.c_str());
   return 2;
 }
+}  // namespace
 
 int run_main(int argc, char** argv) {
   CLI::App app{

@@ -67,6 +67,15 @@ bool hidden_effect(const std::string& text, size_t i, size_t n) {
 }
 }  // namespace
 
+bool has_control_character(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = std::max<size_t>(utf8_length(text, i), 1);
+    if (hidden_effect(text, i, n)) return true;
+    i += n;
+  }
+  return false;
+}
+
 std::string printable(const std::string& text, bool hex) {
   std::string out;
   out.reserve(text.size());

@@ -63,6 +63,10 @@ std::string json_error_text(const std::string& what);
 // \xNN. Everything else, other scripts included, stays as it is.
 std::string printable(const std::string& text, bool hex = false);
 
+// Whether `text` holds what printable() hides, invalid UTF-8 aside: a control or a mark that
+// reorders text. Never in a name or tag that becomes a folder or file name.
+bool has_control_character(const std::string& text);
+
 }  // namespace dtrain
 
 #define DTRAIN_THROW_SYSTEM(msg) throw ::dtrain::SystemError((msg), __FILE__, __LINE__)

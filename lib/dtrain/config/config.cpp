@@ -849,22 +849,6 @@ bool needs_quotes(const std::string& v) {
 }
 }  // namespace
 
-bool has_control_character(const std::string& s) {
-  const auto at = [&](size_t i) { return i < s.size() ? static_cast<unsigned char>(s[i]) : 0; };
-  for (size_t i = 0; i < s.size(); ++i) {
-    const unsigned c = at(i);
-    if (c < 0x20 || c == 0x7f) return true;
-    // In UTF-8: C1 controls (U+0080-U+009F), and the marks that reorder what a terminal shows
-    // (U+200E-U+200F, U+202A-U+202E, U+2066-U+2069): a name could then read as another.
-    if (c == 0xc2 && at(i + 1) >= 0x80 && at(i + 1) <= 0x9f) return true;
-    if (c == 0xe2 && at(i + 1) == 0x80 &&
-        ((at(i + 2) >= 0x8e && at(i + 2) <= 0x8f) || (at(i + 2) >= 0xaa && at(i + 2) <= 0xae)))
-      return true;
-    if (c == 0xe2 && at(i + 1) == 0x81 && at(i + 2) >= 0xa6 && at(i + 2) <= 0xa9) return true;
-  }
-  return false;
-}
-
 const char* folder_name_rule(const std::string& name) {
   // The name is a folder: visible (report skips hidden ones), short enough for a file system.
   if (name.empty() || name.find('/') != std::string::npos || name.front() == '.' ||

@@ -75,9 +75,6 @@ const char* folder_name_rule(const std::string& name);
 const char* glob_rule(const std::string& pattern);
 // nullptr for 64 hex digits or an empty text (data.sha256), else what the value must be.
 const char* sha256_rule(const std::string& digest);
-// A byte below 0x20 or DEL, a C1 control or a mark that reorders text (U+202E and the like):
-// never in a name or tag that becomes a folder or file name.
-bool has_control_character(const std::string& s);
 
 // `C` is `T` or `const T`: writers visit a const config, the decoder a mutable one.
 template <class C, class T>
