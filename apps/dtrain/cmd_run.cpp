@@ -315,6 +315,23 @@ std::string unused_default_tag(const RunOptions& opt, const Sweep& s) {
   return tag;
 }
 
+// Under a launcher every process reads the config and its command line itself. A rank given
+// another file or override (a stale copy on one node, a typo on one command line) would fail
+// alone here, or plan other runs, while the others wait at their first collective: every
+// rank compares its plan with rank 0's, and all refuse with the first rank's reason.
+void agree_on_plan(const RunOptions& opt, const Sweep& s, std::string refusal) {
+  std::string plan = fmt::format("{} {}\n", opt.resume, s.tag);
+  for (const auto& r : s.runs) plan += fmt::format("{:016x}\n", launch_fingerprint(r.config));
+  std::string first = plan;
+  mpi::broadcast(first);
+  if (refusal.empty() && plan != first)
+    refusal = fmt::format(
+        "its config and overrides plan other runs than rank 0's (only data.path and threads "
+        "may differ); start every rank with the same config file and overrides");
+  refusal = mpi::first_refusal(refusal);
+  if (!refusal.empty()) throw UserError(refusal);
+}
+
 // The runs of this command, checked against the launcher's process count.
 Sweep plan_sweep(const RunOptions& opt) {
   // Under mpirun/srun every process runs this command; rank 0 alone touches the results folder.
@@ -322,10 +339,18 @@ Sweep plan_sweep(const RunOptions& opt) {
   s.multi = mpi::initialized();
   s.leader = !s.multi || mpi::rank() == 0;
   set_verbosity(opt.quiet || !s.leader);
-  if (opt.resume && opt.tag.empty())
-    throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
-  s.runs = plan_runs(opt.config, opt.overrides);
-  s.tag = opt.tag.empty() ? unused_default_tag(opt, s) : folder_tag(opt.tag, "", s.leader);
+  std::string refusal;
+  try {
+    if (opt.resume && opt.tag.empty())
+      throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
+    s.runs = plan_runs(opt.config, opt.overrides);
+    s.tag = folder_tag(opt.tag, "", s.leader);
+  } catch (const UserError& e) {
+    if (!s.multi) throw;
+    refusal = e.what();
+  }
+  if (s.multi) agree_on_plan(opt, s, refusal);
+  if (s.tag.empty()) s.tag = unused_default_tag(opt, s);
   if (s.multi)
     for (const auto& r : s.runs)
       if (r.config.gpus != mpi::size())
@@ -417,6 +442,7 @@ void check_plans(const Sweep& s, HeldData& data) {
   for (const auto& [key, ids] : by_data)
     if (key != first_key) order.push_back(key);
   if (!first_key.empty()) order.push_back(first_key);
+  std::string refusal;
   try {
     for (const auto& key : order)
       for (size_t i : by_data[key]) {
@@ -428,12 +454,16 @@ void check_plans(const Sweep& s, HeldData& data) {
         }
       }
   } catch (const UserError& e) {
-    // Under a launcher each process loads its own data: a node without the files fails alone,
-    // and only rank 0 prints a mistake (main), so the other ranks say theirs here.
-    if (!s.leader)
-      std::fprintf(stderr, "dtrain: rank %d: error: %s\n", mpi::rank(), one_line(e.what()).c_str());
-    throw;
+    if (!s.multi) throw;
+    refusal = e.what();
+  } catch (const fs::filesystem_error& e) {  // a data.path that cannot be walked
+    if (!s.multi) throw;
+    refusal = fmt::format("{}: {}", e.path1().string(), e.code().message());
   }
+  // Under a launcher each process loads its own data: a node without the files would fail
+  // alone while the others wait for it. Every rank stops with the first rank's reason.
+  if (s.multi) refusal = mpi::first_refusal(refusal);
+  if (!refusal.empty()) throw UserError(refusal);
 }
 
 // One index per experiment: every run of the tag with its current status (the sweep's rows),

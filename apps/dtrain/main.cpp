@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
     }
   }
   const int code = run_main(argc, argv);
+  // A rank that failed alone would wait in MPI_Finalize for peers that still train (they wait
+  // for it in turn, up to the collective timeout): after a grace it ends the job instead.
+  if (code != 0) dtrain::mpi::finalize_after_failure(code);
   dtrain::mpi::finalize();
   return code;
 }
@@ -200,6 +203,19 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   return std::nullopt;
 }
 
+// Under a launcher, a rank whose command line ends before its command (a mistake, or --help on
+// one rank's line) says so to the others, which would wait for it at their first collective.
+std::optional<int> parse_on_every_rank(CLI::App& app, int argc, char** argv) {
+  const auto code = parse(app, argc, argv);
+  if (!dtrain::mpi::initialized()) return code;
+  const std::string why = dtrain::mpi::first_refusal(
+      code ? "its command line ended before the command (its message says why)" : "");
+  if (why.empty() || code) return code;
+  if (dtrain::mpi::rank() == 0)
+    std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(why.c_str()).c_str());
+  return 2;
+}
+
 // Runs the command; what it throws becomes one line and the exit code: 2 for a user mistake, 1
 // for anything else.
 int run_command(const Command& cmd) {
@@ -273,7 +289,7 @@ int run_main(int argc, char** argv) {
                        std::string("dtrain ") + dtrain::kVersion + " (" + dtrain::kGitSha + ")");
   AllOptions options;
   const std::vector<Command> commands = add_commands(app, options);
-  if (const auto code = parse(app, argc, argv)) return *code;
+  if (const auto code = parse_on_every_rank(app, argc, argv)) return *code;
   for (const auto& cmd : commands) {
     if (!*cmd.cli) continue;
     if (const int code = refuse_under_launcher(cmd.cli->get_name())) return code;

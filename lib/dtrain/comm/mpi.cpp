@@ -381,6 +381,22 @@ void finalize() {
   g_initialized = false;
 }
 
+void finalize_after_failure(int exit_code) {
+  if (!g_initialized || g_size == 1) return finalize();
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kFinalizeGraceS));
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::thread([exit_code] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
+      std::_Exit(exit_code);
+    }).detach();
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+    std::_Exit(exit_code);
+  }).detach();
+  finalize();
+}
+
 bool initialized() {
   return g_initialized;
 }
@@ -429,6 +445,19 @@ void broadcast(std::string& text) {
   }
 }
 
+std::string first_refusal(const std::string& mine) {
+  const int candidate = mine.empty() ? g_size : g_rank;
+  int first = g_size;
+  MPI_CHECK(MPI_Allreduce(&candidate, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (first == g_size) return "";
+  std::string text = first == g_rank ? mine.substr(0, 4096) : "";  // one line's worth
+  uint64_t len = text.size();
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, first, MPI_COMM_WORLD));
+  text.resize(static_cast<size_t>(len));
+  MPI_CHECK(MPI_Bcast(text.data(), static_cast<int>(text.size()), MPI_CHAR, first, MPI_COMM_WORLD));
+  return first == 0 ? text : fmt::format("{}: {}", who(first), text);
+}
+
 void end_job_after_failure(int exit_code, double grace_s) {
   if (g_rank == 0) {
     char ack = 1;
@@ -470,6 +499,7 @@ void init(int*, char***) {
       "libopenmpi-dev and rebuild");
 }
 void finalize() {}
+void finalize_after_failure(int) {}
 bool initialized() {
   return false;
 }
@@ -495,6 +525,9 @@ std::unique_ptr<Communicator> world(double) {
   DTRAIN_THROW_SYSTEM("MPI is not built in");
 }
 void broadcast(std::string&) {}
+std::string first_refusal(const std::string& mine) {
+  return mine;
+}
 void end_job_after_failure(int exit_code, double) {
   std::_Exit(exit_code);
 }

@@ -60,6 +60,15 @@ std::unique_ptr<Communicator> world(double timeout_s);
 // Rank 0 sends `text` to all ranks (for decisions only rank 0 can take, e.g. about files).
 void broadcast(std::string& text);
 
+// Collective, blocking: each rank gives why it cannot go on ("" if it can); every rank gets
+// the lowest such rank's reason ("rank R (host): reason" when R is not 0), or "" when no rank
+// has one. For steps before training, where a rank failing alone would leave others waiting.
+std::string first_refusal(const std::string& mine);
+// MPI_Finalize for a process that ends with `exit_code` (non-zero): when every rank ends alike
+// it returns as finalize() does; when the others go on (this rank failed alone), it ends the
+// job after kFinalizeGraceS rather than wait for them.
+inline constexpr double kFinalizeGraceS = 10.0;
+void finalize_after_failure(int exit_code);
 // Ends the whole job after a failure, once rank 0 has had the chance to record it: rank 0
 // acknowledges to the others, which wait for that (at most `grace_s`: rank 0 records before
 // it acknowledges, so this bounds only a rank 0 that is gone or cut off) before MPI_Abort.

@@ -21,6 +21,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/hash.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/config/schema.hpp"
 
@@ -1231,6 +1232,14 @@ std::string to_yaml(const Config& c) {
   visit(c, w);
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
+}
+
+uint64_t launch_fingerprint(const Config& c) {
+  Config same = c;
+  same.data.path.clear();
+  same.threads = 0;
+  const std::string text = to_yaml(same);
+  return text_hash(text.data(), text.size());
 }
 
 nlohmann::json config_to_json(const Config& c) {

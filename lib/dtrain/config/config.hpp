@@ -430,6 +430,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 // Every value in force, defaults included, as YAML that load_config reads back to the same Config.
 std::string to_yaml(const Config& c);
 
+// What every process of a launched job must agree on: the config but data.path and threads
+// (which may differ between nodes), hashed.
+uint64_t launch_fingerprint(const Config& c);
+
 // Closest candidate by edit distance, or "" when nothing is close.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 

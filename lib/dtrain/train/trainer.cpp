@@ -17,7 +17,6 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/fibers.hpp"
 #include "dtrain/base/files.hpp"
-#include "dtrain/base/hash.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/comm/comm.hpp"
@@ -377,25 +376,6 @@ void check_memory(const Config& cfg, const DataSplit& data, const Placement& pla
       input.empty() ? "" : ", data.prefetch"));
 }
 
-// Collective: under a launcher every process reads the config and the overrides it was given;
-// a rank given others (a stale copy of the file on one node, an override on one command line)
-// would train other settings, or wait at a collective of another size. Every rank refuses
-// alike. The data's path (its files are compared next) and threads may differ between nodes.
-void check_same_config(Communicator& comm, const Config& cfg) {
-  Config c = cfg;
-  c.data.path.clear();
-  c.threads = 0;
-  const std::string text = to_yaml(c);
-  const uint64_t mine = text_hash(text.data(), text.size());
-  const uint64_t first = broadcast_word(comm, mine);
-  const int others = count_ranks(comm, mine != first);
-  if (others == 0) return;
-  throw UserError(fmt::format(
-      "config: {} of {} ranks were given another config than rank 0 (only data.path and threads "
-      "may differ); every rank must be started with the same config file and overrides",
-      others, comm.size()));
-}
-
 // Collective: under a launcher every process loads the data itself, and a node whose files
 // differ would train its replica on other samples without a word (and its run could never
 // resume: the checkpoint keeps rank 0's fingerprint). Every rank refuses alike.
@@ -459,8 +439,8 @@ void check_plan(const Config& cfg, const DataSplit& data) {
 
 TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& comm,
                        TrainObserver* observer, const Checkpoint* resume) {
-  // Before anything a rank can refuse alone: every rank the same config and data.
-  if (comm.size() > 1) check_same_config(comm, cfg);
+  // Before anything a rank can refuse alone: every rank the same data (the command compared
+  // their configs when it planned the runs).
   if (comm.size() == cfg.gpus) check_same_data(comm, data.fingerprint);
   check_plan(cfg, data);
   gpu_memory().reset_peaks();  // summary.json's peak_device_mib is this run's
