@@ -410,9 +410,10 @@ std::pair<std::vector<double>, std::vector<double>> measure_stats(const DataConf
   const auto picks = spread(probe.paths.size(), 256);
   const int64_t c = cfg.shape[0], plane = cfg.shape[1] * cfg.shape[2];
   const auto image = static_cast<size_t>(c * plane);
-  // A few images per worker at a time, not all 256 at once (large shapes: gigabytes), summed in
-  // the same order either way.
-  const size_t chunk = 4 * static_cast<size_t>(std::max(1, cfg.workers));
+  // A few images per worker at a time, not all 256 at once, and at most 256 MiB of them (one
+  // 3 x 8192 x 8192 image is 768 MiB), summed in the same order either way.
+  const size_t fit = std::max<size_t>(1, (size_t{256} << 20) / (image * sizeof(float)));
+  const size_t chunk = std::min(fit, 4 * static_cast<size_t>(std::max(1, cfg.workers)));
   std::vector<float> px(std::min(chunk, picks.size()) * image);
   std::vector<double> sum(static_cast<size_t>(c)), sq(sum.size());
   for (size_t first = 0; first < picks.size(); first += chunk) {
