@@ -146,6 +146,16 @@ TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", 
   CHECK(r.out.find("order of the rungs matters") != std::string::npos);
   const auto j = nlohmann::json::parse(slurp(dir.path / "results" / "tiny" / "explain-t-gpus_2.json"));
   REQUIRE(j["equivalent_matches"].get<bool>());
+  // At lr 0.8 the run is chaotic: the 4-replica sum's rounding grows past 1e-4 in 4 epochs. One
+  // seed cannot tell that from a step that differs, and explain says so, not "DOES NOT match".
+  const auto c = dtrain_cli("explain " + cfg +
+                            " gpus=4 optimizer.lr=0.8 train.epochs=4 -q --tag c "
+                            "--results " +
+                            res);
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  CHECK_THAT(c.out, Catch::Contains("The equivalent run differs from the baseline by ") &&
+                        Catch::Contains("one seed cannot tell") && !Catch::Contains("DOES NOT"));
   // The rung with the largest |delta| in accuracy, and in train loss.
   std::string by_acc, by_loss;
   double best_acc = -1, best_loss = -1;
