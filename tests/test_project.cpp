@@ -185,6 +185,23 @@ optimizer: {lr: 0.05, base_batch: 16}
     CHECK_THAT(w.out, Catch::Contains("all-reduce gave wrong sums"));
   }
 
+  // A run that did not finish is projected, with its status said.
+  CHECK(r.out.find("The run's status is") == std::string::npos);
+  auto summary = nlohmann::json::parse(slurp(run / "summary.json"));
+  const auto as_status = [&](const std::string& status) {
+    summary["status"] = status;
+    std::ofstream(run / "summary.json") << summary.dump();
+    return dtrain_cli("project " + run.string() + " --gpus 1,2 --out " + (t.path / "s").string());
+  };
+  const auto stopped = as_status("interrupted");
+  INFO(stopped.out);
+  CHECK(stopped.code == 0);
+  CHECK_THAT(stopped.out, Catch::Contains("The run's status is interrupted: its times are of "
+                                          "the epochs it finished."));
+  CHECK_THAT(as_status("diverged").out, Catch::Contains("The run's status is diverged: its loss "
+                                                        "went non-finite"));
+  as_status("done");
+
   // Given values are checked, even those equal to the defaults' stand-ins.
   const std::string out = " --out " + (t.path / "bad").string();
   for (const auto& [flags, want] : std::vector<std::pair<std::string, std::string>>{

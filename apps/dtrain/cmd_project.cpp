@@ -136,6 +136,14 @@ RunInput read_run(const std::string& path) {
       "Measured step at 1 replica (medians of {} epochs): data {:.4g} ms + compute {:.4g} ms + "
       "optimizer {:.4g} ms.",
       r.epochs, s.data_s * 1e3, s.compute_s * 1e3, s.optimizer_s * 1e3);
+  // A run that did not finish still timed its epochs; said, since its numbers may not be those
+  // of the run the user means (a diverged one computed on infinities and NaNs).
+  if (rec.status != "done")
+    r.step_line += fmt::format(
+        " The run's status is {}: {}.", printable(rec.status, true),
+        rec.status == "diverged"
+            ? "its loss went non-finite, and steps on infinities and NaNs may time differently"
+            : "its times are of the epochs it finished");
   const auto cfg = run_config_values(rec);
   if (const auto it = cfg.find("train.bucket_mb"); it != cfg.end())
     r.bucket_mb = measured_value(it->second, path + "/summary.json", "train.bucket_mb", 0);
