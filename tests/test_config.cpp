@@ -217,7 +217,11 @@ TEST_CASE("YAML the config reader does not take is named for what it is", "[conf
 }
 
 TEST_CASE("override syntax errors are clear", "[config][errors]") {
-  CHECK_THROWS_WITH(parse_override("gpus"), Catch::Contains("expected key=value"));
+  CHECK_THROWS_WITH(parse_override("gpus"),
+                    Catch::Contains("expected key=value") && !Catch::Contains("joined by commas"));
+  CHECK_THROWS_WITH(parse_override("2"),
+                    Catch::Contains("expected key=value") &&
+                        Catch::Contains("joined by commas, e.g. --workers 1,2"));
   CHECK_THROWS_WITH(parse_override("a..b=1"), Catch::Contains("malformed key"));
   CHECK_THROWS_AS(parse_override("=3"), UserError);
 }

@@ -563,6 +563,12 @@ TEST_CASE("bench-input gives a row per worker count and refuses buffers beyond m
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("|       1 |") && Catch::Contains("|       2 |"));
+  // An override after --workers stays an override (CLI11 would take it as a second value).
+  const auto after = dtrain_cli("bench-input " + cfg.string() + " --workers 1 data.workers=9 " +
+                                "--images 16 --repeats 1 'data.shape=[3,6,6]'");
+  INFO(after.out);
+  CHECK(after.code == 0);
+  CHECK_THAT(after.out, Catch::Contains("shape=[3,6,6]"));
   // 1000 images of 3 x 2^13 x 2^13 floats (near the 2^28 values a sample may have), 3 buffers:
   // about 2.2 TiB.
   const auto big = dtrain_cli("bench-input " + cfg.string() + " 'data.shape=[3,8192,8192]' " +

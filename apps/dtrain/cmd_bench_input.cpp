@@ -19,6 +19,7 @@ void setup_bench_input(CLI::App& app, BenchInputOptions& opt) {
   add_config_arguments(app, opt.config, opt.overrides);
   app.add_option("--workers", opt.workers, "Decode thread counts to time, e.g. 1,2,4")
       ->delimiter(',')
+      ->allow_extra_args(false)  // `--workers 1 data.shape=...`: the override stays one
       ->check(CLI::Range(1, 256));
   app.add_option("--images", opt.images, "Images decoded per measurement")
       ->check(CLI::Range(1, 10000000));

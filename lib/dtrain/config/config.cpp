@@ -936,9 +936,14 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 
 Override parse_override(const std::string& text) {
   const auto eq = text.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw UserError(
-        fmt::format("override '{}': expected key=value, e.g. gpus=4 or optimizer.lr=0.1", text));
+  if (eq == std::string::npos || eq == 0) {
+    // A bare number is most often an option's second value: `--workers 1 2`.
+    const bool number = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
+                                          text[0] == '.' || text[0] == '-');
+    throw UserError(fmt::format(
+        "override '{}': expected key=value, e.g. gpus=4 or optimizer.lr=0.1{}", text,
+        number ? " (an option takes its values joined by commas, e.g. --workers 1,2)" : ""));
+  }
   Override o{text.substr(0, eq), text.substr(eq + 1)};
   for (char ch : o.key) {
     if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.'))
