@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "checkpoint_helpers.hpp"
 #include "dtrain/base/error.hpp"
@@ -545,6 +546,28 @@ TEST_CASE("export-images names the shape of the files it wrote, and that command
   INFO(line << "\n" << again.out);
   CHECK(again.code == 0);
   CHECK_FALSE(fs::exists(t.dir / "PWN"));
+  // Control characters (an escape, a newline) and a mark that reorders text never reach the
+  // terminal raw: the folder as \xHH, the command in $'...', which a shell reads back.
+  const std::string ctl = "c\x1b[2J\nd\xe2\x80\xae";
+  const fs::path ctl_cfg = t.dir / ("s" + ctl + ".yaml");
+  fs::copy_file(cfg, ctl_cfg);
+  const fs::path ctl_out = t.dir / ("tree" + ctl);
+  const auto c =
+      dtrain_cli("export-images '" + ctl_cfg.string() + "' --out '" + ctl_out.string() + "'");
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  std::stringstream lines(c.out);
+  for (std::string line; std::getline(lines, line);) CHECK_FALSE(has_control_character(line));
+  CHECK_THAT(c.out, Catch::Contains("dtrain run $'" + t.dir.string() +
+                                    "/sc\\x1b[2J\\x0ad\\xe2\\x80\\xae.yaml'"));
+  const size_t from = c.out.find("dtrain run ") + std::string("dtrain run ").size();
+  put(t.dir / "again.sh",
+      dtrain_binary() + " validate " + c.out.substr(from, c.out.find('\n', from) - from) + "\n");
+  const auto back = shell("cd " + t.dir.string() + " && bash again.sh");
+  INFO(back.out);
+  CHECK(back.code == 0);
+  CHECK_THAT(back.out, Catch::Contains("train=12 test=6 shape=[3,6,6]") &&
+                           Catch::Contains("/treec\\x1b[2J\\x0ad\\xe2\\x80\\xae)"));
 }
 
 // bench-input times the pipeline at each worker count, one row each; batch buffers that

@@ -26,6 +26,21 @@ std::string shell_word(const std::string& word) {
     return std::isalnum(static_cast<unsigned char>(ch)) || (ch && std::strchr("_./=:,+@%-", ch));
   });
   if (plain) return word;
+  if (has_control_character(word)) {
+    // ANSI-C quoting ($'...', in bash, zsh, ksh and POSIX.1-2024 sh): a control character, and
+    // any byte past ASCII (a C1 control, a mark that reorders text), as \xHH, never raw.
+    std::string out = "$'";
+    for (const char ch : word) {
+      const auto u = static_cast<unsigned char>(ch);
+      if (ch == '\'' || ch == '\\')
+        out += {'\\', ch};
+      else if (u < 0x20 || u >= 0x7f)
+        out += fmt::format("\\x{:02x}", u);
+      else
+        out += ch;
+    }
+    return out + "'";
+  }
   std::string out = "'";
   for (const char ch : word) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
   return out + "'";
@@ -90,7 +105,7 @@ int run_export(const ExportOptions& opt) {
   fmt::print(
       "{}: {} images ({} train, {} test) as {} files; train on them with\n"
       "  dtrain run {} data.dataset=folder {} 'data.shape=[{}]'\n",
-      opt.out, n, s.train.size(), s.test.size(), opt.format, shell_word(opt.config),
+      printable(opt.out), n, s.train.size(), s.test.size(), opt.format, shell_word(opt.config),
       shell_word("data.path=" + override_value(opt.out)), fmt::join(shape, ","));
   return 0;
 }

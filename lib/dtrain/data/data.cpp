@@ -689,10 +689,10 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
     normalize(cfg, s);
   }
   if (cfg.sort_by_label) sort_by_label(s.train);
-  s.description =
-      fmt::format("{} train={} test={} shape=[{}] classes={}{}", to_string(cfg.dataset),
-                  s.train.size(), s.test.size(), fmt::join(s.train.shape, ","), s.train.classes,
-                  cfg.dataset == DatasetKind::synthetic ? "" : " from " + cfg.path);
+  s.description = fmt::format(
+      "{} train={} test={} shape=[{}] classes={}{}", to_string(cfg.dataset), s.train.size(),
+      s.test.size(), fmt::join(s.train.shape, ","), s.train.classes,
+      cfg.dataset == DatasetKind::synthetic ? "" : " from " + printable(cfg.path, true));
   if (!s.skipped.empty())
     s.description += fmt::format(" ({} files skipped: data.on_bad_file: skip)", s.skipped.size());
   if (!s.sha256.empty()) s.description += " sha256=" + s.sha256;
