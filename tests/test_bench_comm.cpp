@@ -195,4 +195,16 @@ TEST_CASE("dtrain bench-comm under mpirun times MPI", "[bench-comm][mpi]") {
   CHECK(j["communicator"] == "mpi");
   CHECK(j["ranks"] == 2);
   CHECK(j["wrong"] == 0);
+  // Each process is one replica: another --replicas is refused, not ignored; the process count
+  // itself is accepted.
+  const auto other = shell(mpirun(2) + dtrain_binary() +
+                           " bench-comm --sizes 4K:16K --iters 2 --replicas 4 --out " + out + "4");
+  INFO(other.out);
+  CHECK(other.code == 2);
+  CHECK_THAT(other.out, Catch::Contains("--replicas 4: under mpirun or srun each of the 2 "
+                                        "processes is one replica"));
+  CHECK_FALSE(fs::exists(out + "4.json"));
+  CHECK(shell(mpirun(2) + dtrain_binary() + " bench-comm --sizes 4K:16K --iters 2 --replicas 2 " +
+              "--out " + out + "2")
+            .code == 0);
 }

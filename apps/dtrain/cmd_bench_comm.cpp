@@ -104,8 +104,8 @@ std::vector<SizeResult> bench_mpi(const BenchSettings& s, std::string& kind) {
 
 void setup_bench_comm(CLI::App& app, BenchCommOptions& opt) {
   app.footer(
-      "Under mpirun or srun it times MPI with one rank per process (--replicas is then the "
-      "process count); otherwise in-process replicas (threads). GPU all-reduce (NCCL) is not "
+      "Under mpirun or srun it times MPI with one rank per process (the process count is the "
+      "replica count); otherwise in-process replicas (threads). GPU all-reduce (NCCL) is not "
       "timed here: runs time their own exchange (metrics.csv: exchange_s, exchange_exposed_s). "
       "Exit 1 when any result is wrong.");
   app.add_option("--sizes", opt.sizes,
@@ -115,8 +115,8 @@ void setup_bench_comm(CLI::App& app, BenchCommOptions& opt) {
   app.add_option("--iters", opt.iters, "Timed all-reduces per size")->capture_default_str();
   app.add_option("--warmup", opt.warmup, "Untimed all-reduces per size before the timed ones")
       ->capture_default_str();
-  app.add_option("--replicas", opt.replicas, "In-process replicas (threads)")
-      ->capture_default_str();
+  app.add_option("--replicas", opt.replicas, "In-process replicas (threads); default 2")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--out", opt.out,
                  "Write OUT.json and OUT.md (default: results/bench-comm/<UTC time>)")
       ->check(non_empty());
@@ -133,27 +133,34 @@ int run_bench_comm(const BenchCommOptions& opt) {
                     "warmup iterations",
                     opt.iters, opt.warmup));
   const bool multi = mpi::initialized();
-  if (!multi && (opt.replicas < 2 || opt.replicas > 1024))
+  if (multi && opt.replicas != 0 && opt.replicas != mpi::size())
+    throw UserError(fmt::format(
+        "--replicas {}: under mpirun or srun each of the {} processes is one replica; drop "
+        "--replicas, or start {} processes",
+        opt.replicas, mpi::size(), opt.replicas));
+  const int replicas = opt.replicas == 0 ? 2 : opt.replicas;
+  if (!multi && (replicas < 2 || replicas > 1024))
     throw UserError(
         fmt::format("--replicas {}: give 2 to 1024 (one replica has nothing to "
                     "exchange)",
-                    opt.replicas));
-  // Every rank of this process holds the largest buffer and its reference: refuse what this
-  // machine cannot hold rather than meet the out-of-memory killer.
+                    replicas));
+  // Every replica on this machine (thread, or process of this launch on this host) holds the
+  // largest buffer and its reference: refuse what the machine cannot hold rather than meet the
+  // out-of-memory killer.
+  const int here = multi ? mpi::detect().local_size : replicas;
   const double largest = static_cast<double>(*std::max_element(s.sizes.begin(), s.sizes.end()));
-  const double need = 2 * largest * (multi ? 1 : opt.replicas);
+  const double need = 2 * largest * here;
   const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                       static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > have / 2)
     throw UserError(fmt::format(
-        "--sizes {}: {} replica(s) x 2 x {:.0f} MiB needs {:.1f} GiB, more than half of this "
-        "machine's {:.1f} GiB; give a smaller MAX or fewer --replicas",
-        opt.sizes, multi ? 1 : opt.replicas, largest / (1 << 20), need / (1 << 30),
-        have / (1 << 30)));
+        "--sizes {}: {} replica(s) on this machine x 2 x {:.0f} MiB needs {:.1f} GiB, more "
+        "than half of this machine's {:.1f} GiB; give a smaller MAX or fewer replicas",
+        opt.sizes, here, largest / (1 << 20), need / (1 << 30), have / (1 << 30)));
   s.corrupt_rank = corrupt_rank_from_env();
   BenchReport rep;
   rep.communicator = "in-process";
-  rep.ranks = multi ? mpi::size() : opt.replicas;
+  rep.ranks = multi ? mpi::size() : replicas;
   rep.iters = s.iters;
   rep.warmup = s.warmup;
   rep.utc = utc_stamp("{:%Y-%m-%dT%H:%M:%SZ}");
@@ -171,7 +178,7 @@ int run_bench_comm(const BenchCommOptions& opt) {
   }
   if (!multi || mpi::rank() == 0)  // a folder that cannot be made fails before the timing
     ensure_dir(fs::absolute(stem).parent_path().string(), "bench-comm output");
-  rep.rows = multi ? bench_mpi(s, rep.communicator) : bench_in_process(opt.replicas, s);
+  rep.rows = multi ? bench_mpi(s, rep.communicator) : bench_in_process(replicas, s);
   rep.fit = fit_link(rep.rows, rep.ranks);
   const int64_t wrong = rep.wrong();
   if (multi && mpi::rank() != 0) return wrong ? 1 : 0;

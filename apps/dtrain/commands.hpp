@@ -127,7 +127,7 @@ struct BenchCommOptions {
   std::string sizes = "4K:256M";
   int iters = 20;
   int warmup = 5;
-  int replicas = 2;  // in-process; under mpirun/srun the process count decides
+  int replicas = 0;  // in-process, 2 when not given; under mpirun/srun the process count
   std::string out;   // OUT.json and OUT.md; default results/bench-comm/<UTC time>
 };
 void setup_bench_comm(CLI::App& app, BenchCommOptions& opt);
