@@ -10,11 +10,12 @@
 #include <numeric>
 #include <set>
 
-#include "dtrain/data/data.hpp"
 #include "dtrain/backend/device.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
 #include "dtrain/base/hash.hpp"
 #include "dtrain/base/rng.hpp"
+#include "dtrain/data/data.hpp"
 #include "helpers.hpp"
 
 using namespace dtrain;
@@ -430,6 +431,43 @@ TEST_CASE("synthetic data larger than memory is refused before anything is alloc
   const Dataset all = make_synthetic(cfg.synthetic, 300, 1, 1);
   CHECK(std::equal(some.train.x.begin(), some.train.x.end(), all.x.begin()));
   CHECK(std::equal(some.train.y.begin(), some.train.y.end(), all.y.begin()));
+}
+
+TEST_CASE("a container's memory limit counts as the memory there is", "[data][memory]") {
+  TempDir d("cgroup");
+  const auto root = d.path.string();
+  const auto files = [&](const fs::path& dir,
+                         const std::vector<std::pair<std::string, std::string>>& f) {
+    fs::create_directories(dir);
+    for (const auto& [name, text] : f) put(dir / name, text);
+  };
+  // cgroup v2: a 4 GiB limit on the job's slice, 1 GiB used of which 256 MiB is inactive page
+  // cache; the process's own cgroup has no limit ("max"), its parent the tightest.
+  const double gib = 1 << 30;
+  files(d.path / "job.slice", {{"memory.max", "4294967296\n"},
+                               {"memory.current", "1073741824\n"},
+                               {"memory.stat", "anon 805306368\ninactive_file 268435456\n"}});
+  files(d.path / "job.slice" / "step", {{"memory.max", "max\n"},
+                                        {"memory.current", "1073741824\n"},
+                                        {"memory.stat", "inactive_file 0\n"}});
+  CHECK(cgroup_memory_room("0::/job.slice/step\n", root) == Approx(3.25 * gib));
+  // No limit at any level, or no memory controller named: no room given.
+  put(d.path / "job.slice" / "memory.max", "max\n");
+  CHECK(cgroup_memory_room("0::/job.slice/step\n", root) < 0);
+  CHECK(cgroup_memory_room("3:cpu:/x\n", root) < 0);
+  // cgroup v1: the memory controller's own mount; a container sees its cgroup as the mount's
+  // root, so the path named is not below it. A limit near 2^63 is no limit.
+  files(d.path / "memory", {{"memory.limit_in_bytes", "2147483648\n"},
+                            {"memory.usage_in_bytes", "1610612736\n"},
+                            {"memory.stat", "cache 9\ntotal_inactive_file 536870912\n"}});
+  CHECK(cgroup_memory_room("9:pids:/\n4:memory:/docker/abc\n", root) == Approx(1.0 * gib));
+  put(d.path / "memory" / "memory.limit_in_bytes", "9223372036854771712\n");
+  CHECK(cgroup_memory_room("4:cpuacct,memory:/docker/abc\n", root) < 0);
+  // Usage past the limit leaves no room, never a negative one.
+  put(d.path / "memory" / "memory.limit_in_bytes", "536870912\n");
+  CHECK(cgroup_memory_room("4:memory:/\n", root) == 0);
+  // This machine's own reading is a number the checks can use.
+  CHECK(available_host_memory() > 0);
 }
 
 TEST_CASE("dtrain validate and run refuse oversized synthetic data in one line", "[data][cli]") {

@@ -557,7 +557,7 @@ TEST_CASE("export-images names the shape of the files it wrote, and that command
   INFO(c.out);
   REQUIRE(c.code == 0);
   std::stringstream lines(c.out);
-  for (std::string line; std::getline(lines, line);) CHECK_FALSE(has_control_character(line));
+  for (std::string l; std::getline(lines, l);) CHECK_FALSE(has_control_character(l));
   CHECK_THAT(c.out, Catch::Contains("dtrain run $'" + t.dir.string() +
                                     "/sc\\x1b[2J\\x0ad\\xe2\\x80\\xae.yaml'"));
   const size_t from = c.out.find("dtrain run ") + std::string("dtrain run ").size();

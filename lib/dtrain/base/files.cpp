@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <system_error>
 
 #include "dtrain/base/error.hpp"
@@ -208,7 +210,53 @@ double number_in(const char* path, const std::string& key, double scale) {
   return 0;
 }
 
+// One memory cgroup's room: `limit` less `usage` plus its inactive page cache (`stat_key` in
+// memory.stat); -1 without a limit (v2 writes "max", v1 a number near 2^63).
+double room_in(const fs::path& dir, const char* limit, const char* usage, const char* stat_key) {
+  std::ifstream in(dir / limit);
+  std::string text;
+  if (!(in >> text) || text == "max") return -1;
+  char* end = nullptr;
+  const double max = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || !(max > 0) || max >= 0x1p60) return -1;
+  std::ifstream u(dir / usage);
+  double used = 0;
+  if (!(u >> used)) used = 0;
+  const double cache = number_in((dir / "memory.stat").c_str(), stat_key, 1);
+  return std::max(0.0, max - std::max(0.0, used - cache));
+}
+
 }  // namespace
+
+double cgroup_memory_room(const std::string& self_cgroup, const std::string& mount_root) {
+  double room = -1;
+  const auto tighter = [&](double r) {
+    if (r >= 0 && (room < 0 || r < room)) room = r;
+  };
+  // Each line is "id:controllers:path"; v2's has id 0 and no controllers.
+  std::istringstream lines(self_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
+    const bool v2 = line.substr(0, a) == "0" && controllers == ",,";
+    if (!v2 && controllers.find(",memory,") == std::string::npos) continue;
+    const fs::path mount = v2 ? fs::path(mount_root) : fs::path(mount_root) / "memory";
+    const fs::path own = fs::path(line.substr(b + 1)).relative_path();
+    // Inside a container the mount often shows the process's own cgroup as its root, so the
+    // path named may not exist below it: then the levels are the mount's own.
+    std::error_code ec;
+    fs::path dir = fs::is_directory(mount / own, ec) ? mount / own : mount;
+    for (int level = 0; level < 64; ++level) {
+      tighter(v2 ? room_in(dir, "memory.max", "memory.current", "inactive_file")
+                 : room_in(dir, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                           "total_inactive_file"));
+      if (dir == mount || !dir.has_relative_path()) break;
+      dir = dir.parent_path();
+    }
+  }
+  return room;
+}
 
 double available_host_memory() {
   double have = number_in("/proc/meminfo", "MemAvailable:", 1024);
@@ -221,6 +269,11 @@ double available_host_memory() {
     const double mapped = number_in("/proc/self/status", "VmSize:", 1024);
     const auto limit = static_cast<double>(as.rlim_cur);
     if (limit > mapped) tighter(limit - mapped);
+  }
+  const auto self = try_read_own_file("/proc/self/cgroup", 1 << 16);
+  if (self) {
+    const double room = cgroup_memory_room(*self, "/sys/fs/cgroup");
+    if (room >= 0) tighter(room);
   }
   return have;
 }

@@ -48,8 +48,15 @@ std::string slug(const std::string& s);
 bool is_hidden(const std::filesystem::path& p);
 
 // Bytes this process can still have: the kernel's MemAvailable (/proc/meminfo), or less where
-// an address-space limit (ulimit -v) leaves less; 0 where neither says. (A cgroup's limit is
-// not read: its usage counts page cache the kernel would give back.)
+// an address-space limit (ulimit -v) or a memory cgroup (a container's limit) leaves less; 0
+// where none says.
 double available_host_memory();
+
+// The room left under the memory limits of the cgroups that hold this process, given the text
+// of /proc/self/cgroup and where the cgroup file systems are mounted (/sys/fs/cgroup): v2's
+// memory.max less memory.current, v1's memory.limit_in_bytes less memory.usage_in_bytes, at
+// each level up to the root, the tightest; page cache the kernel would give back (inactive
+// files) counts as room. A negative number where no level has a limit.
+double cgroup_memory_room(const std::string& self_cgroup, const std::string& mount_root);
 
 }  // namespace dtrain
