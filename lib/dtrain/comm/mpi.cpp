@@ -381,18 +381,26 @@ void finalize() {
   g_initialized = false;
 }
 
+namespace {
+// MPI_Abort asks the launcher to end every process; on a host that is cut off it may wait for
+// an answer that never comes (PMIx under srun does), so this process ends itself.
+[[noreturn]] void abort_job(int exit_code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
+    std::_Exit(exit_code);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+}  // namespace
+
 void finalize_after_failure(int exit_code) {
   if (!g_initialized || g_size == 1) return finalize();
   std::thread([exit_code] {
     std::this_thread::sleep_for(std::chrono::duration<double>(kFinalizeGraceS));
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::thread([exit_code] {
-      std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
-      std::_Exit(exit_code);
-    }).detach();
-    MPI_Abort(MPI_COMM_WORLD, exit_code);
-    std::_Exit(exit_code);
+    abort_job(exit_code);
   }).detach();
   finalize();
 }
@@ -476,16 +484,7 @@ void end_job_after_failure(int exit_code, double grace_s) {
       if (!flag) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
-  std::fflush(stdout);
-  std::fflush(stderr);
-  // MPI_Abort asks the launcher to end every process; on a host that is cut off it may wait
-  // for an answer that never comes (PMIx under srun does), so this process ends itself.
-  std::thread([exit_code] {
-    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
-    std::_Exit(exit_code);
-  }).detach();
-  MPI_Abort(MPI_COMM_WORLD, exit_code);
-  std::_Exit(exit_code);
+  abort_job(exit_code);
 }
 
 #else  // no MPI in this build
