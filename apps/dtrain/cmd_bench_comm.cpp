@@ -102,6 +102,22 @@ std::vector<SizeResult> bench_mpi(const BenchSettings& s, std::string& kind) {
 
 }  // namespace
 
+namespace {
+// Every replica on this machine (`here`: threads, or processes of this launch on this host)
+// holds the largest buffer and its reference: what the machine cannot hold is refused rather
+// than met by the out-of-memory killer. "" when it fits.
+std::string memory_refusal(const std::string& sizes, const BenchSettings& s, int here) {
+  const double largest = static_cast<double>(*std::max_element(s.sizes.begin(), s.sizes.end()));
+  const double need = 2 * largest * here;
+  const double have = available_host_memory();
+  if (have <= 0 || need <= have / 2) return "";
+  return fmt::format(
+      "--sizes {}: {} replica(s) on this machine x 2 x {:.0f} MiB needs {:.1f} GiB, more than "
+      "half of the {:.1f} GiB available; give a smaller MAX or fewer replicas",
+      sizes, here, largest / (1 << 20), need / (1 << 30), have / (1 << 30));
+}
+}  // namespace
+
 void setup_bench_comm(CLI::App& app, BenchCommOptions& opt) {
   app.footer(
       "Under mpirun or srun it times MPI with one rank per process (the process count is the "
@@ -144,19 +160,10 @@ int run_bench_comm(const BenchCommOptions& opt) {
         fmt::format("--replicas {}: give 2 to 1024 (one replica has nothing to "
                     "exchange)",
                     replicas));
-  // Every replica on this machine (thread, or process of this launch on this host) holds the
-  // largest buffer and its reference: refuse what the machine cannot hold rather than meet the
-  // out-of-memory killer.
-  const int here = multi ? mpi::detect().local_size : replicas;
-  const double largest = static_cast<double>(*std::max_element(s.sizes.begin(), s.sizes.end()));
-  const double need = 2 * largest * here;
-  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
-                      static_cast<double>(::sysconf(_SC_PAGE_SIZE));
-  if (have > 0 && need > have / 2)
-    throw UserError(fmt::format(
-        "--sizes {}: {} replica(s) on this machine x 2 x {:.0f} MiB needs {:.1f} GiB, more "
-        "than half of this machine's {:.1f} GiB; give a smaller MAX or fewer replicas",
-        opt.sizes, here, largest / (1 << 20), need / (1 << 30), have / (1 << 30)));
+  std::string refusal = memory_refusal(opt.sizes, s, multi ? mpi::detect().local_size : replicas);
+  // Hosts differ in memory and process count: one host's refusal stops every rank.
+  if (multi) refusal = mpi::first_refusal(refusal);
+  if (!refusal.empty()) throw UserError(refusal);
   s.corrupt_rank = corrupt_rank_from_env();
   BenchReport rep;
   rep.communicator = "in-process";

@@ -7,6 +7,7 @@
 #include "commands.hpp"
 #include "dtrain/backend/device.hpp"
 #include "dtrain/backend/gpu.hpp"
+#include "dtrain/base/json.hpp"
 
 namespace dtrain::cli {
 
@@ -54,7 +55,7 @@ int run_devices(const DevicesOptions& opt) {
         {"nccl", s.nccl},
         {"gpus", gpus},
         {"no_gpu_reason", s.gpus.empty() ? s.none_reason : ""}};
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", json_text(j));
     return 0;
   }
   fmt::print("cpu: {} hardware threads, {}, convolutions by {}, matrix products by {}\n", cores,

@@ -172,16 +172,24 @@ std::string equivalence_line(const std::vector<RungResult>& rs) {
         std::abs(w.diff), scale > 0 ? std::abs(w.diff) / scale : 0.0,
         w.n_a == w.n_b ? std::to_string(w.n_a) : fmt::format("{} and {}", w.n_a, w.n_b), w.p);
   }
-  const bool have_both = rs[0].loss.mean && rs[1].loss.mean;
-  if (have_both && !loss_test(rs[0], rs[1]).tested()) {
-    // One seed: a sum that rounds differently, grown over the run, looks the same as a step
-    // that differs. Saying "does not match" here would blame the replica count for rounding.
+  if (!rs[0].loss.mean || !rs[1].loss.mean)
+    return fmt::format(
+        "The {} diverged (no finite final train loss in any seed): nothing to compare; lower "
+        "optimizer.lr and explain again.",
+        !rs[0].loss.mean && !rs[1].loss.mean ? "baseline and the equivalent run"
+        : !rs[0].loss.mean                   ? "baseline"
+                                             : "equivalent run");
+  if (!loss_test(rs[0], rs[1]).tested()) {
+    // One finite loss a side: a sum that rounds differently, grown over the run, looks the same
+    // as a step that differs. "Does not match" here would blame the replica count for rounding.
     const double a = *rs[0].loss.mean, b = *rs[1].loss.mean;
     return fmt::format(
         "The equivalent run differs from the baseline by {:.1e} in final train loss (a relative "
-        "{:.1e}, more than 1e-4): one seed cannot tell the N-replica sum's rounding, grown over "
-        "the run, from a step that differs; rerun with --seeds 3 to tell.",
-        std::abs(a - b), std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-12}));
+        "{:.1e}, more than 1e-4): one finite loss a side ({} and {} seeds) cannot tell the "
+        "N-replica sum's rounding, grown over the run, from a step that differs; explain again "
+        "with more seeds (--seeds 3) to tell.",
+        std::abs(a - b), std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-12}),
+        rs[0].loss.n, rs[1].loss.n);
   }
   return "The equivalent run DOES NOT match the baseline (final train loss differs by more "
          "than a relative 1e-4): the N-replica step is not the 1-replica step here.";
@@ -278,7 +286,7 @@ std::string to_json(const std::string& experiment, int seeds, const std::vector<
                               {"equivalent_matches", equivalent_matches(rs[0], rs[1])},
                               {"equivalent_within_noise", equivalent_within_noise(rs[0], rs[1])},
                               {"rungs", rungs}};
-  return out.dump(2) + "\n";
+  return json_text(out, 2) + "\n";
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ std::string shell_word(const std::string& word) {
     return std::isalnum(static_cast<unsigned char>(ch)) || (ch && std::strchr("_./=:,+@%-", ch));
   });
   if (plain) return word;
-  if (has_control_character(word)) {
+  if (has_control_character(word) || printable(word) != word) {  // invalid UTF-8 too
     // ANSI-C quoting ($'...', in bash, zsh, ksh and POSIX.1-2024 sh): a control character, and
     // any byte past ASCII (a C1 control, a mark that reorders text), as \xHH, never raw.
     std::string out = "$'";
@@ -105,8 +105,9 @@ int run_export(const ExportOptions& opt) {
   fmt::print(
       "{}: {} images ({} train, {} test) as {} files; train on them with\n"
       "  dtrain run {} data.dataset=folder {} 'data.shape=[{}]'\n",
-      printable(opt.out), n, s.train.size(), s.test.size(), opt.format, shell_word(opt.config),
-      shell_word("data.path=" + override_value(opt.out)), fmt::join(shape, ","));
+      printable(opt.out, true), n, s.train.size(), s.test.size(), opt.format,
+      shell_word(opt.config), shell_word("data.path=" + override_value(opt.out)),
+      fmt::join(shape, ","));
   return 0;
 }
 

@@ -12,9 +12,10 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "dtrain/backend/gpu.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
-#include "dtrain/backend/gpu.hpp"
+#include "dtrain/base/json.hpp"
 #include "dtrain/comm/bench_comm.hpp"
 #include "dtrain/config/config.hpp"
 #include "dtrain/config/plan.hpp"
@@ -335,7 +336,7 @@ std::string to_json(const RunInput& r, const Link& link, double backward_fractio
                   {"samples_per_epoch", r.in.samples_per_epoch},
                   {"rows", out}};
   if (r.estimated) j["estimate"] = r.estimate;
-  return j.dump(2) + "\n";
+  return json_text(j, 2) + "\n";
 }
 
 void check_options(const ProjectOptions& opt) {

@@ -326,8 +326,8 @@ void agree_on_plan(const RunOptions& opt, const Sweep& s, std::string refusal) {
   mpi::broadcast(first);
   if (refusal.empty() && plan != first)
     refusal = fmt::format(
-        "its config and overrides plan other runs than rank 0's (only data.path and threads "
-        "may differ); start every rank with the same config file and overrides");
+        "its config, overrides, --tag or --resume plan other runs than rank 0's (only "
+        "data.path and threads may differ); start every rank with the same command line");
   refusal = mpi::first_refusal(refusal);
   if (!refusal.empty()) throw UserError(refusal);
 }
@@ -459,10 +459,16 @@ void check_plans(const Sweep& s, HeldData& data) {
   } catch (const fs::filesystem_error& e) {  // a data.path that cannot be walked
     if (!s.multi) throw;
     refusal = fmt::format("{}: {}", e.path1().string(), e.code().message());
+  } catch (const std::exception& e) {  // out of memory, a failing device: not a user's mistake
+    if (!s.multi) throw;
+    refusal = "\x01" + failure_text(e);
   }
   // Under a launcher each process loads its own data: a node without the files would fail
   // alone while the others wait for it. Every rank stops with the first rank's reason.
   if (s.multi) refusal = mpi::first_refusal(refusal);
+  const size_t mark = refusal.find('\x01');
+  if (mark != std::string::npos)
+    DTRAIN_THROW_SYSTEM(refusal.erase(mark, 1));  // exit 1, as where it happened
   if (!refusal.empty()) throw UserError(refusal);
 }
 

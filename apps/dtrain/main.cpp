@@ -1,6 +1,5 @@
 // dtrain: data-parallel scaling experiments from YAML files.
 #include <fmt/format.h>
-
 #include <time.h>
 
 #include <atomic>
@@ -9,12 +8,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <new>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "commands.hpp"
@@ -33,7 +33,7 @@ namespace {
 std::atomic<int64_t> g_first_stop_ns{0};
 static_assert(std::atomic<int64_t>::is_always_lock_free, "on_interrupt must be signal-safe");
 
-// The first SIGINT or SIGTERM stops the run at a step boundary, with its checkpoint and
+// The first SIGINT, SIGTERM or SIGHUP stops the run at a step boundary, with its checkpoint and
 // summary. Another a second or more later (Ctrl-C pressed again) ends the process at once; one
 // right behind the first is the same request twice (GNU timeout signals dtrain and then its
 // process group) and is let go.
@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
   const int code = run_main(argc, argv);
   // A rank that failed alone would wait in MPI_Finalize for peers that still train (they wait
   // for it in turn, up to the collective timeout): after a grace it ends the job instead.
-  if (code != 0) dtrain::mpi::finalize_after_failure(code);
+  // A stop signal ends every rank alike, rank 0 last (it writes the checkpoint): no timer.
+  if (code != 0 && !dtrain::stop_requested()) dtrain::mpi::finalize_after_failure(code);
   dtrain::mpi::finalize();
   return code;
 }
@@ -208,8 +209,15 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
 std::optional<int> parse_on_every_rank(CLI::App& app, int argc, char** argv) {
   const auto code = parse(app, argc, argv);
   if (!dtrain::mpi::initialized()) return code;
+  const auto chosen = app.get_subcommands();
+  const std::string name = code || chosen.empty() ? "" : chosen.front()->get_name();
+  std::string first = name;
+  dtrain::mpi::broadcast(first);
   const std::string why = dtrain::mpi::first_refusal(
-      code ? "its command line ended before the command (its message says why)" : "");
+      code ? "its command line ended before the command (its message says why)"
+      : name != first
+          ? fmt::format("its command is {}, rank 0's {}; every rank runs one", name, first)
+          : "");
   if (why.empty() || code) return code;
   if (dtrain::mpi::rank() == 0)
     std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(why.c_str()).c_str());
@@ -246,6 +254,13 @@ int run_command(const Command& cmd) {
     // (file:line, rank): an error, not a bug of dtrain's.
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(e.what()).c_str());
+    return 1;
+  } catch (const std::system_error& e) {
+    // stdout's reader gone (SIGPIPE is ignored while a run trains): ended as that signal
+    // would have ended it, after everything was recorded.
+    if (e.code() == std::errc::broken_pipe) return 128 + SIGPIPE;
+    dtrain::clear_progress();
+    std::fprintf(stderr, "dtrain: internal error: %s\n", dtrain::cli::one_line(e.what()).c_str());
     return 1;
   } catch (const std::bad_alloc& e) {
     dtrain::clear_progress();
@@ -298,6 +313,10 @@ int run_main(int argc, char** argv) {
     if (cmd.stops_at_step) {
       std::signal(SIGINT, on_interrupt);
       std::signal(SIGTERM, on_interrupt);
+      std::signal(SIGHUP, on_interrupt);  // a closed terminal or a dropped ssh session
+      // Output to a pipe whose reader left (`dtrain run ... | head`) fails; it does not end the
+      // training (the records are the run's output), and the table at the end says it below.
+      std::signal(SIGPIPE, SIG_IGN);
     }
     return run_command(cmd);
   }

@@ -273,7 +273,7 @@ double available_host_memory() {
   const auto self = try_read_own_file("/proc/self/cgroup", 1 << 16);
   if (self) {
     const double room = cgroup_memory_room(*self, "/sys/fs/cgroup");
-    if (room >= 0) tighter(room);
+    if (room >= 0) tighter(std::max(room, 1.0));  // 0 would read as "unknown" to callers
   }
   return have;
 }

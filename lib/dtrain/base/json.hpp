@@ -23,4 +23,11 @@ inline nlohmann::json parse_json_bounded(const std::string& text, int max_depth)
   }
 }
 
+// `j` as JSON text, `indent` spaces a level (-1: one line). A string that is not UTF-8 (a
+// folder name of bytes: Linux allows any) is written with U+FFFD for each bad byte, not
+// thrown at the user as an internal error.
+inline std::string json_text(const nlohmann::json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace dtrain

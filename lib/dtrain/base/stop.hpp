@@ -1,6 +1,6 @@
 #pragma once
-// Cooperative stop (Ctrl-C, SIGTERM): a flag that signal handlers set and every rank polls at
-// its next step, so that the run ends at a step boundary and is recorded as stopped.
+// Cooperative stop (Ctrl-C, SIGTERM, SIGHUP): a flag that signal handlers set and every rank polls
+// at its next step, so that the run ends at a step boundary and is recorded as stopped.
 namespace dtrain {
 
 void request_stop(int signal = 0);  // async-signal-safe; `signal`: the one that asked, if any
@@ -9,8 +9,8 @@ bool stop_requested();
 // SIGTERM), 130 when no signal asked.
 int stop_exit_code();
 
-// Routes Ctrl-C and SIGTERM to one thread of dtrain's own ("dtrain-signals"), which only waits
-// for them: blocked in the calling thread and so in every thread started after it (replicas,
+// Routes Ctrl-C, SIGTERM and SIGHUP to one thread of dtrain's own ("dtrain-signals"), which only
+// waits for them: blocked in the calling thread and so in every thread started after it (replicas,
 // OpenMP's, the device sampler, MPI's), unblocked in that one. A handler then never runs on a
 // thread that runs oneDNN's kernels (OpenBLAS's pool, started before main(), may still take
 // one: its kernels keep the stack where it is). oneDNN's generated sgemm kernels point the

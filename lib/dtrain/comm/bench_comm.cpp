@@ -323,7 +323,7 @@ std::string to_json(const BenchReport& r) {
                               {"alpha_s", number_or_null(r.fit.alpha_s)},
                               {"busbw_Bps", number_or_null(r.fit.busbw)}}},
                             {"wrong", r.wrong()}};
-  return j.dump(2) + "\n";
+  return json_text(j, 2) + "\n";
 }
 
 LinkFit load_bench_fit(const std::string& path) {

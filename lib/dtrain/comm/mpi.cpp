@@ -376,9 +376,12 @@ void init(int* argc, char*** argv) {
   MPI_CHECK(MPI_Allgather(&local, 1, MPI_INT, g_local_ranks.data(), 1, MPI_INT, MPI_COMM_WORLD));
 }
 
+std::atomic<bool> g_finalized{false};  // MPI_Finalize returned: nothing may call MPI after
+
 void finalize() {
   if (g_initialized) MPI_Finalize();
   g_initialized = false;
+  g_finalized = true;
 }
 
 namespace {
@@ -398,9 +401,11 @@ namespace {
 
 void finalize_after_failure(int exit_code) {
   if (!g_initialized || g_size == 1) return finalize();
+  // From a thread of its own, since MPI_Finalize holds the main one (Open MPI's MPI_Abort may
+  // be called from any thread; the job is ending either way).
   std::thread([exit_code] {
     std::this_thread::sleep_for(std::chrono::duration<double>(kFinalizeGraceS));
-    abort_job(exit_code);
+    if (!g_finalized) abort_job(exit_code);
   }).detach();
   finalize();
 }

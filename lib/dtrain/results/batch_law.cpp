@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/json.hpp"
 #include "dtrain/results/metrics.hpp"
 
 namespace dtrain {
@@ -209,7 +210,7 @@ std::string tried_json(const BatchLaw& law) {
                     {"steps_to_target",
                      r.reached > 0 ? nlohmann::json(r.steps) : nlohmann::json(nullptr)},
                     {"kept", r.kept}});
-  return rows.dump(2) + "\n";
+  return json_text(rows, 2) + "\n";
 }
 
 std::string to_csv(const BatchLaw& law) {
@@ -236,14 +237,14 @@ std::string to_json(const BatchLaw& law) {
                                              {"points", f.points},
                                              {"rms_relative", f.rms_relative}}
                             : nlohmann::json{{"error", f.why}};
-  return nlohmann::json{{"target_accuracy", law.target_accuracy},
-                        {"target_loss", law.target_loss},
-                        {"rows", rows},
-                        {"never_reached", law.never_reached},
-                        {"fit", fit},
-                        {"b_simple", law.b_simple ? nlohmann::json(*law.b_simple)
-                                                  : nlohmann::json(nullptr)}}
-             .dump(2) +
+  return json_text(nlohmann::json{{"target_accuracy", law.target_accuracy},
+                                  {"target_loss", law.target_loss},
+                                  {"rows", rows},
+                                  {"never_reached", law.never_reached},
+                                  {"fit", fit},
+                                  {"b_simple", law.b_simple ? nlohmann::json(*law.b_simple)
+                                                            : nlohmann::json(nullptr)}},
+                   2) +
          "\n";
 }
 

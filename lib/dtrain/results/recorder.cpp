@@ -295,7 +295,7 @@ void RunRecorder::write_summary(const std::string& status, const std::string& er
   const nlohmann::json j = summary_json(src);  // its fields: summary.cpp
   write_evals();
   // The summary first: readers trust its status over the `status` file (read_run_status).
-  write_file_atomic(dir_ + "/summary.json", j.dump(2) + "\n");
+  write_file_atomic(dir_ + "/summary.json", json_text(j, 2) + "\n");
   write_file_atomic(dir_ + "/status", status + "\n");
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "dtrain/base/json.hpp"
 #include "dtrain/results/batch_law.hpp"
 #include "dtrain/results/stats.hpp"
 
@@ -189,12 +190,12 @@ std::string to_csv(const Reference& ref) {
 std::string to_json(const Reference& ref) {
   nlohmann::json points = nlohmann::json::array();
   for (const ReferencePoint& p : ref.points) points.push_back(point_json(p));
-  return nlohmann::json{{"target_accuracy", ref.target_accuracy},
-                        {"target_loss", ref.target_loss},
-                        {"olympic_from_runs", kOlympicFrom},
-                        {"points", points},
-                        {"left_out", ref.left_out}}
-             .dump(2) +
+  return json_text(nlohmann::json{{"target_accuracy", ref.target_accuracy},
+                                  {"target_loss", ref.target_loss},
+                                  {"olympic_from_runs", kOlympicFrom},
+                                  {"points", points},
+                                  {"left_out", ref.left_out}},
+                   2) +
          "\n";
 }
 
@@ -245,7 +246,7 @@ std::string checks_json(const std::vector<ReferenceCheck>& checks) {
                     {"low", c.low},
                     {"high", c.high},
                     {"verdict", to_string(c.verdict)}});
-  return rows.dump(2) + "\n";
+  return json_text(rows, 2) + "\n";
 }
 
 }  // namespace dtrain

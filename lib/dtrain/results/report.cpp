@@ -1,22 +1,22 @@
 #include "dtrain/results/report.hpp"
 
+#include <fmt/format.h>
 #include <linux/magic.h>
 #include <sys/vfs.h>
 
-#include <fmt/format.h>
-
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <cctype>
 #include <sstream>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/json.hpp"
 #include "dtrain/config/schema.hpp"
 #include "dtrain/results/run_schema.hpp"
 #include "dtrain/results/summary.hpp"
@@ -49,9 +49,10 @@ int64_t int_in(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi,
                     : v.is_number_integer()    ? v.get<int64_t>()
                                                : static_cast<int64_t>(v.get<double>());
   if (!whole || n < lo || n > hi)
-    throw UserError(fmt::format("{}: '{}' is {}; expected a whole number from {} to {} (a "
-                                "damaged file?)",
-                                path, key, v.dump(), lo, hi));
+    throw UserError(
+        fmt::format("{}: '{}' is {}; expected a whole number from {} to {} (a "
+                    "damaged file?)",
+                    path, key, json_text(v), lo, hi));
   return n;
 }
 
@@ -262,9 +263,10 @@ std::optional<double> opt_count(const nlohmann::json& j, const char* key, double
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
   const double v = j[key].is_number() ? j[key].get<double>() : -1;
   if (!(v >= 0 && v <= hi && std::floor(v) == v))
-    throw UserError(fmt::format("{}: '{}' is {}; expected a whole number from 0 to {} (a "
-                                "damaged file?)",
-                                path, key, j[key].dump().substr(0, 40), hi));
+    throw UserError(
+        fmt::format("{}: '{}' is {}; expected a whole number from 0 to {} (a "
+                    "damaged file?)",
+                    path, key, json_text(j[key]).substr(0, 40), hi));
   return v;
 }
 
@@ -589,7 +591,7 @@ std::string to_json(const Comparison& c) {
                     {"acc_delta_points", opt(row.acc_delta_points)}});
   }
   nlohmann::json j{{"experiment", c.experiment}, {"runs", rows}};
-  return j.dump(2) + "\n";
+  return json_text(j, 2) + "\n";
 }
 
 void check_by_keys(const std::vector<std::string>& keys) {
@@ -957,7 +959,7 @@ std::string to_json(const Aggregate& a) {
                          {"settings", a.settings},
                          {"rows", rows},
                          {"left_out", a.left_out}};
-  return j.dump(2) + "\n";
+  return json_text(j, 2) + "\n";
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/json.hpp"
 
 namespace dtrain {
 
@@ -214,16 +215,16 @@ std::string to_json(const TimeGap& g) {
   nlohmann::json projections = nlohmann::json::array();
   for (const ProjectedEpoch& p : g.projections)
     projections.push_back({{"link", p.link}, {"epoch_s", p.epoch_s}});
-  return nlohmann::json{{"replicas_small", g.replicas_small},
-                        {"replicas_large", g.replicas_large},
-                        {"epochs_small", g.epochs_small},
-                        {"epochs_large", g.epochs_large},
-                        {"measured_small_s", g.measured_small},
-                        {"ideal_s", g.ideal},
-                        {"measured_large_s", g.measured_large},
-                        {"terms", terms},
-                        {"projections", projections}}
-             .dump(2) +
+  return json_text(nlohmann::json{{"replicas_small", g.replicas_small},
+                                  {"replicas_large", g.replicas_large},
+                                  {"epochs_small", g.epochs_small},
+                                  {"epochs_large", g.epochs_large},
+                                  {"measured_small_s", g.measured_small},
+                                  {"ideal_s", g.ideal},
+                                  {"measured_large_s", g.measured_large},
+                                  {"terms", terms},
+                                  {"projections", projections}},
+                   2) +
          "\n";
 }
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/json.hpp"
 
 namespace dtrain {
 
@@ -97,7 +98,7 @@ std::string trace_json(const std::vector<std::vector<TraceSpan>>& ranks,
   nlohmann::json doc = {{"traceEvents", std::move(events)},
                         {"displayTimeUnit", "ms"},
                         {"otherData", {{"about", about}}}};
-  return doc.dump(1) + "\n";
+  return json_text(doc, 1) + "\n";
 }
 
 }  // namespace dtrain
