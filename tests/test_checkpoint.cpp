@@ -460,8 +460,8 @@ bool wait_rows(const fs::path& metrics, int rows, pid_t pid) {
   return false;
 }
 
-// Whether SIGINT and SIGTERM are both blocked ("blocked"), both not ("unblocked") or one of
-// them, in the main thread ("main") and in each other thread of `pid` by its name.
+// Whether SIGINT, SIGTERM and SIGHUP are all blocked ("blocked"), none ("unblocked") or some
+// of them, in the main thread ("main") and in each other thread of `pid` by its name.
 std::map<std::string, std::string> stop_signal_masks(pid_t pid) {
   std::map<std::string, std::string> out;
   const fs::path tasks = fs::path("/proc") / std::to_string(pid) / "task";
@@ -474,8 +474,9 @@ std::map<std::string, std::string> stop_signal_masks(pid_t pid) {
     while (std::getline(status, line))
       if (line.rfind("SigBlk:", 0) == 0) {
         const unsigned long long blk = std::stoull(line.substr(7), nullptr, 16);
-        const bool i = blk >> (SIGINT - 1) & 1, te = blk >> (SIGTERM - 1) & 1;
-        out[name] = i && te ? "blocked" : !i && !te ? "unblocked" : "one of them";
+        const bool i = blk >> (SIGINT - 1) & 1, te = blk >> (SIGTERM - 1) & 1,
+                   h = blk >> (SIGHUP - 1) & 1;
+        out[name] = i && te && h ? "blocked" : !i && !te && !h ? "unblocked" : "some of them";
       }
   }
   return out;
@@ -490,14 +491,16 @@ int exit_code(pid_t pid) {
 
 }  // namespace
 
-TEST_CASE("Ctrl-C and SIGTERM stop at a step, and --resume continues to the same bits",
+TEST_CASE("Ctrl-C, SIGTERM and SIGHUP stop at a step, and --resume continues to the same bits",
           "[checkpoint][cli]") {
   TempDir d("ck-signal");
   const std::string cfg = slow_config(d);
   const auto ref = (d.path / "ref").string();
   REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
   const std::string want = numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
-  for (const auto& [sig, code] : {std::pair{SIGINT, 130}, std::pair{SIGTERM, 143}}) {
+  // SIGHUP: the terminal closed, an ssh session dropped.
+  for (const auto& [sig, code] :
+       {std::pair{SIGINT, 130}, std::pair{SIGTERM, 143}, std::pair{SIGHUP, 129}}) {
     INFO("signal " << sig);
     const auto res = (d.path / ("r" + std::to_string(sig))).string();
     const fs::path run = fs::path(res) / "ck" / "t-g2";
