@@ -407,6 +407,41 @@ TEST_CASE("report --plots draws a sweep whose name has a quote", "[report][plots
   }
 }
 
+TEST_CASE("report --plots draws a sweep whose names are longer than a file name may be",
+          "[report][plots]") {
+  if (!dtrain::gnuplot_available()) {
+    WARN("SKIPPED: gnuplot is not installed (apt-get install gnuplot-nox)");
+    return;
+  }
+  TempDir tmp("plots-long");
+  // A 120-character experiment and a group of ninety layers: 400 bytes of figure name.
+  const std::string name(120, 'n');
+  put(tmp.path / "cfg.yaml", tiny_config(name));
+  std::string hidden = "model.hidden=[8";
+  for (int i = 1; i < 90; ++i) hidden += ",8";
+  const auto res = tmp.path / "res";
+  const auto run = dtrain_cli("run " + (tmp.path / "cfg.yaml").string() + " '" + hidden +
+                              "]' train.seed=1,2 --quiet --tag t --results " + res.string());
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  const auto r = dtrain_cli("report " + res.string() + " --plots");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  // Each figure is drawn, under a name that keeps its start and end around a hash; the two
+  // seeds' curves stay apart.
+  int curves = 0;
+  for (const auto& f : fs::directory_iterator(res / "report")) {
+    const std::string file = f.path().filename().string();
+    CHECK(file.size() < 200);
+    if (file.rfind(name.substr(0, 80), 0) == 0 && file.find("seed") != std::string::npos &&
+        f.path().extension() == ".png") {
+      CHECK(is_png(f.path()));
+      ++curves;
+    }
+  }
+  CHECK(curves == 2);
+}
+
 TEST_CASE("report --plots draws what it can when runs diverge in their first epoch",
           "[report][plots]") {
   if (!dtrain::gnuplot_available()) {

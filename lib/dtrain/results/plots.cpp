@@ -19,6 +19,7 @@
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/hash.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/results/run_schema.hpp"
 
@@ -44,10 +45,22 @@ const std::string& script_name(const std::string& name) {
   return name;
 }
 
+// `name` short enough for any file system (255 bytes, with room for a temporary suffix): a long
+// one (a long experiment name, many overrides in a group) keeps its start and its end (the
+// series and the suffix) around a hash of the whole, so that two long names stay apart.
+// A figure's stem is fitted to 140, so that its files (STEM.strings, STEM.gp) fit as they are.
+std::string fitted(const std::string& name, size_t max = 160) {
+  constexpr size_t kTail = 32;
+  if (name.size() <= max) return name;
+  return fmt::format("{}-{:016x}-{}", name.substr(0, max - kTail - 18),
+                     text_hash(name.data(), name.size()), name.substr(name.size() - kTail));
+}
+
 // Writes a data file into `dir`; returns how a script run in `dir` names it.
 std::string data_file(const fs::path& dir, const std::string& name, const std::string& text) {
-  write_file_atomic((dir / script_name(name)).string(), text);
-  return "'" + name + "'";
+  const std::string file = fitted(name);
+  write_file_atomic((dir / script_name(file)).string(), text);
+  return "'" + file + "'";
 }
 
 // gnuplot on PATH. Relative entries (and the empty one, meaning the current folder) are
@@ -121,7 +134,8 @@ int run_gnuplot(const std::string& exe, const fs::path& dir, const std::string& 
 // @macros and newlines in a name stay characters.
 class Figure {
  public:
-  Figure(fs::path dir, const std::string& stem) : dir_(std::move(dir)), stem_(script_name(stem)) {}
+  Figure(fs::path dir, const std::string& stem)
+      : dir_(std::move(dir)), stem_(script_name(fitted(stem, 140))) {}
 
   const std::string& stem() const { return stem_; }
 
