@@ -470,6 +470,38 @@ TEST_CASE("a container's memory limit counts as the memory there is", "[data][me
   CHECK(available_host_memory() > 0);
 }
 
+TEST_CASE("folders nested past 64 levels are refused by every walk, naming the folder",
+          "[data][cli]") {
+  TempDir d("deep");
+  fs::path deep = d.path / "tree";
+  for (int i = 0; i < 70; ++i) deep /= "d";
+  fs::create_directories(deep);
+  put(d.path / "tree" / "a.txt", "some text to train on, some text to train on\n");
+  // A results root to report, a text corpus, an image folder's class.
+  const auto r = dtrain_cli("report " + (d.path / "tree").string());
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("folders nest more than 64 levels below"));
+  put(d.path / "g.yaml",
+      "name: g\nthreads: 1\ndata: {dataset: bytes, path: " + (d.path / "tree").string() +
+          ", block_size: 8}\nmodel: {type: gpt, n_layer: 1, n_head: 1, "
+          "n_embd: 8}\ntrain: {epochs: 1, per_replica_batch: 2}\n");
+  const auto g = dtrain_cli("validate " + (d.path / "g.yaml").string());
+  INFO(g.out);
+  CHECK(g.code == 2);
+  CHECK_THAT(g.out, Catch::Contains("folders nest more than 64 levels below"));
+  for (const char* split : {"train", "test"}) fs::create_directories(d.path / "img" / split / "c");
+  fs::rename(d.path / "tree", d.path / "img" / "train" / "c" / "tree");
+  put(d.path / "i.yaml",
+      "name: i\nthreads: 1\ndata: {dataset: folder, path: " + (d.path / "img").string() +
+          ", shape: [3, 8, 8]}\nmodel: {hidden: "
+          "[8]}\ntrain: {epochs: 1, per_replica_batch: 2}\n");
+  const auto f = dtrain_cli("validate " + (d.path / "i.yaml").string());
+  INFO(f.out);
+  CHECK(f.code == 2);
+  CHECK_THAT(f.out, Catch::Contains("folders nest more than 64 levels below"));
+}
+
 TEST_CASE("dtrain validate and run refuse oversized synthetic data in one line", "[data][cli]") {
   TempDir d("synthetic-huge");
   const std::string cfg = (d.path / "s.yaml").string();

@@ -183,6 +183,13 @@ std::string not_regular_file(const std::string& path) {
   return "not a regular file";
 }
 
+void refuse_deep_folder(const std::filesystem::path& path, const std::string& root) {
+  throw UserError(fmt::format(
+      "{}: folders nest more than {} levels below {}; dtrain walks no deeper (the wrong folder, "
+      "or a loop of mounts?)",
+      printable(path.string(), true), kMaxFolderDepth, printable(root, true)));
+}
+
 bool is_hidden(const std::filesystem::path& p) {
   const std::string name = p.filename().string();
   return !name.empty() && name.front() == '.';

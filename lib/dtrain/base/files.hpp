@@ -44,6 +44,13 @@ std::optional<std::string> try_read_own_file(const std::string& path, size_t max
 std::string not_regular_file(const std::string& path);
 // A filesystem-safe slug: every character but [A-Za-z0-9._+-] becomes '_'.
 std::string slug(const std::string& s);
+// Folders nested deeper than this below one that dtrain walks (a data folder, a results root)
+// are refused: nothing dtrain reads or writes nests so deep, and each level costs the walk
+// memory (9,000 levels of empty folders took 4.4 GB).
+inline constexpr int kMaxFolderDepth = 64;
+// Throws UserError naming `path` as nested too deep below `root`.
+[[noreturn]] void refuse_deep_folder(const std::filesystem::path& path, const std::string& root);
+
 // Whether a path names a hidden entry (its name starts with '.'), which folder readers skip.
 bool is_hidden(const std::filesystem::path& p);
 

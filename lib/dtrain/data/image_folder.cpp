@@ -88,7 +88,10 @@ std::vector<std::string> class_files(const fs::path& root, const fs::path& dir, 
       if (e.is_directory(ec) && !e.is_symlink(ec)) it.disable_recursion_pending();
       continue;
     }
-    if (e.is_directory(ec)) continue;  // walked into next, or a link to a folder: left out
+    if (e.is_directory(ec)) {  // walked into next, or a link to a folder: left out
+      if (it.depth() >= kMaxFolderDepth) refuse_deep_folder(e.path(), root.string());
+      continue;
+    }
     const std::string rel = e.path().lexically_relative(root).string();
     const std::string problem = entry_problem(e);
     if (problem.empty()) {

@@ -76,6 +76,8 @@ std::vector<std::string> folder_files(const std::string& path,
       if (it->is_directory(entry)) it.disable_recursion_pending();
       continue;
     }
+    if (it.depth() >= kMaxFolderDepth && it->is_directory(entry))
+      refuse_deep_folder(it->path(), path);
     const bool file = it->is_regular_file(entry);
     if (entry)
       throw UserError(fmt::format("{}: cannot be read ({})", it->path().string(), entry.message()));

@@ -999,6 +999,8 @@ void walk_run_dirs(const std::string& root, std::vector<std::string>& out) {
       if (has_status_entry(e.path())) {
         out.push_back(e.path().string());
         it.disable_recursion_pending();
+      } else if (it.depth() >= kMaxFolderDepth) {
+        refuse_deep_folder(e.path(), root);
       }
     }
   } catch (const fs::filesystem_error& e) {
