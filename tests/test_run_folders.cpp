@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "dtrain/base/error.hpp"
@@ -471,4 +472,32 @@ TEST_CASE("a run of deeply nested residual blocks is reported like any other", "
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK_THAT(slurp(d.path / "rep" / "n.md"), Catch::Contains("| t-g1 "));
+}
+
+TEST_CASE("a results folder named with control characters never reaches the terminal raw",
+          "[cli]") {
+  TempDir d("ctl-results");
+  const std::string cfg = d.write("c.yaml", tiny_config("c"));
+  // An escape that sets a terminal's title, a bell, a byte that is not UTF-8.
+  const std::string res = (d.path / "r\x1b]0;T\x07\xff").string();
+  const auto lines_clean = [](const std::string& out) {
+    std::istringstream in(out);
+    for (std::string l; std::getline(in, l);)
+      if (has_control_character(l) || printable(l) != l) return false;
+    return true;
+  };
+  const auto run = dtrain_cli("run " + cfg + " --tag t --quiet --results '" + res + "'");
+  INFO(printable(run.out, true));
+  REQUIRE(run.code == 0);
+  CHECK(lines_clean(run.out));
+  CHECK_THAT(run.out, Catch::Contains("(written to " + printable(res, true)));
+  // report, and project of the run: JSON files and one-line output, whatever the bytes.
+  const auto rep = dtrain_cli("report '" + res + "'");
+  INFO(printable(rep.out, true));
+  CHECK(rep.code == 0);
+  CHECK(lines_clean(rep.out));
+  const auto proj = dtrain_cli("project '" + res + "/c/t-g1' --gpus 1,2");
+  INFO(printable(proj.out, true));
+  CHECK(proj.code == 0);
+  CHECK(lines_clean(proj.out));
 }

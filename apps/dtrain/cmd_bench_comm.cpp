@@ -192,7 +192,7 @@ int run_bench_comm(const BenchCommOptions& opt) {
   fmt::print("{}", to_text(rep));
   write_file_atomic(stem + ".json", to_json(rep));
   write_file_atomic(stem + ".md", to_markdown(rep));
-  fmt::print("# written to {}.json and {}.md\n", stem, stem);
+  fmt::print("# written to {}.json and {}.md\n", printable(stem, true), printable(stem, true));
   if (wrong) {
     std::fprintf(stderr,
                  "dtrain: bench-comm: %lld wrong element%s: the %s all-reduce did not return "

@@ -314,7 +314,7 @@ void draw_figure(const std::vector<RungResult>& rs, const std::string& title,
   if (bars.empty()) return;
   const std::string error = draw_waterfall(bars, title, dir, stem);
   if (error.empty())
-    fmt::print("figure: {}.png and .svg\n", (fs::path(dir) / stem).string());
+    fmt::print("figure: {}.png and .svg\n", printable((fs::path(dir) / stem).string(), true));
   else
     log().warn("explain: figure not drawn: {}", error);
 }
@@ -391,7 +391,7 @@ int run_explain(const ExplainOptions& opt) {
   write_file_atomic(base + ".md", md);
   write_file_atomic(base + ".json", to_json(experiment, opt.seeds, results));
   fmt::print("\n## {}: 1 replica against {}\n\n{}\n(written to {}.md and .json)\n", experiment,
-             rungs[1].overrides[0], md, base);
+             rungs[1].overrides[0], md, printable(base, true));
   draw_figure(results, fmt::format("{}: 1 replica -> {}", experiment, rungs[1].overrides[0]),
               (fs::path(opt.results) / experiment).string(), slug(name));
   return failed ? 1 : 0;

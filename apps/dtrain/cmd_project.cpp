@@ -131,7 +131,7 @@ RunInput read_run(const std::string& path) {
   if (r.in.global_batch <= 0)
     throw UserError(fmt::format("{}/summary.json: no global_batch", path));
   r.in.accumulation_steps = rec.accumulation_steps;
-  r.subject = "the 1-replica run " + path;
+  r.subject = "the 1-replica run " + printable(path, true);
   const auto& s = r.in.split;
   r.step_line = fmt::format(
       "Measured step at 1 replica (medians of {} epochs): data {:.4g} ms + compute {:.4g} ms + "
@@ -476,7 +476,7 @@ int run_project(const ProjectOptions& opt) {
   write_file_atomic(stem.string() + ".md",
                     "# Projection: " + link.name + "\n\n" + head + "\n" + md);
   write_file_atomic(stem.string() + ".json", to_json(r, link, r.in.backward_fraction, rows));
-  fmt::print("{}\n{}\n(written to {}.md and .json)\n", head, md, stem.string());
+  fmt::print("{}\n{}\n(written to {}.md and .json)\n", head, md, printable(stem.string(), true));
   return 0;
 }
 

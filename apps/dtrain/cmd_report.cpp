@@ -329,7 +329,7 @@ int run_report(const ReportOptions& opt) {
   }
   write_file_atomic((fs::path(out) / "index.md").string(), index);
   write_file_atomic(manifest.string(), fmt::format("{}\n", fmt::join(written, "\n")));
-  fmt::print("\n(report written to {}/)\n", out);
+  fmt::print("\n(report written to {}/)\n", printable(out, true));
   if (unreadable) {
     std::fprintf(stderr, "dtrain: %d run folder%s could not be read; see the warnings above\n",
                  unreadable, unreadable == 1 ? "" : "s");

@@ -738,7 +738,8 @@ void write_tables(const RunOptions& opt, const std::string& tag, const TagIndex&
     write_file_atomic(base + ".md", to_markdown(cmp));
     write_file_atomic(base + ".csv", to_csv(cmp));
     if (opt.print_table)
-      fmt::print("\n## {}\n\n{}\n(written to {}.md and .csv)\n", name, to_markdown(cmp), base);
+      fmt::print("\n## {}\n\n{}\n(written to {}.md and .csv)\n", name, to_markdown(cmp),
+                 printable(base, true));
   }
 }
 
