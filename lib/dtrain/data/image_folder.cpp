@@ -404,14 +404,17 @@ Dataset split_dataset(const DataConfig& cfg, const FolderListing& l, bool train,
 }
 
 // Per-channel (or global) mean and std of pixel values in [0, 1], over up to 256 training
-// images spread over the set, each through the evaluation transform (decoded on `workers`).
+// images spread over the set (fewer past 1024 x 1024 pixels: at most 2^28 pixels a channel in
+// all, so that a huge data.shape costs seconds, not minutes, before the memory check refuses
+// it), each through the evaluation transform (decoded on `workers`).
 std::pair<std::vector<double>, std::vector<double>> measure_stats(const DataConfig& cfg,
                                                                   const Dataset& train) {
   ImageFiles probe = *train.files;
   probe.train = false;
   probe.jpeg_draft = false;  // a key that acts after the load must not change what it loads
-  const auto picks = spread(probe.paths.size(), 256);
   const int64_t c = cfg.shape[0], plane = cfg.shape[1] * cfg.shape[2];
+  const auto picks =
+      spread(probe.paths.size(), std::clamp<int64_t>((int64_t{1} << 28) / plane, 1, 256));
   const auto image = static_cast<size_t>(c * plane);
   // A few images per worker at a time, not all 256 at once, and at most 256 MiB of them (one
   // 3 x 8192 x 8192 image is 768 MiB), summed in the same order either way.
