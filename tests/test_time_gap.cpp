@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -109,10 +110,19 @@ TEST_CASE("a projection's terms stand beside the measured ones and add up to its
   CHECK_THAT(error_of([&] { time_gap(one, 1, {four[0]}, 4); }),
              Catch::Contains("the second run has 1 epoch; the time gap is read from the epochs "
                              "after the first"));
+  EpochMetrics bad = epoch(1e308, 0.4, 6, 1, 0, 7.4);
+  bad.epoch = 2;
   CHECK_THAT(error_of([&] {
-               time_gap({one[0], epoch(1e308, 0.4, 6, 1, 0, 7.4)}, 1, four, 4);
+               time_gap({one[0], bad}, 1, four, 4);
              }),
-             Catch::Contains("has a time that is not a number of seconds in (0, 1e9] (1e+308)"));
+             Catch::Contains("the first run's epoch 2 has epoch_time_s 1e+308, not a number of "
+                             "seconds in [0, 1e9]"));
+  bad = epoch(8, 0.4, std::numeric_limits<double>::infinity(), 1, 0, 7.4);
+  bad.epoch = 2;
+  CHECK_THAT(error_of([&] {
+               time_gap(one, 1, {four[0], bad}, 4);
+             }),
+             Catch::Contains("the second run's epoch 2 has compute_s inf,"));
   // 100 steps an epoch at 1 replica, 25 at 4: per step data 4 ms, compute 60, optimizer 10,
   // and 8 ms of exposed exchange at 4.
   ProjectedEpoch p;

@@ -107,9 +107,9 @@ int run_explain_time(const ExplainTimeOptions& opt) {
                                 "runs must be of one experiment",
                                 small.dir, small.experiment, large.dir, large.experiment));
   if (!small.config.empty() && !large.config.empty()) require_same_workload(small, large);
-  const std::vector<std::string_view> cols = {"epoch_time_s", "data_s", "compute_s",
-                                              "optimizer_s", "exchange_exposed_s",
-                                              "rank_busy_max_s"};
+  const std::vector<std::string_view> cols = {
+      "epoch",       "epoch_time_s",       "data_s",         "compute_s",
+      "optimizer_s", "exchange_exposed_s", "rank_busy_max_s"};
   auto epochs = [&](const std::string& dir) {
     const MetricsCsv csv = read_metrics_csv(dir);
     csv.require(cols, " (written by an older dtrain)");

@@ -34,14 +34,18 @@ Phases phases_of(const std::vector<EpochMetrics>& all, const char* which) {
   std::vector<EpochMetrics> e(all.begin() + 1, all.end());
   constexpr double kMaxSeconds = 1e9;  // 31 years an epoch: more is a damaged file
   for (const EpochMetrics& m : e)
-    for (double v : {m.epoch_time_s, m.data_s, m.compute_s, m.optimizer_s, m.exchange_exposed_s,
-                     m.rank_busy_max_s, m.bn_sync_s})
+    for (const auto& [column, v] : {std::pair{"epoch_time_s", m.epoch_time_s},
+                                    {"data_s", m.data_s},
+                                    {"compute_s", m.compute_s},
+                                    {"optimizer_s", m.optimizer_s},
+                                    {"exchange_exposed_s", m.exchange_exposed_s},
+                                    {"rank_busy_max_s", m.rank_busy_max_s},
+                                    {"bn_sync_s", m.bn_sync_s}})
       if (!(std::isfinite(v) && v >= 0 && v <= kMaxSeconds) || !(m.epoch_time_s > 0))
         throw UserError(
-            fmt::format("explain-time: the {} run's epoch {} has a time that is not "
-                        "a number of seconds in (0, 1e9] ({}); its metrics.csv is "
-                        "damaged",
-                        which, m.epoch, v));
+            fmt::format("explain-time: the {} run's epoch {} has {} {}, not a number of seconds "
+                        "in [0, 1e9] (and epoch_time_s above 0); its metrics.csv is damaged",
+                        which, m.epoch, column, v));
   std::sort(e.begin(), e.end(), [](const EpochMetrics& a, const EpochMetrics& b) {
     return a.epoch_time_s < b.epoch_time_s;
   });
