@@ -2,6 +2,7 @@
 // whole model's gradient against finite differences, the spine (N x B against 1 x NB, resume to
 // the same bits), the token shard reader, and what is refused.
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -310,6 +311,16 @@ TEST_CASE("dataset bytes: data.exclude leaves files out, data.sha256 pins the st
   d.exclude = {"*"};
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
              Catch::Contains("holds no files to read as bytes that data.exclude leaves in"));
+  // A FIFO (or a link to a device) is not text: named, or left out by data.exclude.
+  REQUIRE(::mkfifo((dir.path / "sub" / "pipe").c_str(), 0600) == 0);
+  d.exclude = {"*.dat", "*.u8", "sub/*.txt", "skip"};
+  CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
+             Catch::Contains("/sub/pipe: a FIFO in a text folder; move it out, or list it in "
+                             "data.exclude"));
+  d.exclude.push_back("sub/pipe");
+  CHECK(load_data(d, 1).sha256 == s.sha256);
+  fs::remove(dir.path / "sub" / "pipe");
+  d.exclude = {"*"};
   // A pattern that leaves nothing out (a typo, most likely) is named; the others are not.
   std::vector<std::string> unmatched;
   corpus_files(d.path, {"*.dat", "*.datt", "sub/*.txt", "sub/*/*.md"}, &unmatched);

@@ -81,7 +81,14 @@ std::vector<std::string> folder_files(const std::string& path,
     const bool file = it->is_regular_file(entry);
     if (entry)
       throw UserError(fmt::format("{}: cannot be read ({})", it->path().string(), entry.message()));
-    if (file) files.push_back(it->path().string());
+    if (file) {
+      files.push_back(it->path().string());
+    } else if (!it->is_directory(entry)) {  // a FIFO, a device, a link to one: not text
+      throw UserError(
+          fmt::format("{}: {} in a text folder; move it out, or list it in "
+                      "data.exclude",
+                      printable(it->path().string(), true), not_regular_file(it->path().string())));
+    }
   }
   if (ec) throw UserError(fmt::format("data.path: cannot list '{}' ({})", path, ec.message()));
   std::sort(files.begin(), files.end());
