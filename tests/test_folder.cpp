@@ -586,6 +586,9 @@ TEST_CASE("bench-input gives a row per worker count and refuses buffers beyond m
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("|       1 |") && Catch::Contains("|       2 |"));
+  const auto twice = dtrain_cli("bench-input " + cfg.string() + " --workers 1,2 --workers 1");
+  CHECK(twice.code == 2);
+  CHECK_THAT(twice.out, Catch::Contains("--workers: 1 is given twice"));
   // An override after --workers stays an override (CLI11 would take it as a second value).
   const auto after = dtrain_cli("bench-input " + cfg.string() + " --workers 1 data.workers=9 " +
                                 "--images 16 --repeats 1 'data.shape=[3,6,6]'");

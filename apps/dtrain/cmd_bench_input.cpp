@@ -36,6 +36,11 @@ std::string row(const std::string& workers, const std::string& rate, const std::
 }  // namespace
 
 int run_bench_input(const BenchInputOptions& opt) {
+  for (size_t i = 0; i < opt.workers.size(); ++i)
+    if (std::count(opt.workers.begin(), opt.workers.begin() + static_cast<std::ptrdiff_t>(i),
+                   opt.workers[i]))
+      throw UserError(
+          fmt::format("--workers: {} is given twice; give each count once", opt.workers[i]));
   const auto runs = plan_runs(opt.config, opt.overrides);
   const Config& cfg = runs.front().config;
   if (cfg.data.dataset != DatasetKind::folder)
