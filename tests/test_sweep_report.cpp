@@ -564,3 +564,19 @@ optimizer: {lr: 0.05, base_batch: 16}
   CHECK(index.find(",done,") != std::string::npos);
   CHECK(index.find("pending") == std::string::npos);
 }
+
+TEST_CASE("report gives an experiment named index files of its own", "[report][cli]") {
+  TempDir d("report-index");
+  const auto res = d.path / "res";
+  const std::string cfg = d.write("c.yaml", tiny_config("index"));
+  const auto run = dtrain_cli("run " + cfg + " --quiet --tag t --results " + res.string());
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  const auto r = dtrain_cli("report " + res.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  // index.md is the overview, and links to the experiment's own table.
+  CHECK_THAT(slurp(res / "report" / "index.md"),
+             Catch::StartsWith("# dtrain report") && Catch::Contains("[index-2.md](index-2.md)"));
+  CHECK(fs::exists(res / "report" / "index-2.csv"));
+}

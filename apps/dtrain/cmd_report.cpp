@@ -316,10 +316,13 @@ int run_report(const ReportOptions& opt) {
   std::vector<std::string> written = {"index.md"};
   std::string index = "# dtrain report\n\nRegenerated from " + std::to_string(dirs.size()) +
                       " run folders under " + fmt::format("{}", fmt::join(opt.paths, ", ")) + ".\n";
-  // Names that differ but slug the same ("x{" and "x}") get their own files: x_, x_-2, ...
-  std::map<std::string, int> stems;
+  // Names that differ but slug the same ("x{" and "x}") get their own files: x_, x_-2, ...; an
+  // experiment named index gets index-2 (index.md is the overview's), one named ".." _..
+  // (never a hidden file).
+  std::map<std::string, int> stems = {{"index", 1}};
   for (const auto& [name, runs] : by_experiment) {
-    const std::string base = slug(name);
+    std::string base = slug(name);
+    if (base.empty() || base.front() == '.') base = "_" + base;
     const int n = ++stems[base];
     const std::string stem_name = n == 1 ? base : fmt::format("{}-{}", base, n);
     const auto ref = refs.find(name);
