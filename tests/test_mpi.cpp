@@ -207,7 +207,11 @@ TEST_CASE("ranks under mpirun given other configs are refused together at once",
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     INFO(second << "\n" << r.out);
     CHECK(r.code == 2);
-    CHECK(secs < dtrain::mpi::kFinalizeGraceS - 1);  // agreed, not ended by the lone rank's timer
+    // Agreed: every rank exits 2 by itself, none is ended by the lone rank's timer (MPI_Abort),
+    // and the job ends in seconds, not at the 300 s collective timeout. (Launches on a loaded
+    // 2-core machine took up to 12 s.)
+    CHECK(r.out.find("MPI_ABORT") == std::string::npos);
+    CHECK(secs < 60);
     CHECK_THAT(r.out, Catch::Contains("dtrain: error: rank 1 (" + host + "): " + why));
     CHECK_FALSE(fs::exists(d.path / "res" / "mp" / "t-g2"));
   }
