@@ -26,7 +26,7 @@ std::string shell_word(const std::string& word) {
     return std::isalnum(static_cast<unsigned char>(ch)) || (ch && std::strchr("_./=:,+@%-", ch));
   });
   if (plain) return word;
-  if (has_control_character(word) || printable(word) != word) {  // invalid UTF-8 too
+  if (printable(word) != word) {  // a control, a mark that reorders text, invalid UTF-8
     // ANSI-C quoting ($'...', in bash, zsh, ksh and POSIX.1-2024 sh): a control character, and
     // any byte past ASCII (a C1 control, a mark that reorders text), as \xHH, never raw.
     std::string out = "$'";

@@ -446,15 +446,15 @@ std::unique_ptr<Communicator> world(double timeout_s) {
   return std::make_unique<MpiComm>(timeout_s);
 }
 
-void broadcast(std::string& text) {
+void broadcast(std::string& text, int root) {
   // A 64-bit length, then chunks an int can count (a checkpoint may pass 2 GiB).
   uint64_t len = text.size();
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, root, MPI_COMM_WORLD));
   text.resize(static_cast<size_t>(len));
   constexpr uint64_t kChunk = uint64_t{1} << 30;
   for (uint64_t at = 0; at < len; at += kChunk) {
     const auto n = static_cast<int>(std::min(kChunk, len - at));
-    MPI_CHECK(MPI_Bcast(text.data() + at, n, MPI_CHAR, 0, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Bcast(text.data() + at, n, MPI_CHAR, root, MPI_COMM_WORLD));
   }
 }
 
@@ -464,10 +464,7 @@ std::string first_refusal(const std::string& mine) {
   MPI_CHECK(MPI_Allreduce(&candidate, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
   if (first == g_size) return "";
   std::string text = first == g_rank ? mine.substr(0, 4096) : "";  // one line's worth
-  uint64_t len = text.size();
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, first, MPI_COMM_WORLD));
-  text.resize(static_cast<size_t>(len));
-  MPI_CHECK(MPI_Bcast(text.data(), static_cast<int>(text.size()), MPI_CHAR, first, MPI_COMM_WORLD));
+  broadcast(text, first);
   return first == 0 ? text : fmt::format("{}: {}", who(first), text);
 }
 
@@ -528,7 +525,7 @@ std::string placement() {
 std::unique_ptr<Communicator> world(double) {
   DTRAIN_THROW_SYSTEM("MPI is not built in");
 }
-void broadcast(std::string&) {}
+void broadcast(std::string&, int) {}
 std::string first_refusal(const std::string& mine) {
   return mine;
 }

@@ -57,8 +57,9 @@ int size();
 // multi-process and in-process runs give bit-identical results.
 std::unique_ptr<Communicator> world(double timeout_s);
 
-// Rank 0 sends `text` to all ranks (for decisions only rank 0 can take, e.g. about files).
-void broadcast(std::string& text);
+// Rank `root` (0 unless given) sends `text` to all ranks (for decisions only rank 0 can take,
+// e.g. about files).
+void broadcast(std::string& text, int root = 0);
 
 // Collective, blocking: each rank gives why it cannot go on ("" if it can); every rank gets
 // the lowest such rank's reason ("rank R (host): reason" when R is not 0), or "" when no rank
