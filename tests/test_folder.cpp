@@ -10,10 +10,12 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "checkpoint_helpers.hpp"
 #include "dtrain/base/error.hpp"
@@ -568,6 +570,64 @@ TEST_CASE("export-images names the shape of the files it wrote, and that command
   CHECK(back.code == 0);
   CHECK_THAT(back.out, Catch::Contains("train=12 test=6 shape=[3,6,6]") &&
                            Catch::Contains("/treec\\x1b[2J\\x0ad\\xe2\\x80\\xae)"));
+}
+
+// export-images writes into a hidden folder beside --out and renames it once whole: a write
+// that fails (a file-size limit here, as a full disk would) or Ctrl-C leaves neither --out nor
+// the hidden folder, and says so.
+TEST_CASE("export-images leaves no partial tree when a write fails or Ctrl-C stops it",
+          "[folder][cli]") {
+  TempTree t("export-fail");
+  const fs::path cfg = t.dir / "s.yaml";
+  std::ofstream(cfg) << "name: s\nthreads: 1\ndata: {dataset: synthetic, synthetic: "
+                        "{shape: [3, 32, 32], classes: 3, train_size: 8000, test_size: 6}}\n"
+                        "model: {type: cnn}\ntrain: {per_replica_batch: 4}\n";
+  const fs::path out = t.dir / "tree";
+  const auto leftovers = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(t.dir)) n += e.path().filename() != "s.yaml";
+    return n;
+  };
+  // Noise PNGs of 32x32x3 are over 2 KiB each: the first write past the limit fails (EFBIG,
+  // with SIGXFSZ ignored as a shell's trap leaves it).
+  const auto big = shell("trap '' XFSZ; ulimit -f 2; " + dtrain_binary() + " export-images " +
+                         cfg.string() + " --out " + out.string() + " data.synthetic.train_size=60");
+  INFO(big.out);
+  CHECK(big.code == 1);
+  CHECK_THAT(big.out, Catch::Contains("cannot write") && Catch::Contains("too large"));
+  CHECK(leftovers() == 0);
+  // A JPEG quality for PNG files would be ignored: refused.
+  const auto q =
+      dtrain_cli("export-images " + cfg.string() + " --out " + out.string() + " --quality 50");
+  CHECK(q.code == 2);
+  CHECK_THAT(q.out, Catch::Contains("--quality: only for --format jpeg"));
+  CHECK(leftovers() == 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + dtrain_binary() + " export-images " + cfg.string() +
+                            " --out " + out.string() + " > " + (t.dir / "log").string() + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Stopped once the hidden tree holds files.
+  bool writing = false;
+  for (int i = 0; i < 3000 && !writing; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (const auto& e : fs::directory_iterator(t.dir))
+      if (e.path().filename().string().rfind(".tree.export-", 0) == 0 &&
+          fs::exists(e.path() / "train"))
+        writing = true;
+  }
+  REQUIRE(writing);
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  const std::string log = slurp(t.dir / "log");
+  INFO(log);
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 130));
+  CHECK_THAT(log, Catch::Contains("export-images stopped; nothing written at"));
+  fs::remove(t.dir / "log");
+  CHECK(leftovers() == 0);
 }
 
 // bench-input times the pipeline at each worker count, one row each; batch buffers that

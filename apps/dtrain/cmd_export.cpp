@@ -3,6 +3,7 @@
 // to check that the folder reader trains as the in-memory one does.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -11,6 +12,8 @@
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
+#include "dtrain/base/files.hpp"
+#include "dtrain/base/stop.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/data/image_folder.hpp"
@@ -68,6 +71,37 @@ std::string override_value(const std::string& value) {
   }
   return out + "\"";
 }
+// The tree written into a hidden folder beside --out and renamed to it once whole, so that
+// --out never holds part of a dataset: a failure (a full disk) or Ctrl-C removes what was
+// written and names it. The number of images, or -1 where a stop signal ended the export.
+int64_t export_whole(const DataSplit& s, const ExportOptions& opt) {
+  namespace fs = std::filesystem;
+  fs::path out = fs::path(opt.out).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
+  const fs::path staging =
+      out.parent_path() / fmt::format(".{}.export-{}", out.filename().string(), ::getpid());
+  std::error_code ec;
+  try {
+    ensure_dir(staging.string(), "export");
+    const int64_t n =
+        write_image_tree(s.train, s.test, staging.string(),
+                         opt.format == "jpeg" ? (opt.quality > 0 ? opt.quality : 95) : 0, opt.side);
+    // Over an empty folder too: rename(2) replaces an empty directory.
+    fs::rename(staging, out, ec);
+    if (ec)
+      throw UserError(fmt::format("{}: cannot rename the written tree {} to it: {}",
+                                  printable(opt.out), printable(staging.string()), ec.message()));
+    return n;
+  } catch (const Interrupted&) {
+    fs::remove_all(staging, ec);
+    fmt::print(stderr, "dtrain: export-images stopped; nothing written at {}\n",
+               printable(opt.out));
+    return -1;
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
+}
 }  // namespace
 
 void setup_export(CLI::App& app, ExportOptions& opt) {
@@ -77,7 +111,7 @@ void setup_export(CLI::App& app, ExportOptions& opt) {
       ->check(non_empty());
   app.add_option("--format", opt.format, "png (lossless) or jpeg")
       ->check(CLI::IsMember({"png", "jpeg"}));
-  app.add_option("--quality", opt.quality, "JPEG quality")->check(CLI::Range(1, 100));
+  app.add_option("--quality", opt.quality, "JPEG quality (default 95)")->check(CLI::Range(1, 100));
   app.add_option("--side", opt.side, "Resample each image to SIDE x SIDE pixels first")
       ->check(CLI::Range(1, 8192));
 }
@@ -90,6 +124,8 @@ int run_export(const ExportOptions& opt) {
         fmt::format("{}: data.dataset is folder already; export-images writes "
                     "in-memory datasets (fashion-mnist, cifar10, synthetic, ...)",
                     opt.config));
+  if (opt.quality > 0 && opt.format != "jpeg")
+    throw UserError("--quality: only for --format jpeg (PNG files are lossless)");
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(opt.out, ec) && !(fs::is_directory(opt.out, ec) && fs::is_empty(opt.out, ec)))
@@ -97,8 +133,8 @@ int run_export(const ExportOptions& opt) {
   data.normalize = Normalize::off;  // pixels in [0, 1], as stored
   data.sort_by_label = false;
   const DataSplit s = load_data(data, runs.front().config.train.seed);
-  const int64_t n =
-      write_image_tree(s.train, s.test, opt.out, opt.format == "jpeg" ? opt.quality : 0, opt.side);
+  const int64_t n = export_whole(s, opt);
+  if (n < 0) return stop_exit_code();
   // The shape of the files written: resampled to --side where it is given.
   std::vector<int64_t> shape = s.train.shape;
   if (opt.side > 0 && shape.size() == 3) shape[1] = shape[2] = opt.side;

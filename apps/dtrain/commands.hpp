@@ -72,7 +72,7 @@ struct ExportOptions {
   std::vector<std::string> overrides;
   std::string out;
   std::string format = "png";
-  int quality = 95;
+  int quality = 0;   // 0: not given (95 for JPEG)
   int64_t side = 0;  // 0: the images' own size
 };
 void setup_export(CLI::App& app, ExportOptions& opt);

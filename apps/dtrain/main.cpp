@@ -93,7 +93,7 @@ struct AllOptions {
 struct Command {
   CLI::App* cli;
   std::function<int()> run;
-  bool stops_at_step;  // Ctrl-C and SIGTERM stop it at a step boundary, recording what it has
+  bool stops_at_step;  // Ctrl-C and SIGTERM stop it where it can leave things whole
 };
 
 // Declares subcommand `name` on `app` with `setup`; `run` runs it with the options it read.
@@ -135,7 +135,7 @@ std::vector<Command> add_commands(CLI::App& app, AllOptions& o) {
           setup_project, run_project),
       add(app, "export-images",
           "Write a config's image data as a folder of PNG or JPEG files (dataset: folder)",
-          o.export_images, setup_export, run_export),
+          o.export_images, setup_export, run_export, true),
       add(app, "bench-input",
           "Time the input pipeline of image files (dataset: folder) at each worker count",
           o.bench_input, setup_bench_input, run_bench_input),
@@ -308,8 +308,9 @@ int run_main(int argc, char** argv) {
   for (const auto& cmd : commands) {
     if (!*cmd.cli) continue;
     if (const int code = refuse_under_launcher(cmd.cli->get_name())) return code;
-    // Only `run` (and explain, which runs it) stops at a step boundary and records what it
-    // has; the other commands write nothing half-done, so Ctrl-C and SIGTERM end them at once.
+    // `run` (and explain, which runs it) stops at a step boundary and records what it has;
+    // export-images removes the tree it was writing. The other commands write nothing
+    // half-done, so Ctrl-C and SIGTERM end them at once.
     if (cmd.stops_at_step) {
       std::signal(SIGINT, on_interrupt);
       std::signal(SIGTERM, on_interrupt);

@@ -88,6 +88,23 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   }
 }
 
+void write_new_file(const std::string& path, const void* data, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) throw_write_error(path, "create", errno);
+  const auto* bytes = static_cast<const char*>(data);
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::write(fd, bytes + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw_write_error(path, "write", err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) throw_write_error(path, "close", errno);
+}
+
 void ensure_dir(const std::string& dir, const std::string& what) {
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -12,6 +12,10 @@ namespace dtrain {
 // and so is a path that holds anything but a regular file (a device, a FIFO, a symbolic link,
 // a folder: it is never replaced) or an empty path.
 void write_file_atomic(const std::string& path, const std::string& content);
+// Creates `path`, which must not exist, with `size` bytes, unflushed (for trees of many small
+// files, where a flush of each would take minutes); never through a symbolic link. Errors as
+// write_file_atomic's: a full disk names itself.
+void write_new_file(const std::string& path, const void* data, size_t size);
 // Creates `dir` and its parents; a failure is a UserError naming the folder and `what` it is for.
 void ensure_dir(const std::string& dir, const std::string& what);
 // The contents of a regular file of at most `max_bytes`, for the small files dtrain reads (configs,

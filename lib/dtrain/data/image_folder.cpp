@@ -15,12 +15,14 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <tuple>
-#include <system_error>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/log.hpp"
+#include "dtrain/base/stop.hpp"
 #include "dtrain/data/data.hpp"
 
 namespace dtrain {
@@ -267,13 +269,13 @@ void write_split(const Dataset& d, const fs::path& dir, int classes, int quality
     const fs::path cls = dir / fmt::format("{:0{}}", d.y[static_cast<size_t>(i)], width);
     ensure_dir(cls.string(), "exported class");
     const auto bytes = quality > 0 ? encode_jpeg(img, quality) : encode_png(img);
-    // Plain writes: a tree of many small files, each fsynced, would take minutes.
     const fs::path file = cls / fmt::format("{:0{}}.{}", i, digits, quality > 0 ? "jpg" : "png");
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()),
-              static_cast<std::streamsize>(bytes.size()));
-    if (!out.flush()) throw UserError(fmt::format("{}: cannot write", file.string()));
+    write_new_file(file.string(), bytes.data(), bytes.size());
+    if (stop_requested()) throw Interrupted("interrupted by the user");
+    if (i % 1024 == 1023)
+      show_progress(fmt::format("export: {} {} of {}", dir.filename().string(), i + 1, d.size()));
   }
+  clear_progress();
 }
 
 }  // namespace
