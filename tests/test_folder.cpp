@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -270,6 +271,38 @@ TEST_CASE("the input pipeline gives the same batches at any worker and prefetch 
   }
   CHECK(batches(2, 2, 1).first != ref.first);  // another epoch, other crops
   for (size_t i = 0; i < 7; ++i) CHECK(ref.second[i] == d.train.y[(i * 5) % 60]);
+}
+
+// Decoded pixels are bounded over all workers: with a cap of 1000 bytes, eight threads asking
+// 400 each hold at most two at once; one larger than the cap goes ahead alone.
+TEST_CASE("the decode budget bounds the pixels held at once, and lets one large image pass",
+          "[folder]") {
+  DecodeBudget b(1000);
+  std::atomic<int64_t> now{0}, most{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        const DecodeBudget::Hold h(b, 400);
+        const int64_t mine = now += 400;
+        for (int64_t m = most.load(); mine > m && !most.compare_exchange_weak(m, mine);) {
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        now -= 400;
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(b.peak() <= 800);
+  CHECK(most.load() <= 800);
+  { const DecodeBudget::Hold alone(b, 5000); }
+  CHECK(b.peak() == 5000);
+  // make_sample draws on the process's budget: a 12x12 RGB PNG holds 432 bytes.
+  TempTree t("budget");
+  write_tree(t.dir, 60, 10);
+  const DataSplit d = load_data(folder_config(t.dir, 1, 4).data, 1);
+  std::vector<float> x(static_cast<size_t>(d.train.features()));
+  make_sample(*d.train.files, 0, 0, 1, x.data());
+  CHECK(DecodeBudget::process().peak() >= 12 * 12 * 3);
 }
 
 TEST_CASE("the input pipeline stops early, restarts, and reports a failed sample in order",

@@ -230,6 +230,8 @@ std::vector<uint8_t> read_image_bytes(const std::string& full_path) {
 
 Image read_image_file(const std::string& full_path, int channels) {
   const std::vector<uint8_t> bytes = read_image_bytes(full_path);
+  const ImageHeader h = read_image_header(bytes.data(), bytes.size(), full_path);
+  const DecodeBudget::Hold held(DecodeBudget::process(), h.width * h.height * channels);
   return decode_image(bytes.data(), bytes.size(), channels, full_path);
 }
 
@@ -304,6 +306,31 @@ int64_t write_image_tree(const Dataset& train, const Dataset& test, const std::s
   return train.size() + test.size();
 }
 
+void DecodeBudget::acquire(int64_t bytes) {
+  std::unique_lock lk(mu_);
+  freed_.wait(lk, [&] { return held_ == 0 || held_ + bytes <= cap_; });
+  held_ += bytes;
+  peak_ = std::max(peak_, held_);
+}
+
+void DecodeBudget::release(int64_t bytes) {
+  {
+    std::lock_guard lk(mu_);
+    held_ -= bytes;
+  }
+  freed_.notify_all();
+}
+
+int64_t DecodeBudget::peak() const {
+  std::lock_guard lk(mu_);
+  return peak_;
+}
+
+DecodeBudget& DecodeBudget::process() {
+  static DecodeBudget budget(kDecodeBudgetBytes);
+  return budget;
+}
+
 void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t seed, float* out) {
   if (index < 0 || index >= static_cast<int64_t>(f.paths.size()))
     DTRAIN_THROW_SYSTEM(fmt::format("input: sample {} of {}", index, f.paths.size()));
@@ -324,6 +351,10 @@ void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t see
   const PixelRect reads = resample_reads(shrunk_size(h.width, shrink),
                                          shrunk_size(h.height, shrink), box, out_h, out_w);
   const bool seen_whole = f.whole_reads && f.whole_reads->contains(path);
+  // A PNG decodes whole; a JPEG the rows it reads, each of the image's (shrunk) width.
+  const int64_t rows = std::strcmp(h.format, "PNG") == 0 ? h.height : reads.height;
+  const DecodeBudget::Hold held(DecodeBudget::process(),
+                                shrunk_size(h.width, shrink) * rows * f.shape[0]);
   const ImagePart part = decode_image_part(bytes.data(), bytes.size(), static_cast<int>(f.shape[0]),
                                            h, reads, path, !seen_whole, shrink);
   if (!seen_whole && f.whole_reads) f.whole_reads->add(path);

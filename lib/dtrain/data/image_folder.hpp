@@ -3,6 +3,7 @@
 // torchvision's ImageFolder, in which users keep their own data), listed once and decoded as
 // batches use them (pipeline.hpp). Class names are the training folder's subfolders, sorted;
 // a label is the class's position in that list.
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -89,6 +90,38 @@ constexpr int64_t kMaxImageFileBytes = int64_t{256} << 20;
 // The bytes of an image file (a regular file of at most kMaxImageFileBytes). UserError naming
 // the file for what cannot be read.
 std::vector<uint8_t> read_image_bytes(const std::string& full_path);
+
+// Bytes of decoded pixels that a process holds at once: a worker about to decode waits while
+// the others hold so much that its image would pass the cap, except that one image alone always
+// goes ahead (at most kMaxImagePixels). Sixteen workers on 64-Mpixel PNGs held 3 GiB before.
+class DecodeBudget {
+ public:
+  explicit DecodeBudget(int64_t cap) : cap_(cap) {}
+  void acquire(int64_t bytes);
+  void release(int64_t bytes);
+  int64_t peak() const;  // the most held at once
+  // `bytes` acquired for as long as it lives.
+  class Hold {
+   public:
+    Hold(DecodeBudget& b, int64_t bytes) : b_(b), bytes_(bytes) { b_.acquire(bytes_); }
+    ~Hold() { b_.release(bytes_); }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    DecodeBudget& b_;
+    const int64_t bytes_;
+  };
+  // The one that make_sample draws on: kDecodeBudgetBytes.
+  static DecodeBudget& process();
+
+ private:
+  const int64_t cap_;
+  mutable std::mutex mu_;
+  std::condition_variable freed_;
+  int64_t held_ = 0, peak_ = 0;
+};
+constexpr int64_t kDecodeBudgetBytes = int64_t{1} << 30;
 
 // The contents of root/path decoded to `channels` channels. UserError naming the file for
 // what cannot be read or decoded (see decode_image).
