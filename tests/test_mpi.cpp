@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -163,6 +164,64 @@ TEST_CASE("a process count that differs from gpus is a clear error", "[mpi]") {
   const std::string once = "dtrain: error: validate runs once, not one per process";
   CHECK(v.out.find(once) != std::string::npos);
   CHECK(v.out.find(once) == v.out.rfind(once));
+}
+
+// The default tag is the second the run starts; where 999 tags of that second are taken, rank 0
+// refuses, and every rank ends with it instead of waiting for the tag.
+TEST_CASE("under mpirun, a second with every default tag taken is refused on every rank", "[mpi]") {
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir d("mpi-tags");
+  const auto cfg = write_config(d.path, 1);
+  const fs::path experiment = d.path / "res" / "mp";
+  fs::create_directories(experiment);
+  // Every tag of the next 40 seconds taken by an index file.
+  const std::time_t now = std::time(nullptr);
+  for (std::time_t t = now; t < now + 40; ++t) {
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char second[32];
+    std::strftime(second, sizeof second, "%Y%m%d-%H%M%S", &tm);
+    std::ofstream(experiment / ("index-" + std::string(second) + ".csv")).put('\n');
+    for (int n = 2; n < 1000; ++n)
+      std::ofstream(experiment /
+                    ("index-" + std::string(second) + "-" + std::to_string(n) + ".csv"))
+          .put('\n');
+  }
+  // With the net after a lone failure set past the timeout, only the refusal itself ends rank 1.
+  const auto start = std::chrono::steady_clock::now();
+  const auto r =
+      shell("DTRAIN_FINALIZE_GRACE_S=600 timeout 60 " + mpirun(2) + dtrain::test::dtrain_binary() +
+            " run " + cfg + " gpus=2 --results " + (d.path / "res").string());
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(secs < 50);
+  CHECK_THAT(r.out, Catch::Contains("999 tags of this second are taken; give --tag"));
+}
+
+// The net under the refusals: a rank that ends by a path that tells no peer (DTRAIN_FAULT=exit:R)
+// ends the job after DTRAIN_FINALIZE_GRACE_S instead of leaving the others waiting for it.
+TEST_CASE("under mpirun, a rank that ends alone ends the job after the grace", "[mpi]") {
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir d("mpi-grace");
+  const auto cfg = write_config(d.path, 1);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = shell("DTRAIN_FAULT=exit:1 DTRAIN_FINALIZE_GRACE_S=1 timeout 100 " + mpirun(2) +
+                       dtrain::test::dtrain_binary() + " run " + cfg + " gpus=2 --results " +
+                       (d.path / "res").string());
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.code != 124);  // not the timeout's
+  CHECK(secs < 60);
 }
 
 TEST_CASE("ranks under mpirun given other configs are refused together at once", "[mpi]") {

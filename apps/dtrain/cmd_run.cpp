@@ -305,13 +305,17 @@ std::string unused_default_tag(const RunOptions& opt, const Sweep& s) {
              fs::exists(fs::symlink_status(experiment / ("index-" + t + ".csv"), ec));
     });
   };
-  for (int n = 2; s.leader && taken(tag); ++n) {
+  std::string refusal;  // every rank refuses with the leader, none waits for it
+  for (int n = 2; s.leader && refusal.empty() && taken(tag); ++n)
     if (n == 1000)
-      throw UserError(fmt::format("{}: 999 tags of this second are taken; give --tag",
-                                  opt.results));
-    tag = fmt::format("{}-{}", second, n);
+      refusal = fmt::format("{}: 999 tags of this second are taken; give --tag", opt.results);
+    else
+      tag = fmt::format("{}-{}", second, n);
+  if (s.multi) {
+    mpi::broadcast(tag);
+    mpi::broadcast(refusal);
   }
-  if (s.multi) mpi::broadcast(tag);
+  if (!refusal.empty()) throw UserError(refusal);
   return tag;
 }
 

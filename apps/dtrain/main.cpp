@@ -63,7 +63,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const int code = run_main(argc, argv);
+  // DTRAIN_FAULT=exit:R (a test facility): rank R ends at once with exit code 3, as a rank that
+  // fails by a path that tells no peer would; the others wait for it in their first collective.
+  int exit_rank = -1;
+  if (const char* f = std::getenv("DTRAIN_FAULT"); !f || std::sscanf(f, "exit:%d", &exit_rank) != 1)
+    exit_rank = -1;
+  const bool injected = dtrain::mpi::initialized() && dtrain::mpi::rank() == exit_rank;
+  const int code = injected ? 3 : run_main(argc, argv);
   // A rank that failed alone would wait in MPI_Finalize for peers that still train (they wait
   // for it in turn, up to the collective timeout): after a grace it ends the job instead.
   // A stop signal ends every rank alike, rank 0 last (it writes the checkpoint): no timer.
