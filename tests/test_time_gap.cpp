@@ -63,6 +63,18 @@ TEST_CASE("the time waterfall's terms add up to the measured epoch", "[report]")
   const std::string md = to_markdown(g);
   CHECK_THAT(md, Catch::Contains("| + optimizer | +0.750 | 31% |"));
   CHECK_THAT(md, Catch::Contains("speedup 1.82x of 4x"));
+  CHECK_THAT(md, Catch::Contains("| seconds per epoch |"));
+  // Epochs under 0.1 s in milliseconds, where seconds would read 0.000 throughout.
+  TimeGap tiny = g;
+  const double k = 1e-4;
+  tiny.ideal *= k;
+  tiny.measured_small *= k;
+  tiny.measured_large *= k;
+  for (auto& term : tiny.terms) term.seconds *= k;
+  const std::string tiny_md = to_markdown(tiny);
+  CHECK_THAT(tiny_md, Catch::Contains("| milliseconds per epoch |") &&
+                          Catch::Contains("| + optimizer | +0.075 | 31% |") &&
+                          Catch::Contains("| ideal (0.800 ms x 1/4) | 0.200 |"));
   CHECK(nlohmann::json::parse(to_json(g)).at("terms").size() == 6);
   CHECK_THROWS_AS(time_gap(one, 4, four, 4), UserError);
   CHECK_THROWS_AS(time_gap({}, 1, four, 4), UserError);

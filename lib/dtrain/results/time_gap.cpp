@@ -171,6 +171,9 @@ std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std
 }
 
 std::string to_markdown(const TimeGap& g) {
+  // Epochs under 0.1 s in milliseconds: their terms would otherwise all read 0.000.
+  const bool ms = std::max(g.measured_small, g.measured_large) < 0.1;
+  const double k = ms ? 1000 : 1;
   std::string proj_head, proj_rule;
   for (const ProjectedEpoch& p : g.projections) {
     proj_head += fmt::format(" projected ({}) |", p.link);
@@ -179,25 +182,29 @@ std::string to_markdown(const TimeGap& g) {
   std::string md = fmt::format(
       "Epoch time of {} replicas against {} (median epoch after the first: {} and {} epochs), "
       "from the ideal (the smaller run's epoch shared out) to the measured.\n\n"
-      "| | seconds per epoch | share of the gap |{} what |\n|---|---|---|{}---|\n",
-      g.replicas_large, g.replicas_small, g.epochs_large, g.epochs_small, proj_head, proj_rule);
+      "| | {} per epoch | share of the gap |{} what |\n|---|---|---|{}---|\n",
+      g.replicas_large, g.replicas_small, g.epochs_large, g.epochs_small,
+      ms ? "milliseconds" : "seconds", proj_head, proj_rule);
   const double gap = g.measured_large - g.ideal;
   std::string ideal_cells;
-  for (size_t i = 0; i < g.projections.size(); ++i) ideal_cells += fmt::format(" {:.3f} |", g.ideal);
-  md += fmt::format("| ideal ({:.3f} s x {}/{}) | {:.3f} | |{} the smaller run's epoch, shared "
-                    "out |\n",
-                    g.measured_small, g.replicas_small, g.replicas_large, g.ideal, ideal_cells);
+  for (size_t i = 0; i < g.projections.size(); ++i)
+    ideal_cells += fmt::format(" {:.3f} |", k * g.ideal);
+  md += fmt::format(
+      "| ideal ({:.3f} {} x {}/{}) | {:.3f} | |{} the smaller run's epoch, shared "
+      "out |\n",
+      k * g.measured_small, ms ? "ms" : "s", g.replicas_small, g.replicas_large, k * g.ideal,
+      ideal_cells);
   for (const TimeGapTerm& t : g.terms) {
     const double pct = gap != 0 ? 100 * t.seconds / gap : 0;
     std::string cells;
-    for (double v : t.projected) cells += fmt::format(" {:+.3f} |", v);
-    md += fmt::format("| + {} | {:+.3f} | {} |{} {} |\n", t.name, t.seconds,
+    for (double v : t.projected) cells += fmt::format(" {:+.3f} |", k * v);
+    md += fmt::format("| + {} | {:+.3f} | {} |{} {} |\n", t.name, k * t.seconds,
                       gap == 0 ? "-" : fmt::format("{:.0f}%", std::abs(pct) < 0.5 ? 0.0 : pct),
                       cells, t.meaning);
   }
   std::string totals;
-  for (const ProjectedEpoch& p : g.projections) totals += fmt::format(" {:.3f} |", p.epoch_s);
-  md += fmt::format("| = measured | {:.3f} | |{} speedup {:.2f}x of {}x |\n", g.measured_large,
+  for (const ProjectedEpoch& p : g.projections) totals += fmt::format(" {:.3f} |", k * p.epoch_s);
+  md += fmt::format("| = measured | {:.3f} | |{} speedup {:.2f}x of {}x |\n", k * g.measured_large,
                     totals, g.measured_small / g.measured_large,
                     static_cast<double>(g.replicas_large) / g.replicas_small);
   if (!g.projections.empty())
