@@ -1,7 +1,10 @@
+#include <unistd.h>
+
+#include <algorithm>
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/config/schema.hpp"
@@ -252,4 +255,25 @@ TEST_CASE("a summary's steps to target must be a count the run could have taken"
                     Catch::Contains("summary.json: 'steps_to_target' is 401, past the 400 steps"));
   CHECK_FALSE(read("\"steps_to_target\": null").steps_to_target);
   fs::remove_all(dir);
+}
+
+// Links to folders below a report's paths are not followed (a loop cannot trap the walk), and
+// each one is handed back to be named; a link given as a path is followed.
+TEST_CASE("find_run_dirs names the links it does not follow", "[report]") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("dtrain-links-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "elsewhere" / "exp" / "t-g1");
+  std::ofstream(root / "elsewhere" / "exp" / "t-g1" / "status") << "done\n";
+  fs::create_directories(root / "results");
+  fs::create_directory_symlink(root / "elsewhere", root / "results" / "old");
+  fs::create_directory_symlink(root / "results", root / "results" / "loop");
+  fs::create_symlink(root / "nowhere", root / "results" / "dangling");
+  std::vector<std::string> linked;
+  CHECK(find_run_dirs({(root / "results").string()}, &linked).empty());
+  std::sort(linked.begin(), linked.end());
+  CHECK(linked == std::vector<std::string>{(root / "results" / "loop").string(),
+                                           (root / "results" / "old").string()});
+  CHECK(find_run_dirs({(root / "results" / "old").string()}).size() == 1);
+  fs::remove_all(root);
 }

@@ -250,6 +250,18 @@ std::map<std::string, Reference> read_references(const std::string& study,
   }
   return refs;
 }
+// Links to folders are not followed: named, so that runs behind one are not missed unsaid.
+void note_linked_folders(const std::vector<std::string>& linked) {
+  if (linked.empty()) return;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < linked.size() && i < 3; ++i) names.push_back(printable(linked[i]));
+  fmt::print(stderr,
+             "dtrain: report: {} link{} to a folder not followed ({}{}); give a link as a path "
+             "to include the runs behind it\n",
+             linked.size(), linked.size() == 1 ? "" : "s", fmt::join(names, ", "),
+             linked.size() > 3 ? ", ..." : "");
+}
+
 }  // namespace
 
 void setup_report(CLI::App& app, ReportOptions& opt) {
@@ -287,7 +299,9 @@ int run_report(const ReportOptions& opt) {
         "--plots needs gnuplot; install it with: apt-get install gnuplot-nox "
         "(scripts/install-deps.sh does)");
   check_by_keys(opt.by);
-  const auto dirs = find_run_dirs(opt.paths);
+  std::vector<std::string> linked;
+  const auto dirs = find_run_dirs(opt.paths, &linked);
+  note_linked_folders(linked);
   if (dirs.empty())
     throw UserError(fmt::format("no run folders (folders with a 'status' file) under {}",
                                 fmt::join(opt.paths, ", ")));

@@ -984,13 +984,17 @@ bool kernel_filesystem(const std::filesystem::path& dir) {
 // The run folders under `root` (hidden folders, links and the kernel's file systems are not
 // entered: a report covers the folders under its paths). A folder that cannot be listed is the
 // user's to fix, named.
-void walk_run_dirs(const std::string& root, std::vector<std::string>& out) {
+void walk_run_dirs(const std::string& root, std::vector<std::string>& out,
+                   std::vector<std::string>* linked) {
   namespace fs = std::filesystem;
   if (kernel_filesystem(root)) return;
   try {
     auto it = fs::recursive_directory_iterator(root);
     for (; it != fs::recursive_directory_iterator(); ++it) {
       const auto& e = *it;
+      std::error_code ec;
+      if (e.is_symlink() && linked && fs::is_directory(e.path(), ec))
+        linked->push_back(e.path().string());
       if (e.is_symlink() || !e.is_directory()) continue;
       if (e.path().filename().string().rfind('.', 0) == 0 || kernel_filesystem(e.path())) {
         it.disable_recursion_pending();  // hidden (.attempts/ and the like), or /proc
@@ -1051,7 +1055,8 @@ void refuse_run_folder_output(const std::string& path, const std::string& option
                                 parent.string()));
 }
 
-std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
+std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths,
+                                       std::vector<std::string>* linked) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
   for (const auto& p : paths) {
@@ -1065,7 +1070,7 @@ std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths) {
     if (has_status_entry(p))
       out.push_back(p);
     else
-      walk_run_dirs(p, out);
+      walk_run_dirs(p, out, linked);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());

@@ -55,8 +55,11 @@ RunRecord load_run(const std::string& dir);
 std::string folder_name(const std::string& dir);
 
 // Run folders (folders holding a `status` file) at or below each path, sorted, skipping hidden
-// folders such as .attempts/. Throws UserError for a path that does not exist.
-std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths);
+// folders such as .attempts/. Throws UserError for a path that does not exist. Links to
+// folders below a path are not followed (a loop cannot trap the walk): `linked`, where given,
+// gets each one, for the caller to name.
+std::vector<std::string> find_run_dirs(const std::vector<std::string>& paths,
+                                       std::vector<std::string>* linked = nullptr);
 
 // Refuses (UserError naming `option`) to write where a run's own files would be replaced: a
 // file `path` named as one of them (summary.json, metrics.csv, log, status, ...) inside a run
