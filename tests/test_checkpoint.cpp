@@ -610,6 +610,35 @@ TEST_CASE("a resume refuses data that changed since the run started, and keeps t
   CHECK(numeric_columns(run / "metrics.csv") == want);
 }
 
+// A resume copies the checkpoint into the run's new folder before the old copy goes; killed
+// while writing that copy, the next resume continues from the copy kept under .attempts/.
+TEST_CASE("kill -9 while a resume copies its checkpoint: the next resume continues from it",
+          "[checkpoint][cli]") {
+  TempDir d("ck-copy");
+  const std::string cfg = slow_config(d);
+  const auto ref = (d.path / "ref").string();
+  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
+  const std::string want = numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+  const auto res = (d.path / "r").string();
+  const fs::path run = fs::path(res) / "ck" / "t-g2";
+  const std::string args = "run " + cfg + " --results " + res + " --tag t";
+  const pid_t first = start(args);
+  REQUIRE(wait_rows(run / "metrics.csv", 4, first));
+  kill(first, SIGKILL);
+  CHECK(exit_code(first) == 137);
+  const pid_t copy = start(args + " --resume", "DTRAIN_CRASH_IN_CHECKPOINT=1");
+  CHECK(exit_code(copy) == 137);
+  CHECK_FALSE(fs::exists(run / "checkpoint.bin"));
+  const auto r = dtrain_cli(args + " --resume");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("has no checkpoint; continuing from the one kept in") &&
+                        Catch::Contains("resume: continuing at epoch"));
+  CHECK(numeric_columns(run / "metrics.csv") == want);
+  for (const auto& e : fs::directory_iterator(fs::path(res) / "ck" / ".attempts"))
+    CHECK_FALSE(fs::exists(e.path() / "checkpoint.bin"));
+}
+
 TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: same bits",
           "[checkpoint][cli]") {
   TempDir d("ck-kill");

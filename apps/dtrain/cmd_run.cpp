@@ -194,6 +194,45 @@ std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg,
   return c;
 }
 
+// A checkpoint that an earlier --resume of this run moved aside with its folder but did not
+// copy whole into the new one (killed, or the disk full, while writing it): the newest one
+// under <experiment>/.attempts/<run>.N/ that this run can continue from, and its folder. Such
+// a checkpoint is removed from there once it is copied, so one that is still there is progress
+// that the run's own folder lacks. A damaged one is named and passed over.
+std::optional<std::pair<Checkpoint, std::string>> kept_checkpoint(const std::string& dir,
+                                                                  const Config& cfg,
+                                                                  const DataSplit& data) {
+  const fs::path run(dir), attic = run.parent_path() / ".attempts";
+  const std::string head = run.filename().string() + ".";
+  std::vector<std::pair<long, fs::path>> found;
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(attic, ec))) return std::nullopt;
+  for (fs::directory_iterator it(attic, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string n = name.substr(std::min(name.size(), head.size()));
+    if (name.rfind(head, 0) != 0 || n.empty() || n.size() > 9 ||
+        !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+        !it->is_directory(ec) || it->is_symlink(ec) ||
+        !fs::exists(fs::symlink_status(checkpoint_path(it->path().string()), ec)))
+      continue;
+    found.emplace_back(std::stol(n), it->path());
+  }
+  std::sort(found.rbegin(), found.rend());  // the newest attempt first
+  const std::string want = resume_identity(to_yaml(cfg));
+  for (const auto& [n, path] : found) {
+    const auto had =
+        try_read_own_file((path / "config.resolved.yaml").string(), kMaxResolvedConfigBytes);
+    if (!had || resume_identity(*had) != want) continue;  // an attempt of another config
+    try {
+      if (auto c = resumable(path.string(), cfg, data))
+        return std::pair{std::move(*c), path.string()};
+    } catch (const UserError& e) {
+      log().warn("resume: passed over the checkpoint in {}: {}", path.string(), e.what());
+    }
+  }
+  return std::nullopt;
+}
+
 // "" if the finished run in `dir` was run with `cfg`, else why --resume cannot reuse it.
 std::string differs_from_finished(const std::string& dir, const Config& cfg) {
   const auto had = try_read_own_file((fs::path(dir) / "config.resolved.yaml").string(),
@@ -552,13 +591,21 @@ class RefusedOnEveryRank : public UserError {
 void open_folder(const RunOptions& opt, const Sweep& s, size_t i, const DataSplit& data,
                  RunHold& h) {
   const auto& r = s.runs[i];
-  std::string attempt, refusal;
+  std::string attempt, refusal, kept_in;
   if (s.leader && opt.resume && fs::exists(s.dirs[i])) {
     // A damaged checkpoint, or one of other data, stops here: nothing is moved. Under a
     // launcher every rank learns why and stops with the same one line (exit 2), rather than
     // rank 0 alone, which would abort the job.
     try {
       h.resume_from = resumable(s.dirs[i], r.config, data);
+      std::error_code ec;
+      if (!h.resume_from && !fs::exists(fs::symlink_status(checkpoint_path(s.dirs[i]), ec)))
+        if (auto kept = kept_checkpoint(s.dirs[i], r.config, data)) {
+          h.resume_from = std::move(kept->first);
+          kept_in = kept->second;
+          log().info("resume: {} has no checkpoint; continuing from the one kept in {}", s.dirs[i],
+                     kept_in);
+        }
     } catch (const UserError& e) {
       if (!s.multi) throw;
       refusal = e.what();
@@ -586,6 +633,7 @@ void open_folder(const RunOptions& opt, const Sweep& s, size_t i, const DataSpli
     h.rec->carry(attempt, "devices.csv");
     std::error_code ec;
     fs::remove(checkpoint_path(attempt), ec);
+    if (!kept_in.empty()) fs::remove(checkpoint_path(kept_in), ec);
   }
 }
 
