@@ -538,6 +538,45 @@ TEST_CASE("a FIFO in a run folder is named as unreadable and never waited on", "
   CHECK(r.out.find("unreadable (done)") != std::string::npos);
 }
 
+// A FIFO where a run's lock file or a figure's gnuplot log belongs: refused or replaced at once,
+// never opened and waited on.
+TEST_CASE("a FIFO where a lock file or a figure's log belongs is never waited on",
+          "[cli][errors][report]") {
+  TempDir t("fifo-lock");
+  const auto cfg = t.path / "t.yaml";
+  put(cfg, tiny_config("t"));
+  const std::string res = " --results " + (t.path / "res").string();
+  REQUIRE(dtrain_cli("run " + cfg.string() + " --tag a --quiet" + res).code == 0);
+  const auto lock = t.path / "res" / "t" / ".b-g1.lock";
+  REQUIRE(::mkfifo(lock.c_str(), 0600) == 0);
+  auto r =
+      shell("timeout 20 " + dtrain_binary() + " run " + cfg.string() + " --tag b" + res + " 2>&1");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Catch::Contains("the run's lock file is not a regular file"));
+  // A run folder whose status says running: report asks its lock whether a process holds it.
+  const auto run = t.path / "res" / "t" / "a-g1";
+  put(run / "status", "running\n");
+  std::filesystem::remove(run / "summary.json");
+  std::filesystem::remove(t.path / "res" / "t" / ".a-g1.lock");
+  REQUIRE(::mkfifo((t.path / "res" / "t" / ".a-g1.lock").c_str(), 0600) == 0);
+  r = shell("timeout 20 " + dtrain_binary() + " report " + (t.path / "res").string() + " --out " +
+            (t.path / "rep").string() + " 2>&1");
+  INFO(r.out);
+  CHECK(r.code != 124);
+  if (!dtrain::gnuplot_available()) return;
+  REQUIRE(dtrain_cli("run " + cfg.string() + " --tag c --quiet" + res).code == 0);
+  const auto data = t.path / "plots" / "data";
+  std::filesystem::create_directories(data);
+  REQUIRE(::mkfifo((data / "t-curves.log").c_str(), 0600) == 0);
+  r = shell("timeout 60 " + dtrain_binary() + " report " +
+            (t.path / "res" / "t" / "c-g1").string() + " --plots --out " +
+            (t.path / "plots").string() + " 2>&1");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(std::filesystem::is_regular_file(data / "t-curves.log"));
+}
+
 TEST_CASE("an oversized config file and an overflowing dense layer are one-line errors",
           "[cli][errors]") {
   TempDir t("oversized");

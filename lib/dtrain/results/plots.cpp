@@ -111,8 +111,8 @@ int run_gnuplot(const std::string& exe, const fs::path& dir, const std::string& 
     unblock_stop_signals_in_child();  // dtrain routes them to a thread of its own
     const int null_in = ::open("/dev/null", O_RDONLY);
     if (null_in >= 0) ::dup2(null_in, 0);
-    const int out =
-        ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    const int out = ::open(
+        log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
     if (out < 0) ::_exit(125);
     ::dup2(out, 1);
     ::dup2(out, 2);
@@ -180,8 +180,9 @@ class Figure {
     const std::string script_file = stem_ + ".gp";
     data_file(dir_, script_file, script);
     std::error_code ec;
-    for (const auto& f : {png, svg}) fs::remove(dir_ / f, ec);
     const fs::path log = dir_ / (stem_ + ".log");
+    // Ours to replace, whatever stands there (a FIFO would hold gnuplot's open of it).
+    for (const auto& f : {fs::path(png), fs::path(svg), log.filename()}) fs::remove(dir_ / f, ec);
     const int rc = run_gnuplot(gnuplot, dir_, script_file, log);
     if (rc != 0)
       return rc == 125 ? fmt::format("gnuplot's log {} cannot be written", log.string())

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,10 +61,20 @@ std::string lock_path(const std::string& run_dir) {
 int open_lock(const std::string& run_dir) {
   ensure_dir(fs::path(run_dir).parent_path().string(), "results");
   const auto path = lock_path(run_dir);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // O_NONBLOCK: a FIFO planted there opens at once, to be refused, instead of waiting for a
+  // writer.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0)
     throw UserError(fmt::format("{}: cannot open the run's lock file: {}", path,
                                 std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw UserError(
+        fmt::format("{}: the run's lock file is not a regular file (dtrain makes an "
+                    "empty one); remove it to run",
+                    path));
+  }
   return fd;
 }
 long read_pid(int fd) {
@@ -104,8 +115,13 @@ RunLock::~RunLock() {
 }
 
 long RunLock::holder(const std::string& run_dir) {
-  const int fd = ::open(lock_path(run_dir).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  const int fd = ::open(lock_path(run_dir).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return 0;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // a FIFO holds no lock
+    ::close(fd);
+    return 0;
+  }
   long pid = 0;
   if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
     pid = read_pid(fd);
