@@ -367,6 +367,12 @@ TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line"
   d.path = (dir.path / "linked").string();
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
              Catch::Contains((dir.path / "linked" / "b.txt").string() + ": cannot be read"));
+  // A file that holds more than its size says (a kernel file, which says 0): never read past it.
+  test::put(dir.path / "kernel" / "a.txt", std::string(4096, 'a'));
+  fs::create_symlink("/proc/self/status", dir.path / "kernel" / "b.txt");
+  d.path = (dir.path / "kernel").string();
+  CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
+             Catch::Contains("b.txt: holds more bytes than its size says (0)"));
   d.path = (dir.path / "small.txt").string();
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("data.validation"));
   d.block_size = 64;

@@ -96,15 +96,27 @@ std::vector<std::string> folder_files(const std::string& path,
 }
 
 // Appends the bytes of `path` to `out`, which has room reserved.
+// Reads at most the size the file had when it was counted: one that holds more (a kernel file
+// such as /proc/self/pagemap, whose size says 0, or a file growing meanwhile) would otherwise
+// be read without bound, past the corpus cap and the memory estimate.
 void read_file(const std::string& path, std::vector<uint8_t>& out) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(fmt::format("{}: cannot be opened for reading", path));
+  if (ec || !in) throw UserError(fmt::format("{}: cannot be opened for reading", path));
   char buf[1 << 16];
-  while (in) {
-    in.read(buf, sizeof buf);
+  for (uintmax_t left = size; in && left > 0;) {
+    in.read(buf, static_cast<std::streamsize>(std::min<uintmax_t>(sizeof buf, left)));
     out.insert(out.end(), buf, buf + in.gcount());
+    left -= static_cast<uintmax_t>(in.gcount());
   }
   if (in.bad()) throw UserError(fmt::format("{}: read error", path));
+  if (in && in.get() != std::ifstream::traits_type::eof())
+    throw UserError(
+        fmt::format("{}: holds more bytes than its size says ({}): a file that grows "
+                    "as it is read, or a kernel file; dataset: bytes reads files of a "
+                    "fixed size",
+                    path, size));
 }
 
 // The windows of tokens [lo, lo + n) of the stream, at most `limit` (0: all).
