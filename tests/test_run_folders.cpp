@@ -409,8 +409,18 @@ TEST_CASE("a resume whose saved config no longer reads starts over instead of fa
                             " --tag t --resume");
   INFO(r.out);
   CHECK(r.code == 0);
-  CHECK_THAT(r.out, Catch::Contains("is of another config; the run starts over"));
+  CHECK_THAT(r.out, Catch::Contains("is of another config (it has '") &&
+                        Catch::Contains("'); the run starts over"));
   CHECK(slurp(g1 / "status") == "done\n");
+  // A key changed since: the warning names its line as saved and as asked for.
+  REQUIRE(shell("DTRAIN_FAULT=0:3 " + dtrain_binary() + " run " + cfg +
+                " gpus=1 train.checkpoint_steps=2 --results " + res + " --tag u --quiet")
+              .code == 1);
+  const auto lr = dtrain_cli("run " + cfg + " gpus=1 train.checkpoint_steps=2 optimizer.lr=0.5" +
+                             " --results " + res + " --tag u --resume");
+  INFO(lr.out);
+  CHECK(lr.code == 0);
+  CHECK_THAT(lr.out, Catch::Contains("(it has 'lr: 0.02', this command asks for 'lr: 0.5')"));
 }
 
 // A config of at most 1 MiB may resolve to more (every layer's keys written out): the run's own

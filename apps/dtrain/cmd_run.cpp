@@ -187,7 +187,14 @@ std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg,
   std::optional<Checkpoint> c;
   if (saved && had && resume_identity(*had) == want) c = load_checkpoint(dir, cfg);
   if (saved && (!c || resume_identity(c->config_yaml) != want)) {
-    log().warn("resume: the checkpoint in {} is of another config; the run starts over", dir);
+    const auto [was, now] = first_difference(c     ? resume_identity(c->config_yaml)
+                                             : had ? resume_identity(*had)
+                                                   : "",
+                                             want);
+    log().warn(
+        "resume: the checkpoint in {} is of another config (it has '{}', this command "
+        "asks for '{}'); the run starts over",
+        dir, was, now);
     return std::nullopt;
   }
   if (c) check_data_unchanged(*c, data.fingerprint);

@@ -47,17 +47,9 @@ std::string resume_identity(const std::string& yaml) {
   }
 }
 
-std::string config_differs(const std::string& dir, const std::optional<std::string>& had,
-                           const Config& cfg) {
-  if (!had)
-    return fmt::format(
-        "{}: --resume: this finished run has no config.resolved.yaml to compare "
-        "with; pick a new --tag",
-        dir);
-  const std::string want = resume_identity(to_yaml(cfg));
-  if (resume_identity(*had) == want) return "";
-  // Name the first line that differs (a key of the resolved config), or the end of one.
-  std::istringstream a(resume_identity(*had)), b(want);
+std::pair<std::string, std::string> first_difference(const std::string& was,
+                                                     const std::string& now) {
+  std::istringstream a(was), b(now);
   std::string la, lb;
   for (;;) {
     const bool more_a = static_cast<bool>(std::getline(a, la));
@@ -69,6 +61,19 @@ std::string config_differs(const std::string& dir, const std::optional<std::stri
   const auto trim = [](std::string& t) { t.erase(0, t.find_first_not_of(' ')); };
   trim(la);
   trim(lb);
+  return {la, lb};
+}
+
+std::string config_differs(const std::string& dir, const std::optional<std::string>& had,
+                           const Config& cfg) {
+  if (!had)
+    return fmt::format(
+        "{}: --resume: this finished run has no config.resolved.yaml to compare "
+        "with; pick a new --tag",
+        dir);
+  const std::string want = resume_identity(to_yaml(cfg));
+  if (resume_identity(*had) == want) return "";
+  const auto [la, lb] = first_difference(resume_identity(*had), want);
   return fmt::format(
       "{}: --resume: this run finished with another config (it has '{}', this command asks "
       "for '{}'); pick a new --tag to run the changed experiment",

@@ -4,6 +4,7 @@
 // and acts on the answers (and under a launcher, shares rank 0's with every rank).
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtrain/config/config.hpp"
@@ -36,6 +37,11 @@ FolderPlan plan_folder(const std::string& dir, const FolderFound& found, bool re
 // the results (and which run folders written before the key existed lack). Text that does not
 // read as a config is compared as it is.
 std::string resume_identity(const std::string& yaml);
+
+// The first line where two resolved configs differ (a key and its value), each without its
+// indent; "(end of file)" past the end of one.
+std::pair<std::string, std::string> first_difference(const std::string& was,
+                                                     const std::string& now);
 
 // "" if the finished run in `dir`, whose config.resolved.yaml holds `had` (nullopt: it has
 // none), was run with `cfg`; else why --resume cannot reuse it, naming the first line that
