@@ -511,3 +511,29 @@ TEST_CASE("a results folder named with control characters never reaches the term
   CHECK(proj.code == 0);
   CHECK(lines_clean(proj.out));
 }
+
+// A finished run whose summary.json is gone or damaged is not skipped by --resume (it would be
+// left out of the table without a word): it runs again, its folder kept under .attempts/.
+TEST_CASE("a resume runs again a finished run whose summary.json is missing or damaged",
+          "[resume][cli]") {
+  TempDir d("rf-summary");
+  const std::string cfg = sweep_config(d, 1);
+  const auto res = (d.path / "res").string();
+  const std::string args =
+      "run " + cfg + " gpus=1 optimizer.lr=0.01,0.02,0.04 --results " + res + " --tag t";
+  REQUIRE(dtrain_cli(args + " --quiet").code == 0);
+  const fs::path exp = fs::path(res) / "rf";
+  fs::remove(exp / "t-g1-lr0.01" / "summary.json");
+  put(exp / "t-g1-lr0.02" / "summary.json", "{\"status\": \"done\", ");
+  const auto r = dtrain_cli(args + " --resume");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("t-g1-lr0.01 says done, but") &&
+                        Catch::Contains("t-g1-lr0.02 says done, but") &&
+                        Catch::Contains("t-g1-lr0.04 is done already; skipped"));
+  for (const char* run : {"t-g1-lr0.01", "t-g1-lr0.02"}) {
+    CHECK(fs::exists(exp / ".attempts" / (std::string(run) + ".1")));
+    CHECK(fs::exists(exp / run / "summary.json"));
+    CHECK(slurp(exp / "comparison-t.md").find(std::string("| ") + run) != std::string::npos);
+  }
+}

@@ -309,6 +309,23 @@ std::vector<std::string> index_dirs(const fs::path& exp, const std::vector<Index
 // After this process took a run's lock under --resume: another command may have finished the
 // run since this one planned it. Then it is skipped if it is this experiment (true), and refused
 // if it is another; under a launcher rank 0's answer holds for every rank.
+// A run folder's status as --resume acts on it: a finished one whose summary.json cannot be
+// read (removed, damaged) counts as unfinished, so that it runs again, its folder kept under
+// .attempts/, rather than be skipped and left out of the table without a word.
+std::string resume_status(const std::string& dir, bool held_here, bool warn) {
+  const std::string status = read_run_status(dir, held_here);
+  if (!run_finished(status)) return status;
+  try {
+    load_run(dir);
+  } catch (const UserError& e) {
+    if (warn)
+      log().warn("resume: {} says {}, but {}; it runs again (this folder kept under .attempts/)",
+                 dir, status, e.what());
+    return "";
+  }
+  return status;
+}
+
 bool finished_meanwhile(bool leader, bool multi, const std::string& status,
                         const std::string& dir, const Config& cfg) {
   std::string verdict = "0";
@@ -430,7 +447,8 @@ std::string plan_folders(const RunOptions& opt, Sweep& s) {
     const auto& r = s.runs[i];
     const auto dir = (fs::path(opt.results) / r.config.name / run_id(s.tag, r)).string();
     check_distinct(dir, s.dirs);
-    const std::string status = read_run_status(dir);
+    const std::string status =
+        opt.resume && s.leader ? resume_status(dir, false, /*warn=*/true) : read_run_status(dir);
     FolderFound found;
     if (s.leader && fs::exists(dir)) found = {true, status, opt.resume ? RunLock::holder(dir) : 0};
     const FolderPlan plan = plan_folder(dir, found, opt.resume);
@@ -576,7 +594,8 @@ struct RunHold {
 bool finished_since_planned(const RunOptions& opt, Sweep& s, size_t i, RunHold& h) {
   if (s.leader) {
     h.lock = std::make_unique<RunLock>(s.dirs[i]);
-    h.earlier = read_run_status(s.dirs[i], /*held_here=*/true);
+    h.earlier = opt.resume ? resume_status(s.dirs[i], /*held_here=*/true, /*warn=*/false)
+                           : read_run_status(s.dirs[i], /*held_here=*/true);
   }
   if (!opt.resume || !finished_meanwhile(s.leader, s.multi, h.earlier, s.dirs[i], s.runs[i].config))
     return false;
