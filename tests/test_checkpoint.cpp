@@ -612,6 +612,23 @@ TEST_CASE("a resume refuses data that changed since the run started, and keeps t
 
 // A resume copies the checkpoint into the run's new folder before the old copy goes; killed
 // while writing that copy, the next resume continues from the copy kept under .attempts/.
+// A sweep stopped in its first run: the table names the runs it lacks and how to run them.
+TEST_CASE("a sweep stopped early names the runs its table lacks", "[checkpoint][cli]") {
+  TempDir d("ck-sweep-stop");
+  const std::string cfg = slow_config(d);
+  const auto res = (d.path / "r").string();
+  const pid_t pid = start("run " + cfg + " optimizer.lr=0.02,0.04 --results " + res + " --tag t");
+  REQUIRE(wait_rows(fs::path(res) / "ck" / "t-g2-lr0.02" / "metrics.csv", 2, pid));
+  kill(pid, SIGTERM);
+  CHECK(exit_code(pid) == 143);
+  const std::string md = slurp(fs::path(res) / "ck" / "comparison-t.md");
+  INFO(md);
+  CHECK_THAT(md, Catch::Contains("| t-g2-lr0.02 ") &&
+                     Catch::Contains("Not in this table, with no summary yet: t-g2-lr0.04 "
+                                     "(pending)") &&
+                     Catch::Contains("`--resume --tag t` runs them"));
+}
+
 TEST_CASE("kill -9 while a resume copies its checkpoint: the next resume continues from it",
           "[checkpoint][cli]") {
   TempDir d("ck-copy");

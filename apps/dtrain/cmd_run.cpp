@@ -808,16 +808,32 @@ std::map<std::string, std::vector<RunRecord>> read_records(const std::string& re
   return by_experiment;
 }
 
+// The runs of the tag in experiment `name` that have no row in its table (not started, or
+// stopped before their first summary), as a note under it: "" where every run has one.
+std::string missing_runs_note(const TagIndex& index, const std::string& name,
+                              const std::vector<RunRecord>& records, const std::string& tag) {
+  std::vector<std::string> missing;
+  for (const IndexRow& r : index.rows(name))
+    if (std::none_of(records.begin(), records.end(),
+                     [&](const RunRecord& rec) { return rec.run_id == r.id; }))
+      missing.push_back(fmt::format("{} ({})", r.id, r.status.empty() ? "pending" : r.status));
+  if (missing.empty()) return "";
+  return fmt::format(
+      "Not in this table, with no summary yet: {}; `dtrain run` with the same "
+      "config and overrides and `--resume --tag {}` runs them.\n",
+      fmt::join(missing, ", "), tag);
+}
+
 // The table is regenerated from the run folders, grouped by experiment.
 void write_tables(const RunOptions& opt, const std::string& tag, const TagIndex& index) {
   for (const auto& [name, records] : read_records(opt.results, index)) {
     const auto cmp = compare(records);
+    const std::string md = to_markdown(cmp) + missing_runs_note(index, name, records, tag);
     const std::string base = (fs::path(opt.results) / name / ("comparison-" + tag)).string();
-    write_file_atomic(base + ".md", to_markdown(cmp));
+    write_file_atomic(base + ".md", md);
     write_file_atomic(base + ".csv", to_csv(cmp));
     if (opt.print_table)
-      fmt::print("\n## {}\n\n{}\n(written to {}.md and .csv)\n", name, to_markdown(cmp),
-                 printable(base, true));
+      fmt::print("\n## {}\n\n{}\n(written to {}.md and .csv)\n", name, md, printable(base, true));
   }
 }
 
