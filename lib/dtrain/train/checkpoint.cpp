@@ -352,6 +352,17 @@ void check_checkpoint(const Checkpoint& c, const std::string& what, const Checkp
     if (c.params.size() > static_cast<size_t>(run->max_params))
       k.fail(fmt::format("{} parameters, more than this run's model has ({})", c.params.size(),
                          run->max_params));
+    // What the replicas check again when they restore it, checked here, where the refusal can
+    // name the file and nothing has been moved yet.
+    if (c.global_step != static_cast<int64_t>(c.epoch) * run->steps + c.step)
+      k.fail(fmt::format("global step {} is not epoch {} x {} steps + step {}", c.global_step,
+                         c.epoch, run->steps, c.step));
+    if (c.opt_m.size() != c.params.size() || c.opt_v.empty() == run->second_moment)
+      k.fail(
+          fmt::format("optimizer state of another optimizer ({} first and {} second moments "
+                      "for {} parameters; this run's optimizer keeps {})",
+                      c.opt_m.size(), c.opt_v.size(), c.params.size(),
+                      run->second_moment ? "both" : "the first alone"));
   }
   const double big = 0x1p53;  // without a run: whole numbers a double holds exactly
   check_partial(c, k, run ? static_cast<double>(run->global_batch) : big);
@@ -413,6 +424,7 @@ CheckpointRun checkpoint_run(const Config& cfg, const DataShape& data) {
   CheckpointRun run;
   run.replicas = cfg.gpus;
   run.epochs = cfg.train.epochs;
+  run.second_moment = cfg.optimizer.type != OptimizerType::sgd;
   run.global_batch = cfg.global_batch();
   run.train_size = data.train_size;
   const int64_t n = data.train_size, g = run.global_batch;

@@ -54,6 +54,7 @@ struct CheckpointRun {
   int64_t global_batch = 0;  // rows of one step, at most
   int64_t train_size = 0;    // samples of one epoch, at most
   int64_t max_params = 0;    // the model's parameters (at most, where the classes are a bound)
+  bool second_moment = false;  // the optimizer keeps one (Adam, AdamW); SGD keeps momentum alone
   uint64_t max_bytes = 0;    // the file: every field at its largest, the config text, the CRC
 };
 // From the run's config and its data's shape (peek_data_shape: no data is loaded). Throws
