@@ -342,6 +342,14 @@ TEST_CASE("integers are decimal: a leading zero or 0x is refused, not read as oc
   CHECK(c.train.epochs == 10);
   CHECK(c.train.seed == 0);
   CHECK(c.gpus == 2);
+  // Digits past 64 bits name the key's range, not a type.
+  CHECK(error_of("gpus: 9223372036854775808\n") ==
+        "exp.yaml:1: gpus: must be in [1, 4096], got 9223372036854775808");
+  CHECK_THAT(error_of("", {{"train.seed", "18446744073709551615"}}),
+             Catch::Contains("train.seed: must be at most 9223372036854775807, got "
+                             "18446744073709551615"));
+  CHECK_THAT(error_of("train: {seed: -99999999999999999999}\n"),
+             Catch::Contains("train.seed: must be >= 0, got -99999999999999999999"));
 }
 
 TEST_CASE("a number beyond a double's range is refused, not read as 0 or as no number",

@@ -295,17 +295,27 @@ class MapReader {
       seen_.insert(k.name);  // absent: the default stands
       return;
     }
+    // Digits past 64 bits: the key's range, not "expected an integer".
+    if (const YAML::Node n = node(k.name); n.IsScalar() && decimal(n.Scalar())) {
+      errno = 0;
+      std::strtoll(n.Scalar().c_str(), nullptr, 10);
+      if (errno == ERANGE) fail(k.name, n, range_words(k.lo, hi, n.Scalar(), n.Scalar()[0] != '-'));
+    }
     scalar(k.name, v, "an integer");
     check_range(k.name, v, k.lo, hi);
     out = static_cast<I>(v);
   }
 
+  // What a key takes, for a value `got` outside it (`above`: past its top).
+  static std::string range_words(int64_t lo, int64_t hi, const std::string& got, bool above) {
+    if (hi != INT64_MAX && hi != INT32_MAX)
+      return fmt::format("must be in [{}, {}], got {}", lo, hi, got);
+    if (above) return fmt::format("must be at most {}, got {}", hi, got);
+    return fmt::format("must be >= {}, got {}", lo, got);
+  }
+
   void check_range(const std::string& key, int64_t v, int64_t lo, int64_t hi) {
-    if (v < lo || v > hi) {
-      if (hi == INT64_MAX || hi == INT32_MAX)
-        fail(key, node(key), fmt::format("must be >= {}, got {}", lo, v));
-      fail(key, node(key), fmt::format("must be in [{}, {}], got {}", lo, hi, v));
-    }
+    if (v < lo || v > hi) fail(key, node(key), range_words(lo, hi, std::to_string(v), v > hi));
   }
 
   void number(const std::string& key, double& out, double lo, double hi) {
