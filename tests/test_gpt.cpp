@@ -555,6 +555,12 @@ TEST_CASE("dataset tokens: folders, sizes and keys that cannot work are refused 
                              "contains 'train'"));
   CHECK_THAT(error(dir.path / "both"),
              Catch::Contains("'train_val.bin' is named both train and val"));
+  // A FIFO named as a shard: named, never opened.
+  test::put(dir.path / "fifo" / "x_val.bin", ok);
+  REQUIRE(::mkfifo((dir.path / "fifo" / "x_train.bin").c_str(), 0600) == 0);
+  CHECK_THAT(error(dir.path / "fifo"),
+             Catch::Contains("x_train.bin: is a FIFO, where a token shard (a regular file) is "
+                             "named"));
   fs::create_directories(dir.path / "dangling");
   fs::create_symlink(dir.path / "nowhere.bin", dir.path / "dangling" / "x_train.bin");
   CHECK_THAT(error(dir.path / "dangling"),

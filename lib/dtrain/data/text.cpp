@@ -356,9 +356,13 @@ TokenShards folder_shards(const std::string& path) {
     const bool file = it->is_regular_file(link);
     if (link)
       throw UserError(fmt::format("{}: cannot be read ({})", it->path().string(), link.message()));
-    if (!file) continue;
     const bool val = name.find("val") != std::string::npos;
     const bool train = name.find("train") != std::string::npos;
+    // Named as a shard but not a file (a FIFO, a folder): named, not passed over in silence.
+    if (!file && (val || train))
+      throw UserError(fmt::format("{}: is {}, where a token shard (a regular file) is named",
+                                  it->path().string(), not_regular_file(it->path().string())));
+    if (!file) continue;
     if (val && train)
       throw UserError(fmt::format("data.path: '{}': '{}' is named both train and val; rename "
                                   "it so that only one of the two words is in its name",
