@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/config/schema.hpp"
@@ -276,4 +277,29 @@ TEST_CASE("find_run_dirs names the links it does not follow", "[report]") {
                                            (root / "results" / "old").string()});
   CHECK(find_run_dirs({(root / "results" / "old").string()}).size() == 1);
   fs::remove_all(root);
+}
+
+// Config values reach a --by table as written (a data.path may hold any byte): a '|' or a newline
+// in one stays inside its cell.
+TEST_CASE("report --by: a value with '|' or a newline stays in its cell", "[report][stats]") {
+  std::vector<RunRecord> runs;
+  for (const std::string path : {"a|b\n## injected", "plain"})
+    for (int s = 1; s <= 2; ++s) {
+      RunRecord r;
+      r.run_id = "r" + std::to_string(runs.size());
+      r.status = "done";
+      r.gpus = 1;
+      r.final_test_acc = 0.8;
+      r.final_train_loss = 0.5;
+      r.config = {{"data.path", path}, {"train.seed", std::to_string(s)}};
+      runs.push_back(r);
+    }
+  const std::string md = to_markdown(aggregate(runs, {"train.seed"}));
+  INFO(md);
+  CHECK(md.find("\n## injected") == std::string::npos);
+  CHECK_THAT(md, Catch::Contains("a\\|b"));
+  size_t table_lines = 0;
+  std::istringstream lines(md);
+  for (std::string l; std::getline(lines, l);) table_lines += !l.empty() && l.front() == '|';
+  CHECK(table_lines == 4);  // the titles, the rule, two rows
 }

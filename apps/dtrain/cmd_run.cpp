@@ -810,12 +810,15 @@ std::map<std::string, std::vector<RunRecord>> read_records(const std::string& re
 
 // The runs of the tag in experiment `name` that have no row in its table (not started, or
 // stopped before their first summary), as a note under it: "" where every run has one.
-std::string missing_runs_note(const TagIndex& index, const std::string& name,
-                              const std::vector<RunRecord>& records, const std::string& tag) {
+std::string missing_runs_note(const TagIndex& index, const std::string& results,
+                              const std::string& name, const std::vector<RunRecord>& records,
+                              const std::string& tag) {
+  const fs::path exp = fs::path(results) / name;
   std::vector<std::string> missing;
   for (const IndexRow& r : index.rows(name))
-    if (std::none_of(records.begin(), records.end(),
-                     [&](const RunRecord& rec) { return rec.run_id == r.id; }))
+    if (std::error_code ec; !fs::is_symlink(fs::symlink_status(exp / r.id, ec)) &&
+                            std::none_of(records.begin(), records.end(),
+                                         [&](const RunRecord& rec) { return rec.run_id == r.id; }))
       missing.push_back(fmt::format("{} ({})", r.id, r.status.empty() ? "pending" : r.status));
   if (missing.empty()) return "";
   return fmt::format(
@@ -828,7 +831,8 @@ std::string missing_runs_note(const TagIndex& index, const std::string& name,
 void write_tables(const RunOptions& opt, const std::string& tag, const TagIndex& index) {
   for (const auto& [name, records] : read_records(opt.results, index)) {
     const auto cmp = compare(records);
-    const std::string md = to_markdown(cmp) + missing_runs_note(index, name, records, tag);
+    const std::string md =
+        to_markdown(cmp) + missing_runs_note(index, opt.results, name, records, tag);
     const std::string base = (fs::path(opt.results) / name / ("comparison-" + tag)).string();
     write_file_atomic(base + ".md", md);
     write_file_atomic(base + ".csv", to_csv(cmp));

@@ -892,6 +892,14 @@ std::vector<Field> aggregate_fields(const Aggregate& a, const AggregateRow& r) {
   return f;
 }
 
+// Text as one cell of a Markdown table: controls as \xHH (a newline would end the row), '|'
+// escaped (it would start another cell). Config values reach --by tables as written.
+std::string md_cell(const std::string& text) {
+  std::string out;
+  for (const char c : printable(text)) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
 // The titles of a table's columns: those of a row, or of an empty one.
 std::vector<std::string> aggregate_titles(const Aggregate& a) {
   AggregateRow empty;
@@ -913,7 +921,7 @@ std::string to_markdown(const Aggregate& a) {
   out << "\n";
   for (const auto& row : a.rows) {
     std::vector<std::string> cells;
-    for (const auto& f : aggregate_fields(a, row)) cells.push_back(f.text);
+    for (const auto& f : aggregate_fields(a, row)) cells.push_back(md_cell(f.text));
     out << "| " << fmt::format("{}", fmt::join(cells, " | ")) << " |\n";
   }
   out << fmt::format(
@@ -928,7 +936,9 @@ std::string to_markdown(const Aggregate& a) {
            "resolve a difference this size at 95% confidence and 80% power. With more than two "
            "rows, each column's p-values are also Holm-corrected for the number of comparisons "
            "(\"Holm p=... of N\"), and that corrected p decides.\n";
-  if (!a.left_out.empty()) out << fmt::format("Left out: {}.\n", fmt::join(a.left_out, "; "));
+  if (!a.left_out.empty())
+    out << fmt::format("Left out: {}.\n",
+                       printable(fmt::format("{}", fmt::join(a.left_out, "; "))));
   return out.str();
 }
 
