@@ -421,6 +421,23 @@ TEST_CASE("a resume whose saved config no longer reads starts over instead of fa
   INFO(lr.out);
   CHECK(lr.code == 0);
   CHECK_THAT(lr.out, Catch::Contains("(it has 'lr: 0.02', this command asks for 'lr: 0.5')"));
+  // How often checkpoints are written changes no result: such a resume continues.
+  REQUIRE(shell("DTRAIN_FAULT=0:3 " + dtrain_binary() + " run " + cfg +
+                " gpus=1 train.checkpoint_steps=2 --results " + res + " --tag v --quiet")
+              .code == 1);
+  const auto every = dtrain_cli("run " + cfg + " gpus=1 train.checkpoint_steps=5 --results " + res +
+                                " --tag v --resume");
+  INFO(every.out);
+  CHECK(every.code == 0);
+  CHECK_THAT(every.out, Catch::Contains("resume: continuing at epoch 1, step 2"));
+  // A resume whose runs are none of the tag's (a sweep's ids name their values) says which
+  // runs the tag has.
+  const auto other = dtrain_cli("run " + cfg + " gpus=1 optimizer.lr=0.5,0.25 --results " + res +
+                                " --tag v --resume");
+  INFO(other.out);
+  CHECK(other.code == 0);
+  CHECK_THAT(other.out, Catch::Contains("none of this command's runs is among those of --tag v") &&
+                            Catch::Contains("(v-g1)"));
 }
 
 // A config of at most 1 MiB may resolve to more (every layer's keys written out): the run's own

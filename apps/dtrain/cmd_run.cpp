@@ -461,9 +461,21 @@ std::string plan_folders(const RunOptions& opt, Sweep& s) {
   }
   // Not an error (a sweep may be resumed before its first run started), but a typo in --tag or
   // --results would otherwise train everything again without a word.
-  if (opt.resume && s.leader && !any_found && refusal.empty())
-    log().warn("--resume: no run of --tag {} in {} yet; every run starts from the beginning",
-               s.tag, (fs::path(opt.results) / s.runs.front().config.name).string());
+  if (opt.resume && s.leader && !any_found && refusal.empty()) {
+    const fs::path exp = fs::path(opt.results) / s.runs.front().config.name;
+    std::vector<std::string> ids;  // the tag's runs of earlier commands, by their index
+    for (const IndexRow& r : read_index((exp / ("index-" + s.tag + ".csv")).string()))
+      if (ids.size() < 8) ids.push_back(r.id);
+    if (ids.empty())
+      log().warn("--resume: no run of --tag {} in {} yet; every run starts from the beginning",
+                 s.tag, exp.string());
+    else
+      log().warn(
+          "--resume: none of this command's runs is among those of --tag {} in {} ({}); "
+          "a run's id names its swept values, so give the same comma lists to resume "
+          "those; these runs start from the beginning",
+          s.tag, exp.string(), fmt::join(ids, ", "));
+  }
   return refusal;
 }
 

@@ -41,6 +41,7 @@ std::string resume_identity(const std::string& yaml) {
     c.replicas = ReplicaMode::auto_;
     c.train.trace = {};  // a trace observes the run; it changes no result
     c.train.telemetry_ms = TrainConfig{}.telemetry_ms;  // neither does the device sampler
+    c.train.checkpoint_steps = 0;                       // nor how often a checkpoint is written
     return to_yaml(c);
   } catch (const UserError&) {
     return yaml;

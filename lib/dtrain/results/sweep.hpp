@@ -33,9 +33,10 @@ struct FolderPlan {
 };
 FolderPlan plan_folder(const std::string& dir, const FolderFound& found, bool resume);
 
-// A resolved config as --resume compares it: without `replicas`, which never changes a bit of
-// the results (and which run folders written before the key existed lack). Text that does not
-// read as a config is compared as it is.
+// A resolved config as --resume compares it: without the keys that never change a bit of the
+// results: `replicas` (which run folders written before the key existed lack), train.trace,
+// train.telemetry_ms and train.checkpoint_steps. Text that does not read as a config is
+// compared as it is.
 std::string resume_identity(const std::string& yaml);
 
 // The first line where two resolved configs differ (a key and its value), each without its
