@@ -1063,9 +1063,14 @@ class YamlWriter {
       e_ << YAML::Key << k.name << YAML::Value;
       if constexpr (std::is_enum_v<T>)
         e_ << to_string(v);
-      else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
-                         std::is_same_v<T, std::vector<double>>)
+      else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
         e_ << YAML::Flow << v;
+      else if constexpr (std::is_same_v<T, std::vector<double>>) {
+        e_ << YAML::Flow << YAML::BeginSeq;
+        for (const double x : v) number(x);
+        e_ << YAML::EndSeq;
+      } else if constexpr (std::is_same_v<T, double>)
+        number(v);
       else if constexpr (std::is_same_v<T, std::vector<std::string>>)
         texts(v);
       else if constexpr (std::is_same_v<T, std::string>)
@@ -1109,6 +1114,15 @@ class YamlWriter {
       e_ << YAML::EndMap << YAML::EndMap;
     }
     e_ << YAML::EndSeq;
+  }
+
+  // A number as its shortest text that reads back as the same double (0.9, not yaml-cpp's
+  // 0.90000000000000002).
+  void number(double x) {
+    if (std::isfinite(x))
+      e_ << fmt::format("{}", x);
+    else
+      e_ << x;
   }
 
   YAML::Emitter& e_;
