@@ -228,6 +228,20 @@ TEST_CASE("report --plots on a one-epoch run says nothing of gnuplot's ranges", 
   const auto cut = dtrain_cli("report " + res.string() + " --plots --out " + out.string());
   CHECK_THAT(cut.out, Catch::Contains("metrics.csv: 0 epoch rows, but summary.json counts 1 "
                                       "finished epochs"));
+  // Rows the summary does not count are said too; a file that does not read counts as an
+  // unreadable run (exit 1).
+  put(csv,
+      "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
+      "1,0.1,1,0.5,1,0.5,0.1\n2,0.1,1,0.5,1,0.5,0.1\n");
+  const auto extra = dtrain_cli("report " + res.string() + " --plots --out " + out.string());
+  CHECK(extra.code == 0);
+  CHECK_THAT(extra.out, Catch::Contains("metrics.csv: 2 epoch rows, but summary.json counts 1"));
+  put(csv,
+      "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
+      "1,0.1,1e400,0.5,1,0.5,0.1\n");
+  const auto bad = dtrain_cli("report " + res.string() + " --plots --out " + out.string());
+  INFO(bad.out);
+  CHECK(bad.code == 1);
 }
 
 TEST_CASE("report --plots draws each run's devices.csv, passing over rows that are not dtrain's",

@@ -99,23 +99,27 @@ void remove_previous_report(const std::string& out, const fs::path& manifest) {
   fs::remove_all(fs::path(out) / "data");
 }
 
-// Draws the figures of one experiment; returns how many could not be drawn.
+// Draws the figures of one experiment; returns how many could not be drawn, and how many runs'
+// metrics.csv could not be read (counted as an unreadable summary is: exit 1).
 int write_figures(const Comparison& cmp, const std::string& stem_name, const std::string& out,
                   std::string& index, std::vector<std::string>& written) {
   std::map<std::string, std::vector<EpochRow>> metrics;
+  int unreadable = 0;
   for (const auto& row : cmp.rows) {
     // Unreadable, or still training (no summary yet): no curves.
     if (row.run.status.rfind("unreadable", 0) == 0 || row.run.status == "running") continue;
     try {
       const auto& m = metrics[row.run.dir] = load_metrics(row.run.dir);
-      // A file cut short (a copy that stopped, a disk that filled): said, not drawn as whole.
-      if (static_cast<int64_t>(m.size()) < row.run.epochs_completed)
+      // A file cut short (a copy that stopped, a disk that filled) or with rows the summary does
+      // not count: said, not drawn as if it matched.
+      if (static_cast<int64_t>(m.size()) != row.run.epochs_completed)
         std::fprintf(stderr,
                      "dtrain: warning: %s/metrics.csv: %zu epoch rows, but summary.json counts "
                      "%d finished epochs; the curves show what the file holds\n",
                      one_line(row.run.dir.c_str()).c_str(), m.size(), row.run.epochs_completed);
     } catch (const UserError& e) {
       std::fprintf(stderr, "dtrain: warning: %s\n", one_line(e.what()).c_str());
+      ++unreadable;
     }
   }
   const Plots plots = write_plots(cmp, metrics, out, stem_name);
@@ -134,7 +138,7 @@ int write_figures(const Comparison& cmp, const std::string& stem_name, const std
     std::fprintf(stderr, "dtrain: warning: %s\n", f.c_str());
     index += "\n" + f + ".\n";
   }
-  return static_cast<int>(plots.failures.size());
+  return unreadable + static_cast<int>(plots.failures.size());
 }
 
 // --batch-law --plots: the law's figure as STEM.png and .svg; returns 1 where gnuplot failed.
