@@ -439,6 +439,14 @@ std::string slow_config(const TempDir& d, int epochs = 60) {
                  "schedule: cosine}\n");
 }
 
+// The metrics of `cfg` run to the end without a stop: what every stopped and resumed run of it
+// must reproduce, bit for bit.
+std::string reference_metrics(const TempDir& d, const std::string& cfg) {
+  const auto ref = (d.path / "ref").string();
+  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
+  return numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+}
+
 // Starts dtrain with `args` in the background (after `launcher`, e.g. mpirun), its output to
 // `out`; returns its pid.
 pid_t start(const std::string& args, const std::string& env = "", const std::string& launcher = "",
@@ -499,9 +507,7 @@ TEST_CASE("Ctrl-C, SIGTERM and SIGHUP stop at a step, and --resume continues to 
           "[checkpoint][cli]") {
   TempDir d("ck-signal");
   const std::string cfg = slow_config(d);
-  const auto ref = (d.path / "ref").string();
-  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
-  const std::string want = numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+  const std::string want = reference_metrics(d, cfg);
   // SIGHUP: the terminal closed, an ssh session dropped.
   for (const auto& [sig, code] :
        {std::pair{SIGINT, 130}, std::pair{SIGTERM, 143}, std::pair{SIGHUP, 129}}) {
@@ -637,9 +643,7 @@ TEST_CASE("kill -9 while a resume copies its checkpoint: the next resume continu
           "[checkpoint][cli]") {
   TempDir d("ck-copy");
   const std::string cfg = slow_config(d);
-  const auto ref = (d.path / "ref").string();
-  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
-  const std::string want = numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+  const std::string want = reference_metrics(d, cfg);
   const auto res = (d.path / "r").string();
   const fs::path run = fs::path(res) / "ck" / "t-g2";
   const std::string args = "run " + cfg + " --results " + res + " --tag t";
@@ -664,9 +668,7 @@ TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: 
           "[checkpoint][cli]") {
   TempDir d("ck-kill");
   const std::string cfg = slow_config(d);
-  const auto ref = (d.path / "ref").string();
-  REQUIRE(dtrain_cli("run " + cfg + " --results " + ref + " --tag t --quiet").code == 0);
-  const std::string want = numeric_columns(fs::path(ref) / "ck" / "t-g2" / "metrics.csv");
+  const std::string want = reference_metrics(d, cfg);
   const auto res = (d.path / "r").string();
   const fs::path run = fs::path(res) / "ck" / "t-g2";
   // Killed three times at different epochs, then halfway through writing a checkpoint, each
