@@ -635,6 +635,17 @@ TEST_CASE("export-images leaves no partial tree when a write fails or Ctrl-C sto
   CHECK(q.code == 2);
   CHECK_THAT(q.out, Catch::Contains("--quality: only for --format jpeg"));
   CHECK(leftovers() == 0);
+  // Into the working folder, empty: the tree lands in it (not in a folder renamed over it).
+  fs::create_directories(t.dir / "here");
+  const auto here =
+      shell("cd " + (t.dir / "here").string() + " && " + dtrain_binary() + " export-images " +
+            cfg.string() + " --out . data.synthetic.train_size=30");
+  INFO(here.out);
+  CHECK(here.code == 0);
+  CHECK(fs::is_directory(t.dir / "here" / "train"));
+  CHECK(fs::is_directory(t.dir / "here" / "test"));
+  fs::remove_all(t.dir / "here");
+  CHECK(leftovers() == 0);
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string cmd = "exec " + dtrain_binary() + " export-images " + cfg.string() +

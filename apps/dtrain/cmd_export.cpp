@@ -76,7 +76,8 @@ std::string override_value(const std::string& value) {
 // written and names it. The number of images, or -1 where a stop signal ended the export.
 int64_t export_whole(const DataSplit& s, const ExportOptions& opt) {
   namespace fs = std::filesystem;
-  fs::path out = fs::path(opt.out).lexically_normal();
+  // Absolute, so that "." or "dir/.." names the folder itself, whose parent holds the staging.
+  fs::path out = fs::absolute(opt.out).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
   const fs::path staging =
       out.parent_path() / fmt::format(".{}.export-{}", out.filename().string(), ::getpid());
@@ -86,8 +87,15 @@ int64_t export_whole(const DataSplit& s, const ExportOptions& opt) {
     const int64_t n =
         write_image_tree(s.train, s.test, staging.string(),
                          opt.format == "jpeg" ? (opt.quality > 0 ? opt.quality : 95) : 0, opt.side);
-    // Over an empty folder too: rename(2) replaces an empty directory.
-    fs::rename(staging, out, ec);
+    // Into an empty folder that exists (perhaps a shell's working folder, which a rename over
+    // it would leave deleted): its two splits, train/ last, since a folder dataset needs both.
+    if (fs::is_directory(out, ec)) {
+      fs::rename(staging / "test", out / "test", ec);
+      if (!ec) fs::rename(staging / "train", out / "train", ec);
+      if (!ec) fs::remove(staging, ec);
+    } else {
+      fs::rename(staging, out, ec);
+    }
     if (ec)
       throw UserError(fmt::format("{}: cannot rename the written tree {} to it: {}",
                                   printable(opt.out), printable(staging.string()), ec.message()));
