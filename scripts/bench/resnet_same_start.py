@@ -244,7 +244,8 @@ def step_check(args, data, states, act):
         expected = (p0.astype(np.float32) - lr * m1.astype(np.float32)).astype(np.float64)
         rows.append(dict(
             step=k, lr=float(lr), loss=loss, ref_loss=ref_loss, torch_loss=t_loss,
-            loss_err=abs(loss - ref_loss) / ref_loss, torch_loss_err=abs(t_loss - ref_loss) / ref_loss,
+            loss_err=abs(loss - ref_loss) / ref_loss,
+            torch_loss_err=abs(t_loss - ref_loss) / ref_loss,
             grad_err=rel(grad, ref_grad), torch_grad_err=rel(t_grad, ref_grad),
             bn_err=rel(np.asarray(cur["bn"], dtype=np.float64), ref_bn),
             torch_bn_err=rel(t_bn, ref_bn),
