@@ -368,6 +368,34 @@ TEST_CASE("folder: a run continued from any of its checkpoints gives the same bi
   }
 }
 
+TEST_CASE("folder: a run that skipped a bad file continues from its checkpoint", "[folder]") {
+  // The listing counts 201 files, of which one does not decode: loading skips it, and an epoch
+  // has 5 steps of 40 where the listing alone would say 6. The checkpoint's position is checked
+  // against the 5.
+  TempTree t("resume-skip");
+  write_tree(t.dir, 200, 16);
+  const fs::path one = *fs::directory_iterator(t.dir / "train" / "0");
+  write_bytes(t.dir / "train" / "0" / "zz-cut.png", slurp(one).substr(0, 100));
+  const std::string cfg = (t.dir / "run.yaml").string();
+  put(cfg, fmt::format("name: skip\ngpus: 2\ndata: {{dataset: folder, path: {}, shape: [3, 8, 8], "
+                       "on_bad_file: skip, drop_remainder: false}}\nmodel: {{type: mlp, hidden: "
+                       "[16]}}\ntrain: {{epochs: 2, per_replica_batch: 20, checkpoint_steps: 1}}"
+                       "\noptimizer: {{type: sgd, lr: 0.05}}\n",
+                       t.dir.string()));
+  const std::string run =
+      dtrain_binary() + " run " + cfg + " -q --results " + (t.dir / "res").string() + " --tag ";
+  REQUIRE(shell(run + "whole").code == 0);
+  const auto cut = shell("DTRAIN_FAULT=0:7 " + run + "cut");  // epoch 2, step 2
+  REQUIRE(cut.code != 0);
+  const auto resumed = shell(run + "cut --resume");
+  INFO(resumed.out);
+  REQUIRE(resumed.code == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("skipped"));
+  const fs::path exp = t.dir / "res" / "skip";
+  CHECK(numeric_columns(exp / "cut-g2" / "metrics.csv") ==
+        numeric_columns(exp / "whole-g2" / "metrics.csv"));
+}
+
 TEST_CASE("folder: limits keep every class, and statistics come from the images", "[folder]") {
   TempTree t("limits");
   write_tree(t.dir, 80, 20);

@@ -185,7 +185,10 @@ std::optional<Checkpoint> resumable(const std::string& dir, const Config& cfg,
   std::error_code ec;
   const bool saved = fs::exists(fs::symlink_status(checkpoint_path(dir), ec));
   std::optional<Checkpoint> c;
-  if (saved && had && resume_identity(*had) == want) c = load_checkpoint(dir, cfg);
+  // The loaded data's shape, not a peek's: the files that data.on_bad_file: skip passed over
+  // change the steps per epoch that the checkpoint's position is checked against.
+  const DataShape shape{data.train.shape, data.train.classes, data.train.size()};
+  if (saved && had && resume_identity(*had) == want) c = load_checkpoint(dir, cfg, &shape);
   if (saved && (!c || resume_identity(c->config_yaml) != want)) {
     const auto [was, now] = first_difference(c     ? resume_identity(c->config_yaml)
                                              : had ? resume_identity(*had)

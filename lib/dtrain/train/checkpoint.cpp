@@ -489,11 +489,12 @@ void save_checkpoint(const std::string& run_dir, const Checkpoint& c) {
   write_file_atomic(path, bytes);
 }
 
-std::optional<Checkpoint> load_checkpoint(const std::string& run_dir, const Config& cfg) {
+std::optional<Checkpoint> load_checkpoint(const std::string& run_dir, const Config& cfg,
+                                          const DataShape* data) {
   const std::string path = checkpoint_path(run_dir);
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return std::nullopt;
-  const CheckpointRun run = checkpoint_run(cfg, peek_data_shape(cfg.data));
+  const CheckpointRun run = checkpoint_run(cfg, data ? *data : peek_data_shape(cfg.data));
   std::string bytes;
   try {  // refused before it is read where it is larger than this run's checkpoint can be
     bytes = read_own_file(path, "checkpoint of this run (its model, replicas and config)",

@@ -75,8 +75,12 @@ std::string checkpoint_path(const std::string& run_dir);
 void save_checkpoint(const std::string& run_dir, const Checkpoint& c);
 // The folder's checkpoint, or nothing if it has none. Throws UserError if it is damaged, if
 // it is larger than a checkpoint of `cfg` can be (refused before it is read, naming its size
-// and the bound), or if a value is out of range for the run `cfg` describes.
-std::optional<Checkpoint> load_checkpoint(const std::string& run_dir, const Config& cfg);
+// and the bound), or if a value is out of range for the run `cfg` describes. Its data's shape
+// is `data`'s where the data is loaded, else peeked: for dataset: folder with
+// data.on_bad_file: skip, a peek counts files that loading may skip, and the steps per epoch,
+// which the checkpoint's position is checked against, can be fewer.
+std::optional<Checkpoint> load_checkpoint(const std::string& run_dir, const Config& cfg,
+                                          const DataShape* data = nullptr);
 // The same, with the run's config read from the folder's config.resolved.yaml.
 std::optional<Checkpoint> load_checkpoint(const std::string& run_dir);
 
