@@ -205,17 +205,63 @@ TEST_CASE("folder: bad files fail naming the path, or are skipped and listed", "
                  Catch::Contains("1.png: not a JPEG or PNG file"));
 }
 
+// A valid PNG of the tree cut to its first `keep` bytes: its header reads, its pixels do not.
+std::string cut_png(const fs::path& class_dir, size_t keep) {
+  return slurp(*fs::directory_iterator(class_dir)).substr(0, keep);
+}
+
+TEST_CASE("folder: what is not an image is refused before training, naming it", "[folder]") {
+  TempTree t("before-training");
+  write_tree(t.dir, 24, 8);
+  Config c = folder_config(t.dir, 1, 8);
+  CHECK_NOTHROW(load_data(c.data, 1));
+  // A training file that is no image, and a test file cut short past its header: both would
+  // otherwise be met only after some training (the test file after a whole epoch).
+  write_bytes(t.dir / "train" / "1" / "zz-text.png", "this is not an image at all");
+  CHECK_THAT(error_of([&] { load_data(c.data, 1); }),
+             Catch::Contains("zz-text.png: not a JPEG or PNG file") &&
+                 Catch::Contains("found before training"));
+  fs::remove(t.dir / "train" / "1" / "zz-text.png");
+  const fs::path test_class = *fs::directory_iterator(t.dir / "test");
+  write_bytes(test_class / "zz-cut.png", cut_png(test_class, 60));
+  CHECK_THAT(error_of([&] { load_data(c.data, 1); }), Catch::Contains("zz-cut.png"));
+  fs::remove(test_class / "zz-cut.png");
+  // A JPEG whose frame header lies past its first 16 KiB (a large comment segment first) is
+  // an image: its header is looked for in the whole file.
+  Image grey;
+  grey.width = grey.height = 4;
+  grey.channels = 3;
+  grey.pixels.assign(48, 128);
+  const std::vector<uint8_t> enc = encode_jpeg(grey, 90);
+  const std::string jpeg(enc.begin(), enc.end());
+  std::string big = jpeg.substr(0, 2);
+  for (int i = 0; i < 2; ++i) big += std::string("\xFF\xFE\xFF\xF0", 4) + std::string(0xFFEE, 'c');
+  big += jpeg.substr(2);
+  write_bytes(t.dir / "train" / "1" / "zz-big.jpg", big);
+  CHECK_NOTHROW(load_data(c.data, 1));
+  // validate loads the data as run does: it refuses what run would.
+  write_bytes(test_class / "zz-cut.png", cut_png(test_class, 60));
+  TempDir d("before-training-cli");
+  const fs::path cfg = d.path / "f.yaml";
+  std::ofstream(cfg) << "name: f\nthreads: 1\ndata: {dataset: folder, path: " << t.dir.string()
+                     << ", shape: [3, 8, 8]}\nmodel: {hidden: [8]}\n";
+  const auto v = dtrain_cli("validate " + cfg.string());
+  CHECK(v.code == 2);
+  CHECK_THAT(v.out, Catch::Contains("zz-cut.png"));
+}
+
 TEST_CASE("folder: a file that does not decode stops training, naming it", "[folder]") {
   TempTree t("decode-fail");
   write_tree(t.dir, 24, 8);
-  write_bytes(t.dir / "train" / "1" / "zz-text.png", "this is not an image at all");
+  // Its header reads (the check before training passes it); its pixels do not.
+  write_bytes(t.dir / "train" / "1" / "zz-cut.png", cut_png(t.dir / "train" / "1", 100));
   Config c = folder_config(t.dir, 1, 8);
   c.data.normalize = Normalize::off;  // the statistics would meet the file first otherwise
   try {
     run_config(c);
     FAIL("trained");
   } catch (const UserError& e) {
-    CHECK_THAT(e.what(), Catch::Contains("zz-text.png: not a JPEG or PNG file"));
+    CHECK_THAT(e.what(), Catch::Contains("zz-cut.png: "));
   }
   // Through dtrain run: one line and exit 2, the run marked failed, and its log ends with why.
   TempDir d("decode-fail-cli");
@@ -232,8 +278,7 @@ TEST_CASE("folder: a file that does not decode stops training, naming it", "[fol
   const std::string log = slurp(run / "log");
   REQUIRE(log.size() > 2);
   CHECK_THAT(log.substr(log.rfind('\n', log.size() - 2) + 1),
-             Catch::Contains("error run t-g1 failed: ") &&
-                 Catch::Contains("zz-text.png: not a JPEG or PNG file"));
+             Catch::Contains("error run t-g1 failed: ") && Catch::Contains("zz-cut.png: "));
 }
 
 TEST_CASE("the input pipeline gives the same batches at any worker and prefetch count",

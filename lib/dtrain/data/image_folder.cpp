@@ -197,7 +197,8 @@ FolderListing list_image_folder(const std::string& root, BadFile on_bad_file) {
   return l;
 }
 
-std::vector<uint8_t> read_image_bytes(const std::string& full_path) {
+std::vector<uint8_t> read_image_bytes(const std::string& full_path, size_t limit,
+                                      int64_t* file_size) {
   // O_NONBLOCK: a FIFO put in place of a file after listing must not block a worker.
   const int fd = ::open(full_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw UserError(fmt::format("{}: cannot open: {}", full_path, std::strerror(errno)));
@@ -209,8 +210,9 @@ std::vector<uint8_t> read_image_bytes(const std::string& full_path) {
   else if (st.st_size > kMaxImageFileBytes)
     problem = fmt::format("{} bytes, more than the {} dtrain reads for one image", st.st_size,
                           kMaxImageFileBytes);
+  if (file_size) *file_size = st.st_size;
   if (problem.empty()) {
-    bytes.resize(static_cast<size_t>(st.st_size));
+    bytes.resize(std::min(static_cast<size_t>(st.st_size), limit));
     size_t at = 0;
     while (at < bytes.size()) {
       const ssize_t n = ::read(fd, bytes.data() + at, bytes.size() - at);
@@ -375,18 +377,57 @@ std::shared_ptr<const ImageFiles> with_transform(const std::shared_ptr<const Ima
   return f;
 }
 
+namespace {
+
+// Why each of `files` fails (UserError's text), "" where it does not: decoded whole where
+// `whole`, else its header read.
+std::vector<std::string> undecodable(const std::vector<std::string>& files, const std::string& root,
+                                     int channels, int workers, bool whole) {
+  std::vector<std::string> why(files.size());
+  parallel_for(files.size(), workers, [&](size_t i) {
+    const std::string path = root + "/" + files[i];
+    try {
+      if (whole) {
+        read_image_file(path, channels);
+        return;
+      }
+      // The header lies in the first bytes of nearly every file; a JPEG with large metadata
+      // segments before its frame header is read whole before it is refused.
+      int64_t size = 0;
+      std::vector<uint8_t> head = read_image_bytes(path, size_t{16} << 10, &size);
+      try {
+        read_image_header(head.data(), head.size(), path);
+      } catch (const UserError&) {
+        if (static_cast<int64_t>(head.size()) >= size) throw;
+        head = read_image_bytes(path);
+        read_image_header(head.data(), head.size(), path);
+      }
+    } catch (const UserError& e) {
+      why[i] = e.what();
+    }
+  });
+  return why;
+}
+
+}  // namespace
+
+void check_decodable(const FolderListing& l, const std::string& root, int channels, int workers) {
+  for (const bool train : {true, false}) {
+    const auto& files = train ? l.train : l.test;
+    for (const std::string& why : undecodable(files, root, channels, workers, !train))
+      if (!why.empty())
+        throw UserError(
+            fmt::format("{} (found before training; data.on_bad_file: skip leaves "
+                        "such files out)",
+                        why));
+  }
+}
+
 void drop_undecodable(FolderListing& l, const std::string& root, int channels, int workers) {
   for (const auto& split : {std::pair{&l.train, &l.train_y}, std::pair{&l.test, &l.test_y}}) {
-    auto* files = split.first;  // named, not bound: a lambda below captures it
+    auto* files = split.first;
     auto* labels = split.second;
-    std::vector<std::string> why(files->size());
-    parallel_for(files->size(), workers, [&](size_t i) {
-      try {
-        read_image_file(root + "/" + (*files)[i], channels);
-      } catch (const UserError& e) {
-        why[i] = e.what();
-      }
-    });
+    const std::vector<std::string> why = undecodable(*files, root, channels, workers, true);
     size_t kept = 0;
     for (size_t i = 0; i < files->size(); ++i) {
       if (!why[i].empty()) {
@@ -508,6 +549,8 @@ void load_folder(const DataConfig& cfg, DataSplit& s) {
   FolderListing l = list_image_folder(cfg.path, cfg.on_bad_file);
   if (cfg.on_bad_file == BadFile::skip)
     drop_undecodable(l, cfg.path, static_cast<int>(cfg.shape[0]), cfg.workers);
+  else
+    check_decodable(l, cfg.path, static_cast<int>(cfg.shape[0]), cfg.workers);
   for (const auto* split : {&l.train, &l.test})
     if (split->empty()) throw_nothing_left(l, cfg.path, split == &l.train ? "train" : "test");
   s.train = split_dataset(cfg, l, true, cfg.train_limit);

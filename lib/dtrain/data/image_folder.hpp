@@ -84,12 +84,21 @@ FolderListing list_image_folder(const std::string& root, BadFile on_bad_file);
 // one that does not decode to `skipped`, so that training never meets it.
 void drop_undecodable(FolderListing& l, const std::string& root, int channels, int workers);
 
+// data.on_bad_file: fail: what can be found before training, so that a run never trains an
+// epoch to fail at its evaluation: every training file's header is read (its first bytes, the
+// whole file where its header lies further in) and every test file is decoded once. Throws
+// UserError naming the first file, in listing order, that is not an image dtrain can decode.
+// A training file damaged past its header is still named when a batch first meets it.
+void check_decodable(const FolderListing& l, const std::string& root, int channels, int workers);
+
 // The largest image file dtrain reads: 256 MiB.
 constexpr int64_t kMaxImageFileBytes = int64_t{256} << 20;
 
-// The bytes of an image file (a regular file of at most kMaxImageFileBytes). UserError naming
-// the file for what cannot be read.
-std::vector<uint8_t> read_image_bytes(const std::string& full_path);
+// The bytes of an image file (a regular file of at most kMaxImageFileBytes), its first `limit`
+// where it is longer; its size in `file_size` where given. UserError naming the file for what
+// cannot be read.
+std::vector<uint8_t> read_image_bytes(const std::string& full_path, size_t limit = SIZE_MAX,
+                                      int64_t* file_size = nullptr);
 
 // Bytes of decoded pixels that a process holds at once: a worker about to decode waits while
 // the others hold so much that its image would pass the cap, except that one image alone always
