@@ -719,6 +719,26 @@ TEST_CASE("export-images leaves no partial tree when a write fails or Ctrl-C sto
   CHECK(fs::is_directory(t.dir / "here" / "test"));
   fs::remove_all(t.dir / "here");
   CHECK(leftovers() == 0);
+  // What an export killed outright left (its process gone: no pid reaches 999999999), in an
+  // empty --out and beside one, is removed; the tree is written inside an --out that exists
+  // (a mount point's parent may be another file system, or not writable).
+  fs::create_directories(t.dir / "into" / ".export-999999999" / "train" / "0");
+  fs::create_directories(t.dir / ".into.export-999999999" / "train");
+  fs::create_directories(t.dir / ".into.export-1x");  // not a staging name: kept
+  const auto into = dtrain_cli("export-images " + cfg.string() + " --out " +
+                               (t.dir / "into").string() + " data.synthetic.train_size=30");
+  INFO(into.out);
+  CHECK(into.code == 0);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(t.dir / "into"))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"test", "train"});
+  CHECK_FALSE(fs::exists(t.dir / ".into.export-999999999"));
+  CHECK(fs::exists(t.dir / ".into.export-1x"));
+  fs::remove_all(t.dir / "into");
+  fs::remove_all(t.dir / ".into.export-1x");
+  CHECK(leftovers() == 0);
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string cmd = "exec " + dtrain_binary() + " export-images " + cfg.string() +

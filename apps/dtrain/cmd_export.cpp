@@ -3,10 +3,12 @@
 // to check that the folder reader trains as the in-memory one does.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 
@@ -71,27 +73,57 @@ std::string override_value(const std::string& value) {
   }
   return out + "\"";
 }
-// The tree written into a hidden folder beside --out and renamed to it once whole, so that
-// --out never holds part of a dataset: a failure (a full disk) or Ctrl-C removes what was
-// written and names it. The number of images, or -1 where a stop signal ended the export.
+// Removes the staging folders in `dir` named `prefix` and a process id whose process is gone:
+// what an export killed outright (SIGKILL, a power cut) left behind.
+void remove_stale_staging(const std::filesystem::path& dir, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string pid = name.substr(std::min(name.size(), prefix.size()));
+    if (name.rfind(prefix, 0) != 0 || pid.empty() || pid.size() > 9 ||
+        !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    std::error_code e2;
+    if ((::kill(std::stoi(pid), 0) == 0 || errno != ESRCH) || it->is_symlink(e2) ||
+        !it->is_directory(e2))
+      continue;  // alive (or not ours to tell), or not a folder an export makes
+    fs::remove_all(it->path(), e2);
+  }
+}
+
+// --out as an absolute path without a trailing separator ("." and "dir/.." name the folder
+// itself).
+std::filesystem::path out_folder(const std::string& out) {
+  std::filesystem::path p = std::filesystem::absolute(out).lexically_normal();
+  return p.filename().empty() ? p.parent_path() : p;
+}
+
+// The tree written into a hidden folder and put in place once whole, so that --out never
+// holds part of a dataset: a failure (a full disk) or Ctrl-C removes what was written and
+// names it. Into an --out that exists (empty; perhaps a shell's working folder, which a rename
+// over it would leave deleted, or a mount point) the tree is written in --out/.export-PID and
+// its two splits moved up, train/ last, since a folder dataset needs both; else beside it, in
+// .NAME.export-PID, renamed to --out. Either way on --out's file system: a rename never copies.
+// The number of images, or -1 where a stop signal ended the export.
 int64_t export_whole(const DataSplit& s, const ExportOptions& opt) {
   namespace fs = std::filesystem;
-  // Absolute, so that "." or "dir/.." names the folder itself, whose parent holds the staging.
-  fs::path out = fs::absolute(opt.out).lexically_normal();
-  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
-  const fs::path staging =
-      out.parent_path() / fmt::format(".{}.export-{}", out.filename().string(), ::getpid());
+  const fs::path out = out_folder(opt.out);
   std::error_code ec;
+  const bool into = fs::is_directory(out, ec);
+  const fs::path staging =
+      into ? out / fmt::format(".export-{}", ::getpid())
+           : out.parent_path() / fmt::format(".{}.export-{}", out.filename().string(), ::getpid());
   try {
     ensure_dir(staging.string(), "export");
     const int64_t n =
         write_image_tree(s.train, s.test, staging.string(),
                          opt.format == "jpeg" ? (opt.quality > 0 ? opt.quality : 95) : 0, opt.side);
-    // Into an empty folder that exists (perhaps a shell's working folder, which a rename over
-    // it would leave deleted): its two splits, train/ last, since a folder dataset needs both.
-    if (fs::is_directory(out, ec)) {
+    if (into) {
       fs::rename(staging / "test", out / "test", ec);
       if (!ec) fs::rename(staging / "train", out / "train", ec);
+      std::error_code e2;
+      if (ec) fs::remove_all(out / "test", e2);  // --out was empty: test/ alone is ours
       if (!ec) fs::remove(staging, ec);
     } else {
       fs::rename(staging, out, ec);
@@ -136,6 +168,10 @@ int run_export(const ExportOptions& opt) {
     throw UserError("--quality: only for --format jpeg (PNG files are lossless)");
   namespace fs = std::filesystem;
   std::error_code ec;
+  // What an earlier export, killed outright, left in --out or beside it.
+  const fs::path out = out_folder(opt.out);
+  if (fs::is_directory(out, ec)) remove_stale_staging(out, ".export-");
+  remove_stale_staging(out.parent_path(), "." + out.filename().string() + ".export-");
   if (fs::exists(opt.out, ec) && !(fs::is_directory(opt.out, ec) && fs::is_empty(opt.out, ec)))
     throw UserError(fmt::format("--out: '{}' exists and is not an empty folder", opt.out));
   data.normalize = Normalize::off;  // pixels in [0, 1], as stored

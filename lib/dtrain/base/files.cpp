@@ -108,9 +108,13 @@ void write_new_file(const std::string& path, const void* data, size_t size) {
 void ensure_dir(const std::string& dir, const std::string& what) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir))
-    throw UserError(fmt::format("{}: cannot create the {} folder: {}", dir, what,
-                                ec ? ec.message() : "not a folder"));
+  if (ec || !fs::is_directory(dir)) {
+    const std::string why = fmt::format(
+        "{}: cannot create the {} folder: {}{}", dir, what, ec ? ec.message() : "not a folder",
+        ec && (ec.value() == ENOSPC || ec.value() == EDQUOT) ? " (disk full)" : "");
+    if (ec && storage_failure(ec.value())) throw StorageError(why, __FILE__, __LINE__);
+    throw UserError(why);
+  }
 }
 
 namespace {
