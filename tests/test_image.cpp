@@ -212,6 +212,30 @@ TEST_CASE("Image headers give format and size without decoding", "[image]") {
       Catch::StartsWith("train/cat/1.jpg: JPEG header cut short or corrupt (libjpeg-turbo: "));
 }
 
+// The decode budget counts what a decoder holds besides the pixels out: libpng's whole image
+// in the file's channels, a progressive JPEG's coefficients (2 bytes per pixel per
+// full-resolution component); a baseline JPEG decodes the rows asked for alone.
+TEST_CASE("Decode memory counts the decoder's own buffers", "[image]") {
+  const auto header = [](const Bytes& b) { return read_image_header(b.data(), b.size(), "f"); };
+  const Image rgb = synthetic(64, 48, 3), grey = synthetic(64, 48, 1);
+  const int64_t px = 64 * 48;
+  const ImageHeader png = header(to_png(rgb));
+  CHECK(decode_bytes(png, 1, 48, 1) == px + 4 * px);
+  CHECK(decode_bytes(png, 3, 48, 1) == 3 * px + 4 * px);
+  const ImageHeader base = header(to_jpeg(rgb));
+  CHECK(base.coefficient_bytes == 0);
+  CHECK(decode_bytes(base, 3, 10, 1) == 64 * 10 * 3);
+  CHECK(decode_bytes(base, 3, 10, 2) == 32 * 10 * 3);
+  const auto progressive = [&](const Image& img, int pf, int sub) {
+    return header(to_jpeg(img, pf, sub, 90, TJFLAG_PROGRESSIVE)).coefficient_bytes;
+  };
+  CHECK(progressive(rgb, TJPF_RGB, TJSAMP_444) == 6);
+  CHECK(progressive(rgb, TJPF_RGB, TJSAMP_420) == 4);
+  CHECK(progressive(grey, TJPF_GRAY, TJSAMP_GRAY) == 2);
+  const ImageHeader p444 = header(to_jpeg(rgb, TJPF_RGB, TJSAMP_444, 90, TJFLAG_PROGRESSIVE));
+  CHECK(decode_bytes(p444, 3, 10, 4) == 16 * 10 * 3 + 6 * px);  // shrunk out, full coefficients
+}
+
 TEST_CASE("Empty and foreign files are refused naming what they are", "[image]") {
   CHECK(refusal({}) == "train/cat/1.jpg: empty file");
   CHECK(header_refusal({}) == "train/cat/1.jpg: empty file");

@@ -71,6 +71,23 @@ class TjDecompressor {
   tjhandle h_;
 };
 
+// Whether a JPEG's frame header (the first SOF marker, found by walking the segments from
+// the start) is progressive; true where the walk cannot tell, the costlier case.
+bool jpeg_progressive(const uint8_t* data, size_t size) {
+  size_t i = 2;  // past SOI
+  while (i + 4 <= size && data[i] == 0xFF) {
+    const uint8_t m = data[i + 1];
+    if (m == 0xFF) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC)
+      return m == 0xC2 || m == 0xC6 || m == 0xCA || m == 0xCE;
+    i += 2 + (size_t{data[i + 2]} << 8 | data[i + 3]);
+  }
+  return true;
+}
+
 ImageHeader jpeg_header(const uint8_t* data, size_t size, const std::string& what) {
   TjDecompressor tj;
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
@@ -83,7 +100,17 @@ ImageHeader jpeg_header(const uint8_t* data, size_t size, const std::string& wha
   if (width <= 0 || height <= 0)
     throw UserError(what + ": JPEG header cut short or corrupt (it ends before the image size)");
   check_pixels(width, height, what);
-  return ImageHeader{width, height, "JPEG"};
+  ImageHeader h{width, height, "JPEG"};
+  if (jpeg_progressive(data, size)) {
+    // Full-resolution components: 1 grey, 3 at 4:4:4, 2 counting subsampled chroma otherwise
+    // (4:2:0 is 1.5; 4:2:2 and 4:4:0 are 2); 4 for CMYK, which is refused later anyway.
+    const double full = colorspace == TJCS_GRAY                              ? 1
+                        : colorspace == TJCS_CMYK || colorspace == TJCS_YCCK ? 4
+                        : subsamp == TJSAMP_444                              ? 3
+                                                                             : 2;
+    h.coefficient_bytes = 2 * full;
+  }
+  return h;
 }
 
 // libjpeg's error manager, made to stop on warnings as on errors: libjpeg fills what a
@@ -440,6 +467,13 @@ ImageHeader read_image_header(const uint8_t* data, size_t size, const std::strin
 }
 
 int64_t shrunk_size(int64_t size, int shrink) { return (size + shrink - 1) / shrink; }
+
+int64_t decode_bytes(const ImageHeader& h, int channels, int64_t rows, int shrink) {
+  const bool png = std::strcmp(h.format, "PNG") == 0;
+  const int64_t out = shrunk_size(h.width, shrink) * rows * channels;
+  const double pixels = static_cast<double>(h.width) * static_cast<double>(h.height);
+  return out + static_cast<int64_t>(png ? 4 * pixels : h.coefficient_bytes * pixels);
+}
 
 ImagePart decode_image_part(const uint8_t* data, size_t size, int channels,
                             const ImageHeader& header, const PixelRect& want,

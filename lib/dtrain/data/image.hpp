@@ -24,6 +24,10 @@ constexpr int64_t kMaxImagePixels = int64_t{1} << 26;
 struct ImageHeader {
   int64_t width = 0, height = 0;
   const char* format = "";  // "JPEG" or "PNG"
+  // A JPEG's DCT coefficients held for the whole image while it decodes (a progressive file),
+  // in bytes per pixel: 2 per component at full resolution, less for subsampled chroma. 0 for
+  // a baseline JPEG, which decodes row by row, and for a PNG.
+  double coefficient_bytes = 0;
 };
 
 // The format (from the first bytes) and size a file's header claims, checked against
@@ -70,6 +74,12 @@ ImagePart decode_image_part(const uint8_t* data, size_t size, int channels,
 
 // A width or height at 1 / shrink, as libjpeg's DCT scaling gives it (rounded up).
 int64_t shrunk_size(int64_t size, int shrink);
+
+// The most bytes a decode holds at once: `rows` rows of the (shrunk) width in `channels`
+// channels out, with what the decoder keeps besides: a PNG's whole image in the file's own
+// channels (up to 4, converted after), a progressive JPEG's coefficients. The decode budget
+// (image_folder.hpp) counts this, not the output alone.
+int64_t decode_bytes(const ImageHeader& h, int channels, int64_t rows, int shrink);
 
 // An image as a PNG file's bytes (lossless), or a JPEG file's at `quality` (1..100; 4:4:4
 // chroma, so that colours are not averaged over pixel pairs). For the trees tests and

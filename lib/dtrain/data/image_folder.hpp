@@ -100,9 +100,11 @@ constexpr int64_t kMaxImageFileBytes = int64_t{256} << 20;
 std::vector<uint8_t> read_image_bytes(const std::string& full_path, size_t limit = SIZE_MAX,
                                       int64_t* file_size = nullptr);
 
-// Bytes of decoded pixels that a process holds at once: a worker about to decode waits while
-// the others hold so much that its image would pass the cap, except that one image alone always
+// Bytes that a process holds at once for decoding (each image's file bytes and decode_bytes:
+// its pixels out and what the decoder keeps besides): a worker about to decode waits while the
+// others hold so much that its image would pass the cap, except that one image alone always
 // goes ahead (at most kMaxImagePixels). Sixteen workers on 64-Mpixel PNGs held 3 GiB before.
+// A worker reads its file before it waits: at most kMaxImageFileBytes each outside the cap.
 class DecodeBudget {
  public:
   explicit DecodeBudget(int64_t cap) : cap_(cap) {}
