@@ -214,7 +214,17 @@ TEST_CASE("folder: what is not an image is refused before training, naming it", 
   TempTree t("before-training");
   write_tree(t.dir, 24, 8);
   Config c = folder_config(t.dir, 1, 8);
-  CHECK_NOTHROW(load_data(c.data, 1));
+  // Files whose names are not images' are no samples; a BMP is an image dtrain cannot decode.
+  write_bytes(t.dir / "train" / "1" / "notes.txt", "about class 1");
+  write_bytes(t.dir / "train" / "1" / "Thumbs.db", std::string(64, '\0'));
+  const DataSplit with_notes = load_data(c.data, 1);
+  CHECK(with_notes.other_files == 2);
+  CHECK(with_notes.train.size() == 24);
+  CHECK_THAT(with_notes.description, Catch::Contains("(2 other files left out"));
+  write_bytes(t.dir / "train" / "1" / "scan.BMP", "BM not decodable here");
+  CHECK_THAT(error_of([&] { load_data(c.data, 1); }),
+             Catch::Contains("scan.BMP: not a JPEG or PNG file"));
+  fs::remove(t.dir / "train" / "1" / "scan.BMP");
   // A training file that is no image, and a test file cut short past its header: both would
   // otherwise be met only after some training (the test file after a whole epoch).
   write_bytes(t.dir / "train" / "1" / "zz-text.png", "this is not an image at all");

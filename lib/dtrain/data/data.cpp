@@ -695,6 +695,9 @@ DataSplit load_data(const DataConfig& cfg, uint64_t seed) {
       cfg.dataset == DatasetKind::synthetic ? "" : " from " + printable(cfg.path, true));
   if (!s.skipped.empty())
     s.description += fmt::format(" ({} files skipped: data.on_bad_file: skip)", s.skipped.size());
+  if (s.other_files > 0)
+    s.description +=
+        fmt::format(" ({} other files left out: not image names, as notes.txt)", s.other_files);
   if (!s.sha256.empty()) s.description += " sha256=" + s.sha256;
   s.fingerprint = data_fingerprint(s);
   return s;

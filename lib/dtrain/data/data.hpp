@@ -28,6 +28,7 @@ struct DataSplit {
   std::string description;  // for logs: "fashion-mnist 60000/10000 from /usr/share/..."
   std::vector<std::string> class_names;  // dataset: folder: the class folders, by label
   std::vector<std::string> skipped;      // data.on_bad_file: skip: "<file>: <reason>"
+  int64_t other_files = 0;  // dataset: folder: files left out by name (not images: notes.txt)
   // dataset: bytes and tokens: samples are windows of token ids, whose targets are their next
   // tokens; y holds each window's last token, not a label.
   bool token_windows = false;

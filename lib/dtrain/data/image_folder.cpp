@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <tuple>
@@ -75,10 +77,25 @@ std::string entry_problem(const fs::directory_entry& e) {
   return "";
 }
 
+// Whether a file's name may be an image's: no extension, or an image format's (JPEG and PNG,
+// and those dtrain refuses by name when it meets them: a BMP or WebP file is a mistake to
+// report, not to pass over). Other files in a class folder (notes.txt, Thumbs.db, labels.csv)
+// are not samples, as torchvision's ImageFolder takes image extensions alone.
+bool image_name(const fs::path& p) {
+  std::string ext = p.extension().string();
+  if (ext.empty()) return true;
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  static const std::set<std::string> kImage = {
+      ".jpg", ".jpeg", ".jpe", ".jfif", ".png",  ".bmp",  ".gif",  ".tif", ".tiff", ".webp",
+      ".ppm", ".pgm",  ".pbm", ".pnm",  ".heic", ".heif", ".avif", ".jxl", ".jp2"};
+  return kImage.count(ext) > 0;
+}
+
 // The files of one class folder, relative to `root`, sorted. Subfolders belong to the class;
 // links to folders are not followed (no loops).
 std::vector<std::string> class_files(const fs::path& root, const fs::path& dir, BadFile policy,
-                                     std::vector<std::string>& skipped) {
+                                     std::vector<std::string>& skipped, int64_t& other_files) {
   std::vector<std::string> out;
   std::error_code ec;
   fs::recursive_directory_iterator it(dir, ec), end;
@@ -92,6 +109,10 @@ std::vector<std::string> class_files(const fs::path& root, const fs::path& dir, 
     }
     if (e.is_directory(ec)) {  // walked into next, or a link to a folder: left out
       if (it.depth() >= kMaxFolderDepth) refuse_deep_folder(e.path(), root.string());
+      continue;
+    }
+    if (!image_name(e.path())) {
+      ++other_files;
       continue;
     }
     const std::string rel = e.path().lexically_relative(root).string();
@@ -139,8 +160,9 @@ std::vector<std::string> class_folders(const fs::path& split_dir) {
 }
 
 void list_split(const fs::path& root, const char* split, const std::vector<std::string>& classes,
-                BadFile policy, std::vector<std::string>& files, std::vector<int32_t>& labels,
-                std::vector<std::string>& skipped) {
+                BadFile policy, FolderListing& l, bool train) {
+  std::vector<std::string>& files = train ? l.train : l.test;
+  std::vector<int32_t>& labels = train ? l.train_y : l.test_y;
   std::map<std::string, int32_t> label;
   for (size_t i = 0; i < classes.size(); ++i) label[classes[i]] = static_cast<int32_t>(i);
   for (const std::string& c : class_folders(root / split)) {
@@ -150,7 +172,7 @@ void list_split(const fs::path& root, const char* split, const std::vector<std::
           fmt::format("{}: class '{}' is not among the training classes (train/ "
                       "has {} class folders; the test set's must be among them)",
                       (root / split / c).string(), c, classes.size()));
-    auto found = class_files(root, root / split / c, policy, skipped);
+    auto found = class_files(root, root / split / c, policy, l.skipped, l.other_files);
     if (found.empty() && policy == BadFile::fail && std::string(split) == "train")
       throw UserError(
           fmt::format("{}: holds no image files (a class needs training images; "
@@ -190,8 +212,8 @@ FolderListing list_image_folder(const std::string& root, BadFile on_bad_file) {
                     root));
   FolderListing l;
   l.classes = class_folders(fs::path(root) / "train");
-  list_split(root, "train", l.classes, on_bad_file, l.train, l.train_y, l.skipped);
-  list_split(root, "test", l.classes, on_bad_file, l.test, l.test_y, l.skipped);
+  list_split(root, "train", l.classes, on_bad_file, l, true);
+  list_split(root, "test", l.classes, on_bad_file, l, false);
   for (const auto* split : {&l.train, &l.test})
     if (split->empty()) throw_nothing_left(l, root, split == &l.train ? "train" : "test");
   return l;
@@ -561,6 +583,7 @@ void load_folder(const DataConfig& cfg, DataSplit& s) {
   set_stats(cfg, s);
   s.class_names = std::move(l.classes);
   s.skipped = std::move(l.skipped);
+  s.other_files = l.other_files;
 }
 
 }  // namespace dtrain

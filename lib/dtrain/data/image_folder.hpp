@@ -70,9 +70,11 @@ struct FolderListing {
   std::vector<std::string> train, test;  // relative to the root, sorted within each class
   std::vector<int32_t> train_y, test_y;
   std::vector<std::string> skipped;  // "<path>: <reason>", for data.on_bad_file: skip
+  int64_t other_files = 0;           // left out by their names: not images (notes.txt, Thumbs.db)
 };
 
-// Lists root/train and root/test (hidden names skipped; subfolders of a class folder belong to
+// Lists root/train and root/test (hidden names skipped, and files whose extension is no image
+// format's, counted in other_files; subfolders of a class folder belong to
 // it; a symbolic link to a file is followed, one to a folder is not, so a link loop cannot
 // trap the listing). UserError, naming the path, for: no such folder, no class folders, more
 // than 100000 classes, a test class the training set does not have, and (on_bad_file: fail) an
