@@ -283,7 +283,7 @@ TEST_CASE("find_run_dirs names the links it does not follow", "[report]") {
 // in one stays inside its cell.
 TEST_CASE("report --by: a value with '|' or a newline stays in its cell", "[report][stats]") {
   std::vector<RunRecord> runs;
-  for (const std::string path : {"a|b\n## injected", "plain"})
+  for (const std::string path : {"a|b\n## injected", "plain\\|c"})
     for (int s = 1; s <= 2; ++s) {
       RunRecord r;
       r.run_id = "r" + std::to_string(runs.size());
@@ -297,7 +297,8 @@ TEST_CASE("report --by: a value with '|' or a newline stays in its cell", "[repo
   const std::string md = to_markdown(aggregate(runs, {"train.seed"}));
   INFO(md);
   CHECK(md.find("\n## injected") == std::string::npos);
-  CHECK_THAT(md, Catch::Contains("a\\|b"));
+  CHECK_THAT(md, Catch::Contains("a\\|b\\\\x0a## injected"));  // shows a|b\x0a## injected
+  CHECK_THAT(md, Catch::Contains("plain\\\\\\|c"));            // a\|b shows as written, in one cell
   size_t table_lines = 0;
   std::istringstream lines(md);
   for (std::string l; std::getline(lines, l);) table_lines += !l.empty() && l.front() == '|';

@@ -406,8 +406,13 @@ void finalize_after_failure(int exit_code) {
   // DTRAIN_FINALIZE_GRACE_S (0-3600) sets the grace: a test of the net, a slow file system.
   double grace = kFinalizeGraceS;
   if (const char* g = std::getenv("DTRAIN_FINALIZE_GRACE_S")) {
-    const double s = std::strtod(g, nullptr);
-    if (s >= 0 && s <= 3600) grace = s;
+    char* end = nullptr;
+    const double s = std::strtod(g, &end);
+    if (end != g && *end == '\0' && s >= 0 && s <= 3600)
+      grace = s;
+    else  // not 0 s (the job ended at once) for a typo: the default, and why
+      fmt::print(stderr, "dtrain: DTRAIN_FINALIZE_GRACE_S='{}' is not 0 to 3600 seconds; {} s\n",
+                 printable(g, true), kFinalizeGraceS);
   }
   std::thread([exit_code, grace] {
     std::this_thread::sleep_for(std::chrono::duration<double>(grace));

@@ -892,11 +892,15 @@ std::vector<Field> aggregate_fields(const Aggregate& a, const AggregateRow& r) {
   return f;
 }
 
-// Text as one cell of a Markdown table: controls as \xHH (a newline would end the row), '|'
-// escaped (it would start another cell). Config values reach --by tables as written.
+// Text as one cell of a Markdown table: controls as \xHH (printable; a newline would end the
+// row), '|' escaped (it would start another cell), and '\' (it would escape what follows).
+// Config values reach --by tables as written.
 std::string md_cell(const std::string& text) {
   std::string out;
-  for (const char c : printable(text)) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  for (const char c : printable(text, true)) {
+    if (c == '|' || c == '\\') out += '\\';
+    out += c;
+  }
   return out;
 }
 
