@@ -438,6 +438,15 @@ TEST_CASE("a resume whose saved config no longer reads starts over instead of fa
   CHECK(other.code == 0);
   CHECK_THAT(other.out, Catch::Contains("none of this command's runs is among those of --tag v") &&
                             Catch::Contains("(v-g1)"));
+  // Runs the tag's index lists whose folders were never made (the command ended while
+  // planning): they start, and the log says the command had not started them, not that they
+  // are another command's.
+  fs::remove_all(fs::path(res) / "rf" / "v-g1");
+  const auto again = dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag v --resume");
+  INFO(again.out);
+  CHECK(again.code == 0);
+  CHECK_THAT(again.out, Catch::Contains("ended before its first run started"));
+  CHECK_THAT(again.out, !Catch::Contains("none of this command's runs"));
 }
 
 // A config of at most 1 MiB may resolve to more (every layer's keys written out): the run's own

@@ -467,9 +467,17 @@ std::string plan_folders(const RunOptions& opt, Sweep& s) {
   if (opt.resume && s.leader && !any_found && refusal.empty()) {
     const fs::path exp = fs::path(opt.results) / s.runs.front().config.name;
     std::vector<std::string> ids;  // the tag's runs of earlier commands, by their index
-    for (const IndexRow& r : read_index((exp / ("index-" + s.tag + ".csv")).string()))
+    bool planned = false;          // one of this command's runs among them, never started
+    for (const IndexRow& r : read_index((exp / ("index-" + s.tag + ".csv")).string())) {
       if (ids.size() < 8) ids.push_back(r.id);
-    if (ids.empty())
+      for (const auto& run : s.runs) planned = planned || r.id == run_id(s.tag, run);
+    }
+    if (planned)
+      log().info(
+          "--resume: the earlier command of --tag {} ended before its first run "
+          "started; every run starts from the beginning",
+          s.tag);
+    else if (ids.empty())
       log().warn("--resume: no run of --tag {} in {} yet; every run starts from the beginning",
                  s.tag, exp.string());
     else
