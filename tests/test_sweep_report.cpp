@@ -242,6 +242,15 @@ TEST_CASE("report --plots on a one-epoch run says nothing of gnuplot's ranges", 
   const auto bad = dtrain_cli("report " + res.string() + " --plots --out " + out.string());
   INFO(bad.out);
   CHECK(bad.code == 1);
+  CHECK_THAT(bad.out, Catch::Contains("1 run's metrics.csv could not be read"));
+  CHECK_THAT(bad.out, !Catch::Contains("could not be drawn"));  // no figure failed
+  // A missing one is named the same way: the run's curves left out, exit 1.
+  fs::remove(csv);
+  const auto gone = dtrain_cli("report " + res.string() + " --plots --out " + out.string());
+  INFO(gone.out);
+  CHECK(gone.code == 1);
+  CHECK_THAT(gone.out, Catch::Contains("metrics.csv") &&
+                           Catch::Contains("1 run's metrics.csv could not be read"));
 }
 
 TEST_CASE("report --plots draws each run's devices.csv, passing over rows that are not dtrain's",

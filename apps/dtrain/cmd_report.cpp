@@ -99,10 +99,21 @@ void remove_previous_report(const std::string& out, const fs::path& manifest) {
   fs::remove_all(fs::path(out) / "data");
 }
 
-// Draws the figures of one experiment; returns how many could not be drawn, and how many runs'
-// metrics.csv could not be read (counted as an unreadable summary is: exit 1).
-int write_figures(const Comparison& cmp, const std::string& stem_name, const std::string& out,
-                  std::string& index, std::vector<std::string>& written) {
+// What went wrong in an experiment's report, each counted for the exit code (1) and its line.
+struct ReportTrouble {
+  int figures = 0;  // figures gnuplot could not draw
+  int metrics = 0;  // runs whose metrics.csv is missing or damaged (their curves left out)
+  ReportTrouble& operator+=(const ReportTrouble& o) {
+    figures += o.figures;
+    metrics += o.metrics;
+    return *this;
+  }
+};
+
+// Draws the figures of one experiment.
+ReportTrouble write_figures(const Comparison& cmp, const std::string& stem_name,
+                            const std::string& out, std::string& index,
+                            std::vector<std::string>& written) {
   std::map<std::string, std::vector<EpochRow>> metrics;
   int unreadable = 0;
   for (const auto& row : cmp.rows) {
@@ -138,7 +149,7 @@ int write_figures(const Comparison& cmp, const std::string& stem_name, const std
     std::fprintf(stderr, "dtrain: warning: %s\n", f.c_str());
     index += "\n" + f + ".\n";
   }
-  return unreadable + static_cast<int>(plots.failures.size());
+  return {static_cast<int>(plots.failures.size()), unreadable};
 }
 
 // --batch-law --plots: the law's figure as STEM.png and .svg; returns 1 where gnuplot failed.
@@ -191,12 +202,12 @@ void write_aggregate(const std::string& name, const std::string& stem_name,
                to_csv(agg), to_json(agg), out, index, written);
 }
 
-// Writes one experiment's tables (and figures) as STEM.*; returns how many figures failed.
+// Writes one experiment's tables (and figures) as STEM.*.
 // `ref`: the reference convergence points its runs are judged against (--reference), or null.
-int write_experiment(const std::string& name, const std::string& stem_name,
-                     const std::vector<RunRecord>& runs, const ReportOptions& opt,
-                     const Reference* ref, const std::string& out, std::string& index,
-                     std::vector<std::string>& written) {
+ReportTrouble write_experiment(const std::string& name, const std::string& stem_name,
+                               const std::vector<RunRecord>& runs, const ReportOptions& opt,
+                               const Reference* ref, const std::string& out, std::string& index,
+                               std::vector<std::string>& written) {
   bool has_baseline = false;
   for (const auto& r : runs) has_baseline = has_baseline || r.run_id == opt.baseline;
   const auto cmp = compare(runs, has_baseline ? opt.baseline : "");
@@ -213,17 +224,17 @@ int write_experiment(const std::string& name, const std::string& stem_name,
     write_tables(name + ", reference convergence points", stem_name + "-reference",
                  to_markdown(own), to_csv(own), to_json(own), out, index, written);
   }
-  const int failed =
-      law && opt.plots
-          ? write_law_figure(*law, name, stem_name + "-batch-law", out, index, written)
-          : 0;
+  ReportTrouble trouble;
+  if (law && opt.plots)
+    trouble.figures = write_law_figure(*law, name, stem_name + "-batch-law", out, index, written);
   if (ref) {
     const auto checks = check_against(*ref, runs);
     write_tables(name + ", against the reference", stem_name + "-vs-reference",
                  checks_markdown(*ref, checks), checks_csv(checks), checks_json(checks), out,
                  index, written);
   }
-  return failed + (opt.plots ? write_figures(cmp, stem_name, out, index, written) : 0);
+  if (opt.plots) trouble += write_figures(cmp, stem_name, out, index, written);
+  return trouble;
 }
 
 // --reference: each experiment's reference convergence points from the study's runs of the
@@ -313,7 +324,8 @@ int run_report(const ReportOptions& opt) {
       opt.out.empty() ? (fs::path(opt.paths.front()) / "report").string() : opt.out;
   refuse_run_folder_output(out, "--out", /*folder=*/true);
 
-  int unreadable = 0, plot_failures = 0;
+  int unreadable = 0;
+  ReportTrouble trouble;
   const RunsByExperiment by_experiment = read_runs(dirs, unreadable);
   if (!opt.baseline.empty()) {
     bool found = false;
@@ -344,24 +356,24 @@ int run_report(const ReportOptions& opt) {
     const int n = ++stems[base];
     const std::string stem_name = n == 1 ? base : fmt::format("{}-{}", base, n);
     const auto ref = refs.find(name);
-    plot_failures += write_experiment(name, stem_name, runs, opt,
-                                      ref == refs.end() ? nullptr : &ref->second, out, index,
-                                      written);
+    trouble += write_experiment(name, stem_name, runs, opt,
+                                ref == refs.end() ? nullptr : &ref->second, out, index, written);
   }
   write_file_atomic((fs::path(out) / "index.md").string(), index);
   write_file_atomic(manifest.string(), fmt::format("{}\n", fmt::join(written, "\n")));
   fmt::print("\n(report written to {}/)\n", printable(out, true));
-  if (unreadable) {
+  if (unreadable)
     std::fprintf(stderr, "dtrain: %d run folder%s could not be read; see the warnings above\n",
                  unreadable, unreadable == 1 ? "" : "s");
-    return 1;
-  }
-  if (plot_failures) {
+  if (trouble.metrics)
+    std::fprintf(stderr,
+                 "dtrain: %d run%s metrics.csv could not be read (curves left out); see the "
+                 "warnings above\n",
+                 trouble.metrics, trouble.metrics == 1 ? "'s" : "s'");
+  if (trouble.figures)
     std::fprintf(stderr, "dtrain: %d figure%s could not be drawn; see the warnings above\n",
-                 plot_failures, plot_failures == 1 ? "" : "s");
-    return 1;
-  }
-  return 0;
+                 trouble.figures, trouble.figures == 1 ? "" : "s");
+  return unreadable || trouble.metrics || trouble.figures ? 1 : 0;
 }
 
 }  // namespace dtrain::cli
