@@ -149,6 +149,37 @@ TEST_CASE("a checkpoint of another model or replica count is refused", "[checkpo
   CHECK(refused(c).find("checkpoint: BatchNorm state of another model") == 0);
 }
 
+// The benchmarks' Python reader (scripts/bench/dtrain_checkpoint.py, which the same-start
+// checks against PyTorch use) accepts the version this dtrain writes: a version bumped here
+// without it would make those checks refuse every checkpoint. Where numpy is at hand, it
+// reads one and finds its parameters.
+TEST_CASE("the benchmarks' checkpoint reader knows the version written", "[checkpoint]") {
+  Config cfg = stateful_config(OptimizerType::adamw);
+  Keep keep;
+  train(cfg, load_data(cfg.data, cfg.train.seed), &keep);
+  const std::string bytes = encode_checkpoint(keep.all.back());
+  const std::string header = bytes.substr(0, bytes.find('\n') + 1);  // "dtrain checkpoint N\n"
+  const std::string version = header.substr(header.rfind(' ') + 1);
+  const std::string reader = slurp(source_dir() + "/scripts/bench/dtrain_checkpoint.py");
+  INFO(header);
+  CHECK_THAT(reader, Catch::Contains("b\"" + version.substr(0, version.size() - 1) + "\\n\""));
+  if (std::system("python3 -c 'import numpy' > /dev/null 2>&1") != 0) {
+    WARN("SKIPPED: reading it in Python needs numpy (python3-numpy)");
+    return;
+  }
+  TempDir d("ck-python");
+  const std::string path = (d.path / "checkpoint.bin").string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  const auto r = shell("cd " + source_dir() +
+                       "/scripts/bench && python3 -c 'import sys, "
+                       "dtrain_checkpoint as c; print(len(c.read_checkpoint(sys.argv[1])"
+                       "[\"params\"]))' " +
+                       path);
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out == std::to_string(keep.all.back().params.size()) + "\n");
+}
+
 TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[checkpoint]") {
   Config cfg = stateful_config(OptimizerType::adamw);
   const DataSplit data = load_data(cfg.data, cfg.train.seed);
