@@ -688,11 +688,27 @@ TEST_CASE("kill -9 while a resume copies its checkpoint: the next resume continu
   const auto r = dtrain_cli(args + " --resume");
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK_THAT(r.out, Catch::Contains("has no checkpoint; continuing from the one kept in") &&
+  CHECK_THAT(r.out, Catch::Contains("has no checkpoint; continuing from the checkpoint kept in") &&
                         Catch::Contains("resume: continuing at epoch"));
   CHECK(numeric_columns(run / "metrics.csv") == want);
   for (const auto& e : fs::directory_iterator(fs::path(res) / "ck" / ".attempts"))
     CHECK_FALSE(fs::exists(e.path() / "checkpoint.bin"));
+  // Killed after the old folder was moved aside and before the new one was made (a rename
+  // away, as the resume's own): the folder is gone, the checkpoint kept beside it is found.
+  const std::string args_u = "run " + cfg + " --results " + res + " --tag u";
+  const fs::path run_u = fs::path(res) / "ck" / "u-g2";
+  const pid_t third = start(args_u);
+  REQUIRE(wait_rows(run_u / "metrics.csv", 4, third));
+  kill(third, SIGKILL);
+  CHECK(exit_code(third) == 137);
+  fs::rename(run_u, fs::path(res) / "ck" / ".attempts" / "u-g2.1");
+  const auto gone = dtrain_cli(args_u + " --resume");
+  INFO(gone.out);
+  REQUIRE(gone.code == 0);
+  CHECK_THAT(gone.out, Catch::Contains("is gone (a resume moved it aside and stopped); "
+                                       "continuing from the checkpoint kept in"));
+  CHECK_THAT(gone.out, !Catch::Contains("starts from the beginning"));
+  CHECK(numeric_columns(run_u / "metrics.csv") == want);
 }
 
 TEST_CASE("kill -9 at any point, even inside a checkpoint write, then --resume: same bits",

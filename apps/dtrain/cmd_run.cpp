@@ -439,6 +439,16 @@ IndexRow index_row(const std::string& tag, const PlannedRun& r, const std::strin
   return {run_id(tag, r), status, r.group, ov, dir, r.config.gpus};
 }
 
+// Whether an earlier --resume moved run folder `dir` aside (<experiment>/.attempts/<run>.N).
+bool moved_aside(const std::string& dir) {
+  const fs::path run(dir), attic = run.parent_path() / ".attempts";
+  const std::string head = run.filename().string() + ".";
+  std::error_code ec;
+  for (fs::directory_iterator it(attic, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind(head, 0) == 0) return true;
+  return false;
+}
+
 // Each run's folder, and what rank 0 finds there: a finished run that --resume skips, or why
 // the command is refused (returned, "" if it is not). Everything that can be checked is checked
 // before the first step of the first run; the first refusal ends the planning.
@@ -460,7 +470,7 @@ std::string plan_folders(const RunOptions& opt, Sweep& s) {
     refusal = plan.compare ? differs_from_finished(dir, r.config) : plan.refusal;
     s.index.push_back(index_row(s.tag, r, dir, s.skip[i] ? status : "pending"));
     s.dirs.push_back(dir);
-    any_found = any_found || found.exists;
+    any_found = any_found || found.exists || moved_aside(dir);
   }
   // Not an error (a sweep may be resumed before its first run started), but a typo in --tag or
   // --results would otherwise train everything again without a word.
@@ -641,25 +651,29 @@ void open_folder(const RunOptions& opt, const Sweep& s, size_t i, const DataSpli
                  RunHold& h) {
   const auto& r = s.runs[i];
   std::string attempt, refusal, kept_in;
-  if (s.leader && opt.resume && fs::exists(s.dirs[i])) {
+  // A folder that is gone may have been moved aside by a resume killed before it made the
+  // new one: the checkpoint kept there is looked for all the same.
+  const bool exists = s.leader && opt.resume && fs::exists(s.dirs[i]);
+  if (s.leader && opt.resume) {
     // A damaged checkpoint, or one of other data, stops here: nothing is moved. Under a
     // launcher every rank learns why and stops with the same one line (exit 2), rather than
     // rank 0 alone, which would abort the job.
     try {
-      h.resume_from = resumable(s.dirs[i], r.config, data);
+      if (exists) h.resume_from = resumable(s.dirs[i], r.config, data);
       std::error_code ec;
       if (!h.resume_from && !fs::exists(fs::symlink_status(checkpoint_path(s.dirs[i]), ec)))
         if (auto kept = kept_checkpoint(s.dirs[i], r.config, data)) {
           h.resume_from = std::move(kept->first);
           kept_in = kept->second;
-          log().info("resume: {} has no checkpoint; continuing from the one kept in {}", s.dirs[i],
+          log().info("resume: {} {}; continuing from the checkpoint kept in {}", s.dirs[i],
+                     exists ? "has no checkpoint" : "is gone (a resume moved it aside and stopped)",
                      kept_in);
         }
     } catch (const UserError& e) {
       if (!s.multi) throw;
       refusal = e.what();
     }
-    if (refusal.empty()) attempt = move_aside(s.dirs[i], unfinished_as(h.earlier));
+    if (refusal.empty() && exists) attempt = move_aside(s.dirs[i], unfinished_as(h.earlier));
   }
   if (s.multi) {  // every rank continues from rank 0's checkpoint, or stops with its refusal
     std::string bytes = !refusal.empty()  ? "R" + refusal
