@@ -442,6 +442,7 @@ TEST_CASE("a resume whose saved config no longer reads starts over instead of fa
   // planning): they start, and the log says the command had not started them, not that they
   // are another command's.
   fs::remove_all(fs::path(res) / "rf" / "v-g1");
+  fs::remove_all(fs::path(res) / "rf" / ".attempts");  // else its checkpoint would be looked for
   const auto again = dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag v --resume");
   INFO(again.out);
   CHECK(again.code == 0);
