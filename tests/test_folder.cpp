@@ -351,6 +351,26 @@ TEST_CASE("the decode budget bounds the pixels held at once, and lets one large 
   CHECK(most.load() <= 800);
   { const DecodeBudget::Hold alone(b, 5000); }
   CHECK(b.peak() == 5000);
+  // A wait that its pipeline cancels ends at once (DecodeCancelled), while the budget is held.
+  {
+    const DecodeBudget::Hold big(b, 900);
+    std::atomic<bool> cancel{false};
+    std::atomic<bool> gave_up{false};
+    std::thread waiter([&] {
+      try {
+        const DecodeBudget::Hold h(b, 400, &cancel);
+      } catch (const DecodeCancelled&) {
+        gave_up = true;
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(gave_up.load());  // still waiting: 900 + 400 would pass 1000
+    const auto t0 = std::chrono::steady_clock::now();
+    cancel = true;
+    waiter.join();
+    CHECK(gave_up.load());
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  }
   // make_sample draws on the process's budget: a 12x12 RGB PNG holds 432 bytes.
   TempTree t("budget");
   write_tree(t.dir, 60, 10);
@@ -442,7 +462,8 @@ TEST_CASE("folder: a run that skipped a bad file continues from its checkpoint",
   REQUIRE(shell(run + "whole").code == 0);
   const auto cut = shell("DTRAIN_FAULT=0:7 " + run + "cut");  // epoch 2, step 2
   REQUIRE(cut.code != 0);
-  const auto resumed = shell(run + "cut --resume");
+  // With other decode threads and prefetch, which change no sample.
+  const auto resumed = shell(run + "cut --resume data.workers=1 data.prefetch=3");
   INFO(resumed.out);
   REQUIRE(resumed.code == 0);
   CHECK_THAT(resumed.out, Catch::Contains("skipped"));

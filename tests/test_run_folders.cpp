@@ -421,12 +421,15 @@ TEST_CASE("a resume whose saved config no longer reads starts over instead of fa
   INFO(lr.out);
   CHECK(lr.code == 0);
   CHECK_THAT(lr.out, Catch::Contains("(it has 'lr: 0.02', this command asks for 'lr: 0.5')"));
-  // How often checkpoints are written changes no result: such a resume continues.
+  // How often checkpoints are written and how long a rank waits for the others change no
+  // result: such a resume continues (test_folder.cpp: the decode threads).
   REQUIRE(shell("DTRAIN_FAULT=0:3 " + dtrain_binary() + " run " + cfg +
                 " gpus=1 train.checkpoint_steps=2 --results " + res + " --tag v --quiet")
               .code == 1);
-  const auto every = dtrain_cli("run " + cfg + " gpus=1 train.checkpoint_steps=5 --results " + res +
-                                " --tag v --resume");
+  const auto every = dtrain_cli("run " + cfg +
+                                " gpus=1 train.checkpoint_steps=5 train.collective_timeout_s=600 "
+                                "--results " +
+                                res + " --tag v --resume");
   INFO(every.out);
   CHECK(every.code == 0);
   CHECK_THAT(every.out, Catch::Contains("resume: continuing at epoch 1, step 2"));

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -332,9 +333,14 @@ int64_t write_image_tree(const Dataset& train, const Dataset& test, const std::s
   return train.size() + test.size();
 }
 
-void DecodeBudget::acquire(int64_t bytes) {
+void DecodeBudget::acquire(int64_t bytes, const std::atomic<bool>* cancel) {
   std::unique_lock lk(mu_);
-  freed_.wait(lk, [&] { return held_ == 0 || held_ + bytes <= cap_; });
+  const auto fits = [&] { return held_ == 0 || held_ + bytes <= cap_; };
+  // The cancel flag is set without the lock: looked at every 20 ms while waiting.
+  while (!fits()) {
+    if (cancel && cancel->load()) throw DecodeCancelled();
+    freed_.wait_for(lk, std::chrono::milliseconds(20));
+  }
   held_ += bytes;
   peak_ = std::max(peak_, held_);
 }
@@ -357,7 +363,8 @@ DecodeBudget& DecodeBudget::process() {
   return budget;
 }
 
-void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t seed, float* out) {
+void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t seed, float* out,
+                 const std::atomic<bool>* cancel) {
   if (index < 0 || index >= static_cast<int64_t>(f.paths.size()))
     DTRAIN_THROW_SYSTEM(fmt::format("input: sample {} of {}", index, f.paths.size()));
   const std::string path = f.full_path(index);
@@ -381,7 +388,8 @@ void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t see
   const int64_t rows = std::strcmp(h.format, "PNG") == 0 ? h.height : reads.height;
   const DecodeBudget::Hold held(DecodeBudget::process(),
                                 static_cast<int64_t>(bytes.size()) +
-                                    decode_bytes(h, static_cast<int>(f.shape[0]), rows, shrink));
+                                    decode_bytes(h, static_cast<int>(f.shape[0]), rows, shrink),
+                                cancel);
   const ImagePart part = decode_image_part(bytes.data(), bytes.size(), static_cast<int>(f.shape[0]),
                                            h, reads, path, !seen_whole, shrink);
   if (!seen_whole && f.whole_reads) f.whole_reads->add(path);

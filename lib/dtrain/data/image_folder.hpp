@@ -3,6 +3,7 @@
 // torchvision's ImageFolder, in which users keep their own data), listed once and decoded as
 // batches use them (pipeline.hpp). Class names are the training folder's subfolders, sorted;
 // a label is the class's position in that list.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -107,16 +108,21 @@ std::vector<uint8_t> read_image_bytes(const std::string& full_path, size_t limit
 // others hold so much that its image would pass the cap, except that one image alone always
 // goes ahead (at most kMaxImagePixels). Sixteen workers on 64-Mpixel PNGs held 3 GiB before.
 // A worker reads its file before it waits: at most kMaxImageFileBytes each outside the cap.
+// A wait that `cancel` (where given) ends early throws DecodeCancelled: a pipeline that stops
+// does not wait for images nobody will use to take their turn and decode.
 class DecodeBudget {
  public:
   explicit DecodeBudget(int64_t cap) : cap_(cap) {}
-  void acquire(int64_t bytes);
+  void acquire(int64_t bytes, const std::atomic<bool>* cancel = nullptr);
   void release(int64_t bytes);
   int64_t peak() const;  // the most held at once
   // `bytes` acquired for as long as it lives.
   class Hold {
    public:
-    Hold(DecodeBudget& b, int64_t bytes) : b_(b), bytes_(bytes) { b_.acquire(bytes_); }
+    Hold(DecodeBudget& b, int64_t bytes, const std::atomic<bool>* cancel = nullptr)
+        : b_(b), bytes_(bytes) {
+      b_.acquire(bytes_, cancel);
+    }
     ~Hold() { b_.release(bytes_); }
     Hold(const Hold&) = delete;
     Hold& operator=(const Hold&) = delete;
@@ -135,14 +141,19 @@ class DecodeBudget {
   int64_t held_ = 0, peak_ = 0;
 };
 constexpr int64_t kDecodeBudgetBytes = int64_t{1} << 30;
+struct DecodeCancelled : std::exception {
+  const char* what() const noexcept override { return "decode cancelled: the input stopped"; }
+};
 
 // The contents of root/path decoded to `channels` channels. UserError naming the file for
 // what cannot be read or decoded (see decode_image).
 Image read_image_file(const std::string& full_path, int channels);
 
 // Sample `index` of `files` as its transform makes it, in epoch `epoch` of a run seeded `seed`
-// (the evaluation transform draws nothing): features() floats into `out`.
-void make_sample(const ImageFiles& files, int64_t index, int64_t epoch, uint64_t seed, float* out);
+// (the evaluation transform draws nothing): features() floats into `out`. Throws
+// DecodeCancelled where `cancel` is set while it waits for the decode budget.
+void make_sample(const ImageFiles& files, int64_t index, int64_t epoch, uint64_t seed, float* out,
+                 const std::atomic<bool>* cancel = nullptr);
 
 // The whole of dataset: folder: both splits as lists with their transforms (the per-channel
 // statistics given in data.mean and data.std, else measured on up to 256 training images

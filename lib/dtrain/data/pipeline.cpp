@@ -43,6 +43,7 @@ void ImagePipeline::shut_down() {
     stopping_ = true;
     count_ = 0;
   }
+  cancel_ = true;  // what waits for the decode budget gives up
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
@@ -51,7 +52,11 @@ void ImagePipeline::shut_down() {
 void ImagePipeline::stop() {
   std::unique_lock lock(m_);
   running_ = false;  // nothing more is claimed or planned
+  // Samples still waiting for the decode budget are not decoded: with large images, each
+  // taking its turn made a Ctrl-C wait half a minute.
+  cancel_ = true;
   done_cv_.wait(lock, [&] { return in_flight_ == 0; });
+  cancel_ = false;
   plan_ = nullptr;
 }
 
@@ -121,7 +126,7 @@ void ImagePipeline::work() {
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr error;
     try {
-      make_sample(*files_, index, epoch, seed, slot->x.data() + row * features_);
+      make_sample(*files_, index, epoch, seed, slot->x.data() + row * features_, &cancel_);
       slot->y[static_cast<size_t>(row)] = labels_[static_cast<size_t>(index)];
     } catch (const UserError& e) {  // a file that does not decode, met during training
       error = std::make_exception_ptr(UserError(fmt::format(

@@ -3,6 +3,7 @@
 // batches, up to `prefetch` batches ahead of the one in use, into host buffers. A sample's
 // pixels depend on (seed, epoch, its index) alone and each is written to its own row, so any
 // worker count gives the same batches, bit for bit.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -77,6 +78,7 @@ class ImagePipeline {
   int64_t next_take_ = 0;  // the next batch next() returns
   int in_flight_ = 0;      // samples being decoded now
   bool running_ = false;   // a sequence is under way
+  std::atomic<bool> cancel_{false};  // set by stop(): samples waiting to decode give up
   bool stopping_ = false;  // the pipeline is being destroyed
   int64_t decoded_ = 0;
   double busy_s_ = 0;

@@ -42,6 +42,11 @@ std::string resume_identity(const std::string& yaml) {
     c.train.trace = {};  // a trace observes the run; it changes no result
     c.train.telemetry_ms = TrainConfig{}.telemetry_ms;  // neither does the device sampler
     c.train.checkpoint_steps = 0;                       // nor how often a checkpoint is written
+    // nor how long a rank waits for the others, nor how many threads decode images and how
+    // far ahead (a sample's crop depends on the seed, epoch and index alone)
+    c.train.collective_timeout_s = TrainConfig{}.collective_timeout_s;
+    c.data.workers = DataConfig{}.workers;
+    c.data.prefetch = DataConfig{}.prefetch;
     return to_yaml(c);
   } catch (const UserError&) {
     return yaml;
