@@ -224,6 +224,32 @@ TEST_CASE("under mpirun, a rank that ends alone ends the job after the grace", "
   CHECK(secs < 8);       // the 1 s grace (1.5 s here), not the 10 s default
 }
 
+// A rank that hangs before training (stuck on a file system, stopped) held the others in a
+// blocking broadcast for ever: the steps before training wait train.collective_timeout_s too.
+TEST_CASE("under mpirun, a rank that hangs before training ends the job after the timeout",
+          "[mpi]") {
+  if (const auto why = mpirun_missing(); !why.empty()) {
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  TempDir d("mpi-stall");
+  const auto cfg = write_config(d.path, 1);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r =
+      shell("DTRAIN_FAULT=stall:1 DTRAIN_FINALIZE_GRACE_S=1 timeout 100 " + mpirun(2) +
+            dtrain::test::dtrain_binary() + " run " + cfg +
+            " gpus=2 train.collective_timeout_s=2 --results " + (d.path / "res").string());
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.code != 124);  // not the timeout's
+  CHECK_THAT(r.out, Catch::Contains("dtrain: error: rank 0") &&
+                        Catch::Contains("for the other ranks in the") &&
+                        Catch::Contains("train.collective_timeout_s"));
+  CHECK(secs < 20);
+}
+
 TEST_CASE("ranks under mpirun given other configs are refused together at once", "[mpi]") {
   if (const auto why = mpirun_missing(); !why.empty()) {
     WARN("SKIPPED: " << why);

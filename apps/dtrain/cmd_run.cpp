@@ -402,6 +402,16 @@ void agree_on_plan(const RunOptions& opt, const Sweep& s, std::string refusal) {
   if (!refusal.empty()) throw UserError(refusal);
 }
 
+// DTRAIN_FAULT=stall:R (a test facility): rank R of a launched job stops before the ranks
+// compare their plans, as one stuck on a file system would, until a signal ends it; the others
+// give up after train.collective_timeout_s.
+void stall_if_asked(bool multi) {
+  int rank = -1;
+  const char* f = std::getenv("DTRAIN_FAULT");
+  if (!multi || !f || std::sscanf(f, "stall:%d", &rank) != 1 || rank != mpi::rank()) return;
+  while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 // The runs of this command, checked against the launcher's process count.
 Sweep plan_sweep(const RunOptions& opt) {
   // Under mpirun/srun every process runs this command; rank 0 alone touches the results folder.
@@ -414,6 +424,11 @@ Sweep plan_sweep(const RunOptions& opt) {
     if (opt.resume && opt.tag.empty())
       throw UserError("--resume needs --tag: it continues the runs of an earlier command by name");
     s.runs = plan_runs(opt.config, opt.overrides);
+    // The steps before and between runs wait for the other ranks as long as training does.
+    double timeout = 0;
+    for (const auto& r : s.runs) timeout = std::max(timeout, r.config.train.collective_timeout_s);
+    mpi::set_planning_timeout(timeout);
+    stall_if_asked(s.multi);
     s.tag = folder_tag(opt.tag, "", s.leader);
   } catch (const UserError& e) {
     if (!s.multi) throw;

@@ -261,6 +261,12 @@ int run_command(const Command& cmd) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(e.what()).c_str());
     return 1;
+  } catch (const dtrain::Aborted& e) {
+    // Another rank failed, or did not answer within train.collective_timeout_s: the job's
+    // situation, named by the rank that saw it, not a bug.
+    dtrain::clear_progress();
+    std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::one_line(e.what()).c_str());
+    return 1;
   } catch (const std::system_error& e) {
     // stdout's reader gone (SIGPIPE is ignored while a run trains): ended as that signal
     // would have ended it, after everything was recorded.

@@ -457,22 +457,58 @@ std::unique_ptr<Communicator> world(double timeout_s) {
   return std::make_unique<MpiComm>(timeout_s);
 }
 
+namespace {
+double g_planning_timeout_s = 300;  // train.collective_timeout_s's default
+
+// Waits for one collective of the steps before and between runs, posted nonblocking: a rank
+// that hangs there (stopped, or stuck on a file system) would otherwise hold the others in a
+// blocking call for ever. Gives up after the planning timeout, naming it (Aborted); the
+// failure path then ends the job.
+void wait_planning(MPI_Request& req, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > g_planning_timeout_s)
+      throw Aborted(
+          fmt::format("{}: waited {:.0f} s for the other ranks in the {} before "
+                      "training (one hung, gone, or cut off; "
+                      "train.collective_timeout_s)",
+                      who(g_rank), waited, what));
+    // Planning waits on other ranks' file work: yield the core after a short spin.
+    if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+}  // namespace
+
+void set_planning_timeout(double seconds) {
+  if (seconds > 0) g_planning_timeout_s = seconds;
+}
+
 void broadcast(std::string& text, int root) {
   // A 64-bit length, then chunks an int can count (a checkpoint may pass 2 GiB).
   uint64_t len = text.size();
-  MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, root, MPI_COMM_WORLD));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Ibcast(&len, 1, MPI_UINT64_T, root, MPI_COMM_WORLD, &req));
+  wait_planning(req, "broadcast of rank 0's decisions");
   text.resize(static_cast<size_t>(len));
   constexpr uint64_t kChunk = uint64_t{1} << 30;
   for (uint64_t at = 0; at < len; at += kChunk) {
     const auto n = static_cast<int>(std::min(kChunk, len - at));
-    MPI_CHECK(MPI_Bcast(text.data() + at, n, MPI_CHAR, root, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Ibcast(text.data() + at, n, MPI_CHAR, root, MPI_COMM_WORLD, &req));
+    wait_planning(req, "broadcast of rank 0's decisions");
   }
 }
 
 std::string first_refusal(const std::string& mine) {
   const int candidate = mine.empty() ? g_size : g_rank;
   int first = g_size;
-  MPI_CHECK(MPI_Allreduce(&candidate, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Iallreduce(&candidate, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req));
+  wait_planning(req, "check that every rank can go on");
   if (first == g_size) return "";
   std::string text = first == g_rank ? mine.substr(0, 4096) : "";  // one line's worth
   broadcast(text, first);
@@ -536,6 +572,7 @@ std::string placement() {
 std::unique_ptr<Communicator> world(double) {
   DTRAIN_THROW_SYSTEM("MPI is not built in");
 }
+void set_planning_timeout(double) {}
 void broadcast(std::string&, int) {}
 std::string first_refusal(const std::string& mine) {
   return mine;

@@ -57,11 +57,15 @@ int size();
 // multi-process and in-process runs give bit-identical results.
 std::unique_ptr<Communicator> world(double timeout_s);
 
+// The collectives below wait at most this long for the other ranks (train.collective_timeout_s;
+// its default until a command sets it), then throw Aborted naming the wait.
+void set_planning_timeout(double seconds);
+
 // Rank `root` (0 unless given) sends `text` to all ranks (for decisions only rank 0 can take,
 // e.g. about files).
 void broadcast(std::string& text, int root = 0);
 
-// Collective, blocking: each rank gives why it cannot go on ("" if it can); every rank gets
+// Collective: each rank gives why it cannot go on ("" if it can); every rank gets
 // the lowest such rank's reason ("rank R (host): reason" when R is not 0), or "" when no rank
 // has one. For steps before training, where a rank failing alone would leave others waiting.
 std::string first_refusal(const std::string& mine);
