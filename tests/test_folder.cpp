@@ -448,9 +448,11 @@ TEST_CASE("folder: a run that skipped a bad file continues from its checkpoint",
   // has 5 steps of 40 where the listing alone would say 6. The checkpoint's position is checked
   // against the 5.
   TempTree t("resume-skip");
-  write_tree(t.dir, 200, 16);
+  write_tree(t.dir, 199, 16);  // and one more below, in a fifth class
   const fs::path one = *fs::directory_iterator(t.dir / "train" / "0");
   write_bytes(t.dir / "train" / "0" / "zz-cut.png", slurp(one).substr(0, 100));
+  // A class whose folder name holds a newline: one line of classes.txt, the byte as \x0a.
+  write_bytes(t.dir / "train" / "x\ny" / "a.png", slurp(one));
   const std::string cfg = (t.dir / "run.yaml").string();
   put(cfg, fmt::format("name: skip\ngpus: 2\ndata: {{dataset: folder, path: {}, shape: [3, 8, 8], "
                        "on_bad_file: skip, drop_remainder: false}}\nmodel: {{type: mlp, hidden: "
@@ -468,6 +470,7 @@ TEST_CASE("folder: a run that skipped a bad file continues from its checkpoint",
   REQUIRE(resumed.code == 0);
   CHECK_THAT(resumed.out, Catch::Contains("skipped"));
   const fs::path exp = t.dir / "res" / "skip";
+  CHECK(slurp(exp / "whole-g2" / "classes.txt") == "0\n1\n2\n3\nx\\x0ay\n");
   CHECK(numeric_columns(exp / "cut-g2" / "metrics.csv") ==
         numeric_columns(exp / "whole-g2" / "metrics.csv"));
 }

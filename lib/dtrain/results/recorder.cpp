@@ -196,13 +196,13 @@ RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group,
 RunRecorder::~RunRecorder() = default;
 
 namespace {
-// One entry per line, where there are any; a control character in a file name (a newline
-// would split an entry) is written as '?'.
+// One entry per line, where there are any; a control character or invalid UTF-8 in a file
+// name (a newline would split an entry) is written as \xNN, so that two such names stay apart.
 void write_lines(const std::string& path, const std::vector<std::string>& lines) {
   if (lines.empty()) return;
   std::string text;
   for (const std::string& l : lines) {
-    text += printable(l) + '\n';
+    text += printable(l, true) + '\n';
   }
   write_file_atomic(path, text);
 }
