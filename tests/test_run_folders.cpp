@@ -166,6 +166,22 @@ TEST_CASE("a --resume of part of a sweep keeps every planned run in the index an
   CHECK(table.find("s-g2") != std::string::npos);
 }
 
+// A run folder that cannot be written whole (a full disk; here a file-size limit, with SIGXFSZ
+// ignored as a shell's trap leaves it) is marked failed, not left "running" with no summary.
+TEST_CASE("a run folder that cannot be written whole is marked failed", "[resume][cli]") {
+  TempDir d("rf-cannot-write");
+  const std::string cfg = sweep_config(d);
+  const auto res = (d.path / "res").string();
+  const auto r = shell("trap '' XFSZ; ulimit -f 2; " + dtrain_binary() + " run " + cfg +
+                       " gpus=1 --results " + res + " --tag t");
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Catch::Contains("cannot write config.resolved.yaml: File too large"));
+  const fs::path exp = fs::path(res) / "rf";
+  CHECK(slurp(exp / "t-g1" / "status") == "failed\n");
+  CHECK_THAT(slurp(exp / "index-t.csv"), Catch::Contains("t-g1,failed,"));
+}
+
 TEST_CASE("parse_csv reads what csv_escape writes", "[report]") {
   const std::vector<std::string> fields = {"plain", "a,b", "say \"hi\"", "two\nlines", ""};
   std::string line;

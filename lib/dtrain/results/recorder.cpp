@@ -183,14 +183,24 @@ RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group,
   }
   started_at_ = utc_now();
   t_start_ = std::chrono::steady_clock::now();
-  write_file_atomic(dir_ + "/status", "running\n");
-  write_file_atomic(dir_ + "/config.resolved.yaml", to_yaml(cfg_));
-  std::string ov;
-  for (const auto& o : overrides) ov += o.text() + "\n";
-  write_file_atomic(dir_ + "/overrides.txt", ov);
-  csv_ = metrics_csv_header();
-  write_file_atomic(dir_ + "/metrics.csv", csv_);
-  log_file_ = std::make_unique<RunLogFile>(dir_ + "/log");
+  try {
+    write_file_atomic(dir_ + "/status", "running\n");
+    write_file_atomic(dir_ + "/config.resolved.yaml", to_yaml(cfg_));
+    std::string ov;
+    for (const auto& o : overrides) ov += o.text() + "\n";
+    write_file_atomic(dir_ + "/overrides.txt", ov);
+    csv_ = metrics_csv_header();
+    write_file_atomic(dir_ + "/metrics.csv", csv_);
+    log_file_ = std::make_unique<RunLogFile>(dir_ + "/log");
+  } catch (...) {
+    // A folder that cannot be written whole (a full disk) is no run under way: marked failed
+    // where the disk still takes that much, as fail() would (no recorder is left to call it).
+    try {
+      write_file_atomic(dir_ + "/status", "failed\n");
+    } catch (const std::exception&) {
+    }
+    throw;
+  }
 }
 
 RunRecorder::~RunRecorder() = default;
