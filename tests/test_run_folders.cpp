@@ -111,6 +111,32 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
   CHECK(!fs::exists(fs::path(res) / "rf" / ".attempts" / "t-g2.1"));
 }
 
+// Two commands of one tag at once, each training its own part of the sweep: each saves the
+// index with the other's rows as they are now, not as they were when it started.
+TEST_CASE("two commands of one tag at once keep each other's rows in the index", "[resume][cli]") {
+  TempDir d("rf-two");
+  const std::string cfg = sweep_config(d, 25);
+  const auto res = (d.path / "res").string();
+  auto a = std::async(std::launch::async, [&] {
+    return shell("DTRAIN_SLOW=0:optimizer:100 " + dtrain_binary() + " run " + cfg +
+                 " gpus=1 --results " + res + " --tag t --quiet");
+  });
+  const fs::path exp = fs::path(res) / "rf";
+  REQUIRE(wait_for(exp / "t-g1" / "status", 60));
+  const auto b =
+      dtrain_cli("run " + cfg + " gpus=2 --results " + res + " --tag t --resume --quiet");
+  INFO(b.out);
+  REQUIRE(b.code == 0);
+  const bool in_time = slurp(exp / "t-g1" / "status") == "running\n";
+  const auto ra = a.get();
+  INFO(ra.out);
+  REQUIRE(ra.code == 0);
+  if (!in_time) FAIL("race lost: t-g1 had ended before the second command did");
+  const std::string index = slurp(exp / "index-t.csv");
+  INFO(index);
+  CHECK_THAT(index, Catch::Contains("\nt-g1,done,") && Catch::Contains("\nt-g2,done,"));
+}
+
 TEST_CASE("a planted .attempts link or a link among the attempts is refused, nothing moved",
           "[resume][cli]") {
   TempDir d("rf-attic");

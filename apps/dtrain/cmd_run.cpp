@@ -603,11 +603,14 @@ class TagIndex {
     for (const auto& exp : earlier_) names.push_back(exp.first);
     return names;
   }
+  // Read again each time: another command of the tag (a --resume of another part of the
+  // sweep) may have written its rows since; the file as read at the start where it is gone.
   std::vector<IndexRow> rows(const std::string& name) const {
     std::vector<IndexRow> mine;
     for (size_t i = 0; i < s_.runs.size(); ++i)
       if (s_.runs[i].config.name == name) mine.push_back(s_.index[i]);
-    return merge_index(earlier_.at(name), mine);
+    std::vector<IndexRow> now = read_index(path(name));
+    return merge_index(now.empty() ? earlier_.at(name) : std::move(now), mine);
   }
   void save() const {
     if (!s_.leader) return;
