@@ -2,7 +2,9 @@
 // between planning and locking is not trained again, links planted in a results tree are
 // refused, the index keeps every planned run, names and tags with control characters are
 // refused, and damaged numbers in a run folder are named instead of projected.
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -48,6 +50,41 @@ bool wait_for(const fs::path& p, double seconds) {
   return false;
 }
 
+// A dtrain command started in the background that the test can pause (SIGSTOP) while another
+// command acts, so that "meanwhile" does not depend on how fast this machine is. It is always
+// let go again before the test waits for it, whatever the test's outcome.
+class Pausable {
+ public:
+  Pausable(const TempDir& d, const std::string& env_and_args) : pid_file_(d.path / "pausable.pid") {
+    const std::string cmd = "echo $$ > " + pid_file_.string() + "; exec env " + env_and_args;
+    done_ = std::async(std::launch::async, [cmd] { return shell(cmd); });
+  }
+  ~Pausable() {
+    resume();
+    if (done_.valid()) done_.wait();
+  }
+  Pausable(const Pausable&) = delete;
+  Pausable& operator=(const Pausable&) = delete;
+  void pause() {
+    std::ifstream in(pid_file_);
+    in >> pid_;
+    REQUIRE(pid_ > 1);
+    REQUIRE(::kill(pid_, SIGSTOP) == 0);
+  }
+  void resume() {
+    if (pid_ > 1) ::kill(pid_, SIGCONT);
+  }
+  ShellResult result() {
+    resume();
+    return done_.get();
+  }
+
+ private:
+  fs::path pid_file_;
+  pid_t pid_ = 0;
+  std::future<ShellResult> done_;
+};
+
 }  // namespace
 
 TEST_CASE("a resume skips a run that another command finished after this one planned it",
@@ -92,17 +129,16 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
   // DTRAIN_SLOW stretches t-g1's optimizer steps 100-fold, waiting: about 2 s for 25 epochs
   // (yielding the core: a stretch this short is not slept), about 40 s under ASan (sleeping);
   // 1000 epochs unstretched took 18 s of both cores (88 s under ASan).
-  auto a = std::async(std::launch::async, [&] {
-    return shell("DTRAIN_SLOW=0:optimizer:100 " + dtrain_binary() + " run " + cfg +
-                 " gpus=1,2 --results " + res + " --tag t --resume");
-  });
+  Pausable a(d, "DTRAIN_SLOW=0:optimizer:100 " + dtrain_binary() + " run " + cfg +
+                    " gpus=1,2 --results " + res + " --tag t --resume");
   REQUIRE(wait_for(fs::path(res) / "rf" / "t-g1" / "status", 60));
+  a.pause();
+  // The swap must land while A still trains t-g1; afterwards the test would prove nothing.
+  const bool in_time = slurp(fs::path(res) / "rf" / "t-g1" / "status") == "running\n";
   fs::rename(g2, d.path / "failed-g2");
   fs::copy(fs::path(ref) / "rf" / "t-g2", g2, fs::copy_options::recursive);
   const std::string finished = slurp(g2 / "summary.json");
-  // The swap must land while A still trains t-g1; afterwards the test would prove nothing.
-  const bool in_time = slurp(fs::path(res) / "rf" / "t-g1" / "status") == "running\n";
-  const auto r = a.get();
+  const auto r = a.result();
   INFO(r.out);
   if (!in_time) FAIL("race lost: t-g1 had ended before the swap (a machine too loaded)");
   REQUIRE(r.code == 0);
@@ -117,18 +153,17 @@ TEST_CASE("two commands of one tag at once keep each other's rows in the index",
   TempDir d("rf-two");
   const std::string cfg = sweep_config(d, 25);
   const auto res = (d.path / "res").string();
-  auto a = std::async(std::launch::async, [&] {
-    return shell("DTRAIN_SLOW=0:optimizer:100 " + dtrain_binary() + " run " + cfg +
-                 " gpus=1 --results " + res + " --tag t --quiet");
-  });
+  Pausable a(d, "DTRAIN_SLOW=0:optimizer:100 " + dtrain_binary() + " run " + cfg +
+                    " gpus=1 --results " + res + " --tag t --quiet");
   const fs::path exp = fs::path(res) / "rf";
   REQUIRE(wait_for(exp / "t-g1" / "status", 60));
+  a.pause();  // until the second command has ended
+  const bool in_time = slurp(exp / "t-g1" / "status") == "running\n";
   const auto b =
       dtrain_cli("run " + cfg + " gpus=2 --results " + res + " --tag t --resume --quiet");
   INFO(b.out);
   REQUIRE(b.code == 0);
-  const bool in_time = slurp(exp / "t-g1" / "status") == "running\n";
-  const auto ra = a.get();
+  const auto ra = a.result();
   INFO(ra.out);
   REQUIRE(ra.code == 0);
   if (!in_time) FAIL("race lost: t-g1 had ended before the second command did");
