@@ -146,6 +146,31 @@ TEST_CASE("the batch-size law keeps each batch's best LR and fits the steps", "[
   CHECK_THAT(to_markdown(two), Catch::Contains("No fit: fewer than three batch sizes."));
 }
 
+// A learning rate run at more seeds is not preferred for that: of those whose runs all reached
+// the target, the fewest mean steps wins; the count decides only among LRs where some run missed.
+TEST_CASE("the batch-size law keeps the fastest LR whatever its number of seeds",
+          "[report][stats]") {
+  std::vector<RunRecord> runs;
+  for (int seed = 0; seed < 6; ++seed) runs.push_back(run(64, 0.05, 20, 100));  // 2000 steps
+  for (int seed = 0; seed < 3; ++seed) runs.push_back(run(64, 0.025, 10, 100));  // 1000 steps
+  runs.push_back(run(128, 0.1, 12, 100));  // all of its 2 runs reached: kept
+  runs.push_back(run(128, 0.1, 12, 100));
+  for (int seed = 0; seed < 3; ++seed) runs.push_back(run(128, 0.2, 6, 100));  // 2 of 3 reached
+  runs.back().epochs_to_target = std::nullopt;
+  runs.push_back(run(256, 0.4, std::nullopt, 100));  // none reached: the most reaching wins
+  runs.push_back(run(256, 0.4, 3, 100));
+  runs.push_back(run(256, 0.2, 9, 100));
+  runs.push_back(run(256, 0.2, 8, 100));
+  runs.push_back(run(256, 0.2, std::nullopt, 100));
+  const BatchLaw law = batch_law(runs);
+  REQUIRE(law.rows.size() == 3);
+  CHECK(law.rows[0].lr == 0.025);
+  CHECK(law.rows[0].steps == Approx(1000));
+  CHECK(law.rows[1].lr == 0.1);
+  CHECK(law.rows[2].lr == 0.2);  // 2 of 3 reached, against 1 of 2
+  CHECK(law.rows[2].steps == Approx(850));
+}
+
 TEST_CASE("report --batch-law over a small sweep of batches and LRs writes its tables",
           "[report][cli]") {
   TempDir d("batch-law");

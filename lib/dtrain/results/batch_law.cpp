@@ -35,11 +35,13 @@ BatchLawRow summarize_lr(long long batch, double lr, const std::vector<const Run
   return row;
 }
 
-// Better: all runs reached the target, then more of them, then fewer steps.
+// Better: all runs reached the target, and then fewer mean steps; among learning rates where
+// some run missed it, more runs that reached it, then fewer steps. (How many seeds an LR had
+// says nothing of how fast it trains: an LR run at more seeds is not preferred.)
 bool better(const BatchLawRow& a, const BatchLawRow& b) {
   const bool all_a = a.reached == a.runs, all_b = b.reached == b.runs;
   if (all_a != all_b) return all_a;
-  if (a.reached != b.reached) return a.reached > b.reached;
+  if (!all_a && a.reached != b.reached) return a.reached > b.reached;
   return a.steps < b.steps;
 }
 
