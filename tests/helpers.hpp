@@ -1,4 +1,5 @@
 #pragma once
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -203,6 +204,24 @@ inline std::string mpirun_missing() {
     return "mpirun (openmpi-bin) is not available";
   return "";
 #endif
+}
+
+// Runs dtrain with `args` (no shell) and returns its exit code and peak resident memory (MiB).
+inline std::pair<int, double> dtrain_peak_mib(std::vector<std::string> args) {
+  args.insert(args.begin(), dtrain_binary());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::freopen("/dev/null", "w", stdout);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  rusage u{};
+  wait4(pid, &status, 0, &u);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<double>(u.ru_maxrss) / 1024};
 }
 
 // Runs the dtrain binary with `args`.

@@ -81,24 +81,6 @@ Config folder_config(const fs::path& dir, int gpus, int64_t batch) {
   return c;
 }
 
-// Runs dtrain with `args` (no shell) and returns its exit code and peak resident memory (MiB).
-std::pair<int, double> dtrain_peak_mib(std::vector<std::string> args) {
-  args.insert(args.begin(), dtrain_binary());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::freopen("/dev/null", "w", stdout);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  rusage u{};
-  wait4(pid, &status, 0, &u);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<double>(u.ru_maxrss) / 1024};
-}
-
 void write_bytes(const fs::path& p, const std::string& bytes) {
   fs::create_directories(p.parent_path());
   std::ofstream(p, std::ios::binary) << bytes;
@@ -670,6 +652,23 @@ TEST_CASE("export-images names the shape of the files it wrote, and that command
   INFO(v.out);
   CHECK(v.code == 0);
   CHECK_THAT(v.out, Catch::Contains("shape=[3,8,8]"));
+  // A config that crops with padding (folders crop by scale and ratio instead): the printed
+  // command turns the padding off, so that it validates as printed.
+  const fs::path padded = t.dir / "p.yaml";
+  std::ofstream(padded) << "name: p\nthreads: 1\ndata: {dataset: synthetic, synthetic: "
+                           "{shape: [3, 6, 6], classes: 3, train_size: 12, test_size: 6}, "
+                           "augment: {crop_padding: 2}}\nmodel: {type: cnn}\n"
+                           "train: {per_replica_batch: 4}\n";
+  const auto p = dtrain_cli("export-images " + padded.string() + " --out " +
+                            (t.dir / "ptree").string());
+  INFO(p.out);
+  REQUIRE(p.code == 0);
+  const size_t pat = p.out.find("dtrain run ") + std::string("dtrain run ").size();
+  const auto pv = shell(dtrain_binary() + " validate " +
+                        p.out.substr(pat, p.out.find('\n', pat) - pat));
+  INFO(pv.out);
+  CHECK(pv.code == 0);
+  CHECK_THAT(p.out, Catch::Contains(" data.augment.crop_padding=0\n"));
   // A folder whose name a shell would read as code: the printed command quotes it, and run by a
   // shell as printed (validate for run) it names that folder and runs nothing else.
   // Its commas, " #" and quotes reach the override parser inside YAML quotes: no sweep list, no

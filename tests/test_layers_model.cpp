@@ -390,6 +390,37 @@ TEST_CASE("an evaluation chunk never takes more memory than training", "[model][
   CHECK(eval_chunk_rows(1000, 128, 50, 400) == 50);
   CHECK(eval_chunk_rows(1000, 128, 0, 400) == 1);
   CHECK(eval_chunk_rows(1000, 0, 10000, int64_t{1} << 40) == 1);
+  // N replicas hold their chunks at once: 256 MiB shared out, never below the micro-batch, and
+  // never more than a replica's slice of the test set.
+  CHECK(eval_chunk_rows(1000, 1, 10000, 262144, 32) == 8);  // 8 MiB each
+  CHECK(eval_chunk_rows(1000, 16, 10000, 262144, 32) == 16);
+  CHECK(eval_chunk_rows(1000, 1, 10000, 400, 32) == 313);  // 10,000 / 32, rounded up
+  CHECK(eval_chunk_rows(1000, 1, 10, 400, 32) == 1);
+}
+
+// The probe that found it: 32 replicas of 1 sample each held 32 chunks of up to 256 MiB during
+// evaluation (8.8 GB, against 0.56 GB for 1 x 32). Now their chunks share one budget: the peak
+// stays within a small multiple of the one-replica run's.
+TEST_CASE("evaluation memory does not grow with the replica count", "[model][memory][cli]") {
+  TempDir d("eval-memory");
+  const std::string text = std::string(200000, 'a') + std::string(200000, 'b');
+  put(d.path / "corpus.txt", text);
+  const std::string cfg = d.write(
+      "g.yaml", "name: g\nbackend: cpu\nthreads: 1\ndata: {dataset: bytes, path: " +
+                    (d.path / "corpus.txt").string() +
+                    ", block_size: 64, validation: 0.5, train_limit: 64}\n"
+                    "model: {type: gpt, n_layer: 1, n_head: 2, n_embd: 64}\n"
+                    "train: {epochs: 1, per_replica_batch: 1, target_accuracy: 0}\n"
+                    "optimizer: {type: adamw, lr: 0.001}\n");
+  const std::string res = (d.path / "res").string();
+  const auto one = dtrain_peak_mib({"run", cfg, "gpus=1", "train.per_replica_batch=32", "--tag",
+                                    "one", "--results", res, "--quiet"});
+  const auto many =
+      dtrain_peak_mib({"run", cfg, "gpus=32", "--tag", "many", "--results", res, "--quiet"});
+  REQUIRE(one.first == 0);
+  REQUIRE(many.first == 0);
+  INFO("peak MiB: 1 x 32 " << one.second << ", 32 x 1 " << many.second);
+  CHECK(many.second < 2.5 * one.second);
 }
 
 TEST_CASE("the memory estimate counts outputs for an evaluation chunk, gradients for a batch",

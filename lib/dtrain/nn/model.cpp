@@ -528,13 +528,16 @@ ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_s
 }
 
 int64_t eval_chunk_rows(int64_t eval_batch, int64_t micro_rows, int64_t test_rows,
-                        int64_t activations_per_sample) {
+                        int64_t activations_per_sample, int replicas) {
+  const int64_t n = std::max(1, replicas);
   const double per_row = 4.0 * static_cast<double>(std::max<int64_t>(1, activations_per_sample));
-  const double fit = std::floor(kEvalActivationBytes / per_row);
+  const double fit = std::floor(kEvalActivationBytes / static_cast<double>(n) / per_row);
   const int64_t cap =
       std::max(micro_rows, fit >= static_cast<double>(eval_batch) ? eval_batch
                                                                    : static_cast<int64_t>(fit));
-  return std::max<int64_t>(1, std::min({eval_batch, std::max<int64_t>(1, test_rows), cap}));
+  // The largest slice a replica scores (Replica::evaluate's split).
+  const int64_t slice = (std::max<int64_t>(0, test_rows) + n - 1) / n;
+  return std::max<int64_t>(1, std::min({eval_batch, std::max<int64_t>(1, slice), cap}));
 }
 
 }  // namespace dtrain

@@ -472,16 +472,18 @@ struct ModelSize {
 };
 ModelSize model_size(const ModelConfig& cfg, const std::vector<int64_t>& input_shape, int classes);
 
-// Evaluation holds at most this many bytes of activations per chunk, or the training
-// micro-batch's where that is more.
+// Evaluation holds at most this many bytes of activations per chunk, shared by the replicas
+// (each holds its chunk at once), or the training micro-batch's where that is more.
 inline constexpr double kEvalActivationBytes = 256.0 * 1024 * 1024;
 
-// The rows of one evaluation chunk: train.eval_batch, fewer where the chunk's activations
-// (forward keeps every layer's output) would pass both kEvalActivationBytes and the training
-// micro-batch's, so that evaluating never takes more memory than training. ResNet-18 on
-// 3x32x32 keeps 7.8 MiB per sample: 1,000 rows would be 7.6 GiB, while batch 128 trains in 1.
-// Never more rows than the test set holds, at least 1.
+// The rows of one replica's evaluation chunk: train.eval_batch, fewer where the chunks'
+// activations (forward keeps every layer's output) would pass both kEvalActivationBytes over all
+// `replicas` and the training micro-batch's, so that evaluating never takes more memory than
+// training. ResNet-18 on 3x32x32 keeps 7.8 MiB per sample: 1,000 rows would be 7.6 GiB, while
+// batch 128 trains in 1. Never more rows than the replica's slice of the test set (`test_rows`
+// shared out), at least 1. It depends on the replica count alone, not on how the replicas are
+// launched, so that threads and processes score with the same chunks (and the same bits).
 int64_t eval_chunk_rows(int64_t eval_batch, int64_t micro_rows, int64_t test_rows,
-                        int64_t activations_per_sample);
+                        int64_t activations_per_sample, int replicas = 1);
 
 }  // namespace dtrain

@@ -98,7 +98,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
   const int64_t micro_rows = std::min(micro_, train_.size());
   eval_rows_ = eval_chunk_rows(
       cfg_.train.eval_batch, micro_rows, test_.size(),
-      model_size(cfg_.model, train_.shape, train_.classes).activations_per_sample);
+      model_size(cfg_.model, train_.shape, train_.classes).activations_per_sample, replicas_);
   if (train_.files) {  // decoded and augmented by the pipeline's threads
     const DataConfig& d = cfg_.data;
     // The run's own transform: data loaded once may serve runs that differ in it.

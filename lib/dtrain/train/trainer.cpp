@@ -245,7 +245,7 @@ static int64_t buffer_rows(const Config& cfg, const DataSplit& data,
                            int64_t activations_per_sample) {
   const int64_t micro = std::min(cfg.micro_batch(), data.train.size());
   return std::max(micro, eval_chunk_rows(cfg.train.eval_batch, micro, data.test.size(),
-                                         activations_per_sample));
+                                         activations_per_sample, cfg.gpus));
 }
 
 // The sizes a GPU run hands cuBLAS and cuDNN as int (see narrow_int): every layer's input and
