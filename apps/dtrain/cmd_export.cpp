@@ -182,12 +182,14 @@ int run_export(const ExportOptions& opt) {
   // The shape of the files written: resampled to --side where it is given.
   std::vector<int64_t> shape = s.train.shape;
   if (opt.side > 0 && shape.size() == 3) shape[1] = shape[2] = opt.side;
+  // A folder dataset crops by scale and ratio: padded crops of the config are turned off.
+  const bool padded = data.augment.crop_padding > 0;
   fmt::print(
       "{}: {} images ({} train, {} test) as {} files; train on them with\n"
-      "  dtrain run {} data.dataset=folder {} 'data.shape=[{}]'\n",
+      "  dtrain run {} data.dataset=folder {} 'data.shape=[{}]'{}\n",
       printable(opt.out, true), n, s.train.size(), s.test.size(), opt.format,
       shell_word(opt.config), shell_word("data.path=" + override_value(opt.out)),
-      fmt::join(shape, ","));
+      fmt::join(shape, ","), padded ? " data.augment.crop_padding=0" : "");
   return 0;
 }
 
