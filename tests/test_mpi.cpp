@@ -269,6 +269,14 @@ TEST_CASE("ranks under mpirun given other configs are refused together at once",
     for (int i = 0; i < 20; ++i) bytes += static_cast<char>(i % 10) + std::string(3072, 'x');
     put(cifar / (f + ".bin"), bytes);
   }
+  // The same files with other pixels: a node whose copy differs.
+  const fs::path other_copy = d.path / "cifar-other";
+  fs::create_directories(other_copy);
+  for (const auto& f : fs::directory_iterator(cifar)) {
+    std::string bytes = slurp(f.path());
+    bytes[1] = 'y';
+    put(other_copy / f.path().filename(), bytes);
+  }
   const std::string base = " run " + cfg + " --results " + (d.path / "res").string();
   const std::string rank0 = base + " gpus=2 --tag t";
   const std::string files = " data.dataset=cifar10 data.path=";
@@ -284,6 +292,8 @@ TEST_CASE("ranks under mpirun given other configs are refused together at once",
       {rank0, base + " gpus=3 --tag t", other},
       {rank0, base + " gpus=2 --tag u", other},
       {rank0 + files + cifar.string(), rank0 + files + (d.path / "none").string(), "data.path: '"},
+      {rank0 + files + cifar.string(), rank0 + files + other_copy.string(),
+       "data: this rank loaded other data than rank 0 (fingerprint "},
       {rank0, rank0 + " nosuch=1", "override 'nosuch=1': unknown key 'nosuch'"},
       {rank0, " run " + (d.path / "none.yaml").string(),
        "its command line ended before the command"}};

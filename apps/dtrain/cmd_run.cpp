@@ -544,6 +544,25 @@ class HeldData {
   std::string key_;
 };
 
+// Collective: why this rank's data differ from rank 0's (each run's fingerprint, in run order),
+// or "". Where this rank loaded nothing (it failed), its own reason is the one given.
+std::string other_data_than_rank0(const std::vector<uint64_t>& fingerprints) {
+  std::string mine;
+  for (uint64_t f : fingerprints) mine += fmt::format("{:016x}\n", f);
+  std::string first = mine;
+  mpi::broadcast(first);
+  for (size_t i = 0; i < fingerprints.size() && first.size() == mine.size(); ++i) {
+    const std::string theirs = first.substr(17 * i, 16), own = mine.substr(17 * i, 16);
+    if (fingerprints[i] != 0 && theirs != own && theirs != std::string(16, '0'))
+      return fmt::format(
+          "data: this rank loaded other data than rank 0 (fingerprint {} "
+          "against rank 0's {}); every rank must read the same files: check "
+          "data.path on every node",
+          own, theirs);
+  }
+  return "";
+}
+
 // Every run's plan is checked before the first starts, each data set loaded once for that: the
 // first run's data last, so that it stays loaded for that run.
 void check_plans(const Sweep& s, HeldData& data) {
@@ -559,10 +578,12 @@ void check_plans(const Sweep& s, HeldData& data) {
     if (key != first_key) order.push_back(key);
   if (!first_key.empty()) order.push_back(first_key);
   std::string refusal;
+  std::vector<uint64_t> fingerprints(s.runs.size(), 0);  // 0: not loaded
   try {
     for (const auto& key : order)
       for (size_t i : by_data[key]) {
         const DataSplit& d = data.get(s.runs[i].config);
+        fingerprints[i] = d.fingerprint;
         try {
           check_plan(s.runs[i].config, d);
         } catch (const UserError& e) {
@@ -580,8 +601,13 @@ void check_plans(const Sweep& s, HeldData& data) {
     refusal = "\x01" + failure_text(e);
   }
   // Under a launcher each process loads its own data: a node without the files would fail
-  // alone while the others wait for it. Every rank stops with the first rank's reason.
-  if (s.multi) refusal = mpi::first_refusal(refusal);
+  // alone while the others wait for it, and one with other files would train on other samples.
+  // Every rank stops with the first rank's reason.
+  if (s.multi) {
+    const std::string other = other_data_than_rank0(fingerprints);
+    if (refusal.empty()) refusal = other;
+    refusal = mpi::first_refusal(refusal);
+  }
   const size_t mark = refusal.find('\x01');
   if (mark != std::string::npos)
     DTRAIN_THROW_SYSTEM(refusal.erase(mark, 1));  // exit 1, as where it happened
