@@ -214,6 +214,19 @@ TEST_CASE("YAML the config reader does not take is named for what it is", "[conf
              Catch::Contains("nested more than 64 levels deep"));
   CHECK_THAT(error_of("name: m\n", {parse_override("gpus=2\n---\nname: e")}),
              Catch::Contains("holds more than one YAML document"));
+  // A comment on a command line would cut the value short without a word (data.path=/a #b
+  // read /a): refused, with the quoting that keeps it.
+  for (const std::string v : {"/data/a #b", "#b", "[1, 2] # two", "x\t#y"})
+    CHECK_THAT(error_of("name: m\n", {parse_override("data.path=" + v)}),
+               Catch::Contains("'#' there starts a YAML comment") &&
+                   Catch::Contains("e.g. data.path='\""));
+  // Inside quotes, or not after a blank, '#' is part of the value.
+  CHECK(parse_config("name: m\n", "m.yaml", {parse_override("data.path='/data/a #b'")}).data.path ==
+        "/data/a #b");
+  CHECK(parse_config("name: m\n", "m.yaml", {parse_override("data.path=\"a #b\"")}).data.path ==
+        "a #b");
+  CHECK(parse_config("name: m\n", "m.yaml", {parse_override("data.path=/data/a#b")}).data.path ==
+        "/data/a#b");
 }
 
 TEST_CASE("override syntax errors are clear", "[config][errors]") {

@@ -492,6 +492,30 @@ void check_tree(const YAML::Node& n, TreeWalk& w, int depth = 0) {
 
 bool holds_second_document(const std::string& text);  // below, beside its event handler
 
+// Where a YAML comment starts in an override's value ('#' first or after a blank, outside
+// quotes), or npos. In a file a comment is seen; on a command line it would silently cut a
+// value short: data.path=/a #b would read /a.
+static size_t comment_start(const std::string& value) {
+  char quote = 0;
+  bool escaped = false;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const char ch = value[i];
+    if (quote) {
+      if (escaped)
+        escaped = false;
+      else if (quote == '"' && ch == '\\')
+        escaped = true;
+      else if (ch == quote)
+        quote = 0;
+    } else if (ch == '"' || ch == '\'') {
+      quote = ch;
+    } else if (ch == '#' && (i == 0 || value[i - 1] == ' ' || value[i - 1] == '\t')) {
+      return i;
+    }
+  }
+  return std::string::npos;
+}
+
 void apply_override(YAML::Node& root, const Override& ov) {
   YAML::Node value;
   try {
@@ -499,6 +523,11 @@ void apply_override(YAML::Node& root, const Override& ov) {
     if (!ov.value.empty() && ov.value[0] == '%') {
       value = YAML::Node(ov.value);
     } else {
+      if (comment_start(ov.value) != std::string::npos)
+        throw UserError(fmt::format(
+            "override '{}': '#' there starts a YAML comment, which would drop the rest of the "
+            "value; quote the value in YAML quotes, e.g. {}='\"{}\"'",
+            ov.text(), ov.key, ov.value));
       // As in a file: a second document ('---') would otherwise be dropped without a word.
       if (holds_second_document(ov.value))
         throw UserError(fmt::format("override '{}': holds more than one YAML document "
