@@ -107,6 +107,24 @@ TEST_CASE("a summary field of another type than the table's is named", "[report]
   const RunRecord r = read("\"global_batch\": 64.0, \"final_test_accuracy\": null, \"new\": []");
   CHECK(r.global_batch == 64);
   CHECK_FALSE(r.final_test_acc);
+  // The test loss, a language model's yardstick, reaches the table, its CSV and its JSON.
+  RunRecord lm = read(
+      "\"run_id\": \"t-g1\", \"final_test_loss\": 1.23456, "
+      "\"final_train_loss\": 1.5");
+  lm.experiment.assign("lm");
+  lm.status = "done";
+  REQUIRE(lm.final_test_loss);
+  const Comparison c = compare({lm});
+  const std::string md = to_markdown(c);
+  CHECK_THAT(md, Catch::Contains("| final train loss | final test loss |"));
+  const size_t train_cell = md.find(" 1.5000 "), test_cell = md.find(" 1.2346 ");
+  REQUIRE(train_cell != std::string::npos);
+  REQUIRE(test_cell != std::string::npos);
+  CHECK(test_cell > train_cell);
+  CHECK_THAT(to_csv(c), Catch::Contains(",final train loss,final test loss,") &&
+                            Catch::Contains(",1.5000,1.2346,"));
+  CHECK(nlohmann::json::parse(to_json(c))["runs"][0]["final_test_loss"].get<double>() ==
+        Approx(1.23456));
   fs::remove_all(dir);
 }
 

@@ -96,6 +96,8 @@ const std::vector<Column>& columns() {
        [](const ComparisonRow& r) { return fmt_opt(r.acc_delta_points, "{:+.2f}"); }},
       {"final train loss",
        [](const ComparisonRow& r) { return fmt_opt(r.run.final_train_loss, "{:.4f}"); }},
+      {"final test loss",
+       [](const ComparisonRow& r) { return fmt_opt(r.run.final_test_loss, "{:.4f}"); }},
       {"median epoch s",
        [](const ComparisonRow& r) { return fmt_opt(r.run.median_epoch_time_s, "{:.3f}"); }},
       {"samples/s", [](const ComparisonRow& r) { return fmt_opt(r.run.samples_per_s, "{:.0f}"); }},
@@ -408,6 +410,7 @@ RunRecord load_run(const std::string& dir) {
   r.final_test_acc = opt_number(j, k::final_test_accuracy);
   r.best_test_acc = opt_number(j, k::best_test_accuracy);
   r.final_train_loss = opt_number(j, k::final_train_loss);
+  r.final_test_loss = opt_number(j, k::final_test_loss);
   r.median_epoch_time_s = opt_number(j, k::median_epoch_time_s);
   r.samples_per_s = opt_number(j, k::samples_per_s);
   r.time_to_target_s = opt_number(j, k::time_to_target_s);
@@ -574,6 +577,7 @@ std::string to_json(const Comparison& c) {
                     {"final_test_accuracy", opt(r.final_test_acc)},
                     {"best_test_accuracy", opt(r.best_test_acc)},
                     {"final_train_loss", opt(r.final_train_loss)},
+                    {"final_test_loss", opt(r.final_test_loss)},
                     {"median_epoch_time_s", opt(r.median_epoch_time_s)},
                     {"samples_per_s", opt(r.samples_per_s)},
                     {"time_to_target_s", opt(r.time_to_target_s)},

@@ -25,8 +25,8 @@ struct RunRecord {
   int accumulation_steps = 1;
   std::string lr_scaling, reduction, shuffle, sharding;
   double peak_lr = 0, lr = 0;
-  std::optional<double> final_test_acc, best_test_acc, final_train_loss, median_epoch_time_s,
-      samples_per_s, time_to_target_s, epochs_to_target;
+  std::optional<double> final_test_acc, best_test_acc, final_train_loss, final_test_loss,
+      median_epoch_time_s, samples_per_s, time_to_target_s, epochs_to_target;
   // Optimizer steps and samples until the targets were first reached, and the steps that is
   // known to within (summary.json; folders written before they were there have none).
   std::optional<double> steps_to_target, samples_to_target, target_resolution_steps;
