@@ -241,6 +241,21 @@ optimizer: {lr: 0.05, base_batch: 16}
   INFO(neg.out);
   CHECK(neg.code == 2);
   CHECK(neg.out.find("'compute_s' is '-5' in epoch row 1") != std::string::npos);
+  // A row cut short, a row gone, or epochs renumbered: named, not projected from fewer epochs.
+  const std::string header = csv.substr(0, header_end + 1), body = csv.substr(header_end + 1);
+  const std::string first_row = body.substr(0, body.find('\n') + 1);
+  const std::string rest = body.substr(first_row.size());
+  REQUIRE_FALSE(rest.empty());  // the run has two epochs or more
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {header + first_row.substr(0, first_row.size() / 2) + "\n" + rest, "metrics.csv:2: "},
+           {header + rest, "metrics.csv:2: epoch '2' where epoch 1 should be"},
+           {header + first_row, "1 epoch rows, but summary.json counts"}}) {
+    std::ofstream(run / "metrics.csv") << text;
+    const auto r = dtrain_cli("project " + run.string() + out);
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Catch::Contains(want));
+  }
 }
 
 TEST_CASE("a step estimated from FLOPs: compute at a share of the peak, the update at memory speed",

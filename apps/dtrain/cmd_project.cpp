@@ -64,11 +64,30 @@ double measured_value(const std::string& text, const std::string& path, const st
   return *v;
 }
 
-// Per-epoch medians of the named metrics.csv columns (totals over the epoch's steps). Rows
-// with a cell too many or too few are passed over.
+// metrics.csv's epochs are 1, 2, ... in order, one row each for the `epochs` summary.json
+// counts: a row cut, renumbered or written twice is a damaged file, named, as report and
+// explain-time name it, not a projection from fewer epochs.
+void check_epoch_rows(const MetricsCsv& csv, int epochs) {
+  const auto at = csv.find("epoch");
+  for (size_t r = 0; at && r < csv.rows.size(); ++r) {
+    const auto e = metrics_value(csv.rows[r][*at]);
+    if (!e || *e != static_cast<double>(r + 1))
+      throw UserError(fmt::format("{}:{}: epoch '{}' where epoch {} should be (a damaged file?)",
+                                  csv.path, csv.lines[r], csv.rows[r][*at], r + 1));
+  }
+  if (epochs > 0 && static_cast<int64_t>(csv.rows.size()) != epochs)
+    throw UserError(
+        fmt::format("{}: {} epoch rows, but summary.json counts {} finished epochs "
+                    "(a damaged file?)",
+                    csv.path, csv.rows.size(), epochs));
+}
+
+// Per-epoch medians of the named metrics.csv columns (totals over the epoch's steps), from a
+// file whose rows are whole and numbered (check_epoch_rows).
 std::vector<double> metric_medians(const std::string& dir, const std::vector<std::string>& cols,
-                                   int& rows) {
-  const MetricsCsv csv = read_metrics_csv(dir, RaggedRows::skip);
+                                   int epochs_completed, int& rows) {
+  const MetricsCsv csv = read_metrics_csv(dir, RaggedRows::refuse);
+  check_epoch_rows(csv, epochs_completed);
   std::vector<size_t> at;
   for (const auto& c : cols) {
     const std::string_view name = metrics_column(c).name;  // one of the table's columns
@@ -123,7 +142,8 @@ RunInput read_run(const std::string& path) {
   if (r.steps_per_epoch <= 0)
     throw UserError(fmt::format("{}/summary.json: no steps_per_epoch", path));
   r.params = rec.param_count;
-  const auto m = metric_medians(path, {"data_s", "compute_s", "optimizer_s", "samples"}, r.epochs);
+  const auto m = metric_medians(path, {"data_s", "compute_s", "optimizer_s", "samples"},
+                                rec.epochs_completed, r.epochs);
   const auto per_step = [&](double v) { return v / static_cast<double>(r.steps_per_epoch); };
   r.in.split = {per_step(m[0]), per_step(m[1]), per_step(m[2])};
   r.in.samples_per_epoch = static_cast<int64_t>(std::llround(m[3]));
