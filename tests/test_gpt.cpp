@@ -373,6 +373,16 @@ TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line"
   d.path = (dir.path / "kernel").string();
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
              Catch::Contains("b.txt: holds more bytes than its size says (0)"));
+  // One that holds less than its size said (a file cut while read; here a sysfs file, whose
+  // size says a page): named, not read as a shorter corpus.
+  const fs::path sysfs = "/sys/devices/system/cpu/online";
+  if (fs::exists(sysfs)) {
+    test::put(dir.path / "shrunk" / "a.txt", std::string(4096, 'a'));
+    fs::create_symlink(sysfs, dir.path / "shrunk" / "b.txt");
+    d.path = (dir.path / "shrunk").string();
+    CHECK_THAT(test::error_of([&] { load_data(d, 1); }),
+               Catch::Contains("b.txt: cut short while read: "));
+  }
   d.path = (dir.path / "small.txt").string();
   CHECK_THAT(test::error_of([&] { load_data(d, 1); }), Catch::Contains("data.validation"));
   d.block_size = 64;

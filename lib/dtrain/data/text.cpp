@@ -27,12 +27,13 @@ std::string absent(const std::string& path) {
   return kind == "missing" ? "does not exist" : "is " + kind;
 }
 
-int64_t total_size(const std::vector<std::string>& files) {
+int64_t total_size(const std::vector<std::string>& files, std::vector<uintmax_t>* sizes) {
   int64_t total = 0;
   for (const auto& f : files) {
     std::error_code ec;
     const auto n = fs::file_size(f, ec);
     if (ec) throw UserError(fmt::format("{}: cannot read its size ({})", f, ec.message()));
+    if (sizes) sizes->push_back(n);
     total += static_cast<int64_t>(n);
     if (total > kMaxCorpusBytes)
       throw UserError(fmt::format(
@@ -95,22 +96,26 @@ std::vector<std::string> folder_files(const std::string& path,
   return files;
 }
 
-// Appends the bytes of `path` to `out`, which has room reserved.
-// Reads at most the size the file had when it was counted: one that holds more (a kernel file
-// such as /proc/self/pagemap, whose size says 0, or a file growing meanwhile) would otherwise
-// be read without bound, past the corpus cap and the memory estimate.
-void read_file(const std::string& path, std::vector<uint8_t>& out) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
+// Appends the bytes of `path` to `out`, which has room reserved: exactly the `size` it had
+// when the corpus was counted. One that holds more (a kernel file such as /proc/self/pagemap,
+// whose size says 0, or a file growing meanwhile) would otherwise be read without bound, past
+// the corpus cap and the memory estimate; one that holds less was cut while read.
+void read_file(const std::string& path, uintmax_t size, std::vector<uint8_t>& out) {
   std::ifstream in(path, std::ios::binary);
-  if (ec || !in) throw UserError(fmt::format("{}: cannot be opened for reading", path));
+  if (!in) throw UserError(fmt::format("{}: cannot be opened for reading", path));
   char buf[1 << 16];
-  for (uintmax_t left = size; in && left > 0;) {
+  uintmax_t left = size;
+  while (in && left > 0) {
     in.read(buf, static_cast<std::streamsize>(std::min<uintmax_t>(sizeof buf, left)));
     out.insert(out.end(), buf, buf + in.gcount());
     left -= static_cast<uintmax_t>(in.gcount());
   }
   if (in.bad()) throw UserError(fmt::format("{}: read error", path));
+  if (left > 0)
+    throw UserError(
+        fmt::format("{}: cut short while read: {} of the {} bytes it held when "
+                    "counted; dataset: bytes reads files of a fixed size",
+                    path, size - left, size));
   if (in && in.get() != std::ifstream::traits_type::eof())
     throw UserError(
         fmt::format("{}: holds more bytes than its size says ({}): a file that grows "
@@ -161,7 +166,7 @@ std::vector<std::string> corpus_files(const std::string& path,
   if (files.empty())
     throw UserError(fmt::format("data.path: '{}' holds no files to read as bytes{}", path,
                                 exclude.empty() ? "" : " that data.exclude leaves in"));
-  total_size(files);
+  total_size(files, nullptr);
   if (unmatched)
     for (size_t k = 0; k < exclude.size(); ++k)
       if (!used[k]) unmatched->push_back(exclude[k]);
@@ -262,11 +267,12 @@ void load_bytes(const DataConfig& cfg, DataSplit& s) {
     log().warn("data.exclude: '{}' leaves nothing out: no file or folder under {} that would be "
                "read matches it, by name or by path below it",
                g, cfg.path);
-  const int64_t size = total_size(files);
+  std::vector<uintmax_t> sizes;
+  const int64_t size = total_size(files, &sizes);
   check_stream_fits(cfg, split_bytes(size, cfg.validation), 1.0, "bytes");
   std::vector<uint8_t> all;
   all.reserve(static_cast<size_t>(size));
-  for (const auto& f : files) read_file(f, all);
+  for (size_t i = 0; i < files.size(); ++i) read_file(files[i], sizes[i], all);
   s.sha256 = check_pin(cfg, all, files.size());
   const auto total = static_cast<int64_t>(all.size());
   const CorpusSplit sp = split_bytes(total, cfg.validation);
@@ -276,7 +282,7 @@ void load_bytes(const DataConfig& cfg, DataSplit& s) {
 }
 
 DataShape peek_bytes(const DataConfig& cfg) {
-  const int64_t total = total_size(corpus_files(cfg.path, cfg.exclude));
+  const int64_t total = total_size(corpus_files(cfg.path, cfg.exclude), nullptr);
   const CorpusSplit sp = split_bytes(total, cfg.validation);
   check_windows(cfg, total, sp);
   DataShape d;
