@@ -430,6 +430,31 @@ TEST_CASE("dataset bytes and model gpt: what cannot work is refused in one line"
                                     "data.block_size, train.per_replica_batch"));
 }
 
+// .bin files that the two words do not name (another case, another pattern) are left out, and
+// said so: a shard misnamed would otherwise be missing from the stream without a word.
+TEST_CASE("dataset tokens: .bin files named neither train nor val are left out, said so",
+          "[gpt][data][cli]") {
+  test::TempDir dir("tokens-left-out");
+  const fs::path shards = dir.path / "shards";
+  test::put(shards / "x_train_000001.bin", shard(counting(1000, 50)));
+  test::put(shards / "x_val_000000.bin", shard(counting(2000, 21)));
+  test::put(shards / "x_TRAIN_000002.bin", shard(counting(1050, 30)));
+  test::put(shards / "other.bin", shard(counting(1050, 30)));
+  test::put(shards / "x_train_000003.BIN", shard(counting(1050, 30)));
+  const std::string cfg =
+      dir.write("t.yaml", "name: t\ndata: {dataset: tokens, path: " + shards.string() +
+                              ", block_size: 10, vocab_size: 3000}\nmodel: {type: gpt, n_layer: 1, "
+                              "n_head: 2, n_embd: 32}\ntrain: {per_replica_batch: 2}\n");
+  const auto r = test::dtrain_cli("validate " + cfg);
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("train=4 ") &&
+                        Catch::Contains("3 .bin files in '" + shards.string() +
+                                        "' left out, named neither *train*.bin nor *val*.bin "
+                                        "(lower case): other.bin, x_TRAIN_000002.bin, "
+                                        "x_train_000003.BIN"));
+}
+
 TEST_CASE("dataset tokens: a folder's train shards, then its val shards, in name order",
           "[gpt][data]") {
   test::TempDir dir("tokens");

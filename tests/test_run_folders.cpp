@@ -111,7 +111,8 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
                          " gpus=2 --results " + res + " --tag oom --quiet");
   CHECK(oom.code == 1);
   CHECK_THAT(oom.out, Catch::Contains("run oom-g2 failed: out of memory (an allocation "
-                                      "failed); a smaller batch, model or data.shape needs less"));
+                                      "failed); a smaller batch, model or input (data.shape, "
+                                      "data.block_size) needs less"));
   const fs::path oom_dir = fs::path(res) / "rf" / "oom-g2";
   CHECK(slurp(oom_dir / "status") == "failed\n");
   CHECK_THAT(slurp(oom_dir / "log"), Catch::Contains("failed: out of memory"));

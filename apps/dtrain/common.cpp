@@ -25,7 +25,8 @@ std::string failure_text(const std::exception& e) {
   // An allocation the estimates before training did not foresee, or a limit (ulimit -v, a
   // cgroup) below what the machine reports available.
   if (dynamic_cast<const std::bad_alloc*>(&e))
-    return "out of memory (an allocation failed); a smaller batch, model or data.shape needs "
+    return "out of memory (an allocation failed); a smaller batch, model or input (data.shape, "
+           "data.block_size) needs "
            "less, and `dtrain validate` shows the estimate";
   return e.what();
 }

@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -354,10 +355,17 @@ TokenShards folder_shards(const std::string& path) {
   TokenShards sh;
   sh.folder = true;
   std::error_code ec;
+  std::vector<std::string> left_out;  // *.bin (any case) files that no word names as a shard
   fs::directory_iterator it(path, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (is_hidden(it->path()) || it->path().extension() != ".bin") continue;
+    if (is_hidden(it->path())) continue;
+    if (it->path().extension() != ".bin") {
+      std::string ext = it->path().extension().string();
+      for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (ext == ".bin") left_out.push_back(name);
+      continue;
+    }
     std::error_code link;  // a link to nothing is named, not taken for a failed listing
     const bool file = it->is_regular_file(link);
     if (link)
@@ -369,6 +377,7 @@ TokenShards folder_shards(const std::string& path) {
       throw UserError(fmt::format("{}: is {}, where a token shard (a regular file) is named",
                                   it->path().string(), not_regular_file(it->path().string())));
     if (!file) continue;
+    if (!val && !train) left_out.push_back(name);
     if (val && train)
       throw UserError(fmt::format("data.path: '{}': '{}' is named both train and val; rename "
                                   "it so that only one of the two words is in its name",
@@ -377,6 +386,17 @@ TokenShards folder_shards(const std::string& path) {
     if (train) sh.train.push_back(it->path().string());
   }
   if (ec) throw UserError(fmt::format("data.path: cannot list '{}' ({})", path, ec.message()));
+  if (!left_out.empty()) {
+    std::sort(left_out.begin(), left_out.end());
+    const size_t shown = std::min<size_t>(left_out.size(), 3);
+    for (auto& n : left_out) n = printable(n, true);
+    log().warn(
+        "data.path: {} .bin file{} in '{}' left out, named neither *train*.bin nor "
+        "*val*.bin (lower case): {}{}",
+        left_out.size(), left_out.size() == 1 ? "" : "s", printable(path, true),
+        fmt::join(left_out.begin(), left_out.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+        left_out.size() > shown ? ", ..." : "");
+  }
   std::sort(sh.train.begin(), sh.train.end());
   std::sort(sh.test.begin(), sh.test.end());
   const auto none = [&](const char* what, const char* word, const char* example) {
