@@ -24,6 +24,15 @@
 #include "dtrain/base/rng.hpp"
 #include "dtrain/train/trainer.hpp"
 
+// Built with AddressSanitizer (GCC or clang): peak memory is then the sanitizer's, not dtrain's.
+#if defined(__SANITIZE_ADDRESS__)
+#define DTRAIN_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DTRAIN_TEST_ASAN 1
+#endif
+#endif
+
 namespace dtrain::test {
 
 // Uniform random values in [lo, hi).

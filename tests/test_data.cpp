@@ -192,13 +192,6 @@ TEST_CASE("an IDX header claiming more than the file holds costs no memory", "[d
              Catch::Contains("truncated"));
   // The reader reserves at most one 64 MiB chunk before data arrives. (AddressSanitizer's
   // shadow memory and quarantine make RSS no measure of the reader's allocations.)
-#if defined(__SANITIZE_ADDRESS__)  // GCC
-#define DTRAIN_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)  // clang
-#define DTRAIN_TEST_ASAN 1
-#endif
-#endif
 #ifdef DTRAIN_TEST_ASAN
   WARN("peak memory not checked under AddressSanitizer (" << peak_rss_mib() - before << " MiB)");
 #else

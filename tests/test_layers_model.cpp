@@ -420,7 +420,11 @@ TEST_CASE("evaluation memory does not grow with the replica count", "[model][mem
   REQUIRE(one.first == 0);
   REQUIRE(many.first == 0);
   INFO("peak MiB: 1 x 32 " << one.second << ", 32 x 1 " << many.second);
+#ifdef DTRAIN_TEST_ASAN
+  WARN("peak memory not compared under AddressSanitizer");
+#else
   CHECK(many.second < 2.5 * one.second);
+#endif
 }
 
 TEST_CASE("the memory estimate counts outputs for an evaluation chunk, gradients for a batch",

@@ -95,6 +95,11 @@ KeptLrs kept_runs(const std::vector<RunRecord>& runs) {
   if (first) {
     kept.target_accuracy = first->target_accuracy;
     kept.target_loss = first->target_loss;
+    if (kept.target_accuracy <= 0 && kept.target_loss <= 0)
+      throw UserError(fmt::format(
+          "{}: the runs had no target (train.target_accuracy and train.target_loss are 0), so "
+          "there are no steps to a target to fit; run the sweep with a target",
+          first->dir));
   }
   for (const auto& [batch, lrs] : by_batch) {
     std::optional<KeptRuns> best;
