@@ -216,10 +216,12 @@ TEST_CASE("YAML the config reader does not take is named for what it is", "[conf
              Catch::Contains("holds more than one YAML document"));
   // A comment on a command line would cut the value short without a word (data.path=/a #b
   // read /a): refused, with the quoting that keeps it.
-  for (const std::string v : {"/data/a #b", "#b", "[1, 2] # two", "x\t#y"})
+  // A quote inside a plain word is a character, not the start of a quoted string.
+  for (const std::string v : {"/data/a #b", "#b", "[1, 2] # two", "x\t#y", "a\n#b", "/a/it's #b",
+                              "O\"Brien #x", "a \"b #c\""})
     CHECK_THAT(error_of("name: m\n", {parse_override("data.path=" + v)}),
                Catch::Contains("'#' there starts a YAML comment") &&
-                   Catch::Contains("e.g. data.path='\""));
+                   Catch::Contains("e.g. data.path='\"/data/set #2\"'"));
   // Inside quotes, or not after a blank, '#' is part of the value.
   CHECK(parse_config("name: m\n", "m.yaml", {parse_override("data.path='/data/a #b'")}).data.path ==
         "/data/a #b");
@@ -227,6 +229,14 @@ TEST_CASE("YAML the config reader does not take is named for what it is", "[conf
         "a #b");
   CHECK(parse_config("name: m\n", "m.yaml", {parse_override("data.path=/data/a#b")}).data.path ==
         "/data/a#b");
+  CHECK(parse_config("name: m\ndata: {dataset: bytes, path: x}\nmodel: {type: gpt}\n", "m.yaml",
+                     {parse_override("data.exclude=['a #b', \"c #d\"]")})
+            .data.exclude == std::vector<std::string>{"a #b", "c #d"});
+  CHECK(parse_config("name: m\n", "m.yaml", {parse_override("data.path=/a/it's")}).data.path ==
+        "/a/it's");
+  // A sweep list splits at commas outside quotes; a quote inside a word opens none.
+  CHECK(split_values("/a/it's,/b") == std::vector<std::string>{"/a/it's", "/b"});
+  CHECK(split_values("'a,b',c") == std::vector<std::string>{"'a,b'", "c"});
 }
 
 TEST_CASE("override syntax errors are clear", "[config][errors]") {

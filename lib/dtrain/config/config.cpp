@@ -496,23 +496,11 @@ bool holds_second_document(const std::string& text);  // below, beside its event
 // quotes), or npos. In a file a comment is seen; on a command line it would silently cut a
 // value short: data.path=/a #b would read /a.
 static size_t comment_start(const std::string& value) {
-  char quote = 0;
-  bool escaped = false;
-  for (size_t i = 0; i < value.size(); ++i) {
-    const char ch = value[i];
-    if (quote) {
-      if (escaped)
-        escaped = false;
-      else if (quote == '"' && ch == '\\')
-        escaped = true;
-      else if (ch == quote)
-        quote = 0;
-    } else if (ch == '"' || ch == '\'') {
-      quote = ch;
-    } else if (ch == '#' && (i == 0 || value[i - 1] == ' ' || value[i - 1] == '\t')) {
+  YamlQuotes quotes;
+  for (size_t i = 0; i < value.size(); ++i)
+    if (quotes.outside(value[i]) && value[i] == '#' &&
+        (i == 0 || std::isspace(static_cast<unsigned char>(value[i - 1]))))
       return i;
-    }
-  }
   return std::string::npos;
 }
 
@@ -526,8 +514,9 @@ void apply_override(YAML::Node& root, const Override& ov) {
       if (comment_start(ov.value) != std::string::npos)
         throw UserError(fmt::format(
             "override '{}': '#' there starts a YAML comment, which would drop the rest of the "
-            "value; quote the value in YAML quotes, e.g. {}='\"{}\"'",
-            ov.text(), ov.key, ov.value));
+            "value; leave the comment out, or write the value as a quoted YAML string inside "
+            "the shell's quotes, e.g. data.path='\"/data/set #2\"'",
+            ov.text()));
       // As in a file: a second document ('---') would otherwise be dropped without a word.
       if (holds_second_document(ov.value))
         throw UserError(fmt::format("override '{}': holds more than one YAML document "

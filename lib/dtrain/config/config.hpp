@@ -413,6 +413,49 @@ struct Config {
 double scaled_lr(const OptimizerConfig& o, int64_t global_batch);
 
 // One `key=value` from the command line. `value` is YAML (so `model.hidden=[512,256]` works).
+// Follows YAML's quotes along an override's value, a character at a time: outside(ch) says
+// whether `ch` stands outside quotes (the quote characters themselves count as inside), where
+// a comma splits a sweep list and a '#' after a blank starts a comment. As YAML reads them, a
+// quote opens a quoted string only where a value starts (first, or after '[', '{', ',' or
+// ':'); inside a plain word (it's, O"Brien) it is a character like any other.
+class YamlQuotes {
+ public:
+  bool outside(char ch) {
+    // '' inside single quotes is one quote character: the string goes on.
+    const bool reopen = closed_single_ && ch == '\'';
+    closed_single_ = false;
+    if (reopen) {
+      quote_ = ch;
+      return false;
+    }
+    if (quote_) {
+      if (escaped_)
+        escaped_ = false;
+      else if (quote_ == '"' && ch == '\\')
+        escaped_ = true;  // a backslash escapes inside double quotes, as YAML reads them
+      else if (ch == quote_) {
+        closed_single_ = ch == '\'';
+        quote_ = 0;
+      }
+      return false;
+    }
+    const bool starts = last_ == 0 || last_ == '[' || last_ == '{' || last_ == ',' || last_ == ':';
+    if ((ch == '"' || ch == '\'') && starts) {
+      quote_ = ch;
+      last_ = ch;
+      return false;
+    }
+    if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') last_ = ch;
+    return true;
+  }
+
+ private:
+  char quote_ = 0;
+  char last_ = 0;  // the last character outside quotes that is not a blank (0: none yet)
+  bool escaped_ = false;
+  bool closed_single_ = false;  // the character before closed a single-quoted string
+};
+
 struct Override {
   std::string key;
   std::string value;

@@ -16,26 +16,18 @@ std::vector<std::string> split_values(const std::string& value) {
   std::vector<std::string> out;
   std::string cur;
   int depth = 0;
-  char quote = 0;
-  bool escaped = false;  // after a backslash inside double quotes, as YAML reads them
+  YamlQuotes quotes;
   for (char ch : value) {
-    if (quote) {
-      if (escaped)
-        escaped = false;
-      else if (quote == '"' && ch == '\\')
-        escaped = true;
-      else if (ch == quote)
-        quote = 0;
-    } else if (ch == '"' || ch == '\'') {
-      quote = ch;
-    } else if (ch == '[' || ch == '{') {
-      ++depth;
-    } else if (ch == ']' || ch == '}') {
-      --depth;
-    } else if (ch == ',' && depth == 0) {
-      out.push_back(cur);
-      cur.clear();
-      continue;
+    if (quotes.outside(ch)) {
+      if (ch == '[' || ch == '{') {
+        ++depth;
+      } else if (ch == ']' || ch == '}') {
+        --depth;
+      } else if (ch == ',' && depth == 0) {
+        out.push_back(cur);
+        cur.clear();
+        continue;
+      }
     }
     cur += ch;
   }

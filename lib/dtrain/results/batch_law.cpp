@@ -36,12 +36,13 @@ BatchLawRow summarize_lr(long long batch, double lr, const std::vector<const Run
 }
 
 // Better: all runs reached the target, and then fewer mean steps; among learning rates where
-// some run missed it, more runs that reached it, then fewer steps. (How many seeds an LR had
-// says nothing of how fast it trains: an LR run at more seeds is not preferred.)
+// some run missed it, a larger share of runs that reached it, then fewer steps. (How many
+// seeds an LR had says nothing of how well it trains: an LR run at more seeds is not preferred.)
 bool better(const BatchLawRow& a, const BatchLawRow& b) {
   const bool all_a = a.reached == a.runs, all_b = b.reached == b.runs;
   if (all_a != all_b) return all_a;
-  if (!all_a && a.reached != b.reached) return a.reached > b.reached;
+  const int64_t share_a = int64_t{a.reached} * b.runs, share_b = int64_t{b.reached} * a.runs;
+  if (!all_a && share_a != share_b) return share_a > share_b;
   return a.steps < b.steps;
 }
 
@@ -184,7 +185,7 @@ std::string tried_markdown(const BatchLaw& law) {
       "Every learning rate tried at each global batch: its runs, how many reached the target "
       "({}) and how many diverged, and the mean steps to the target of those that reached it. "
       "The LR kept at each batch (of those whose runs all reached the target, the fewest steps; "
-      "else the one that reached it most often) is in bold.\n\n"
+      "else the largest share of runs that reached it) is in bold.\n\n"
       "| global batch | peak LR | runs | reached | diverged | steps to target |\n"
       "|---|---|---|---|---|---|\n",
       target_text(law.target_accuracy, law.target_loss));
