@@ -4,13 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <initializer_list>
-#include <fstream>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -18,10 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include "dtrain/config/config.hpp"
-#include "dtrain/data/data.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/rng.hpp"
+#include "dtrain/config/config.hpp"
+#include "dtrain/data/data.hpp"
 #include "dtrain/train/trainer.hpp"
 
 // Built with AddressSanitizer (GCC or clang): peak memory is then the sanitizer's, not dtrain's.
@@ -229,7 +230,8 @@ inline std::pair<int, double> dtrain_peak_mib(std::vector<std::string> args) {
   }
   int status = 0;
   rusage u{};
-  wait4(pid, &status, 0, &u);
+  while (wait4(pid, &status, 0, &u) < 0 && errno == EINTR) {
+  }
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<double>(u.ru_maxrss) / 1024};
 }
 

@@ -51,8 +51,9 @@ bool wait_for(const fs::path& p, double seconds) {
 }
 
 // A dtrain command started in the background that the test can pause (SIGSTOP) while another
-// command acts, so that "meanwhile" does not depend on how fast this machine is. It is always
-// let go again before the test waits for it, whatever the test's outcome.
+// command acts, so that "meanwhile" does not depend on how fast this machine is. On every way
+// out of the test it is let go again; one whose result the test never took is also stopped
+// (SIGTERM), so that a failing test neither waits for a whole run nor leaves one behind.
 class Pausable {
  public:
   Pausable(const TempDir& d, const std::string& env_and_args) : pid_file_(d.path / "pausable.pid") {
@@ -60,8 +61,12 @@ class Pausable {
     done_ = std::async(std::launch::async, [cmd] { return shell(cmd); });
   }
   ~Pausable() {
-    resume();
-    if (done_.valid()) done_.wait();
+    if (!done_.valid()) return;
+    if (pid_ > 1) {
+      ::kill(pid_, SIGCONT);
+      ::kill(pid_, SIGTERM);
+    }
+    done_.wait();
   }
   Pausable(const Pausable&) = delete;
   Pausable& operator=(const Pausable&) = delete;
@@ -69,14 +74,14 @@ class Pausable {
     std::ifstream in(pid_file_);
     in >> pid_;
     REQUIRE(pid_ > 1);
-    REQUIRE(::kill(pid_, SIGSTOP) == 0);
-  }
-  void resume() {
-    if (pid_ > 1) ::kill(pid_, SIGCONT);
+    if (::kill(pid_, SIGSTOP) != 0)
+      FAIL("race lost: the first command had ended before it could be paused");
   }
   ShellResult result() {
-    resume();
-    return done_.get();
+    if (pid_ > 1) ::kill(pid_, SIGCONT);
+    auto r = done_.get();  // the process is reaped: its pid is no longer ours to signal
+    pid_ = 0;
+    return r;
   }
 
  private:

@@ -363,7 +363,8 @@ TokenShards folder_shards(const std::string& path) {
     if (it->path().extension() != ".bin") {
       std::string ext = it->path().extension().string();
       for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-      if (ext == ".bin") left_out.push_back(name);
+      std::error_code regular;
+      if (ext == ".bin" && it->is_regular_file(regular)) left_out.push_back(name);
       continue;
     }
     std::error_code link;  // a link to nothing is named, not taken for a failed listing
