@@ -234,9 +234,9 @@ TEST_CASE("YAML the config reader does not take is named for what it is", "[conf
             .data.exclude == std::vector<std::string>{"a #b", "c #d"});
   CHECK(parse_config("name: m\n", "m.yaml", {parse_override("data.path=/a/it's")}).data.path ==
         "/a/it's");
-  // A sweep list splits at commas outside quotes; a quote inside a word opens none.
-  CHECK(split_values("/a/it's,/b") == std::vector<std::string>{"/a/it's", "/b"});
+  // A sweep list splits at commas outside quotes, any quote opening them (name=a"b,c is one).
   CHECK(split_values("'a,b',c") == std::vector<std::string>{"'a,b'", "c"});
+  CHECK(split_values("a\"b,c") == std::vector<std::string>{"a\"b,c"});
 }
 
 TEST_CASE("override syntax errors are clear", "[config][errors]") {

@@ -417,9 +417,11 @@ double scaled_lr(const OptimizerConfig& o, int64_t global_batch);
 // whether `ch` stands outside quotes (the quote characters themselves count as inside), where
 // a comma splits a sweep list and a '#' after a blank starts a comment. As YAML reads them, a
 // quote opens a quoted string only where a value starts (first, or after '[', '{', ',' or
-// ':'); inside a plain word (it's, O"Brien) it is a character like any other.
+// ':'); inside a plain word (it's, O"Brien) it is a character like any other. With
+// `anywhere`, every quote opens one: the sweep-list split's rule (name=a"b,c is one name).
 class YamlQuotes {
  public:
+  explicit YamlQuotes(bool anywhere = false) : anywhere_(anywhere) {}
   bool outside(char ch) {
     // '' inside single quotes is one quote character: the string goes on.
     const bool reopen = closed_single_ && ch == '\'';
@@ -439,7 +441,8 @@ class YamlQuotes {
       }
       return false;
     }
-    const bool starts = last_ == 0 || last_ == '[' || last_ == '{' || last_ == ',' || last_ == ':';
+    const bool starts =
+        anywhere_ || last_ == 0 || last_ == '[' || last_ == '{' || last_ == ',' || last_ == ':';
     if ((ch == '"' || ch == '\'') && starts) {
       quote_ = ch;
       last_ = ch;
@@ -450,6 +453,7 @@ class YamlQuotes {
   }
 
  private:
+  bool anywhere_;
   char quote_ = 0;
   char last_ = 0;  // the last character outside quotes that is not a blank (0: none yet)
   bool escaped_ = false;

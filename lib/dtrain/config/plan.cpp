@@ -16,7 +16,7 @@ std::vector<std::string> split_values(const std::string& value) {
   std::vector<std::string> out;
   std::string cur;
   int depth = 0;
-  YamlQuotes quotes;
+  YamlQuotes quotes(/*anywhere=*/true);
   for (char ch : value) {
     if (quotes.outside(ch)) {
       if (ch == '[' || ch == '{') {

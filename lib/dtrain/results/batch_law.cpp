@@ -96,11 +96,6 @@ KeptLrs kept_runs(const std::vector<RunRecord>& runs) {
   if (first) {
     kept.target_accuracy = first->target_accuracy;
     kept.target_loss = first->target_loss;
-    if (kept.target_accuracy <= 0 && kept.target_loss <= 0)
-      throw UserError(fmt::format(
-          "{}: the runs had no target (train.target_accuracy and train.target_loss are 0), so "
-          "there are no steps to a target to fit; run the sweep with a target",
-          first->dir));
   }
   for (const auto& [batch, lrs] : by_batch) {
     std::optional<KeptRuns> best;
@@ -147,6 +142,9 @@ std::string target_text(double accuracy, double loss) {
 }
 
 std::string to_markdown(const BatchLaw& law) {
+  if (law.target_accuracy <= 0 && law.target_loss <= 0 && law.rows.empty())
+    return "No batch-size law: these runs set no target (train.target_accuracy or "
+           "train.target_loss), so no run has steps to one; sweep with a target.\n";
   std::string md = fmt::format(
       "Steps to the target ({}) at each global batch, with the learning rate "
       "that took the fewest (of those whose runs all reached it), mean over the seeds that "
