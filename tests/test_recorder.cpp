@@ -11,7 +11,9 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
@@ -190,6 +192,32 @@ TEST_CASE("dtrain run on a full disk exits 1 and leaves the run marked failed", 
   CHECK(slurp(run / "status") == "failed\n");
   CHECK(read_run_status(run.string()) == "failed");
   CHECK(temp_files(res) == 0);
+}
+
+// A tag's index is saved under a short lock, waited for; a holder that never lets go (a
+// command stopped midway) is waited for only so long. flock locks belong to the open file, so
+// a second open in this process contends as another process would.
+TEST_CASE("the index lock waits for its holder, for a bounded time", "[recorder]") {
+  TempDir d("index-lock");
+  const std::string index = (d.path / "exp" / "index-t.csv").string();
+  {
+    const FileLock first(index, 1);
+    REQUIRE(first.held());
+    const auto t0 = std::chrono::steady_clock::now();
+    const FileLock second(index, 0.3);
+    CHECK_FALSE(second.held());
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(300));
+  }
+  auto holder = std::make_unique<FileLock>(index, 1);
+  REQUIRE(holder->held());
+  std::thread let_go([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    holder.reset();
+  });
+  const FileLock waited(index, 10);
+  CHECK(waited.held());
+  let_go.join();
+  CHECK(fs::is_regular_file(d.path / "exp" / ".index-t.csv.lock"));
 }
 
 TEST_CASE("a run folder held by another process is never moved or resumed", "[recorder][cli]") {

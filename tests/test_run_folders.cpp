@@ -162,7 +162,11 @@ TEST_CASE("two commands of one tag at once keep each other's rows in the index",
   Pausable a(d, "DTRAIN_SLOW=0:optimizer:100 " + dtrain_binary() + " run " + cfg +
                     " gpus=1 --results " + res + " --tag t --quiet");
   const fs::path exp = fs::path(res) / "rf";
-  REQUIRE(wait_for(exp / "t-g1" / "status", 60));
+  // Paused once its index says t-g1 is running: training, not in the middle of a save.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (slurp(exp / "index-t.csv").find("\nt-g1,running,") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   a.pause();  // until the second command has ended
   const bool in_time = slurp(exp / "t-g1" / "status") == "running\n";
   const auto b =

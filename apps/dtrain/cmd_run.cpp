@@ -618,6 +618,7 @@ void check_plans(const Sweep& s, HeldData& data) {
 // the earlier commands' rows read once, when this is made. Rank 0's alone.
 class TagIndex {
  public:
+  static constexpr double kIndexLockWaitS = 30;
   TagIndex(const std::string& results, const Sweep& s) : results_(results), s_(s) {
     if (s.leader)
       for (const auto& r : s.runs)
@@ -638,10 +639,18 @@ class TagIndex {
     std::vector<IndexRow> now = read_index(path(name));
     return merge_index(now.empty() ? earlier_.at(name) : std::move(now), mine);
   }
+  // Under the index's lock: two commands of the tag saving at once would each write the rows
+  // it read before the other's write, and one's rows would be lost.
   void save() const {
     if (!s_.leader) return;
     for (const auto& exp : earlier_) {
       ensure_dir((fs::path(results_) / exp.first).string(), "results");
+      const FileLock lock(path(exp.first), kIndexLockWaitS);
+      if (!lock.held())
+        log().warn(
+            "{}: another dtrain command has held this index for {:g} s (stopped?); "
+            "saving it without the lock",
+            printable(path(exp.first), true), kIndexLockWaitS);
       write_index(path(exp.first), rows(exp.first));
     }
   }

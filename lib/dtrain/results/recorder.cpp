@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -111,6 +112,17 @@ RunLock::RunLock(const std::string& run_dir) : fd_(open_lock(run_dir)) {
 }
 
 RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+FileLock::FileLock(const std::string& path, double wait_s) : fd_(open_lock(path)) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  while (!(held_ = ::flock(fd_, LOCK_EX | LOCK_NB) == 0) && errno == EWOULDBLOCK &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+FileLock::~FileLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 

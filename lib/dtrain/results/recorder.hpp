@@ -45,6 +45,23 @@ class RunLock {
   int fd_ = -1;
 };
 
+// A short exclusive flock on <parent>/.<name>.lock for a read-merge-write of a shared file (a
+// tag's index, which two commands of one tag may save at once). It waits up to `wait_s` for a
+// holder; past that (a holder stopped midway, by Ctrl-Z say) held() is false and the caller
+// goes on without it, rather than hang.
+class FileLock {
+ public:
+  FileLock(const std::string& path, double wait_s);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  int fd_ = -1;
+  bool held_ = false;
+};
+
 class RunLogFile;
 
 class RunRecorder : public TrainObserver {
