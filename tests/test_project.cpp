@@ -251,10 +251,10 @@ optimizer: {lr: 0.05, base_batch: 16}
            {header + rest, "metrics.csv:2: epoch '2' where epoch 1 should be"},
            {header + first_row, "1 epoch rows, but summary.json counts"}}) {
     std::ofstream(run / "metrics.csv") << text;
-    const auto r = dtrain_cli("project " + run.string() + out);
-    INFO(r.out);
-    CHECK(r.code == 2);
-    CHECK_THAT(r.out, Catch::Contains(want));
+    const auto cut = dtrain_cli("project " + run.string() + out);
+    INFO(cut.out);
+    CHECK(cut.code == 2);
+    CHECK_THAT(cut.out, Catch::Contains(want));
   }
 }
 
