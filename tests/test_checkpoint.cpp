@@ -4,28 +4,28 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
 #include <zlib.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <map>
-#include <sstream>
-#include <algorithm>
 #include <functional>
 #include <limits>
+#include <map>
+#include <sstream>
 #include <thread>
 
+#include "checkpoint_helpers.hpp"
+#include "dtrain/backend/device.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/config/config.hpp"
 #include "dtrain/data/data.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/straggler.hpp"
 #include "dtrain/train/trainer.hpp"
-#include "checkpoint_helpers.hpp"
 #include "helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -92,6 +92,37 @@ TEST_CASE("a residual run with BatchNorm inside its blocks resumes to the same b
   // 2 replicas x [mean, var] of BatchNorms of 4, 4, 4, 6, 6 (nested) and 6 (projection).
   CHECK(keep.all[0].bn_state.size() == 2 * 2 * (4 * 3 + 6 * 3));
   for (const auto& c : keep.all) {
+    INFO("from epoch " << c.epoch << " step " << c.step);
+    const TrainResult resumed = train(cfg, data, nullptr, &c);
+    require_same_numeric_columns(full, resumed);
+  }
+}
+
+TEST_CASE("a run on Winograd's convolutions resumes to the same bits",
+          "[checkpoint][residual][winograd]") {
+  // 32 channels, 3x3, stride 1: Winograd's kernels where oneDNN has them (AVX-512).
+  Config cfg = stateful_config(OptimizerType::sgd);
+  cfg.data.synthetic.shape = {3, 8, 8};
+  cfg.model = parse_config(R"(model:
+  type: layers
+  layers:
+    - {conv: {channels: 32, padding: 1, bias: false}}
+    - batchnorm
+    - relu
+    - residual:
+        body: [{conv: {channels: 32, padding: 1, bias: false}}, batchnorm, relu,
+               {conv: {channels: 32, padding: 1, bias: false}}, batchnorm]
+    - global_avg_pool
+)",
+                           "res.yaml")
+                  .model;
+  REQUIRE(winograd_suits({32, 8, 8, 32, 3, 1, 1}));
+  const DataSplit data = load_data(cfg.data, cfg.train.seed);
+  Keep keep;
+  const TrainResult full = train(cfg, data, &keep);
+  REQUIRE(keep.all.size() == 9);
+  for (const size_t k : {size_t{1}, size_t{4}, size_t{8}}) {  // mid-epoch, ends, mid-epoch
+    const auto& c = keep.all[k];
     INFO("from epoch " << c.epoch << " step " << c.step);
     const TrainResult resumed = train(cfg, data, nullptr, &c);
     require_same_numeric_columns(full, resumed);

@@ -4,9 +4,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "dtrain/backend/device.hpp"
+#include "dtrain/base/error.hpp"
 #include "dtrain/config/config.hpp"
 #include "dtrain/data/data.hpp"
-#include "dtrain/base/error.hpp"
 #include "dtrain/nn/model.hpp"
 #include "dtrain/train/trainer.hpp"
 #include "gradcheck.hpp"
@@ -48,25 +49,27 @@ Config bn_config(int gpus, int64_t batch, BatchNormMode mode) {
 
 // A small residual network on 3x8x8 images: a stem, an identity block, a downsampling block
 // (projection shortcut) and global average pooling; BatchNorm inside both blocks.
-Config residual_config(int gpus, int64_t batch, BatchNormMode mode) {
+// Two residual blocks, of `width` channels and of 2 x width after a strided convolution.
+Config residual_config(int gpus, int64_t batch, BatchNormMode mode, int width = 4) {
   Config c = test::synthetic_config(gpus, batch);
   c.data.synthetic.shape = {3, 8, 8};
   c.data.synthetic.train_size = 32 * 60;
-  c.model = parse_config(R"(model:
+  c.model = parse_config(fmt::format(R"(model:
   type: layers
   layers:
-    - {conv: {channels: 4, kernel: 3, padding: 1, bias: false}}
+    - {{conv: {{channels: {0}, kernel: 3, padding: 1, bias: false}}}}
     - batchnorm
     - relu
     - residual:
-        body: [{conv: {channels: 4, padding: 1, bias: false}}, batchnorm, relu,
-               {conv: {channels: 4, padding: 1, bias: false}}, batchnorm]
+        body: [{{conv: {{channels: {0}, padding: 1, bias: false}}}}, batchnorm, relu,
+               {{conv: {{channels: {0}, padding: 1, bias: false}}}}, batchnorm]
     - residual:
         shortcut: auto
-        body: [{conv: {channels: 8, stride: 2, padding: 1, bias: false}}, batchnorm, relu,
-               {conv: {channels: 8, padding: 1, bias: false}}, batchnorm]
+        body: [{{conv: {{channels: {1}, stride: 2, padding: 1, bias: false}}}}, batchnorm, relu,
+               {{conv: {{channels: {1}, padding: 1, bias: false}}}}, batchnorm]
     - global_avg_pool
 )",
+                                     width, 2 * width),
                          "res.yaml")
                 .model;
   c.model.batchnorm = mode;
@@ -244,6 +247,20 @@ TEST_CASE("a residual network with sync BatchNorm: 4 replicas x 8 equal 1 replic
   // Not vacuous: per-replica statistics inside the blocks change the trajectory.
   const auto local = run(residual_config(4, 8, BatchNormMode::local));
   CHECK(max_rel_step_diff(one, local) > 1e-4);
+}
+
+TEST_CASE("with Winograd's convolutions 4 replicas x 8 equal 1 replica x 32",
+          "[equivalence][residual][winograd]") {
+  // 32 and 64 channels: the stride-1 3x3 convolutions are Winograd's where oneDNN has it
+  // (AVX-512), whose sums follow tiles of the batch; the step still holds across N.
+  const ConvGeom g{32, 8, 8, 32, 3, 1, 1};
+  INFO("oneDNN's kernel: " << onednn_conv_kernel(CpuOptions::default_cpu_conv(), g, 8));
+  CHECK(winograd_suits(g));
+  const auto one = run(residual_config(1, 32, BatchNormMode::sync, 32));
+  const auto four = run(residual_config(4, 8, BatchNormMode::sync, 32));
+  REQUIRE(one.step_losses.size() == 60);
+  CHECK(max_rel_step_diff(one, four) < 1e-5);
+  CHECK(one.step_losses.back() < 0.8 * one.step_losses.front());
 }
 
 TEST_CASE("a layer list parses, round-trips and builds", "[model][config]") {

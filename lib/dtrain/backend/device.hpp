@@ -282,8 +282,19 @@ class Device {
 };
 
 // How the CPU backend convolves: oneDNN's primitives (the default where dtrain was built with
-// oneDNN) or im2col + one GEMM per chunk (always available; the reference in tests).
-enum class CpuConv { onednn, im2col };
+// oneDNN), Winograd's algorithm where winograd_suits a convolution and oneDNN has it for this
+// instruction set, direct convolutions elsewhere; oneDNN's direct convolutions everywhere
+// (onednn_direct); or im2col + one GEMM per chunk (always available; the reference in tests).
+enum class CpuConv { onednn, onednn_direct, im2col };
+bool uses_onednn(CpuConv c);
+// Whether CpuConv::onednn computes fp32 convolution g with Winograd's F(4x4, 3x3): 3x3, stride
+// 1, at least 32 channels in and out in whole blocks of 16. There oneDNN's Winograd kernels
+// (AVX-512) take 0.5-0.7x the direct kernels' time; with 16 channels or fewer they are no faster
+// or slower (docs/performance.md).
+bool winograd_suits(const ConvGeom& g);
+// oneDNN's name for the forward kernel a CPU device of `conv` runs fp32 convolution g with at n
+// samples, e.g. "jit_wino_4x3:avx512_core"; "" where conv is im2col or dtrain has no oneDNN.
+std::string onednn_conv_kernel(CpuConv conv, const ConvGeom& g, int64_t n);
 // Whose sgemm multiplies matrices on the CPU: oneDNN's (the default where dtrain was built with
 // oneDNN: a GPT's epoch 1.09-1.14x faster than with OpenBLAS's, results/bench/cpu-gemm.md) or
 // OpenBLAS's.

@@ -143,45 +143,74 @@ dnnl::memory::format_tag blocked_tag(int64_t b) {
 // Convolution g's tensors for n samples in fp32, their layouts left to oneDNN (format any),
 // and its forward pass: what DnnlConv builds its primitives from, and what conv_out_block asks.
 struct AnyConv {
-  AnyConv(const ConvGeom& g, int64_t n)
-      : src({n, g.c, g.h, g.w}, kF32, kAny),
+  AnyConv(const ConvGeom& g, int64_t n, dnnl::algorithm algorithm)
+      : algo(algorithm),
+        src({n, g.c, g.h, g.w}, kF32, kAny),
         wei({g.oc, g.c, g.k, g.k}, kF32, kAny),
         bias({g.oc}, kF32, dnnl::memory::format_tag::x),
         dst({n, g.oc, g.ho(), g.wo()}, kF32, kAny),
         strides{g.stride, g.stride},
         pad{g.pad, g.pad} {}
   dnnl::convolution_forward::desc forward() const {
-    return {dnnl::prop_kind::forward_training, kAlgo, src, wei, bias, dst, strides, pad, pad};
+    return {dnnl::prop_kind::forward_training, algo, src, wei, bias, dst, strides, pad, pad};
+  }
+  dnnl::convolution_backward_data::desc backward_data() const {
+    return {algo, src, wei, dst, strides, pad, pad};
+  }
+  dnnl::convolution_backward_weights::desc backward_weights() const {
+    return {algo, src, wei, bias, dst, strides, pad, pad};
   }
   static constexpr auto kF32 = dnnl::memory::data_type::f32;
   static constexpr auto kAny = dnnl::memory::format_tag::any;
-  static constexpr auto kAlgo = dnnl::algorithm::convolution_direct;
+  dnnl::algorithm algo;
   dnnl::memory::desc src, wei, bias, dst;
   dnnl::memory::dims strides, pad;
 };
+
+// make(algorithm): Winograd's where `winograd` and oneDNN has it for this instruction set and
+// shape (AVX-512; make throws where not), else the direct one.
+template <class Make>
+auto winograd_or_direct(bool winograd, Make make) {
+  if (winograd) try {
+      return make(dnnl::algorithm::convolution_winograd);
+    } catch (const dnnl::error&) {
+      // not implemented here: the direct convolution below
+    }
+  return make(dnnl::algorithm::convolution_direct);
+}
+
+// The forward primitive for g at n samples (winograd_or_direct).
+dnnl::convolution_forward::primitive_desc forward_pd(const dnnl::engine& eng, const ConvGeom& g,
+                                                     int64_t n, bool winograd) {
+  return winograd_or_direct(winograd, [&](dnnl::algorithm algo) {
+    return dnnl::convolution_forward::primitive_desc(AnyConv(g, n, algo).forward(), eng);
+  });
+}
 
 // oneDNN convolution primitives for one geometry and batch size, with the reorders that move
 // between dtrain's NCHW/OIHW tensors (or channel blocks: MapLayout) and the layouts oneDNN
 // picks.
 class DnnlConv {
  public:
-  DnnlConv(const dnnl::engine& eng, DnnlStaging& staging, const ConvGeom& g, int64_t n)
+  // winograd: Winograd's algorithm for each pass where oneDNN has it (winograd_or_direct).
+  DnnlConv(const dnnl::engine& eng, DnnlStaging& staging, const ConvGeom& g, int64_t n,
+           bool winograd)
       : eng_(eng), staging_(staging) {
     using dnnl::memory;
-    const AnyConv a(g, n);
+    const AnyConv a(g, n, dnnl::algorithm::convolution_direct);
     user_src_ = memory::desc(a.src.dims(), a.kF32, blocked_tag(g.in_block));
     user_wei_ = memory::desc(a.wei.dims(), a.kF32, memory::format_tag::oihw);
     user_dst_ = memory::desc(a.dst.dims(), a.kF32, blocked_tag(g.out_block));
     bias_ = a.bias;
-    fwd_pd_ = dnnl::convolution_forward::primitive_desc(a.forward(), eng_);
-    bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(a.kAlgo, a.src, a.wei, a.dst, a.strides, a.pad,
-                                              a.pad),
-        eng_, fwd_pd_);
-    bwd_w_pd_ = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(a.kAlgo, a.src, a.wei, a.bias, a.dst, a.strides,
-                                                 a.pad, a.pad),
-        eng_, fwd_pd_);
+    fwd_pd_ = forward_pd(eng_, g, n, winograd);
+    bwd_data_pd_ = winograd_or_direct(winograd, [&](dnnl::algorithm algo) {
+      return dnnl::convolution_backward_data::primitive_desc(AnyConv(g, n, algo).backward_data(),
+                                                             eng_, fwd_pd_);
+    });
+    bwd_w_pd_ = winograd_or_direct(winograd, [&](dnnl::algorithm algo) {
+      return dnnl::convolution_backward_weights::primitive_desc(
+          AnyConv(g, n, algo).backward_weights(), eng_, fwd_pd_);
+    });
     fwd_ = dnnl::convolution_forward(fwd_pd_);
     bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
     bwd_w_ = dnnl::convolution_backward_weights(bwd_w_pd_);
@@ -300,7 +329,7 @@ class CpuDevice final : public Device {
   explicit CpuDevice(const CpuOptions& opt)
       : threads_(std::max(1, opt.threads)), conv_(opt.conv), gemm_lib_(opt.gemm), bf16_(opt.bf16) {
 #if DTRAIN_HAVE_DNNL
-    if (conv_ == CpuConv::onednn) {
+    if (uses_onednn(conv_)) {
       eng_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
       stream_ = dnnl::stream(eng_);
     }
@@ -477,7 +506,7 @@ class CpuDevice final : public Device {
   // the block its forward pass picks for g's output, where the channels fill whole blocks.
   int64_t conv_out_block(const ConvGeom& g) override {
 #if DTRAIN_HAVE_DNNL
-    if (conv_ != CpuConv::onednn || bf16_) return 0;
+    if (!uses_onednn(conv_) || bf16_) return 0;
     auto it = out_blocks_.find(g);
     if (it == out_blocks_.end()) it = out_blocks_.emplace(g, dnnl_out_block(g)).first;
     return it->second;
@@ -492,7 +521,7 @@ class CpuDevice final : public Device {
     if (n * c * spatial == 0) return;
     if (from == to) return copy(y, x, static_cast<size_t>(n * c * spatial) * sizeof(float));
 #if DTRAIN_HAVE_DNNL
-    if (conv_ == CpuConv::onednn) return dnnl_convert(x, n, c, spatial, from, to, y);
+    if (uses_onednn(conv_)) return dnnl_convert(x, n, c, spatial, from, to, y);
 #endif
     const auto at = [&](int64_t b, int64_t s, int64_t ch, int64_t i) {
       return b ? ((s * (c / b) + ch / b) * spatial + i) * b + ch % b : (s * c + ch) * spatial + i;
@@ -540,7 +569,7 @@ class CpuDevice final : public Device {
  private:
   // Only oneDNN's fp32 convolutions write and read channel blocks (conv_out_block).
   void nchw_unless_onednn(const ConvGeom& g) const {
-    if ((g.in_block || g.out_block) && (bf16_ || conv_ != CpuConv::onednn))
+    if ((g.in_block || g.out_block) && (bf16_ || !uses_onednn(conv_)))
       DTRAIN_THROW_SYSTEM("a convolution in channel blocks without oneDNN's fp32 kernels");
   }
 
@@ -641,7 +670,7 @@ class CpuDevice final : public Device {
   void conv_forward_f32(const ConvGeom& g, int64_t n, const float* x, const float* w,
                         const float* b, float* y) {
 #if DTRAIN_HAVE_DNNL
-    if (conv_ == CpuConv::onednn) {
+    if (uses_onednn(conv_)) {
       omp_set_num_threads(threads_);
       dnnl_conv(g, n).forward(stream_, x, w, b, y);
       stream_.wait();
@@ -676,7 +705,7 @@ class CpuDevice final : public Device {
   void conv_backward_f32(const ConvGeom& g, int64_t n, const float* x, const float* w,
                          const float* dy, float* dw, float* db, float* dx) {
 #if DTRAIN_HAVE_DNNL
-    if (conv_ == CpuConv::onednn) {
+    if (uses_onednn(conv_)) {
       omp_set_num_threads(threads_);
       dnnl_conv(g, n).backward(stream_, x, w, dy, dw, db, dx);
       return;
@@ -1013,12 +1042,17 @@ class CpuDevice final : public Device {
     stream_.wait();
   }
 
+  // Whether g is computed with Winograd's algorithm where oneDNN has it (not in emulated bf16,
+  // which stands for cuDNN's bf16 convolutions).
+  bool winograd(const ConvGeom& g) const {
+    return conv_ == CpuConv::onednn && !bf16_ && winograd_suits(g);
+  }
   // The block of the layout oneDNN's forward primitive picks for g's output (asked at a batch
   // of 32), if one of 8 or 16 channels that g's channels fill; else 0.
   int64_t dnnl_out_block(const ConvGeom& g) {
-    const AnyConv a(g, 32);
+    const AnyConv a(g, 32, dnnl::algorithm::convolution_direct);
     try {
-      const dnnl::convolution_forward::primitive_desc pd(a.forward(), eng_);
+      const auto pd = forward_pd(eng_, g, 32, winograd(g));
       for (const int64_t b : {16, 8}) {
         const dnnl::memory::desc blocks(a.dst.dims(), a.kF32, blocked_tag(b));
         if (g.oc % b == 0 && pd.dst_desc() == blocks) return b;
@@ -1033,7 +1067,8 @@ class CpuDevice final : public Device {
     auto it = convs_.find(key);
     if (it == convs_.end()) {
       try {
-        it = convs_.emplace(key, std::make_unique<DnnlConv>(eng_, staging_, g, n)).first;
+        it = convs_.emplace(key, std::make_unique<DnnlConv>(eng_, staging_, g, n, winograd(g)))
+                 .first;
       } catch (const dnnl::error& e) {
         DTRAIN_THROW_SYSTEM(fmt::format("oneDNN convolution setup failed: {}", e.what()));
       }
@@ -1073,7 +1108,34 @@ CpuConv CpuOptions::default_cpu_conv() {
 }
 
 const char* to_string(CpuConv c) {
-  return c == CpuConv::onednn ? "onednn" : "im2col";
+  switch (c) {
+    case CpuConv::onednn:
+      return "onednn";
+    case CpuConv::onednn_direct:
+      return "onednn-direct";
+    case CpuConv::im2col:
+      break;
+  }
+  return "im2col";
+}
+
+bool uses_onednn(CpuConv c) {
+  return c != CpuConv::im2col;
+}
+
+bool winograd_suits(const ConvGeom& g) {
+  return g.k == 3 && g.stride == 1 && g.c >= 32 && g.oc >= 32 && g.c % 16 == 0 && g.oc % 16 == 0;
+}
+
+std::string onednn_conv_kernel(CpuConv conv, const ConvGeom& g, int64_t n) {
+#if DTRAIN_HAVE_DNNL
+  if (!uses_onednn(conv)) return "";
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return forward_pd(eng, g, n, conv == CpuConv::onednn && winograd_suits(g)).impl_info_str();
+#else
+  (void)conv, (void)g, (void)n;
+  return "";
+#endif
 }
 
 CpuGemm CpuOptions::default_cpu_gemm() {
@@ -1091,32 +1153,35 @@ std::string cpu_libraries(const CpuOptions& o) {
 
 namespace {
 
-// The value of the environment variable `name`: "" where unset or empty, "onednn" where it
-// names oneDNN and this dtrain has it, `other` where it names that; else a UserError.
-std::string onednn_or(const char* name, const char* other) {
+// The value of the environment variable `name`: "" where unset or empty, one of `onednn` (the
+// values that name oneDNN's kernels) where this dtrain has oneDNN, `other` where it names that;
+// else a UserError.
+std::string onednn_or(const char* name, const std::vector<std::string>& onednn, const char* other) {
   const char* v = std::getenv(name);
   const std::string s = v ? v : "";
   if (s.empty() || s == other) return s;
-  if (s == "onednn") {
+  if (std::find(onednn.begin(), onednn.end(), s) != onednn.end()) {
     if (!have_onednn())
       throw UserError(fmt::format(
-          "{}=onednn, but this dtrain was built without oneDNN (install libdnnl-dev and rebuild)",
-          name));
+          "{}={}, but this dtrain was built without oneDNN (install libdnnl-dev and rebuild)", name,
+          s));
     return s;
   }
-  throw UserError(fmt::format("{}={}: valid values are onednn and {}", name, s, other));
+  throw UserError(
+      fmt::format("{}={}: valid values are {} and {}", name, s, fmt::join(onednn, ", "), other));
 }
 
 }  // namespace
 
 CpuConv cpu_conv_from_env() {
-  const std::string s = onednn_or("DTRAIN_CPU_CONV", "im2col");
+  const std::string s = onednn_or("DTRAIN_CPU_CONV", {"onednn", "onednn-direct"}, "im2col");
   if (s.empty()) return CpuOptions::default_cpu_conv();
-  return s == "onednn" ? CpuConv::onednn : CpuConv::im2col;
+  if (s == "onednn") return CpuConv::onednn;
+  return s == "onednn-direct" ? CpuConv::onednn_direct : CpuConv::im2col;
 }
 
 CpuGemm cpu_gemm_from_env() {
-  const std::string s = onednn_or("DTRAIN_CPU_GEMM", "openblas");
+  const std::string s = onednn_or("DTRAIN_CPU_GEMM", {"onednn"}, "openblas");
   if (s.empty()) return CpuOptions::default_cpu_gemm();
   return s == "onednn" ? CpuGemm::onednn : CpuGemm::openblas;
 }
