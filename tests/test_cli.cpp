@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dtrain/backend/device.hpp"
 #include "dtrain/backend/gpu.hpp"
 #include "dtrain/results/plots.hpp"
 #include "helpers.hpp"
@@ -317,6 +318,20 @@ TEST_CASE("dtrain devices describes the CPU and the GPUs or why there are none",
   CHECK(j["cuda_built"].get<bool>() == dtrain::cuda_built());
   CHECK(j["gpus"].size() == sys.gpus.size());
   CHECK(j["cpu"]["threads"].get<int>() > 0);
+  // Winograd's convolutions: said where the default has them on this CPU (AVX-512), and in
+  // the text as in the JSON; never with DTRAIN_CPU_CONV=onednn-direct.
+  const bool wino = j["cpu"]["conv_winograd"].get<bool>();
+  CHECK(wino == (dtrain::onednn_conv_kernel(dtrain::CpuConv::onednn, {32, 8, 8, 32, 3, 1, 1}, 8)
+                     .find("wino") != std::string::npos));
+  CHECK((text.out.find("Winograd's where they suit") != std::string::npos) == wino);
+  if (dtrain::have_onednn()) {
+    const auto direct =
+        shell("DTRAIN_CPU_CONV=onednn-direct " + dtrain_binary() + " devices --json");
+    REQUIRE(direct.code == 0);
+    const auto jd = nlohmann::json::parse(direct.out);
+    CHECK(jd["cpu"]["conv"] == "onednn-direct");
+    CHECK_FALSE(jd["cpu"]["conv_winograd"].get<bool>());
+  }
   if (dtrain::cuda_built()) CHECK(j["cudnn"].get<std::string>().rfind("9.", 0) == 0);
 }
 

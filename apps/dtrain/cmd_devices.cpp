@@ -26,7 +26,12 @@ int run_devices(const DevicesOptions& opt) {
   const unsigned cores = std::thread::hardware_concurrency();
   // What a run started now would use: DTRAIN_CPU_CONV and DTRAIN_CPU_GEMM where set (a value
   // they refuse is the command's error, as it would be a run's).
-  const std::string cpu_conv = to_string(cpu_conv_from_env());
+  const CpuConv conv = cpu_conv_from_env();
+  const std::string cpu_conv = to_string(conv);
+  // Whether the default's Winograd kernels exist on this CPU (oneDNN 2.x: AVX-512 only).
+  const bool winograd =
+      conv == CpuConv::onednn &&
+      onednn_conv_kernel(conv, {32, 8, 8, 32, 3, 1, 1}, 8).find("wino") != std::string::npos;
   const std::string cpu_gemm = to_string(cpu_gemm_from_env());
   if (opt.json) {
     nlohmann::json gpus = nlohmann::json::array();
@@ -44,22 +49,27 @@ int run_devices(const DevicesOptions& opt) {
       }
       gpus.push_back(e);
     }
-    const nlohmann::json j = {
-        {"cpu",
-         {{"threads", cores}, {"blas", blas_description()}, {"conv", cpu_conv},
-          {"gemm", cpu_gemm}}},
-        {"cuda_built", s.built_with_cuda},
-        {"driver", s.driver},
-        {"cuda_runtime", s.runtime},
-        {"cudnn", s.cudnn},
-        {"nccl", s.nccl},
-        {"gpus", gpus},
-        {"no_gpu_reason", s.gpus.empty() ? s.none_reason : ""}};
+    const nlohmann::json j = {{"cpu",
+                               {{"threads", cores},
+                                {"blas", blas_description()},
+                                {"conv", cpu_conv},
+                                {"conv_winograd", winograd},
+                                {"gemm", cpu_gemm}}},
+                              {"cuda_built", s.built_with_cuda},
+                              {"driver", s.driver},
+                              {"cuda_runtime", s.runtime},
+                              {"cudnn", s.cudnn},
+                              {"nccl", s.nccl},
+                              {"gpus", gpus},
+                              {"no_gpu_reason", s.gpus.empty() ? s.none_reason : ""}};
     fmt::print("{}\n", json_text(j));
     return 0;
   }
-  fmt::print("cpu: {} hardware threads, {}, convolutions by {}, matrix products by {}\n", cores,
-             blas_description(), cpu_conv, cpu_gemm);
+  const char* how = conv != CpuConv::onednn ? ""
+                    : winograd              ? " (Winograd's where they suit)"
+                                            : " (direct: no Winograd kernels for this CPU)";
+  fmt::print("cpu: {} hardware threads, {}, convolutions by {}{}, matrix products by {}\n", cores,
+             blas_description(), cpu_conv, how, cpu_gemm);
   if (!s.built_with_cuda) {
     fmt::print("cuda: no GPU: {}\n", s.none_reason);
     return 0;
