@@ -318,11 +318,14 @@ TEST_CASE("dtrain devices describes the CPU and the GPUs or why there are none",
   CHECK(j["cuda_built"].get<bool>() == dtrain::cuda_built());
   CHECK(j["gpus"].size() == sys.gpus.size());
   CHECK(j["cpu"]["threads"].get<int>() > 0);
-  // Winograd's convolutions: said where the default has them on this CPU (AVX-512), and in
-  // the text as in the JSON; never with DTRAIN_CPU_CONV=onednn-direct.
+  // Winograd's convolutions: said where the convolution in use (the default, or
+  // DTRAIN_CPU_CONV's) has them on this CPU (AVX-512), and in the text as in the JSON; never
+  // with DTRAIN_CPU_CONV=onednn-direct.
   const bool wino = j["cpu"]["conv_winograd"].get<bool>();
-  CHECK(wino == (dtrain::onednn_conv_kernel(dtrain::CpuConv::onednn, {32, 8, 8, 32, 3, 1, 1}, 8)
-                     .find("wino") != std::string::npos));
+  const dtrain::CpuConv conv = dtrain::cpu_conv_from_env();
+  CHECK(wino == (conv == dtrain::CpuConv::onednn &&
+                 dtrain::onednn_conv_kernel(conv, {32, 8, 8, 32, 3, 1, 1}, 8).find("wino") !=
+                     std::string::npos));
   CHECK((text.out.find("Winograd's where they suit") != std::string::npos) == wino);
   if (dtrain::have_onednn()) {
     const auto direct =

@@ -221,6 +221,7 @@ TEST_CASE("Winograd's convolutions run where they suit, within their rounding of
   CHECK_FALSE(winograd_suits({40, 8, 8, 40, 3, 1, 1}));  // not whole blocks of 16
   CHECK_FALSE(winograd_suits({32, 8, 8, 32, 3, 2, 1}));  // strided
   CHECK_FALSE(winograd_suits({32, 8, 8, 32, 1, 1, 0}));  // 1x1
+  CHECK_FALSE(winograd_suits({32, 8, 8, 32, 3, 1, 2}));  // oneDNN's kernels pad at most 1
   if (!have_onednn()) {
     WARN("SKIPPED: this dtrain was built without oneDNN");
     return;

@@ -288,7 +288,8 @@ class Device {
 enum class CpuConv { onednn, onednn_direct, im2col };
 bool uses_onednn(CpuConv c);
 // Whether CpuConv::onednn computes fp32 convolution g with Winograd's F(4x4, 3x3): 3x3, stride
-// 1, at least 32 channels in and out in whole blocks of 16. There oneDNN's Winograd kernels
+// 1, padding at most 1 (oneDNN's kernels take no more), at least 32 channels in and out in
+// whole blocks of 16. There oneDNN's Winograd kernels
 // (AVX-512) take 0.5-0.7x the direct kernels' time; with 16 channels or fewer they are no faster
 // or slower (docs/performance.md).
 bool winograd_suits(const ConvGeom& g);
@@ -310,8 +311,8 @@ struct CpuOptions {
   static CpuGemm default_cpu_gemm();
 };
 bool have_onednn();
-// The implementations named by DTRAIN_CPU_CONV (onednn | im2col) and DTRAIN_CPU_GEMM (onednn |
-// openblas), else the defaults. Throw UserError for another value.
+// The implementations named by DTRAIN_CPU_CONV (onednn | onednn-direct | im2col) and
+// DTRAIN_CPU_GEMM (onednn | openblas), else the defaults. Throw UserError for another value.
 CpuConv cpu_conv_from_env();
 CpuGemm cpu_gemm_from_env();
 const char* to_string(CpuConv c);

@@ -4,6 +4,7 @@
 // pool of threads spins against the first.
 #include <cblas.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -19,12 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/base/bf16.hpp"
 #include "dtrain/backend/cpu/gemm.hpp"
 #include "dtrain/backend/cpu/loops.hpp"
 #include "dtrain/backend/cpu/transformer.hpp"
 #include "dtrain/backend/device.hpp"
 #include "dtrain/backend/math.hpp"
+#include "dtrain/base/bf16.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/hash.hpp"
 
@@ -1124,7 +1125,8 @@ bool uses_onednn(CpuConv c) {
 }
 
 bool winograd_suits(const ConvGeom& g) {
-  return g.k == 3 && g.stride == 1 && g.c >= 32 && g.oc >= 32 && g.c % 16 == 0 && g.oc % 16 == 0;
+  return g.k == 3 && g.stride == 1 && g.pad <= 1 && g.c >= 32 && g.oc >= 32 && g.c % 16 == 0 &&
+         g.oc % 16 == 0;
 }
 
 std::string onednn_conv_kernel(CpuConv conv, const ConvGeom& g, int64_t n) {
