@@ -12,9 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/epoch-times.sh
 rounds=${1:-3} epochs=${2:-3}
-case "$rounds$epochs" in *[!0-9]*) echo "cpu_gemm: ROUNDS and EPOCHS are whole numbers"; exit 2 ;; esac
-[ "$rounds" -ge 1 ] || { echo "cpu_gemm: ROUNDS must be at least 1"; exit 2; }
-[ "$epochs" -ge 2 ] || { echo "cpu_gemm: EPOCHS must be at least 2 (the first is dropped)"; exit 2; }
+check_rounds_epochs cpu_gemm "$rounds" "$epochs"
 dtrain=${DTRAIN:-build/apps/dtrain}
 [ -x "$dtrain" ] || { echo "cpu_gemm: no dtrain at $dtrain (scripts/build.sh, or DTRAIN=...)"; exit 2; }
 DTRAIN_CPU_GEMM=onednn "$dtrain" devices >/dev/null ||

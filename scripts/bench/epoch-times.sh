@@ -8,3 +8,10 @@ steady_epoch_times() {
   done | sort -g
 }
 median() { awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# check_rounds_epochs NAME ROUNDS EPOCHS: one line and exit 2 unless both are whole numbers,
+# ROUNDS at least 1 and EPOCHS at least 2 (the first epoch of a run is dropped as warm-up).
+check_rounds_epochs() {
+  case "$2$3" in *[!0-9]*) echo "$1: ROUNDS and EPOCHS are whole numbers"; exit 2 ;; esac
+  [ "$2" -ge 1 ] || { echo "$1: ROUNDS must be at least 1"; exit 2; }
+  [ "$3" -ge 2 ] || { echo "$1: EPOCHS must be at least 2 (the first is dropped)"; exit 2; }
+}

@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/bench/epoch-times.sh
 rounds=${1:-3} epochs=${2:-4}
+check_rounds_epochs trace_cost "$rounds" "$epochs"
 dtrain=${DTRAIN:-build/apps/dtrain}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
