@@ -28,10 +28,7 @@ int run_devices(const DevicesOptions& opt) {
   // they refuse is the command's error, as it would be a run's).
   const CpuConv conv = cpu_conv_from_env();
   const std::string cpu_conv = to_string(conv);
-  // Whether the default's Winograd kernels exist on this CPU (oneDNN 2.x: AVX-512 only).
-  const bool winograd =
-      conv == CpuConv::onednn &&
-      onednn_conv_kernel(conv, {32, 8, 8, 32, 3, 1, 1}, 8).find("wino") != std::string::npos;
+  const bool winograd = winograd_available(conv);
   const std::string cpu_gemm = to_string(cpu_gemm_from_env());
   if (opt.json) {
     nlohmann::json gpus = nlohmann::json::array();

@@ -296,6 +296,9 @@ bool winograd_suits(const ConvGeom& g);
 // oneDNN's name for the forward kernel a CPU device of `conv` runs fp32 convolution g with at n
 // samples, e.g. "jit_wino_4x3:avx512_core"; "" where conv is im2col or dtrain has no oneDNN.
 std::string onednn_conv_kernel(CpuConv conv, const ConvGeom& g, int64_t n);
+// Whether `conv` runs Winograd's kernels where they suit on this CPU (CpuConv::onednn where
+// oneDNN has them: AVX-512), asked of a convolution that suits them.
+bool winograd_available(CpuConv conv);
 // Whose sgemm multiplies matrices on the CPU: oneDNN's (the default where dtrain was built with
 // oneDNN: a GPT's epoch 1.09-1.14x faster than with OpenBLAS's, results/bench/cpu-gemm.md) or
 // OpenBLAS's.

@@ -412,7 +412,6 @@ struct Config {
 // warmup climbs to and the schedule starts from.
 double scaled_lr(const OptimizerConfig& o, int64_t global_batch);
 
-// One `key=value` from the command line. `value` is YAML (so `model.hidden=[512,256]` works).
 // Follows YAML's quotes along an override's value, a character at a time: outside(ch) says
 // whether `ch` stands outside quotes (the quote characters themselves count as inside), where
 // a comma splits a sweep list and a '#' after a blank starts a comment. As YAML reads them, a
@@ -460,6 +459,7 @@ class YamlQuotes {
   bool closed_single_ = false;  // the character before closed a single-quoted string
 };
 
+// One `key=value` from the command line. `value` is YAML (so `model.hidden=[512,256]` works).
 struct Override {
   std::string key;
   std::string value;

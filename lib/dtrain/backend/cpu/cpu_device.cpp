@@ -1140,6 +1140,11 @@ std::string onednn_conv_kernel(CpuConv conv, const ConvGeom& g, int64_t n) {
 #endif
 }
 
+bool winograd_available(CpuConv conv) {
+  return conv == CpuConv::onednn &&
+         onednn_conv_kernel(conv, {32, 8, 8, 32, 3, 1, 1}, 8).find("wino") != std::string::npos;
+}
+
 CpuGemm CpuOptions::default_cpu_gemm() {
   return have_onednn() ? CpuGemm::onednn : CpuGemm::openblas;
 }
