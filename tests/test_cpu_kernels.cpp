@@ -1,5 +1,6 @@
 // The CPU backend's two convolution paths against each other, and its kernels against
 // themselves at other thread counts.
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <catch2/catch.hpp>
@@ -173,6 +174,65 @@ TEST_CASE("maps in channel blocks: the layout, and BatchNorm's values as in NCHW
   const BnOut b = run_bn(*three, 8, x, dy, stats, sums, n, c, p);
   CHECK(a.moments == b.moments);
   CHECK(a.sums == b.sums);
+}
+
+namespace {
+// Bits of a float vector equal, element by element (-0 and 0 told apart).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) return false;
+  return true;
+}
+}  // namespace
+
+TEST_CASE("BatchNorm's fused residual tail and ReLU mask give the bits of the passes they fuse",
+          "[bn][blocks][fusion]") {
+  // Device::bn_apply_add and bn_backward_sums_masked's defaults run the separate passes
+  // (bn_apply then add or add_relu; the ReLU's backward then bn_backward_sums); the CPU's own
+  // run them in one. Every layout, 1 and 2 threads, n * c * p past kParallelMin.
+  const int64_t n = 12, c = 32, p = 101;
+  const auto len = static_cast<size_t>(n * c * p);
+  Rng rng(21);
+  const auto x = random_vec(rng, len), dy = random_vec(rng, len), s = random_vec(rng, len);
+  auto relu_y = random_vec(rng, len, -1, 1);  // the ReLU's output: zero or positive
+  for (auto& v : relu_y) v = std::max(v, 0.f);
+  std::vector<float> stats(2 * c), gamma(c), beta(c);
+  for (int64_t k = 0; k < c; ++k) {
+    stats[k] = 0.02f * float(k) - 0.3f, stats[c + k] = 1.2f - 0.01f * float(k);
+    gamma[k] = 0.5f + 0.05f * float(k), beta[k] = 0.1f - 0.01f * float(k);
+  }
+  for (int threads : {1, 2})
+    for (int64_t block : {0, 8, 16}) {
+      INFO(threads << " thread(s), blocks of " << block);
+      auto d = make_cpu_device({threads, CpuConv::im2col});
+      for (bool relu : {false, true}) {
+        std::vector<float> fused(len), apart(len);
+        d->bn_apply_add(x.data(), stats.data(), gamma.data(), beta.data(), s.data(), n, c, p, block,
+                        fused.data(), relu);
+        d->Device::bn_apply_add(x.data(), stats.data(), gamma.data(), beta.data(), s.data(), n, c,
+                                p, block, apart.data(), relu);
+        CHECK(same_bits(fused, apart));
+        // Not a pass-through: the ReLU zeroes about half.
+        const auto zeros = static_cast<size_t>(std::count(fused.begin(), fused.end(), 0.f));
+        CHECK((relu ? zeros > len / 4 : zeros == 0));
+      }
+      std::vector<float> m1(len, 7.f), m2(len, 7.f), dg1(c, 0.5f), dg2(dg1), db1(c, -0.5f),
+          db2(db1);
+      std::vector<double> s1(2 * c), s2(2 * c);
+      d->bn_backward_sums_masked(x.data(), dy.data(), relu_y.data(), stats.data(), gamma.data(), n,
+                                 c, p, block, m1.data(), s1.data(), dg1.data(), db1.data());
+      d->Device::bn_backward_sums_masked(x.data(), dy.data(), relu_y.data(), stats.data(),
+                                         gamma.data(), n, c, p, block, m2.data(), s2.data(),
+                                         dg2.data(), db2.data());
+      CHECK(same_bits(m1, m2));
+      CHECK(s1 == s2);
+      CHECK(same_bits(dg1, dg2));
+      CHECK(same_bits(db1, db2));
+      size_t masked = 0;
+      for (size_t i = 0; i < len; ++i) masked += relu_y[i] > 0.f ? m1[i] != dy[i] : m1[i] != 0.f;
+      CHECK(masked == 0);
+    }
 }
 
 TEST_CASE("oneDNN convolutions between channel blocks give the NCHW convolution's values",
@@ -453,6 +513,25 @@ TEST_CASE("DTRAIN_CPU_CONV names the convolution and rejects other values", "[co
   }
   ::unsetenv("DTRAIN_CPU_CONV");
   CHECK(cpu_conv_from_env() == CpuOptions::default_cpu_conv());
+}
+
+TEST_CASE("DTRAIN_CPU_FUSE turns the fused BatchNorm passes off and rejects other values",
+          "[bn][fusion]") {
+  ::setenv("DTRAIN_CPU_FUSE", "off", 1);
+  CHECK_FALSE(cpu_fuse_from_env());
+  ::setenv("DTRAIN_CPU_FUSE", "on", 1);
+  CHECK(cpu_fuse_from_env());
+  ::setenv("DTRAIN_CPU_FUSE", "0", 1);
+  CHECK_THROWS_WITH(cpu_fuse_from_env(),
+                    Catch::Contains("DTRAIN_CPU_FUSE=0: valid values are on and off"));
+  ::unsetenv("DTRAIN_CPU_FUSE");
+  CHECK(cpu_fuse_from_env());
+  CpuOptions o;
+  o.threads = 2;
+  o.fuse = false;
+  CHECK_THAT(make_cpu_device(o)->name(), Catch::Contains(", unfused)"));
+  o.fuse = true;
+  CHECK_THAT(make_cpu_device(o)->name(), !Catch::Contains("unfused"));
 }
 
 TEST_CASE("DTRAIN_CPU_GEMM names the matrix product and rejects other values", "[gemm]") {

@@ -39,11 +39,6 @@ for r in $(seq "$rounds"); do
     run cnn "$conv" "$r" configs/fmnist-cnn.yaml "${small[@]}"
   done
 done
-peaks() {  # peak_rss_mib of each run's summary.json, one per line, sorted
-  for f in "$@"; do
-    python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["peak_rss_mib"]))' "$f"
-  done | sort -g
-}
 # oneDNN's milliseconds per pass and shape over one epoch of ResNet-20 on 1,024 samples (batch
 # 128 only: evaluation's last chunk left out), for one convolution setting.
 verbose_ms() {  # verbose_ms CONV

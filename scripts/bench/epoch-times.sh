@@ -7,6 +7,12 @@ steady_epoch_times() {
              NR > 2 { print $c }' "$f"
   done | sort -g
 }
+# peaks FILE...: peak_rss_mib of each run's summary.json given, one per line, sorted.
+peaks() {
+  for f in "$@"; do
+    python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["peak_rss_mib"]))' "$f"
+  done | sort -g
+}
 median() { awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # check_rounds_epochs NAME ROUNDS EPOCHS: one line and exit 2 unless both are whole numbers,
 # ROUNDS at least 1 and EPOCHS at least 2 (the first epoch of a run is dropped as warm-up).

@@ -202,10 +202,32 @@ class Device {
   virtual void bn_apply(const float* x, const float* stats, const float* gamma, const float* beta,
                         int64_t n, int64_t c, int64_t spatial, int64_t block, float* y,
                         bool relu) = 0;
+  // y = BatchNorm(x) + addend, and with `relu` max(that, 0), in one pass: a residual block's
+  // last BatchNorm, its shortcut and its activation (math::bn_apply_add_one), the same bits as
+  // bn_apply and then add or add_relu, which the default runs.
+  virtual void bn_apply_add(const float* x, const float* stats, const float* gamma,
+                            const float* beta, const float* addend, int64_t n, int64_t c,
+                            int64_t spatial, int64_t block, float* y, bool relu) {
+    bn_apply(x, stats, gamma, beta, n, c, spatial, block, y, false);
+    const auto len = static_cast<size_t>(n * c * spatial);
+    relu ? add_relu(y, addend, y, len) : add(y, addend, y, len);
+  }
   // sums = [sum(dy * gamma), sum(dy * gamma * xhat)] per channel; dgamma, dbeta (+)=.
   virtual void bn_backward_sums(const float* x, const float* dy, const float* stats,
                                 const float* gamma, int64_t n, int64_t c, int64_t spatial,
                                 int64_t block, double* sums, float* dgamma, float* dbeta) = 0;
+  // bn_backward_sums of dy masked by the ReLU whose output is `relu_y` (a ReLU after BatchNorm,
+  // or after the residual sum BatchNorm ends), the masked gradient written to `masked` for the
+  // passes after: the ReLU's backward and the sums in one pass, the same bits as the two, which
+  // the default runs.
+  virtual void bn_backward_sums_masked(const float* x, const float* dy, const float* relu_y,
+                                       const float* stats, const float* gamma, int64_t n, int64_t c,
+                                       int64_t spatial, int64_t block, float* masked, double* sums,
+                                       float* dgamma, float* dbeta) {
+    activation_backward(Activation::relu, relu_y, relu_y, dy, masked,
+                        static_cast<size_t>(n * c * spatial));
+    bn_backward_sums(x, masked, stats, gamma, n, c, spatial, block, sums, dgamma, dbeta);
+  }
   // dx = inv_std / m * (m * dy * gamma - s1 - xhat * s2), m = the (global) element count. dx may
   // be dy (element by element in place: a fused ReLU's masked gradient is written into dx).
   virtual void bn_backward_dx(const float* x, const float* dy, const float* stats,
@@ -225,7 +247,8 @@ class Device {
   // y = a + b, element by element; y may be a or b (a residual block's sum, and the sum of its
   // two input gradients).
   virtual void add(const float* a, const float* b, float* y, size_t n) = 0;
-  // y = max(a + b, 0) (a residual block's sum and its ReLU in one pass; math::add_relu).
+  // y = max(a + b, 0) (a residual block's sum and its ReLU in one pass; math::add_relu); y may
+  // be a or b.
   virtual void add_relu(const float* a, const float* b, float* y, size_t n) = 0;
 
   // ---- transformer operations: a sample is t positions of c features, [t, c] row-major ----
@@ -310,6 +333,11 @@ struct CpuOptions {
   // CUDA backend rounds them (see bf16.hpp), so this device is also the bf16 twin in tests.
   bool bf16 = false;
   CpuGemm gemm = default_cpu_gemm();
+  // The passes of two layers in one kernel where the CPU has one (bn_apply_add,
+  // bn_backward_sums_masked), and BatchNorm's passes of sums walking the maps from where the
+  // pass before left off; false runs the Device defaults' separate passes, each from the start:
+  // the same bits (DTRAIN_CPU_FUSE=off, an A/B of both in one binary).
+  bool fuse = true;
   static CpuConv default_cpu_conv();
   static CpuGemm default_cpu_gemm();
 };
@@ -318,6 +346,8 @@ bool have_onednn();
 // DTRAIN_CPU_GEMM (onednn | openblas), else the defaults. Throw UserError for another value.
 CpuConv cpu_conv_from_env();
 CpuGemm cpu_gemm_from_env();
+// DTRAIN_CPU_FUSE: on (or unset) or off (CpuOptions::fuse); UserError for another value.
+bool cpu_fuse_from_env();
 const char* to_string(CpuConv c);
 const char* to_string(CpuGemm g);
 // What a CPU replica computes with, for logs and names: "conv onednn, gemm onednn", and

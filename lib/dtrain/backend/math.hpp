@@ -346,6 +346,13 @@ DTRAIN_HD inline float bn_apply_one(const BnAffine& t, float x) {
 DTRAIN_HD inline float bn_apply_relu_one(const BnAffine& t, float x) {
   return relu(bn_apply_one(t, x));
 }
+// A residual block's end: its last BatchNorm's output plus the shortcut's s, and its ReLU.
+DTRAIN_HD inline float bn_apply_add_one(const BnAffine& t, float x, float s) {
+  return bn_apply_one(t, x) + s;
+}
+DTRAIN_HD inline float bn_apply_add_relu_one(const BnAffine& t, float x, float s) {
+  return relu(bn_apply_add_one(t, x, s));
+}
 
 // The normalised input.
 DTRAIN_HD inline float bn_xhat(float x, float mean, float inv_std) {

@@ -175,7 +175,7 @@ void BatchNorm::forward_impl(Device& d, const float* x, float* y, int64_t rows) 
   const int64_t c = in_.c, s = in_.h * in_.w;
   if (!training()) {
     d.bn_prepare(nullptr, 0, eps_, 0, running_.data(), stats_.data(), c);
-    d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y, relu_);
+    if (!tail_) d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y, relu_);
     return;
   }
   d.channel_moments(x, rows, c, s, block_, moments_.data());
@@ -183,26 +183,37 @@ void BatchNorm::forward_impl(Device& d, const float* x, float* y, int64_t rows) 
   if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, moments_, &count_);
   if (count_ <= 0) return;  // nothing anywhere: leave the running statistics alone
   d.bn_prepare(moments_.data(), count_, eps_, momentum_, running_.data(), stats_.data(), c);
-  d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y, relu_);
+  if (!tail_) d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y, relu_);
+}
+
+void BatchNorm::apply_tail(Device& d, const float* addend, float* y, int64_t rows) {
+  if (!tail_) DTRAIN_THROW_SYSTEM("BatchNorm::apply_tail on a BatchNorm that is no block's tail");
+  if (training() && count_ <= 0) return;  // no rows anywhere, so none here
+  d.bn_apply_add(input(), stats_.data(), gamma_, beta_, addend, rows, in_.c, in_.h * in_.w, block_,
+                 y, tail_relu_);
 }
 
 void BatchNorm::backward_impl(Device& d, const float* x, const float* y, const float* dy,
                               float* dx, int64_t rows) {
   const int64_t c = in_.c, s = in_.h * in_.w;
-  if (relu_) {
-    // The ReLU's gradient, into dx where there is one: bn_backward_dx then reads and writes
-    // each element in place.
-    const auto n = static_cast<size_t>(rows * in_features());
-    float* m = dx;
+  if (tail_ ? tail_relu_ : relu_) {
+    // The ReLU's gradient in the sums' pass, masked by this layer's output (y > 0 exactly where
+    // x > 0), or as a tail by the block's: into dx where there is one (bn_backward_dx then
+    // reads and writes each element in place), else into masked_, which as a tail the
+    // shortcut reads too.
+    if (tail_ && !tail_y_) DTRAIN_THROW_SYSTEM("BatchNorm: a tail's backward without its output");
+    float* m = tail_ ? nullptr : dx;
     if (!m) {
-      masked_.resize(d, std::max<size_t>(n, 1));
+      masked_.resize(d, std::max<size_t>(static_cast<size_t>(rows * in_features()), 1));
       m = masked_.data();
     }
-    d.activation_backward(Activation::relu, y, y, dy, m, n);  // y > 0 exactly where x > 0
+    d.bn_backward_sums_masked(x, dy, tail_ ? tail_y_ : y, stats_.data(), gamma_, rows, c, s, block_,
+                              m, sums_.data(), dgamma_, dbeta_);
     dy = m;
+  } else {
+    d.bn_backward_sums(x, dy, stats_.data(), gamma_, rows, c, s, block_, sums_.data(), dgamma_,
+                       dbeta_);
   }
-  d.bn_backward_sums(x, dy, stats_.data(), gamma_, rows, c, s, block_, sums_.data(), dgamma_,
-                     dbeta_);
   if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, sums_, nullptr);
   if (dx && count_ > 0)
     d.bn_backward_dx(x, dy, stats_.data(), gamma_, sums_.data(), count_, rows, c, s, block_,

@@ -35,7 +35,7 @@ const float* in_layout(Device& d, Buffer<float>& buf, const float* v, int64_t ro
 
 const float* Layer::forward(Device& d, const float* x, int64_t rows) {
   if (rows < 0) DTRAIN_THROW_SYSTEM("negative batch");
-  y_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * out_));
+  if (keeps_output()) y_.resize(d, static_cast<size_t>(std::max<int64_t>(rows, 1) * out_));
   // An NCHW layer after channel blocks: its own NCHW copy, kept for backward.
   if (convert_in_) x = in_layout(d, x_nchw_, x, rows, in_, layout_in_, MapLayout{});
   x_ = x;

@@ -99,6 +99,11 @@ class Layer {
   virtual void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
                              int64_t rows) = 0;
   bool training() const { return !ctx_ || ctx_->train; }
+  // The input of the last forward, as forward_impl saw it (converted to NCHW where it was).
+  const float* input() const { return x_; }
+  // False where another layer writes this one's output (a residual block's tail BatchNorm):
+  // forward and backward then have no output buffer (null y).
+  virtual bool keeps_output() const { return true; }
   const LayerContext* ctx_ = nullptr;
 
  private:
@@ -249,6 +254,19 @@ class BatchNorm final : public Layer {
   // written and kept.
   void fuse_relu() { relu_ = true; }
   bool relu() const { return relu_; }
+  // Ends a residual block (Residual): the block's output is this layer's plus the shortcut's,
+  // then `relu` or not, made in one pass by apply_tail; this layer keeps no output of its own.
+  // With `relu` its backward takes dL/d(block output), masks it by the block's output (given
+  // by tail_output) and leaves the masked gradient, dL/d(sum), in tail_grad for the shortcut.
+  // (activation_floats still counts a map: that masked gradient takes the output's place.)
+  void become_tail(bool relu) {
+    tail_ = true;
+    tail_relu_ = relu;
+  }
+  // y = [relu](BatchNorm(input of the last forward) + addend), this layer's stats.
+  void apply_tail(Device& d, const float* addend, float* y, int64_t rows);
+  void tail_output(const float* y) { tail_y_ = y; }
+  const float* tail_grad(const float* dy) const { return tail_relu_ ? masked_.data() : dy; }
 
  protected:
   // Channel blocks of its own channels only: after flatten its features are a map's channels
@@ -261,6 +279,7 @@ class BatchNorm final : public Layer {
   void forward_impl(Device& d, const float* x, float* y, int64_t rows) override;
   void backward_impl(Device& d, const float* x, const float* y, const float* dy, float* dx,
                      int64_t rows) override;
+  bool keeps_output() const override { return !tail_; }
 
  private:
   MapShape in_;
@@ -276,7 +295,11 @@ class BatchNorm final : public Layer {
   double count_ = 0;          // elements per channel behind stats_ (all replicas if sync)
   int64_t block_ = 0;         // the maps' channel blocks (MapLayout), 0: NCHW
   bool relu_ = false;         // a ReLU fused after it
-  Buffer<float> masked_;      // dy masked by the ReLU, where backward has no dx to hold it
+  bool tail_ = false;         // a residual block's last layer (become_tail)
+  bool tail_relu_ = false;    // ... and the block's ReLU after the sum
+  const float* tail_y_ = nullptr;  // the block's output, as a tail with a ReLU
+  // dy masked by the ReLU, where backward has no dx to hold it, or (as a tail) for the shortcut
+  Buffer<float> masked_;
 };
 
 // Inverted dropout: zeroes a fraction p in training and scales the rest by 1/(1-p); identity
@@ -326,8 +349,12 @@ class Residual final : public Layer {
                      int64_t rows) override;
 
  private:
+  void add_shortcut_grad(Device& d, const float* gb, const float* g, float* dx, int64_t rows);
   std::vector<std::unique_ptr<Layer>> body_, shortcut_;
   std::optional<Activation> act_;
+  // The body's last layer where it is a BatchNorm and the activation none or ReLU: it adds the
+  // shortcut and applies the ReLU in its own pass (BatchNorm::become_tail).
+  BatchNorm* tail_ = nullptr;
   Buffer<float> sum_, dsum_;  // the sum before the activation, and its gradient
   MapLayout out_layout_, shortcut_layout_;  // the body's output's, and the shortcut's
   Buffer<float> converted_;  // the shortcut's output (forward) or gradient (backward), converted

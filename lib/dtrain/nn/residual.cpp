@@ -58,7 +58,16 @@ Residual::Residual(MapShape in, MapShape out, std::vector<std::unique_ptr<Layer>
     : Layer(in.size(), out.size()),
       body_(std::move(body)),
       shortcut_(std::move(shortcut)),
-      act_(act) {}
+      act_(act) {
+  // Forward, BatchNorm's normalisation, the sum and the ReLU in one pass (3 reads and writes
+  // of a map where there were 5) and no map kept for BatchNorm's output; backward, the ReLU's
+  // mask in BatchNorm's pass of sums (4 where there were 5).
+  auto* bn = body_.empty() ? nullptr : dynamic_cast<BatchNorm*>(body_.back().get());
+  if (bn && !bn->relu() && (!act_ || *act_ == Activation::relu)) {
+    tail_ = bn;
+    tail_->become_tail(act_.has_value());
+  }
+}
 
 std::string Residual::describe() const {
   return fmt::format("residual({} | {}){}", describe_list(body_),
@@ -158,9 +167,10 @@ int64_t Residual::activation_floats() const {
 }
 
 void Residual::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
-  const float* b = forward_through(d, body_, x, rows);
+  const float* b = forward_through(d, body_, x, rows);  // a tail leaves its output to apply_tail
   const float* s = in_layout(d, converted_, forward_through(d, shortcut_, x, rows), rows,
                              out_features(), shortcut_layout_, out_layout_);
+  if (tail_) return tail_->apply_tail(d, s, y, rows);
   const auto n = static_cast<size_t>(rows * out_features());
   if (!act_) return d.add(b, s, y, n);
   if (*act_ == Activation::relu) return d.add_relu(b, s, y, n);  // one pass, no sum kept
@@ -171,6 +181,12 @@ void Residual::forward_impl(Device& d, const float* x, float* y, int64_t rows) {
 
 void Residual::backward_impl(Device& d, const float*, const float* y, const float* dy, float* dx,
                              int64_t rows) {
+  if (tail_) {
+    // The tail masks dy by y (where there is a ReLU) in its own pass and keeps dL/d(sum).
+    tail_->tail_output(y);
+    const float* gb = backward_through(d, body_, dy, rows, dx != nullptr);
+    return add_shortcut_grad(d, gb, tail_->tail_grad(dy), dx, rows);
+  }
   const float* g = dy;
   if (act_) {
     const auto n = static_cast<size_t>(rows * out_features());
@@ -180,8 +196,13 @@ void Residual::backward_impl(Device& d, const float*, const float* y, const floa
     d.activation_backward(*act_, in, y, dy, dsum_.data(), n);
     g = dsum_.data();
   }
-  // Both branches see dL/d(sum); their input gradients add up.
-  const float* gb = backward_through(d, body_, g, rows, dx != nullptr);
+  // Both branches see dL/d(sum).
+  add_shortcut_grad(d, backward_through(d, body_, g, rows, dx != nullptr), g, dx, rows);
+}
+
+// dx = gb + the shortcut's input gradient from g = dL/d(sum).
+void Residual::add_shortcut_grad(Device& d, const float* gb, const float* g, float* dx,
+                                 int64_t rows) {
   const float* gs = backward_through(
       d, shortcut_,
       in_layout(d, converted_, g, rows, out_features(), out_layout_, shortcut_layout_), rows,

@@ -39,6 +39,7 @@ CpuOptions cpu_options(int threads, Precision precision) {
   o.bf16 = precision == Precision::bf16;
   o.conv = cpu_conv_from_env();
   o.gemm = cpu_gemm_from_env();
+  o.fuse = cpu_fuse_from_env();
   return o;
 }
 

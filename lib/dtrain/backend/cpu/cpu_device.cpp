@@ -328,7 +328,11 @@ class DnnlConv {
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(const CpuOptions& opt)
-      : threads_(std::max(1, opt.threads)), conv_(opt.conv), gemm_lib_(opt.gemm), bf16_(opt.bf16) {
+      : threads_(std::max(1, opt.threads)),
+        conv_(opt.conv),
+        gemm_lib_(opt.gemm),
+        bf16_(opt.bf16),
+        fuse_(opt.fuse) {
 #if DTRAIN_HAVE_DNNL
     if (uses_onednn(conv_)) {
       eng_ = dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -341,7 +345,7 @@ class CpuDevice final : public Device {
   }
   std::string name() const override {
     return fmt::format("cpu ({} thread{}, {})", threads_, threads_ == 1 ? "" : "s",
-                       cpu_libraries({threads_, conv_, bf16_, gemm_lib_}));
+                       cpu_libraries({threads_, conv_, bf16_, gemm_lib_, fuse_}));
   }
 
   void* alloc_bytes(size_t bytes) override {
@@ -583,12 +587,19 @@ class CpuDevice final : public Device {
   }
   // tile(s, ch0, at) for every tile of n samples of c channels in blocks (MapLayout), in
   // parallel: sample s's channels ch0 to ch0 + block - 1, whose values start at float `at`.
+  // Each thread takes one contiguous share of the tiles; `backwards`, it walks its share from
+  // the end, where the pass before (a convolution's, or another forwards) left the values it
+  // touched last in the caches.
   template <class Tile>
-  void each_tile(int64_t n, int64_t c, int64_t spatial, int64_t block, Tile tile) {
-    const int64_t blocks = channel_blocks(c, block);
-#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
-    for (int64_t t = 0; t < n * blocks; ++t)
-      tile(t / blocks, t % blocks * block, t * spatial * block);
+  void each_tile(int64_t n, int64_t c, int64_t spatial, int64_t block, Tile tile,
+                 bool backwards = false) {
+    const int64_t blocks = channel_blocks(c, block), tiles = n * blocks;
+    cpu::split_parts(threads_, n * c * spatial, tiles, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const int64_t t = backwards ? lo + hi - 1 - i : i;
+        tile(t / blocks, t % blocks * block, t * spatial * block);
+      }
+    });
   }
   // Per sample and channel, the float sums of a tile ([sample][channel], first and second
   // halves of bn_part_); then per channel their double sums over samples in order.
@@ -596,25 +607,36 @@ class CpuDevice final : public Device {
                        double* moments) {
     bn_part_.resize(static_cast<size_t>(2 * n * c));
     float* part = bn_part_.data();
-    each_tile(n, c, spatial, block, [&](int64_t s, int64_t ch0, int64_t at) {
-      const int64_t k = s * c + ch0;
-      cpu::bn_block_moments(x + at, block, spatial, part + k, part + n * c + k);
-    });
+    each_tile(
+        n, c, spatial, block,
+        [&](int64_t s, int64_t ch0, int64_t at) {
+          const int64_t k = s * c + ch0;
+          cpu::bn_block_moments(x + at, block, spatial, part + k, part + n * c + k);
+        },
+        /*backwards=*/fuse_);
     sum_samples(n, c, [&](int64_t ch, double a, double q) {
       moments[ch] = a;
       moments[c + ch] = q;
     });
   }
-  void blocked_sums(const float* x, const float* dy, const float* stats, const float* gamma,
-                    int64_t n, int64_t c, int64_t spatial, int64_t block, double* sums,
-                    float* dgamma, float* dbeta) {
+  // (relu_y: of dy masked by the ReLU, into `masked`; bn_backward_sums_masked.)
+  void blocked_sums(const float* x, const float* dy, const float* relu_y, const float* stats,
+                    const float* gamma, int64_t n, int64_t c, int64_t spatial, int64_t block,
+                    float* masked, double* sums, float* dgamma, float* dbeta) {
     bn_part_.resize(static_cast<size_t>(2 * n * c));
     float* part = bn_part_.data();
-    each_tile(n, c, spatial, block, [&](int64_t s, int64_t ch0, int64_t at) {
-      const int64_t k = s * c + ch0;
-      cpu::bn_block_sums(x + at, dy + at, stats + ch0, stats + c + ch0, block, spatial, part + k,
-                         part + n * c + k);
-    });
+    each_tile(
+        n, c, spatial, block,
+        [&](int64_t s, int64_t ch0, int64_t at) {
+          const int64_t k = s * c + ch0;
+          if (relu_y)
+            cpu::bn_block_sums_masked(x + at, dy + at, relu_y + at, stats + ch0, stats + c + ch0,
+                                      block, spatial, masked + at, part + k, part + n * c + k);
+          else
+            cpu::bn_block_sums(x + at, dy + at, stats + ch0, stats + c + ch0, block, spatial,
+                               part + k, part + n * c + k);
+        },
+        /*backwards=*/fuse_);
     sum_samples(n, c, [&](int64_t ch, double t1, double t2) {
       math::bn_backward_totals(t1, t2, gamma, c, ch, sums, dgamma, dbeta);
     });
@@ -855,10 +877,51 @@ class CpuDevice final : public Device {
     }
   }
 
+  void bn_apply_add(const float* x, const float* stats, const float* gamma, const float* beta,
+                    const float* addend, int64_t n, int64_t c, int64_t spatial, int64_t block,
+                    float* y, bool relu) override {
+    if (!fuse_)
+      return Device::bn_apply_add(x, stats, gamma, beta, addend, n, c, spatial, block, y, relu);
+    if (block) {
+      return each_tile(n, c, spatial, block, [&](int64_t, int64_t ch0, int64_t at) {
+        std::array<math::BnAffine, kMaxBlock> a;
+        for (int64_t j = 0, ch = ch0; j < block; ++j, ++ch)
+          a[j] = math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]);
+        cpu::bn_block_apply_add(a.data(), x + at, addend + at, block, spatial, y + at, relu);
+      });
+    }
+#pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
+    for (int64_t sc = 0; sc < n * c; ++sc) {
+      const int64_t ch = sc % c, at = sc * spatial;
+      const math::BnAffine t = math::bn_affine(gamma[ch], beta[ch], stats[ch], stats[c + ch]);
+      relu ? cpu::bn_apply_add_row<true>(t, x + at, addend + at, y + at, spatial)
+           : cpu::bn_apply_add_row<false>(t, x + at, addend + at, y + at, spatial);
+    }
+  }
+
   void bn_backward_sums(const float* x, const float* dy, const float* stats, const float* gamma,
                         int64_t n, int64_t c, int64_t spatial, int64_t block, double* sums,
                         float* dgamma, float* dbeta) override {
-    if (block) return blocked_sums(x, dy, stats, gamma, n, c, spatial, block, sums, dgamma, dbeta);
+    sums_over_rows(x, dy, nullptr, stats, gamma, n, c, spatial, block, nullptr, sums, dgamma,
+                   dbeta);
+  }
+  void bn_backward_sums_masked(const float* x, const float* dy, const float* relu_y,
+                               const float* stats, const float* gamma, int64_t n, int64_t c,
+                               int64_t spatial, int64_t block, float* masked, double* sums,
+                               float* dgamma, float* dbeta) override {
+    if (!fuse_)
+      return Device::bn_backward_sums_masked(x, dy, relu_y, stats, gamma, n, c, spatial, block,
+                                             masked, sums, dgamma, dbeta);
+    sums_over_rows(x, dy, relu_y, stats, gamma, n, c, spatial, block, masked, sums, dgamma, dbeta);
+  }
+  // BatchNorm's backward sums, of dy or (relu_y) of dy masked into `masked` row by row, just
+  // before the row's sums read it: the sums the same loop either way.
+  void sums_over_rows(const float* x, const float* dy, const float* relu_y, const float* stats,
+                      const float* gamma, int64_t n, int64_t c, int64_t spatial, int64_t block,
+                      float* masked, double* sums, float* dgamma, float* dbeta) {
+    if (block)
+      return blocked_sums(x, dy, relu_y, stats, gamma, n, c, spatial, block, masked, sums, dgamma,
+                          dbeta);
 #pragma omp parallel for num_threads(threads_) if (n * c * spatial >= kParallelMin) schedule(static)
     for (int64_t ch = 0; ch < c; ++ch) {
       double t1 = 0, t2 = 0;
@@ -866,6 +929,11 @@ class CpuDevice final : public Device {
       for (int64_t s = 0; s < n; ++s) {
         const float* p = x + (s * c + ch) * spatial;
         const float* g = dy + (s * c + ch) * spatial;
+        if (relu_y) {
+          float* q = masked + (s * c + ch) * spatial;
+          cpu::map<math::relu_backward>(relu_y + (s * c + ch) * spatial, g, q, spatial);
+          g = q;
+        }
         float a = 0, b = 0;
 #pragma omp simd reduction(+ : a, b)
         for (int64_t i = 0; i < spatial; ++i) {
@@ -1087,6 +1155,7 @@ class CpuDevice final : public Device {
   CpuConv conv_;
   CpuGemm gemm_lib_;
   bool bf16_;
+  bool fuse_;                                                           // CpuOptions::fuse
   std::vector<float> a16_, b16_, x16_, w16_, dy16_, dw16_, zero_bias_;  // bf16 emulation
   std::vector<ConvScratch> scratch_;
   std::vector<math::XentRow> row_results_;  // softmax_xent's, before their ordered sum
@@ -1154,8 +1223,8 @@ const char* to_string(CpuGemm g) {
 }
 
 std::string cpu_libraries(const CpuOptions& o) {
-  return fmt::format("conv {}, gemm {}{}", to_string(o.conv), to_string(o.gemm),
-                     o.bf16 ? ", bf16 emulated" : "");
+  return fmt::format("conv {}, gemm {}{}{}", to_string(o.conv), to_string(o.gemm),
+                     o.bf16 ? ", bf16 emulated" : "", o.fuse ? "" : ", unfused");
 }
 
 namespace {
@@ -1185,6 +1254,14 @@ CpuConv cpu_conv_from_env() {
   if (s.empty()) return CpuOptions::default_cpu_conv();
   if (s == "onednn") return CpuConv::onednn;
   return s == "onednn-direct" ? CpuConv::onednn_direct : CpuConv::im2col;
+}
+
+bool cpu_fuse_from_env() {
+  const char* v = std::getenv("DTRAIN_CPU_FUSE");
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "on") return true;
+  if (s == "off") return false;
+  throw UserError(fmt::format("DTRAIN_CPU_FUSE={}: valid values are on and off", s));
 }
 
 CpuGemm cpu_gemm_from_env() {

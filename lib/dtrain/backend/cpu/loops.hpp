@@ -62,6 +62,24 @@ void split(int threads, int64_t len, Body&& body) {
   }
 }
 
+// body(lo, hi) on each thread of a team of up to `threads` (team(threads, work)) for contiguous
+// shares of [0, items), the first threads' one longer where they do not divide evenly.
+template <class Body>
+void split_parts(int threads, int64_t work, int64_t items, Body&& body) {
+  const int nt = team(threads, work);
+  if (nt == 1) {
+    body(int64_t{0}, items);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t team = omp_get_num_threads(), k = omp_get_thread_num();
+    const int64_t q = items / team, r = items % team;
+    const int64_t lo = k * q + std::min(k, r);
+    body(lo, lo + q + (k < r ? 1 : 0));
+  }
+}
+
 // dst[i] = F(a[i]).
 template <float (*F)(float)>
 DTRAIN_CPU_CLONES void map(const float* a, float* dst, int64_t n) {
@@ -107,6 +125,13 @@ DTRAIN_CPU_CLONES inline void bn_apply_row(const math::BnAffine& t, const float*
 DTRAIN_CPU_CLONES inline void bn_apply_relu_row(const math::BnAffine& t, const float* x, float* y,
                                                 int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = math::bn_apply_relu_one(t, x[i]);
+}
+template <bool Relu>
+DTRAIN_CPU_CLONES inline void bn_apply_add_row(const math::BnAffine& t, const float* x,
+                                               const float* s, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] =
+        Relu ? math::bn_apply_add_relu_one(t, x[i], s[i]) : math::bn_apply_add_one(t, x[i], s[i]);
 }
 DTRAIN_CPU_CLONES inline void bn_dx_row(const math::BnDx& t, const float* dy, const float* x,
                                         float* dx, int64_t n) {
@@ -156,6 +181,22 @@ template <int B, bool Relu>
     L::store(y + i * B, r);
   }
 }
+// y = [relu](BatchNorm(x) + s) (math::bn_apply_add_one).
+template <int B, bool Relu>
+[[gnu::always_inline]] inline void bn_tile_apply_add(const math::BnAffine* t, const float* x,
+                                                     const float* s, int64_t spatial, float* y) {
+  using L = BnLanes<B>;
+  typename L::V a, b, v, w, r, zero{};
+  for (int j = 0; j < B; ++j) a[j] = t[j].a, b[j] = t[j].b;
+  for (int64_t i = 0; i < spatial; ++i) {
+    L::load(v, x + i * B);
+    L::load(w, s + i * B);
+    r = a * v + b;  // math::bn_apply_one
+    r = r + w;
+    if constexpr (Relu) r = r > zero ? r : zero;  // math::relu
+    L::store(y + i * B, r);
+  }
+}
 template <int B>
 [[gnu::always_inline]] inline void bn_tile_sums(const float* x, const float* dy,
                                                 const float* mean, const float* inv_std,
@@ -167,6 +208,28 @@ template <int B>
   for (int64_t i = 0; i < spatial; ++i) {
     L::load(g, dy + i * B);
     L::load(v, x + i * B);
+    s1 += g;
+    s2 += g * ((v - m) * is);  // math::bn_xhat
+  }
+  L::store(t1, s1);
+  L::store(t2, s2);
+}
+// bn_tile_sums of g = dy where relu_y > 0, else 0 (math::relu_backward), g stored to `masked`.
+template <int B>
+[[gnu::always_inline]] inline void bn_tile_sums_masked(const float* x, const float* dy,
+                                                       const float* relu_y, const float* mean,
+                                                       const float* inv_std, int64_t spatial,
+                                                       float* masked, float* t1, float* t2) {
+  using L = BnLanes<B>;
+  typename L::V m, is, s1{}, s2{}, g, v, y, zero{};
+  L::load(m, mean);
+  L::load(is, inv_std);
+  for (int64_t i = 0; i < spatial; ++i) {
+    L::load(g, dy + i * B);
+    L::load(y, relu_y + i * B);
+    L::load(v, x + i * B);
+    g = y > zero ? g : zero;
+    L::store(masked + i * B, g);
     s1 += g;
     s2 += g * ((v - m) * is);  // math::bn_xhat
   }
@@ -204,6 +267,23 @@ DTRAIN_CPU_CLONES inline void bn_block_sums(const float* x, const float* dy, con
                                             float* t1, float* t2) {
   b == 16 ? bn_tile_sums<16>(x, dy, mean, inv_std, spatial, t1, t2)
           : bn_tile_sums<8>(x, dy, mean, inv_std, spatial, t1, t2);
+}
+DTRAIN_CPU_CLONES inline void bn_block_apply_add(const math::BnAffine* t, const float* x,
+                                                 const float* s, int64_t b, int64_t spatial,
+                                                 float* y, bool relu) {
+  if (relu)
+    b == 16 ? bn_tile_apply_add<16, true>(t, x, s, spatial, y)
+            : bn_tile_apply_add<8, true>(t, x, s, spatial, y);
+  else
+    b == 16 ? bn_tile_apply_add<16, false>(t, x, s, spatial, y)
+            : bn_tile_apply_add<8, false>(t, x, s, spatial, y);
+}
+DTRAIN_CPU_CLONES inline void bn_block_sums_masked(const float* x, const float* dy,
+                                                   const float* relu_y, const float* mean,
+                                                   const float* inv_std, int64_t b, int64_t spatial,
+                                                   float* masked, float* t1, float* t2) {
+  b == 16 ? bn_tile_sums_masked<16>(x, dy, relu_y, mean, inv_std, spatial, masked, t1, t2)
+          : bn_tile_sums_masked<8>(x, dy, relu_y, mean, inv_std, spatial, masked, t1, t2);
 }
 DTRAIN_CPU_CLONES inline void bn_block_dx(const math::BnDx* t, const float* dy, const float* x,
                                           int64_t b, int64_t spatial, float* dx) {
