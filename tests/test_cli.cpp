@@ -335,6 +335,15 @@ TEST_CASE("dtrain devices describes the CPU and the GPUs or why there are none",
     CHECK(jd["cpu"]["conv"] == "onednn-direct");
     CHECK_FALSE(jd["cpu"]["conv_winograd"].get<bool>());
   }
+  // BatchNorm's fused passes: on unless DTRAIN_CPU_FUSE=off, which the text says; another
+  // value is the command's error.
+  CHECK(j["cpu"]["fuse"].get<bool>() == dtrain::cpu_fuse_from_env());
+  const auto unfused = shell("DTRAIN_CPU_FUSE=off " + dtrain_binary() + " devices");
+  CHECK(unfused.code == 0);
+  CHECK_THAT(unfused.out, Catch::Contains("BatchNorm's passes unfused (DTRAIN_CPU_FUSE=off)"));
+  const auto bad = shell("DTRAIN_CPU_FUSE=yes " + dtrain_binary() + " devices");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Catch::Contains("DTRAIN_CPU_FUSE=yes: valid values are on and off"));
   if (dtrain::cuda_built()) CHECK(j["cudnn"].get<std::string>().rfind("9.", 0) == 0);
 }
 

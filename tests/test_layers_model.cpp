@@ -523,3 +523,71 @@ TEST_CASE("a ResNet on oneDNN keeps its maps in channel blocks and matches NCHW"
     CHECK(test::rel_error(evals[0], evals[1]) < 1e-4);
   }
 }
+
+TEST_CASE("a residual block's BatchNorm tail gives the bits of BatchNorm, sum and ReLU apart",
+          "[model][residual][fusion]") {
+  // The same network twice: each block's body ends with BatchNorm, which then adds the shortcut
+  // and applies the block's activation in its own passes (BatchNorm::become_tail), or ends with
+  // an identity (a 1x1 max pool) after BatchNorm, which leaves the block its separate passes.
+  // The first block is the first layer (no input gradient; its identity shortcut arrives in
+  // NCHW, its body's output in channel blocks on oneDNN); the second projects. Two training
+  // steps, then evaluation, bit for bit, with a ReLU and with no activation.
+  const auto config = [](const std::string& act, bool tail) {
+    const std::string end = tail ? "" : ", {maxpool: {size: 1, stride: 1}}";
+    return parse_config(fmt::format(R"(model:
+  type: layers
+  layers:
+    - residual:
+        activation: {0}
+        body: [{{conv: {{channels: 16, padding: 1, bias: false}}}}, batchnorm, relu,
+               {{conv: {{channels: 16, padding: 1, bias: false}}}}, batchnorm{1}]
+    - residual:
+        activation: {0}
+        body: [{{conv: {{channels: 32, stride: 2, padding: 1, bias: false}}}}, batchnorm, relu,
+               {{conv: {{channels: 32, padding: 1, bias: false}}}}, batchnorm{1}]
+    - global_avg_pool
+)",
+                                    act, end),
+                        "tail.yaml")
+        .model;
+  };
+  std::vector<std::unique_ptr<Device>> devices;
+  devices.push_back(make_cpu_device({1, CpuConv::im2col}));                     // NCHW
+  if (have_onednn()) devices.push_back(make_cpu_device({2, CpuConv::onednn}));  // blocks
+  Rng rng(8);
+  const int64_t rows = 5;
+  const auto x = test::random_vec(rng, rows * 16 * 8 * 8);
+  const std::vector<int32_t> labels{1, 0, 9, 4, 4};
+  for (const std::string act : {"relu", "none"})
+    for (auto& d : devices) {
+      INFO(act << ", " << d->name());
+      std::vector<std::vector<float>> out[2];
+      for (bool tail : {true, false}) {
+        auto m = build_model(*d, config(act, tail), {16, 8, 8}, 10);
+        m->init(3);
+        auto& o = out[tail ? 0 : 1];
+        for (int step = 0; step < 2; ++step) {
+          m->zero_grads();
+          const float* l = m->forward(x.data(), rows);
+          o.emplace_back(l, l + rows * 10);
+          double stats[2] = {0, 0};
+          m->loss_backward(labels.data(), rows, 1.f / rows, stats);
+          o.emplace_back(m->grads(), m->grads() + m->param_count());
+          // A plain step on the weights, so that the second step starts elsewhere.
+          float* p = m->params();
+          for (int64_t i = 0; i < m->param_count(); ++i) p[i] -= 0.1f * m->grads()[i];
+        }
+        const float* l = m->forward(x.data(), rows, /*train=*/false);
+        o.emplace_back(l, l + rows * 10);
+      }
+      REQUIRE(out[0].size() == out[1].size());
+      for (size_t k = 0; k < out[0].size(); ++k) {
+        INFO("output " << k);
+        CHECK(test::rel_error(out[0][k], out[1][k]) == 0.0);
+      }
+      // Not vacuous: the gradients are not zero.
+      double largest = 0;
+      for (float g : out[0][1]) largest = std::max(largest, std::abs(double(g)));
+      CHECK(largest > 1e-4);
+    }
+}

@@ -24,12 +24,13 @@ int run_devices(const DevicesOptions& opt) {
   if (opt.measure)
     for (const auto& g : s.gpus) floors.push_back(measure_gpu(g.index));
   const unsigned cores = std::thread::hardware_concurrency();
-  // What a run started now would use: DTRAIN_CPU_CONV and DTRAIN_CPU_GEMM where set (a value
+  // What a run started now would use: DTRAIN_CPU_CONV, _GEMM and _FUSE where set (a value
   // they refuse is the command's error, as it would be a run's).
   const CpuConv conv = cpu_conv_from_env();
   const std::string cpu_conv = to_string(conv);
   const bool winograd = winograd_available(conv);
   const std::string cpu_gemm = to_string(cpu_gemm_from_env());
+  const bool fuse = cpu_fuse_from_env();
   if (opt.json) {
     nlohmann::json gpus = nlohmann::json::array();
     for (size_t i = 0; i < s.gpus.size(); ++i) {
@@ -51,7 +52,8 @@ int run_devices(const DevicesOptions& opt) {
                                 {"blas", blas_description()},
                                 {"conv", cpu_conv},
                                 {"conv_winograd", winograd},
-                                {"gemm", cpu_gemm}}},
+                                {"gemm", cpu_gemm},
+                                {"fuse", fuse}}},
                               {"cuda_built", s.built_with_cuda},
                               {"driver", s.driver},
                               {"cuda_runtime", s.runtime},
@@ -65,8 +67,9 @@ int run_devices(const DevicesOptions& opt) {
   const char* how = conv != CpuConv::onednn ? ""
                     : winograd              ? " (Winograd's where they suit)"
                                             : " (direct: no Winograd kernels for this CPU)";
-  fmt::print("cpu: {} hardware threads, {}, convolutions by {}{}, matrix products by {}\n", cores,
-             blas_description(), cpu_conv, how, cpu_gemm);
+  fmt::print("cpu: {} hardware threads, {}, convolutions by {}{}, matrix products by {}{}\n", cores,
+             blas_description(), cpu_conv, how, cpu_gemm,
+             fuse ? "" : ", BatchNorm's passes unfused (DTRAIN_CPU_FUSE=off)");
   if (!s.built_with_cuda) {
     fmt::print("cuda: no GPU: {}\n", s.none_reason);
     return 0;

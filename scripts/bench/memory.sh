@@ -36,7 +36,7 @@ done
 {
   echo "# Peak memory against the estimate"
   echo
-  echo "\`scripts/bench/memory.sh\`, $(date -u +%Y-%m-%d), commit $(git rev-parse --short=12 HEAD), CPU backend,"
+  echo "\`scripts/bench/memory.sh\`, $(date -u +%Y-%m-%d), commit $(git describe --always --dirty --abbrev=12), CPU backend,"
   echo "1 replica, 2 threads. Estimate: \`dtrain validate --print\`'s '# memory:' line (per replica,"
   echo "plus the data set); peak: the run's maximum RSS (\`summary.json\` peak_rss_mib)."
   echo

@@ -258,7 +258,8 @@ class BatchNorm final : public Layer {
   // then `relu` or not, made in one pass by apply_tail; this layer keeps no output of its own.
   // With `relu` its backward takes dL/d(block output), masks it by the block's output (given
   // by tail_output) and leaves the masked gradient, dL/d(sum), in tail_grad for the shortcut.
-  // (activation_floats still counts a map: that masked gradient takes the output's place.)
+  // (activation_floats still counts a map: with a ReLU the masked gradient takes the output's
+  // place; without one the estimate keeps a map that is not there.)
   void become_tail(bool relu) {
     tail_ = true;
     tail_relu_ = relu;

@@ -185,6 +185,7 @@ void Residual::backward_impl(Device& d, const float*, const float* y, const floa
     // The tail masks dy by y (where there is a ReLU) in its own pass and keeps dL/d(sum).
     tail_->tail_output(y);
     const float* gb = backward_through(d, body_, dy, rows, dx != nullptr);
+    tail_->tail_output(nullptr);  // this step's output only
     return add_shortcut_grad(d, gb, tail_->tail_grad(dy), dx, rows);
   }
   const float* g = dy;
