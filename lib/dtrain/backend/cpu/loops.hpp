@@ -42,28 +42,10 @@ inline int team(int threads, int64_t work) {
   return work >= kParallelMin ? std::max(1, threads) : 1;
 }
 
-// body(lo, hi) on each thread of a team of up to `threads` for contiguous parts of [0, len),
-// each part a multiple of 16 floats long; on the calling thread alone below kParallelMin. The
-// parts follow the team OpenMP gives (OMP_DYNAMIC or a thread limit may give fewer threads than
-// asked), so every element is covered.
-template <class Body>
-void split(int threads, int64_t len, Body&& body) {
-  const int nt = team(threads, len);
-  if (nt == 1) {
-    body(int64_t{0}, len);
-    return;
-  }
-#pragma omp parallel num_threads(nt)
-  {
-    const int64_t team = omp_get_num_threads();
-    const int64_t part = ((len + team - 1) / team + 15) / 16 * 16;
-    const int64_t lo = std::min(len, omp_get_thread_num() * part);
-    body(lo, std::min(len, lo + part));
-  }
-}
-
 // body(lo, hi) on each thread of a team of up to `threads` (team(threads, work)) for contiguous
-// shares of [0, items), the first threads' one longer where they do not divide evenly.
+// shares of [0, items), the first threads' one longer where they do not divide evenly; on the
+// calling thread alone below kParallelMin. The shares follow the team OpenMP gives (OMP_DYNAMIC
+// or a thread limit may give fewer threads than asked), so every item is covered.
 template <class Body>
 void split_parts(int threads, int64_t work, int64_t items, Body&& body) {
   const int nt = team(threads, work);
@@ -78,6 +60,14 @@ void split_parts(int threads, int64_t work, int64_t items, Body&& body) {
     const int64_t lo = k * q + std::min(k, r);
     body(lo, lo + q + (k < r ? 1 : 0));
   }
+}
+
+// split_parts of [0, len) in runs of 16 floats: every part but the last a multiple of 16 long.
+template <class Body>
+void split(int threads, int64_t len, Body&& body) {
+  split_parts(threads, len, (len + 15) / 16, [&](int64_t lo, int64_t hi) {
+    body(std::min(len, lo * 16), std::min(len, hi * 16));
+  });
 }
 
 // dst[i] = F(a[i]).
