@@ -1,9 +1,11 @@
 // Finite-difference checks: every layer's backward against central differences of its forward.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 
 #include "dtrain/backend/device.hpp"
 #include "dtrain/base/rng.hpp"
+#include "dtrain/comm/comm.hpp"
 #include "dtrain/config/config.hpp"
 #include "dtrain/nn/model.hpp"
 #include "dtrain/nn/transformer.hpp"
@@ -421,6 +423,50 @@ TEST_CASE("grad_clip scales the update to the clipped norm and leaves the gradie
   p = {0.f, 0.f};
   loose.step(p.data(), g.data(), 1.0);
   CHECK(p == std::vector<float>{-3.f, -4.f});
+}
+
+TEST_CASE("an update in parts gives the whole update's bits: clipping, Adam, weights-only decay",
+          "[optim][shared]") {
+  auto dev = make_cpu_device();
+  const size_t n = 1000;                                           // not a multiple of 16
+  const std::vector<ParamRange> weights = {{5, 300}, {333, 600}};  // decay edges inside parts
+  Rng rng(3);
+  std::vector<float> p0(n), g(n);
+  for (auto& v : p0) v = static_cast<float>(rng.uniform(-1, 1));
+  for (auto& v : g) v = static_cast<float>(rng.uniform(-2, 2));
+  for (const auto type : {OptimizerType::sgd, OptimizerType::adamw}) {
+    OptimizerConfig oc;
+    oc.type = type;
+    oc.momentum = 0.9;
+    oc.weight_decay = 0.1;
+    oc.decay_bn_and_bias = false;
+    oc.grad_clip = 1.0;  // the gradients' norm is about 36: every step clipped
+    for (const int parts : {1, 3, 7, 64}) {
+      INFO("type " << static_cast<int>(type) << ", " << parts << " parts");
+      Optimizer whole(*dev, oc, n, weights), cut(*dev, oc, n, weights);
+      std::vector<float> a = p0, b = p0;
+      size_t covered = 0;
+      for (int64_t t = 1; t <= 3; ++t) {
+        whole.update(*dev, a.data(), g.data(), 0.01, t);
+        cut.prepare(*dev, g.data());
+        covered = 0;
+        for (int r = parts - 1; r >= 0; --r) {  // any order: the parts do not overlap
+          const auto [lo, hi] = shared_part(n, r, parts);
+          CHECK(lo % 16 == 0);
+          CHECK(lo <= hi);
+          covered += hi - lo;
+          cut.update_part(*dev, b.data(), g.data(), 0.01, t, lo, hi);
+        }
+      }
+      CHECK(covered == n);
+      CHECK(std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0);
+      CHECK(a != p0);
+    }
+  }
+  CHECK(shared_part(n, 0, 2) == std::pair<size_t, size_t>{0, 496});
+  CHECK(shared_part(n, 1, 2) == std::pair<size_t, size_t>{496, 1000});
+  CHECK(shared_part(10, 0, 4) == std::pair<size_t, size_t>{0, 0});  // small: the last
+  CHECK(shared_part(10, 3, 4) == std::pair<size_t, size_t>{0, 10});
 }
 
 TEST_CASE("optimizers follow their update rules on one parameter", "[optim]") {

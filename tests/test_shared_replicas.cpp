@@ -102,6 +102,16 @@ TEST_CASE("shared weights train like per-replica weights: mean, sum, momentum, A
     c.optimizer.schedule = Schedule::cosine;
     check_modes_agree(c);
   }
+  SECTION("AdamW with gradient clipping and decay on weights only, 3 replicas") {
+    // Each rank updates its own part of the shared weights, after one rank clipped the whole.
+    Config c = synthetic_config(3, 16);
+    c.optimizer.type = OptimizerType::adamw;
+    c.optimizer.lr = 0.003;
+    c.optimizer.weight_decay = 0.1;
+    c.optimizer.decay_bn_and_bias = false;
+    c.optimizer.grad_clip = 0.05;  // below the first steps' norms
+    check_modes_agree(c);
+  }
   SECTION("accumulation steps and small buckets (the noise scale's per-bucket norms)") {
     Config c = synthetic_config(4, 16);
     c.train.accumulation_steps = 3;

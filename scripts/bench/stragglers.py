@@ -11,8 +11,9 @@ With --launch mpirun the two replicas are two processes (mpirun -np 2, each boun
 its own), as on two machines; the default runs them as threads of one process. With --launch
 turns they take turns on one thread (replicas: shared, threads: 1): both ranks' phases run on
 the same core, so that a difference between the machine's cores cannot pass for a straggler;
-shared weights leave the exchange and the optimizer unnamed (one rank runs them for all), so
-only data, forward and backward are slowed. Results go to results/stragglers/ (threads),
+each rank updates its own half of the shared weights, but their sum is made in rank order (rank
+0 copies its gradients, rank 1 adds its own), so no rank's exchange is like the other's and the
+exchange is not slowed there. Results go to results/stragglers/ (threads),
 results/stragglers/mpirun/ or results/stragglers/turns/.
 
 With --cores, no trials: the same run at one replica, pinned to each core in turn (taskset),
@@ -20,8 +21,12 @@ several rounds, each phase's median time from the step trace: how much the machi
 differ, which a straggler rule sees as a straggler when ranks run on different cores. Writes
 results/stragglers/cores.md.
 
+--phases limits the phases slowed; --set KEY=VALUE adds an override to every run (for example
+optimizer.type=adamw, whose update is a larger share of the step than SGD's).
+
 Usage: stragglers.py [--dtrain build/apps/dtrain] [--trials 10] [--factors 1.1,1.5]
-                     [--launch threads|mpirun|turns] [--cores]
+                     [--launch threads|mpirun|turns] [--phases P,...] [--set KEY=VALUE]...
+                     [--out DIR] [--cores]
 """
 import argparse
 import collections
@@ -54,7 +59,7 @@ def trial(args, work, tag, slow):
         env["DTRAIN_SLOW"] = slow
     # The step trace (steps 2-16) gives each rank's phase times beside the verdict.
     cmd = [args.dtrain, "run", os.path.join(work, "s.yaml"), "gpus=2", "train.trace.from_step=2",
-           "train.trace.steps=15", "--results", work, "--tag", tag, "--quiet"]
+           "train.trace.steps=15", *args.set, "--results", work, "--tag", tag, "--quiet"]
     if args.launch == "mpirun":
         mpi = ["mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "core", "--mca", "btl",
                "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]
@@ -77,6 +82,10 @@ def main():
     p.add_argument("--factors", default="1.1,1.5")
     p.add_argument("--launch", choices=["threads", "mpirun", "turns"], default="threads")
     p.add_argument("--out", default=None)
+    p.add_argument("--phases", default=None,
+                   help="comma list of the phases to slow (default: every phase the launch names)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override for every run (repeatable), e.g. optimizer.type=adamw")
     p.add_argument("--cores", action="store_true")
     args = p.parse_args()
     if args.cores:
@@ -89,7 +98,12 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         with open(os.path.join(work, "s.yaml"), "w") as f:
             f.write(CONFIG)
-        phases = PHASES[:3] if args.launch == "turns" else PHASES
+        phases = [p for p in PHASES if p != "exchange"] if args.launch == "turns" else PHASES
+        if args.phases:
+            phases = [p for p in args.phases.split(",") if p in phases]
+            if not phases:
+                raise SystemExit(f"stragglers: --phases {args.phases}: none of {', '.join(PHASES)}"
+                                 f" that --launch {args.launch} can name")
         cases = [(None, None)] + [(f, ph) for f in factors for ph in phases]
         for t in range(args.trials):  # trials interleaved: drift on the machine hits all cases
             for factor, phase in cases:
@@ -163,7 +177,9 @@ def render(args, rows, factors):
         tally.setdefault(key, []).append(r)
     lines = ["# Stragglers named: trials", "",
              f"{time.strftime('%Y-%m-%d', time.gmtime())}, `scripts/bench/stragglers.py "
-             f"--trials {args.trials} --factors {args.factors} --launch {args.launch}` on "
+             f"--trials {args.trials} --factors {args.factors} --launch {args.launch}"
+             + (f" --phases {args.phases}" if args.phases else "")
+             + "".join(f" --set {kv}" for kv in args.set) + "` on "
              f"{os.cpu_count()} cores. Rank 1 of a 2-replica run "
              + {"mpirun": "(2 processes under mpirun, each bound to a core, 1 thread each)",
                 "turns": "(in turn on one thread, sharing one copy of the weights)",

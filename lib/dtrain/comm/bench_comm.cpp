@@ -96,12 +96,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-// Releases the ranks together, so that each iteration's clock starts when all are in.
-void barrier(Communicator& comm) {
-  double token = 0;
-  comm.allreduce(&token, 1, ReduceOp::sum);
-}
-
 // One size on this rank: iters timed all-reduces after warmup; returns this rank's times and
 // wrong counts (each iteration starts from a fresh fill, so every result has the same sum).
 void time_size(Communicator& comm, const BenchSettings& s, size_t count, std::vector<double>& times,
@@ -111,7 +105,7 @@ void time_size(Communicator& comm, const BenchSettings& s, size_t count, std::ve
   std::vector<float> buf(count);
   for (int it = 0; it < s.warmup + s.iters; ++it) {
     fill(buf, rank);
-    barrier(comm);
+    comm.barrier();  // each iteration's clock starts when all are in
     const auto t0 = std::chrono::steady_clock::now();
     comm.allreduce(buf.data(), buf.size(), ReduceOp::sum);
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -145,6 +145,10 @@ class InProcessComm final : public Communicator {
     s_->wait();  // every chunk is reduced everywhere
   }
 
+  void barrier() override {
+    if (s_->size > 1) s_->wait();
+  }
+
   void reduce_shared(Device& dev, const float* data, size_t n, ReduceOp op, float* out,
                      const std::function<void()>& then) override {
     // An ordered fold: out = buffer 0, then out += buffer 1, ..., each rank adding its own as
@@ -207,6 +211,19 @@ class InProcessComm final : public Communicator {
 void Communicator::reduce_shared(Device&, const float*, size_t, ReduceOp, float*,
                                  const std::function<void()>&) {
   DTRAIN_THROW_SYSTEM(kind() + " communicator: no shared reduction (replicas in one process only)");
+}
+
+void Communicator::barrier() {
+  double token = 0;
+  allreduce(&token, 1, ReduceOp::sum);
+}
+
+std::pair<size_t, size_t> shared_part(size_t n, int rank, int ranks) {
+  const auto cut = [&](int k) {
+    if (k >= ranks) return n;
+    return n * static_cast<size_t>(k) / static_cast<size_t>(ranks) / 16 * 16;
+  };
+  return {cut(rank), cut(rank + 1)};
 }
 
 InProcessGroup::InProcessGroup(int size) : state_(std::make_shared<State>(size)) {}

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace dtrain {
 
@@ -32,9 +33,16 @@ class Communicator {
   // device. Throws SystemError where the ranks do not share memory.
   virtual void reduce_shared(Device& dev, const float* data, size_t n, ReduceOp op, float* out,
                              const std::function<void()>& then);
+  // Returns once every rank has called it.
+  virtual void barrier();
   // Releases every rank blocked in a collective (they throw Aborted); used when one rank fails.
   virtual void abort(const std::string& why) = 0;
 };
+
+// Part `rank` of `ranks` of an n-element buffer, [first, second): cut at multiples of 16
+// elements, so that a part starts where the runs of vector lanes of a whole pass would (replicas
+// that share weights each update one).
+std::pair<size_t, size_t> shared_part(size_t n, int rank, int ranks);
 
 // A group of `size` in-process ranks (threads sharing memory). Create once, then hand
 // communicator(r) to the thread of rank r.

@@ -1,5 +1,7 @@
 #include "dtrain/nn/optimizer.hpp"
 
+#include <algorithm>
+
 #include "dtrain/base/error.hpp"
 
 namespace dtrain {
@@ -38,27 +40,36 @@ void Optimizer::step(float* params, const float* grads, double lr) {
 }
 
 void Optimizer::update(Device& d, float* params, const float* grads, double lr, int64_t t) {
-  const auto f = [](double x) { return static_cast<float>(x); };
+  prepare(d, grads);
+  update_part(d, params, grads, lr, t, 0, n_);
+}
+
+void Optimizer::prepare(Device& d, const float* grads) {
   if (cfg_.grad_clip > 0) {  // by the norm of the whole (reduced) gradient
     d.zero(sumsq_.data(), sizeof(double));
     d.sum_squares(grads, n_, sumsq_.data());
-    d.clip_by_norm(grads, clipped_.data(), n_, sumsq_.data(), f(cfg_.grad_clip));
-    grads = clipped_.data();
+    d.clip_by_norm(grads, clipped_.data(), n_, sumsq_.data(), static_cast<float>(cfg_.grad_clip));
   }
-  for (const Segment& s : segments_) {
-    const float wd = s.decay ? f(cfg_.weight_decay) : 0.f;
-    float* p = params + s.offset;
-    const float* g = grads + s.offset;
+}
+
+void Optimizer::update_part(Device& d, float* params, const float* grads, double lr, int64_t t,
+                            size_t lo, size_t hi) {
+  const auto f = [](double x) { return static_cast<float>(x); };
+  if (cfg_.grad_clip > 0) grads = clipped_.data();  // prepare()'s
+  for (const Segment& seg : segments_) {
+    const size_t a = std::max(lo, seg.offset), b = std::min(hi, seg.offset + seg.count);
+    if (a >= b) continue;
+    const float wd = seg.decay ? f(cfg_.weight_decay) : 0.f;
+    float* p = params + a;
+    const float* g = grads + a;
     switch (cfg_.type) {
       case OptimizerType::sgd:
-        d.sgd_update(p, g, m_.data() + s.offset, s.count, f(lr), f(cfg_.momentum), wd,
-                     cfg_.nesterov);
+        d.sgd_update(p, g, m_.data() + a, b - a, f(lr), f(cfg_.momentum), wd, cfg_.nesterov);
         break;
       case OptimizerType::adam:
       case OptimizerType::adamw:
-        d.adam_update(p, g, m_.data() + s.offset, v_.data() + s.offset, s.count, f(lr),
-                      f(cfg_.beta1), f(cfg_.beta2), f(cfg_.eps), wd,
-                      cfg_.type == OptimizerType::adamw, t);
+        d.adam_update(p, g, m_.data() + a, v_.data() + a, b - a, f(lr), f(cfg_.beta1),
+                      f(cfg_.beta2), f(cfg_.eps), wd, cfg_.type == OptimizerType::adamw, t);
         break;
     }
   }

@@ -29,6 +29,14 @@ class Optimizer {
   // update reads a clipped copy of `grads` (the gradients themselves stay as they are, for
   // the noise scale that reads them after the update).
   void update(Device& d, float* params, const float* grads, double lr, int64_t t);
+  // update() in parts, for replicas that share this optimizer and each update a part of the
+  // weights: once the gradients are whole, one rank calls prepare() (with cfg.grad_clip > 0,
+  // the norm of the whole and the clipped copy), then every rank update_part() on its part
+  // [lo, hi); together they give update()'s bits (elementwise updates).
+  void prepare(Device& d, const float* grads);
+  void update_part(Device& d, float* params, const float* grads, double lr, int64_t t, size_t lo,
+                   size_t hi);
+  bool prepares() const { return cfg_.grad_clip > 0; }  // whether prepare() does anything
   int64_t steps_taken() const { return t_; }
   // The state a checkpoint keeps: the step count and the moments (m: SGD's momentum or Adam's
   // first moment; v: Adam's second, empty for SGD), on the device.

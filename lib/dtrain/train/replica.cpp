@@ -163,6 +163,7 @@ void Replica::upload_training_set() {
 void Replica::make_exchange(size_t n_params) {
   const auto bucket_elems = static_cast<size_t>(cfg_.train.bucket_mb * 1024 * 1024 / sizeof(float));
   const ReduceOp op = cfg_.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
+  own_part_ = run_.shared && dev_->host_memory();
   if (run_.shared)
     exchange_ = make_shared_exchange(
         comm_, *dev_, op, n_params, bucket_elems, [this] { return reduced_grads(); },
@@ -189,10 +190,10 @@ void Replica::make_exchange(size_t n_params) {
   // On a GPU, one: when the device finished the step's compute (the exchange's start).
   const int arrivals = run_.shared || queue_ ? 1 : static_cast<int>(exchange_->bucket_count());
   phases_ = PhaseLog(replicas_, steps_, arrivals, dev_->host_memory());
-  if (run_.shared) {  // the last rank makes the sum and the update for every rank
-    phases_.never_name(StepPhase::exchange);
-    phases_.never_name(StepPhase::optimizer);
-  }
+  // Shared weights: rank 0 copies its gradients where the others add theirs, so no rank's
+  // exchange is like another's; on a GPU the last rank also makes the update for every rank.
+  if (run_.shared) phases_.never_name(StepPhase::exchange);
+  if (run_.shared && !own_part_) phases_.never_name(StepPhase::optimizer);
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
   // reduce the whole buffer at once, in finish().
   if ((cfg_.train.trace.enabled() || phases_.on()) && !run_.shared)
@@ -481,16 +482,17 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     step_lr_ = lr;
     const double exchange_before = t.exchange;
     const auto t_exchange = Clock::now();
-    reduce_gradients(t);  // shared weights: the last rank also runs the optimizer
+    reduce_gradients(t);  // shared weights on a GPU: the last rank also runs the optimizer
     trace_.span(TracePhase::exchange, t_exchange, Clock::now());
     mark(StepPhase::exchange);
-    if (run_.shared) {  // that update's time is the optimizer's on every rank that waited for it
+    if (run_.shared) {  // the update's time is the optimizer's on every rank that waited for it
       const double u =
           std::min(run_.shared->update_s[global_step_ & 1], t.exchange - exchange_before);
       t.exchange -= u;
       t.optimizer += u;
       phases_.add(StepPhase::exchange, -u);  // as the times: every rank waited for the update
       phases_.add(StepPhase::optimizer, u);
+      if (own_part_) update_own_part(t);
     } else {
       const auto t0 = Clock::now();
       opt_->step(model_->params(), model_->grads(), lr);
@@ -663,12 +665,31 @@ void Replica::update_shared() {
   if (queue_) queue_->synchronize();
   const auto t0 = Clock::now();
   SharedWeights& sw = *run_.shared;
-  // global_step_ counts this step already: it is the optimizer's 1-based step number.
-  sw.opt->update(*dev_, sw.params.data(), reduced_grads(), step_lr_, global_step_);
+  // global_step_ counts this step already: it is the optimizer's 1-based step number. In host
+  // memory, what precedes each rank's part of the update (update_own_part): clipping.
+  if (own_part_)
+    sw.opt->prepare(*dev_, reduced_grads());
+  else
+    sw.opt->update(*dev_, sw.params.data(), reduced_grads(), step_lr_, global_step_);
   if (queue_) queue_->synchronize();  // a GPU: the update's time, not its queueing
-  slow_.stretch(StepPhase::optimizer, seconds_since(t0));
+  if (!own_part_) slow_.stretch(StepPhase::optimizer, seconds_since(t0));
   sw.update_s[global_step_ & 1] = seconds_since(t0);
+  if (!own_part_ || sw.opt->prepares()) trace_.span(TracePhase::optimizer, t0, Clock::now());
+}
+
+void Replica::update_own_part(EpochTimes& t) {
+  SharedWeights& sw = *run_.shared;
+  const auto t0 = Clock::now();
+  const auto [lo, hi] = shared_part(sw.opt->size(), rank_, replicas_);
+  sw.opt->update_part(*dev_, sw.params.data(), reduced_grads(), step_lr_, global_step_, lo, hi);
+  slow_.stretch(StepPhase::optimizer, seconds_since(t0));
+  const double own = seconds_since(t0);
   trace_.span(TracePhase::optimizer, t0, Clock::now());
+  const auto t1 = Clock::now();
+  comm_.barrier();  // every part is updated: the next forward pass reads them all
+  t.optimizer += own;
+  t.exchange += seconds_since(t1);  // waiting for the other ranks, as in the exchange
+  phases_.add(StepPhase::optimizer, own);
 }
 
 bool Replica::stop_agreed(int64_t step) {

@@ -40,9 +40,11 @@ class NcclGroup;
 // host memory or on the one GPU that every replica is on (`dev`, which only holds it).
 // `params` are the weights every replica's model reads (no gradients: each replica has its
 // own). The ranks fold their gradients into reduced[step % 2] (see
-// Communicator::reduce_shared) and the last rank runs `opt`: two buffers, so that a rank still
-// reading step s's sum (the noise scale) is never overwritten by a faster rank folding step
-// s + 1. update_s: the seconds the update of a step took, also by step parity.
+// Communicator::reduce_shared); then on a GPU the last rank runs `opt`, and in host memory each
+// rank updates its own part of the weights (Optimizer::update_part) after the last rank has
+// run what precedes the parts (Optimizer::prepare). Two buffers, so that a rank still reading
+// step s's sum (the noise scale) is never overwritten by a faster rank folding step s + 1.
+// update_s: the seconds the last rank's share of a step's update took, also by step parity.
 struct SharedWeights {
   std::unique_ptr<Device> dev;
   Buffer<float> params;
@@ -110,8 +112,12 @@ class Replica {
   // Test samples [lo, lo + rows) into yb_ and the returned features.
   const float* load_test_chunk(int64_t lo, int64_t rows);
   void reduce_gradients(EpochTimes& t);
-  // Shared weights: the optimizer step, called by the exchange on the last rank.
+  // Shared weights: called by the exchange on the last rank once the sum is whole: the
+  // optimizer step on a GPU; in host memory what precedes the parts (Optimizer::prepare).
   void update_shared();
+  // Shared weights in host memory: this rank's part of the update, then a wait for the other
+  // ranks' parts (the next forward pass reads them all).
+  void update_own_part(EpochTimes& t);
   Optimizer& optimizer() { return run_.shared ? *run_.shared->opt : *opt_; }
   // The gradients after the exchange: this replica's buffer, or the shared one.
   float* reduced_grads() {
@@ -194,6 +200,10 @@ class Replica {
   int64_t eval_rows_ = 1;  // rows of an evaluation chunk (eval_chunk_rows)
   std::unique_ptr<GradExchange> exchange_;
   bool exchange_on_host_ = false;
+  // Shared weights in host memory: each rank updates its own part of the weights
+  // (shared_part), its own optimizer work, where a straggler can be named. On a GPU the last
+  // rank updates them all.
+  bool own_part_ = false;
   // A GPU whose exchange goes through the host (colocated replicas): per step of the epoch, the
   // seconds the host spent exchanging buckets inside backward, with the device idle. Its events
   // count them as backward; read_device_steps moves them to the exchange.
