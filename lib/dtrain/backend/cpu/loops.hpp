@@ -97,8 +97,9 @@ DTRAIN_CPU_CLONES inline void add_row(float* row, const float* bias, int64_t n) 
 DTRAIN_CPU_CLONES inline void adam(float* p, const float* g, float* m, float* v, int64_t n,
                                    const math::AdamFactors& f, float b1, float b2, float eps,
                                    float wd, bool decoupled) {
+  const math::AdamFactors k = f;  // a copy, which the stores cannot alias: kept in registers
   for (int64_t i = 0; i < n; ++i)
-    math::adam_step(p[i], g[i], m[i], v[i], f, b1, b2, eps, wd, decoupled);
+    math::adam_step(p[i], g[i], m[i], v[i], k, b1, b2, eps, wd, decoupled);
 }
 
 // One SGD step over n parameters (math::sgd_step).
