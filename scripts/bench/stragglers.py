@@ -100,10 +100,12 @@ def main():
             f.write(CONFIG)
         phases = [p for p in PHASES if p != "exchange"] if args.launch == "turns" else PHASES
         if args.phases:
-            phases = [p for p in args.phases.split(",") if p in phases]
-            if not phases:
-                raise SystemExit(f"stragglers: --phases {args.phases}: none of {', '.join(PHASES)}"
-                                 f" that --launch {args.launch} can name")
+            wanted = args.phases.split(",")
+            bad = [p for p in wanted if p not in phases]
+            if bad:
+                raise SystemExit(f"stragglers: --phases: {', '.join(bad)} is not one of "
+                                 f"{', '.join(phases)} (what --launch {args.launch} can name)")
+            phases = wanted
         cases = [(None, None)] + [(f, ph) for f in factors for ph in phases]
         for t in range(args.trials):  # trials interleaved: drift on the machine hits all cases
             for factor, phase in cases:
@@ -120,13 +122,17 @@ def main():
 
 
 def phase_medians(trace_path):
-    """Per rank (the trace's pid) and phase, the median span in milliseconds."""
+    """Per rank (the trace's pid) and phase, the median over steps of the phase's time in a step
+    (the sum of its spans there), in milliseconds."""
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    spans = collections.defaultdict(list)
+    per_step = collections.defaultdict(float)
     for e in events:
         if e.get("ph") == "X" and e.get("name") in PHASES:
-            spans[(e["pid"], e["name"])].append(e["dur"] / 1000)
+            per_step[(e["pid"], e["name"], e.get("args", {}).get("step"))] += e["dur"] / 1000
+    spans = collections.defaultdict(list)
+    for (pid, name, _), ms in per_step.items():
+        spans[(pid, name)].append(ms)
     ranks = sorted({pid for pid, _ in spans})
     return {str(r): {ph: statistics.median(spans[(r, ph)]) if spans[(r, ph)] else None
                      for ph in PHASES} for r in ranks}

@@ -380,7 +380,8 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   double dt[3] = {0, 0, 0};
   if (queue_) read_device_steps(dt);
   const double comm_s = queue_ ? exchange_->take_device_seconds(/*wait=*/true) : -1.0;
-  // Shared weights: the optimizer ran inside the exchange (train_step moved its time there).
+  // Shared weights on a GPU: the optimizer ran inside the exchange (train_step moved its time
+  // there).
   const PhaseSeconds p =
       split_phases({t.compute, t.exchange, t.exchange, t.optimizer}, queue_ ? dt : nullptr,
                    comm_s, exchange_on_host_, run_.shared ? t.optimizer : 0.0);
@@ -485,7 +486,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
     reduce_gradients(t);  // shared weights on a GPU: the last rank also runs the optimizer
     trace_.span(TracePhase::exchange, t_exchange, Clock::now());
     mark(StepPhase::exchange);
-    if (run_.shared) {  // the update's time is the optimizer's on every rank that waited for it
+    if (run_.shared) {  // the last rank's update (on the host: clipping) is every rank's optimizer
       const double u =
           std::min(run_.shared->update_s[global_step_ & 1], t.exchange - exchange_before);
       t.exchange -= u;
@@ -687,6 +688,7 @@ void Replica::update_own_part(EpochTimes& t) {
   trace_.span(TracePhase::optimizer, t0, Clock::now());
   const auto t1 = Clock::now();
   comm_.barrier();  // every part is updated: the next forward pass reads them all
+  trace_.span(TracePhase::exchange, t1, Clock::now());
   t.optimizer += own;
   t.exchange += seconds_since(t1);  // waiting for the other ranks, as in the exchange
   phases_.add(StepPhase::optimizer, own);
