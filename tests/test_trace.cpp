@@ -157,8 +157,8 @@ TEST_CASE("a 4-replica run's trace.json nests every span in its step, ranks alig
                      "--tag sh --results " + res)
               .code == 0);
   const auto sh = read_trace(fs::path(res) / "tr" / "sh-g2" / "trace.json", 2, 1, 3);
-  for (const auto& [r, of_rank] : sh) {
-    INFO("rank " << r);
+  for (const auto& [who, of_rank] : sh) {
+    INFO("rank " << who);
     CHECK(count(of_rank, "optimizer") == 3);
     CHECK(count(of_rank, "exchange") == 6);  // the sum, then the wait for the other parts
   }
