@@ -39,10 +39,6 @@ for r in $(seq "$rounds"); do
     run resnet18 "$fuse" "$r" "${r18[@]}"
   done
 done
-last_losses() {  # the last epoch's train_loss and test_loss of a metrics.csv
-  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i == "train_loss") a = i; if ($i == "test_loss") b = i }; next }
-           { v = $a " " $b } END { print v }' "$1"
-}
 out=$tmp/cpu-fuse.md  # moved into results/bench only once whole
 {
   echo "# BatchNorm's fused passes against separate ones in dtrain's CPU backend"

@@ -13,6 +13,12 @@ peaks() {
     python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["peak_rss_mib"]))' "$f"
   done | sort -g
 }
+# last_losses FILE: the last epoch's train_loss and test_loss of a metrics.csv (the A/B scripts
+# check that both settings end a run with the same ones).
+last_losses() {
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i == "train_loss") a = i; if ($i == "test_loss") b = i }; next }
+           { v = $a " " $b } END { print v }' "$1"
+}
 median() { awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # check_rounds_epochs NAME ROUNDS EPOCHS: one line and exit 2 unless both are whole numbers,
 # ROUNDS at least 1 and EPOCHS at least 2 (the first epoch of a run is dropped as warm-up).

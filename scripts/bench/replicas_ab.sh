@@ -32,10 +32,6 @@ for r in $(seq "$rounds"); do
     else run b "$b_bin" "$r" "$n"; run a "$a_bin" "$r" "$n"; fi
   done
 done
-last_losses() {  # the last epoch's train_loss and test_loss of a metrics.csv
-  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i == "train_loss") a = i; if ($i == "test_loss") b = i }; next }
-           { v = $a " " $b } END { print v }' "$1"
-}
 out=$tmp/replicas-ab.md  # moved into place only once whole
 {
   echo "# Two dtrain binaries on in-process replicas"
