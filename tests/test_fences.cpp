@@ -250,7 +250,8 @@ TEST_CASE("shared-weight folds on deferred queues are ordered by fences alone", 
         std::vector<float> mine(kFoldLen);
         for (size_t i = 0; i < kFoldLen; ++i) mine[i] = value(r, round, i);
         float* out = sums[round % 2].data();  // two buffers, as the replicas keep them
-        comm->reduce_shared(dev, mine.data(), kFoldLen, ReduceOp::mean, out, [&] { ++then_calls; });
+        comm->reduce_shared(
+            dev, mine.data(), kFoldLen, ReduceOp::mean, out, [&] { ++then_calls; }, nullptr);
         // This rank's later work reads the sum (the optimizer, the noise scale): queued.
         dev.q.ops.push_back({[&wrong, out, round, want] {
           for (size_t i = 0; i < kFoldLen; ++i) wrong += out[i] == want(round, i) ? 0 : 1;

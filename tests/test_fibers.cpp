@@ -72,6 +72,10 @@ TEST_CASE("fibers of an in-process group meet in collectives, on fewer threads",
     InProcessGroup group(n);
     std::vector<float> shared(len, 0.f);
     std::atomic<int> then_calls{0}, wrong_allreduce{0}, wrong_fold{0};
+    // Who folded and when `then` ran (-1), in the order they did: each rank's `folded` comes in
+    // its turn, so rank order, and the last rank's `then` after its own.
+    std::mutex mu;
+    std::vector<int> seen;
     fibers::run(n, workers, [&](int r) {
       auto comm = group.communicator(r);
       const auto dev = make_cpu_device();
@@ -83,8 +87,17 @@ TEST_CASE("fibers of an in-process group meet in collectives, on fewer threads",
           for (int q = 1; q < n; ++q) acc += value(q, round, i);
           want[i] = acc * (1.0f / n);
         }
-        comm->reduce_shared(*dev, mine.data(), len, ReduceOp::mean, shared.data(),
-                            [&] { ++then_calls; });
+        const auto saw = [&](int who) {
+          std::lock_guard lk(mu);
+          seen.push_back(who);
+        };
+        comm->reduce_shared(
+            *dev, mine.data(), len, ReduceOp::mean, shared.data(),
+            [&] {
+              ++then_calls;
+              saw(-1);
+            },
+            [&](double seconds) { saw(seconds >= 0 ? r : -2); });
         for (size_t i = 0; i < len; ++i) wrong_fold += shared[i] == want[i] ? 0 : 1;
         comm->allreduce(mine.data(), len, ReduceOp::mean);
         for (size_t i = 0; i < len; ++i) wrong_allreduce += mine[i] == want[i] ? 0 : 1;
@@ -94,6 +107,12 @@ TEST_CASE("fibers of an in-process group meet in collectives, on fewer threads",
     CHECK(wrong_fold == 0);
     CHECK(wrong_allreduce == 0);
     CHECK(then_calls == rounds);  // the last rank, once per fold
+    std::vector<int> want;
+    for (int round = 0; round < rounds; ++round) {
+      for (int r = 0; r < n; ++r) want.push_back(r);
+      want.push_back(-1);
+    }
+    CHECK(seen == want);
   }
 }
 

@@ -154,9 +154,10 @@ TEST_CASE("a rank slowed on purpose is named in the log, metrics.csv and summary
                         "train: {epochs: 3, per_replica_batch: 64, target_accuracy: 0}\n"
                         "optimizer: {lr: 0.05, base_batch: 64, warmup_epochs: 0}\n";
   const auto res = (d.path / "res").string();
-  // Each of the two ranks updates its own half of the shared weights: the optimizer is a
-  // rank's own work, as forward and backward are.
-  for (const std::string phase : {"forward", "backward", "optimizer"}) {
+  // Each of the two ranks adds its own gradients into the shared sum in its turn and updates
+  // its own half of the shared weights: the exchange and the optimizer are a rank's own work,
+  // as forward and backward are.
+  for (const std::string phase : {"forward", "backward", "exchange", "optimizer"}) {
     INFO(phase);
     const auto r = shell("DTRAIN_SLOW=1:" + phase + ":3 " + dtrain_binary() + " run " +
                          cfg.string() + " gpus=2 replicas=shared --tag " + phase +

@@ -11,9 +11,8 @@ With --launch mpirun the two replicas are two processes (mpirun -np 2, each boun
 its own), as on two machines; the default runs them as threads of one process. With --launch
 turns they take turns on one thread (replicas: shared, threads: 1): both ranks' phases run on
 the same core, so that a difference between the machine's cores cannot pass for a straggler;
-each rank updates its own half of the shared weights, but their sum is made in rank order (rank
-0 copies its gradients, rank 1 adds its own), so no rank's exchange is like the other's and the
-exchange is not slowed there. Results go to results/stragglers/ (threads),
+each rank adds its gradients into the shared sum in its turn (its exchange, timed alone) and
+updates its own half of the shared weights. Results go to results/stragglers/ (threads),
 results/stragglers/mpirun/ or results/stragglers/turns/.
 
 With --cores, no trials: the same run at one replica, pinned to each core in turn (taskset),
@@ -98,13 +97,13 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         with open(os.path.join(work, "s.yaml"), "w") as f:
             f.write(CONFIG)
-        phases = [p for p in PHASES if p != "exchange"] if args.launch == "turns" else PHASES
+        phases = PHASES
         if args.phases:
             wanted = args.phases.split(",")
             bad = [p for p in wanted if p not in phases]
             if bad:
                 raise SystemExit(f"stragglers: --phases: {', '.join(bad)} is not one of "
-                                 f"{', '.join(phases)} (what --launch {args.launch} can name)")
+                                 f"{', '.join(phases)}")
             phases = wanted
         cases = [(None, None)] + [(f, ph) for f in factors for ph in phases]
         for t in range(args.trials):  # trials interleaved: drift on the machine hits all cases

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -150,7 +151,8 @@ class InProcessComm final : public Communicator {
   }
 
   void reduce_shared(Device& dev, const float* data, size_t n, ReduceOp op, float* out,
-                     const std::function<void()>& then) override {
+                     const std::function<void()>& then,
+                     const std::function<void(double)>& folded) override {
     // An ordered fold: out = buffer 0, then out += buffer 1, ..., each rank adding its own as
     // soon as the rank before it has, while its gradients are still in this core's cache.
     // Per element that is reduce()'s arithmetic: acc = b0; acc += b1; ...; acc *= 1/p.
@@ -163,7 +165,10 @@ class InProcessComm final : public Communicator {
     const float scale = last && op == ReduceOp::mean ? 1.0f / static_cast<float>(p) : 1.0f;
     DeviceQueue* queue = dev.queue();
     if (queue && rank_ > 0) queue->wait_for(fence(rank_ - 1, nullptr));
+    const auto t0 = std::chrono::steady_clock::now();
     dev.fold(out, data, n, rank_ == 0, scale);
+    if (folded)
+      folded(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (last && then) then();
     if (queue && p > 1) queue->record(fence(rank_, queue));
     if (!last) s_->turn[static_cast<size_t>(rank_ + 1)]->release();
@@ -209,7 +214,7 @@ class InProcessComm final : public Communicator {
 }  // namespace
 
 void Communicator::reduce_shared(Device&, const float*, size_t, ReduceOp, float*,
-                                 const std::function<void()>&) {
+                                 const std::function<void()>&, const std::function<void(double)>&) {
   DTRAIN_THROW_SYSTEM(kind() + " communicator: no shared reduction (replicas in one process only)");
 }
 

@@ -30,9 +30,13 @@ class Communicator {
   // on its own stream, the ranks' streams are ordered by fences (DeviceQueue::record,
   // wait_for): a rank's fold follows the previous rank's, and each rank's later work follows
   // the last rank's fold and whatever `then` queued; the host returns without waiting for the
-  // device. Throws SystemError where the ranks do not share memory.
+  // device. Each rank calls folded(seconds) (where set) right after its own fold, with the
+  // fold's host seconds (on a GPU, its queueing's), before the next rank's turn: the exchange
+  // work that is the rank's own, where a slow rank delays the ranks after it. Throws
+  // SystemError where the ranks do not share memory.
   virtual void reduce_shared(Device& dev, const float* data, size_t n, ReduceOp op, float* out,
-                             const std::function<void()>& then);
+                             const std::function<void()>& then,
+                             const std::function<void(double)>& folded);
   // Returns once every rank has called it.
   virtual void barrier();
   // Releases every rank blocked in a collective (they throw Aborted); used when one rank fails.

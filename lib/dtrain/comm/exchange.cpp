@@ -39,18 +39,20 @@ class HostExchange final : public GradExchange {
 class SharedExchange final : public GradExchange {
  public:
   SharedExchange(Communicator& comm, Device& dev, ReduceOp op, size_t n, size_t bucket,
-                 std::function<float*()> out, std::function<void()> then)
+                 std::function<float*()> out, std::function<void()> then,
+                 std::function<void(double)> folded)
       : GradExchange(n, bucket),
         comm_(comm),
         dev_(dev),
         op_(op),
         out_(std::move(out)),
-        then_(std::move(then)) {}
+        then_(std::move(then)),
+        folded_(std::move(folded)) {}
   std::string kind() const override { return comm_.kind() + " into shared weights"; }
 
  protected:
   void reduce(float*, size_t) override {}  // the whole buffer goes in wait()
-  void wait() override { comm_.reduce_shared(dev_, buffer(), size(), op_, out_(), then_); }
+  void wait() override { comm_.reduce_shared(dev_, buffer(), size(), op_, out_(), then_, folded_); }
 
  private:
   Communicator& comm_;
@@ -58,6 +60,7 @@ class SharedExchange final : public GradExchange {
   ReduceOp op_;
   std::function<float*()> out_;
   std::function<void()> then_;
+  std::function<void(double)> folded_;
 };
 }  // namespace
 
@@ -124,9 +127,10 @@ std::unique_ptr<GradExchange> make_host_exchange(Communicator& comm, Device& dev
 std::unique_ptr<GradExchange> make_shared_exchange(Communicator& comm, Device& dev, ReduceOp op,
                                                    size_t n_params, size_t bucket_elems,
                                                    std::function<float*()> out,
-                                                   std::function<void()> then) {
+                                                   std::function<void()> then,
+                                                   std::function<void(double)> folded) {
   return std::make_unique<SharedExchange>(comm, dev, op, n_params, bucket_elems, std::move(out),
-                                          std::move(then));
+                                          std::move(then), std::move(folded));
 }
 
 }  // namespace dtrain

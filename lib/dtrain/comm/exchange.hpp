@@ -92,10 +92,11 @@ std::unique_ptr<GradExchange> make_host_exchange(Communicator& comm, Device& dev
 // For replicas that share one copy of the weights (in-process; CPU replicas, or replicas on
 // one GPU): buckets are not reduced as they become ready (each replica's buffer is its own),
 // and finish() reduces the whole buffer into out() with Communicator::reduce_shared on `dev`,
-// which calls `then` once the sum is whole.
+// which calls `then` once the sum is whole and `folded` after this rank's own fold.
 std::unique_ptr<GradExchange> make_shared_exchange(Communicator& comm, Device& dev, ReduceOp op,
                                                    size_t n_params, size_t bucket_elems,
                                                    std::function<float*()> out,
-                                                   std::function<void()> then);
+                                                   std::function<void()> then,
+                                                   std::function<void(double)> folded);
 
 }  // namespace dtrain

@@ -24,9 +24,8 @@ class PhaseLog {
 
   bool on() const { return on_; }
   // Phase p is never named, nor counted in a rank's pace or busy time as a whole: where it is
-  // not the rank's own work, or not the same work on every rank (with shared weights rank 0
-  // copies its gradients where the others add theirs; on a GPU the last rank also makes the
-  // update for every rank).
+  // not the rank's own work (shared weights on a GPU: the host only queues the folds, and the
+  // last rank makes the update for every rank).
   void never_name(StepPhase p) { rule_.phases &= ~(1u << static_cast<int>(p)); }
   bool host_clocks() const { return host_; }
   // The epoch starts at step `first` (a resumed epoch's earlier steps are not in the log).

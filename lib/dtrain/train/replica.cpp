@@ -164,10 +164,12 @@ void Replica::make_exchange(size_t n_params) {
   const auto bucket_elems = static_cast<size_t>(cfg_.train.bucket_mb * 1024 * 1024 / sizeof(float));
   const ReduceOp op = cfg_.train.reduction == Reduction::mean ? ReduceOp::mean : ReduceOp::sum;
   own_part_ = run_.shared && dev_->host_memory();
+  std::function<void(double)> on_fold;
+  if (own_part_) on_fold = [this](double s) { folded(s); };
   if (run_.shared)
     exchange_ = make_shared_exchange(
         comm_, *dev_, op, n_params, bucket_elems, [this] { return reduced_grads(); },
-        [this] { update_shared(); });
+        [this] { update_shared(); }, on_fold);
   else if (run_.nccl)
     exchange_ = run_.nccl->exchange(run_.nccl_per_process ? 0 : rank_, *dev_, op, n_params,
                                     bucket_elems);
@@ -186,13 +188,16 @@ void Replica::make_exchange(size_t n_params) {
       queue_->synchronize();
     exchange_->ready(off, count);
   };
-  // The straggler log: per step the phases and an arrival per bucket (one, for shared weights).
-  // On a GPU, one: when the device finished the step's compute (the exchange's start).
-  const int arrivals = run_.shared || queue_ ? 1 : static_cast<int>(exchange_->bucket_count());
+  // The straggler log: per step the phases and an arrival per bucket. On a GPU, one: when the
+  // device finished the step's compute (the exchange's start). Shared weights in host memory,
+  // none: a rank's exchange is its own fold alone, timed as it runs (folded()).
+  const int arrivals = own_part_               ? 0
+                       : run_.shared || queue_ ? 1
+                                               : static_cast<int>(exchange_->bucket_count());
   phases_ = PhaseLog(replicas_, steps_, arrivals, dev_->host_memory());
-  // Shared weights: rank 0 copies its gradients where the others add theirs, so no rank's
-  // exchange is like another's; on a GPU the last rank also makes the update for every rank.
-  if (run_.shared) phases_.never_name(StepPhase::exchange);
+  // Shared weights on a GPU: the host only queues the folds, and the last rank also makes the
+  // update for every rank, so neither phase is a rank's own.
+  if (run_.shared && !own_part_) phases_.never_name(StepPhase::exchange);
   if (run_.shared && !own_part_) phases_.never_name(StepPhase::optimizer);
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
   // reduce the whole buffer at once, in finish().
@@ -491,7 +496,7 @@ void Replica::train_step(const EpochPlan& plan, int64_t s, double lr, EpochTimes
           std::min(run_.shared->update_s[global_step_ & 1], t.exchange - exchange_before);
       t.exchange -= u;
       t.optimizer += u;
-      phases_.add(StepPhase::exchange, -u);  // as the times: every rank waited for the update
+      if (!own_part_) phases_.add(StepPhase::exchange, -u);  // every rank waited for the update
       phases_.add(StepPhase::optimizer, u);
       if (own_part_) update_own_part(t);
     } else {
@@ -652,12 +657,19 @@ void Replica::reduce_gradients(EpochTimes& t) {
   const double during_backward = exchange_->seconds();
   if (wait_before_exchange_) queue_->synchronize();  // see on_ready_
   const auto t0 = Clock::now();
-  if (run_.shared) phases_.arrive(0, trace_.seconds_at(t0));
-  exchange_->finish();
-  slow_.stretch(StepPhase::exchange, during_backward + seconds_since(t0));
+  if (run_.shared && !own_part_) phases_.arrive(0, trace_.seconds_at(t0));
+  exchange_->finish();  // shared weights in host memory: folded() logs this rank's own part
+  if (!own_part_) slow_.stretch(StepPhase::exchange, during_backward + seconds_since(t0));
   t.compute -= during_backward;
   t.exchange += during_backward + seconds_since(t0);
-  phases_.add(StepPhase::exchange, during_backward + seconds_since(t0));
+  if (!own_part_) phases_.add(StepPhase::exchange, during_backward + seconds_since(t0));
+}
+
+void Replica::folded(double seconds) {
+  // Inside this rank's turn: a straggler's fold, stretched here, delays the ranks after it.
+  const auto t0 = Clock::now();
+  slow_.stretch(StepPhase::exchange, seconds);
+  phases_.add(StepPhase::exchange, seconds + seconds_since(t0));
 }
 
 void Replica::update_shared() {

@@ -115,6 +115,9 @@ class Replica {
   // Shared weights: called by the exchange on the last rank once the sum is whole: the
   // optimizer step on a GPU; in host memory what precedes the parts (Optimizer::prepare).
   void update_shared();
+  // Shared weights in host memory: called by the exchange right after this rank's own fold,
+  // in its turn, with the fold's seconds: the rank's exchange work in the straggler log.
+  void folded(double seconds);
   // Shared weights in host memory: this rank's part of the update, then a wait for the other
   // ranks' parts (the next forward pass reads them all).
   void update_own_part(EpochTimes& t);
