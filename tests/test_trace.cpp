@@ -161,6 +161,7 @@ TEST_CASE("a 4-replica run's trace.json nests every span in its step, ranks alig
     INFO("rank " << who);
     CHECK(count(of_rank, "optimizer") == 3);
     CHECK(count(of_rank, "exchange") == 6);  // the sum, then the wait for the other parts
+    CHECK(count(of_rank, "bucket") == 3);    // the rank's own fold into the sum, a step
   }
 }
 

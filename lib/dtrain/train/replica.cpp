@@ -200,7 +200,7 @@ void Replica::make_exchange(size_t n_params) {
   if (run_.shared && !own_part_) phases_.never_name(StepPhase::exchange);
   if (run_.shared && !own_part_) phases_.never_name(StepPhase::optimizer);
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
-  // reduce the whole buffer at once, in finish().
+  // reduce the whole buffer at once, in finish() (in host memory, one bucket: folded()).
   if ((cfg_.train.trace.enabled() || phases_.on()) && !run_.shared)
     exchange_->on_bucket([this](size_t b, Clock::time_point ready, Clock::time_point t0,
                                 Clock::time_point t1) {
@@ -658,6 +658,7 @@ void Replica::reduce_gradients(EpochTimes& t) {
   if (wait_before_exchange_) queue_->synchronize();  // see on_ready_
   const auto t0 = Clock::now();
   if (run_.shared && !own_part_) phases_.arrive(0, trace_.seconds_at(t0));
+  fold_ready_ = t0;
   exchange_->finish();  // shared weights in host memory: folded() logs this rank's own part
   if (!own_part_) slow_.stretch(StepPhase::exchange, during_backward + seconds_since(t0));
   t.compute -= during_backward;
@@ -669,7 +670,12 @@ void Replica::folded(double seconds) {
   // Inside this rank's turn: a straggler's fold, stretched here, delays the ranks after it.
   const auto t0 = Clock::now();
   slow_.stretch(StepPhase::exchange, seconds);
+  const auto t1 = Clock::now();
   phases_.add(StepPhase::exchange, seconds + seconds_since(t0));
+  // The trace's one bucket of the sum: ready when this rank arrived, its fold from its turn.
+  const auto fold =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  trace_.bucket(0, fold_ready_, std::max(fold_ready_, t0 - fold), t1);
 }
 
 void Replica::update_shared() {

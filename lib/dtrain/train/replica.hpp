@@ -207,6 +207,7 @@ class Replica {
   // (shared_part), its own optimizer work, where a straggler can be named. On a GPU the last
   // rank updates them all.
   bool own_part_ = false;
+  std::chrono::steady_clock::time_point fold_ready_{};  // when it arrived at the shared sum
   // A GPU whose exchange goes through the host (colocated replicas): per step of the epoch, the
   // seconds the host spent exchanging buckets inside backward, with the device idle. Its events
   // count them as backward; read_device_steps moves them to the exchange.
