@@ -162,6 +162,20 @@ TEST_CASE("an error inside a list or mapping given by an override names the over
              Catch::StartsWith("exp.yaml:4: model.layers[0]: conv needs channels"));
 }
 
+TEST_CASE("a layer's width is bounded, so no parameter count can pass 64 bits",
+          "[config][errors]") {
+  CHECK(error_of("model:\n  type: resnet\n  widths: [2000000000, 1, 1]\n") ==
+        "exp.yaml:3: model.widths: every entry must be in [1, 1048576], found 2000000000");
+  CHECK_THAT(error_of("", {{"model.hidden", "[1048577]"}}),
+             Catch::Contains("model.hidden: every entry must be in [1, 1048576], found 1048577"));
+  CHECK_THAT(
+      error_of("model: {type: layers}\n", {{"model.layers", "[{conv: {channels: 4000000}}]"}}),
+      Catch::Contains("must be in [1, 1048576], got 4000000"));
+  CHECK_THAT(error_of("model: {type: layers}\n", {{"model.layers", "[{dense: {units: 0}}]"}}),
+             Catch::Contains("must be in [1, 1048576], got 0"));
+  CHECK(error_of("model:\n  hidden: [1048576]\n").empty());  // the bound itself is taken
+}
+
 TEST_CASE("gpus must be positive", "[config][errors]") {
   CHECK(error_of("gpus: 0\n") == "exp.yaml:1: gpus: must be in [1, 4096], got 0");
   CHECK(error_of("gpus: -2\n") == "exp.yaml:1: gpus: must be in [1, 4096], got -2");

@@ -309,6 +309,12 @@ optimizer: {type: adamw}
   CHECK(j["global_batch_1"] == 32);
   CHECK(j["samples_per_epoch"] == 256);
   CHECK(j["backward_fraction"].get<double>() == Approx(448.0 / 800));  // the model's own share
+  // AdamW: weights, gradients, m and v; outputs and their gradients (16 + 3 floats a sample in
+  // the MLP's layers, and any the model keeps besides) for a micro-batch of 16.
+  CHECK(j["estimate"]["fits"] == true);
+  CHECK(j["estimate"]["gpu_memory_bytes"] == 80e9);
+  CHECK(j["estimate"]["replica_memory_bytes"].get<double>() >= 16.0 * 195 + 4.0 * 19 * 2 * 16);
+  CHECK_THAT(r.out, !Catch::Contains("Does not fit"));
   // Overrides change the config as for run: bf16's peak, then a given backward share.
   const auto bf16 = dtrain_cli("project " + cfg + " precision=bf16 --gpu h100-sxm --gpus 1 " +
                                "--backward-fraction 0.5 --out " + out);
@@ -320,6 +326,15 @@ optimizer: {type: adamw}
   CHECK(jb["backward_fraction"] == 0.5);
   CHECK(j["rows"][1]["gpus"] == 4);
   CHECK(j["rows"][1]["steps_per_epoch"] == 2);
+  // 10^10 parameters with AdamW: 160 GB of fp32 state, past an H200's 141 GB: projected, and
+  // said not to fit.
+  const auto big = dtrain_cli("project " + cfg + " model.hidden=[100000,100000] --gpu h200 " +
+                              "--gpus 1 --out " + out);
+  INFO(big.out);
+  REQUIRE(big.code == 0);
+  CHECK_THAT(big.out, Catch::Contains("Does not fit: one replica needs about 160."));
+  CHECK_THAT(big.out, Catch::Contains("more than the h200's 141 GB"));
+  CHECK(nlohmann::json::parse(std::ifstream(out + ".json"))["estimate"]["fits"] == false);
   // Data that is not here: the step still, no epoch.
   const std::string away = t.write("a.yaml", "name: away\ndata: {path: /nowhere}\n");
   const auto a = dtrain_cli("project " + away + " --gpu a100 --out " + out);
@@ -332,7 +347,7 @@ optimizer: {type: adamw}
            {cfg + " --gpu h100", "--gpu 'h100': give one of h100-sxm"},
            {cfg + " --gpu h200 --mfu 1.5", "--mfu 1.5"},
            {cfg + " --gpu h200 --mfu 1e-300", "from 0.0001 to 1"},
-           {cfg + " --gpu h200 model.hidden=[2000000,2000000]", "make the model smaller"},
+           {cfg + " --gpu h200 model.hidden=[1000000,1000000]", "make the model smaller"},
            {t.path.string() + " --gpu h200", "a run folder has its measured step"},
            {cfg + " --mfu 0.3", "--mfu requires --gpu"},
            {cfg + " --gpu h200 --params 1000", "--params: with --gpu the parameters are"},

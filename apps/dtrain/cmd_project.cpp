@@ -204,6 +204,23 @@ const GpuPreset& gpu_preset(const ProjectOptions& opt) {
   return *gpu;
 }
 
+// A replica's memory on the GPU (fp32 weights, gradients and optimizer state; each layer's
+// output and its gradient for a micro-batch, as the trainer's check counts them), and where it
+// passes the GPU's, a note saying the projected step cannot run there. Empty where it fits.
+std::string memory_note(const Config& cfg, const ModelSize& m, const GpuPreset& gpu, double& need) {
+  const double state = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;  // momentum; m and v
+  const double weights = 4.0 * static_cast<double>(m.params) * (2 + state);
+  const double acts = 4.0 * static_cast<double>(m.activations_per_sample) * 2.0 *
+                      static_cast<double>(cfg.micro_batch());
+  need = weights + acts;
+  if (need <= gpu.memory_bytes) return "";
+  return fmt::format(
+      "\nDoes not fit: one replica needs about {:.1f} GB ({:.1f} GB of weights, gradients and "
+      "optimizer state, {:.1f} GB of activations at {} samples), more than the {}'s {:.0f} GB; "
+      "dtrain shards neither weights nor optimizer state, so the steps below cannot run there.",
+      need / 1e9, weights / 1e9, acts / 1e9, cfg.micro_batch(), gpu.name, gpu.memory_bytes / 1e9);
+}
+
 // The config with its overrides: one run (a comma list would be several).
 Config config_of(const ProjectOptions& opt) {
   std::vector<PlannedRun> runs = plan_runs(opt.path, opt.overrides);
@@ -247,16 +264,20 @@ RunInput estimate_config(const ProjectOptions& opt) {
   const std::string precision = to_string(cfg.precision);
   const std::string given = fmt::format("{}{}{}", opt.path, opt.overrides.empty() ? "" : " ",
                                         fmt::join(opt.overrides, " "));
+  double need = 0;
+  const std::string fit = memory_note(cfg, m, gpu, need);
   r.subject = fmt::format("{} (its step estimated for one {}, {})", given, gpu.name, precision);
-  r.step_line = fmt::format(
-      "Estimated step at 1 replica (from the shape engine's FLOPs, not measured): compute "
-      "{:.4g} ms = {:.4g} GFLOP a sample (forward + backward) x {} samples at MFU {:.2f} (an "
-      "assumption, --mfu) of {:.1f} TFLOP/s ({}); optimizer {:.4g} ms = {} parameters x {:g} "
-      "bytes at {}; data 0 (not modelled).{}",
-      r.in.split.compute_s * 1e3, e.flops_per_sample * 1e-9, e.samples_per_step, opt.mfu,
-      peak.tflops, peak.source, r.in.split.optimizer_s * 1e3, m.params,
-      e.optimizer_bytes_per_param, gpu.memory_source,
-      no_data.empty() ? "" : "\nNo epoch time: the data is not here (" + no_data + ").");
+  r.step_line =
+      fmt::format(
+          "Estimated step at 1 replica (from the shape engine's FLOPs, not measured): compute "
+          "{:.4g} ms = {:.4g} GFLOP a sample (forward + backward) x {} samples at MFU {:.2f} (an "
+          "assumption, --mfu) of {:.1f} TFLOP/s ({}); optimizer {:.4g} ms = {} parameters x {:g} "
+          "bytes at {}; data 0 (not modelled).{}",
+          r.in.split.compute_s * 1e3, e.flops_per_sample * 1e-9, e.samples_per_step, opt.mfu,
+          peak.tflops, peak.source, r.in.split.optimizer_s * 1e3, m.params,
+          e.optimizer_bytes_per_param, gpu.memory_source,
+          no_data.empty() ? "" : "\nNo epoch time: the data is not here (" + no_data + ").") +
+      fit;
   r.estimate = {{"config", given},
                 {"gpu", gpu.name},
                 {"precision", precision},
@@ -266,7 +287,10 @@ RunInput estimate_config(const ProjectOptions& opt) {
                 {"flops_per_sample", e.flops_per_sample},
                 {"optimizer_bytes_per_param", e.optimizer_bytes_per_param},
                 {"memory_Bps", gpu.memory_Bps},
-                {"memory_source", gpu.memory_source}};
+                {"memory_source", gpu.memory_source},
+                {"replica_memory_bytes", need},
+                {"gpu_memory_bytes", gpu.memory_bytes},
+                {"fits", fit.empty()}};
   return r;
 }
 

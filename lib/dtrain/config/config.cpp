@@ -117,7 +117,7 @@ class MapReader {
     } else if constexpr (std::is_floating_point_v<T>) {
       number(k.name, out, k.min, k.max);
     } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-      int_list(k.name, out, k.lo);
+      int_list(k.name, out, k.lo, k.hi);
     } else if constexpr (std::is_same_v<T, std::vector<double>>) {
       number_list(k, out);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
@@ -349,7 +349,7 @@ class MapReader {
     fail(key, n, fmt::format("expected one of {}, got {}", enum_choices(table), show(n)));
   }
 
-  void int_list(const std::string& key, std::vector<int64_t>& out, int64_t lo) {
+  void int_list(const std::string& key, std::vector<int64_t>& out, int64_t lo, int64_t hi) {
     YAML::Node n = take(key);
     if (!n) return;
     if (!n.IsSequence()) fail(key, n, fmt::format("expected a list of integers, got {}", show(n)));
@@ -365,7 +365,10 @@ class MapReader {
       } catch (const YAML::Exception&) {
         fail(key, n, fmt::format("expected a list of integers, found {}", show(e)));
       }
-      if (x < lo) fail(key, n, fmt::format("every entry must be >= {}, found {}", lo, x));
+      if (x < lo && hi == std::numeric_limits<int64_t>::max())
+        fail(key, n, fmt::format("every entry must be >= {}, found {}", lo, x));
+      if (x < lo || x > hi)
+        fail(key, n, fmt::format("every entry must be in [{}, {}], found {}", lo, hi, x));
       v.push_back(x);
     }
     out = std::move(v);

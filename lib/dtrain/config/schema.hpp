@@ -69,6 +69,10 @@ struct Key {
   }
 };
 
+// The most units, channels or stage width a layer takes (2^20): far past any model trained, and
+// small enough that no layer's parameter count or map size can pass 64 bits.
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;
+
 // nullptr for a name that can be the experiment's folder, else what a name must be.
 const char* folder_name_rule(const std::string& name);
 // nullptr for a usable glob pattern (data.exclude), else what one must be.
@@ -136,10 +140,10 @@ template <ConfigPart<LayerSpec> C, class V>
 void visit(C& l, V& v) {
   switch (l.type) {
     case LayerType::dense:
-      v(Key("units").at_least(1), l.units);
+      v(Key("units").within<int64_t>(1, kMaxWidth), l.units);
       break;
     case LayerType::conv:
-      v(Key("channels").at_least(1), l.channels);
+      v(Key("channels").within<int64_t>(1, kMaxWidth), l.channels);
       v(Key("kernel").within(1, 64), l.kernel);
       v(Key("stride").within(0, 64), l.stride);
       v(Key("padding").within(0, 64), l.padding);
@@ -166,13 +170,13 @@ void visit(C& l, V& v) {
 template <ConfigPart<ModelConfig> C, class V>
 void visit(C& m, V& v) {
   v(Key("type"), m.type);
-  v(Key("hidden").at_least(1), m.hidden);
+  v(Key("hidden").within<int64_t>(1, kMaxWidth), m.hidden);
   v(Key("activation"), m.activation);
   v(Key("batchnorm"), m.batchnorm);
   v(Key("dropout").within(0.0, 0.99), m.dropout);
   v(Key("layers"), m.layers);
   v(Key("depth").within(8, 1000), m.depth);
-  v(Key("widths").at_least(1), m.widths);
+  v(Key("widths").within<int64_t>(1, kMaxWidth), m.widths);
   v(Key("stem"), m.stem);
   v(Key("n_layer").within(1, 1000), m.n_layer);
   v(Key("n_head").within(1, 1024), m.n_head);

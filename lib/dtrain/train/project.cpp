@@ -49,17 +49,18 @@ std::vector<std::string> link_preset_names() {
 
 namespace {
 
-// Memory bandwidths from NVIDIA's datasheets (the dense peaks are documented_peak's).
+// Memory bandwidths and sizes from NVIDIA's datasheets (the dense peaks are documented_peak's).
 const std::vector<GpuPreset>& gpu_presets() {
   static const std::vector<GpuPreset> gpus = {
       {"h100-sxm", "NVIDIA H100 80GB HBM3", 3.35e12,
-       "3.35 TB/s, NVIDIA H100 Tensor Core GPU datasheet (SXM)"},
+       "3.35 TB/s, NVIDIA H100 Tensor Core GPU datasheet (SXM)", 80e9},
       {"h100-pcie", "NVIDIA H100 PCIe", 2.0e12,
-       "2 TB/s, NVIDIA H100 Tensor Core GPU datasheet (PCIe)"},
-      {"h200", "NVIDIA H200", 4.8e12, "4.8 TB/s, NVIDIA H200 Tensor Core GPU datasheet (SXM)"},
+       "2 TB/s, NVIDIA H100 Tensor Core GPU datasheet (PCIe)", 80e9},
+      {"h200", "NVIDIA H200", 4.8e12, "4.8 TB/s, NVIDIA H200 Tensor Core GPU datasheet (SXM)",
+       141e9},
       {"a100", "NVIDIA A100-SXM4-80GB", 2.039e12,
-       "2,039 GB/s, NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)"},
-      {"l40s", "NVIDIA L40S", 864e9, "864 GB/s, NVIDIA L40S datasheet"},
+       "2,039 GB/s, NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)", 80e9},
+      {"l40s", "NVIDIA L40S", 864e9, "864 GB/s, NVIDIA L40S datasheet", 48e9},
   };
   return gpus;
 }

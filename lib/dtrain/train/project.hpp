@@ -103,6 +103,7 @@ struct GpuPreset {
   std::string driver_name;  // e.g. "NVIDIA H100 80GB HBM3"
   double memory_Bps = 0;    // bytes per second
   std::string memory_source;
+  double memory_bytes = 0;  // its memory, as the datasheet gives it (GB: 10^9 bytes)
 };
 const GpuPreset* find_gpu_preset(const std::string& name);
 std::vector<std::string> gpu_preset_names();
