@@ -237,6 +237,30 @@ TEST_CASE("a --resume of part of a sweep keeps every planned run in the index an
   CHECK(table.find("s-g2") != std::string::npos);
 }
 
+// A SIGTERM that lands once a run has ended (DTRAIN_FAULT=term-after:K: after run K, as one
+// arriving while it wrote its results would): after the last run it interrupted nothing, and
+// the command ends with 0; after an earlier run the rest of the sweep is left for --resume.
+TEST_CASE("a stop after every run has finished exits 0; after one of two, 143", "[resume][cli]") {
+  TempDir d("rf-late-stop");
+  const std::string cfg = sweep_config(d, 1);
+  const auto res = (d.path / "res").string();
+  const std::string run =
+      dtrain_binary() + " run " + cfg + " gpus=1,2 --results " + res + " --tag ";
+  const fs::path exp = fs::path(res) / "rf";
+  const auto late = shell("DTRAIN_FAULT=term-after:1 " + run + "late 2>&1");
+  INFO(late.out);
+  CHECK(late.code == 0);
+  CHECK_THAT(late.out, Catch::Contains("stop asked for after every run had finished"));
+  CHECK(slurp(exp / "late-g1" / "status") == "done\n");
+  CHECK(slurp(exp / "late-g2" / "status") == "done\n");
+  const auto early = shell("DTRAIN_FAULT=term-after:0 " + run + "early 2>&1");
+  INFO(early.out);
+  CHECK(early.code == 143);
+  CHECK(slurp(exp / "early-g1" / "status") == "done\n");
+  CHECK_FALSE(fs::exists(exp / "early-g2" / "summary.json"));
+  CHECK_THAT(slurp(exp / "index-early.csv"), Catch::Contains("early-g2,pending"));
+}
+
 // A run folder that cannot be written whole (a full disk; here a file-size limit, with SIGXFSZ
 // ignored as a shell's trap leaves it) is marked failed, not left "running" with no summary.
 TEST_CASE("a run folder that cannot be written whole is marked failed", "[resume][cli]") {

@@ -1,5 +1,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,14 +17,14 @@
 #include <thread>
 
 #include "commands.hpp"
-#include "dtrain/base/stop.hpp"
-#include "dtrain/comm/comm.hpp"
-#include "dtrain/data/data.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
+#include "dtrain/base/stop.hpp"
+#include "dtrain/comm/comm.hpp"
 #include "dtrain/comm/mpi.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/config/schema.hpp"
+#include "dtrain/data/data.hpp"
 #include "dtrain/results/recorder.hpp"
 #include "dtrain/results/report.hpp"
 #include "dtrain/results/sweep.hpp"
@@ -855,13 +857,29 @@ Outcome train_one(const RunOptions& opt, Sweep& s, size_t i, HeldData& data,
 
 struct Tally {
   int failed = 0, skipped = 0;
+  bool whole = true;  // every run reached its end: a stop asked for after it interrupted none
 };
+
+// DTRAIN_FAULT=term-after:K (a test facility): a SIGTERM once run K of the command has ended,
+// as one arriving while it wrote its results would; returns when dtrain has taken it.
+void term_if_asked(size_t i) {
+  int k = -1;
+  const char* f = std::getenv("DTRAIN_FAULT");
+  if (!f || std::sscanf(f, "term-after:%d", &k) != 1 || k < 0 || static_cast<size_t>(k) != i)
+    return;
+  ::kill(::getpid(), SIGTERM);  // to the process: dtrain's signal thread takes it
+  for (int n = 0; n < 200 && !stop_requested(); ++n)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
 
 // The runs in order, until the first interrupted one (or a stop between two).
 Tally train_each_run(const RunOptions& opt, Sweep& s, HeldData& data, const TagIndex& index) {
   Tally t;
   for (size_t i = 0; i < s.runs.size(); ++i) {
-    if (stop_requested()) break;
+    if (stop_requested()) {
+      t.whole = false;
+      break;
+    }
     if (s.skip[i]) {
       log().info("resume: {} is {} already; skipped", run_id(s.tag, s.runs[i]), s.index[i].status);
       ++t.skipped;
@@ -870,7 +888,11 @@ Tally train_each_run(const RunOptions& opt, Sweep& s, HeldData& data, const TagI
     const Outcome o = train_one(opt, s, i, data, index);
     if (o == Outcome::skipped) ++t.skipped;
     if (o == Outcome::failed) ++t.failed;
-    if (o == Outcome::interrupted) break;
+    if (o == Outcome::interrupted) {
+      t.whole = false;
+      break;
+    }
+    term_if_asked(i);
   }
   return t;
 }
@@ -943,14 +965,18 @@ int run_run(const RunOptions& opt) {
   const TagIndex index(opt.results, s);
   index.save();
   const Tally t = train_each_run(opt, s, data, index);
-  if (!s.leader) return stop_requested() ? stop_exit_code() : 0;
+  if (!s.leader) return stop_requested() && !t.whole ? stop_exit_code() : 0;
   if (t.skipped)
     log().info("resume: {} of {} runs were already finished", t.skipped, s.runs.size());
   write_tables(opt, s.tag, index);
-  if (stop_requested()) {
+  if (stop_requested() && !t.whole) {
     log().warn("interrupted");
     return stop_exit_code();
   }
+  // A stop that came while the last run wrote its results interrupted nothing: every run has
+  // its end, and --resume would find nothing to do.
+  if (stop_requested())
+    log().warn("stop asked for after every run had finished: nothing to resume");
   return t.failed ? 1 : 0;
 }
 
