@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/base/log.hpp"
 #include "dtrain/base/stop.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/data/data.hpp"
@@ -177,6 +178,9 @@ int run_export(const ExportOptions& opt) {
   data.normalize = Normalize::off;  // pixels in [0, 1], as stored
   data.sort_by_label = false;
   const DataSplit s = load_data(data, runs.front().config.train.seed);
+  log().info("export: writing {} images ({} train, {} test){} as {} files",
+             s.train.size() + s.test.size(), s.train.size(), s.test.size(),
+             opt.side > 0 ? fmt::format(" resampled to {0}x{0}", opt.side) : "", opt.format);
   const int64_t n = export_whole(s, opt);
   if (n < 0) return stop_exit_code();
   // The shape of the files written: resampled to --side where it is given.

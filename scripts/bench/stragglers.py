@@ -127,14 +127,14 @@ def phase_medians(trace_path):
         events = json.load(f)["traceEvents"]
     per_step = collections.defaultdict(float)
     for e in events:
-        if e.get("ph") == "X" and e.get("name") in PHASES:
+        if e.get("ph") == "X" and e.get("name") in PHASES + ["bucket"]:
             per_step[(e["pid"], e["name"], e.get("args", {}).get("step"))] += e["dur"] / 1000
     spans = collections.defaultdict(list)
     for (pid, name, _), ms in per_step.items():
         spans[(pid, name)].append(ms)
     ranks = sorted({pid for pid, _ in spans})
     return {str(r): {ph: statistics.median(spans[(r, ph)]) if spans[(r, ph)] else None
-                     for ph in PHASES} for r in ranks}
+                     for ph in PHASES + ["bucket"]} for r in ranks}
 
 
 def cores(args):
@@ -210,7 +210,7 @@ def render(args, rows, factors):
     # The machine's own difference between the ranks: the runs with no slowdown.
     calm = [r["phase_ms"] for r in rows if r["phase"] is None and r.get("phase_ms")]
     ratios = []
-    for ph in ("data", "forward"):
+    for ph in ("data", "forward", "bucket"):
         v = [m["1"][ph] / m["0"][ph] for m in calm
              if "0" in m and "1" in m and m["0"].get(ph) and m["1"].get(ph)]
         if v:
@@ -218,7 +218,8 @@ def render(args, rows, factors):
     if ratios:
         lines += ["", "With no slowdown, rank 1's median phase time over rank 0's (steps 2-16, "
                   "the step trace; median of the runs, and their range): " + ", ".join(ratios)
-                  + "."]
+                  + " (bucket: the exchange's bucket spans, a step's sum; with shared weights "
+                  "a rank's own fold into the sum)."]
     lines += ["", "Per trial: trials.json.", ""]
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write("\n".join(lines))

@@ -293,6 +293,8 @@ Image sample_image(const Dataset& d, int64_t i, int64_t side) {
 void write_split(const Dataset& d, const fs::path& dir, int classes, int quality, int64_t side) {
   const int width = static_cast<int>(fmt::format("{}", std::max(0, classes - 1)).size());
   const int digits = static_cast<int>(fmt::format("{}", d.size()).size());
+  // Progress every 1,024 images, or every second where they are slow (a large --side).
+  auto shown = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < d.size(); ++i) {
     const Image img = sample_image(d, i, side);
     const fs::path cls = dir / fmt::format("{:0{}}", d.y[static_cast<size_t>(i)], width);
@@ -301,8 +303,11 @@ void write_split(const Dataset& d, const fs::path& dir, int classes, int quality
     const fs::path file = cls / fmt::format("{:0{}}.{}", i, digits, quality > 0 ? "jpg" : "png");
     write_new_file(file.string(), bytes.data(), bytes.size());
     if (stop_requested()) throw Interrupted("interrupted by the user");
-    if (i % 1024 == 1023)
+    if (const auto now = std::chrono::steady_clock::now();
+        i % 1024 == 1023 || now - shown >= std::chrono::seconds(1)) {
       show_progress(fmt::format("export: {} {} of {}", dir.filename().string(), i + 1, d.size()));
+      shown = now;
+    }
   }
   clear_progress();
 }
