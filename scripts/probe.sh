@@ -103,7 +103,8 @@ list=$(seq -s, 1 1000)
 probe sweep-billion-runs 2 "more than 10000 runs" -- validate ok.yaml train.seed=$list train.epochs=$list train.eval_batch=$list
 probe batch-overflow 2 "error" -- validate ok.yaml train.per_replica_batch=4611686018427387904 gpus=2
 probe shape-overflow 2 "error" -- validate ok.yaml 'data.synthetic.shape=[4294967296,4294967296]'
-probe hidden-oversized 2 "GiB" -- validate ok.yaml 'model.hidden=[4000000000]'
+probe hidden-oversized 2 "every entry must be in [1, 1048576]" -- validate ok.yaml 'model.hidden=[4000000000]'
+probe hidden-past-memory 2 "GiB" -- validate ok.yaml 'model.hidden=[1048576,1048576]'
 probe kernel-larger-than-map 2 "does not fit a 8x8 input" -- validate ok.yaml 'data.synthetic.shape=[1,8,8]' model.type=layers \
   'model.layers=[{conv: {channels: 4, kernel: 9}}]'
 probe synthetic-trillion 2 "data.synthetic: 1000000000000 training" -- validate ok.yaml data.synthetic.train_size=1000000000000

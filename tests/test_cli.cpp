@@ -621,4 +621,12 @@ TEST_CASE("an oversized config file and a dense layer past the width bound are o
   CHECK(r.code == 2);
   CHECK(r.out.find("model.hidden: every entry must be in [1, 1048576], found 4000000000") !=
         std::string::npos);
+  // Inside the bounds, a dense layer after a wide map can still pass 64 bits: named, not built.
+  r = dtrain_cli("validate --no-data " + cfg.string() +
+                 " 'data.synthetic.shape=[1,8192,8192]' model.type=layers 'model.layers=[{conv: "
+                 "{channels: 1048576, kernel: 1}}, flatten, {dense: {units: 1048576}}]'");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("model.layers[2] (dense): a dense layer of 70368744177664 x 1048576 weights "
+                   "is too large") != std::string::npos);
 }

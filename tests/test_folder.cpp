@@ -645,7 +645,7 @@ TEST_CASE("export-images names the shape of the files it wrote, and that command
                             " --side 8");
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK_THAT(r.out, Catch::Contains("18 images (12 train, 6 test)") &&
+  CHECK_THAT(r.out, Catch::Contains("18 images (12 train, 6 test) as png files; train on them") &&
                         Catch::Contains("'data.shape=[3,8,8]'"));
   const auto v = dtrain_cli("validate " + cfg.string() + " data.dataset=folder data.path=" +
                             out.string() + " 'data.shape=[3,8,8]'");

@@ -205,8 +205,9 @@ const GpuPreset& gpu_preset(const ProjectOptions& opt) {
 }
 
 // A replica's memory on the GPU (fp32 weights, gradients and optimizer state; each layer's
-// output and its gradient for a micro-batch, as the trainer's check counts them), and where it
-// passes the GPU's, a note saying the projected step cannot run there. Empty where it fits.
+// output and its gradient for a micro-batch: the trainer's check counts the evaluation chunk's
+// outputs and the batch buffers besides, so this is a floor), and where it passes the GPU's, a
+// note saying the projected step cannot run there. Empty where it fits.
 std::string memory_note(const Config& cfg, const ModelSize& m, const GpuPreset& gpu, double& need) {
   const double state = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;  // momentum; m and v
   const double weights = 4.0 * static_cast<double>(m.params) * (2 + state);
@@ -215,7 +216,7 @@ std::string memory_note(const Config& cfg, const ModelSize& m, const GpuPreset& 
   need = weights + acts;
   if (need <= gpu.memory_bytes) return "";
   return fmt::format(
-      "\nDoes not fit: one replica needs about {:.1f} GB ({:.1f} GB of weights, gradients and "
+      "\nDoes not fit: one replica needs at least {:.1f} GB ({:.1f} GB of weights, gradients and "
       "optimizer state, {:.1f} GB of activations at {} samples), more than the {}'s {:.0f} GB; "
       "dtrain shards neither weights nor optimizer state, so the steps below cannot run there.",
       need / 1e9, weights / 1e9, acts / 1e9, cfg.micro_batch(), gpu.name, gpu.memory_bytes / 1e9);

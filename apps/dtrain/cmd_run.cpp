@@ -876,14 +876,14 @@ void term_if_asked(size_t i) {
 Tally train_each_run(const RunOptions& opt, Sweep& s, HeldData& data, const TagIndex& index) {
   Tally t;
   for (size_t i = 0; i < s.runs.size(); ++i) {
-    if (stop_requested()) {
-      t.whole = false;
-      break;
-    }
-    if (s.skip[i]) {
+    if (s.skip[i]) {  // finished already: a stop leaves nothing of it to do
       log().info("resume: {} is {} already; skipped", run_id(s.tag, s.runs[i]), s.index[i].status);
       ++t.skipped;
       continue;
+    }
+    if (stop_requested()) {
+      t.whole = false;
+      break;
     }
     const Outcome o = train_one(opt, s, i, data, index);
     if (o == Outcome::skipped) ++t.skipped;

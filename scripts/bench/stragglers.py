@@ -21,7 +21,8 @@ differ, which a straggler rule sees as a straggler when ranks run on different c
 results/stragglers/cores.md.
 
 --phases limits the phases slowed; --set KEY=VALUE adds an override to every run (for example
-optimizer.type=adamw, whose update is a larger share of the step than SGD's).
+optimizer.type=adamw, whose update is a larger share of the step than SGD's). --gpus N runs N
+replicas (rank 1 slowed); --turn-threads T has --launch turns run them in turn on T threads.
 
 Usage: stragglers.py [--dtrain build/apps/dtrain] [--trials 10] [--factors 1.1,1.5]
                      [--launch threads|mpirun|turns] [--phases P,...] [--set KEY=VALUE]...
@@ -57,18 +58,19 @@ def trial(args, work, tag, slow):
     if slow:
         env["DTRAIN_SLOW"] = slow
     # The step trace (steps 2-16) gives each rank's phase times beside the verdict.
-    cmd = [args.dtrain, "run", os.path.join(work, "s.yaml"), "gpus=2", "train.trace.from_step=2",
+    cmd = [args.dtrain, "run", os.path.join(work, "s.yaml"), f"gpus={args.gpus}",
+           "train.trace.from_step=2",
            "train.trace.steps=15", *args.set, "--results", work, "--tag", tag, "--quiet"]
     if args.launch == "mpirun":
-        mpi = ["mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "core", "--mca", "btl",
-               "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]
+        mpi = ["mpirun", "--allow-run-as-root", "-np", str(args.gpus), "--bind-to", "core",
+               "--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]
         cmd = mpi + (["-x", "DTRAIN_SLOW"] if slow else []) + cmd  # to both processes
     elif args.launch == "turns":
-        cmd[4:4] = ["replicas=shared", "threads=1"]
+        cmd[4:4] = ["replicas=shared", f"threads={args.turn_threads}"]
     else:
         cmd.insert(4, "replicas=threads")
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run = os.path.join(work, "s", f"{tag}-g2")
+    run = os.path.join(work, "s", f"{tag}-g{args.gpus}")
     with open(os.path.join(run, "summary.json")) as f:
         named = json.load(f).get("stragglers", [])
     return (named[0] if named else None), phase_medians(os.path.join(run, "trace.json"))
@@ -82,10 +84,13 @@ def main():
     p.add_argument("--launch", choices=["threads", "mpirun", "turns"], default="threads")
     p.add_argument("--out", default=None)
     p.add_argument("--phases", default=None,
-                   help="comma list of the phases to slow (default: every phase the launch names)")
+                   help="comma list of the phases to slow (default: all five)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an override for every run (repeatable), e.g. optimizer.type=adamw")
     p.add_argument("--cores", action="store_true")
+    p.add_argument("--gpus", type=int, default=2, help="replicas a run (rank 1 is slowed)")
+    p.add_argument("--turn-threads", type=int, default=1,
+                   help="--launch turns: the threads the replicas take turns on")
     args = p.parse_args()
     if args.cores:
         return cores(args)
@@ -127,8 +132,10 @@ def phase_medians(trace_path):
         events = json.load(f)["traceEvents"]
     per_step = collections.defaultdict(float)
     for e in events:
-        if e.get("ph") == "X" and e.get("name") in PHASES + ["bucket"]:
-            per_step[(e["pid"], e["name"], e.get("args", {}).get("step"))] += e["dur"] / 1000
+        # A bucket's span is named "bucket K"; its category is "bucket".
+        name = "bucket" if e.get("cat") == "bucket" else e.get("name")
+        if e.get("ph") == "X" and name in PHASES + ["bucket"]:
+            per_step[(e["pid"], name, e.get("args", {}).get("step"))] += e["dur"] / 1000
     spans = collections.defaultdict(list)
     for (pid, name, _), ms in per_step.items():
         spans[(pid, name)].append(ms)
@@ -184,13 +191,19 @@ def render(args, rows, factors):
              f"{time.strftime('%Y-%m-%d', time.gmtime())}, `scripts/bench/stragglers.py "
              f"--trials {args.trials} --factors {args.factors} --launch {args.launch}"
              + (f" --phases {args.phases}" if args.phases else "")
-             + "".join(f" --set {kv}" for kv in args.set) + "` on "
-             f"{os.cpu_count()} cores. Rank 1 of a 2-replica run "
-             + {"mpirun": "(2 processes under mpirun, each bound to a core, 1 thread each)",
-                "turns": "(in turn on one thread, sharing one copy of the weights)",
+             + "".join(f" --set {kv}" for kv in args.set)
+             + (f" --gpus {args.gpus}" if args.gpus != 2 else "")
+             + (f" --turn-threads {args.turn_threads}" if args.turn_threads != 1 else "")
+             + "` on "
+             f"{os.cpu_count()} cores. Rank 1 of a {args.gpus}-replica run "
+             + {"mpirun": f"({args.gpus} processes under mpirun, each bound to a core, 1 thread "
+                          "each)",
+                "turns": (f"(in turn on {args.turn_threads} threads" if args.turn_threads > 1
+                          else "(in turn on one thread") + ", sharing one copy of the weights)",
                 "threads": "(threads, 1 each)"}[args.launch]
              + " slowed in one phase by the factor "
-             "(`DTRAIN_SLOW=1:PHASE:FACTOR`), or not at all; one epoch of 16 steps of a "
+             f"(`DTRAIN_SLOW=1:PHASE:FACTOR`), or not at all; one epoch of "
+             f"{2048 // (64 * args.gpus)} steps of a "
              "2.7M-parameter MLP on augmented 3x96x96 images; the epoch's verdict from "
              "`summary.json`. Right: the slowed rank and phase named (no slowdown: no one named). "
              "`all`: a rank slower in every phase alike (its core), named where no phase stands "

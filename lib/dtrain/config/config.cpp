@@ -693,7 +693,8 @@ void check_folder(const DataConfig& d, const MapReader& r) {
     r.fail("shape", r.node("shape"),
            "needs [C, H, W] with C 1 (grey) or 3 (RGB), e.g. [3, 224, 224]");
   // Every image is decoded and scaled to it, and the normalisation statistics read them all
-  // before the memory check can speak: bounded as synthetic data is.
+  // before the memory check can speak: bounded as synthetic data is. (The schema's 8192 a side
+  // keeps a [C, H, W] of 1 or 3 channels under this; it stays as the rule's statement.)
   if (bounded_product(d.shape, int64_t{1} << 28) < 0)
     r.fail("shape", r.node("shape"),
            fmt::format("{} values a sample is over {} (3 x 8192 x 8192 fits)",

@@ -15,7 +15,8 @@ namespace dtrain {
 class PhaseLog {
  public:
   PhaseLog() = default;
-  // `arrivals`: the collectives of a step (one per bucket; one for shared weights). The log is
+  // `arrivals`: the collectives of a step (one per bucket; shared weights: one on a GPU, none
+  // in host memory, where a rank's exchange is its own fold, timed as it runs). The log is
   // kept with more than one replica, where every rank's epoch fits in 2^25 values (256 MB) on
   // rank 0. On the CPU (`host_memory`) the host clocks fill it as each step runs; on a GPU,
   // where the host only queues work, the device's events fill it after the fact (add_to() and

@@ -196,8 +196,11 @@ void Replica::make_exchange(size_t n_params) {
                                                : static_cast<int>(exchange_->bucket_count());
   phases_ = PhaseLog(replicas_, steps_, arrivals, dev_->host_memory());
   // Shared weights on a GPU: the host only queues the folds, and the last rank also makes the
-  // update for every rank, so neither phase is a rank's own.
-  if (run_.shared && !own_part_) phases_.never_name(StepPhase::exchange);
+  // update for every rank, so neither phase is a rank's own. On the CPU a rank's fold is its
+  // own, but alike only where every rank folds on one thread: on several cores rank 0 copies
+  // into a sum in its own cache while the others read it from another core's, 20-60% slower
+  // with no straggler (results/stragglers/shared-cores).
+  if (run_.shared && !(own_part_ && run_.one_thread)) phases_.never_name(StepPhase::exchange);
   if (run_.shared && !own_part_) phases_.never_name(StepPhase::optimizer);
   // Buckets in the step trace, and when this rank arrived at each (stragglers). Shared weights
   // reduce the whole buffer at once, in finish() (in host memory, one bucket: folded()).

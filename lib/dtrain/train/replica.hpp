@@ -71,6 +71,7 @@ struct RunContext {
   int devices_rank = 0;         // the rank of this process that takes its rows each epoch
   bool devices_gather = false;  // ranks in other processes: rows go to rank 0 by a collective
   bool replica_threads = true;  // each replica has a thread of its own (not taking turns)
+  bool one_thread = false;      // every replica takes its turn on one thread (threads: 1)
 };
 
 class Replica {

@@ -559,6 +559,7 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
                                                                 : std::vector<int>{},
                               resume);
   sh.replica_threads = !in_turn;
+  sh.one_thread = in_turn && threads == 1;
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
   InProcessGroup group(cfg.gpus);
   std::mutex err_mu;
