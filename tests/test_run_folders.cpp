@@ -240,7 +240,8 @@ TEST_CASE("a --resume of part of a sweep keeps every planned run in the index an
 // A SIGTERM that lands once a run has ended (DTRAIN_FAULT=term-after:K: after run K, as one
 // arriving while it wrote its results would): after the last run it interrupted nothing, and
 // the command ends with 0; after an earlier run the rest of the sweep is left for --resume.
-TEST_CASE("a stop after every run has finished exits 0; after one of two, 143", "[resume][cli]") {
+TEST_CASE("a stop after every run has finished exits 0, and after one of two 143",
+          "[resume][cli]") {
   TempDir d("rf-late-stop");
   const std::string cfg = sweep_config(d, 1);
   const auto res = (d.path / "res").string();
