@@ -24,6 +24,7 @@
 #include "dtrain/results/report.hpp"
 #include "dtrain/results/run_schema.hpp"
 #include "dtrain/train/project.hpp"
+#include "dtrain/train/trainer.hpp"
 
 namespace dtrain::cli {
 
@@ -209,8 +210,7 @@ const GpuPreset& gpu_preset(const ProjectOptions& opt) {
 // outputs and the batch buffers besides, so this is a floor), and where it passes the GPU's, a
 // note saying the projected step cannot run there. Empty where it fits.
 std::string memory_note(const Config& cfg, const ModelSize& m, const GpuPreset& gpu, double& need) {
-  const double state = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;  // momentum; m and v
-  const double weights = 4.0 * static_cast<double>(m.params) * (2 + state);
+  const double weights = state_bytes(cfg.optimizer, m.params);
   const double acts = 4.0 * static_cast<double>(m.activations_per_sample) * 2.0 *
                       static_cast<double>(cfg.micro_batch());
   need = weights + acts;

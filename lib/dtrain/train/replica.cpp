@@ -674,7 +674,7 @@ void Replica::folded(double seconds) {
   const auto t0 = Clock::now();
   slow_.stretch(StepPhase::exchange, seconds);
   const auto t1 = Clock::now();
-  phases_.add(StepPhase::exchange, seconds + seconds_since(t0));
+  phases_.add(StepPhase::exchange, seconds + std::chrono::duration<double>(t1 - t0).count());
   // The trace's one bucket of the sum: ready when this rank arrived, its fold from its turn.
   const auto fold =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));

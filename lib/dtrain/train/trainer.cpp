@@ -277,14 +277,18 @@ bool shares_weights(const Config& cfg, const Placement& place) {
   return cfg.replicas == ReplicaMode::shared && place.colocated && on_one_gpu(place);
 }
 
+double state_bytes(const OptimizerConfig& o, int64_t params) {
+  const double state = o.type == OptimizerType::sgd ? 1 : 2;  // momentum; Adam m, v
+  return 4.0 * static_cast<double>(params) * (2 + state);
+}
+
 ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data) {
   const ModelSize m = model_size(cfg.model, data.train.shape, data.train.classes);
-  const double state = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;  // momentum; Adam m, v
   const auto micro = static_cast<double>(std::min(cfg.micro_batch(), data.train.size()));
   ReplicaBytes b;
   b.rows = buffer_rows(cfg, data, m.activations_per_sample);
   const auto rows = static_cast<double>(b.rows);
-  b.params = 4.0 * static_cast<double>(m.params) * (2 + state);
+  b.params = state_bytes(cfg.optimizer, m.params);
   b.grads = 4.0 * static_cast<double>(m.params);
   // Outputs for `rows`, input gradients for a micro-batch (backward never runs on more), and
   // the batch buffers.

@@ -61,6 +61,9 @@ struct ReplicaBytes {
   double total() const { return params + activations; }
 };
 ReplicaBytes replica_bytes(const Config& cfg, const DataSplit& data);
+// Of those, the fp32 weights, one gradient buffer and the optimizer's state (SGD's momentum;
+// Adam's m and v) of `params` parameters: what no sharding reduces in dtrain.
+double state_bytes(const OptimizerConfig& o, int64_t params);
 
 // Decisions of the training loop, as pure functions (tested without a GPU).
 
