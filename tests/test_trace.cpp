@@ -1,6 +1,7 @@
 // Step traces (train.trace): the window, the packing between ranks, and whole runs' trace.json
 // read back as trace-event JSON: every span complete, nested in its step, the ranks' steps
 // aligned, in process and under mpirun.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -162,6 +163,37 @@ TEST_CASE("a 4-replica run's trace.json nests every span in its step, ranks alig
     CHECK(count(of_rank, "optimizer") == 3);
     CHECK(count(of_rank, "exchange") == 6);  // the sum, then the wait for the other parts
     CHECK(count(of_rank, "bucket") == 3);    // the rank's own fold into the sum, a step
+  }
+}
+
+TEST_CASE("synchronised BatchNorm's exchanges are traced inside forward and backward",
+          "[trace][batchnorm]") {
+  TempDir d("trace-bn");
+  const auto cfg = d.path / "bn.yaml";
+  // A ResNet-8 (9 BatchNorm layers: the stem's, two a block, two projections' shortcuts).
+  std::ofstream(cfg) << "name: bn\nthreads: 1\ndata:\n  dataset: synthetic\n"
+                        "  synthetic: {train_size: 128, test_size: 32, shape: [3, 8, 8], "
+                        "classes: 4}\nmodel: {type: resnet, depth: 8, widths: [4, 8, 8], "
+                        "batchnorm: sync}\ntrain: {epochs: 1, per_replica_batch: 16, "
+                        "target_accuracy: 0}\noptimizer: {lr: 0.05, base_batch: 16}\n";
+  const auto res = (d.path / "res").string();
+  const auto r =
+      dtrain_cli("run " + cfg.string() + " gpus=2 replicas=threads train.trace.from_step=2 " +
+                 "train.trace.steps=2 --quiet --tag t --results " + res);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto spans = read_trace(fs::path(res) / "bn" / "t-g2" / "trace.json", 2, 2, 2);
+  for (const auto& [rank, s] : spans) {
+    INFO("rank " << rank);
+    CHECK(count(s, "bn sync") == 2 * 9 * 2);  // 2 steps, 9 layers, forward and backward
+    for (const Span& x : s) {
+      if (x.cat != "bn sync") continue;
+      const bool inside = std::any_of(s.begin(), s.end(), [&](const Span& p) {
+        return (p.cat == "forward" || p.cat == "backward") && p.step == x.step &&
+               x.t0 >= p.t0 - 1e-3 && x.t1 <= p.t1 + 1e-3;
+      });
+      CHECK(inside);
+    }
   }
 }
 

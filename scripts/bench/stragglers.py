@@ -32,6 +32,7 @@ import argparse
 import collections
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import tempfile
@@ -191,7 +192,7 @@ def render(args, rows, factors):
              f"{time.strftime('%Y-%m-%d', time.gmtime())}, `scripts/bench/stragglers.py "
              f"--trials {args.trials} --factors {args.factors} --launch {args.launch}"
              + (f" --phases {args.phases}" if args.phases else "")
-             + "".join(f" --set {kv}" for kv in args.set)
+             + "".join(f" --set {shlex.quote(kv)}" for kv in args.set)
              + (f" --gpus {args.gpus}" if args.gpus != 2 else "")
              + (f" --turn-threads {args.turn_threads}" if args.turn_threads != 1 else "")
              + "` on "
@@ -204,7 +205,10 @@ def render(args, rows, factors):
              + " slowed in one phase by the factor "
              f"(`DTRAIN_SLOW=1:PHASE:FACTOR`), or not at all; one epoch of "
              f"{2048 // (64 * args.gpus)} steps of a "
-             "2.7M-parameter MLP on augmented 3x96x96 images; the epoch's verdict from "
+             + ("2.7M-parameter MLP on augmented 3x96x96 images" if not args.set else
+                "run changed by the overrides above (without them, a 2.7M-parameter MLP on "
+                "augmented 3x96x96 images)")
+             + "; the epoch's verdict from "
              "`summary.json`. Right: the slowed rank and phase named (no slowdown: no one named). "
              "`all`: a rank slower in every phase alike (its core), named where no phase stands "
              "out.",
@@ -232,7 +236,10 @@ def render(args, rows, factors):
         lines += ["", "With no slowdown, rank 1's median phase time over rank 0's (steps 2-16, "
                   "the step trace; median of the runs, and their range): " + ", ".join(ratios)
                   + " (bucket: the exchange's bucket spans, a step's sum; with shared weights "
-                  "a rank's own fold into the sum)."]
+                  "a rank's own fold into the sum)."
+                  + (" With synchronised BatchNorm the trace's forward and backward spans hold "
+                     "its exchanges, waits included, which the verdict leaves out."
+                     if "model.batchnorm=sync" in args.set else "")]
     lines += ["", "Per trial: trials.json.", ""]
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write("\n".join(lines))

@@ -222,18 +222,11 @@ void BatchNorm::backward_impl(Device& d, const float* x, const float* y, const f
 
 // SyncBatchNorm's exchange: the 2c sums (and the element count) summed over replicas. The sums
 // cross the host here, so synchronised BatchNorm waits for the device once per layer and pass.
-// Its time (waiting for the other replicas included, the device's queued work not) goes to the
-// context's sync_seconds.
+// Its span (waiting for the other replicas included, the device's queued work not) goes to the
+// context's `synced`.
 void BatchNorm::all_reduce_over_replicas(Device& d, Buffer<double>& v, double* count) {
-  if (ctx_->sync_seconds && d.queue()) d.queue()->synchronize();
+  if (ctx_->synced && d.queue()) d.queue()->synchronize();
   const auto t0 = std::chrono::steady_clock::now();
-  struct Timed {
-    double* to;
-    std::chrono::steady_clock::time_point t0;
-    ~Timed() {
-      if (to) *to += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-  } timed{ctx_->sync_seconds, t0};
   const auto n = static_cast<size_t>(2 * in_.c);
   host_.assign(n + 1, 0.0);
   d.download(host_.data(), v.data(), n * sizeof(double));
@@ -241,6 +234,7 @@ void BatchNorm::all_reduce_over_replicas(Device& d, Buffer<double>& v, double* c
   ctx_->comm->allreduce(host_.data(), host_.size(), ReduceOp::sum);
   d.upload(v.data(), host_.data(), n * sizeof(double));
   if (count) *count = host_[n];
+  if (ctx_->synced) ctx_->synced(t0, std::chrono::steady_clock::now());
 }
 
 // ---- Dropout ----

@@ -162,10 +162,10 @@ std::vector<ParamRange> Model::weight_ranges() const {
   return dtrain::weight_ranges(layers_);
 }
 
-void Model::set_context(Communicator* comm, Rng* rng, double* sync_seconds) {
+void Model::set_context(Communicator* comm, Rng* rng, decltype(LayerContext::synced) synced) {
   ctx_.comm = comm;
   ctx_.rng = rng;
-  ctx_.sync_seconds = sync_seconds;
+  ctx_.synced = std::move(synced);
 }
 
 void Model::average_state(Communicator& comm) {

@@ -3,6 +3,7 @@
 // then call the *_impl hooks. Parameters and gradients of a whole model live in one flat buffer
 // each, so the gradient exchange is a single contiguous all-reduce.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,8 +26,10 @@ struct LayerContext {
   bool train = true;
   Communicator* comm = nullptr;
   Rng* rng = nullptr;
-  // Synchronised BatchNorm adds the seconds of its statistics' exchanges here (null: not kept).
-  double* sync_seconds = nullptr;
+  // Called with the start and end of each of synchronised BatchNorm's statistics exchanges
+  // (empty: not timed).
+  std::function<void(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>
+      synced;
 };
 
 // Per-sample feature map shape (CHW); dense layers use {features, 1, 1, flat}. `flat`: features
@@ -414,8 +417,8 @@ class Model {
   // dropout (true) or running statistics and no dropout (false).
   const float* forward(const float* x, int64_t rows, bool train = true);
   // The replica group (for synchronised BatchNorm) and the replica's random stream.
-  // `sync_seconds`: where synchronised BatchNorm adds the time of its exchanges (or null).
-  void set_context(Communicator* comm, Rng* rng, double* sync_seconds = nullptr);
+  // `synced`: told of each of synchronised BatchNorm's exchanges (LayerContext::synced).
+  void set_context(Communicator* comm, Rng* rng, decltype(LayerContext::synced) synced = {});
   // Averages evaluation state (BatchNorm running statistics) over replicas, so every replica
   // evaluates the same model. No-op for models without such state.
   void average_state(Communicator& comm);

@@ -118,8 +118,12 @@ Replica::Replica(RunContext& run, Communicator& comm)
   else
     model_->init(cfg_.train.seed);
   // Each replica's own stream for dropout (and augmentation): results differ with the replica
-  // count whenever these are used, as they do in every framework.
-  model_->set_context(&comm_, &replica_rng_, &bn_sync_s_);
+  // count whenever these are used, as they do in every framework. Synchronised BatchNorm's
+  // exchanges are timed apart (no part of a rank's busy forward and backward) and traced.
+  model_->set_context(&comm_, &replica_rng_, [this](Clock::time_point t0, Clock::time_point t1) {
+    bn_sync_s_ += seconds(t1 - t0);
+    trace_.span(TracePhase::bn_sync, t0, t1);
+  });
   const auto n_params = static_cast<size_t>(model_->param_count());
   if (!run.shared)
     opt_ = std::make_unique<Optimizer>(*dev_, cfg_.optimizer, n_params, model_->weight_ranges());
@@ -576,9 +580,14 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     const float* batch = load_micro_batch(plan, s, k, rows);
     slow_.stretch(StepPhase::data, seconds_since(t0));
     mark(StepPhase::data);
+    // Synchronised BatchNorm meets the other replicas inside forward and backward: its
+    // exchanges (mostly waiting, and with replicas in turn on one thread, the others' work)
+    // are no part of this rank's busy time.
+    const double bn0 = bn_sync_s_;
     const auto t1 = Clock::now();
     model_->forward(batch, rows);
-    slow_.stretch(StepPhase::forward, seconds_since(t1));
+    const double bn_forward = bn_sync_s_ - bn0;
+    slow_.stretch(StepPhase::forward, seconds_since(t1) - bn_forward);
     mark(StepPhase::forward);
     const auto t2 = Clock::now();
     const bool last = k == accum_ - 1;
@@ -586,17 +595,18 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     model_->loss_backward(yb_.data(), rows, grad_scale, stats,
                           last ? on_ready_ : Model::GradsReady{});
     const double buckets = last ? exchange_->seconds() : 0.0;  // reduced on this thread
+    const double bn_backward = bn_sync_s_ - bn0 - bn_forward;
     if (last && !exchange_in_backward_.empty())
       exchange_in_backward_[static_cast<size_t>(s)] = buckets;
-    slow_.stretch(StepPhase::backward, seconds_since(t2) - buckets);
+    slow_.stretch(StepPhase::backward, seconds_since(t2) - buckets - bn_backward);
     mark(StepPhase::backward);
     const auto t3 = Clock::now();
     trace_.span(TracePhase::data, t0, t1);
     trace_.span(TracePhase::forward, t1, t2);
     trace_.span(TracePhase::backward, t2, t3);
     phases_.add(StepPhase::data, seconds(t1 - t0));
-    phases_.add(StepPhase::forward, seconds(t2 - t1));
-    phases_.add(StepPhase::backward, seconds(t3 - t2) - buckets);
+    phases_.add(StepPhase::forward, seconds(t2 - t1) - bn_forward);
+    phases_.add(StepPhase::backward, seconds(t3 - t2) - buckets - bn_backward);
     noise_.measure_micro(*dev_, k, model_->grads(), static_cast<size_t>(model_->param_count()),
                          stats);
     stats_.add_rows(s, static_cast<double>(rows));

@@ -11,7 +11,7 @@ namespace dtrain {
 
 namespace {
 constexpr size_t kPacked = 7;  // phase, step, index, start, duration, ready, track
-constexpr auto kPhases = static_cast<size_t>(TracePhase::checkpoint) + 1;
+constexpr auto kPhases = static_cast<size_t>(TracePhase::bn_sync) + 1;
 
 // The row function: one span as one complete event.
 nlohmann::json span_event(const TraceSpan& s, size_t rank) {
@@ -27,9 +27,9 @@ nlohmann::json span_event(const TraceSpan& s, size_t rank) {
 }  // namespace
 
 const char* to_string(TracePhase p) {
-  static const char* const names[kPhases] = {"step",     "data",      "forward",
-                                             "backward", "bucket",    "exchange",
-                                             "optimizer", "evaluation", "checkpoint"};
+  static const char* const names[kPhases] = {"step",       "data",     "forward",   "backward",
+                                             "bucket",     "exchange", "optimizer", "evaluation",
+                                             "checkpoint", "bn sync"};
   const auto i = static_cast<size_t>(p);
   return i < kPhases ? names[i] : "?";
 }

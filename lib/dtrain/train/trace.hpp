@@ -3,7 +3,8 @@
 // written as Chrome trace-event JSON (trace.json), which Perfetto (ui.perfetto.dev) and
 // chrome://tracing open. One process per rank; its host thread's spans nest: a step holds its
 // data loads, forward and backward passes, the exchange and the optimizer; a bucket's all-reduce
-// sits inside the backward pass that made it ready (or inside the exchange that finished it).
+// sits inside the backward pass that made it ready (or inside the exchange that finished it);
+// synchronised BatchNorm's statistics exchanges ("bn sync") inside the passes that made them.
 // After the epoch: evaluation and checkpoints.
 //
 // Times are host clocks from one origin: the moment every rank left one collective, as rank 0's
@@ -34,6 +35,7 @@ enum class TracePhase : uint8_t {
   optimizer,
   evaluation,
   checkpoint,
+  bn_sync,  // synchronised BatchNorm's statistics exchanged, inside forward or backward
 };
 const char* to_string(TracePhase p);
 
