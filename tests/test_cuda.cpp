@@ -1559,3 +1559,29 @@ TEST_CASE("a GPU run's device track and straggler come from its events", "[cuda]
   }
   CHECK_THAT(r.out, Catch::Contains("straggler: rank 1 in forward"));
 }
+
+TEST_CASE("a GPU run with synchronised BatchNorm names the slow pass, not the wait",
+          "[cuda][straggler][batchnorm]") {
+  if (!gpu_or_skip()) return;
+  test::TempDir d("gpu-bn-slow");
+  // Two colocated replicas of a small ResNet whose statistics meet through the host inside
+  // forward and backward, the device idle meanwhile: those gaps are taken out of the device's
+  // passes, or rank 0's backward (its wait for rank 1's slow forward) would be named.
+  const std::string cfg =
+      d.write("b.yaml",
+              "name: b\nbackend: cuda\nthreads: 1\ngpus: 2\ncolocate: true\ndevices: [0]\n"
+              "data:\n  dataset: synthetic\n"
+              "  synthetic: {train_size: 2048, test_size: 128, shape: [3, 32, 32], classes: 10}\n"
+              "model: {type: resnet, depth: 8, widths: [16, 32, 64], batchnorm: sync}\n"
+              "train: {epochs: 2, per_replica_batch: 64, target_accuracy: 0}\n");
+  for (const std::string phase : {"forward", "backward"}) {
+    INFO(phase);
+    const auto r =
+        test::shell("DTRAIN_SLOW=1:" + phase + ":3 " + test::dtrain_binary() + " run " + cfg +
+                    " --tag " + phase + " --results " + (d.path / "res").string() + " 2>&1");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("straggler: rank 1 in " + phase));
+    CHECK_THAT(r.out, !Catch::Contains("straggler: rank 0"));
+  }
+}

@@ -185,6 +185,8 @@ void Replica::make_exchange(size_t n_params) {
   exchange_on_host_ = !run_.nccl;
   wait_before_exchange_ = exchange_on_host_ && !dev_->host_memory();
   if (wait_before_exchange_) exchange_in_backward_.assign(static_cast<size_t>(steps_), 0.0);
+  if (queue_ && cfg_.model.batchnorm == BatchNormMode::sync && model_->has_batchnorm())
+    bn_sync_in_pass_.assign(2 * static_cast<size_t>(steps_), 0.0);
   on_ready_ = [this](size_t off, size_t count) {
     // Only before a bucket goes out: a wait per layer would stall the device for nothing.
     // Shared weights send nothing during backward (the whole sum is made in finish()).
@@ -555,8 +557,9 @@ void Replica::read_device_steps(double* dt) {
     const double d = sp.t1 - sp.t0;
     dt[p == StepPhase::exchange ? 1 : p == StepPhase::optimizer ? 2 : 0] += d;
     const int64_t s = sp.step - first;
-    phases_.add_to(s, p, d);
-    if (p == StepPhase::backward) backward += d;
+    const double own = d - bn_sync_taken(s, p, d);
+    phases_.add_to(s, p, own);
+    if (p == StepPhase::backward) backward += own;
     if (p != StepPhase::exchange) continue;
     // A host exchange inside backward: the device waited for it, so it is exchange, and the
     // rank arrived at the exchange that much earlier (never more than the backward it was in).
@@ -567,6 +570,17 @@ void Replica::read_device_steps(double* dt) {
     phases_.add_to(s, StepPhase::exchange, host);
     phases_.arrive_at(s, 0, trace_.seconds_at(sp.t0) - host);
   }
+}
+
+// Synchronised BatchNorm's exchanges inside a device span of step s's phase p (at most the
+// span): taken out of what is left of the step's, so that micro-steps' spans share them.
+double Replica::bn_sync_taken(int64_t s, StepPhase p, double span) {
+  if (bn_sync_in_pass_.empty() || s < 0 || s >= steps_) return 0.0;
+  if (p != StepPhase::forward && p != StepPhase::backward) return 0.0;
+  double& left = bn_sync_in_pass_[2 * static_cast<size_t>(s) + (p == StepPhase::backward)];
+  const double taken = std::clamp(left, 0.0, span);
+  left -= taken;
+  return taken;
 }
 
 void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, EpochTimes& t) {
@@ -598,6 +612,11 @@ void Replica::forward_backward(const EpochPlan& plan, int64_t s, double* stats, 
     const double bn_backward = bn_sync_s_ - bn0 - bn_forward;
     if (last && !exchange_in_backward_.empty())
       exchange_in_backward_[static_cast<size_t>(s)] = buckets;
+    if (!bn_sync_in_pass_.empty()) {
+      double* in = &bn_sync_in_pass_[2 * static_cast<size_t>(s)];
+      in[0] = (k == 0 ? 0.0 : in[0]) + bn_forward;
+      in[1] = (k == 0 ? 0.0 : in[1]) + bn_backward;
+    }
     slow_.stretch(StepPhase::backward, seconds_since(t2) - buckets - bn_backward);
     mark(StepPhase::backward);
     const auto t3 = Clock::now();

@@ -173,6 +173,7 @@ class Replica {
   // On a GPU, at the epoch's end: the phases' device times into `dt` (compute, exchange,
   // optimizer seconds), the straggler log and the trace's device track.
   void read_device_steps(double* dt);
+  double bn_sync_taken(int64_t s, StepPhase p, double span);
   // On a GPU: ties the device's clock to the host's again (a wait for the queue) where the
   // last tie is `every_s` old or more. A step's start is a float of milliseconds from the tie
   // (device.hpp): tied every 10 s it is within a microsecond, where once an epoch it drifts
@@ -213,6 +214,10 @@ class Replica {
   // seconds the host spent exchanging buckets inside backward, with the device idle. Its events
   // count them as backward; read_device_steps moves them to the exchange.
   std::vector<double> exchange_in_backward_;
+  // A GPU with synchronised BatchNorm: per step of the epoch, the host's seconds in the
+  // statistics' exchanges inside forward and inside backward (two a step), the device idle
+  // meanwhile: its events count them in the pass, read_device_steps takes them out.
+  std::vector<double> bn_sync_in_pass_;
   bool wait_before_exchange_ = false;
   Model::GradsReady on_ready_;
   std::string graph_state_;         // "on", "off: <why>", or empty on the CPU
