@@ -109,21 +109,7 @@ Replica::Replica(RunContext& run, Communicator& comm)
   } else if (cfg_.data.augment.enabled()) {
     xa_.resize(*dev_, at_least_one(micro_rows * features_));
   }
-  // Shared weights: initialised once, by the trainer.
-  model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes,
-                       run.shared ? run.shared->params.data() : nullptr);
-  model_->set_label_smoothing(cfg_.train.label_smoothing);
-  if (run.shared)
-    model_->zero_grads();
-  else
-    model_->init(cfg_.train.seed);
-  // Each replica's own stream for dropout (and augmentation): results differ with the replica
-  // count whenever these are used, as they do in every framework. Synchronised BatchNorm's
-  // exchanges are timed apart (no part of a rank's busy forward and backward) and traced.
-  model_->set_context(&comm_, &replica_rng_, [this](Clock::time_point t0, Clock::time_point t1) {
-    bn_sync_s_ += seconds(t1 - t0);
-    trace_.span(TracePhase::bn_sync, t0, t1);
-  });
+  make_model();
   const auto n_params = static_cast<size_t>(model_->param_count());
   if (!run.shared)
     opt_ = std::make_unique<Optimizer>(*dev_, cfg_.optimizer, n_params, model_->weight_ranges());
@@ -162,6 +148,24 @@ void Replica::upload_training_set() {
   dev_->upload(dev_train_y_.data(), train_.y.data(), train_.y.size() * sizeof(int32_t));
   train_x_ = dev_train_x_.data();
   train_y_ = dev_train_y_.data();
+}
+
+void Replica::make_model() {
+  // Shared weights: initialised once, by the trainer.
+  model_ = build_model(*dev_, cfg_.model, train_.shape, train_.classes,
+                       run_.shared ? run_.shared->params.data() : nullptr);
+  model_->set_label_smoothing(cfg_.train.label_smoothing);
+  if (run_.shared)
+    model_->zero_grads();
+  else
+    model_->init(cfg_.train.seed);
+  // Each replica's own stream for dropout (and augmentation): results differ with the replica
+  // count whenever these are used, as they do in every framework. Synchronised BatchNorm's
+  // exchanges are timed apart (no part of a rank's busy forward and backward) and traced.
+  model_->set_context(&comm_, &replica_rng_, [this](Clock::time_point t0, Clock::time_point t1) {
+    bn_sync_s_ += seconds(t1 - t0);
+    trace_.span(TracePhase::bn_sync, t0, t1);
+  });
 }
 
 void Replica::make_exchange(size_t n_params) {

@@ -152,6 +152,7 @@ class Replica {
   EpochMetrics epoch_metrics(int epoch, const EpochTotals& tr, const std::vector<double>& test,
                              double eval_s);
   void upload_training_set();
+  void make_model();
   void make_exchange(size_t n_params);
   void enable_graphs();
   void read_fault_injection();
