@@ -279,6 +279,26 @@ TEST_CASE("a run id fits in a file name, however long the swept value", "[config
   CHECK(run_id("t", r) == "t-g2-lr0.1");
 }
 
+TEST_CASE("a run's group is the same whatever order its overrides were given in",
+          "[config][plan]") {
+  test::TempDir d("group-order");
+  const std::string cfg = d.write("g.yaml",
+                                  "name: g\ndata:\n  dataset: synthetic\n"
+                                  "  synthetic: {train_size: 256, test_size: 32, shape: [8], "
+                                  "classes: 2}\ntrain: {epochs: 3}\n");
+  const auto a = plan_runs(cfg, {"train.epochs=2", "optimizer.lr=0.2", "gpus=1"});
+  const auto b = plan_runs(cfg, {"gpus=1,4", "optimizer.lr=0.2", "train.epochs=2"});
+  REQUIRE(a.size() == 1);
+  REQUIRE(b.size() == 2);
+  CHECK(a[0].group == "lr0.2-epochs2");  // optimizer.lr before train.epochs
+  CHECK(b[0].group == a[0].group);
+  CHECK(b[1].group == a[0].group);
+  // The swept keys' label keeps the order given: it names folders a sweep already wrote.
+  const auto c = plan_runs(cfg, {"train.epochs=2,3", "optimizer.lr=0.1,0.2"});
+  CHECK(c[1].label == "epochs2-lr0.2");
+  CHECK(c[1].group == "lr0.2-epochs2");
+}
+
 TEST_CASE("comma lists split outside brackets", "[config][plan]") {
   CHECK(split_values("1,2,4") == std::vector<std::string>{"1", "2", "4"});
   CHECK(split_values("[512,256],[64]") == std::vector<std::string>{"[512,256]", "[64]"});

@@ -45,10 +45,35 @@ TEST_CASE("speedup - efficiency and accuracy delta are taken against the 1-repli
 }
 
 TEST_CASE("failed runs are listed but never serve as baseline", "[report]") {
-  const auto c = compare({rec("x", 1, 0, 0, "failed"), rec("y", 2, 100, 0.8)});
-  CHECK(c.rows[0].baseline == "y");
+  const auto c =
+      compare({rec("x", 1, 0, 0, "failed"), rec("y", 2, 100, 0.8), rec("z", 4, 180, 0.8)});
+  CHECK(c.rows[2].baseline == "y");  // the finished run of fewest replicas
+  CHECK(*c.rows[2].speedup == Approx(1.8));
   CHECK_FALSE(c.rows[0].speedup);
-  CHECK_THAT(to_markdown(c), Catch::Contains("failed"));
+  // y is no baseline of itself (a 1-replica run would have been), nor of the failed x.
+  CHECK(c.rows[0].baseline.empty());
+  CHECK(c.rows[1].baseline.empty());
+  CHECK_FALSE(c.rows[1].speedup);
+  const std::string md = to_markdown(c);
+  CHECK_THAT(md, Catch::Contains("failed"));
+  CHECK_THAT(md, Catch::Contains("Baseline y for: z.") &&
+                     Catch::Contains("No finished run to compare with for: x, y."));
+}
+
+TEST_CASE("a diverged 1-replica run leaves the N-replica run with no baseline", "[report]") {
+  const auto c = compare({rec("one", 1, 100, 0.1, "diverged"), rec("many", 64, 900, 0.8)});
+  for (const auto& row : c.rows) {
+    INFO(row.run.run_id);
+    CHECK(row.baseline.empty());
+    CHECK_FALSE(row.speedup);
+    CHECK_FALSE(row.efficiency);
+    CHECK_FALSE(row.acc_delta_points);
+  }
+  CHECK_THAT(to_markdown(c), Catch::Contains("No finished run to compare with for: one, many."));
+  // A sweep of 2 and 4 replicas alone: the 2-replica run is the baseline, as ever.
+  const auto two = compare({rec("a", 2, 100, 0.8), rec("b", 4, 190, 0.8)});
+  CHECK(two.rows[0].baseline == "a");
+  CHECK(*two.rows[1].speedup == Approx(1.9));
 }
 
 TEST_CASE("each group of a sweep is compared with its own 1-replica run", "[report]") {

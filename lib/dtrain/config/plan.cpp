@@ -81,6 +81,29 @@ void refuse_repeated_runs(const std::vector<PlannedRun>& runs) {
 }
 }  // namespace
 
+namespace {
+
+// An override in a run's label or group: its key's last part and its value, e.g. "lr0.1".
+std::string override_slug(const std::string& key, const std::string& value) {
+  const auto dot = key.rfind('.');
+  return slug((dot == std::string::npos ? key : key.substr(dot + 1)) + value);
+}
+
+}  // namespace
+
+std::string group_of(const std::vector<Override>& overrides) {
+  // In key order, so that the same overrides typed in another order make the same group.
+  std::vector<const Override*> sorted;
+  for (const Override& o : overrides)
+    if (o.key != "gpus") sorted.push_back(&o);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Override* a, const Override* b) { return a->key < b->key; });
+  std::string group;
+  for (const Override* o : sorted)
+    group += (group.empty() ? "" : "-") + override_slug(o->key, o->value);
+  return group;
+}
+
 std::vector<PlannedRun> plan_runs(const std::string& config_path,
                                   const std::vector<std::string>& override_texts) {
   struct Axis {
@@ -137,22 +160,16 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
       for (const auto& v : axis.values) {
         PlannedRun n = r;
         n.overrides.push_back({axis.key, v});
-        if (axis.key != "gpus") {
-          const auto dot = axis.key.rfind('.');
-          const std::string leaf = dot == std::string::npos ? axis.key : axis.key.substr(dot + 1);
-          const std::string part = slug(leaf + v);
-          if (!n.group.empty()) n.group += "-";
-          n.group += part;
-          if (axis.values.size() > 1) {
-            if (!n.label.empty()) n.label += "-";
-            n.label += part;
-          }
+        if (axis.key != "gpus" && axis.values.size() > 1) {
+          if (!n.label.empty()) n.label += "-";
+          n.label += override_slug(axis.key, v);
         }
         next.push_back(std::move(n));
       }
     }
     runs = std::move(next);
   }
+  for (auto& r : runs) r.group = group_of(r.overrides);
   load_each(config_path, runs);
   refuse_repeated_runs(runs);
   return runs;

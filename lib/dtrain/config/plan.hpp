@@ -14,10 +14,14 @@ struct PlannedRun {
   std::vector<Override> overrides;  // one value per key
   std::string label;                // swept keys and values, e.g. "lr0.1" ("" if none)
   // Every override but gpus, e.g. "lr0.1-reductionsum": the settings a run shares with the
-  // baseline it is compared with (see report.hpp).
+  // baseline it is compared with (see report.hpp), in key order (group_of).
   std::string group;
   Config config;
 };
+
+// The group of a run with these overrides: every one but gpus, as key-value slugs in the
+// order of their keys, whatever the order they were given in.
+std::string group_of(const std::vector<Override>& overrides);
 
 // Splits `value` on commas outside brackets and quotes.
 std::vector<std::string> split_values(const std::string& value);

@@ -450,11 +450,17 @@ Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseli
   }
   for (const auto& r : runs) {
     const RunRecord* base = fixed;
+    int fewest = r.gpus;  // the fewest replicas of any run in r's group, finished or not
     for (const auto& b : runs) {
       if (fixed) break;
-      if (b.status != "done" || b.group != r.group || b.experiment != r.experiment) continue;
-      if (!base || b.gpus < base->gpus) base = &b;
+      if (b.group != r.group || b.experiment != r.experiment) continue;
+      fewest = std::min(fewest, b.gpus);
+      if (b.status == "done" && (!base || b.gpus < base->gpus)) base = &b;
     }
+    // Where the group's run of fewest replicas did not finish (it failed, diverged or was
+    // stopped), a run with no finished run of fewer replicas has nothing to be compared with:
+    // not its own baseline at 1.00x, nor one of more replicas.
+    if (!fixed && base && base->gpus > fewest && base->gpus >= r.gpus) base = nullptr;
     ComparisonRow row{r, base ? base->run_id : "", {}, {}, {}};
     if (base && r.status == "done") {
       if (base->samples_per_s && r.samples_per_s && *base->samples_per_s > 0) {
