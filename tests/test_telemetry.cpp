@@ -238,6 +238,13 @@ TEST_CASE("a run writes devices.csv: each replica's thread and the process, ever
   REQUIRE(dtrain_cli("run " + cfg + " gpus=2 train.telemetry_ms=0 --quiet --tag b --results " + res)
               .code == 0);
   CHECK_FALSE(fs::exists(t.path / "res" / "dev" / "b-g2" / "devices.csv"));
+  // A run shorter than one sampling period (a share needs two samples): the header alone.
+  REQUIRE(dtrain_cli("run " + cfg + " gpus=2 train.telemetry_ms=600000 --quiet --tag c " +
+                     "--results " + res)
+              .code == 0);
+  const std::string header_only = slurp(t.path / "res" / "dev" / "c-g2" / "devices.csv");
+  CHECK(header_only.rfind("unix_time_s,epoch,rank,device,", 0) == 0);
+  CHECK(std::count(header_only.begin(), header_only.end(), '\n') == 1);
   const auto summary = [&](const char* run) {
     return nlohmann::json::parse(slurp(t.path / "res" / "dev" / run / "summary.json"));
   };

@@ -241,6 +241,10 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
   const auto swapped = dtrain_cli("explain-time " + two + " " + one);
   CHECK(swapped.code == 2);
   CHECK_THAT(swapped.out, Catch::Contains("needs more replicas"));
+  // `explain --time` is the same command.
+  const auto alias = dtrain_cli("explain " + two + " --time " + one);
+  CHECK(alias.code == 2);
+  CHECK(alias.out == swapped.out);
   CHECK(dtrain_cli("explain-time " + one + " " + d.path.string()).code == 2);
   const auto file = dtrain_cli("explain-time " + one + " " + cfg.string());  // not a run
   CHECK(file.code == 2);

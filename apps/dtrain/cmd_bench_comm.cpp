@@ -131,8 +131,9 @@ void setup_bench_comm(CLI::App& app, BenchCommOptions& opt) {
   app.add_option("--iters", opt.iters, "Timed all-reduces per size")->capture_default_str();
   app.add_option("--warmup", opt.warmup, "Untimed all-reduces per size before the timed ones")
       ->capture_default_str();
-  app.add_option("--replicas", opt.replicas, "In-process replicas (threads); default 2")
-      ->check(CLI::Range(1, 1024));
+  app.add_option("--replicas", opt.replicas,
+                 "In-process replicas (threads); default 2 (under mpirun or srun: the processes)")
+      ->check(CLI::Range(2, 1024));
   app.add_option("--out", opt.out,
                  "Write OUT.json and OUT.md (default: results/bench-comm/<UTC time>)")
       ->check(non_empty());

@@ -2,12 +2,14 @@
 #include <fmt/format.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -127,7 +129,8 @@ std::vector<Command> add_commands(CLI::App& app, AllOptions& o) {
       add(app, "explain", "Attribute the accuracy gap of N replicas against 1, one setting per run",
           o.explain, setup_explain, run_explain, true),
       add(app, "explain-time",
-          "Attribute the epoch time of N replicas against fewer, one measured term at a time",
+          "Attribute the epoch time of N replicas against fewer, one measured term at a time "
+          "(also: explain --time)",
           o.explain_time, setup_explain_time, run_explain_time),
       add(app, "report", "Regenerate comparison tables (and figures) from run folders", o.report,
           setup_report, run_report),
@@ -300,6 +303,23 @@ int refuse_under_launcher(const std::string& name) {
 }
 }  // namespace
 
+namespace {
+
+// `dtrain explain --time RUN RUN` is `dtrain explain-time RUN RUN`: the words of the question.
+std::vector<char*> explain_time_alias(int argc, char** argv) {
+  static char explain_time[] = "explain-time";
+  std::vector<char*> args(argv, argv + argc);
+  if (args.size() < 2 || std::strcmp(args[1], "explain") != 0) return args;
+  const auto time = std::find_if(args.begin() + 2, args.end(),
+                                 [](const char* a) { return std::strcmp(a, "--time") == 0; });
+  if (time == args.end()) return args;
+  args.erase(time);
+  args[1] = explain_time;
+  return args;
+}
+
+}  // namespace
+
 int run_main(int argc, char** argv) {
   CLI::App app{
       "dtrain: run data-parallel training experiments from YAML and compare 1 replica against N.\n"
@@ -316,7 +336,9 @@ int run_main(int argc, char** argv) {
                        std::string("dtrain ") + dtrain::kVersion + " (" + dtrain::kGitSha + ")");
   AllOptions options;
   const std::vector<Command> commands = add_commands(app, options);
-  if (const auto code = parse_on_every_rank(app, argc, argv)) return *code;
+  std::vector<char*> args = explain_time_alias(argc, argv);
+  if (const auto code = parse_on_every_rank(app, static_cast<int>(args.size()), args.data()))
+    return *code;
   for (const auto& cmd : commands) {
     if (!*cmd.cli) continue;
     if (const int code = refuse_under_launcher(cmd.cli->get_name())) return code;

@@ -834,8 +834,11 @@ void check_rules(const Config& c, const MapReader& top, const Source& src) {
   check_data(c.data, top.at("data"));
   check_tokens(c, top);
   if (c.optimizer.warmup_epochs > c.train.epochs)
-    throw UserError(fmt::format("{}: optimizer.warmup_epochs={} exceeds train.epochs={}", src.file,
-                                c.optimizer.warmup_epochs, c.train.epochs));
+    throw UserError(fmt::format(
+        "{}: optimizer.warmup_epochs={} exceeds train.epochs={}; give "
+        "warmup_epochs at most {} (a shorter run takes a shorter warmup: "
+        "add optimizer.warmup_epochs={}, or 0 for none)",
+        src.file, c.optimizer.warmup_epochs, c.train.epochs, c.train.epochs, c.train.epochs / 2.0));
   // The floor scales with lr (schedule.cpp): above lr it would be above every run's peak.
   if (c.optimizer.schedule == Schedule::cosine && c.optimizer.min_lr > c.optimizer.lr)
     throw UserError(fmt::format("{}: optimizer.min_lr={} is above optimizer.lr={}; the cosine "

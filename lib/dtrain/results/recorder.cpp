@@ -349,11 +349,12 @@ void RunRecorder::on_trace(const std::string& json) {
 
 void RunRecorder::on_devices(const std::vector<DeviceRow>& rows) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
-  if (rows.empty()) return;
-  // Appended, not rewritten: an hour at 100 ms is 36,000 rows a device.
+  // Appended, not rewritten: an hour at 100 ms is 36,000 rows a device. A run shorter than a
+  // sampling period (a CPU share needs two samples) has the header alone.
   const std::string path = dir_ + "/devices.csv";
   std::error_code ec;
   const bool fresh = !fs::exists(path, ec);
+  if (rows.empty() && !fresh) return;
   std::ofstream out(path, std::ios::app);
   if (fresh) out << devices_csv_header();
   for (const auto& r : rows) out << devices_csv_row(r);

@@ -82,7 +82,7 @@ class RunRecorder : public TrainObserver {
   void on_checkpoint(const Checkpoint& c) override;
   // Writes trace.json (replaced whole, atomically, each time the trace grows).
   void on_trace(const std::string& json) override;
-  // Appends the rows to devices.csv (its header first where the file is new).
+  // Appends the rows to devices.csv (its header first where the file is new, even with no row).
   void on_devices(const std::vector<DeviceRow>& rows) override;
   // Copies file `name` of an earlier attempt's folder into this run's, where it is a regular
   // file there (never through a link): what the attempt wrote that its checkpoint does not

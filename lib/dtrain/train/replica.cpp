@@ -478,7 +478,7 @@ void Replica::report_devices(int epoch) {
     devices_period_s_ = period;
   }
   if (run_.devices_gather) rows = gather_device_rows(comm_, rows);
-  if (rank_ == 0 && run_.observer) run_.observer->on_devices(rows);
+  if (rank_ == 0 && run_.observer && cfg_.train.telemetry_ms > 0) run_.observer->on_devices(rows);
 }
 
 void Replica::check_fault() {
