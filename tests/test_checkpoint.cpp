@@ -265,21 +265,34 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   CHECK(decode_checkpoint(encode_checkpoint(last), "v3").epochs.back().straggler_excess == 0.25);
   // epoch_fields: an int, 8 doubles, an int64, 8 doubles, an int, an int64, 4 doubles; then 2
   // doubles (version 2); then 2 ints and a double (version 3); then a double (version 4), which
-  // also adds the count of test scorings (none here) after the epochs.
+  // also adds the count of test scorings (none here) after the epochs; then a double (version 7).
   const size_t epoch_v1 = 4 + 8 * 8 + 8 + 8 * 8 + 4 + 8 + 4 * 8;
   const size_t epoch_v2 = epoch_v1 + 16, epoch_v3 = epoch_v2 + 16, epoch_v4 = epoch_v3 + 8;
+  const size_t epoch_v7 = epoch_v4 + 8;
   REQUIRE(last.evals.empty());
+  // A checkpoint of `version` made from one written now: each epoch cut to that version's
+  // fields, and the fields after the epochs it lacks left out (the scorings' count from version
+  // 4, the data's fingerprint from version 5).
+  const auto as_version = [&](const Checkpoint& c, int version) {
+    const std::string now = encode_checkpoint(c);
+    const size_t n = c.epochs.size(), first = now.size() - 4 - 8 - 8 - n * epoch_v7;
+    const size_t cut = version == 1   ? epoch_v1
+                       : version == 2 ? epoch_v2
+                       : version == 3 ? epoch_v3
+                       : version < 7  ? epoch_v4
+                                      : epoch_v7;
+    std::string body = now.substr(0, first);
+    for (size_t e = 0; e < n; ++e) body += now.substr(first + e * epoch_v7, cut);
+    if (version >= 4) body += now.substr(first + n * epoch_v7, 8);
+    if (version >= 5) body += now.substr(first + n * epoch_v7 + 8, 8);
+    body[std::string("dtrain checkpoint ").size()] = static_cast<char>('0' + version);
+    return resealed(body + "abcd");
+  };
+  CHECK(as_version(last, 7) == encode_checkpoint(last));  // the cut of nothing: the same bytes
   for (const int version : {1, 2, 3}) {
     INFO("version " << version);
-    std::string bytes_now = encode_checkpoint(last);
-    bytes_now[std::string("dtrain checkpoint ").size()] = static_cast<char>('0' + version);
-    const size_t keep_bytes = version == 1 ? epoch_v1 : version == 2 ? epoch_v2 : epoch_v3;
-    // After the epochs: the scorings' count, the data's fingerprint (version 5), the CRC.
-    const size_t n = last.epochs.size(), first = bytes_now.size() - 4 - 8 - 8 - n * epoch_v4;
-    std::string body = bytes_now.substr(0, first);
-    for (size_t e = 0; e < n; ++e) body += bytes_now.substr(first + e * epoch_v4, keep_bytes);
-    const Checkpoint old = decode_checkpoint(resealed(body + "abcd"), "old");
-    REQUIRE(old.epochs.size() == n);
+    const Checkpoint old = decode_checkpoint(as_version(last, version), "old");
+    REQUIRE(old.epochs.size() == last.epochs.size());
     CHECK(old.epochs.back().test_loss == last.epochs.back().test_loss);
     if (version < 3) {
       CHECK(std::isnan(old.epochs.back().input_busy));
@@ -293,24 +306,27 @@ TEST_CASE("a damaged checkpoint file is an error naming it, never a crash", "[ch
   // Version 5's data fingerprint round-trips; a version 4 file (without it) reads as unknown.
   Checkpoint printed = last;
   printed.data_fingerprint = 0x0123456789abcdefULL;
-  const std::string v5 = encode_checkpoint(printed);
-  CHECK(decode_checkpoint(v5, "v5").data_fingerprint == 0x0123456789abcdefULL);
-  std::string v4 = v5.substr(0, v5.size() - 12) + "abcd";
-  v4[std::string("dtrain checkpoint ").size()] = '4';
-  const Checkpoint four = decode_checkpoint(resealed(v4), "v4");
+  CHECK(decode_checkpoint(as_version(printed, 5), "v5").data_fingerprint == 0x0123456789abcdefULL);
+  const Checkpoint four = decode_checkpoint(as_version(printed, 4), "v4");
   CHECK(four.data_fingerprint == 0);
   CHECK(four.epochs.back().bn_sync_s == 0.5);
   // Version 6: a straggler in every phase round-trips, also from a version 5 file (the last
-  // builds before version 6 wrote it so); a later version is named as such.
+  // builds before version 6 wrote it so). Version 7: the cores other work kept busy, unknown
+  // (NaN) in a version 6 file. A later version is named as such.
   Checkpoint every = printed;
   every.epochs.back().straggler_phase = kEveryPhase;
-  std::string v6 = encode_checkpoint(every);
-  CHECK(v6.compare(0, 20, "dtrain checkpoint 6\n") == 0);
-  CHECK(decode_checkpoint(v6, "v6").epochs.back().straggler_phase == kEveryPhase);
-  v6[std::string("dtrain checkpoint ").size()] = '5';
-  CHECK(decode_checkpoint(resealed(v6), "v5").epochs.back().straggler_phase == kEveryPhase);
-  v6[std::string("dtrain checkpoint ").size()] = '7';
-  CHECK(refused(resealed(v6)).find("version 7, from a newer dtrain") != std::string::npos);
+  every.epochs.back().other_cores = 1.25;
+  const std::string v7 = encode_checkpoint(every);
+  CHECK(v7.compare(0, 20, "dtrain checkpoint 7\n") == 0);
+  CHECK(decode_checkpoint(v7, "v7").epochs.back().other_cores == 1.25);
+  const Checkpoint six = decode_checkpoint(as_version(every, 6), "v6");
+  CHECK(six.epochs.back().straggler_phase == kEveryPhase);
+  CHECK(std::isnan(six.epochs.back().other_cores));
+  CHECK(six.data_fingerprint == 0x0123456789abcdefULL);
+  CHECK(decode_checkpoint(as_version(every, 5), "v5").epochs.back().straggler_phase == kEveryPhase);
+  std::string v8 = v7;
+  v8[std::string("dtrain checkpoint ").size()] = '8';
+  CHECK(refused(resealed(v8)).find("version 8, from a newer dtrain") != std::string::npos);
   // Version 4's test scorings round-trip; one out of order, or of an accuracy above 1, is
   // refused.
   Checkpoint scored = last;

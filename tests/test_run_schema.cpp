@@ -129,7 +129,7 @@ TEST_CASE("metrics.csv's header and rows are the table's, as dtrain has always w
         "samples,data_s,compute_s,exchange_s,optimizer_s,eval_s,rank_busy_min_s,"
         "rank_busy_max_s,slowest_rank,exchange_exposed_s,noise_b_simple,noise_grad_sq,"
         "noise_trace,exchange_bytes_per_step,busbw_gbps,input_images_per_s,input_busy,"
-        "straggler_rank,straggler_phase,straggler_excess,bn_sync_s\n");
+        "straggler_rank,straggler_phase,straggler_excess,bn_sync_s,other_cores\n");
   EpochMetrics m = sample_epoch(7);
   m.lr = 1.0 / 3;  // digits past each format's precision
   m.epoch_time_s = 2.0 / 3;
@@ -142,19 +142,20 @@ TEST_CASE("metrics.csv's header and rows are the table's, as dtrain has always w
   m.straggler_phase = 1;
   m.straggler_excess = 1.0 / 9;
   m.bn_sync_s = 1.0 / 7;
+  m.other_cores = 2.0 / 3;
   CHECK(metrics_csv_row(m) ==
         fmt::format("{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{:.6f},{:.6f},"
                     "{:.6f},{:.6f},{:.6f},{:.6f},{:.6f},{},{:.6f},{:.6g},{:.6g},{:.6g},{},{:.6g},"
-                    "{:.1f},{:.4f},{},{},{:.4f},{:.6f}\n",
+                    "{:.1f},{:.4f},{},{},{:.4f},{:.6f},{:.2f}\n",
                     m.epoch, m.lr, m.lr_end, m.train_loss, m.train_acc, m.test_loss, m.test_acc,
                     m.epoch_time_s, m.samples_per_s, m.samples, m.data_s, m.compute_s, m.exchange_s,
                     m.optimizer_s, m.eval_s, m.rank_busy_min_s, m.rank_busy_max_s, m.slowest_rank,
                     m.exchange_exposed_s, m.noise_b_simple, m.noise_g2, m.noise_trace,
-                    m.exchange_bytes_per_step, m.busbw_gbps, m.input_images_per_s,
-                    m.input_busy, m.straggler_rank, m.straggler_phase, m.straggler_excess,
-                    m.bn_sync_s));
+                    m.exchange_bytes_per_step, m.busbw_gbps, m.input_images_per_s, m.input_busy,
+                    m.straggler_rank, m.straggler_phase, m.straggler_excess, m.bn_sync_s,
+                    m.other_cores));
   CHECK(split(metrics_csv_row(m)).size() == metrics_columns().size());
-  CHECK(&metrics_column("bn_sync_s") == &metrics_columns().back());
+  CHECK(&metrics_column("other_cores") == &metrics_columns().back());
   CHECK_THROWS_AS(metrics_column("no_such_column"), std::logic_error);
 }
 
@@ -224,7 +225,7 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   put(d.path / "metrics.csv", "epoch,lr\n1,0.0\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("no column 'train_loss'"));
   put(d.path / "metrics.csv", metrics_csv_header() + metrics_csv_row(sample_epoch(1)) + "1,2\n");
-  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":3: 2 cells, header has 30"));
+  CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":3: 2 cells, header has 31"));
   CHECK(read_metrics_csv(d.path.string(), RaggedRows::skip).rows.size() == 1);
   put(d.path / "metrics.csv",
       "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n"
@@ -261,7 +262,7 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
   for (int i = 0; i < 100; ++i) wide += ",c" + std::to_string(i);
   put(d.path / "metrics.csv", wide + "\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()),
-                    Catch::Contains("more than 64 columns; dtrain writes 30"));
+                    Catch::Contains("more than 64 columns; dtrain writes 31"));
   fs::remove(d.path / "metrics.csv");
   CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains("metrics.csv: missing"));
 }
@@ -453,7 +454,7 @@ TEST_CASE("a metrics.csv row or a summary.json past what dtrain writes costs no 
   put(d.path / "metrics.csv",
       metrics_csv_header() + "1" + std::string(size_t{32} << 20, ',') + "\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()),
-                    Catch::Contains(":2: more cells, header has 30"));
+                    Catch::Contains(":2: more cells, header has 31"));
   // 32 MiB of '[': not 32 million nested arrays before the depth is seen. The status file
   // still tells a resume what the run is.
   put(d.path / "summary.json", std::string(size_t{32} << 20, '['));

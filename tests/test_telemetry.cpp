@@ -1,10 +1,10 @@
 // devices.csv: the device sampler's CPU clocks on threads with known loads, the rows' way to
 // rank 0, the file a run writes, and NVML: a note where it is missing, readings on a GPU.
-#include <algorithm>
-#include <atomic>
 #include <fmt/format.h>
 #include <pthread.h>
 
+#include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -23,6 +23,7 @@
 #include "dtrain/backend/nvml.hpp"
 #include "dtrain/comm/comm.hpp"
 #include "dtrain/results/metrics.hpp"
+#include "dtrain/results/run_schema.hpp"
 #include "dtrain/train/telemetry.hpp"
 #include "helpers.hpp"
 
@@ -372,4 +373,56 @@ TEST_CASE("NVML: a machine without it gets a reason, one with a GPU gets its rea
     gpu.insert(gpu.end(), more.begin(), more.end());
   }
   CHECK(gpu.size() >= 5);
+}
+
+TEST_CASE("/proc/stat's busy time of the allowed CPUs, and the cores other work kept busy",
+          "[telemetry]") {
+  // Ticks: user nice system idle iowait irq softirq steal (guest, guest_nice).
+  const std::string stat =
+      "cpu  900 0 300 5000 50 0 10 0 0 0\n"
+      "cpu0 400 0 100 2500 20 0 5 0 0 0\n"
+      "cpu1 500 0 200 2500 30 0 5 10 0 0\n"
+      "intr 12345 0 0\nctxt 999\n";
+  CHECK(cpu_busy_seconds(stat, {0}, 100) == Approx(5.05));  // idle and iowait left out
+  CHECK(cpu_busy_seconds(stat, {1}, 100) == Approx(7.15));  // steal counted: another's work
+  CHECK(cpu_busy_seconds(stat, {0, 1}, 100) == Approx(12.2));
+  CHECK(std::isnan(cpu_busy_seconds(stat, {5}, 100)));
+  CHECK(std::isnan(cpu_busy_seconds("garbage", {0}, 100)));
+  CpuClocks a, b;
+  a.busy_s = 10;
+  a.wall_s = 100;
+  b.busy_s = 13;
+  b.wall_s = 102;
+  CHECK(other_cores(a, b, 1.0) == Approx(1.0));  // 3 busy seconds, 1 of them ours, over 2 s
+  CHECK(other_cores(a, b, 5.0) == 0);            // ticks behind our clock: none, not negative
+  b.wall_s = 100.1;
+  CHECK(std::isnan(other_cores(a, b, 0)));  // too short for 10 ms ticks
+  b.wall_s = 102;
+  b.busy_s = std::nan("");
+  CHECK(std::isnan(other_cores(a, b, 0)));
+  const CpuClocks now = read_cpu_clocks();
+  CHECK(now.cores >= 1);
+  CHECK(std::isfinite(now.busy_s));  // Linux
+}
+
+TEST_CASE("a run that shares its cores with other work says so", "[telemetry][cli]") {
+  TempDir t("telemetry-others");
+  // Epochs of about a second on one thread, while this process spins on every core.
+  const std::string cfg = mlp_config(t, "oth", 1, 32768, "[512, 512]", 2, 64, 100);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  for (unsigned i = 0; i < std::max(2u, std::thread::hardware_concurrency()); ++i)
+    spinners.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  const auto r = dtrain_cli("run " + cfg + " --tag o --results " + (t.path / "res").string());
+  stop = true;
+  for (auto& s : spinners) s.join();
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("other work kept") && Catch::Contains("cores busy"));
+  for (const EpochMetrics& m :
+       read_epochs(read_metrics_csv((t.path / "res" / "oth" / "o-g1").string())))
+    CHECK(m.other_cores >= kOtherCoresWarn);
 }

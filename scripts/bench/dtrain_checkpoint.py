@@ -2,7 +2,7 @@
 model's flat parameter vector onto PyTorch modules (torch_gpt.py's GPT, torch_mlp.py's ResNet),
 so that PyTorch can continue a dtrain run from the same weights and optimizer state.
 
-The file (lib/dtrain/train/checkpoint.{hpp,cpp}), little-endian: the line "dtrain checkpoint 6\n";
+The file (lib/dtrain/train/checkpoint.{hpp,cpp}), little-endian: the line "dtrain checkpoint 7\n";
 the resolved config (u64 length, bytes); replicas, epoch (i32 each); step, global step (i64 each);
 params, the optimizer's first moments (SGD: the momentum buffers) and second moments (Adam
 only), BatchNorm state (u64 count, f32 each); the random streams (u64 count, u64 each); the
@@ -23,7 +23,7 @@ import zlib
 
 import numpy as np
 
-MAGIC = b"dtrain checkpoint "  # then the version (1 to 6: they differ only in the epochs' fields,
+MAGIC = b"dtrain checkpoint "  # then the version (1 to 7: they differ only in the epochs' fields,
                                # the test scorings and the data's fingerprint, after everything
                                # read here) and a newline
 
@@ -31,8 +31,8 @@ MAGIC = b"dtrain checkpoint "  # then the version (1 to 6: they differ only in t
 def read_checkpoint(path):
     b = open(path, "rb").read()
     if not b.startswith(MAGIC) or b[len(MAGIC):len(MAGIC) + 2] not in (
-            b"1\n", b"2\n", b"3\n", b"4\n", b"5\n", b"6\n"):
-        raise SystemExit(f"{path}: not a dtrain checkpoint of version 1 to 6")
+            b"1\n", b"2\n", b"3\n", b"4\n", b"5\n", b"6\n", b"7\n"):
+        raise SystemExit(f"{path}: not a dtrain checkpoint of version 1 to 7")
     if struct.unpack_from("<I", b, len(b) - 4)[0] != zlib.crc32(b[:-4]):
         raise SystemExit(f"{path}: its checksum does not match")
     at = len(MAGIC) + 2

@@ -314,6 +314,12 @@ void RunRecorder::on_epoch(const EpochMetrics& m) {
   if (m.straggler_rank >= 0)
     log().warn("straggler: {}", describe(Straggler{m.straggler_rank, m.straggler_phase,
                                                      m.straggler_excess, 0.0}));
+  if (m.other_cores >= kOtherCoresWarn)
+    log().warn(
+        "other work kept {:.1f} cores busy on the CPUs this run may use in epoch {}: "
+        "where the run needed them, its times are slower than on an idle machine "
+        "(other_cores in metrics.csv)",
+        m.other_cores, m.epoch);
 }
 
 void RunRecorder::write_summary(const std::string& status, const std::string& error) {

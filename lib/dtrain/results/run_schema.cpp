@@ -70,6 +70,9 @@ const std::vector<MetricsColumn>& metrics_columns() {
       {"bn_sync_s", &M::bn_sync_s, "{:.6f}", "s",
        "model.batchnorm: sync: rank 0's time in the BatchNorm statistics' exchanges over the "
        "replicas, part of compute_s; 0 without"},
+      {"other_cores", &M::other_cores, "{:.2f}", "cores",
+       "cores that other work kept busy, on average over the epoch, on the CPUs the run may use "
+       "(rank 0's machine); nan: unknown (an epoch under 0.25 s, ranks on several machines)"},
   };
   return cols;
 }

@@ -29,9 +29,10 @@ namespace {
 // fingerprint after the scorings (0 in an older file: not checked). Version 6 has version 5's
 // fields; its epochs may name a straggler in every phase (kEveryPhase), which a dtrain that
 // reads up to version 5 would take for damage (version 5 files of the last builds before 6 may
-// hold it too, and are read).
-constexpr int kVersion = 6;
-constexpr char kMagic[] = "dtrain checkpoint 6\n";
+// hold it too, and are read). Version 7 adds to each epoch the cores other work kept busy
+// (NaN in an older file: unknown).
+constexpr int kVersion = 7;
+constexpr char kMagic[] = "dtrain checkpoint 7\n";
 constexpr char kMagicPrefix[] = "dtrain checkpoint ";
 constexpr size_t kMagicLen = sizeof(kMagic) - 1;
 
@@ -57,6 +58,7 @@ void epoch_fields(M& m, F&& f, int version = kVersion) {
     f(m.straggler_excess);
   }
   if (version >= 4) f(m.bn_sync_s);
+  if (version >= 7) f(m.other_cores);
 }
 
 // Every field of EvalPoint, in file order.

@@ -347,6 +347,7 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   const EpochPlan plan = sampler_.plan(epoch);
   stats_.begin_epoch();
   bn_sync_s_ = 0;
+  epoch_clocks_ = read_cpu_clocks();
   EpochTotals out;
   EpochTimes& t = out.times;
   const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
@@ -849,20 +850,24 @@ std::vector<double> Replica::evaluate() {
 EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
                                     const std::vector<double>& test, double eval_s) {
   const EpochTimes& t = tr.times;
-  // Each rank's busy time (waiting excluded), on rank 0: stragglers show here; and its input
-  // threads' images and busy seconds over the epoch.
-  std::vector<double> mine = {t.data + t.compute + t.optimizer, 0, 0};
+  // Each rank's busy time (waiting excluded), on rank 0: stragglers show here; its input
+  // threads' images and busy seconds over the epoch; and its process's CPU seconds (one rank a
+  // process: the one that samples its devices), less which the machine ran other work.
+  std::vector<double> mine = {t.data + t.compute + t.optimizer, 0, 0, 0};
   if (train_input_) {
     mine[1] = static_cast<double>(train_input_->decoded() - input_decoded_);
     mine[2] = train_input_->busy_seconds() - input_busy_s_;
   }
+  const CpuClocks clocks = read_cpu_clocks();
+  if (rank_ == run_.devices_rank) mine[3] = clocks.process_s - epoch_clocks_.process_s;
   const std::vector<double> all = gather(comm_, mine);
   std::vector<double> busy(static_cast<size_t>(replicas_), 0.0);
-  double images = 0, input_s = 0;
-  for (size_t r = 0; r < all.size() / 3; ++r) {  // empty but on rank 0
-    busy[r] = all[3 * r];
-    images += all[3 * r + 1];
-    input_s += all[3 * r + 2];
+  double images = 0, input_s = 0, own_cpu_s = 0;
+  for (size_t r = 0; r < all.size() / 4; ++r) {  // empty but on rank 0
+    busy[r] = all[4 * r];
+    images += all[4 * r + 1];
+    input_s += all[4 * r + 2];
+    own_cpu_s += all[4 * r + 3];
   }
 
   EpochMetrics m;
@@ -884,6 +889,7 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
   m.optimizer_s = t.optimizer;
   m.eval_s = eval_s;
   m.bn_sync_s = bn_sync_s_;
+  if (run_.one_machine) m.other_cores = other_cores(epoch_clocks_, clocks, own_cpu_s);
   if (train_input_ && t.total > input_since_s_) {
     const double span = std::max(1e-9, t.total - input_since_s_);  // since (re)start
     m.input_images_per_s = images / span;

@@ -70,6 +70,7 @@ struct RunContext {
   std::shared_ptr<DeviceSampler> devices{};  // this process's devices.csv sampler (null: off)
   int devices_rank = 0;         // the rank of this process that takes its rows each epoch
   bool devices_gather = false;  // ranks in other processes: rows go to rank 0 by a collective
+  bool one_machine = true;      // every rank on rank 0's machine (their CPU time is all there)
   bool replica_threads = true;  // each replica has a thread of its own (not taking turns)
   bool one_thread = false;      // every replica takes its turn on one thread (threads: 1)
 };
@@ -243,6 +244,7 @@ class Replica {
   int64_t start_step_ = 0;
   int64_t last_checkpoint_ = -1;  // global step of the last checkpoint
   double bn_sync_s_ = 0;  // the epoch's synchronised-BatchNorm exchanges (LayerContext)
+  CpuClocks epoch_clocks_;       // at the epoch's start: other work on the machine (other_cores)
   double devices_period_s_ = 0;  // devices.csv's coarsest sampling period reported so far
   const Targets targets_;
   bool target_reached_ = false;  // by a scoring so far (train.stop_at_target)

@@ -11,6 +11,9 @@
 
 namespace dtrain {
 
+// The other_cores (EpochMetrics) at which the log warns that other work slowed the run.
+constexpr double kOtherCoresWarn = 0.25;
+
 struct EpochMetrics {
   int epoch = 0;      // 1-based
   double lr = 0;      // LR at the epoch's first step
@@ -29,6 +32,11 @@ struct EpochMetrics {
   // model.batchnorm: sync: rank 0's seconds in the BatchNorm statistics' exchanges over the
   // replicas (part of compute_s; 0 without).
   double bn_sync_s = 0;
+  // Cores kept busy by work other than this run's on the CPUs it may use (on rank 0's machine),
+  // on average over the epoch; NaN where unknown (no /proc/stat, an epoch under 0.25 s, ranks on
+  // several machines). Work that takes cores the run needs slows it: its times then say more
+  // about the machine than about the run.
+  double other_cores = std::nan("");
   // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
   double rank_busy_min_s = 0, rank_busy_max_s = 0;
   int slowest_rank = 0;

@@ -3,12 +3,16 @@
 #include <fmt/format.h>
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <utility>
 
 #include "dtrain/backend/gpu.hpp"
@@ -61,7 +65,57 @@ std::vector<std::string> pci_bus_ids() {
   return ids;
 }
 
+// The CPUs this process may run on.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
 }  // namespace
+
+double cpu_busy_seconds(const std::string& proc_stat, const std::vector<int>& allowed,
+                        double ticks_per_s) {
+  // Lines "cpuN user nice system idle iowait irq softirq steal ...", N the CPU's number.
+  std::istringstream in(proc_stat);
+  double ticks = 0;
+  bool any = false;
+  for (std::string line; std::getline(in, line);) {
+    int cpu = -1;
+    unsigned long long v[8] = {};
+    if (std::sscanf(line.c_str(), "cpu%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &v[0],
+                    &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) != 9)
+      continue;  // the "cpu " total, "intr", "ctxt" and the rest
+    if (std::find(allowed.begin(), allowed.end(), cpu) == allowed.end()) continue;
+    ticks += static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);  // not idle, iowait
+    any = true;
+  }
+  return any && ticks_per_s > 0 ? ticks / ticks_per_s : kNaN;
+}
+
+CpuClocks read_cpu_clocks() {
+  CpuClocks c;
+  c.wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  c.process_s = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+  const std::vector<int> cpus = allowed_cpus();
+  c.cores = static_cast<int>(cpus.size());
+  std::ifstream f("/proc/stat");
+  std::stringstream text;
+  text << f.rdbuf();
+  if (f) c.busy_s = cpu_busy_seconds(text.str(), cpus, static_cast<double>(sysconf(_SC_CLK_TCK)));
+  return c;
+}
+
+double other_cores(const CpuClocks& a, const CpuClocks& b, double own_s) {
+  const double wall = b.wall_s - a.wall_s;
+  if (!(wall >= 0.25) || !std::isfinite(a.busy_s) || !std::isfinite(b.busy_s)) return kNaN;
+  return std::max(0.0, (b.busy_s - a.busy_s - own_s) / wall);
+}
 
 DeviceSampler::DeviceSampler(double period_s, int rank, const std::vector<int>& gpus, int epoch)
     : period_s_(period_s), rank_(rank), cores_(usable_cores()), epoch_(epoch) {

@@ -7,6 +7,7 @@
 // observer appends them to devices.csv.
 #include <condition_variable>
 #include <ctime>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,6 +74,26 @@ class DeviceSampler {
   bool stop_ = false;
   std::thread thread_;
 };
+
+// Other work on the machine, which distorts a run's times (replicas waiting for a core another
+// program holds): the CPUs this process may use, how long they were busy with anyone's work
+// (/proc/stat: user, nice, system, irq, softirq and steal time, in 10 ms ticks) and this
+// process's own CPU seconds, at one moment.
+struct CpuClocks {
+  double busy_s = std::numeric_limits<double>::quiet_NaN();  // NaN: /proc/stat unreadable
+  double process_s = 0;
+  double wall_s = 0;  // steady clock
+  int cores = 0;      // the CPUs this process may use
+};
+CpuClocks read_cpu_clocks();
+// /proc/stat's text to the busy seconds of the CPUs in `allowed` (NaN where none is listed).
+double cpu_busy_seconds(const std::string& proc_stat, const std::vector<int>& allowed,
+                        double ticks_per_s);
+// The cores that work other than this run's kept busy between a and b, on average: their busy
+// time less `own_s` (the CPU seconds of this run's processes on the machine over that time),
+// over the wall time. NaN where /proc/stat could not be read or the span is under 0.25 s (the
+// ticks would make it noise).
+double other_cores(const CpuClocks& a, const CpuClocks& b, double own_s);
 
 // Collective: every rank's rows on rank 0, in rank order (ranks that sample nothing pass none);
 // the other ranks get none.
