@@ -60,6 +60,17 @@ TEST_CASE("failed runs are listed but never serve as baseline", "[report]") {
                      Catch::Contains("No finished run to compare with for: x, y."));
 }
 
+TEST_CASE("runs whose cores other work took are named under the table", "[report]") {
+  auto a = rec("a", 1, 100, 0.8), b = rec("b", 2, 150, 0.8), c = rec("c", 4, 300, 0.8);
+  a.other_cores_max = 1.9;
+  b.other_cores_max = 0.1;  // under the warning's 0.25
+  const std::string md = to_markdown(compare({a, b, c}));
+  CHECK_THAT(md, Catch::Contains("Other work kept cores of this machine busy during: a (1.9 "
+                                 "cores). Those times are slower"));
+  CHECK_THAT(md, !Catch::Contains("b (0.1"));
+  CHECK_THAT(to_markdown(compare({b, c})), !Catch::Contains("Other work"));
+}
+
 TEST_CASE("a diverged 1-replica run leaves the N-replica run with no baseline", "[report]") {
   const auto c = compare({rec("one", 1, 100, 0.1, "diverged"), rec("many", 64, 900, 0.8)});
   for (const auto& row : c.rows) {

@@ -422,6 +422,8 @@ TEST_CASE("a run that shares its cores with other work says so", "[telemetry][cl
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("other work kept") && Catch::Contains("cores busy"));
+  // The comparison table says it under the table.
+  CHECK_THAT(r.out, Catch::Contains("Other work kept cores of this machine busy during: o-g1 ("));
   for (const EpochMetrics& m :
        read_epochs(read_metrics_csv((t.path / "res" / "oth" / "o-g1").string())))
     CHECK(m.other_cores >= kOtherCoresWarn);

@@ -20,11 +20,17 @@ RunStats summarize(const std::vector<EpochMetrics>& epochs, const Targets& targe
     s.final_test_acc = s.best_test_acc = s.final_train_loss = s.final_test_loss = nan;
     s.median_epoch_time_s = s.median_samples_per_s = nan;
     s.median_busbw_gbps = s.median_exposed_share = s.median_input_share = nan;
+    s.max_other_cores = nan;
     return s;
   }
   std::vector<double> times, rates, busbw, exposed, input;
   double elapsed = 0;
+  s.max_other_cores = std::numeric_limits<double>::quiet_NaN();
   for (const auto& e : epochs) {
+    if (std::isfinite(e.other_cores))
+      s.max_other_cores = std::isnan(s.max_other_cores)
+                              ? e.other_cores
+                              : std::max(s.max_other_cores, e.other_cores);
     times.push_back(e.epoch_time_s);
     rates.push_back(e.samples_per_s);
     if (std::isfinite(e.busbw_gbps)) busbw.push_back(e.busbw_gbps);

@@ -20,6 +20,9 @@ struct RunStats {
   // dataset: folder: the median share of the epoch that steps waited for input (data_s over
   // epoch_time_s); NaN for data held in memory, whose gather is not input waiting.
   double median_input_share = 0;
+  // The most cores other work kept busy in an epoch (EpochMetrics::other_cores); NaN where no
+  // epoch knows.
+  double max_other_cores = 0;
 };
 
 RunStats summarize(const std::vector<EpochMetrics>& epochs, const Targets& target);

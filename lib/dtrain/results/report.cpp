@@ -418,6 +418,7 @@ RunRecord load_run(const std::string& dir) {
   r.busbw_gbps = opt_number(j, k::busbw_gbps);
   r.exposed_exchange_share = opt_number(j, k::exposed_exchange_share);
   r.exposed_input_share = opt_number(j, k::exposed_input_share);
+  r.other_cores_max = opt_number(j, k::other_cores_max);
   if (j.contains(k::noise_scale) && j[k::noise_scale].is_object())
     r.noise_b_simple = opt_number(j[k::noise_scale], "b_simple");
   if (r.noise_b_simple && *r.noise_b_simple <= 0) r.noise_b_simple.reset();
@@ -530,6 +531,15 @@ std::string to_markdown(const Comparison& c) {
     out << "One epoch only: " << fmt::format("{}", fmt::join(one_epoch, ", "))
         << ". Such a time includes the start (memory touched for the first time, kernels "
            "generated), which more epochs spread out; speedups from one epoch say little.\n";
+  std::vector<std::string> shared;  // runs whose cores other work took (other_cores)
+  for (const auto& row : c.rows)
+    if (row.run.other_cores_max.value_or(0) >= kOtherCoresWarn)
+      shared.push_back(fmt::format("{} ({:.1f} cores)", row.run.run_id, *row.run.other_cores_max));
+  if (!shared.empty())
+    out << "Other work kept cores of this machine busy during: "
+        << fmt::format("{}", fmt::join(shared, ", "))
+        << ". Those times are slower than on an idle machine, and the speedups and efficiencies "
+           "built on them say more about the machine than about the runs.\n";
   for (const auto& [base, ids] : groups) {
     if (base.empty())
       out << "No finished run to compare with for: " << fmt::format("{}", fmt::join(ids, ", "))

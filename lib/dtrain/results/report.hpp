@@ -37,6 +37,7 @@ struct RunRecord {
   std::string straggler;
   // Medians over the epochs.
   std::optional<double> busbw_gbps, exposed_exchange_share, exposed_input_share;
+  std::optional<double> other_cores_max;  // the most cores other work took in an epoch
   double target_accuracy = 0;
   double target_loss = 0;
   int epochs_completed = 0;

@@ -107,6 +107,7 @@ inline constexpr const char* exchange_bytes_per_step = "exchange_bytes_per_step"
 inline constexpr const char* busbw_gbps = "busbw_gbps";
 inline constexpr const char* exposed_exchange_share = "exposed_exchange_share";
 inline constexpr const char* exposed_input_share = "exposed_input_share";
+inline constexpr const char* other_cores_max = "other_cores_max";
 inline constexpr const char* target_accuracy = "target_accuracy";
 inline constexpr const char* target_loss = "target_loss";
 inline constexpr const char* time_to_target_s = "time_to_target_s";
