@@ -428,3 +428,19 @@ TEST_CASE("a run that shares its cores with other work says so", "[telemetry][cl
        read_epochs(read_metrics_csv((t.path / "res" / "oth" / "o-g1").string())))
     CHECK(m.other_cores >= kOtherCoresWarn);
 }
+
+TEST_CASE("a run whose output is no terminal writes a progress line during a long epoch", "[cli]") {
+  TempDir t("progress-lines");
+  const std::string cfg = mlp_config(t, "prog", 1, 8192, "[256, 256]", 1, 64, 100);
+  // Every 10 ms here (30 s by default): the 128 steps take longer than that.
+  const auto r = test::shell("DTRAIN_PROGRESS_S=0.01 " + dtrain_binary() + " run " + cfg +
+                             " --tag p --results " + (t.path / "res").string() + " 2>&1");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Matches(
+                        R"([\s\S]*epoch 1/1: step \d+/128 \(\d+%\), about [0-9.]+s to go[\s\S]*)"));
+  // Without the facility the interval is 30 s: none in so short a run.
+  const auto quiet = dtrain_cli("run " + cfg + " --tag q --results " + (t.path / "res").string());
+  REQUIRE(quiet.code == 0);
+  CHECK_THAT(quiet.out, !Catch::Contains("to go"));
+}

@@ -253,8 +253,32 @@ void RunRecorder::on_start(const RunInfo& info) {
 
 void RunRecorder::on_step(int epoch, int64_t step, int64_t steps) {
   const std::lock_guard<std::recursive_mutex> hold(mu_);
-  if (!stderr_is_terminal()) return;
   const auto now = std::chrono::steady_clock::now();
+  if (!stderr_is_terminal()) {
+    // A long epoch in a log file still shows it is moving, and about when it ends: every 30 s,
+    // or every DTRAIN_PROGRESS_S seconds (a test facility).
+    static const auto kEvery = std::chrono::duration<double>([] {
+      const char* s = std::getenv("DTRAIN_PROGRESS_S");
+      const double v = s ? std::atof(s) : 0.0;
+      return v > 0 ? v : 30.0;
+    }());
+    if (epoch != line_epoch_) {
+      line_epoch_ = epoch;
+      line_step0_ = step;
+      t_epoch_ = t_last_line_ = now;
+    }
+    if (step == steps || step == line_step0_ || now - t_last_line_ < kEvery) return;
+    t_last_line_ = now;
+    const double in_epoch = std::chrono::duration<double>(now - t_epoch_).count();
+    const double left =
+        in_epoch / static_cast<double>(step - line_step0_) * static_cast<double>(steps - step);
+    log().info("  epoch {}/{}: step {}/{} ({:.0f}%), about {} to go", epoch, cfg_.train.epochs,
+               step, steps, 100.0 * static_cast<double>(step) / static_cast<double>(steps),
+               left < 10    ? fmt::format("{:.1f}s", left)
+               : left < 120 ? fmt::format("{:.0f}s", left)
+                            : fmt::format("{:.1f} min", left / 60));
+    return;
+  }
   if (step != steps && now - t_last_progress_ < std::chrono::milliseconds(200)) return;
   t_last_progress_ = now;
   const int width = 30;

@@ -116,6 +116,11 @@ class RunRecorder : public TrainObserver {
   std::string csv_, evals_csv_;
   std::string started_at_;
   std::chrono::steady_clock::time_point t_start_, t_last_progress_;
+  // Output that is no terminal (a log file, a batch job): a progress line every 30 s of an
+  // epoch (the epoch, its first step seen here and when it ended, and the last line's time).
+  int line_epoch_ = 0;
+  int64_t line_step0_ = 0;
+  std::chrono::steady_clock::time_point t_epoch_, t_last_line_;
   std::unique_ptr<RunLogFile> log_file_;
   // Every public method holds it: fail_if_running may come from another thread.
   std::recursive_mutex mu_;
