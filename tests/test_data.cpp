@@ -537,6 +537,11 @@ TEST_CASE("labels are described compactly, and sparse ones are warned about", "[
   d.train.y.push_back(10);
   CHECK(describe_labels(d.train) == "0-9 (6000 to 6001 each), 10 (1) and 200 (1)");
   d.train.y.pop_back();
+  // Labels in many runs (every other one of 0 to 99): the first 8, a count, the last.
+  Dataset gappy;
+  for (int32_t c = 0; c < 100; c += 2) gappy.y.push_back(c);
+  CHECK(describe_labels(gappy) ==
+        "0 (1), 2 (1), 4 (1), 6 (1), 8 (1), 10 (1), 12 (1), 14 (1), 41 more runs and 98 (1)");
   // A label only the test set has, with no gap in the training labels.
   d.train.classes = d.test.classes = 10;
   d.train.y.pop_back(), d.train.y.pop_back();

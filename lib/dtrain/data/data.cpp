@@ -399,6 +399,13 @@ std::string describe_labels(const Dataset& d) {
   if (runs.empty()) return "none";
   const std::string tail = runs.back();
   runs.pop_back();
+  // A line, not a page: the first runs, how many are left out, the last.
+  constexpr size_t kShown = 8;
+  if (runs.size() > kShown) {
+    const size_t more = runs.size() - kShown;
+    runs.resize(kShown);
+    runs.push_back(fmt::format("{} more run{}", more, more == 1 ? "" : "s"));
+  }
   return runs.empty() ? tail : fmt::format("{} and {}", fmt::join(runs, ", "), tail);
 }
 
