@@ -81,6 +81,13 @@ TEST_CASE("a diverged 1-replica run leaves the N-replica run with no baseline", 
     CHECK_FALSE(row.acc_delta_points);
   }
   CHECK_THAT(to_markdown(c), Catch::Contains("No finished run to compare with for: one, many."));
+  // A run still going (or a folder that cannot be read) has no replica count yet: the
+  // finished 1-replica run stays the baseline.
+  auto live = rec("live", 0, 0, 0, "running");
+  const auto going = compare({rec("g1", 1, 100, 0.8), live, rec("g4", 4, 300, 0.8)});
+  CHECK(going.rows[0].baseline == "g1");
+  CHECK(*going.rows[0].speedup == Approx(1.0));
+  CHECK(*going.rows[2].speedup == Approx(3.0));
   // A sweep of 2 and 4 replicas alone: the 2-replica run is the baseline, as ever.
   const auto two = compare({rec("a", 2, 100, 0.8), rec("b", 4, 190, 0.8)});
   CHECK(two.rows[0].baseline == "a");

@@ -290,6 +290,11 @@ TEST_CASE("report --plots draws each run's devices.csv, passing over rows that a
   put(root / "fx" / "g1" / "devices.csv", csv.substr(0, 30));
   const auto cut = dtrain_cli("report " + root.string() + " --plots --out " + out.string());
   CHECK_THAT(cut.out, Catch::Contains("g1/devices.csv: no sample dtrain wrote in it"));
+  // A whole header alone (a run shorter than one sampling period): nothing drawn, nothing said.
+  fs::remove(root / "fx" / "g1" / "devices.csv");
+  put(root / "fx" / "g1" / "devices.csv", csv.substr(0, csv.find('\n') + 1));
+  const auto bare = dtrain_cli("report " + root.string() + " --plots --out " + out.string());
+  CHECK_THAT(bare.out, !Catch::Contains("g1/devices.csv"));
   const std::string svg = slurp(out / "fx-devices-g2.svg");
   // Each process has its own GPU 0: the rank tells them apart.
   CHECK_THAT(svg, Catch::Contains("gpu0 on rank 0") && Catch::Contains("gpu1 on rank 1") &&

@@ -286,8 +286,8 @@ void setup_report(CLI::App& app, ReportOptions& opt) {
   app.add_option("--out", opt.out, "Where to write the report (default: FIRST_PATH/report)")
       ->check(non_empty());
   app.add_option("--baseline", opt.baseline,
-                 "Run id to compare every run of its experiment with (default: the run with the "
-                 "fewest replicas among those sharing the swept settings)")
+                 "Run id to compare every run of its experiment with (default: the finished run "
+                 "with the fewest replicas among those with the same overrides but gpus)")
       ->check(non_empty("a run id"));
   app.add_flag("--plots", opt.plots, "Also draw PNG and SVG figures (needs gnuplot)");
   app.add_option("--by", opt.by,

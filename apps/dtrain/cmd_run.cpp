@@ -432,6 +432,8 @@ Sweep plan_sweep(const RunOptions& opt) {
     mpi::set_planning_timeout(timeout);
     stall_if_asked(s.multi);
     s.tag = folder_tag(opt.tag, "", s.leader);
+    // Before the data loads: a --results that cannot be a folder is said at once.
+    if (s.leader) ensure_dir(opt.results, "--results");
   } catch (const UserError& e) {
     if (!s.multi) throw;
     refusal = e.what();
@@ -646,7 +648,7 @@ class TagIndex {
   void save() const {
     if (!s_.leader) return;
     for (const auto& exp : earlier_) {
-      ensure_dir((fs::path(results_) / exp.first).string(), "results");
+      ensure_dir((fs::path(results_) / exp.first).string(), "--results");
       const FileLock lock(path(exp.first), kIndexLockWaitS);
       if (!lock.held())
         log().warn(

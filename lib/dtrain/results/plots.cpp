@@ -602,6 +602,8 @@ std::map<std::string, DeviceSeries> read_devices(const std::string& dir, std::st
   std::istringstream in(text);
   std::string line;
   std::getline(in, line);  // the header
+  // Whole: dtrain's first column, and the line ended.
+  const bool header = text.find('\n') != std::string::npos && line.rfind("unix_time_s,", 0) == 0;
   double t0 = std::numeric_limits<double>::quiet_NaN();
   size_t passed_over = 0;
   while (std::getline(in, line)) {
@@ -630,8 +632,9 @@ std::map<std::string, DeviceSeries> read_devices(const std::string& dir, std::st
     s.util.push_back(*util);
     s.mem_mib.push_back(mem && std::isfinite(*mem) ? *mem : std::nan(""));
   }
-  // Said, not drawn silently short (a damaged file).
-  if (why.empty() && out.empty())
+  // Said, not drawn silently short (a damaged file). A whole header alone is a run shorter than
+  // one sampling period: nothing to draw, nothing wrong.
+  if (why.empty() && out.empty() && (passed_over > 0 || !header))
     why = fmt::format("{}: no sample dtrain wrote in it; nothing drawn", path.string());
   else if (why.empty() && passed_over)
     why = fmt::format("{}: {} row(s) not dtrain's passed over", path.string(), passed_over);

@@ -60,7 +60,7 @@ std::string lock_path(const std::string& run_dir) {
 }
 // Opens the lock file of `run_dir` (created if needed, never through a link).
 int open_lock(const std::string& run_dir) {
-  ensure_dir(fs::path(run_dir).parent_path().string(), "results");
+  ensure_dir(fs::path(run_dir).parent_path().string(), "--results");
   const auto path = lock_path(run_dir);
   // O_NONBLOCK: a FIFO planted there opens at once, to be refused, instead of waiting for a
   // writer.
@@ -184,7 +184,7 @@ void repair_status_file(const std::string& dir, const std::string& status) {
 RunRecorder::RunRecorder(std::string dir, std::string run_id, std::string group, const Config& cfg,
                          const std::vector<Override>& overrides)
     : dir_(std::move(dir)), run_id_(std::move(run_id)), group_(std::move(group)), cfg_(cfg) {
-  ensure_dir(fs::path(dir_).parent_path().string(), "results");
+  ensure_dir(fs::path(dir_).parent_path().string(), "--results");
   std::error_code ec;
   if (!fs::create_directory(dir_, ec)) {
     if (ec) throw UserError(fmt::format("{}: cannot create run folder: {}", dir_, ec.message()));

@@ -455,7 +455,7 @@ Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseli
     for (const auto& b : runs) {
       if (fixed) break;
       if (b.group != r.group || b.experiment != r.experiment) continue;
-      fewest = std::min(fewest, b.gpus);
+      if (b.gpus > 0) fewest = std::min(fewest, b.gpus);  // 0: running or unreadable
       if (b.status == "done" && (!base || b.gpus < base->gpus)) base = &b;
     }
     // Where the group's run of fewest replicas did not finish (it failed, diverged or was

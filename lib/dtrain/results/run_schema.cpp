@@ -72,7 +72,7 @@ const std::vector<MetricsColumn>& metrics_columns() {
        "replicas, part of compute_s; 0 without"},
       {"other_cores", &M::other_cores, "{:.2f}", "cores",
        "cores that other work kept busy, on average over the epoch, on the CPUs the run may use "
-       "(rank 0's machine); nan: unknown (an epoch under 0.25 s, ranks on several machines)"},
+       "; nan: unknown (an epoch under 0.25 s, replicas as processes under mpirun or srun)"},
   };
   return cols;
 }

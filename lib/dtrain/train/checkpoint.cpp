@@ -271,6 +271,8 @@ void check_epochs(const Checkpoint& c, const Check& k, double max_samples) {
     // Rates: over a time that may round to 0 (then inf), NaN where not measured.
     for (double v : {m.samples_per_s, m.busbw_gbps})
       if (v < 0) k.finite(v, "a rate of finished epoch", e);  // refused
+    if (!std::isnan(m.other_cores))                           // NaN: not measured
+      k.within(m.other_cores, 0, 1 << 20, "the cores other work kept busy in finished epoch", e);
     k.within(m.train_acc, 0, 1, "the training accuracy of finished epoch", e);
     k.within(m.test_acc, 0, 1, "the test accuracy of finished epoch", e);
     k.whole(static_cast<double>(m.samples), max_samples, "the samples of finished epoch", e);

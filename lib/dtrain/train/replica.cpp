@@ -852,7 +852,8 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
   const EpochTimes& t = tr.times;
   // Each rank's busy time (waiting excluded), on rank 0: stragglers show here; its input
   // threads' images and busy seconds over the epoch; and its process's CPU seconds (one rank a
-  // process: the one that samples its devices), less which the machine ran other work.
+  // process: the one that samples its devices), less which the machine ran other work (known
+  // where every rank is in one process, run_.one_process).
   std::vector<double> mine = {t.data + t.compute + t.optimizer, 0, 0, 0};
   if (train_input_) {
     mine[1] = static_cast<double>(train_input_->decoded() - input_decoded_);
@@ -889,7 +890,7 @@ EpochMetrics Replica::epoch_metrics(int epoch, const EpochTotals& tr,
   m.optimizer_s = t.optimizer;
   m.eval_s = eval_s;
   m.bn_sync_s = bn_sync_s_;
-  if (run_.one_machine) m.other_cores = other_cores(epoch_clocks_, clocks, own_cpu_s);
+  if (run_.one_process) m.other_cores = other_cores(epoch_clocks_, clocks, own_cpu_s);
   if (train_input_ && t.total > input_since_s_) {
     const double span = std::max(1e-9, t.total - input_since_s_);  // since (re)start
     m.input_images_per_s = images / span;

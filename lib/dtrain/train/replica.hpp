@@ -70,7 +70,9 @@ struct RunContext {
   std::shared_ptr<DeviceSampler> devices{};  // this process's devices.csv sampler (null: off)
   int devices_rank = 0;         // the rank of this process that takes its rows each epoch
   bool devices_gather = false;  // ranks in other processes: rows go to rank 0 by a collective
-  bool one_machine = true;      // every rank on rank 0's machine (their CPU time is all there)
+  // Every rank in this process: its CPU time and the CPUs it may use are the run's (other_cores;
+  // processes bound to cores each see their own CPUs alone).
+  bool one_process = true;
   bool replica_threads = true;  // each replica has a thread of its own (not taking turns)
   bool one_thread = false;      // every replica takes its turn on one thread (threads: 1)
 };

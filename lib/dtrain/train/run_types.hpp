@@ -33,11 +33,12 @@ struct EpochMetrics {
   // replicas (part of compute_s; 0 without).
   double bn_sync_s = 0;
   // Cores kept busy by work other than this run's on the CPUs it may use (on rank 0's machine),
-  // on average over the epoch; NaN where unknown (no /proc/stat, an epoch under 0.25 s, ranks on
-  // several machines). Work that takes cores the run needs slows it: its times then say more
-  // about the machine than about the run.
+  // on average over the epoch; NaN where unknown (no /proc/stat, an epoch under 0.25 s, replicas
+  // as processes, which may each be bound to cores of their own). Work that takes cores the run
+  // needs slows it: its times then say more about the machine than about the run.
   double other_cores = std::nan("");
-  // Each rank's busy time (data + compute + optimizer, waiting excluded): stragglers show here.
+  // Each rank's busy time (data + compute + optimizer, waiting for the exchange excluded; with
+  // synchronised BatchNorm its exchanges are in compute, as in compute_s): stragglers show here.
   double rank_busy_min_s = 0, rank_busy_max_s = 0;
   int slowest_rank = 0;
   // The straggler named from every rank's busy time per phase (straggler.hpp; the CPU with more

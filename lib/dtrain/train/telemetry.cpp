@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -85,11 +86,13 @@ double cpu_busy_seconds(const std::string& proc_stat, const std::vector<int>& al
   double ticks = 0;
   bool any = false;
   for (std::string line; std::getline(in, line);) {
+    if (line.size() < 4 || line.compare(0, 3, "cpu") != 0 || !std::isdigit(line[3]))
+      continue;  // the "cpu " total, "intr", "ctxt" and the rest
     int cpu = -1;
     unsigned long long v[8] = {};
     if (std::sscanf(line.c_str(), "cpu%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &v[0],
                     &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) != 9)
-      continue;  // the "cpu " total, "intr", "ctxt" and the rest
+      continue;
     if (std::find(allowed.begin(), allowed.end(), cpu) == allowed.end()) continue;
     ticks += static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);  // not idle, iowait
     any = true;

@@ -487,7 +487,7 @@ TrainResult train_rank(const Config& cfg, const DataSplit& data, Communicator& c
                               resume);
   sh.devices_rank = comm.rank();
   sh.devices_gather = comm.size() > 1;
-  sh.one_machine = mpi::detect().local_size == comm.size();
+  sh.one_process = comm.size() == 1;
   sh.result.info.replica_mode = comm.size() == 1 ? "one replica" : "processes";
   sh.result.info.placement = mpi::placement();
   sh.result.info.blas = blas_description();  // also for a run that fails before its first step
