@@ -201,7 +201,7 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"report /proc --out " + (s.path / "proc-report").string(), "no run folders"},
       // In a sweep, the run the mistake is in is named by its swept values.
       {"validate " + good + " train.per_replica_batch=16,1024",
-       "the sweep's run per_replica_batch1024: train: global batch 1024"},
+       "the sweep's run per_replica_batch1024: " + good + ": train: global batch 1024"},
       {"validate " + good + " optimizer.lr_scaling=cubic", "expected one of none | linear | sqrt"},
       {"run " + good + " backend=cuda", "backend: cuda, but"},
       {"run " + good + " precision=fp16", "expected one of fp32 | tf32 | bf16"},
@@ -213,6 +213,10 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"report " + s.path.string(), "no run folders"},
       {"run " + good + " --results /proc/dtrain-cannot-write",
        "cannot create the --results folder"},
+      // Data keys' errors name the config file first, in every command that loads data.
+      {"run " + good + " data.train_limit=1 --results " + (s.path / "r").string(),
+       good + ": train: global batch"},
+      {"validate " + good + " data.train_limit=1", good + ": train: global batch"},
       {"run " + (s.path / "nope.yaml").string(), "File does not exist"},
       {"run " + good + " --results ''", "give a path, not an empty string"},
       {"export-images " + good + " --out ''", "give a path, not an empty string"},

@@ -508,8 +508,9 @@ TEST_CASE("dtrain validate and run refuse oversized synthetic data in one line",
     INFO(r.out);
     CHECK(r.code == 2);
     CHECK(r.out.find("internal error") == std::string::npos);
-    CHECK(r.out.find("dtrain: error: data.synthetic: 1000000000000 training and 64 test "
-                     "samples") != std::string::npos);
+    CHECK(r.out.find("dtrain: error: " + cfg +
+                     ": data.synthetic: 1000000000000 training and 64 "
+                     "test samples") != std::string::npos);
   }
   const auto r = dtrain_cli("validate " + cfg);
   CHECK(test::count_lines(r.out) == 1);

@@ -19,12 +19,12 @@ void setup_doctor(CLI::App& app, DoctorOptions& opt) {
 
 int run_doctor(const DoctorOptions& opt) {
   const auto runs = plan_runs(opt.config, opt.overrides);
-  DataCache cache;
+  DataCache cache(opt.config);
   size_t findings = 0;
   for (const auto& r : runs) {
     const DataSplit* data = opt.skip_data ? nullptr : &cache.get(r.config);
     // What validate refuses is not a pitfall but an error: the same check, the same message.
-    if (data) check_plan(r.config, *data);
+    if (data) check_config_plan(opt.config, r.config, *data);
     const std::string who =
         runs.size() > 1
             ? fmt::format("gpus={}{}: ", r.config.gpus, r.label.empty() ? "" : " " + r.label)

@@ -532,18 +532,21 @@ void share_decisions_across_ranks(Sweep& s, std::string& refusal) {
 // before it loads its own again.
 class HeldData {
  public:
+  explicit HeldData(std::string config_path) : config_(std::move(config_path)) {}
+  const std::string& config() const { return config_; }
   const DataSplit& get(const Config& c) {
     const std::string key = data_key(c);
     if (!held_ || key_ != key) {
       held_.reset();
       log().info("loading data ({})", to_string(c.data.dataset));
-      held_ = std::make_unique<DataSplit>(load_data(c.data, c.train.seed));
+      held_ = std::make_unique<DataSplit>(load_config_data(config_, c));
       key_ = key;
     }
     return *held_;
   }
 
  private:
+  std::string config_;
   std::unique_ptr<DataSplit> held_;
   std::string key_;
 };
@@ -589,7 +592,7 @@ void check_plans(const Sweep& s, HeldData& data) {
         const DataSplit& d = data.get(s.runs[i].config);
         fingerprints[i] = d.fingerprint;
         try {
-          check_plan(s.runs[i].config, d);
+          check_config_plan(data.config(), s.runs[i].config, d);
         } catch (const UserError& e) {
           rethrow_for_run(s.runs[i], s.runs.size(), e);
         }
@@ -962,7 +965,7 @@ int run_run(const RunOptions& opt) {
   std::string refusal = plan_folders(opt, s);
   share_decisions_across_ranks(s, refusal);
   if (!refusal.empty()) throw UserError(refusal);
-  HeldData data;
+  HeldData data(opt.config);
   check_plans(s, data);
   const TagIndex index(opt.results, s);
   index.save();

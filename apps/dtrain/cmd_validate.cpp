@@ -60,7 +60,7 @@ std::string model_line_without_data(const Config& cfg) {
 
 int run_validate(const ValidateOptions& opt) {
   const auto runs = plan_runs(opt.config, opt.overrides);
-  DataCache cache;
+  DataCache cache(opt.config);
   std::string description, warned;
   for (const auto& r : runs) {
     // The model's parameter count, from the data's input shape or the config's.
@@ -68,7 +68,7 @@ int run_validate(const ValidateOptions& opt) {
     if (!opt.skip_data) {
       const DataSplit& data = cache.get(r.config);
       try {
-        check_plan(r.config, data);
+        check_config_plan(opt.config, r.config, data);
       } catch (const UserError& e) {
         rethrow_for_run(r, runs.size(), e);
       }

@@ -9,6 +9,7 @@
 #include "dtrain/base/files.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/config/schema.hpp"
+#include "dtrain/train/trainer.hpp"  // check_plan
 
 namespace dtrain::cli {
 
@@ -70,10 +71,39 @@ std::string folder_tag(const std::string& given, const std::string& fallback, bo
   return tag;
 }
 
+namespace {
+
+// "data.path: ...", "train: global batch ...": about keys of the file the user wrote, which the
+// line names first.
+[[noreturn]] void rethrow_naming_config(const std::string& config_path, const UserError& e) {
+  const std::string what = e.what();
+  if (what.rfind("data.", 0) == 0 || what.rfind("data:", 0) == 0 || what.rfind("train:", 0) == 0)
+    throw UserError(fmt::format("{}: {}", config_path, what));
+  throw;  // called inside the handler: the exception as it was
+}
+
+}  // namespace
+
+DataSplit load_config_data(const std::string& config_path, const Config& c) {
+  try {
+    return load_data(c.data, c.train.seed);
+  } catch (const UserError& e) {
+    rethrow_naming_config(config_path, e);
+  }
+}
+
+void check_config_plan(const std::string& config_path, const Config& c, const DataSplit& d) {
+  try {
+    check_plan(c, d);
+  } catch (const UserError& e) {
+    rethrow_naming_config(config_path, e);
+  }
+}
+
 const DataSplit& DataCache::get(const Config& c) {
   const std::string key = data_identity(c.data, c.train.seed);
   if (key != key_) {
-    data_ = load_data(c.data, c.train.seed);
+    data_ = load_config_data(config_, c);
     key_ = key;
   }
   return data_;
