@@ -38,11 +38,19 @@ double cpu_seconds(clockid_t id) {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-int usable_cores() {
+// The CPUs this process may run on.
+std::vector<int> allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+int usable_cores() {
+  return std::max(1, static_cast<int>(allowed_cpus().size()));
 }
 
 DeviceRow blank_row(double now, int epoch, int rank, DeviceKind kind, int index) {
@@ -64,17 +72,6 @@ std::vector<std::string> pci_bus_ids() {
     ids[static_cast<size_t>(g.index)] = g.pci_bus_id;
   }
   return ids;
-}
-
-// The CPUs this process may run on.
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  return cpus;
 }
 
 }  // namespace
