@@ -277,8 +277,9 @@ stage_bench() {
 }
 
 # Where a step's GPU time goes: ncu's per-kernel times of the CNN at batch 1024 and 128 (graphs
-# off, so that each kernel is one launch; 300 launches after the first 400, a few steady steps),
-# and of PyTorch's eager CNN at 1024 beside it, each ranked by scripts/bench/ncu_kernel_sums.py.
+# off, so that each kernel is one launch; 300 launches after the first 400, a few steady steps)
+# and of ResNet-18 in bf16, and of PyTorch's eager CNN at 1024 and ResNet-18 beside them, each
+# ranked by scripts/bench/ncu_kernel_sums.py.
 stage_profile() {
   if [ "$rehearsal" = 1 ]; then echo "gpu-check: rehearsal: the profile needs a GPU"; return $skipped; fi
   need_data || return 2
@@ -295,11 +296,26 @@ stage_profile() {
       > "$sdir/ncu-cnn$batch.txt" 2>&1 || rc=1
     python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-cnn$batch.txt" || rc=1
   done
+  # ResNet-18 in bf16 on synthetic CIFAR-sized images, its kernels summed by family too (casts
+  # and layout transposes were 43% of its kernel time on 2026-11-29).
+  "$ncu" "${prof[@]}" --launch-skip 2000 --launch-count 600 "$b/apps/dtrain" run \
+    configs/cifar10-resnet18.yaml backend=cuda precision=bf16 train.cuda_graph=false \
+    train.epochs=1 optimizer.warmup_epochs=0 data.dataset=synthetic 'data.synthetic.shape=[3,32,32]' \
+    data.synthetic.train_size=8192 data.synthetic.test_size=256 data.augment.flip=false \
+    data.augment.crop_padding=0 --results "$sdir/runs" --tag resnet18 --quiet \
+    > "$sdir/ncu-resnet18.txt" 2>&1 || rc=1
+  python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-resnet18.txt" --families || rc=1
   if python3 -c 'import torch' 2>/dev/null; then
     "$ncu" "${prof[@]}" --launch-skip 3000 --launch-count 400 python3 scripts/bench/torch_mlp.py \
       --device=cuda --model=cnn --batch=1024 --epochs=2 --scaling=sqrt --threads=1 \
       "--data=$data" --mode=eager > "$sdir/ncu-torch-cnn1024.txt" 2>&1 || rc=1
     python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-torch-cnn1024.txt" || rc=1
+    "$ncu" "${prof[@]}" --launch-skip 3000 --launch-count 600 python3 scripts/bench/torch_mlp.py \
+      --device=cuda --model=resnet --depth=18 --widths=64,128,256,512 --synthetic=3,32,32 \
+      --train-size=8192 --test-size=256 --batch=128 --epochs=1 --lr=0.1 --base-batch=128 \
+      --warmup=0 --threads=1 --mode=eager --precision=bf16 --channels-last \
+      > "$sdir/ncu-torch-resnet18.txt" 2>&1 || rc=1
+    python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-torch-resnet18.txt" --families || rc=1
   fi
   return $rc
 }
@@ -405,6 +421,10 @@ sanitize_with() {
   local names finished
   # Few steps: every kernel launch under the sanitizer costs milliseconds.
   local short=(train.epochs=1 optimizer.warmup_epochs=0 data.train_limit=512 data.test_limit=128)
+  # racecheck tracks every shared-memory access: on an H200 with all three tools at once, the
+  # CNN's 8 steps took 89 s under it (2026-11-29), so it gets half the steps.
+  [ "$tool" = racecheck ] &&
+    short=(train.epochs=1 optimizer.warmup_epochs=0 data.train_limit=256 data.test_limit=64)
   opts=(--tool "$tool" --error-exitcode 99)
   pass='ERROR SUMMARY: 0 errors'
   [ "$tool" = memcheck ] && opts+=(--report-api-errors no)
