@@ -195,6 +195,15 @@ TEST_CASE("synchronised BatchNorm's exchanges are traced inside forward and back
       CHECK(inside);
     }
   }
+  // One replica has nothing to exchange: no round trip through the host, so no span.
+  const auto one = dtrain_cli("run " + cfg.string() + " gpus=1 train.trace.from_step=2 " +
+                              "train.trace.steps=2 --quiet --tag t --results " + res);
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  const auto spans1 = read_trace(fs::path(res) / "bn" / "t-g1" / "trace.json", 1, 2, 2);
+  REQUIRE(spans1.count(0) == 1);
+  CHECK(count(spans1.at(0), "bn sync") == 0);
+  CHECK(count(spans1.at(0), "forward") == 2);
 }
 
 TEST_CASE("a run resumed after its trace window keeps the trace it wrote", "[trace]") {

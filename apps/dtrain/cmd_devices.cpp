@@ -80,10 +80,17 @@ int run_devices(const DevicesOptions& opt) {
     fmt::print("no GPU: {}; backend: auto runs on the CPU\n", s.none_reason);
     return 0;
   }
-  for (const auto& g : s.gpus)
+  for (size_t i = 0; i < s.gpus.size(); ++i) {
+    const auto& g = s.gpus[i];
     fmt::print("gpu {}: {}, {:.1f} GiB, compute capability {}.{}, {} SMs\n", g.index, g.name,
                static_cast<double>(g.memory_bytes) / (1024.0 * 1024 * 1024), g.cc_major, g.cc_minor,
                g.sm_count);
+    if (i < floors.size())
+      fmt::print(
+          "  measured: launch latency {:.2f} us, cuBLAS SGEMM {:.1f} TFLOP/s fp32, {:.1f} "
+          "TFLOP/s tf32\n",
+          floors[i].launch_us, floors[i].sgemm_fp32_tflops, floors[i].sgemm_tf32_tflops);
+  }
   return 0;
 }
 

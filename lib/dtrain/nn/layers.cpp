@@ -180,7 +180,7 @@ void BatchNorm::forward_impl(Device& d, const float* x, float* y, int64_t rows) 
   }
   d.channel_moments(x, rows, c, s, block_, moments_.data());
   count_ = static_cast<double>(rows * s);
-  if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, moments_, &count_);
+  if (synced_over_replicas()) all_reduce_over_replicas(d, moments_, &count_);
   if (count_ <= 0) return;  // nothing anywhere: leave the running statistics alone
   d.bn_prepare(moments_.data(), count_, eps_, momentum_, running_.data(), stats_.data(), c);
   if (!tail_) d.bn_apply(x, stats_.data(), gamma_, beta_, rows, c, s, block_, y, relu_);
@@ -214,10 +214,16 @@ void BatchNorm::backward_impl(Device& d, const float* x, const float* y, const f
     d.bn_backward_sums(x, dy, stats_.data(), gamma_, rows, c, s, block_, sums_.data(), dgamma_,
                        dbeta_);
   }
-  if (sync_ && ctx_ && ctx_->comm) all_reduce_over_replicas(d, sums_, nullptr);
+  if (synced_over_replicas()) all_reduce_over_replicas(d, sums_, nullptr);
   if (dx && count_ > 0)
     d.bn_backward_dx(x, dy, stats_.data(), gamma_, sums_.data(), count_, rows, c, s, block_,
                      dx);
+}
+
+// One replica has nothing to exchange: its sums are already the whole batch's, so it skips the
+// host round trip (bit for bit the same: a sum over one replica is that replica's own).
+bool BatchNorm::synced_over_replicas() const {
+  return sync_ && ctx_ && ctx_->comm && ctx_->comm->size() > 1;
 }
 
 // SyncBatchNorm's exchange: the 2c sums (and the element count) summed over replicas. The sums

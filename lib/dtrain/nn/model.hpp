@@ -290,6 +290,7 @@ class BatchNorm final : public Layer {
   bool sync_;
   double momentum_, eps_;
   float *gamma_ = nullptr, *beta_ = nullptr, *dgamma_ = nullptr, *dbeta_ = nullptr;
+  bool synced_over_replicas() const;
   void all_reduce_over_replicas(Device& d, Buffer<double>& v, double* count);
   // Device buffers: running [mean, var]; stats [mean, inv_std] of the last forward; the
   // per-channel double sums of forward (moments) and backward (sums).

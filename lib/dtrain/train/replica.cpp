@@ -228,7 +228,8 @@ void Replica::enable_graphs() {
   if (run_.place.backend != Backend::cuda) return;
   graph_state_ =
       cuda_graph_state(cfg_.train.cuda_graph, run_.nccl != nullptr, run_.gpus_in_process,
-                       cfg_.model.batchnorm == BatchNormMode::sync && model_->has_batchnorm());
+                       cfg_.model.batchnorm == BatchNormMode::sync && model_->has_batchnorm() &&
+                           comm_.size() > 1);  // one replica has nothing to exchange
   if (train_.files && graph_state_ == "on")  // a graph replays a fixed copy, not a new batch
     graph_state_ = "off: images from files are copied to the GPU from the host each step";
   // What a step stages (CudaDevice's per-step values): per micro-step its batch indices, the

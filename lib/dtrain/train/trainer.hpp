@@ -69,7 +69,8 @@ double state_bytes(const OptimizerConfig& o, int64_t params);
 
 // "on", or "off: <why>": whether a CUDA run captures its steps in graphs. `nccl`: gradients go
 // through NCCL (not the host); `gpus_in_process`: GPUs this process drives (one per rank
-// in-process, 1 under a launcher).
+// in-process, 1 under a launcher); `sync_batchnorm`: BatchNorm synchronised over more than one
+// replica, which exchanges through the host inside the step.
 std::string cuda_graph_state(bool requested, bool nccl, int gpus_in_process, bool sync_batchnorm);
 
 // Whether a step is captured must be the same on every rank (NCCL's rule for captured
