@@ -492,7 +492,11 @@ TEST_CASE("CUDA bf16 GEMMs and convolutions match the bf16 CPU twin", "[cuda][bf
         d.gemm(ta, tb, m, n, k, 0.7f, mr.in(A), ta ? m : k, mr.in(B), tb ? k : n, 0.3f, c, n);
         return Outs{mr.out(c, C0.size())};
       }, Precision::bf16);
-  for (const ConvGeom& g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{8, 14, 14, 16, 3, 1, 1}})
+  // cuDNN works on NHWC copies here: tiles of 32 channels and positions with ragged edges (40
+  // channels of 20 x 20, 36 out), a strided 1x1 projection, RGB's 3 channels.
+  for (const ConvGeom& g : {ConvGeom{1, 28, 28, 8, 3, 1, 1}, ConvGeom{8, 14, 14, 16, 3, 1, 1},
+                            ConvGeom{40, 20, 20, 36, 3, 2, 1}, ConvGeom{16, 9, 9, 33, 1, 2, 0},
+                            ConvGeom{3, 32, 32, 64, 3, 1, 1}})
     conv_twin("conv bf16", 1e-2, g, 4, rng, Precision::bf16);
 }
 

@@ -356,6 +356,19 @@ void CudaDevice::from_bf16(const Bf16* src, float* dst, size_t n, bool accumulat
   launch([&](cudaStream_t s) { kernels::from_bf16(src, dst, n, accumulate, s); });
 }
 
+const kernels::Bf16* CudaDevice::to_bf16_nhwc(const float* src, int64_t n, int64_t c, int64_t hw,
+                                              Buffer<Bf16>& buf) {
+  const auto need = static_cast<size_t>(n * c * hw);
+  if (buf.size() < need) buf.resize(*this, need);
+  launch([&](cudaStream_t s) { kernels::to_bf16_nhwc(src, n, c, hw, buf.data(), s); });
+  return buf.data();
+}
+
+void CudaDevice::from_bf16_nhwc(const Bf16* src, int64_t n, int64_t c, int64_t hw, float* dst,
+                                bool accumulate) {
+  launch([&](cudaStream_t s) { kernels::from_bf16_nhwc(src, n, c, hw, dst, accumulate, s); });
+}
+
 // ---- dtrain's kernels ----
 
 void CudaDevice::add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {

@@ -64,8 +64,9 @@ const Perf& pick(const Perf* perf, int count, const char* what, const ConvGeom& 
   return perf[i];
 }
 
-// The descriptors of a plan: NCHW tensors in the compute type (fp32, or bf16: cuDNN's bfloat16
-// configuration, bf16 tensors with fp32 accumulation), y also as fp32 and the bias.
+// The descriptors of a plan: tensors in the compute type, fp32 in NCHW or bf16 in NHWC (cuDNN's
+// bfloat16 configuration, fp32 accumulation; its Hopper engines work in NHWC, and would
+// transpose NCHW operands themselves), y also as fp32 NCHW, and the bias.
 void set_descriptors(ConvPlan& p, const ConvGeom& g, int64_t n, bool tf32, bool bf16, int rank) {
   // cuDNN takes int sizes and describes tensors of at most INT_MAX values: checked, not
   // truncated.
@@ -80,18 +81,15 @@ void set_descriptors(ConvPlan& p, const ConvGeom& g, int64_t n, bool tf32, bool 
   DT_CUDNN(cudnnCreateFilterDescriptor(&p.w), rank);
   DT_CUDNN(cudnnCreateConvolutionDescriptor(&p.conv), rank);
   const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-  DT_CUDNN(cudnnSetTensor4dDescriptor(p.x, CUDNN_TENSOR_NCHW, dt, i(n), i(g.c), i(g.h), i(g.w)),
-           rank);
-  DT_CUDNN(
-      cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, i(n), i(g.oc), i(g.ho()), i(g.wo())),
-      rank);
+  const cudnnTensorFormat_t layout = bf16 ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  DT_CUDNN(cudnnSetTensor4dDescriptor(p.x, layout, dt, i(n), i(g.c), i(g.h), i(g.w)), rank);
+  DT_CUDNN(cudnnSetTensor4dDescriptor(p.y, layout, dt, i(n), i(g.oc), i(g.ho()), i(g.wo())), rank);
   DT_CUDNN(cudnnSetTensor4dDescriptor(p.yf, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(n), i(g.oc),
                                       i(g.ho()), i(g.wo())),
            rank);
   DT_CUDNN(cudnnSetTensor4dDescriptor(p.b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i(g.oc), 1, 1),
            rank);
-  DT_CUDNN(cudnnSetFilter4dDescriptor(p.w, dt, CUDNN_TENSOR_NCHW, i(g.oc), i(g.c), i(g.k), i(g.k)),
-           rank);
+  DT_CUDNN(cudnnSetFilter4dDescriptor(p.w, dt, layout, i(g.oc), i(g.c), i(g.k), i(g.k)), rank);
   // Cross-correlation, as every framework (and the CPU twin) computes.
   DT_CUDNN(cudnnSetConvolution2dDescriptor(p.conv, i(g.pad), i(g.pad), i(g.stride), i(g.stride), 1,
                                            1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
@@ -201,16 +199,15 @@ void CudaDevice::conv_forward(const ConvGeom& g, int64_t n, const float* x, cons
     ConvPlan& p = plan(g, n, false);
     const float one = 1.f, zero = 0.f;
     launches_ += b ? 2 : 1;
-    if (bf16_) {  // bf16 in, bf16 out (fp32 accumulation), then fp32 plus the bias
-      const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k;
+    if (bf16_) {  // bf16 NHWC in and out (fp32 accumulation), then fp32 NCHW plus the bias
       const auto out = static_cast<size_t>(n * g.oc * g.ho() * g.wo());
-      const Bf16* x16 = to_bf16(x, 1, in, in, x16_);
-      const Bf16* w16 = to_bf16(w, 1, nw, nw, w16_);
+      const Bf16* x16 = to_bf16_nhwc(x, n, g.c, g.h * g.w, x16_);
+      const Bf16* w16 = to_bf16_nhwc(w, g.oc, g.c, g.k * g.k, w16_);
       if (y16_.size() < out) y16_.resize(*this, out);
       DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x16, p.w, w16, p.conv, p.fwd, workspace_,
                                        p.workspace, &zero, p.y, y16_.data()),
                rank_);
-      from_bf16(y16_.data(), y, out, false);
+      from_bf16_nhwc(y16_.data(), n, g.oc, g.ho() * g.wo(), y, false);
     } else {
       DT_CUDNN(cudnnConvolutionForward(dnn_, &one, p.x, x, p.w, w, p.conv, p.fwd, workspace_,
                                        p.workspace, &zero, p.y, y),
@@ -241,28 +238,29 @@ void CudaDevice::conv_backward(const ConvGeom& g, int64_t n, const float* x, con
   });
 }
 
-// bf16 operands; dx and dw come out in bf16; db sums the fp32 dy.
+// bf16 NHWC operands; dx and dw come out in bf16 NHWC and go back to fp32 NCHW (dw added);
+// db sums the fp32 dy.
 void CudaDevice::conv_backward_bf16(const ConvPlan& p, const ConvGeom& g, int64_t n, const float* x,
                                     const float* w, const float* dy, float* dw, float* db,
                                     float* dx) {
   const float one = 1.f, zero = 0.f;
-  const int64_t in = n * g.c * g.h * g.w, nw = g.oc * g.c * g.k * g.k;
-  const int64_t out = n * g.oc * g.ho() * g.wo();
-  const Bf16* dy16 = to_bf16(dy, 1, out, out, dy16_);
-  const Bf16* w16 = to_bf16(w, 1, nw, nw, w16_);
+  const auto in = static_cast<size_t>(n * g.c * g.h * g.w);
+  const auto nw = static_cast<size_t>(g.oc * g.c * g.k * g.k);
+  const Bf16* dy16 = to_bf16_nhwc(dy, n, g.oc, g.ho() * g.wo(), dy16_);
+  const Bf16* w16 = to_bf16_nhwc(w, g.oc, g.c, g.k * g.k, w16_);
   if (dx) {
-    if (y16_.size() < static_cast<size_t>(in)) y16_.resize(*this, static_cast<size_t>(in));
+    if (y16_.size() < in) y16_.resize(*this, in);
     DT_CUDNN(cudnnConvolutionBackwardData(dnn_, &one, p.w, w16, p.y, dy16, p.conv, p.bwd_data,
                                           workspace_, p.workspace, &zero, p.x, y16_.data()),
              rank_);
-    from_bf16(y16_.data(), dx, static_cast<size_t>(in), false);
+    from_bf16_nhwc(y16_.data(), n, g.c, g.h * g.w, dx, false);
   }
-  const Bf16* x16 = to_bf16(x, 1, in, in, x16_);
-  if (dw16_.size() < static_cast<size_t>(nw)) dw16_.resize(*this, static_cast<size_t>(nw));
+  const Bf16* x16 = to_bf16_nhwc(x, n, g.c, g.h * g.w, x16_);
+  if (dw16_.size() < nw) dw16_.resize(*this, nw);
   DT_CUDNN(cudnnConvolutionBackwardFilter(dnn_, &one, p.x, x16, p.y, dy16, p.conv, p.bwd_filter,
                                           workspace_, p.workspace, &zero, p.w, dw16_.data()),
            rank_);
-  from_bf16(dw16_.data(), dw, static_cast<size_t>(nw), true);
+  from_bf16_nhwc(dw16_.data(), g.oc, g.c, g.k * g.k, dw, true);
   if (db) conv_bias_grad(g, n, dy, db);
 }
 
