@@ -591,3 +591,16 @@ TEST_CASE("a residual block's BatchNorm tail gives the bits of BatchNorm, sum an
       CHECK(largest > 1e-4);
     }
 }
+
+TEST_CASE("a model has the device prepare every convolution, nested blocks' too",
+          "[model][residual]") {
+  auto d = make_cpu_device({1, CpuConv::im2col});
+  const ModelConfig cfg =
+      parse_config("model: {type: resnet, depth: 8, widths: [16, 32, 64]}", "r.yaml").model;
+  auto m = build_model(*d, cfg, {3, 16, 16}, 10);
+  // ResNet-8: the stem's, two in each of the three blocks, and two projection shortcuts'.
+  CHECK(m->plan_convs(8, true) == 9);
+  CHECK(m->plan_convs(32, false) == 9);
+  const ModelConfig mlp = parse_config("model: {type: mlp, hidden: [32]}", "m.yaml").model;
+  CHECK(build_model(*d, mlp, {1, 28, 28}, 10)->plan_convs(8, true) == 0);
+}

@@ -22,6 +22,8 @@ one() {  # tag, env assignments..., -- overrides...
   echo "## $tag (${envs[*]:-default env} $*): $((SECONDS - t0)) s in all"
   awk -F, 'NR > 1 { printf "  epoch %s: %.3f s (compute %.3f, optimizer %.3f, eval %.3f)\n",
                      $1, $8, $12, $14, $15 }' "$out/runs/fmnist-cnn/$tag-g1/metrics.csv"
+  # The convolutions' cuDNN plans, made before the first epoch (its log line).
+  grep -ho "cuDNN planned.*" "$out/runs/fmnist-cnn/$tag-g1/log" | sed 's/^/  /'
 }
 one fp32 -- precision=fp32
 one bf16 -- precision=bf16

@@ -174,6 +174,10 @@ class Device {
   // reorders to and from NCHW around each of them cost over a quarter of their time; a device
   // without such a preference keeps NCHW.
   virtual int64_t conv_out_block(const ConvGeom& /*g*/) { return 0; }
+  // Prepares convolution g of n samples ahead of its first call, forward only or for backward
+  // too (CUDA: cuDNN's plan and algorithms, whose queries in bf16 compile engines for seconds),
+  // so that the first epoch's time is the training's own. Nothing to prepare on the CPU.
+  virtual void plan_conv(const ConvGeom& /*g*/, int64_t /*n*/, bool /*backward*/) {}
   // y = n samples of c channels at `spatial` positions, from channel blocks of `from` to
   // blocks of `to` (0: NCHW; MapLayout). x and y do not overlap.
   virtual void convert_layout(const float* x, int64_t n, int64_t c, int64_t spatial,

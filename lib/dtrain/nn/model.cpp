@@ -220,6 +220,12 @@ std::vector<float> initial_params(const std::vector<std::unique_ptr<Layer>>& lay
   return host;
 }
 
+int Model::plan_convs(int64_t rows, bool backward) {
+  int n = 0;
+  for (auto& l : layers_) n += l->plan_convs(dev_, rows, backward);
+  return n;
+}
+
 void Model::init(uint64_t seed) {
   const std::vector<float> host = initial_params(layers_, seed);
   dev_.upload(params(), host.data(), host.size() * sizeof(float));

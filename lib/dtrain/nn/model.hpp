@@ -56,6 +56,9 @@ class Layer {
   virtual void init(Rng& /*rng*/, float* /*params*/) const {}
   // Allocates the layer's device buffers (called once by Model).
   virtual void setup(Device& /*d*/) {}
+  // Has the device prepare the layer's convolutions for `rows` samples (Device::plan_conv);
+  // returns how many there are.
+  virtual int plan_convs(Device& /*d*/, int64_t /*rows*/, bool /*backward*/) { return 0; }
   // Appends the non-trained state that evaluation uses (BatchNorm running statistics, in device
   // memory) to `out`: a block appends its layers', in order. Checkpoints save this list.
   virtual void collect_state(std::vector<Buffer<float>*>& /*out*/) {}
@@ -185,6 +188,10 @@ class Conv2d final : public Layer {
     out.push_back({offset, oc_ * in_.c * k_ * k_});
   }
   ConvGeom geom() const;
+  int plan_convs(Device& d, int64_t rows, bool backward) override {
+    d.plan_conv(geom(), rows, backward);
+    return 1;
+  }
 
  protected:
   // Any input layout; the output in the device's preferred one (Device::conv_out_block).
@@ -337,6 +344,7 @@ class Residual final : public Layer {
   void bind(float* params, float* grads) override;
   void init(Rng& rng, float* params) const override;
   void setup(Device& d) override;
+  int plan_convs(Device& d, int64_t rows, bool backward) override;
   void collect_state(std::vector<Buffer<float>*>& out) override;
   void attach(const LayerContext* ctx) override;
   int64_t activation_floats() const override;
@@ -411,6 +419,10 @@ class Model {
   // Whether any layer keeps running statistics (BatchNorm), blocks' layers included.
   bool has_batchnorm() const { return !state_.empty(); }
 
+  // Has the device prepare every convolution for `rows` samples, forward only or for backward
+  // too (Device::plan_conv): before the first epoch, so that it does not pay for it. Returns
+  // how many convolutions the model has.
+  int plan_convs(int64_t rows, bool backward);
   // Initialises all parameters from `seed` (same values on every replica).
   void init(uint64_t seed);
   void zero_grads();

@@ -114,6 +114,13 @@ void Residual::setup(Device& d) {
     for (auto& l : *list) l->setup(d);
 }
 
+int Residual::plan_convs(Device& d, int64_t rows, bool backward) {
+  int n = 0;
+  for (auto* list : {&body_, &shortcut_})
+    for (auto& l : *list) n += l->plan_convs(d, rows, backward);
+  return n;
+}
+
 std::optional<MapLayout> Residual::layout_for(Device& d, MapLayout in) {
   out_layout_ = plan_layouts(d, body_, in);
   shortcut_layout_ = plan_layouts(d, shortcut_, in);

@@ -158,6 +158,7 @@ class Replica {
   void make_model();
   void make_exchange(size_t n_params);
   void enable_graphs();
+  void plan_convolutions(int64_t micro_rows);  // cuDNN plans before the first epoch
   void read_fault_injection();
   void report_start();
   void check_fault();

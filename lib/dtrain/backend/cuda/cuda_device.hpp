@@ -85,6 +85,7 @@ class CudaDevice final : public Device, public DeviceQueue {
                     float* y) override;
   void conv_backward(const ConvGeom& g, int64_t n, const float* x, const float* w, const float* dy,
                      float* dw, float* db, float* dx) override;
+  void plan_conv(const ConvGeom& g, int64_t n, bool backward) override;
   void maxpool_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k,
                        int64_t stride, int64_t pad, float* y, int32_t* argmax) override;
   void maxpool_backward(const float* dy, const int32_t* argmax, int64_t n, int64_t c, int64_t h,

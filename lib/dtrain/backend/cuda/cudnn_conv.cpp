@@ -190,6 +190,12 @@ void CudaDevice::grow_workspace(size_t bytes) {
   workspace_bytes_ = bytes;
 }
 
+void CudaDevice::plan_conv(const ConvGeom& g, int64_t n, bool backward) {
+  nchw_only(g.in_block);
+  nchw_only(g.out_block);
+  if (n > 0) enqueue([&] { plan(g, n, backward); });
+}
+
 void CudaDevice::conv_forward(const ConvGeom& g, int64_t n, const float* x, const float* w,
                               const float* b, float* y) {
   nchw_only(g.in_block);
