@@ -388,7 +388,7 @@ stage_runs() {
 
 # compute-sanitizer's memcheck, racecheck and synccheck (DTRAIN_SANITIZER_TOOLS picks some) on
 # short runs: the MLP and the CNN with CUDA graphs on and off, the CNN in bf16, accumulation with
-# a checkpoint every few steps, and two colocated replicas (a copy of the weights each; one
+# a checkpoint every step, and two colocated replicas (a copy of the weights each; one
 # shared copy; shared with synchronised BatchNorm), ResNet-8 in fp32 and bf16, and a small GPT.
 # The three tools run at the same time, each through two halves of its runs at once (the
 # sanitizer's cost is on the host; the GPU has room for all). A run passes on exit 0 with
@@ -400,7 +400,7 @@ stage_runs() {
 sanitizer_runs=(
   "configs/quickstart.yaml|gpus=1 train.cuda_graph=true|mlp-graph"
   "configs/quickstart.yaml|gpus=1 train.cuda_graph=false|mlp-eager"
-  "configs/quickstart.yaml|gpus=1 train.accumulation_steps=2 train.checkpoint_steps=3|mlp-accum-ckpt"
+  "configs/quickstart.yaml|gpus=1 train.accumulation_steps=2 train.checkpoint_steps=1|mlp-accum-ckpt"
   "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=true|cnn-graph"
   "configs/fmnist-cnn.yaml|gpus=1 train.cuda_graph=false|cnn-eager"
   "configs/fmnist-cnn.yaml|gpus=1 precision=bf16|cnn-bf16"

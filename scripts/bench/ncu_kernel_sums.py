@@ -22,6 +22,7 @@ KERNEL = re.compile(
 # What a kernel does, from its name: dtrain's kernels (dtrain::), PyTorch's (at::), and those of
 # cuBLAS and cuDNN. First match wins; the order matters ("bfloat16_copy" is a cast, not a copy).
 FAMILIES = [
+    ("casts fused with transposes", r"k_transposed_cast"),
     ("precision casts", r"k_to_bf16|k_from_bf16|bfloat16_copy_kernel"),
     ("layout transposes", r"nchwToNhwc|nhwcToNchw|nhwcAddPadding|k_transpose"),
     ("convolutions and matrix products",

@@ -352,10 +352,6 @@ const kernels::Bf16* CudaDevice::to_bf16(const float* src, int64_t rows, int64_t
   return buf.data();
 }
 
-void CudaDevice::from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate) {
-  launch([&](cudaStream_t s) { kernels::from_bf16(src, dst, n, accumulate, s); });
-}
-
 const kernels::Bf16* CudaDevice::to_bf16_nhwc(const float* src, int64_t n, int64_t c, int64_t hw,
                                               Buffer<Bf16>& buf) {
   const auto need = static_cast<size_t>(n * c * hw);

@@ -172,7 +172,6 @@ class CudaDevice final : public Device, public DeviceQueue {
   void no_fence_in_graph() const;
   // The stored rows x cols matrix (leading dimension ld) as bfloat16 in `buf`.
   const Bf16* to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, Buffer<Bf16>& buf);
-  void from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate);
   // n NCHW planes of c x hw values as NHWC bfloat16 in `buf` (cuDNN's bf16 layout), and back.
   const Bf16* to_bf16_nhwc(const float* src, int64_t n, int64_t c, int64_t hw, Buffer<Bf16>& buf);
   void from_bf16_nhwc(const Bf16* src, int64_t n, int64_t c, int64_t hw, float* dst,

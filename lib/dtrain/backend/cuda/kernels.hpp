@@ -160,8 +160,6 @@ void adam(float* p, const float* g, float* m, float* v, size_t n, Param<math::Ad
 // The stored rows x cols matrix (leading dimension ld) to bfloat16, rounding to nearest even
 // like round_bf16 on the CPU.
 void to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, Bf16* dst, cudaStream_t s);
-// dst (+)= src.
-void from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate, cudaStream_t s);
 // n NCHW planes of c x hw fp32 values to NHWC bfloat16 (hw x c each), for cuDNN's bf16
 // engines; a filter's oc x c x kk to oc x kk x c likewise (n = oc, hw = kk).
 void to_bf16_nhwc(const float* src, int64_t n, int64_t c, int64_t hw, Bf16* dst, cudaStream_t s);

@@ -21,10 +21,6 @@ __global__ void k_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t 
 __global__ void k_to_bf16_flat(const float* src, size_t n, __nv_bfloat16* dst) {
   GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
 }
-__global__ void k_from_bf16(const __nv_bfloat16* src, float* dst, size_t n, bool accumulate) {
-  GRID_STRIDE(i, n)
-  dst[i] = accumulate ? dst[i] + __bfloat162float(src[i]) : __bfloat162float(src[i]);
-}
 
 // Each matrix of a batch transposed as it is cast: NCHW's C x HW planes to NHWC's HW x C for
 // cuDNN's bf16 engines, which work in NHWC, and back; a filter's OC x C x KK to OC x KK x C
@@ -92,11 +88,6 @@ void to_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, Bf16* dst
   }
   k_to_bf16<<<blocks_for(static_cast<size_t>(rows * cols)), kThreads, 0, s>>>(
       src, rows, cols, ld, reinterpret_cast<__nv_bfloat16*>(dst));
-}
-
-void from_bf16(const Bf16* src, float* dst, size_t n, bool accumulate, cudaStream_t s) {
-  k_from_bf16<<<blocks_for(n), kThreads, 0, s>>>(reinterpret_cast<const __nv_bfloat16*>(src), dst,
-                                                 n, accumulate);
 }
 
 void to_bf16_nhwc(const float* src, int64_t n, int64_t c, int64_t hw, Bf16* dst, cudaStream_t s) {
