@@ -185,6 +185,18 @@ optimizer: {lr: 0.05, base_batch: 16}
     CHECK_THAT(w.out, Catch::Contains("all-reduce gave wrong sums"));
   }
 
+  // A one-epoch run's step holds the run's start: said.
+  CHECK(r.out.find("One epoch only") == std::string::npos);
+  REQUIRE(
+      dtrain_cli("run " + cfg + " gpus=1 train.epochs=1 --quiet --tag one --results " + res).code ==
+      0);
+  const auto one = dtrain_cli("project " + (t.path / "res" / "proj" / "one-g1").string() +
+                              " --gpus 1,2 --out " + (t.path / "one").string());
+  INFO(one.out);
+  CHECK(one.code == 0);
+  CHECK_THAT(one.out, Catch::Contains("Measured step at 1 replica (one epoch)") &&
+                          Catch::Contains("One epoch only: its time includes the run's start"));
+
   // A run that did not finish is projected, with its status said.
   CHECK(r.out.find("The run's status is") == std::string::npos);
   auto summary = nlohmann::json::parse(slurp(run / "summary.json"));

@@ -155,9 +155,13 @@ RunInput read_run(const std::string& path) {
   r.subject = "the 1-replica run " + printable(path, true);
   const auto& s = r.in.split;
   r.step_line = fmt::format(
-      "Measured step at 1 replica (medians of {} epochs): data {:.4g} ms + compute {:.4g} ms + "
-      "optimizer {:.4g} ms.",
-      r.epochs, s.data_s * 1e3, s.compute_s * 1e3, s.optimizer_s * 1e3);
+      "Measured step at 1 replica ({}): data {:.4g} ms + compute {:.4g} ms + optimizer {:.4g} ms.",
+      r.epochs == 1 ? "one epoch" : fmt::format("medians of {} epochs", r.epochs), s.data_s * 1e3,
+      s.compute_s * 1e3, s.optimizer_s * 1e3);
+  if (r.epochs == 1)
+    r.step_line +=
+        " One epoch only: its time includes the run's start (memory touched for the first "
+        "time, kernels compiled), which more epochs spread out.";
   // A run that did not finish still timed its epochs; said, since its numbers may not be those
   // of the run the user means (a diverged one computed on infinities and NaNs).
   if (rec.status != "done")
