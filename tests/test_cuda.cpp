@@ -526,19 +526,21 @@ TEST_CASE("CUDA replicas colocated on one GPU equal 1 replica x N*B step by step
     c->colocate = true;
     c->devices = {0};
   }
-  // One replica goes through NCCL with a one-rank communicator; four share the GPU, and their
-  // gradients go through the host (the in-process reduction, the CPU's arithmetic).
+  // One replica goes through NCCL with a one-rank communicator; four share the GPU, each with
+  // a copy of the weights (replicas: threads), and their gradients go through the host (the
+  // in-process reduction, the CPU's arithmetic).
+  four.replicas = ReplicaMode::threads;
   const auto a = test::run_config(one);
   const auto b = test::run_config(four);
   REQUIRE(a.step_losses.size() >= 50);
   CHECK(a.info.devices.find("NCCL") != std::string::npos);
   CHECK(b.info.devices.find("gradients through the host") != std::string::npos);
   CHECK(test::max_rel_step_diff(a, b) < 1e-5);
-  CHECK(b.info.replica_mode == "threads");  // replicas: auto shares weights on the CPU only
-  // One shared copy of the weights, the gradients added on the GPU in rank order: the host
-  // reduction's arithmetic per element, so the same bits.
+  CHECK(b.info.replica_mode == "threads");
+  // One shared copy of the weights (what replicas: auto picks here), the gradients added on the
+  // GPU in rank order: the host reduction's arithmetic per element, so the same bits.
   Config shared = four;
-  shared.replicas = ReplicaMode::shared;
+  shared.replicas = ReplicaMode::auto_;
   const auto s = test::run_config(shared);
   // Both hold four training sets, batches and activations; shared holds one copy of the
   // weights and momentum instead of four (plus two sum buffers).
@@ -858,14 +860,16 @@ TEST_CASE("dtrain devices --measure gives plausible floors", "[cuda][floors]") {
 
 // ---- timing of a host exchange on a GPU ----
 
-// Colocated replicas exchange through the host: the device waits for the host then, and the
-// host clocks measure that exchange (the device events alone would file it under compute).
+// Colocated replicas with a copy of the weights each exchange through the host: the device
+// waits for the host then, and the host clocks measure that exchange (the device events alone
+// would file it under compute).
 TEST_CASE("colocated replicas report their host exchange time, not zero", "[cuda][exchange]") {
   if (!gpu_or_skip()) return;
   Config c = test::synthetic_config(2, 64);
   c.backend = Backend::cuda;
   c.colocate = true;
   c.devices = {0};
+  c.replicas = ReplicaMode::threads;
   c.train.bucket_mb = 0.001;  // several buckets per step
   const auto r = test::run_config(c);
   const auto& m = r.epochs.back();
@@ -923,11 +927,13 @@ TEST_CASE("a failing GPU replica ends the run with its error, without hang or cr
     check_failed_with_fault(d, name, 1, run_faulty(d, name, "gpus: 1\ndevices: [0]\n", fault),
                             fault);
   }
-  for (const std::string fault : {"1:1", "1:20"}) {
-    const std::string name = "coloc-" + fault.substr(0, 1) + "-" + fault.substr(2);
-    check_failed_with_fault(
-        d, name, 2, run_faulty(d, name, "gpus: 2\ncolocate: true\ndevices: [0]\n", fault), fault);
-  }
+  // Colocated replicas, each with a copy of the weights (through the host) and sharing one.
+  for (const std::string mode : {"threads", "shared"})
+    for (const std::string fault : {"1:1", "1:20"}) {
+      const std::string name = "coloc-" + mode + "-" + fault.substr(0, 1) + "-" + fault.substr(2);
+      const std::string yaml = "gpus: 2\ncolocate: true\ndevices: [0]\nreplicas: " + mode + "\n";
+      check_failed_with_fault(d, name, 2, run_faulty(d, name, yaml, fault), fault);
+    }
   if (query_gpus().gpus.size() < 2) {
     WARN("NCCL across two GPUs not tested: this machine has one GPU");
     return;
@@ -1050,7 +1056,8 @@ TEST_CASE("the GPU memory gauge keeps each GPU's live bytes and this run's peak"
   CHECK(g.peaks().empty());  // nothing allocated since: no GPU in this run
 }
 
-TEST_CASE("replicas share weights on a GPU only when asked and all on one GPU", "[gpu-logic]") {
+TEST_CASE("replicas share weights on a GPU when all on one GPU, unless asked not to",
+          "[gpu-logic]") {
   Config c = test::synthetic_config(4, 32);
   Placement cpu, one, two;
   one.backend = two.backend = Backend::cuda;
@@ -1061,13 +1068,16 @@ TEST_CASE("replicas share weights on a GPU only when asked and all on one GPU", 
     c.replicas = m;
     INFO("replicas: " << to_string(m));
     CHECK(shares_weights(c, cpu) == (m != ReplicaMode::threads));
-    CHECK(shares_weights(c, one) == (m == ReplicaMode::shared));  // auto keeps threads on GPUs
+    CHECK(shares_weights(c, one) == (m != ReplicaMode::threads));
     CHECK_FALSE(shares_weights(c, two));  // the sum would cross GPUs
   }
+  for (ReplicaMode m : {ReplicaMode::auto_, ReplicaMode::shared}) {
+    c.replicas = m;
+    one.colocated = false;  // devices: [0, 0] without colocate: NCCL's placement, not shared
+    CHECK_FALSE(shares_weights(c, one));
+    one.colocated = true;
+  }
   c.replicas = ReplicaMode::shared;
-  one.colocated = false;  // devices: [0, 0] without colocate: NCCL's placement, not shared
-  CHECK_FALSE(shares_weights(c, one));
-  one.colocated = true;
   c.gpus = 1;  // one replica has nothing to share
   CHECK_FALSE(shares_weights(c, cpu));
   one.gpu_of_replica = {0};
@@ -1532,14 +1542,15 @@ TEST_CASE("a GPU layer past int sizes is refused at validation", "[cuda][errors]
 TEST_CASE("a GPU run's device track and straggler come from its events", "[cuda][trace]") {
   if (!gpu_or_skip()) return;
   test::TempDir d("gpu-marks");
-  const std::string cfg = d.write(
-      "m.yaml",
-      "name: m\nbackend: cuda\nthreads: 1\ngpus: 2\ncolocate: true\ndevices: [0]\n"
-      "data:\n  dataset: synthetic\n"
-      "  synthetic: {train_size: 4096, test_size: 256, shape: [256], classes: 4}\n"
-      "model: {hidden: [1024, 256]}\n"
-      "train: {epochs: 2, per_replica_batch: 64, target_accuracy: 0, cuda_graph: false,\n"
-      "        trace: {from_step: 3, steps: 4}}\n");
+  const std::string cfg =
+      d.write("m.yaml",
+              "name: m\nbackend: cuda\nthreads: 1\ngpus: 2\ncolocate: true\ndevices: [0]\n"
+              "replicas: threads\n"
+              "data:\n  dataset: synthetic\n"
+              "  synthetic: {train_size: 4096, test_size: 256, shape: [256], classes: 4}\n"
+              "model: {hidden: [1024, 256]}\n"
+              "train: {epochs: 2, per_replica_batch: 64, target_accuracy: 0, cuda_graph: false,\n"
+              "        trace: {from_step: 3, steps: 4}}\n");
   const auto r = test::shell("DTRAIN_SLOW=1:forward:3 " + test::dtrain_binary() + " run " + cfg +
                              " --tag t --results " + (d.path / "res").string() + " 2>&1");
   INFO(r.out);
@@ -1586,6 +1597,7 @@ TEST_CASE("a GPU run with synchronised BatchNorm names the slow pass, not the wa
   const std::string cfg =
       d.write("b.yaml",
               "name: b\nbackend: cuda\nthreads: 1\ngpus: 2\ncolocate: true\ndevices: [0]\n"
+              "replicas: threads\n"
               "data:\n  dataset: synthetic\n"
               "  synthetic: {train_size: 2048, test_size: 128, shape: [3, 32, 32], classes: 10}\n"
               "model: {type: resnet, depth: 8, widths: [16, 32, 64], batchnorm: sync}\n"

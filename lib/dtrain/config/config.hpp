@@ -124,8 +124,8 @@ inline const EnumTable<BatchNormMode>& choices(BatchNormMode) {
 }
 
 // How in-process replicas hold the model: each its own copy (threads), or one copy of the
-// weights and optimizer state for all (shared); auto picks shared for CPU replicas. Replicas
-// colocated on one GPU share only when asked (shares_weights in trainer.hpp).
+// weights and optimizer state for all (shared); auto picks shared for CPU replicas and for
+// replicas colocated on one GPU (shares_weights in trainer.hpp).
 enum class ReplicaMode { auto_, threads, shared };
 inline const EnumTable<ReplicaMode>& choices(ReplicaMode) {
   static const EnumTable<ReplicaMode> names = {{"auto", ReplicaMode::auto_},
