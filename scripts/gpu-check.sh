@@ -332,7 +332,7 @@ gpu_runs=(
   # The GPT reads a corpus every Debian and Ubuntu system has (a bare machine lacks the
   # fortunes package), not Fashion-MNIST.
   "configs/bytes-gpt.yaml|train.epochs=1 data.path=/usr/share/common-licenses data.exclude=[] data.sha256=''|gpt"
-  "configs/bytes-gpt.yaml|colocate=true gpus=1,4 train.epochs=1 data.path=/usr/share/common-licenses data.exclude=[] data.sha256=''|gpt-colocated"
+  "configs/bytes-gpt.yaml|colocate=true gpus=1,4 replicas=shared train.epochs=1 data.path=/usr/share/common-licenses data.exclude=[] data.sha256=''|gpt-colocated"
   # The residual networks: ResNet-20 on a sixth of Fashion-MNIST, fp32 and bf16, and ResNet-50
   # on synthetic 3x224x224 images in bf16 (no files needed).
   "configs/fmnist-resnet.yaml|train.epochs=1 data.train_limit=10000|resnet20"

@@ -1110,6 +1110,8 @@ TEST_CASE("CUDA graph capture is decided by all ranks together", "[gpu-logic][gr
   CHECK(cuda_graph_state(true, true, 1, false) == "on");
   CHECK(cuda_graph_state(false, true, 1, false) == "off: train.cuda_graph is false");
   CHECK(cuda_graph_state(true, false, 1, false) == "off: colocated replicas meet on the host");
+  CHECK(cuda_graph_state(true, false, 1, false, true) ==
+        "off: colocated replicas sharing one copy of the weights are not captured yet");
   CHECK_THAT(cuda_graph_state(true, true, 1, true), Catch::StartsWith("off: batchnorm: sync"));
   // Several GPUs in one process: off (NCCL warns of deadlocks there), and the reason says so.
   CHECK_THAT(cuda_graph_state(true, true, 2, false),
@@ -1244,8 +1246,11 @@ TEST_CASE("GPU sync BatchNorm and accumulation equal one replica at the whole ba
   const auto one = test::run_config(image(1, 32, BatchNormMode::local));
   const auto sync = test::run_config(image(2, 16, BatchNormMode::sync));
   const auto local = test::run_config(image(2, 16, BatchNormMode::local));
+  Config copies = image(2, 16, BatchNormMode::sync);  // a copy each, through the host
+  copies.replicas = ReplicaMode::threads;
   REQUIRE(one.step_losses.size() >= 30);
   CHECK(test::max_rel_step_diff(one, sync) < 1e-5);
+  CHECK(test::run_config(copies).step_losses == sync.step_losses);
   CHECK(test::max_rel_step_diff(one, local) > 1e-4);  // per-replica statistics differ
   Config whole = test::synthetic_config(1, 128), acc = whole;
   for (Config* c : {&whole, &acc}) c->backend = Backend::cuda;
@@ -1275,7 +1280,7 @@ TEST_CASE("a GPU listed twice in devices needs colocate: true, on any machine", 
   CHECK_THROWS_WITH(place_replicas(c, 3), Catch::Contains("GPU 1 is listed twice"));
   c.backend = Backend::cpu;  // the CPU reads no device list
   CHECK(place_replicas(c, 3).backend == Backend::cpu);
-  // colocate: true makes it two replicas in turn on one GPU (gradients through the host).
+  // colocate: true makes it two replicas in turn on one GPU (sharing one copy of the weights).
   c.backend = Backend::cuda;
   c.colocate = true;
   c.devices = {0, 0};
@@ -1498,6 +1503,7 @@ TEST_CASE("two replicas on NCCL give the bits of two colocated replicas", "[cuda
   Config host = nccl;
   host.devices = {0};
   host.colocate = true;
+  host.replicas = ReplicaMode::threads;  // through the host
   const auto a = test::run_config(nccl), b = test::run_config(host);
   CHECK_THAT(a.info.devices, Catch::Contains("NCCL"));
   REQUIRE(a.step_losses.size() == b.step_losses.size());

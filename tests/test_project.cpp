@@ -185,8 +185,9 @@ optimizer: {lr: 0.05, base_batch: 16}
     CHECK_THAT(w.out, Catch::Contains("all-reduce gave wrong sums"));
   }
 
-  // A one-epoch run's step holds the run's start: said.
+  // A one-epoch run's step holds the run's start, a two-epoch run's half of it: said.
   CHECK(r.out.find("One epoch only") == std::string::npos);
+  CHECK_THAT(r.out, Catch::Contains("The median of two epochs is their mean"));
   REQUIRE(
       dtrain_cli("run " + cfg + " gpus=1 train.epochs=1 --quiet --tag one --results " + res).code ==
       0);

@@ -162,6 +162,8 @@ RunInput read_run(const std::string& path) {
     r.step_line +=
         " One epoch only: its time includes the run's start (memory touched for the first "
         "time, kernels compiled), which more epochs spread out.";
+  else if (r.epochs == 2)
+    r.step_line += " The median of two epochs is their mean: half the first one's start is in it.";
   // A run that did not finish still timed its epochs; said, since its numbers may not be those
   // of the run the user means (a diverged one computed on infinities and NaNs).
   if (rec.status != "done")

@@ -147,13 +147,17 @@ void Replica::plan_convolutions(int64_t micro_rows) {
   const auto t0 = Clock::now();
   const int convs = model_->plan_convs(micro_rows, true);
   if (convs == 0) return;
-  model_->plan_convs(eval_rows_, false);
+  // Evaluation's chunks of this replica's slice of the test set (evaluate()): full ones and the
+  // last, smaller one.
+  const int64_t slice = test_.size() * (rank_ + 1) / replicas_ - test_.size() * rank_ / replicas_;
+  for (const int64_t rows : {std::min(eval_rows_, slice), slice % eval_rows_})
+    if (rows > 0) model_->plan_convs(rows, false);
   if (queue_) queue_->synchronize();
   if (rank_ == 0)
     log().info(
-        "cuDNN planned {} convolutions for {}-sample micro-batches and {}-sample "
-        "evaluation chunks in {:.2f} s, before the first epoch",
-        convs, micro_rows, eval_rows_, seconds_since(t0));
+        "cuDNN planned {} convolutions for {}-sample micro-batches and evaluation's chunks in "
+        "{:.2f} s (rank 0; each replica plans its own), before the first epoch",
+        convs, micro_rows, seconds_since(t0));
 }
 
 void Replica::upload_training_set() {
@@ -248,7 +252,8 @@ void Replica::enable_graphs() {
   graph_state_ =
       cuda_graph_state(cfg_.train.cuda_graph, run_.nccl != nullptr, run_.gpus_in_process,
                        cfg_.model.batchnorm == BatchNormMode::sync && model_->has_batchnorm() &&
-                           comm_.size() > 1);  // one replica has nothing to exchange
+                           comm_.size() > 1,  // one replica has nothing to exchange
+                       run_.shared != nullptr);
   if (train_.files && graph_state_ == "on")  // a graph replays a fixed copy, not a new batch
     graph_state_ = "off: images from files are copied to the GPU from the host each step";
   // What a step stages (CudaDevice's per-step values): per micro-step its batch indices, the

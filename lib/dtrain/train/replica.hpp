@@ -215,9 +215,9 @@ class Replica {
   // rank updates them all.
   bool own_part_ = false;
   std::chrono::steady_clock::time_point fold_ready_{};  // when it arrived at the shared sum
-  // A GPU whose exchange goes through the host (colocated replicas): per step of the epoch, the
-  // seconds the host spent exchanging buckets inside backward, with the device idle. Its events
-  // count them as backward; read_device_steps moves them to the exchange.
+  // A GPU whose exchange goes through the host (colocated replicas, a copy each): per step of the
+  // epoch, the seconds the host spent exchanging buckets inside backward, with the device idle. Its
+  // events count them as backward; read_device_steps moves them to the exchange.
   std::vector<double> exchange_in_backward_;
   // A GPU with synchronised BatchNorm: per step of the epoch, the host's seconds in the
   // statistics' exchanges inside forward and inside backward (two a step), the device idle

@@ -117,8 +117,11 @@ void run_replica(RunContext& run, Communicator& comm) {
 
 }  // namespace
 
-std::string cuda_graph_state(bool requested, bool nccl, int gpus_in_process, bool sync_batchnorm) {
+std::string cuda_graph_state(bool requested, bool nccl, int gpus_in_process, bool sync_batchnorm,
+                             bool shared) {
   if (!requested) return "off: train.cuda_graph is false";
+  if (!nccl && shared)
+    return "off: colocated replicas sharing one copy of the weights are not captured yet";
   if (!nccl) return "off: colocated replicas meet on the host";
   // NCCL: "Using multiple GPUs per process with CUDA graph capture may result in deadlocks"
   // (cudaGraphLaunch may block). Off until graphs have run on such a machine.
@@ -198,7 +201,7 @@ static void check_device_list(const Config& cfg) {
       if (cfg.devices[i] == cfg.devices[j])
         throw UserError(fmt::format(
             "devices: GPU {} is listed twice, but NCCL runs one replica per GPU; set colocate: "
-            "true to run several replicas on one GPU (in turn, gradients through the host), "
+            "true to run several replicas on one GPU (in turn, sharing one copy of the weights), "
             "or list each GPU once",
             cfg.devices[i]));
 }
@@ -546,9 +549,10 @@ TrainResult train(const Config& cfg, const DataSplit& data, TrainObserver* obser
   sh.resume = resume;
   sh.cpu = cpu_options(per_replica, cfg.precision);
   sh.place = place_replicas(cfg, cfg.gpus);
-  // Colocated replicas share a GPU, which NCCL (before 2.30) does not allow: their gradients go
-  // through the host (copied there bucket by bucket and reduced by the in-process communicator,
-  // so with the CPU's arithmetic).
+  // Colocated replicas share a GPU, which NCCL (before 2.30) does not allow: with a copy of the
+  // weights each (replicas: threads, or spread over GPUs) their gradients go through the host
+  // (copied there bucket by bucket and reduced by the in-process communicator, so with the
+  // CPU's arithmetic); on one GPU they share one copy by default (shares_weights).
   if (sh.place.backend == Backend::cuda && !sh.place.colocated) {
     sh.nccl = NcclGroup::local(sh.place.gpu_of_replica);
     sh.gpus_in_process = cfg.gpus;  // one GPU per replica

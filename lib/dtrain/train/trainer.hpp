@@ -43,8 +43,8 @@ struct Placement {
 Placement place_replicas(const Config& cfg, int local_ranks);
 
 // Whether the replicas share one copy of the weights and optimizer state: more than one
-// replica in one process (no launcher), and on the CPU `replicas` is not `threads`; on GPUs
-// `replicas` is `shared` and every replica is on the same GPU.
+// replica in one process (no launcher), and `replicas` is not `threads`; on GPUs every replica
+// is also on the same GPU (colocated).
 bool shares_weights(const Config& cfg, const Placement& place);
 
 // What one replica allocates, estimated from the model's shapes before anything exists (the
@@ -71,7 +71,9 @@ double state_bytes(const OptimizerConfig& o, int64_t params);
 // through NCCL (not the host); `gpus_in_process`: GPUs this process drives (one per rank
 // in-process, 1 under a launcher); `sync_batchnorm`: BatchNorm synchronised over more than one
 // replica, which exchanges through the host inside the step.
-std::string cuda_graph_state(bool requested, bool nccl, int gpus_in_process, bool sync_batchnorm);
+// `shared`: colocated replicas sharing one copy of the weights (shares_weights).
+std::string cuda_graph_state(bool requested, bool nccl, int gpus_in_process, bool sync_batchnorm,
+                             bool shared = false);
 
 // Whether a step is captured must be the same on every rank (NCCL's rule for captured
 // collectives). From the ranks' proposals (how many proposed each mode): capture or replay
