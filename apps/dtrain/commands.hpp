@@ -34,13 +34,13 @@ CLI::Validator non_empty(const char* what = "a path");
 // A tag whose folders are named otherwise is said in a warning where `say` (one rank says it).
 std::string folder_tag(const std::string& given, const std::string& fallback, bool say = true);
 
-// The data of the runs of a sweep, loaded again only when a run's data identity changes (runs
-// of one sweep usually share it).
 // A config's data, loaded: an error about one of its data keys names the config file.
 DataSplit load_config_data(const std::string& config_path, const Config& c);
 // check_plan (the batch split against the data), its errors naming the config file.
 void check_config_plan(const std::string& config_path, const Config& c, const DataSplit& d);
 
+// The data of the runs of a sweep, loaded again only when a run's data identity changes (runs
+// of one sweep usually share it).
 class DataCache {
  public:
   explicit DataCache(std::string config_path) : config_(std::move(config_path)) {}

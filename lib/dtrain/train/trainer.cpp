@@ -201,8 +201,8 @@ static void check_device_list(const Config& cfg) {
       if (cfg.devices[i] == cfg.devices[j])
         throw UserError(fmt::format(
             "devices: GPU {} is listed twice, but NCCL runs one replica per GPU; set colocate: "
-            "true to run several replicas on one GPU (in turn, sharing one copy of the weights), "
-            "or list each GPU once",
+            "true to run several replicas on one GPU (in turn, by default sharing one copy of the "
+            "weights), or list each GPU once",
             cfg.devices[i]));
 }
 
