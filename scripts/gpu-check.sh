@@ -280,43 +280,85 @@ stage_bench() {
 # off, so that each kernel is one launch; 300 launches after the first 400, a few steady steps)
 # and of ResNet-18 in bf16, and of PyTorch's eager CNN at 1024 and ResNet-18 beside them, each
 # ranked by scripts/bench/ncu_kernel_sums.py.
+# ncu of one program's kernels, summed per kernel (and by family with --families):
+# profile_one NAME SKIP COUNT [--families] -- COMMAND...
+profile_one() {
+  local name=$1 skip=$2 count=$3 fam=() rc=0
+  shift 3
+  [ "$1" = --families ] && { fam=(--families); shift; }
+  shift  # --
+  "$ncu" --metrics gpu__time_duration.sum --print-summary per-kernel --launch-skip "$skip" \
+    --launch-count "$count" "$@" > "$sdir/ncu-$name.txt" 2>&1 || rc=1
+  python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-$name.txt" "${fam[@]}" || rc=1
+  return $rc
+}
+
+# The CNN at batch 1024 and 128, dtrain's and PyTorch's (eager) kernels.
+profile_cnn() {
+  local batch rc=0
+  for batch in 1024 128; do
+    profile_one "cnn$batch" 400 300 -- "$b/apps/dtrain" run configs/fmnist-cnn.yaml backend=cuda \
+      "data.path=$data" train.per_replica_batch=$batch train.cuda_graph=false train.epochs=1 \
+      optimizer.warmup_epochs=0 data.train_limit=16384 data.test_limit=1024 \
+      --results "$sdir/runs" --tag "cnn-b$batch" --quiet || rc=1
+  done
+  [ "$torch" = 1 ] || return $rc
+  profile_one torch-cnn1024 3000 400 -- python3 scripts/bench/torch_mlp.py --device=cuda \
+    --model=cnn --batch=1024 --epochs=2 --scaling=sqrt --threads=1 "--data=$data" --mode=eager || rc=1
+  return $rc
+}
+
+# ResNet-18 in bf16 on synthetic CIFAR-sized images, kernels summed by family (casts and layout
+# transposes were 43% of its kernel time on 2026-11-29).
+profile_resnet18() {
+  local rc=0
+  profile_one resnet18 2000 600 --families -- "$b/apps/dtrain" run configs/cifar10-resnet18.yaml \
+    backend=cuda precision=bf16 train.cuda_graph=false train.epochs=1 optimizer.warmup_epochs=0 \
+    data.dataset=synthetic 'data.synthetic.shape=[3,32,32]' data.synthetic.train_size=8192 \
+    data.synthetic.test_size=256 data.augment.flip=false data.augment.crop_padding=0 \
+    --results "$sdir/runs" --tag resnet18 --quiet || rc=1
+  [ "$torch" = 1 ] || return $rc
+  profile_one torch-resnet18 3000 600 --families -- python3 scripts/bench/torch_mlp.py \
+    --device=cuda --model=resnet --depth=18 --widths=64,128,256,512 --synthetic=3,32,32 \
+    --train-size=8192 --test-size=256 --batch=128 --epochs=1 --lr=0.1 --base-batch=128 \
+    --warmup=0 --threads=1 --mode=eager --precision=bf16 --channels-last || rc=1
+  return $rc
+}
+
+# The benchmark's GPT (nanoGPT's Shakespeare size, bf16, batch 64) on the bytes of lib/: it ran
+# at 0.43x of eager PyTorch on 2026-11-29, unprofiled. About 2 steps of each.
+profile_gpt() {
+  local rc=0
+  profile_one gpt 1500 800 --families -- "$b/apps/dtrain" run configs/bytes-gpt.yaml \
+    backend=cuda precision=bf16 train.cuda_graph=false train.epochs=1 "data.path=$root/lib" \
+    data.exclude=[] "data.sha256=''" data.block_size=256 model.n_layer=6 model.n_head=6 \
+    model.n_embd=384 train.per_replica_batch=64 optimizer.base_batch=64 data.train_limit=1024 \
+    --results "$sdir/runs" --tag gpt --quiet || rc=1
+  [ "$torch" = 1 ] || return $rc
+  profile_one torch-gpt 1500 800 --families -- python3 scripts/bench/torch_gpt.py --device=cuda \
+    --precision=bf16 --mode=eager "--data=$root/lib" --block=256 --n-layer=6 --n-head=6 --n-embd=384 \
+    --batch=64 --train-limit=1024 --epochs=1 --threads=1 || rc=1
+  return $rc
+}
+
+# DTRAIN_PROFILE_MODELS (default cnn,resnet18,gpt): which models the profile stage runs.
 stage_profile() {
   if [ "$rehearsal" = 1 ]; then echo "gpu-check: rehearsal: the profile needs a GPU"; return $skipped; fi
   need_data || return 2
-  local b ncu batch rc=0
+  local b ncu torch=0 m rc=0 models
   b=$(bin_dir) || return 2
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   [ -x "$ncu" ] || { echo "gpu-check: no ncu here"; return 1; }
-  local prof=(--metrics gpu__time_duration.sum --print-summary per-kernel)
-  for batch in 1024 128; do
-    "$ncu" "${prof[@]}" --launch-skip 400 --launch-count 300 "$b/apps/dtrain" run \
-      configs/fmnist-cnn.yaml backend=cuda "data.path=$data" train.per_replica_batch=$batch \
-      train.cuda_graph=false train.epochs=1 optimizer.warmup_epochs=0 data.train_limit=16384 \
-      data.test_limit=1024 --results "$sdir/runs" --tag "cnn-b$batch" --quiet \
-      > "$sdir/ncu-cnn$batch.txt" 2>&1 || rc=1
-    python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-cnn$batch.txt" || rc=1
+  python3 -c 'import torch' 2>/dev/null && torch=1
+  IFS=, read -ra models <<< "${DTRAIN_PROFILE_MODELS:-cnn,resnet18,gpt}"
+  for m in "${models[@]}"; do
+    case $m in
+      cnn) profile_cnn || rc=1 ;;
+      resnet18) profile_resnet18 || rc=1 ;;
+      gpt) profile_gpt || rc=1 ;;
+      *) echo "gpu-check: DTRAIN_PROFILE_MODELS: unknown model '$m' (valid: cnn, resnet18, gpt)"; rc=1 ;;
+    esac
   done
-  # ResNet-18 in bf16 on synthetic CIFAR-sized images, its kernels summed by family too (casts
-  # and layout transposes were 43% of its kernel time on 2026-11-29).
-  "$ncu" "${prof[@]}" --launch-skip 2000 --launch-count 600 "$b/apps/dtrain" run \
-    configs/cifar10-resnet18.yaml backend=cuda precision=bf16 train.cuda_graph=false \
-    train.epochs=1 optimizer.warmup_epochs=0 data.dataset=synthetic 'data.synthetic.shape=[3,32,32]' \
-    data.synthetic.train_size=8192 data.synthetic.test_size=256 data.augment.flip=false \
-    data.augment.crop_padding=0 --results "$sdir/runs" --tag resnet18 --quiet \
-    > "$sdir/ncu-resnet18.txt" 2>&1 || rc=1
-  python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-resnet18.txt" --families || rc=1
-  if python3 -c 'import torch' 2>/dev/null; then
-    "$ncu" "${prof[@]}" --launch-skip 3000 --launch-count 400 python3 scripts/bench/torch_mlp.py \
-      --device=cuda --model=cnn --batch=1024 --epochs=2 --scaling=sqrt --threads=1 \
-      "--data=$data" --mode=eager > "$sdir/ncu-torch-cnn1024.txt" 2>&1 || rc=1
-    python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-torch-cnn1024.txt" || rc=1
-    "$ncu" "${prof[@]}" --launch-skip 3000 --launch-count 600 python3 scripts/bench/torch_mlp.py \
-      --device=cuda --model=resnet --depth=18 --widths=64,128,256,512 --synthetic=3,32,32 \
-      --train-size=8192 --test-size=256 --batch=128 --epochs=1 --lr=0.1 --base-batch=128 \
-      --warmup=0 --threads=1 --mode=eager --precision=bf16 --channels-last \
-      > "$sdir/ncu-torch-resnet18.txt" 2>&1 || rc=1
-    python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-torch-resnet18.txt" --families || rc=1
-  fi
   return $rc
 }
 
