@@ -514,11 +514,17 @@ TEST_CASE("a quiet run quiets the terminal, not the run folder's log", "[cli]") 
   const std::string log = slurp(t.path / "res" / "t" / "q-g1" / "log");
   CHECK(log.find(" info epoch ") != std::string::npos);
   CHECK(log.find("per replica x") != std::string::npos);
-  // A tag rewritten for its folders is said.
-  const auto a = dtrain_cli("run " + cfg.string() + " --quiet --tag 'a b' --results " +
-                            (t.path / "res").string());
-  REQUIRE(a.code == 0);
-  CHECK_THAT(a.out, Catch::Contains("--tag 'a b' names its run folders 'a_b'"));
+  // A tag is its folders' name as given: 'c%1' and 'c$1' would otherwise both be c_1, and a
+  // --resume of one continue the other's runs.
+  for (const std::string tag : {"'a b'", "'c%1'", "'c$1'", "'{}'"}) {
+    const auto a = dtrain_cli("run " + cfg.string() + " --quiet --tag " + tag + " --results " +
+                              (t.path / "res").string());
+    INFO(tag << "\n" << a.out);
+    CHECK(a.code == 2);
+    CHECK(count_lines(a.out) == 1);
+    CHECK_THAT(a.out, Catch::Contains("holds letters, digits and . _ - + only"));
+  }
+  CHECK_FALSE(std::filesystem::exists(t.path / "res" / "t" / "c_1-g1"));
 }
 
 TEST_CASE("a loop of symbolic links where a folder belongs is one line naming it, exit 2",

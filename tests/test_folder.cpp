@@ -430,11 +430,13 @@ TEST_CASE("folder: a run that skipped a bad file continues from its checkpoint",
   // has 5 steps of 40 where the listing alone would say 6. The checkpoint's position is checked
   // against the 5.
   TempTree t("resume-skip");
-  write_tree(t.dir, 199, 16);  // and one more below, in a fifth class
+  write_tree(t.dir, 198, 16);  // and one more below, in each of a fifth and a sixth class
   const fs::path one = *fs::directory_iterator(t.dir / "train" / "0");
   write_bytes(t.dir / "train" / "0" / "zz-cut.png", slurp(one).substr(0, 100));
-  // A class whose folder name holds a newline: one line of classes.txt, the byte as \x0a.
+  // A class whose folder name holds a newline: one line of classes.txt, the byte as \x0a; and
+  // one whose name is those four characters, written apart from it (its backslash as \\).
   write_bytes(t.dir / "train" / "x\ny" / "a.png", slurp(one));
+  write_bytes(t.dir / "train" / "x\\x0ay" / "a.png", slurp(one));
   const std::string cfg = (t.dir / "run.yaml").string();
   put(cfg, fmt::format("name: skip\ngpus: 2\ndata: {{dataset: folder, path: {}, shape: [3, 8, 8], "
                        "on_bad_file: skip, drop_remainder: false}}\nmodel: {{type: mlp, hidden: "
@@ -452,7 +454,7 @@ TEST_CASE("folder: a run that skipped a bad file continues from its checkpoint",
   REQUIRE(resumed.code == 0);
   CHECK_THAT(resumed.out, Catch::Contains("skipped"));
   const fs::path exp = t.dir / "res" / "skip";
-  CHECK(slurp(exp / "whole-g2" / "classes.txt") == "0\n1\n2\n3\nx\\x0ay\n");
+  CHECK(slurp(exp / "whole-g2" / "classes.txt") == "0\n1\n2\n3\nx\\x0ay\nx\\\\x0ay\n");
   CHECK(numeric_columns(exp / "cut-g2" / "metrics.csv") ==
         numeric_columns(exp / "whole-g2" / "metrics.csv"));
 }
@@ -798,6 +800,49 @@ TEST_CASE("export-images leaves no partial tree when a write fails or Ctrl-C sto
   CHECK_THAT(log, Catch::Contains("export-images stopped; nothing written at"));
   fs::remove(t.dir / "log");
   CHECK(leftovers() == 0);
+}
+
+TEST_CASE("folder: Ctrl-C stops the check of every file at once, not when it ends",
+          "[folder][cli]") {
+  // 2,000 links to one 512 x 512 noise PNG: a check (data.on_bad_file: skip decodes every
+  // file) of many seconds on one worker; before the fix it ran to its end after a Ctrl-C.
+  TempTree t("check-stop");
+  Image img{512, 512, 3, std::vector<uint8_t>(size_t{512} * 512 * 3)};
+  uint32_t x = 12345;
+  for (uint8_t& v : img.pixels) v = static_cast<uint8_t>((x = x * 1664525u + 1013904223u) >> 24);
+  const std::vector<uint8_t> png = encode_png(img);
+  fs::create_directories(t.dir / "img");
+  write_bytes(t.dir / "img" / "a.png", std::string(png.begin(), png.end()));
+  for (const char* split : {"train", "test"}) {
+    for (int c = 0; c < 2; ++c) {
+      const fs::path dir = t.dir / split / std::to_string(c);
+      fs::create_directories(dir);
+      for (int i = 0; i < (split == std::string("train") ? 1000 : 2); ++i)
+        fs::create_symlink(t.dir / "img" / "a.png", dir / fmt::format("{:04}.png", i));
+    }
+  }
+  const std::string cfg = (t.dir / "run.yaml").string();
+  put(cfg, fmt::format("name: stop\ndata: {{dataset: folder, path: {}, shape: [3, 16, 16], "
+                       "on_bad_file: skip, workers: 1}}\nmodel: {{type: mlp, hidden: [8]}}\n"
+                       "train: {{epochs: 1, per_replica_batch: 8}}\n",
+                       t.dir.string()));
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + dtrain_binary() + " run " + cfg + " --results " +
+                            (t.dir / "res").string() + " > " + (t.dir / "log").string() + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  kill(pid, SIGINT);
+  const auto sent = std::chrono::steady_clock::now();
+  int st = 0;
+  waitpid(pid, &st, 0);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  INFO(slurp(t.dir / "log"));
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 130));
+  CHECK(took < 5.0);
 }
 
 // bench-input times the pipeline at each worker count, one row each; batch buffers that

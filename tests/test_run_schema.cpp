@@ -237,6 +237,21 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
                               "1,0.1," + cell + ",0.5,0.5,0.5,1\n");
   CHECK_THROWS_WITH(load_metrics(d.path.string()),
                     Catch::EndsWith(":2: '\\x00x" + std::string(38, '7') + "...' is not a number"));
+  // Values that no run writes: an accuracy past 1, a negative loss, time or LR, a time of ages
+  // (inf and -inf read as nan, as a run that diverged writes them).
+  const std::string cols = "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n";
+  for (const auto& [row, said] : std::vector<std::pair<std::string, std::string>>{
+           {"1,0.1,0.5,0.5,0.5,7.5,1\n", "test_acc '7.5' is no value a run writes (a fraction"},
+           {"1,0.1,-3,0.5,0.5,0.5,1\n", "train_loss '-3' is no value a run writes (at least 0)"},
+           {"1,0.1,0.5,0.5,0.5,0.5,-2\n", "epoch_time_s '-2' is no value a run writes"},
+           {"1,0.1,0.5,0.5,0.5,0.5,1e308\n", "epoch_time_s '1e308' is no value"},
+           {"1,-0.1,0.5,0.5,0.5,0.5,1\n", "lr '-0.1' is no value a run writes"}}) {
+    put(d.path / "metrics.csv", cols + row);
+    CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":2: " + said));
+  }
+  // What a run can write: a diverged loss, a time not measured.
+  put(d.path / "metrics.csv", cols + "1,0.1,nan,0.1,inf,0.1,nan\n");
+  CHECK(std::isnan(load_metrics(d.path.string()).front().train_loss));
   // Epochs that no run writes: out of order, repeated, skipped, or not a whole number in range.
   const std::string head = "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n";
   for (const auto& [body, line] : std::vector<std::pair<std::string, std::string>>{
@@ -464,6 +479,12 @@ TEST_CASE("a metrics.csv row or a summary.json past what dtrain writes costs no 
   CHECK(parse_json_bounded("[[[1]]]", 3) == json::parse("[[[1]]]"));
   CHECK(parse_json_bounded("[[[[1]]]]", 3).is_discarded());
   CHECK(parse_json_bounded("{\"a\": ", 3).is_discarded());
+  // A key given twice in one object: the parser would keep the last without a word.
+  CHECK(parse_json_bounded("{\"a\": 1, \"b\": {\"a\": 2}}", 3)["b"]["a"] == 2);
+  CHECK(parse_json_bounded("{\"a\": 1, \"b\": 2, \"a\": 3}", 3).is_discarded());
+  put(d.path / "summary.json", "{\"gpus\": 2, \"status\": \"done\", \"gpus\": 8}");
+  CHECK_THROWS_WITH(load_run(d.path.string()),
+                    Catch::Contains("key 'gpus' given twice in one object"));
 #ifdef DTRAIN_SCHEMA_ASAN
   WARN("peak memory not checked under AddressSanitizer (" << peak_mib() - before << " MiB)");
 #else

@@ -431,7 +431,7 @@ Sweep plan_sweep(const RunOptions& opt) {
     for (const auto& r : s.runs) timeout = std::max(timeout, r.config.train.collective_timeout_s);
     mpi::set_planning_timeout(timeout);
     stall_if_asked(s.multi);
-    s.tag = folder_tag(opt.tag, "", s.leader);
+    s.tag = folder_tag(opt.tag, "");
     // Before the data loads: a --results that cannot be a folder is said at once.
     if (s.leader) ensure_dir(opt.results, "--results");
   } catch (const UserError& e) {

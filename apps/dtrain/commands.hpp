@@ -30,9 +30,9 @@ void require_file_stem(const std::string& stem, const std::string& given);
 CLI::Validator non_empty(const char* what = "a path");
 
 // The run-folder prefix of a --tag: `fallback` (a date-time) when none is given; a tag with
-// control characters, one that slugs to a hidden name or more than 100 characters is refused.
-// A tag whose folders are named otherwise is said in a warning where `say` (one rank says it).
-std::string folder_tag(const std::string& given, const std::string& fallback, bool say = true);
+// control characters or other characters than letters, digits and . _ - +, one starting with
+// '.' or of more than 100 characters is refused.
+std::string folder_tag(const std::string& given, const std::string& fallback);
 
 // A config's data, loaded: an error about one of its data keys names the config file.
 DataSplit load_config_data(const std::string& config_path, const Config& c);

@@ -51,7 +51,7 @@ CLI::Validator non_empty(const char* what) {
       "", "NON_EMPTY");
 }
 
-std::string folder_tag(const std::string& given, const std::string& fallback, bool say) {
+std::string folder_tag(const std::string& given, const std::string& fallback) {
   if (given.empty()) return fallback;
   if (has_control_character(given)) {
     const std::string shown = printable(given, /*hex=*/true);
@@ -59,15 +59,18 @@ std::string folder_tag(const std::string& given, const std::string& fallback, bo
                                 "names run folders)",
                                 shown));
   }
+  // A tag is every run folder's name as given: rewriting 'c%1' and 'c$1' alike would make two
+  // tags one, and a --resume of either continue the other's runs.
   const std::string tag = slug(given);
+  if (tag != given)
+    throw UserError(
+        fmt::format("--tag '{}': a tag names run folders, so it holds letters, "
+                    "digits and . _ - + only (e.g. '{}')",
+                    printable(given), tag));
   // The tag starts every run folder's name: visible to report, short enough for a file system.
   if (tag.front() == '.' || tag.size() > 100)
     throw UserError(
         fmt::format("--tag '{}': give 1 to 100 characters, not starting with '.'", given));
-  // Said, so that two tags that name the same folders ('a b', 'a'b') are not a surprise.
-  if (say && tag != given)
-    log().warn("--tag '{}' names its run folders '{}' (letters, digits and . _ - + are kept)",
-               given, tag);
   return tag;
 }
 

@@ -281,6 +281,13 @@ int run_command(const Command& cmd) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: error: %s\n", dtrain::cli::failure_text(e).c_str());
     return 1;
+  } catch (const dtrain::Interrupted& e) {
+    // Ctrl-C or SIGTERM where no run was under way to record it (while the data were read or
+    // checked): the exit code says which signal.
+    dtrain::clear_progress();
+    if (dtrain::mpi::rank() == 0)
+      std::fprintf(stderr, "dtrain: stopped (%s)\n", dtrain::cli::one_line(e.what()).c_str());
+    return dtrain::stop_exit_code();
   } catch (const std::exception& e) {
     dtrain::clear_progress();
     std::fprintf(stderr, "dtrain: internal error: %s\n", dtrain::cli::one_line(e.what()).c_str());

@@ -282,6 +282,76 @@ ImageHeader png_header(const uint8_t* data, size_t size, const std::string& what
   return h;
 }
 
+uint32_t be32_at(const uint8_t* p) {
+  return uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | uint32_t{p[3]};
+}
+
+// What libpng would trust, checked first by walking the chunks: libpng allocates a text
+// chunk's claimed length before reading it (a 44-byte file claiming a 2 GiB tEXt chunk cost
+// 2 GiB), and the whole image before inflating its data. So no chunk may run past the file's
+// end, and the image data (IDAT) must be able to hold the pixels the header claims: deflate
+// expands at most 1032 times (a 258-byte match in 2 bits), so fewer compressed bytes than a
+// 1032th of the pixels' bytes cannot be a whole image. Also finds the chunks that would make
+// libpng change the pixels as read (gamma, chromaticities), which PIL ignores.
+struct PngChunks {
+  bool colour_managed = false;  // a gAMA or cHRM chunk
+};
+
+PngChunks walk_png_chunks(const uint8_t* data, size_t size, const std::string& what) {
+  PngChunks c;
+  uint64_t idat = 0, bits_per_pixel = 0, width = 0, height = 0;
+  size_t at = sizeof kPngSignature;
+  while (at + 12 <= size) {  // length, type, then data and a CRC
+    const uint64_t len = be32_at(data + at);
+    const std::string type(reinterpret_cast<const char*>(data + at + 4), 4);
+    const bool named = std::all_of(type.begin(), type.end(), [](char ch) {
+      return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z');
+    });
+    if (!named || len > size - at - 12)
+      throw UserError(fmt::format(
+          "{}: PNG data cut short or corrupt (a chunk{} at byte {} claims {} bytes, past the "
+          "file's end at {})",
+          what, named ? " '" + type + "'" : "", at, len, size));
+    const uint8_t* body = data + at + 8;
+    if (type == "IHDR" && len >= 13) {
+      width = be32_at(body);
+      height = be32_at(body + 4);
+      check_pixels(static_cast<int64_t>(width), static_cast<int64_t>(height), what);
+      static constexpr int kSamples[7] = {1, 0, 3, 1, 2, 0, 4};  // per colour type 0..6
+      bits_per_pixel = uint64_t{body[8]} * (body[9] < 7 ? kSamples[body[9]] : 0);
+    }
+    if (type == "IDAT") idat += len;
+    if (type == "gAMA" || type == "cHRM") c.colour_managed = true;
+    at += 12 + len;
+    if (type == "IEND") break;
+  }
+  // The header's claim was checked against kMaxImagePixels (2^26), at most 64 bits a pixel.
+  const uint64_t pixel_bytes = width * height * bits_per_pixel / 8;
+  if (idat * 1032 + 64 < pixel_bytes)
+    throw UserError(
+        fmt::format("{}: PNG data cut short or corrupt ({} bytes of image data cannot hold the "
+                    "{} x {} pixels its header claims)",
+                    what, idat, width, height));
+  return c;
+}
+
+// The file without its gAMA and cHRM chunks: libpng's simplified reader would convert the
+// pixels by them, where PIL (and so torchvision) reads the bytes as stored.
+std::vector<uint8_t> without_colour_chunks(const uint8_t* data, size_t size) {
+  std::vector<uint8_t> out(data, data + sizeof kPngSignature);
+  out.reserve(size);
+  size_t at = sizeof kPngSignature;
+  while (at + 12 <= size) {  // walk_png_chunks checked every length
+    const size_t len = be32_at(data + at);
+    const bool drop =
+        std::memcmp(data + at + 4, "gAMA", 4) == 0 || std::memcmp(data + at + 4, "cHRM", 4) == 0;
+    if (!drop) out.insert(out.end(), data + at, data + at + 12 + len);
+    at += 12 + len;
+  }
+  out.insert(out.end(), data + at, data + size);
+  return out;
+}
+
 // png_image_free on every way out, including the throws (libpng frees on its own errors too;
 // a second free is a no-op).
 struct PngImage {
@@ -315,6 +385,12 @@ void convert_pixels(const std::vector<uint8_t>& src, int n, Image& img) {
 }
 
 Image decode_png(const uint8_t* data, size_t size, int channels, const std::string& what) {
+  std::vector<uint8_t> plain;  // the file without gamma, where it has one
+  if (walk_png_chunks(data, size, what).colour_managed) {
+    plain = without_colour_chunks(data, size);
+    data = plain.data();
+    size = plain.size();
+  }
   PngImage png;
   png_image& im = png.image;
   if (!png_image_begin_read_from_memory(&im, data, size))

@@ -418,11 +418,13 @@ std::shared_ptr<const ImageFiles> with_transform(const std::shared_ptr<const Ima
 namespace {
 
 // Why each of `files` fails (UserError's text), "" where it does not: decoded whole where
-// `whole`, else its header read.
+// `whole`, else its header read. A stop (Ctrl-C, SIGTERM) lets only the decodes under way
+// finish: a check of a large tree takes minutes.
 std::vector<std::string> undecodable(const std::vector<std::string>& files, const std::string& root,
                                      int channels, int workers, bool whole) {
   std::vector<std::string> why(files.size());
   parallel_for(files.size(), workers, [&](size_t i) {
+    if (stop_requested()) return;
     const std::string path = root + "/" + files[i];
     try {
       if (whole) {
@@ -444,6 +446,7 @@ std::vector<std::string> undecodable(const std::vector<std::string>& files, cons
       why[i] = e.what();
     }
   });
+  if (stop_requested()) throw Interrupted("interrupted by the user");
   return why;
 }
 
@@ -535,6 +538,7 @@ std::pair<std::vector<double>, std::vector<double>> measure_stats(const DataConf
   std::vector<float> px(std::min(chunk, picks.size()) * image);
   std::vector<double> sum(static_cast<size_t>(c)), sq(sum.size());
   for (size_t first = 0; first < picks.size(); first += chunk) {
+    if (stop_requested()) throw Interrupted("interrupted by the user");
     const size_t count = std::min(chunk, picks.size() - first);
     parallel_for(count, cfg.workers, [&](size_t i) {
       make_sample(probe, static_cast<int64_t>(picks[first + i]), 0, 0, px.data() + i * image);

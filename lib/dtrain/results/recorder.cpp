@@ -219,12 +219,15 @@ RunRecorder::~RunRecorder() = default;
 
 namespace {
 // One entry per line, where there are any; a control character or invalid UTF-8 in a file
-// name (a newline would split an entry) is written as \xNN, so that two such names stay apart.
+// name (a newline would split an entry) is written as \xNN, and a backslash as \\, so that no
+// two names are written alike (a name holding the four characters \x0a included).
 void write_lines(const std::string& path, const std::vector<std::string>& lines) {
   if (lines.empty()) return;
   std::string text;
   for (const std::string& l : lines) {
-    text += printable(l, true) + '\n';
+    std::string escaped;
+    for (const char c : l) escaped += c == '\\' ? std::string("\\\\") : std::string(1, c);
+    text += printable(escaped, true) + '\n';
   }
   write_file_atomic(path, text);
 }

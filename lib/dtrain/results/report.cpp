@@ -350,6 +350,27 @@ void check_values(const RunRecord& r, const std::string& path) {
   if (r.mfu && !(*r.mfu >= 0 && *r.mfu <= 10))
     damaged(fmt::format("'utilisation.mfu' is {}, not a share of a peak", *r.mfu));
 }
+
+// summary.json's text as JSON. dtrain writes a few levels around the config, which nests as
+// deep as its blocks do; a deeper file is refused before anything walks it recursively (dumping
+// a million nested arrays overflows the stack), and so is a key given twice in one object.
+nlohmann::json parse_summary(const std::string& text, const std::string& path) {
+  try {
+    JsonKeys keys;
+    return nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t event,
+                                           nlohmann::json& parsed) {
+      if (depth > kMaxSummaryDepth)
+        throw UserError(fmt::format("{}: nested deeper than {} levels (a damaged file?)", path,
+                                    kMaxSummaryDepth));
+      if (const std::string key = keys.repeated(event, parsed); !key.empty())
+        throw UserError(fmt::format("{}: key '{}' given twice in one object (a damaged file?)",
+                                    path, printable(key, true)));
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: corrupt JSON: {}", path, json_error_text(e.what())));
+  }
+}
 }  // namespace
 
 RunRecord load_run(const std::string& dir) {
@@ -358,21 +379,8 @@ RunRecord load_run(const std::string& dir) {
   std::error_code ec;  // a link loop is said by read_own_file, never thrown as a filesystem_error
   if (!std::filesystem::exists(path, ec) && !ec)
     throw UserError(fmt::format("{}: missing (the run may still be running or was killed)", path));
-  const std::string text = read_own_file(path, "summary.json", kMaxSummaryBytes);
-  nlohmann::json j;
-  try {
-    // dtrain writes a few levels around the config, which nests as deep as its blocks do; a
-    // deeper file is refused before anything walks it recursively (dumping a million nested
-    // arrays overflows the stack).
-    j = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      if (depth > kMaxSummaryDepth)
-        throw UserError(fmt::format("{}: nested deeper than {} levels (a damaged file?)", path,
-                                    kMaxSummaryDepth));
-      return true;
-    });
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(fmt::format("{}: corrupt JSON: {}", path, json_error_text(e.what())));
-  }
+  const nlohmann::json j =
+      parse_summary(read_own_file(path, "summary.json", kMaxSummaryBytes), path);
   if (const std::string bad = summary_type_error(j); !bad.empty())
     throw UserError(fmt::format("{}: {} (a damaged file?)", path, bad));
   RunRecord r;

@@ -179,6 +179,22 @@ void set_value(T& to, double v) {
     to = v;
   }
 }
+// What no run writes in `c`, said as what is valid; "" where `v` may be there. Accuracies are
+// fractions; times are finite and not negative (nan: not measured); counts and rates are not
+// negative (a rate over a zero time is inf); losses not negative (inf and nan: a run that
+// diverged). The noise scale's estimates and the ranks may be negative.
+std::string implausible(const MetricsColumn& c, double v) {
+  const std::string_view name = c.name, unit = c.unit;
+  if (std::isnan(v)) return "";
+  if (name == "train_acc" || name == "test_acc")
+    return v >= 0 && v <= 1 ? "" : "a fraction from 0 to 1";
+  if (unit == "s") return v >= 0 && v < 1e9 ? "" : "seconds, at least 0";
+  if (name == "lr" || name == "lr_end") return v >= 0 && std::isfinite(v) ? "" : "at least 0";
+  if (name == "train_loss" || name == "test_loss" || unit == "samples" || unit == "bytes" ||
+      unit == "samples/s" || unit == "images/s" || unit == "GB/s" || name == "input_busy")
+    return v >= 0 ? "" : "at least 0";
+  return "";
+}
 }  // namespace
 
 // What a metrics.csv dtrain wrote can hold: a row per epoch (train.epochs is at most 100000)
@@ -236,6 +252,9 @@ std::vector<EpochMetrics> read_epochs(const MetricsCsv& csv,
       if (!v)
         throw UserError(fmt::format("{}:{}: '{}' is not a number", csv.path, csv.lines[r],
                                     shown_cell(csv.rows[r][i])));
+      if (const std::string valid = implausible(*col, *v); !valid.empty())
+        throw UserError(fmt::format("{}:{}: {} '{}' is no value a run writes ({})", csv.path,
+                                    csv.lines[r], col->name, shown_cell(csv.rows[r][i]), valid));
       std::visit([&](auto field) { set_value(m.*field, *v); }, col->field);
     }
     out.push_back(m);

@@ -134,11 +134,15 @@ std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std
   };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      // dtrain writes 3 levels; a deeper file is refused before it is built.
-      if (depth > 8) throw bad("nested deeper than 8 levels");
-      return true;
-    });
+    JsonKeys keys;
+    j = nlohmann::json::parse(
+        text, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+          // dtrain writes 3 levels; a deeper file is refused before it is built.
+          if (depth > 8) throw bad("nested deeper than 8 levels");
+          if (const std::string key = keys.repeated(event, parsed); !key.empty())
+            throw bad(fmt::format("key '{}' given twice in one object", printable(key, true)));
+          return true;
+        });
   } catch (const nlohmann::json::exception& e) {
     throw bad(json_error_text(e.what()));
   }
