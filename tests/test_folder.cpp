@@ -122,6 +122,9 @@ TEST_CASE("folder: what is not a tree of classes is refused with the path", "[fo
     }
   };
   refused("train: no such folder");
+  write_bytes(t.dir / "train", "x");
+  refused("train: not a folder");
+  fs::remove(t.dir / "train");
   fs::create_directories(t.dir / "train");
   refused("holds no class folders");
   write_tree(t.dir, 40, 8);

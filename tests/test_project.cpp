@@ -175,6 +175,15 @@ optimizer: {lr: 0.05, base_batch: 16}
   CHECK(m.code == 0);
   CHECK(m.out.find("alpha 10.00 us per ring step, busbw 1.0 GB/s") != std::string::npos);
   CHECK(fs::exists(t.path / "m.json"));
+  // A file that is not JSON, or not one dtrain wrote, is said to be so.
+  for (const std::string& text :
+       std::vector<std::string>{"", "{\"fit\": ", std::string(100, '[')}) {
+    const std::string bad = t.write("bad.json", text);
+    const auto b = dtrain_cli("project " + run.string() + " --gpus 1,2 --link measured:" + bad);
+    INFO(b.out);
+    CHECK(b.code == 2);
+    CHECK_THAT(b.out, Catch::Contains("not a measurement dtrain bench-comm wrote"));
+  }
   // A measurement whose sums came back wrong timed a broken exchange: refused.
   for (const std::string wrong : {R"("wrong": 5)", R"("rows": [{"bytes": 4096, "wrong": 2}])"}) {
     const std::string broken = t.write("broken.json", R"({"fit": {"a_s": 2e-5, "b_s_per_byte": 1e-9,

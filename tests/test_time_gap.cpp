@@ -246,6 +246,9 @@ TEST_CASE("explain-time reads two run folders and refuses what it cannot use", "
   CHECK(alias.code == 2);
   CHECK(alias.out == swapped.out);
   CHECK(dtrain_cli("explain-time " + one + " " + d.path.string()).code == 2);
+  const auto lone = dtrain_cli("explain-time " + one);  // the other run forgotten
+  CHECK(lone.code == 2);
+  CHECK_THAT(lone.out, Catch::Contains("give two run folders") && Catch::Contains("one was given"));
   const auto file = dtrain_cli("explain-time " + one + " " + cfg.string());  // not a run
   CHECK(file.code == 2);
   CHECK_THAT(file.out, Catch::Contains("is not a run folder (give two run folders"));

@@ -82,14 +82,20 @@ void require_same_workload(const RunRecord& small, const RunRecord& large) {
 }  // namespace
 
 void setup_explain_time(CLI::App& app, ExplainTimeOptions& opt) {
-  app.add_option("small", opt.small, "Run folder of the run with fewer replicas (e.g. 1)")
-      ->required();
-  app.add_option("large", opt.large, "Run folder of the run with more replicas")->required();
+  // Not CLI11's required(): its "large is required" names no folder a user would recognise.
+  app.add_option("small", opt.small, "Run folder of the run with fewer replicas (e.g. 1)");
+  app.add_option("large", opt.large, "Run folder of the run with more replicas");
   app.add_option("--json", opt.json, "Also write the waterfall as JSON to this file")
       ->check(non_empty());
 }
 
 int run_explain_time(const ExplainTimeOptions& opt) {
+  if (opt.small.empty() || opt.large.empty())
+    throw UserError(
+        fmt::format("explain-time: give two run folders, the run of fewer replicas and the run "
+                    "of more (dtrain explain-time RESULTS/<name>/<run>-g1 "
+                    "RESULTS/<name>/<run>-g4); {} given",
+                    opt.small.empty() ? "none was" : "one was"));
   if (!opt.json.empty()) refuse_run_folder_output(opt.json, "--json", /*folder=*/false);
   for (const std::string& dir : {opt.small, opt.large})
     if (!std::filesystem::is_directory(dir))

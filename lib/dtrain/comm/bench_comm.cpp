@@ -323,6 +323,12 @@ std::string to_json(const BenchReport& r) {
 LinkFit load_bench_fit(const std::string& path) {
   // dtrain writes 3 levels.
   const auto j = parse_json_bounded(read_text_file(path, "bench-comm JSON file"), 8);
+  if (j.is_discarded())
+    throw UserError(
+        fmt::format("{}: not a measurement dtrain bench-comm wrote (not JSON, nested "
+                    "deeper than 8 levels, or a key given twice); write one with "
+                    "dtrain bench-comm --out FILE",
+                    path));
   const auto number = [&](const char* key) {
     if (!j.is_object() || !j.contains("fit") || !j["fit"].is_object() || !j["fit"].contains(key) ||
         !j["fit"][key].is_number())

@@ -136,10 +136,10 @@ std::vector<std::string> class_files(const fs::path& root, const fs::path& dir, 
 std::vector<std::string> class_folders(const fs::path& split_dir) {
   std::error_code ec;
   if (!fs::is_directory(split_dir, ec))
-    throw UserError(
-        fmt::format("{}: no such folder (dataset: folder needs train/<class>/ and "
-                    "test/<class>/ folders of images in data.path)",
-                    split_dir.string()));
+    throw UserError(fmt::format(
+        "{}: {} (dataset: folder needs train/<class>/ and test/<class>/ folders of "
+        "images in data.path)",
+        split_dir.string(), fs::exists(split_dir, ec) ? "not a folder" : "no such folder"));
   std::vector<std::string> names;
   fs::directory_iterator it(split_dir, ec), end;
   if (ec) throw UserError(fmt::format("{}: cannot list: {}", split_dir.string(), ec.message()));
