@@ -276,10 +276,10 @@ stage_bench() {
     ${batches[@]+"${batches[@]}"} --epochs 4 --repeats 2
 }
 
-# Where a step's GPU time goes: ncu's per-kernel times of the CNN at batch 1024 and 128 (graphs
-# off, so that each kernel is one launch; 300 launches after the first 400, a few steady steps)
-# and of ResNet-18 in bf16, and of PyTorch's eager CNN at 1024 and ResNet-18 beside them, each
-# ranked by scripts/bench/ncu_kernel_sums.py.
+# Where a step's GPU time goes (the profile stage, below): ncu's per-kernel times of the CNN at
+# batch 1024 and 128, ResNet-18 and the GPT in bf16, graphs off so that each kernel is one
+# launch, a few steady steps after the first; PyTorch's eager steps beside them; each ranked
+# by scripts/bench/ncu_kernel_sums.py.
 # ncu of one program's kernels, summed per kernel (and by family with --families):
 # profile_one NAME SKIP COUNT [--families] -- COMMAND...
 profile_one() {
@@ -289,7 +289,7 @@ profile_one() {
   shift  # --
   "$ncu" --metrics gpu__time_duration.sum --print-summary per-kernel --launch-skip "$skip" \
     --launch-count "$count" "$@" > "$sdir/ncu-$name.txt" 2>&1 || rc=1
-  python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-$name.txt" "${fam[@]}" || rc=1
+  python3 scripts/bench/ncu_kernel_sums.py "$sdir/ncu-$name.txt" ${fam[@]+"${fam[@]}"} || rc=1
   return $rc
 }
 
@@ -352,6 +352,7 @@ stage_profile() {
   python3 -c 'import torch' 2>/dev/null && torch=1
   IFS=, read -ra models <<< "${DTRAIN_PROFILE_MODELS:-cnn,resnet18,gpt}"
   for m in "${models[@]}"; do
+    m=${m// /}
     case $m in
       cnn) profile_cnn || rc=1 ;;
       resnet18) profile_resnet18 || rc=1 ;;

@@ -836,7 +836,15 @@ TEST_CASE("folder: Ctrl-C stops the check of every file at once, not when it end
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // Signalled once it is loading the data (its handlers are set before it logs that).
+  bool loading = false;
+  for (int i = 0; i < 3000 && !loading; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    loading =
+        fs::exists(t.dir / "log") && slurp(t.dir / "log").find("loading data") != std::string::npos;
+  }
+  REQUIRE(loading);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   kill(pid, SIGINT);
   const auto sent = std::chrono::steady_clock::now();
   int st = 0;

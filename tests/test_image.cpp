@@ -321,6 +321,12 @@ TEST_CASE("A PNG's gamma does not change its pixels, as PIL reads them", "[image
     CHECK(decode(with_gamma, 3).pixels == rgb.pixels);
     CHECK(decode(with_gamma, 1).pixels == decode(png, 1).pixels);
   }
+  // Bytes after IEND that would read as a chunk past the file's end (found by fuzzing: the
+  // copy without gAMA walked on past IEND and read beyond the buffer) are left as they are.
+  Bytes g = with_chunk(png, "gAMA", {0, 1, 0x86, 0xA0});
+  const Bytes junk = {0x7F, 0xFF, 0xFF, 0xFF, 'j', 'u', 'n', 'k', 0, 0, 0, 0};
+  g.insert(g.end(), junk.begin(), junk.end());
+  CHECK(decode(g, 3).pixels == rgb.pixels);
 }
 
 TEST_CASE("Truncated and CMYK files are refused, never returned half grey", "[image]") {

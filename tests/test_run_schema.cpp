@@ -249,9 +249,14 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
     put(d.path / "metrics.csv", cols + row);
     CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":2: " + said));
   }
-  // What a run can write: a diverged loss, a time not measured.
+  // What a run can write: a diverged loss, a time not measured, a negative noise estimate
+  // (B_simple = trace / |G|^2, whose trace estimate may come out below 0), read by any reader.
   put(d.path / "metrics.csv", cols + "1,0.1,nan,0.1,inf,0.1,nan\n");
   CHECK(std::isnan(load_metrics(d.path.string()).front().train_loss));
+  put(d.path / "metrics.csv", metrics_csv_header() + metrics_csv_row(sample_epoch(1)));
+  MetricsCsv noisy = read_metrics_csv(d.path.string());
+  noisy.rows[0][*noisy.find("noise_b_simple")] = "-512.5";
+  CHECK(read_epochs(noisy).front().noise_b_simple == -512.5);
   // Epochs that no run writes: out of order, repeated, skipped, or not a whole number in range.
   const std::string head = "epoch,lr,train_loss,train_acc,test_loss,test_acc,epoch_time_s\n";
   for (const auto& [body, line] : std::vector<std::pair<std::string, std::string>>{

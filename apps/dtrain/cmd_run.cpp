@@ -603,6 +603,9 @@ void check_plans(const Sweep& s, HeldData& data) {
   } catch (const fs::filesystem_error& e) {  // a data.path that cannot be walked
     if (!s.multi) throw;
     refusal = fmt::format("{}: {}", e.path1().string(), e.code().message());
+  } catch (const Interrupted& e) {  // Ctrl-C or SIGTERM while the files were checked
+    if (!s.multi) throw;
+    refusal = "\x02" + std::string(e.what());
   } catch (const std::exception& e) {  // out of memory, a failing device: not a user's mistake
     if (!s.multi) throw;
     refusal = "\x01" + failure_text(e);
@@ -618,6 +621,9 @@ void check_plans(const Sweep& s, HeldData& data) {
   const size_t mark = refusal.find('\x01');
   if (mark != std::string::npos)
     DTRAIN_THROW_SYSTEM(refusal.erase(mark, 1));  // exit 1, as where it happened
+  // Every rank stops as the one that was interrupted, with the signal's exit code.
+  if (const size_t stop = refusal.find('\x02'); stop != std::string::npos)
+    throw Interrupted(refusal.erase(stop, 1));
   if (!refusal.empty()) throw UserError(refusal);
 }
 

@@ -59,6 +59,10 @@ std::string folder_tag(const std::string& given, const std::string& fallback) {
                                 "names run folders)",
                                 shown));
   }
+  // The tag starts every run folder's name: visible to report, short enough for a file system.
+  if (given.front() == '.' || given.size() > 100)
+    throw UserError(fmt::format("--tag '{}': give 1 to 100 characters, not starting with '.'",
+                                printable(given.substr(0, 120))));
   // A tag is every run folder's name as given: rewriting 'c%1' and 'c$1' alike would make two
   // tags one, and a --resume of either continue the other's runs.
   const std::string tag = slug(given);
@@ -67,10 +71,6 @@ std::string folder_tag(const std::string& given, const std::string& fallback) {
         fmt::format("--tag '{}': a tag names run folders, so it holds letters, "
                     "digits and . _ - + only (e.g. '{}')",
                     printable(given), tag));
-  // The tag starts every run folder's name: visible to report, short enough for a file system.
-  if (tag.front() == '.' || tag.size() > 100)
-    throw UserError(
-        fmt::format("--tag '{}': give 1 to 100 characters, not starting with '.'", given));
   return tag;
 }
 

@@ -295,6 +295,7 @@ uint32_t be32_at(const uint8_t* p) {
 // libpng change the pixels as read (gamma, chromaticities), which PIL ignores.
 struct PngChunks {
   bool colour_managed = false;  // a gAMA or cHRM chunk
+  size_t walked = 0;            // where the walk stopped: after IEND, or where too few bytes were
 };
 
 PngChunks walk_png_chunks(const uint8_t* data, size_t size, const std::string& what) {
@@ -325,6 +326,7 @@ PngChunks walk_png_chunks(const uint8_t* data, size_t size, const std::string& w
     at += 12 + len;
     if (type == "IEND") break;
   }
+  c.walked = at;
   // The header's claim was checked against kMaxImagePixels (2^26), at most 64 bits a pixel.
   const uint64_t pixel_bytes = width * height * bits_per_pixel / 8;
   if (idat * 1032 + 64 < pixel_bytes)
@@ -336,12 +338,13 @@ PngChunks walk_png_chunks(const uint8_t* data, size_t size, const std::string& w
 }
 
 // The file without its gAMA and cHRM chunks: libpng's simplified reader would convert the
-// pixels by them, where PIL (and so torchvision) reads the bytes as stored.
-std::vector<uint8_t> without_colour_chunks(const uint8_t* data, size_t size) {
+// pixels by them, where PIL (and so torchvision) reads the bytes as stored. Only the chunks
+// walk_png_chunks checked, up to `walked`, are walked again; what follows is copied as it is.
+std::vector<uint8_t> without_colour_chunks(const uint8_t* data, size_t size, size_t walked) {
   std::vector<uint8_t> out(data, data + sizeof kPngSignature);
   out.reserve(size);
   size_t at = sizeof kPngSignature;
-  while (at + 12 <= size) {  // walk_png_chunks checked every length
+  while (at < walked) {
     const size_t len = be32_at(data + at);
     const bool drop =
         std::memcmp(data + at + 4, "gAMA", 4) == 0 || std::memcmp(data + at + 4, "cHRM", 4) == 0;
@@ -386,8 +389,8 @@ void convert_pixels(const std::vector<uint8_t>& src, int n, Image& img) {
 
 Image decode_png(const uint8_t* data, size_t size, int channels, const std::string& what) {
   std::vector<uint8_t> plain;  // the file without gamma, where it has one
-  if (walk_png_chunks(data, size, what).colour_managed) {
-    plain = without_colour_chunks(data, size);
+  if (const PngChunks chunks = walk_png_chunks(data, size, what); chunks.colour_managed) {
+    plain = without_colour_chunks(data, size, chunks.walked);
     data = plain.data();
     size = plain.size();
   }

@@ -253,12 +253,20 @@ std::vector<uint8_t> read_image_bytes(const std::string& full_path, size_t limit
   return bytes;
 }
 
+namespace {
+// What a file's bytes count in the decode budget: the file, and for a PNG room for a second
+// copy (decode_png copies a file with gamma chunks without them).
+int64_t file_bytes(const ImageHeader& h, size_t size) {
+  return static_cast<int64_t>(size) * (std::strcmp(h.format, "PNG") == 0 ? 2 : 1);
+}
+}  // namespace
+
 Image read_image_file(const std::string& full_path, int channels) {
   const std::vector<uint8_t> bytes = read_image_bytes(full_path);
   const ImageHeader h = read_image_header(bytes.data(), bytes.size(), full_path);
   const DecodeBudget::Hold held(
       DecodeBudget::process(),
-      static_cast<int64_t>(bytes.size()) + decode_bytes(h, channels, h.height, 1));
+      file_bytes(h, bytes.size()) + decode_bytes(h, channels, h.height, 1));
   return decode_image(bytes.data(), bytes.size(), channels, full_path);
 }
 
@@ -391,10 +399,10 @@ void make_sample(const ImageFiles& f, int64_t index, int64_t epoch, uint64_t see
   const bool seen_whole = f.whole_reads && f.whole_reads->contains(path);
   // A PNG decodes whole; a JPEG the rows it reads, each of the image's (shrunk) width.
   const int64_t rows = std::strcmp(h.format, "PNG") == 0 ? h.height : reads.height;
-  const DecodeBudget::Hold held(DecodeBudget::process(),
-                                static_cast<int64_t>(bytes.size()) +
-                                    decode_bytes(h, static_cast<int>(f.shape[0]), rows, shrink),
-                                cancel);
+  const DecodeBudget::Hold held(
+      DecodeBudget::process(),
+      file_bytes(h, bytes.size()) + decode_bytes(h, static_cast<int>(f.shape[0]), rows, shrink),
+      cancel);
   const ImagePart part = decode_image_part(bytes.data(), bytes.size(), static_cast<int>(f.shape[0]),
                                            h, reads, path, !seen_whole, shrink);
   if (!seen_whole && f.whole_reads) f.whole_reads->add(path);

@@ -364,7 +364,7 @@ nlohmann::json parse_summary(const std::string& text, const std::string& path) {
                                     kMaxSummaryDepth));
       if (const std::string key = keys.repeated(event, parsed); !key.empty())
         throw UserError(fmt::format("{}: key '{}' given twice in one object (a damaged file?)",
-                                    path, printable(key, true)));
+                                    path, printable(key.substr(0, 40), true)));
       return true;
     });
   } catch (const nlohmann::json::exception& e) {

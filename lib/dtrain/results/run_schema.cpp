@@ -185,7 +185,7 @@ void set_value(T& to, double v) {
 // diverged). The noise scale's estimates and the ranks may be negative.
 std::string implausible(const MetricsColumn& c, double v) {
   const std::string_view name = c.name, unit = c.unit;
-  if (std::isnan(v)) return "";
+  if (std::isnan(v) || name.rfind("noise_", 0) == 0) return "";  // estimates: any sign
   if (name == "train_acc" || name == "test_acc")
     return v >= 0 && v <= 1 ? "" : "a fraction from 0 to 1";
   if (unit == "s") return v >= 0 && v < 1e9 ? "" : "seconds, at least 0";

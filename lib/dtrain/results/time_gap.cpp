@@ -140,7 +140,8 @@ std::optional<ProjectedEpoch> projected_epoch(const std::string& text, const std
           // dtrain writes 3 levels; a deeper file is refused before it is built.
           if (depth > 8) throw bad("nested deeper than 8 levels");
           if (const std::string key = keys.repeated(event, parsed); !key.empty())
-            throw bad(fmt::format("key '{}' given twice in one object", printable(key, true)));
+            throw bad(fmt::format("key '{}' given twice in one object",
+                                  printable(key.substr(0, 40), true)));
           return true;
         });
   } catch (const nlohmann::json::exception& e) {
