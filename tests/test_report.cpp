@@ -88,6 +88,22 @@ TEST_CASE("a diverged 1-replica run leaves the N-replica run with no baseline", 
   CHECK(going.rows[0].baseline == "g1");
   CHECK(*going.rows[0].speedup == Approx(1.0));
   CHECK(*going.rows[2].speedup == Approx(3.0));
+  // A 1-replica run killed before its summary (known by the tag's index, or by the config in
+  // its folder, group unknown): the 2-replica run is not its own baseline at 1.00x, and the
+  // killed run gets no row of its own from the index.
+  auto killed = rec("k1", 1, 0, 0, "running");
+  killed.in_table = false;
+  const auto after_kill = compare({killed, rec("k2", 2, 180, 0.8)});
+  REQUIRE(after_kill.rows.size() == 1);
+  CHECK(after_kill.rows[0].baseline.empty());
+  CHECK_FALSE(after_kill.rows[0].speedup);
+  auto unread = rec("u1", 1, 0, 0, "unreadable (interrupted)");
+  unread.group_unknown = true;
+  auto u2 = rec("u2", 2, 180, 0.8);
+  u2.group = "lr0.1";
+  const auto damaged = compare({unread, u2});
+  CHECK(damaged.rows.size() == 2);
+  CHECK(damaged.rows[1].baseline.empty());
   // A sweep of 2 and 4 replicas alone: the 2-replica run is the baseline, as ever.
   const auto two = compare({rec("a", 2, 100, 0.8), rec("b", 4, 190, 0.8)});
   CHECK(two.rows[0].baseline == "a");

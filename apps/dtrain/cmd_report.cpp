@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <sstream>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include "commands.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
+#include "dtrain/config/config.hpp"
 #include "dtrain/config/plan.hpp"
 #include "dtrain/results/batch_law.hpp"
 #include "dtrain/results/plots.hpp"
@@ -23,6 +24,18 @@ namespace fs = std::filesystem;
 
 namespace {
 using RunsByExperiment = std::map<std::string, std::vector<RunRecord>>;
+
+// The replica count a run folder's config.resolved.yaml (written as the run starts) asks for;
+// 0 where that file is missing or unreadable.
+int started_gpus(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.resolved.yaml").string();
+  try {
+    const auto text = try_read_own_file(path, kMaxResolvedConfigBytes);
+    return text ? parse_config(*text, path).gpus : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
 
 // Whether two run folders hold the same summary.json, byte for byte (a copy of one run).
 bool same_summary(const std::string& a, const std::string& b) {
@@ -76,6 +89,10 @@ RunsByExperiment read_runs(const std::vector<std::string>& dirs, int& unreadable
         std::fprintf(stderr, "dtrain: warning: %s\n", one_line(e.what()).c_str());
         r.status = st.empty() ? "unreadable" : "unreadable (" + st + ")";
         r.error = e.what();
+        // Its replica count from the config it started with, so that a killed run of fewer
+        // replicas is no run of more replicas' reason to be its own baseline at 1.00x.
+        r.gpus = started_gpus(d);
+        r.group_unknown = true;
       }
       by_experiment[r.experiment].push_back(std::move(r));
     }

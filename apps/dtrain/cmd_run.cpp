@@ -950,10 +950,31 @@ std::string missing_runs_note(const TagIndex& index, const std::string& results,
       fmt::join(missing, ", "), tag);
 }
 
+// `records` and, without a row of their own, the runs of the index that have none (killed
+// before their summary): a run of fewer replicas that did not finish leaves the runs of more
+// without a baseline, rather than each its own at 1.00x.
+std::vector<RunRecord> with_unlisted(std::vector<RunRecord> records, const TagIndex& index,
+                                     const std::string& name) {
+  for (const IndexRow& row : index.rows(name)) {
+    if (std::any_of(records.begin(), records.end(),
+                    [&](const RunRecord& r) { return r.run_id == row.id; }))
+      continue;
+    RunRecord r;
+    r.run_id = row.id;
+    r.experiment = name;
+    r.group = row.group;
+    r.gpus = row.gpus;
+    r.status = row.status.empty() ? "pending" : row.status;
+    r.in_table = false;
+    records.push_back(std::move(r));
+  }
+  return records;
+}
+
 // The table is regenerated from the run folders, grouped by experiment.
 void write_tables(const RunOptions& opt, const std::string& tag, const TagIndex& index) {
   for (const auto& [name, records] : read_records(opt.results, index)) {
-    const auto cmp = compare(records);
+    const auto cmp = compare(with_unlisted(records, index, name));
     const std::string md =
         to_markdown(cmp) + missing_runs_note(index, opt.results, name, records, tag);
     const std::string base = (fs::path(opt.results) / name / ("comparison-" + tag)).string();

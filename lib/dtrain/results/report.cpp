@@ -458,12 +458,13 @@ Comparison compare(const std::vector<RunRecord>& runs, const std::string& baseli
                                   runs.size(), c.experiment));
   }
   for (const auto& r : runs) {
+    if (!r.in_table) continue;
     const RunRecord* base = fixed;
     int fewest = r.gpus;  // the fewest replicas of any run in r's group, finished or not
     for (const auto& b : runs) {
       if (fixed) break;
-      if (b.group != r.group || b.experiment != r.experiment) continue;
-      if (b.gpus > 0) fewest = std::min(fewest, b.gpus);  // 0: running or unreadable
+      if ((b.group != r.group && !b.group_unknown) || b.experiment != r.experiment) continue;
+      if (b.gpus > 0) fewest = std::min(fewest, b.gpus);  // 0: running, or not known
       if (b.status == "done" && (!base || b.gpus < base->gpus)) base = &b;
     }
     // Where the group's run of fewest replicas did not finish (it failed, diverged or was

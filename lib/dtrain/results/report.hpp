@@ -18,6 +18,10 @@ struct RunRecord {
   // settings other than gpus, e.g. "lr_scalingsqrt"); each group has its own baseline.
   std::string group;
   int gpus = 0;
+  // Known only from its folder's config or the tag's index (no summary: killed, unreadable):
+  // its group may be unknown (any group, then), and it counts for its group's baseline (a run of
+  // fewer replicas that did not finish) without a row of its own where `in_table` is false.
+  bool group_unknown = false, in_table = true;
   // Its replicas shared one machine's CPU cores (in-process threads) or one GPU (colocated): a
   // simulation of N devices, whose speedup is not N devices' speedup.
   bool simulated = false;
