@@ -254,6 +254,30 @@ TEST_CASE("a run resumed inside its trace window says which steps each trace.jso
   CHECK(attempts == 1);
 }
 
+TEST_CASE("a run stopped inside an epoch keeps the steps it traced", "[trace]") {
+  TempDir d("trace-stop");
+  const auto cfg = write_config(d.path);
+  const auto res = (d.path / "res").string();
+  const fs::path dir = fs::path(res) / "tr" / "s-g2";
+  // 16 steps an epoch at 2 x 16, the forward pass slowed 3000 times; SIGTERM once a step's
+  // checkpoint is there: the stop comes inside the first epoch, before any epoch's end wrote
+  // the trace.
+  const std::string run = "DTRAIN_SLOW=0:forward:3000 exec " + dtrain_binary() + " run " + cfg +
+                          " gpus=2 replicas=threads train.trace.from_step=1 " +
+                          "train.trace.steps=20 train.checkpoint_steps=1 --quiet --tag s " +
+                          "--results " + res;
+  const auto r = shell("bash -c '(" + run + ") & p=$!; for i in $(seq 600); do [ -e " +
+                       (dir / "checkpoint.bin").string() +
+                       " ] && break; sleep 0.02; done; kill -TERM $p; wait $p; "
+                       "echo rc=$?' 2>&1");
+  INFO(r.out);
+  REQUIRE_THAT(r.out, Catch::Contains("rc=143"));
+  REQUIRE(fs::exists(dir / "trace.json"));
+  const auto j = nlohmann::json::parse(slurp(dir / "trace.json"));
+  CHECK_THAT(j.at("otherData").at("about").get<std::string>(),
+             Catch::StartsWith("dtrain 2 replicas, steps 1 to "));
+}
+
 TEST_CASE("a trace is no part of a run's identity, and its window is checked", "[trace]") {
   TempDir d("trace-id");
   const auto cfg = write_config(d.path);

@@ -391,6 +391,8 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     if (stop_agreed(s)) {
       t.total = elapsed();
       checkpoint(epoch, s, &out);
+      // The steps traced so far, as at an epoch's end: a stop mid-epoch loses none.
+      trace_window_.after_epoch(comm_, trace_, global_step_, run_.observer);
       throw Interrupted("interrupted by the user");
     }
     const double lr = lr_at(cfg_.optimizer, cfg_.train.epochs, gbatch_,

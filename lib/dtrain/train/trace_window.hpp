@@ -26,9 +26,9 @@ class TraceWindow {
   // The run starts, `global_step` steps in: a resumed run past the window has its trace.json
   // whole already.
   void start(int64_t global_step);
-  // Collective: after an epoch that ends `global_step` steps into the run. Once the window has
-  // begun and until its last step has been written, rank 0 gathers `trace`'s new spans and
-  // hands `observer` the trace so far.
+  // Collective: after an epoch that ends `global_step` steps into the run, or at a stop all
+  // ranks agreed there. Once the window has begun and until its last step has been written,
+  // rank 0 gathers `trace`'s new spans and hands `observer` the trace so far.
   void after_epoch(Communicator& comm, StepTrace& trace, int64_t global_step,
                    TrainObserver* observer);
 
