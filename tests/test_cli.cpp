@@ -188,6 +188,10 @@ TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
       {"run " + good + " gpus=1,2,1", "override 'gpus=1,2,1': 1 is in the comma list twice"},
       {"validate " + good + " optimizer.lr=0.1,0.10",
        "the comma lists make one run twice (optimizer.lr=0.1 and 0.10 read alike)"},
+      // Two values one run folder name: validate refuses what run would.
+      {"validate " + good + " \"data.path=" + s.path.string() + "/a b," + s.path.string() +
+           "/a_b\"",
+       "would share one run folder"},
       // A section given whole after a key inside it would drop that key.
       {"validate " + good + " train.epochs=3 'train={seed: 5}'",
        "override 'train={seed: 5}' replaces the whole train section, so the earlier "

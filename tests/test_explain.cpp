@@ -157,6 +157,14 @@ TEST_CASE("explain CLI: sum reduction carries the gap, the equivalent matches", 
   CHECK_THAT(c.out, Catch::Contains("The equivalent run differs from the baseline by ") &&
                         Catch::Contains("one finite loss a side (1 and 1 seeds) cannot tell") &&
                         !Catch::Contains("DOES NOT"));
+  // Dropout draws its masks per replica: the equivalent run cannot take the baseline's steps,
+  // and the line says so rather than blame rounding.
+  const auto drop = dtrain_cli("explain " + cfg + " gpus=2 model.dropout=0.5 -q --tag drop " +
+                               "--results " + res);
+  INFO(drop.out);
+  REQUIRE(drop.code == 0);
+  CHECK_THAT(drop.out, Catch::Contains("dropout draws random numbers per replica") &&
+                           !Catch::Contains("rounds differently"));
   // Every run diverged: nothing to compare, and said so.
   const auto d = dtrain_cli("explain " + cfg +
                             " gpus=2 optimizer.lr=1000000 "

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -287,6 +288,15 @@ TEST_CASE("report --by: a key a run's summary predates counts as its default", "
   CHECK(a.rows[0].run_ids.size() == 3);
   CHECK(a.rows[1].run_ids == std::vector<std::string>{"seed3"});
   CHECK(a.settings == std::vector<std::string>{telemetry});
+  // A diverged run's loss is not finite: the loss mean is over the others, and says so; its
+  // accuracy, a real one, counts.
+  runs[3].status = "diverged";
+  runs[3].final_train_loss = std::numeric_limits<double>::quiet_NaN();
+  for (size_t i = 0; i < 3; ++i) runs[i].final_train_loss = 0.5;
+  runs[2].config.erase(telemetry);
+  const std::string md = to_markdown(aggregate(runs, {"train.seed"}));
+  CHECK_THAT(md, Catch::Contains("0.5000 (3 of 4)") && Catch::Contains("90.00%") &&
+                     !Catch::Contains("90.00% ("));
 }
 
 TEST_CASE("the comparison table's MFU and straggler come from summary.json", "[report]") {

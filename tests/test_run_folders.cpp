@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -130,6 +131,10 @@ TEST_CASE("a resume skips a run that another command finished after this one pla
   CHECK(thr.code == 1);
   CHECK_THAT(thr.out, Catch::Contains("cannot start the thread of rank 1 of 2 replicas"));
   CHECK(slurp(fs::path(res) / "rf" / "thr-g2" / "status") == "failed\n");
+  // Its summary still has the LR it would have trained with, not 0.
+  const auto thr_summary =
+      nlohmann::json::parse(slurp(fs::path(res) / "rf" / "thr-g2" / "summary.json"));
+  CHECK(thr_summary.at("peak_lr").get<double>() > 0);
   // Command A plans both runs, then trains t-g1 for seconds; meanwhile "command B" finishes
   // t-g2 (its folder replaced by the finished one).
   // DTRAIN_SLOW stretches t-g1's optimizer steps 100-fold, waiting: about 2 s for 25 epochs

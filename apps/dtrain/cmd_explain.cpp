@@ -80,7 +80,21 @@ std::vector<std::string> other_overrides(const ExplainOptions& opt) {
   return out;
 }
 
-std::vector<ExplainRung> plan_rungs(const ExplainOptions& opt, std::string& experiment) {
+// The settings of `c` that draw random numbers per replica (dropout masks, in-memory
+// augmentation), so that N x B does not take 1 x NB's steps; a folder's crops and flips are
+// keyed by sample and do.
+std::vector<std::string> per_replica_draws(const Config& c) {
+  std::vector<std::string> keys;
+  bool dropout = c.model.dropout > 0;
+  for (const LayerSpec& l : c.model.layers) dropout |= l.type == LayerType::dropout && l.p > 0;
+  if (dropout) keys.push_back("dropout");
+  if (c.data.augment.enabled() && c.data.dataset != DatasetKind::folder)
+    keys.push_back("data.augment");
+  return keys;
+}
+
+std::vector<ExplainRung> plan_rungs(const ExplainOptions& opt, std::string& experiment,
+                                    std::vector<std::string>& draws) {
   const auto order = parse_explain_order(opt.order);
   const auto user = plan_runs(opt.config, opt.overrides);
   if (user.size() != 1)
@@ -92,6 +106,7 @@ std::vector<ExplainRung> plan_rungs(const ExplainOptions& opt, std::string& expe
   base_ov.push_back("gpus=1");
   const auto base = plan_runs(opt.config, base_ov);
   experiment = user[0].config.name;
+  draws = per_replica_draws(user[0].config);
   return plan_explain(base[0].config, user[0].config, order);
 }
 
@@ -157,7 +172,15 @@ const char* kOrderNote =
     "with the earlier rungs' changes in place (change it with --order, e.g. --order "
     "reduction,global_batch).";
 
-std::string equivalence_line(const std::vector<RungResult>& rs) {
+std::string equivalence_line(const std::vector<RungResult>& rs,
+                             const std::vector<std::string>& draws) {
+  if (!equivalent_matches(rs[0], rs[1]) && !draws.empty() && rs[0].loss.mean && rs[1].loss.mean)
+    return fmt::format(
+        "The equivalent run is not the baseline's steps here: {} draw{} random numbers per "
+        "replica, so N x B and 1 x NB see other masks or crops (final train loss differs by "
+        "{:.1e}). To see what the replica count alone costs, explain again with {} off.",
+        fmt::join(draws, " and "), draws.size() == 1 ? "s" : "",
+        std::abs(*rs[0].loss.mean - *rs[1].loss.mean), fmt::join(draws, " and "));
   if (equivalent_matches(rs[0], rs[1]))
     return "The equivalent run matches the baseline (final train loss within a relative 1e-4): "
            "the replica count alone costs nothing.";
@@ -223,9 +246,9 @@ std::string markdown_row(const std::string& name, const RungResult& r, const Run
   return fmt::format("| {} |\n", fmt::join(cells, " | "));
 }
 
-std::string to_markdown(const std::vector<RungResult>& rs) {
+std::string to_markdown(const std::vector<RungResult>& rs, const std::vector<std::string>& draws) {
   const bool tests = have_tests(rs);
-  std::string md = std::string(kOrderNote) + "\n\n" + equivalence_line(rs) + "\n\n";
+  std::string md = std::string(kOrderNote) + "\n\n" + equivalence_line(rs, draws) + "\n\n";
   md += tests ? "| rung | setting changed | runs | final test acc (%) | delta acc (points) [95% "
                 "CI] | acc p | final train loss | delta loss [95% CI] | loss p | median epoch "
                 "(s) |\n|---|---|---|---|---|---|---|---|---|---|\n"
@@ -350,7 +373,8 @@ int run_explain(const ExplainOptions& opt) {
     throw UserError("--resume needs --tag: it continues an earlier explain by name");
   const std::string tag = folder_tag(opt.tag, utc_tag());
   std::string experiment;
-  const auto rungs = plan_rungs(opt, experiment);
+  std::vector<std::string> draws;
+  const auto rungs = plan_rungs(opt, experiment, draws);
   const auto others = other_overrides(opt);
   std::vector<RungResult> results;
   int failed = 0;
@@ -387,7 +411,7 @@ int run_explain(const ExplainOptions& opt) {
     if (!rr.rung.skipped) collect(opt, experiment, rr);
     results.push_back(std::move(rr));
   }
-  const std::string md = to_markdown(results);
+  const std::string md = to_markdown(results, draws);
   write_file_atomic(base + ".md", md);
   write_file_atomic(base + ".json", to_json(experiment, opt.seeds, results));
   fmt::print("\n## {}: 1 replica against {}\n\n{}\n(written to {}.md and .json)\n", experiment,

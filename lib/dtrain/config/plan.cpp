@@ -79,6 +79,21 @@ void refuse_repeated_runs(const std::vector<PlannedRun>& runs) {
                     differ.empty() ? "two values" : differ));
   }
 }
+
+// Two runs whose values differ only in characters a folder name drops ('a b' and 'a_b') would
+// share a run folder: refused here, so that validate and doctor say it as run would.
+void refuse_shared_folders(const std::vector<PlannedRun>& runs) {
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::string folder = runs[i].config.name + "/<tag>" + run_id("", runs[i]);
+    const auto [it, fresh] = seen.emplace(folder, i);
+    if (fresh) continue;
+    throw UserError(fmt::format(
+        "the sweep's runs {} and {} would share one run folder, {}: their values differ only "
+        "in characters a folder name leaves out (letters, digits and . _ - + are kept)",
+        runs[it->second].label, runs[i].label, folder));
+  }
+}
 }  // namespace
 
 namespace {
@@ -172,6 +187,7 @@ std::vector<PlannedRun> plan_runs(const std::string& config_path,
   for (auto& r : runs) r.group = group_of(r.overrides);
   load_each(config_path, runs);
   refuse_repeated_runs(runs);
+  refuse_shared_folders(runs);
   return runs;
 }
 

@@ -864,12 +864,16 @@ nlohmann::json opt_json(const std::optional<double>& v) {
   return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
 }
 
+// A mean over fewer of the row's `runs` than all (a diverged run's loss is not finite) says
+// over how many: "2.3026 (6 of 12)".
 void add_stat(std::vector<Field>& f, const std::string& title, const std::string& key,
-              const Stat& s, double scale, const char* spec, const char* unit) {
+              const Stat& s, double scale, const char* spec, const char* unit, size_t runs) {
   const auto text = [&](const std::optional<double>& v) {
     return v ? fmt::format(fmt::runtime(spec), scale * *v) + unit : std::string("-");
   };
-  f.push_back({title + " mean", key + "_mean", text(s.mean), opt_json(s.mean)});
+  const std::string of =
+      s.mean && static_cast<size_t>(s.n) < runs ? fmt::format(" ({} of {})", s.n, runs) : "";
+  f.push_back({title + " mean", key + "_mean", text(s.mean) + of, opt_json(s.mean)});
   f.push_back({title + " sd", key + "_sd",
                s.sd ? fmt::format(fmt::runtime(spec), scale * *s.sd) : std::string("-"),
                opt_json(s.sd)});
@@ -909,14 +913,16 @@ std::vector<Field> aggregate_fields(const Aggregate& a, const AggregateRow& r) {
         {a.by[i], a.by[i], fmt::format("{}", fmt::join(r.by_values[i], ", ")), r.by_values[i]});
   // Accuracies in percent, their standard deviations in percentage points.
   const bool tests = has_tests(a), first = a.rows.empty() || &r == &a.rows.front();
-  add_stat(f, "final test acc", "final_test_accuracy", r.final_test_acc, 100, "{:.2f}", "%");
+  const size_t runs = r.run_ids.size();
+  add_stat(f, "final test acc", "final_test_accuracy", r.final_test_acc, 100, "{:.2f}", "%", runs);
   if (tests)
     add_test(f, "final test acc", "final_test_accuracy", r.final_test_acc_test, true, first);
-  add_stat(f, "best test acc", "best_test_accuracy", r.best_test_acc, 100, "{:.2f}", "%");
-  add_stat(f, "final train loss", "final_train_loss", r.final_train_loss, 1, "{:.4f}", "");
+  add_stat(f, "best test acc", "best_test_accuracy", r.best_test_acc, 100, "{:.2f}", "%", runs);
+  add_stat(f, "final train loss", "final_train_loss", r.final_train_loss, 1, "{:.4f}", "", runs);
   if (tests)
     add_test(f, "final train loss", "final_train_loss", r.final_train_loss_test, false, first);
-  add_stat(f, "median epoch s", "median_epoch_time_s", r.median_epoch_time_s, 1, "{:.3f}", "");
+  add_stat(f, "median epoch s", "median_epoch_time_s", r.median_epoch_time_s, 1, "{:.3f}", "",
+           runs);
   f.push_back({"run ids", "run_ids", fmt::format("{}", fmt::join(r.run_ids, ", ")), r.run_ids});
   return f;
 }
@@ -959,7 +965,8 @@ std::string to_markdown(const Aggregate& a) {
   }
   out << fmt::format(
       "\nRuns that differ only in {} form one row: mean and sample standard deviation (sd; "
-      "accuracies in percentage points) over its runs.\n",
+      "accuracies in percentage points) over its runs; \"(k of n)\" after a mean: over k of "
+      "the row's n runs, the others' values not finite (a diverged run's loss).\n",
       fmt::join(a.by, " and "));
   if (has_tests(a))
     out << "Each row after the first is compared with the first by Welch's t-test: the "

@@ -231,8 +231,8 @@ std::vector<SummaryField> batch_fields() {
       {k::accumulation_steps, T::integer, false, "", "micro-steps per optimizer step",
        "train.accumulation_steps", true,
        [](const S& s) -> json { return s.cfg.train.accumulation_steps; }},
-      {k::global_batch, T::integer, false, "", "samples per optimizer step, all replicas", "",
-       true, [](const S& s) -> json { return s.cfg.global_batch(); }},
+      {k::global_batch, T::integer, false, "", "samples per optimizer step, all replicas", "", true,
+       [](const S& s) -> json { return s.cfg.global_batch(); }},
       {k::lr, T::number, false, "", "the learning rate at base_batch", "optimizer.lr", true,
        [](const S& s) -> json { return s.cfg.optimizer.lr; }},
       {k::base_batch, T::integer, false, "", "the batch lr is given for", "optimizer.base_batch",
@@ -241,7 +241,11 @@ std::vector<SummaryField> batch_fields() {
        "optimizer.lr_scaling", true,
        [](const S& s) -> json { return to_string(s.cfg.optimizer.lr_scaling); }},
       {k::peak_lr, T::number, false, "", "the learning rate after scaling and warmup", "", true,
-       [](const S& s) -> json { return s.info.peak_lr; }},
+       // A run that failed before its first step never set it: the config's, as it would.
+       [](const S& s) -> json {
+         return s.info.peak_lr > 0 ? s.info.peak_lr
+                                   : scaled_lr(s.cfg.optimizer, s.cfg.global_batch());
+       }},
       {k::warmup_epochs, T::number, false, "", "epochs of learning rate warmup",
        "optimizer.warmup_epochs", true,
        [](const S& s) -> json { return s.cfg.optimizer.warmup_epochs; }},

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <new>
 #include <numbers>
 #include <optional>
 #include <string>
@@ -115,7 +116,7 @@ class DnnlStaging {
     if (bytes > s.bytes) {
       const size_t rounded = (bytes + 63) / 64 * 64;
       s.p.reset(static_cast<std::byte*>(std::aligned_alloc(64, rounded)));
-      if (!s.p) DTRAIN_THROW_SYSTEM("out of host memory");
+      if (!s.p) throw std::bad_alloc();  // said as out of memory, with how to need less
       s.bytes = rounded;
     }
     return s.p.get();
@@ -351,7 +352,7 @@ class CpuDevice final : public Device {
   void* alloc_bytes(size_t bytes) override {
     const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
-    if (!p) DTRAIN_THROW_SYSTEM("out of host memory");
+    if (!p) throw std::bad_alloc();  // said as out of memory, with how to need less
     std::memset(p, 0, rounded);
     return p;
   }
