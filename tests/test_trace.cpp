@@ -259,13 +259,13 @@ TEST_CASE("a run stopped inside an epoch keeps the steps it traced", "[trace]") 
   const auto cfg = write_config(d.path);
   const auto res = (d.path / "res").string();
   const fs::path dir = fs::path(res) / "tr" / "s-g2";
-  // 16 steps an epoch at 2 x 16, the forward pass slowed 3000 times; SIGTERM once a step's
-  // checkpoint is there: the stop comes inside the first epoch, before any epoch's end wrote
-  // the trace.
-  const std::string run = "DTRAIN_SLOW=0:forward:3000 exec " + dtrain_binary() + " run " + cfg +
-                          " gpus=2 replicas=threads train.trace.from_step=1 " +
-                          "train.trace.steps=20 train.checkpoint_steps=1 --quiet --tag s " +
-                          "--results " + res;
+  // 256 steps an epoch at 2 x 16 on 8,192 samples, the forward pass slowed 100-fold (the
+  // most DTRAIN_SLOW takes) and a checkpoint each step; SIGTERM once the first checkpoint is
+  // there: the stop comes inside the first epoch, before any epoch's end wrote the trace.
+  const std::string run = "DTRAIN_SLOW=0:forward:100 exec " + dtrain_binary() + " run " + cfg +
+                          " gpus=2 replicas=threads data.synthetic.train_size=8192 " +
+                          "train.trace.from_step=1 train.trace.steps=400 " +
+                          "train.checkpoint_steps=1 --quiet --tag s --results " + res;
   const auto r = shell("bash -c '(" + run + ") & p=$!; for i in $(seq 600); do [ -e " +
                        (dir / "checkpoint.bin").string() +
                        " ] && break; sleep 0.02; done; kill -TERM $p; wait $p; "
