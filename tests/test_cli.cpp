@@ -427,6 +427,22 @@ TEST_CASE("validate builds every model shape and estimates its memory before any
   CHECK(count_lines(r.out) == 1);
   CHECK(r.out.find("GiB of shared weights and optimizer state + 4 replicas x") !=
         std::string::npos);
+  // Large synthetic samples: the batch and the model are refused before any sample is drawn
+  // (three samples of 3x4096x4096 take 600 MB and about 15 s to draw).
+  const auto start = std::chrono::steady_clock::now();
+  r = dtrain_cli("validate " + cfg.string() + " data.synthetic.shape=[3,4096,4096] " +
+                 "data.synthetic.train_size=2 data.synthetic.test_size=1");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(count_lines(r.out) == 1);
+  CHECK_THAT(r.out, Catch::Contains("global batch 16") && Catch::Contains("larger than the 2"));
+  r = dtrain_cli("validate " + cfg.string() + " data.synthetic.shape=[3,4096,4096] " +
+                 "data.synthetic.train_size=32 data.synthetic.test_size=1 model.type=mlp " +
+                 "'model.hidden=[1048576]'");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("GiB available") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   // A batch or evaluation chunk larger than the data needs no more memory than the data.
   r = dtrain_cli("run " + cfg.string() +
                  " model.type=mlp train.per_replica_batch=100000000 data.drop_remainder=false "

@@ -342,6 +342,16 @@ TEST_CASE("Truncated and CMYK files are refused, never returned half grey", "[im
   Bytes damaged = png;
   damaged[png.size() / 2] ^= 0x55;  // inside IDAT: its CRC no longer matches
   CHECK_THAT(refusal(damaged), Catch::StartsWith("train/cat/1.jpg: PNG data cut short or corrupt"));
+  // A 12-bit JPEG: the same stream with its frame header's sample precision set to 12.
+  Bytes deep = jpeg;
+  for (size_t i = 2; i + 4 < deep.size(); i += 2 + (size_t{deep[i + 2]} << 8 | deep[i + 3])) {
+    REQUIRE(deep[i] == 0xFF);
+    if (deep[i + 1] != 0xC0) continue;  // baseline SOF0, as to_jpeg writes
+    deep[i + 4] = 12;
+    break;
+  }
+  CHECK_THAT(refusal(deep), Catch::StartsWith("train/cat/1.jpg: a JPEG of more than 8 bits a "
+                                              "sample, which dtrain does not decode"));
   const Bytes cmyk = to_jpeg(synthetic(16, 16, 4), TJPF_CMYK, TJSAMP_444);
   CHECK(refusal(cmyk) ==
         "train/cat/1.jpg: a CMYK JPEG, which dtrain does not decode (convert it to RGB)");

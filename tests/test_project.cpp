@@ -370,6 +370,14 @@ TEST_CASE("dtrain project estimates a config's step for a GPU it names, marked a
   CHECK(jb["backward_fraction"] == 0.5);
   CHECK(j["rows"][1]["gpus"] == 4);
   CHECK(j["rows"][1]["steps_per_epoch"] == 2);
+  // A GPU count whose global batch outgrows the 256 samples: no epoch there, and the table
+  // says why (a run would be refused).
+  const auto wide = dtrain_cli("project " + cfg + " --gpu h100-sxm --gpus 1,4,16 --out " + out);
+  INFO(wide.out);
+  REQUIRE(wide.code == 0);
+  CHECK_THAT(wide.out, Catch::Contains("Epoch n/a: from 16 GPUs on, the global batch (32 x N) is "
+                                       "larger than the 256 training samples"));
+  CHECK_THAT(r.out, !Catch::Contains("Epoch n/a"));
   // Data that is not here: the step still, no epoch.
   const std::string away = t.write("a.yaml", "name: away\ndata: {path: /nowhere}\n");
   const auto a = dtrain_cli("project " + away + " --gpu a100 --out " + out);
@@ -387,6 +395,7 @@ TEST_CASE("dtrain project estimates a config's step for a GPU it names, marked a
            {cfg + " --mfu 0.3", "--mfu requires --gpu"},
            {cfg + " --gpu h200 --params 1000", "--params: with --gpu the parameters are"},
            {cfg + " gpus=1,2 --gpu h200", "overrides make 2 runs"},
+           {cfg + " --gpu h200 train.per_replica_batch=300", "larger than the 256 training"},
            {t.path.string() + " precision=bf16", "overrides change a config, with --gpu"},
            {cfg + " --gpu h200 --backward-fraction -1", "give a share of compute in (0, 1]"},
            {cfg + " --gpu h200 --backward-fraction 0", "give a share of compute in (0, 1]"},

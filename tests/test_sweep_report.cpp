@@ -594,6 +594,37 @@ optimizer: {lr: 0.05, base_batch: 16}
   CHECK(index.find("pending") == std::string::npos);
 }
 
+TEST_CASE("an index row a killed command left running is read from its folder", "[sweep][cli]") {
+  TempDir d("index-killed");
+  const auto res = d.path / "res";
+  const std::string cfg = d.write("c.yaml", tiny_config("killed"));
+  const std::string base = "run " + cfg + " --quiet --tag t --resume --results " + res.string();
+  const auto first = dtrain_cli(base + " gpus=1");
+  INFO(first.out);
+  REQUIRE(first.code == 0);
+  // As a SIGKILL leaves it: the run's folder and its index row both still say running, and
+  // no process holds the folder.
+  const fs::path exp = res / "killed";
+  std::string index = slurp(exp / "index-t.csv");
+  const auto at = index.find(",done,");
+  REQUIRE(at != std::string::npos);
+  index.replace(at, 6, ",running,");
+  const size_t line = index.find('\n') + 1;  // the header, then the run's row
+  const std::string id = index.substr(line, index.find(',', line) - line);
+  REQUIRE(fs::is_directory(exp / id));
+  fs::remove(exp / id / "summary.json");
+  put(exp / id / "status", "running\n");
+  put(exp / "index-t.csv", index);
+  // Another run of the tag: its command rewrites the index, the killed row included.
+  const auto second = dtrain_cli(base + " gpus=2");
+  INFO(second.out);
+  REQUIRE(second.code == 0);
+  const auto now = slurp(exp / "index-t.csv");
+  INFO(now);
+  CHECK(now.find(id + ",interrupted,") != std::string::npos);
+  CHECK(now.find(",running,") == std::string::npos);
+}
+
 TEST_CASE("report gives an experiment named index files of its own", "[report][cli]") {
   TempDir d("report-index");
   const auto res = d.path / "res";

@@ -261,6 +261,12 @@ RunInput estimate_config(const ProjectOptions& opt) {
   r.in.global_batch = cfg.micro_batch() * cfg.train.accumulation_steps;
   r.in.samples_per_epoch = d.train_size;  // 0 where the data is not here: no epoch column
   r.in.drop_remainder = cfg.data.drop_remainder;
+  if (steps_per_epoch(r.in, 1) == 0 && d.train_size > 0)
+    throw UserError(fmt::format(
+        "{}: train: the batch of one replica, {} (per_replica_batch x accumulation_steps), is "
+        "larger than the {} training samples, so drop_remainder leaves no step at any GPU count "
+        "(`dtrain run` refuses it too); use a smaller batch or data.drop_remainder: false",
+        opt.path, r.in.global_batch, d.train_size));
   const StepEstimateInput e{m.forward_flops + m.backward_flops, r.in.global_batch,
                             peak.tflops * 1e12, opt.mfu, m.params, update_bytes(cfg.optimizer),
                             gpu.memory_Bps};
@@ -335,7 +341,7 @@ std::string intro(const RunInput& r, const Link& link, double backward_fraction)
       r.in.global_batch);
 }
 
-std::string to_markdown(const std::vector<ProjectionRow>& rows) {
+std::string to_markdown(const std::vector<ProjectionRow>& rows, const ProjectionInput& in) {
   std::string s =
       "| gpus | step (ms) | epoch (s) | speedup | efficiency | all-reduce (ms) | exposed (ms) | "
       "exposed share | dominant term |\n|---|---|---|---|---|---|---|---|---|\n";
@@ -344,6 +350,14 @@ std::string to_markdown(const std::vector<ProjectionRow>& rows) {
                      r.gpus, r.step_s * 1e3, fmt_or_na(r.epoch_s, "{:.4g}"), r.speedup,
                      100 * r.efficiency, r.exchange_s * 1e3, r.exchange.exposed_s * 1e3,
                      100 * r.exposed_share, to_string(r.bound));
+  const auto none = std::find_if(rows.begin(), rows.end(),
+                                 [](const ProjectionRow& r) { return r.steps_per_epoch == 0; });
+  if (in.samples_per_epoch > 0 && none != rows.end())
+    s += fmt::format(
+        "\nEpoch n/a: from {} GPUs on, the global batch ({} x N) is larger than the {} "
+        "training samples; with data.drop_remainder no step is left, and `dtrain run` refuses "
+        "such a run.\n",
+        none->gpus, in.global_batch, in.samples_per_epoch);
   return s;
 }
 
@@ -512,7 +526,7 @@ int run_project(const ProjectOptions& opt) {
   const auto rows = project(r.in, opt.gpus, link);
 
   const std::string head = intro(r, link, r.in.backward_fraction);
-  const std::string md = to_markdown(rows);
+  const std::string md = to_markdown(rows, r.in);
   fs::path stem = opt.out;
   if (opt.out.empty())
     stem = r.estimated ? fs::path("results") / "projections" /

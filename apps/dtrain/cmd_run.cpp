@@ -272,6 +272,12 @@ std::vector<IndexRow> read_index(const std::string& path) {
     if (seen) continue;  // one row per run
     IndexRow r{f[0], f[1], f[3], f[4], f[5]};
     r.gpus = static_cast<int>(std::clamp(std::strtol(f[2].c_str(), nullptr, 10), 0L, 1L << 20));
+    // A row left `running` by a command killed outright (SIGKILL, a lost node): its folder
+    // says what became of it (interrupted when no process holds it any more).
+    if (r.status == "running") {
+      const std::string now = read_run_status((fs::path(path).parent_path() / r.id).string());
+      if (!now.empty()) r.status = now;
+    }
     rows.push_back(std::move(r));
   }
   return rows;

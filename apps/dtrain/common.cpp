@@ -89,6 +89,9 @@ namespace {
 
 DataSplit load_config_data(const std::string& config_path, const Config& c) {
   try {
+    // Synthetic data's sizes and shape are the config's own: a batch or a model that cannot
+    // run is refused before any sample is drawn (a minute and gigabytes for large shapes).
+    if (c.data.dataset == DatasetKind::synthetic) check_plan(c, synthetic_outline(c.data));
     return load_data(c.data, c.train.seed);
   } catch (const UserError& e) {
     rethrow_naming_config(config_path, e);

@@ -355,6 +355,19 @@ void check_synthetic_fits(const DataConfig& cfg) {
       train, test, static_cast<int64_t>(f), need / kGiB, limit / kGiB));
 }
 
+DataSplit synthetic_outline(const DataConfig& cfg) {
+  check_synthetic_fits(cfg);
+  const SyntheticConfig& sy = cfg.synthetic;
+  DataSplit s;
+  for (Dataset* d : {&s.train, &s.test}) {
+    d->shape = sy.shape;
+    d->classes = sy.classes;
+  }
+  s.train.y.assign(static_cast<size_t>(kept(cfg.train_limit, sy.train_size)), 0);
+  s.test.y.assign(static_cast<size_t>(kept(cfg.test_limit, sy.test_size)), 0);
+  return s;
+}
+
 Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream) {
   Dataset d;
   d.shape = cfg.shape;

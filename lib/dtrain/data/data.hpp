@@ -86,6 +86,11 @@ int64_t synthetic_features(const SyntheticConfig& cfg);
 // would not fit in the memory available: checked before anything is allocated.
 void check_synthetic_fits(const DataConfig& cfg);
 
+// The synthetic data set's sizes, shape and classes without its samples (every label 0, no
+// features), for the checks of a plan before seconds and gigabytes go into drawing them.
+// Throws as check_synthetic_fits does.
+DataSplit synthetic_outline(const DataConfig& cfg);
+
 // A learnable synthetic task: Gaussian clusters around per-class prototypes.
 Dataset make_synthetic(const SyntheticConfig& cfg, int64_t n, uint64_t seed, uint64_t stream);
 

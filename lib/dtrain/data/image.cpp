@@ -88,13 +88,23 @@ bool jpeg_progressive(const uint8_t* data, size_t size) {
   return true;
 }
 
+// libjpeg-turbo's 8-bit API reads 8-bit samples only: a 12-bit JPEG (medical scanners, some
+// cameras) is no damaged file, and is named as what it is.
+std::string jpeg_refusal(const std::string& what, const char* part, const std::string& message) {
+  if (message.find("Unsupported JPEG data precision") != std::string::npos)
+    return fmt::format(
+        "{}: a JPEG of more than 8 bits a sample, which dtrain does not decode "
+        "(convert it to 8 bits; libjpeg-turbo: {})",
+        what, message);
+  return fmt::format("{}: JPEG {} cut short or corrupt (libjpeg-turbo: {})", what, part, message);
+}
+
 ImageHeader jpeg_header(const uint8_t* data, size_t size, const std::string& what) {
   TjDecompressor tj;
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (tjDecompressHeader3(tj.get(), data, static_cast<unsigned long>(size), &width, &height,
                           &subsamp, &colorspace) != 0)
-    throw UserError(
-        fmt::format("{}: JPEG header cut short or corrupt (libjpeg-turbo: {})", what, tj.error()));
+    throw UserError(jpeg_refusal(what, "header", tj.error()));
   // TurboJPEG reports a stream that ends before its frame header (tables only, or cut short)
   // as a success of size 0 x 0.
   if (width <= 0 || height <= 0)
@@ -256,8 +266,7 @@ ImagePart decode_jpeg(const uint8_t* data, size_t size, int channels, const Imag
       throw UserError(what + ": a CMYK JPEG, which dtrain does not decode (convert it to RGB)");
     if (errors.resized)
       throw UserError(what + ": JPEG data corrupt (its frame's size is not its header's)");
-    throw UserError(
-        fmt::format("{}: JPEG data cut short or corrupt (libjpeg-turbo: {})", what, errors.message));
+    throw UserError(jpeg_refusal(what, "data", errors.message));
   }
   part.image.width = part.rect.width;
   part.image.height = part.rect.height;
