@@ -167,6 +167,34 @@ TEST_CASE("a command without --tag never collides with one started in the same s
   CHECK_THAT(r.out, !Catch::Contains("already exists"));
 }
 
+TEST_CASE("an address-space limit too small to start is one line, never a hang", "[cli][errors]") {
+#ifdef DTRAIN_TEST_ASAN
+  SKIP("AddressSanitizer maps terabytes of shadow memory: no ulimit -v leaves it room");
+#else
+  // Below about 1 GiB the dynamic loader itself fails (the CUDA libraries are large); above it,
+  // OpenBLAS's worker threads could not take their buffers and waited for ever, and dtrain
+  // with them, even for --version. Every limit in between must end, one way or the other.
+  bool refused = false;
+  for (int mib = 400; mib <= 2000; mib += 100) {
+    const auto r = shell("ulimit -v " + std::to_string(mib * 1024) + " && exec timeout 30 " +
+                         dtrain_binary() + " --version");
+    INFO(mib << " MiB: exit " << r.code << "\n" << r.out);
+    CHECK(r.code != 124);         // timeout: hung
+    if (r.code == 127) continue;  // the loader could not map a library
+    if (r.code == 2) {
+      CHECK(count_lines(r.out) == 1);
+      CHECK_THAT(r.out, Catch::StartsWith("dtrain: error: the address-space limit (ulimit -v) "
+                                          "is " +
+                                          std::to_string(mib) + " MiB"));
+      refused = true;
+    } else {
+      CHECK(r.code == 0);
+    }
+  }
+  CHECK(refused);
+#endif
+}
+
 TEST_CASE("user mistakes give one line and exit code 2", "[cli][errors]") {
   TempDir s("cli");
   const auto good = s.write("tiny.yaml", kTiny);

@@ -1,6 +1,7 @@
 // dtrain: data-parallel scaling experiments from YAML files.
 #include <fmt/format.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "dtrain/backend/device.hpp"
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/log.hpp"
 #include "dtrain/base/stop.hpp"
@@ -56,6 +58,11 @@ void on_interrupt(int signal) {
 
 int main(int argc, char** argv) {
   dtrain::route_stop_signals();  // before any thread: none that computes ever takes a signal
+  if (const std::string why = dtrain::address_space_shortfall(); !why.empty()) {
+    std::fprintf(stderr, "dtrain: error: %s\n", why.c_str());
+    std::fflush(stderr);
+    _exit(2);  // not exit(): OpenBLAS's exit handler would wait for its stuck workers
+  }
   // Started by mpirun/srun: one replica per process over MPI.
   if (dtrain::mpi::detect().active) {
     try {

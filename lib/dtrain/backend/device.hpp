@@ -365,6 +365,11 @@ std::unique_ptr<Device> make_cpu_device(const CpuOptions& opt = {});
 void set_blas_threads(int n);
 // OpenBLAS build and the kernel family it picked, e.g. "OpenBLAS 0.3.21 ... (core SkylakeX)".
 std::string blas_description();
+// Why an address-space limit (ulimit -v) is too small for this process to go on, or "" when
+// it is not (or there is none). OpenBLAS's worker threads each reserve a buffer when they
+// start, and one that cannot retries for ever; its exit handler then waits on it for ever.
+// So the caller must end the process with _exit(), not exit(), after saying why.
+std::string address_space_shortfall();
 
 // Owning device buffer of T.
 template <class T>
