@@ -53,8 +53,8 @@ TEST_CASE("a run continued from any of its checkpoints gives the same bits", "[c
     const DataSplit data = load_data(cfg.data, cfg.train.seed);
     Keep keep;
     const TrainResult full = train(cfg, data, &keep);
-    // Every 5 steps (13 a epoch) and at the ends of epochs 1 and 2, each once.
-    REQUIRE(keep.all.size() == 9);
+    // Every 5 steps (13 a epoch) and at the ends of epochs 1 to 3 (before their scoring).
+    REQUIRE(keep.all.size() == 10);
     for (const auto& c : keep.all) {
       INFO(to_string(opt) << ": from epoch " << c.epoch << " step " << c.step);
       CHECK(c.config_yaml == to_yaml(cfg));
@@ -88,7 +88,7 @@ TEST_CASE("a residual run with BatchNorm inside its blocks resumes to the same b
   const DataSplit data = load_data(cfg.data, cfg.train.seed);
   Keep keep;
   const TrainResult full = train(cfg, data, &keep);
-  REQUIRE(keep.all.size() == 9);
+  REQUIRE(keep.all.size() == 10);
   // 2 replicas x [mean, var] of BatchNorms of 4, 4, 4, 6, 6 (nested) and 6 (projection).
   CHECK(keep.all[0].bn_state.size() == 2 * 2 * (4 * 3 + 6 * 3));
   for (const auto& c : keep.all) {
@@ -120,7 +120,7 @@ TEST_CASE("a run on Winograd's convolutions resumes to the same bits",
   const DataSplit data = load_data(cfg.data, cfg.train.seed);
   Keep keep;
   const TrainResult full = train(cfg, data, &keep);
-  REQUIRE(keep.all.size() == 9);
+  REQUIRE(keep.all.size() == 10);
   for (const size_t k : {size_t{1}, size_t{4}, size_t{8}}) {  // mid-epoch, ends, mid-epoch
     const auto& c = keep.all[k];
     INFO("from epoch " << c.epoch << " step " << c.step);
@@ -145,7 +145,7 @@ TEST_CASE("a run with the ResNet recipe's keys resumes to the same bits",
   const DataSplit data = load_data(cfg.data, cfg.train.seed);
   Keep keep;
   const TrainResult full = train(cfg, data, &keep);
-  REQUIRE(keep.all.size() == 9);
+  REQUIRE(keep.all.size() == 10);
   for (const auto& c : keep.all) {
     INFO("from epoch " << c.epoch << " step " << c.step);
     const TrainResult resumed = train(cfg, data, nullptr, &c);
@@ -576,6 +576,21 @@ std::map<std::string, std::string> stop_signal_masks(pid_t pid) {
   return out;
 }
 
+// Row `row` (1: the first after the header) of a CSV text's column `name`.
+std::string csv_cell(const std::string& csv, int row, const std::string& name) {
+  std::stringstream in(csv);
+  std::vector<std::vector<std::string>> rows;
+  for (std::string line; std::getline(in, line);) {
+    rows.emplace_back();
+    std::stringstream ls(line);
+    for (std::string cell; std::getline(ls, cell, ',');) rows.back().push_back(cell);
+  }
+  REQUIRE(static_cast<int>(rows.size()) > row);
+  const auto at = std::find(rows[0].begin(), rows[0].end(), name);
+  REQUIRE(at != rows[0].end());
+  return rows[static_cast<size_t>(row)].at(static_cast<size_t>(at - rows[0].begin()));
+}
+
 int exit_code(pid_t pid) {
   int st = 0;
   waitpid(pid, &st, 0);
@@ -698,13 +713,65 @@ TEST_CASE("a resume refuses data that changed since the run started, and keeps t
   r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
   INFO(r.out);
   REQUIRE(r.code == 0);
-  CHECK_THAT(r.out, Catch::Contains("resume: continuing at epoch 2"));
+  // The first epoch's checkpoint, written when its steps were done, before its scoring.
+  CHECK_THAT(r.out,
+             Catch::Contains("resume: continuing at epoch 1, step " + std::to_string(steps)));
   CHECK(numeric_columns(run / "metrics.csv") == want);
 }
 
 // A resume copies the checkpoint into the run's new folder before the old copy goes; killed
 // while writing that copy, the next resume continues from the copy kept under .attempts/.
 // A sweep stopped in its first run: the table names the runs it lacks and how to run them.
+// Scoring a large test set can take far longer than an epoch's training. The epoch's steps are
+// saved before it, a stop ends it between chunks, and a kill there loses no step.
+TEST_CASE("a stop while an epoch is scored ends at once, and loses no step", "[checkpoint][cli]") {
+  TempDir d("ck-eval");
+  // 4 steps of training, then about 120 GFLOP of scoring in chunks of 128 samples.
+  const std::string cfg =
+      d.write("ck.yaml",
+              "name: ck\nbackend: cpu\nthreads: 1\ngpus: 2\n"
+              "data:\n  dataset: synthetic\n  synthetic: {train_size: 256, test_size: 48000, "
+              "shape: [256], classes: 4, noise: 1.5}\n"
+              "model: {hidden: [1024, 1024]}\n"
+              "train: {epochs: 2, per_replica_batch: 32, target_accuracy: 0, eval_batch: 128}\n"
+              "optimizer: {lr: 0.02, base_batch: 64, momentum: 0.9}\n");
+  const std::string want = reference_metrics(d, cfg);
+  const auto ref_metrics = slurp(d.path / "ref" / "ck" / "t-g2" / "metrics.csv");
+  for (const int sig : {SIGTERM, SIGKILL}) {
+    INFO("signal " << sig);
+    const auto res = (d.path / ("r" + std::to_string(sig))).string();
+    const fs::path run = fs::path(res) / "ck" / "t-g2";
+    const pid_t pid = start("run " + cfg + " --results " + res + " --tag t");
+    // The first checkpoint is written when epoch 1's steps are done, before its scoring.
+    bool saved = false;
+    for (int i = 0; i < 6000 && !saved; ++i) {
+      saved = fs::exists(run / "checkpoint.bin");
+      if (!saved) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    REQUIRE(saved);
+    const auto t0 = std::chrono::steady_clock::now();
+    kill(pid, sig);
+    CHECK(exit_code(pid) == 128 + sig);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(count_lines(slurp(run / "metrics.csv")) <= 1);  // stopped before epoch 1's row
+    if (sig == SIGTERM) {
+      CHECK(slurp(run / "status") == "interrupted\n");
+      // Within a few chunks, not the whole test set: well under one epoch's scoring.
+      const double scoring = std::stod(csv_cell(ref_metrics, 1, "eval_s"));
+      INFO("stopped in " << took << " s; a scoring took " << scoring << " s");
+      CHECK(scoring > 1.0);  // long enough to tell the two apart
+      CHECK(took < 0.1 * scoring + 0.4);
+    }
+    REQUIRE(fs::exists(run / "checkpoint.bin"));
+    const auto r = dtrain_cli("run " + cfg + " --results " + res + " --tag t --resume");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("resume: continuing at epoch 1, step 4"));
+    CHECK(numeric_columns(run / "metrics.csv") == want);
+  }
+}
+
 TEST_CASE("a sweep stopped early names the runs its table lacks", "[checkpoint][cli]") {
   TempDir d("ck-sweep-stop");
   const std::string cfg = slow_config(d);
@@ -868,7 +935,8 @@ TEST_CASE("under mpirun, a resume on changed data is one line and exit 2, and wa
   put(corpus, text);
   r = shell(launch + " --results " + res + " --tag t --resume");
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("resume: continuing at epoch 2") != std::string::npos);
+  CHECK(r.out.find("resume: continuing at epoch 1, step " + std::to_string(steps)) !=
+        std::string::npos);
   CHECK(numeric_columns(run / "metrics.csv") ==
         numeric_columns(fs::path(ref) / "g" / "t-g2" / "metrics.csv"));
 }

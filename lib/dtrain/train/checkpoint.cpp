@@ -349,7 +349,7 @@ void check_checkpoint(const Checkpoint& c, const std::string& what, const Checkp
   k.whole(c.noise[3], 0x1p53, "the noise-scale step count");
   k.whole(static_cast<double>(c.launches_per_step), 0x1p53, "the launches per step");
   if (run) {
-    if (c.replicas != run->replicas || c.epoch >= run->epochs || c.step >= run->steps)
+    if (c.replicas != run->replicas || c.epoch >= run->epochs || c.step > run->steps)
       k.fail(fmt::format("epoch {}, step {} of {} replicas is not a step of this run ({} epochs "
                          "of {} steps, {} replicas)",
                          c.epoch, c.step, c.replicas, run->epochs, run->steps, run->replicas));

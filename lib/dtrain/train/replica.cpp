@@ -330,7 +330,7 @@ void Replica::run() {
     if (run_.devices && rank_ == run_.devices_rank) run_.devices->set_epoch(epoch);
     const EpochTotals tr = train_epoch(epoch);
     const auto t_eval = Clock::now();
-    const std::vector<double> test = evaluate();
+    const std::vector<double> test = evaluate(/*stoppable=*/true);
     trace_.span(TracePhase::evaluation, t_eval, Clock::now());
     record_scoring(epoch, steps_, (epoch + 1) * static_cast<int64_t>(tr.seen), test,
                    tr.times.total);
@@ -377,7 +377,13 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   EpochTimes& t = out.times;
   const int64_t first = epoch == start_epoch_ ? start_step_ : 0;
   phases_.begin_epoch(first);
-  if (first > 0) resume_epoch(out);
+  if (first > 0) {
+    resume_epoch(out);
+    // The LR of the last step taken, as the epoch's row reports it (a resume after the epoch's
+    // last step, before its scoring, takes no step to set it).
+    out.lr_last = lr_at(cfg_.optimizer, cfg_.train.epochs, gbatch_,
+                        epoch + static_cast<double>(first - 1) / static_cast<double>(steps_));
+  }
   if (train_input_) start_input(plan, epoch, first);
   // Evaluation may have freed device memory on some ranks: the graph steps agree again.
   graph_agreement_.unsettle();
@@ -385,7 +391,9 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
   const double before = t.total;  // of a resumed epoch, the time before the stop
   input_since_s_ = before;         // the input counters start here (start_input)
   const auto t_epoch = Clock::now();
-  const auto elapsed = [&] { return before + seconds_since(t_epoch) - out.scoring_s; };
+  const auto elapsed = [&] {
+    return before + seconds_since(t_epoch) - out.scoring_s - out.saved_s;
+  };
   for (int64_t s = first; s < steps_; ++s) {
     // A stop at a step boundary, agreed by every rank: the state is saved, then every rank ends.
     if (stop_agreed(s)) {
@@ -417,10 +425,23 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
       report_devices(epoch);  // the samples so far, where a long epoch has checkpoints
     }
   }
+  // The epoch's steps are kept before it is scored: scoring a large test set can take longer
+  // than training, and a stop or a kill there then loses no step (a resume scores the epoch
+  // again). The epoch's own checkpoint after the scoring is then this one: skipped.
+  t.total = elapsed();
+  const auto t_saved = Clock::now();
+  checkpoint(epoch, steps_, &out);
+  out.saved_s = seconds_since(t_saved);
   // The epoch's one wait for the device (besides the clock's anchors); then one exchange turns
   // local per-step stats into global ones.
   stats_.finish_epoch(comm_);
   t.total = elapsed();
+  close_epoch(out);
+  return out;
+}
+
+void Replica::close_epoch(EpochTotals& out) {
+  EpochTimes& t = out.times;
   // On a GPU the host only queues work: the split comes from device events instead (but for
   // an exchange that runs on the host).
   double dt[3] = {0, 0, 0};
@@ -442,7 +463,6 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
     out.seen += st[StepStats::kRows];
     noise_.add_step(st);
   }
-  return out;
 }
 
 double Replica::score_between_steps(int epoch, int64_t done, const EpochPlan& plan,
@@ -776,6 +796,12 @@ void Replica::update_own_part(EpochTimes& t) {
   phases_.add(StepPhase::optimizer, own);
 }
 
+bool Replica::stop_voted() {
+  double stop = stop_requested() ? 1 : 0;
+  if (replicas_ > 1) comm_.allreduce(&stop, 1, ReduceOp::sum);  // host only
+  return stop > 0;
+}
+
 bool Replica::stop_agreed(int64_t step) {
   if (replicas_ == 1) return stop_requested();
   // The ranks vote every kStopVoteSteps steps: a vote is one more meeting of all replicas,
@@ -846,7 +872,7 @@ GraphMode Replica::graph_policy(int64_t global_rows) {
   return queue_->graph_step_begin(mine);
 }
 
-std::vector<double> Replica::evaluate() {
+std::vector<double> Replica::evaluate(bool stoppable) {
   // With per-replica BatchNorm the running statistics differ between replicas, so they are
   // averaged first.
   if (cfg_.model.batchnorm == BatchNormMode::local) model_->average_state(comm_);
@@ -863,7 +889,13 @@ std::vector<double> Replica::evaluate() {
         },
         0, 0);
   }
-  for (int64_t lo = lo_end; lo < hi_end; lo += eval_rows_) {
+  // The chunks every rank has (their slices differ by a sample at most): where they vote.
+  const int64_t voted = (test_.size() / replicas_ + eval_rows_ - 1) / eval_rows_;
+  for (int64_t lo = lo_end, chunk = 0; lo < hi_end; lo += eval_rows_, ++chunk) {
+    if (stoppable && chunk < voted && stop_voted()) {
+      trace_window_.after_epoch(comm_, trace_, global_step_, run_.observer);
+      throw Interrupted("interrupted by the user");
+    }
     const int64_t rows = std::min(eval_rows_, hi_end - lo);
     model_->forward(load_test_chunk(lo, rows), rows, /*train=*/false);
     model_->loss_only(yb_.data(), rows, dev_test_.data());

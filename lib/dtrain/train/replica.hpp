@@ -98,9 +98,13 @@ class Replica {
     double lr_first = 0, lr_last = 0;
     EpochTimes times;
     double scoring_s = 0;  // train.eval_steps: scoring the test set between steps (not in times)
+    double saved_s = 0;    // the checkpoint before the epoch's scoring (not in times)
   };
 
   EpochTotals train_epoch(int epoch);
+  // The epoch's phase split (device events on a GPU) and its sums over every step, once the
+  // step stats are reduced (StepStats::finish_epoch).
+  void close_epoch(EpochTotals& out);
   // Collective: the device samples since the last call (train.telemetry_ms) to rank 0's
   // observer, at each epoch's end and each checkpoint within an epoch.
   void report_devices(int epoch);
@@ -133,8 +137,11 @@ class Replica {
   // The mode of this step, agreed by every rank: CUDA graphs for full-size steps where on.
   GraphMode graph_policy(int64_t global_rows);
   // Test loss sum and correct predictions over the whole test set (every rank scores its
-  // shard; the counts are summed).
-  std::vector<double> evaluate();
+  // shard; the counts are summed). `stoppable`: the epoch's own scoring, after its checkpoint,
+  // which a stop ends between chunks (Interrupted) rather than after the whole test set.
+  std::vector<double> evaluate(bool stoppable = false);
+  // Collective: whether any rank was asked to stop, asked at every call.
+  bool stop_voted();
   // train.eval_steps: whether the test set is scored after step s (0-based) of an epoch; the
   // epoch's last step is scored by the epoch's own evaluation.
   bool scoring_due(int64_t s) const {

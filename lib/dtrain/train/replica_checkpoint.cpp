@@ -46,8 +46,7 @@ void check_of_this_run(const ReplicaState& r, const Checkpoint& c) {
         "checkpoint.bin to start the run over",
         c.replicas, c.params.size(), replicas, n));
   const int64_t steps = r.steps;
-  if (c.epoch >= r.cfg.train.epochs || c.step >= steps ||
-      (c.step > 0) != !c.partial_stats.empty() ||
+  if (c.epoch >= r.cfg.train.epochs || c.step > steps || (c.step > 0) != !c.partial_stats.empty() ||
       c.partial_stats.size() != static_cast<size_t>(c.step) * StepStats::kHost ||
       c.step_losses.size() != static_cast<size_t>(c.epoch) * static_cast<size_t>(steps) ||
       c.global_step != static_cast<int64_t>(c.epoch) * steps + c.step)
