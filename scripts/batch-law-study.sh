@@ -12,9 +12,12 @@
 # widths 8/16/32) takes hours; it resumes where it stopped:
 #   CONFIG=configs/fmnist-resnet-batch-law.yaml RESULTS=results/batch-law-resnet \
 #     EXPONENTS="0 1/2 1" MAX_EPOCHS=30 scripts/batch-law-study.sh
+# With a warmup from 0 (the configs have none: a constant LR from the first step):
+#   RESULTS=results/batch-law-warmup EXTRA="optimizer.warmup_epochs=1 optimizer.warmup_from=zero" \
+#     scripts/batch-law-study.sh
 # Environment: CONFIG, RESULTS, BATCHES, SEEDS (default 1,2,3), LR0 (default 0.05), EXPONENTS
 # (default "0 1/4 1/2 3/4 1"), MAX_EPOCHS (default 1000), THREADS (default: the config's),
-# DTRAIN.
+# EXTRA (more overrides, split at blanks, each passed to dtrain as one argument), DTRAIN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${CONFIG:-configs/fmnist-batch-law.yaml}
@@ -34,6 +37,7 @@ if [ -n "${THREADS:-}" ]; then
   [[ $THREADS =~ ^[0-9]+$ ]] || { echo "batch-law-study: THREADS is a whole number"; exit 2; }
   threads=("threads=$THREADS")
 fi
+read -r -a extra <<< "${EXTRA:-}"
 [ -x "$dtrain" ] || scripts/build.sh > /dev/null
 for b in ${BATCHES:-64 128 256 512 1024 2048 4096 8192}; do
   [[ $b =~ ^[1-9][0-9]*$ ]] || { echo "batch-law-study: a batch is a whole number, got '$b'"; exit 2; }
@@ -51,7 +55,7 @@ for b in ${BATCHES:-64 128 256 512 1024 2048 4096 8192}; do
   epochs=$(( b / 64 > 10 ? b / 64 : 10 ))
   epochs=$(( epochs > max_epochs ? max_epochs : epochs ))
   "$dtrain" run "$config" "train.global_batch=$b" "train.epochs=$epochs" \
-    "train.eval_steps=$every" "optimizer.lr=$lrs" "train.seed=${SEEDS:-1,2,3}" "${threads[@]}" \
+    "train.eval_steps=$every" "optimizer.lr=$lrs" "train.seed=${SEEDS:-1,2,3}" "${threads[@]}" "${extra[@]}" \
     --results "$results" --tag "b$b" --resume --quiet
 done
 "$dtrain" report "$results" --batch-law --out "$results/report"

@@ -234,10 +234,38 @@ TEST_CASE("doctor: gradient clipping that differs across N", "[doctor]") {
 
 TEST_CASE("doctor: warmup longer than a fifth of training", "[doctor]") {
   Config c = healthy();
+  c.optimizer.base_batch = 32;    // the warmup climbs to 4x lr
   c.optimizer.warmup_epochs = 3;  // of 10
   CHECK(fires("long-warmup", c));
   c.optimizer.warmup_epochs = 2;
   CHECK_FALSE(fires("long-warmup", c));
+  // A warmup that ramps nothing trains no step below its peak: flat, not long.
+  c.optimizer.warmup_epochs = 3;
+  c.optimizer.lr_scaling = LrScaling::none;
+  CHECK_FALSE(fires("long-warmup", c));
+  CHECK(fires("flat-warmup", c));
+}
+
+TEST_CASE("doctor: a warmup from lr to an unscaled lr ramps nothing", "[doctor]") {
+  Config c = healthy();
+  c.optimizer.lr_scaling = LrScaling::none;
+  c.optimizer.warmup_epochs = 1;
+  c.optimizer.schedule = Schedule::cosine;
+  CHECK_THAT(message_of("flat-warmup", c),
+             Catch::Contains("only starts the cosine schedule 1 epochs late") &&
+                 Catch::Contains("fix: optimizer.warmup_from: zero"));
+  // From zero it ramps; with a scaling rule it ramps at N replicas (and is flat at one by
+  // design: the baseline of a scaling study); no warmup at all is nothing to say.
+  c.optimizer.warmup_from = WarmupFrom::zero;
+  CHECK_FALSE(fires("flat-warmup", c));
+  c.optimizer.warmup_from = WarmupFrom::lr;
+  c.optimizer.lr_scaling = LrScaling::sqrt;
+  CHECK_FALSE(fires("flat-warmup", c));
+  c.gpus = 1;
+  CHECK_FALSE(fires("flat-warmup", c));
+  c.optimizer.lr_scaling = LrScaling::none;
+  c.optimizer.warmup_epochs = 0;
+  CHECK_FALSE(fires("flat-warmup", c));
 }
 
 TEST_CASE("doctor: batch or no shuffle on label-ordered data", "[doctor]") {
@@ -486,9 +514,10 @@ TEST_CASE("doctor: input-bound on the CPU, where decoding and the step share the
 TEST_CASE("every doctor rule has a test above that makes it fire", "[doctor]") {
   // The rule list is what `dtrain doctor` counts; a rule added without a case here fails.
   const std::vector<std::string> tested = {
-      "sum-reduction", "unscaled-lr",    "linear-no-warmup", "linear-adam",    "long-warmup",
-      "clip-across-n", "ordered-data",   "small-bn-batch",   "accumulation-bn",  "dropped-samples",
-      "oversubscribed-threads", "ignored-model-key", "sparse-labels", "input-bound"};
+      "sum-reduction",     "unscaled-lr",     "linear-no-warmup", "linear-adam",
+      "flat-warmup",       "long-warmup",     "clip-across-n",    "ordered-data",
+      "small-bn-batch",    "accumulation-bn", "dropped-samples",  "oversubscribed-threads",
+      "ignored-model-key", "sparse-labels",   "input-bound"};
   CHECK(doctor_rules() == tested);
 }
 
@@ -520,5 +549,5 @@ TEST_CASE("dtrain doctor prints one line per finding and exits 0", "[doctor][cli
                                 " train.reduction=mean data.drop_remainder=false gpus=1");
   INFO(clean.out);
   CHECK(clean.code == 0);
-  CHECK(clean.out.find("none of the 14 known pitfalls") != std::string::npos);
+  CHECK(clean.out.find("none of the 15 known pitfalls") != std::string::npos);
 }

@@ -31,6 +31,34 @@ TEST_CASE("warmup ramps linearly from lr to the scaled lr", "[lr]") {
   CHECK(lr_at(o, 10, 256, 7.0) == Approx(0.4));
 }
 
+TEST_CASE("warmup_from: zero ramps from 0, and a warmup from lr to lr ramps nothing", "[lr]") {
+  OptimizerConfig o;
+  o.lr = 0.1;
+  o.base_batch = 64;
+  o.lr_scaling = LrScaling::none;
+  o.warmup_epochs = 2;
+  o.schedule = Schedule::constant;
+  // From lr to the unscaled lr: flat, at any global batch.
+  CHECK(lr_at(o, 10, 256, 0.0) == 0.1);
+  CHECK(lr_at(o, 10, 256, 1.0) == 0.1);
+  CHECK_FALSE(warmup_ramps(o, 256));
+  o.warmup_from = WarmupFrom::zero;
+  CHECK(lr_at(o, 10, 256, 0.0) == 0.0);
+  CHECK(lr_at(o, 10, 256, 0.5) == Approx(0.025));
+  CHECK(lr_at(o, 10, 256, 2.0) == Approx(0.1));
+  CHECK(warmup_ramps(o, 256));
+  // To the scaled peak, from 0: linear at 4x the batch climbs to 0.4.
+  o.lr_scaling = LrScaling::linear;
+  CHECK(lr_at(o, 10, 256, 1.0) == Approx(0.2));
+  CHECK(lr_at(o, 10, 256, 2.0) == Approx(0.4));
+  // From lr, with a rule: flat at base_batch (one replica of a scaling study), a ramp beyond.
+  o.warmup_from = WarmupFrom::lr;
+  CHECK_FALSE(warmup_ramps(o, 64));
+  CHECK(warmup_ramps(o, 256));
+  o.warmup_epochs = 0;
+  CHECK_FALSE(warmup_ramps(o, 256));
+}
+
 TEST_CASE("cosine decays from the peak to min_lr over the epochs after warmup", "[lr]") {
   OptimizerConfig o;
   o.lr = 0.05;

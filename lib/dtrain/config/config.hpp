@@ -105,6 +105,14 @@ inline const EnumTable<Schedule>& choices(Schedule) {
   return names;
 }
 
+// Where warmup starts: `lr` climbs from the given lr to the scaled peak (Goyal et al. 2017: at
+// one replica it is flat), `zero` from 0 to the peak (nanoGPT, llm.c, most transformer recipes).
+enum class WarmupFrom { lr, zero };
+inline const EnumTable<WarmupFrom>& choices(WarmupFrom) {
+  static const EnumTable<WarmupFrom> names = {{"lr", WarmupFrom::lr}, {"zero", WarmupFrom::zero}};
+  return names;
+}
+
 enum class ModelType { mlp, lenet5, cnn, layers, resnet, gpt };
 inline const EnumTable<ModelType>& choices(ModelType) {
   static const EnumTable<ModelType> names = {{"mlp", ModelType::mlp},
@@ -379,6 +387,7 @@ struct OptimizerConfig {
   double eps = 1e-8;
   LrScaling lr_scaling = LrScaling::linear;
   double warmup_epochs = 0.0;
+  WarmupFrom warmup_from = WarmupFrom::lr;
   Schedule schedule = Schedule::constant;
   double step_size = 30.0;  // epochs between decays (schedule: step)
   double gamma = 0.1;       // decay factor (schedule: step)

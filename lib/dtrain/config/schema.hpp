@@ -221,6 +221,7 @@ void visit(C& o, V& v) {
   v(Key("eps").within(0.0, 1.0), o.eps);
   v(Key("lr_scaling"), o.lr_scaling);
   v(Key("warmup_epochs").within(0.0, 1e6), o.warmup_epochs);
+  v(Key("warmup_from"), o.warmup_from);
   v(Key("schedule"), o.schedule);
   v(Key("step_size").within(1e-9, 1e6), o.step_size);
   v(Key("gamma").within(0.0, 1.0), o.gamma);

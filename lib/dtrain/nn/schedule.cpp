@@ -9,7 +9,8 @@ namespace dtrain {
 double lr_at(const OptimizerConfig& o, int total_epochs, int64_t global_batch, double epoch_pos) {
   const double peak = scaled_lr(o, global_batch);
   const double w = o.warmup_epochs;
-  if (w > 0 && epoch_pos < w) return o.lr + (peak - o.lr) * (epoch_pos / w);
+  const double from = o.warmup_from == WarmupFrom::zero ? 0.0 : o.lr;
+  if (w > 0 && epoch_pos < w) return from + (peak - from) * (epoch_pos / w);
   const double t = epoch_pos - w;
   const double span = std::max(1e-12, static_cast<double>(total_epochs) - w);
   switch (o.schedule) {
@@ -26,6 +27,11 @@ double lr_at(const OptimizerConfig& o, int total_epochs, int64_t global_batch, d
     }
   }
   return peak;
+}
+
+bool warmup_ramps(const OptimizerConfig& o, int64_t global_batch) {
+  if (o.warmup_epochs <= 0) return false;
+  return o.warmup_from == WarmupFrom::zero || scaled_lr(o, global_batch) != o.lr;
 }
 
 }  // namespace dtrain

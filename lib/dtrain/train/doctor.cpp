@@ -12,6 +12,7 @@
 #include "dtrain/comm/mpi.hpp"
 #include "dtrain/data/pipeline.hpp"
 #include "dtrain/nn/model.hpp"
+#include "dtrain/nn/schedule.hpp"
 #include "dtrain/train/trainer.hpp"
 
 namespace dtrain {
@@ -135,7 +136,19 @@ void check_lr_rule(Context& c) {
           fmt::format("optimizer.type: {} with lr_scaling: linear; adaptive optimizers follow a "
                       "square-root rule, not a linear one; fix: optimizer.lr_scaling: sqrt",
                       to_string(o.type)));
-  if (o.warmup_epochs > c.cfg.train.epochs / 5.0)
+  // dtrain's default warmup climbs from lr to the scaled peak: with no scaling rule it climbs
+  // nowhere, at every replica count, though a recipe's warmup (nanoGPT's) meant one from 0.
+  if (o.warmup_epochs > 0 && o.lr_scaling == LrScaling::none && o.warmup_from == WarmupFrom::lr)
+    c.add("flat-warmup",
+          fmt::format("optimizer.warmup_epochs {:g} climbs from lr {:g} to the same lr "
+                      "(lr_scaling: none scales nothing), so it changes no LR{}; fix: "
+                      "optimizer.warmup_from: zero for a warmup from 0, or warmup_epochs: 0",
+                      o.warmup_epochs, o.lr,
+                      o.schedule == Schedule::constant
+                          ? ""
+                          : fmt::format(" and only starts the {} schedule {:g} epochs late",
+                                        to_string(o.schedule), o.warmup_epochs)));
+  if (warmup_ramps(o, c.global) && o.warmup_epochs > c.cfg.train.epochs / 5.0)
     c.add("long-warmup",
           fmt::format("optimizer.warmup_epochs {:g} is more than a fifth of train.epochs {}, so "
                       "much of the run trains below its peak lr; fix: warmup_epochs at most {:g}",
@@ -387,14 +400,11 @@ InputProbe probe_input(const Config& cfg, const DataSplit& data) {
 }
 
 const std::vector<std::string>& doctor_rules() {
-  static const std::vector<std::string> rules = {"sum-reduction",    "unscaled-lr",
-                                                 "linear-no-warmup", "linear-adam",
-                                                 "long-warmup",      "clip-across-n",
-                                                 "ordered-data",
-                                                 "small-bn-batch",   "accumulation-bn",
-                                                 "dropped-samples",  "oversubscribed-threads",
-                                                 "ignored-model-key", "sparse-labels",
-                                                 "input-bound"};
+  static const std::vector<std::string> rules = {
+      "sum-reduction",     "unscaled-lr",     "linear-no-warmup", "linear-adam",
+      "flat-warmup",       "long-warmup",     "clip-across-n",    "ordered-data",
+      "small-bn-batch",    "accumulation-bn", "dropped-samples",  "oversubscribed-threads",
+      "ignored-model-key", "sparse-labels",   "input-bound"};
   return rules;
 }
 

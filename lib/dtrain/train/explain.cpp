@@ -19,7 +19,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& setting_key
   static const std::vector<std::pair<std::string, std::vector<std::string>>> s = {
       {"global_batch", {"train.per_replica_batch"}},
       {"lr_rule", {"optimizer.lr_scaling", "optimizer.lr"}},
-      {"warmup", {"optimizer.warmup_epochs"}},
+      {"warmup", {"optimizer.warmup_epochs", "optimizer.warmup_from"}},
       {"batchnorm", {"model.batchnorm"}},
       {"reduction", {"train.reduction"}},
       {"sharding", {"data.sharding", "data.shuffle"}},
@@ -37,6 +37,7 @@ Values values_of(const Config& c) {
       {"optimizer.lr_scaling", to_string(c.optimizer.lr_scaling)},
       {"optimizer.lr", fmt::format("{}", c.optimizer.lr)},
       {"optimizer.warmup_epochs", fmt::format("{}", c.optimizer.warmup_epochs)},
+      {"optimizer.warmup_from", to_string(c.optimizer.warmup_from)},
       {"model.batchnorm", to_string(c.model.batchnorm)},
       {"train.reduction", to_string(c.train.reduction)},
       {"data.sharding", to_string(c.data.sharding)},
@@ -90,9 +91,10 @@ Values equivalent_values(const Config& base, int n) {
   v["train.reduction"] = "mean";
   v["model.batchnorm"] = "sync";
   const double peak = scaled_lr(base.optimizer, base.global_batch());
-  // Warmup ramps from lr to the scaled rate, which `none` cannot express: then the baseline's
-  // own rule (same global batch, same rates) is the exact equivalent.
-  if (base.optimizer.warmup_epochs == 0 || peak == base.optimizer.lr) {
+  // Warmup from lr to the scaled rate, which `none` cannot express: then the baseline's own
+  // rule (same global batch, same rates) is the exact equivalent. From zero, or flat, it can.
+  if (!warmup_ramps(base.optimizer, base.global_batch()) ||
+      base.optimizer.warmup_from == WarmupFrom::zero) {
     v["optimizer.lr_scaling"] = "none";
     v["optimizer.lr"] = fmt::format("{}", peak);
   }
