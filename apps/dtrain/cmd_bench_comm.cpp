@@ -86,8 +86,8 @@ std::vector<SizeResult> bench_in_process(int replicas, const BenchSettings& s) {
 }
 
 // One rank per process under mpirun/srun; every rank returns the same rows.
-std::vector<SizeResult> bench_mpi(const BenchSettings& s, std::string& kind) {
-  auto comm = mpi::world(300.0);
+std::vector<SizeResult> bench_mpi(const BenchSettings& s, double timeout_s, std::string& kind) {
+  auto comm = mpi::world(timeout_s);
   if (comm->size() < 2)
     throw UserError("bench-comm under a launcher needs at least 2 processes (mpirun -np 2 ...)");
   kind = comm->kind();
@@ -137,6 +137,11 @@ void setup_bench_comm(CLI::App& app, BenchCommOptions& opt) {
   app.add_option("--out", opt.out,
                  "Write OUT.json and OUT.md (default: results/bench-comm/<UTC time>)")
       ->check(non_empty());
+  app.add_option("--timeout", opt.timeout_s,
+                 "Under mpirun or srun: seconds a rank waits for the others in one all-reduce "
+                 "before the job ends, naming the rank it waited for")
+      ->check(CLI::Range(1.0, 1e7))
+      ->capture_default_str();
 }
 
 int run_bench_comm(const BenchCommOptions& opt) {
@@ -186,7 +191,7 @@ int run_bench_comm(const BenchCommOptions& opt) {
   }
   if (!multi || mpi::rank() == 0)  // a folder that cannot be made fails before the timing
     ensure_dir(fs::absolute(stem).parent_path().string(), "bench-comm output");
-  rep.rows = multi ? bench_mpi(s, rep.communicator) : bench_in_process(replicas, s);
+  rep.rows = multi ? bench_mpi(s, opt.timeout_s, rep.communicator) : bench_in_process(replicas, s);
   rep.fit = fit_link(rep.rows, rep.ranks);
   const int64_t wrong = rep.wrong();
   if (multi && mpi::rank() != 0) return wrong ? 1 : 0;

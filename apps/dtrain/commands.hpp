@@ -136,6 +136,7 @@ struct BenchCommOptions {
   int warmup = 5;
   int replicas = 0;  // in-process, 2 when not given; under mpirun/srun the process count
   std::string out;   // OUT.json and OUT.md; default results/bench-comm/<UTC time>
+  double timeout_s = 300;  // under mpirun/srun: the longest wait for another rank
 };
 void setup_bench_comm(CLI::App& app, BenchCommOptions& opt);
 int run_bench_comm(const BenchCommOptions& opt);

@@ -119,6 +119,8 @@ int g_rank = 0, g_size = 1;
 std::vector<std::string> g_hosts;  // per rank
 std::vector<int> g_local_ranks;    // per rank, as the launcher numbered them on their host
 std::atomic<bool> g_waiting{false};  // inside MpiComm::wait_all
+// A wait before training gave up on a silent rank: the job ends at once (it will not come).
+std::atomic<bool> g_planning_gave_up{false};
 // Per rank: whether the all-reduce in progress still waits for its data. Atomics, so that a
 // watchdog thread can name the missing ranks while the main thread is held inside MPI.
 std::unique_ptr<std::atomic<char>[]> g_pending;
@@ -401,6 +403,9 @@ namespace {
 
 void finalize_after_failure(int exit_code) {
   if (!g_initialized || g_size == 1) return finalize();
+  // A silent rank before training: MPI_Finalize would wait for it too. Rank 0 has recorded
+  // the failure; the others wait for its word (or a moment, where rank 0 is the silent one).
+  if (g_planning_gave_up) end_job_after_failure(exit_code);
   // From a thread of its own, since MPI_Finalize holds the main one (Open MPI's MPI_Abort may
   // be called from any thread; the job is ending either way).
   // DTRAIN_FINALIZE_GRACE_S (0-3600) sets the grace: a test of the net, a slow file system.
@@ -472,12 +477,14 @@ void wait_planning(MPI_Request& req, const char* what) {
     if (done) return;
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > g_planning_timeout_s)
+    if (waited > g_planning_timeout_s) {
+      g_planning_gave_up = true;
       throw Aborted(
           fmt::format("{}: waited {:.0f} s for the other ranks in the {} before "
                       "training (one hung, gone, or cut off; "
                       "train.collective_timeout_s)",
                       who(g_rank), waited, what));
+    }
     // Planning waits on other ranks' file work: yield the core after a short spin.
     if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
