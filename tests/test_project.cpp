@@ -278,6 +278,21 @@ optimizer: {lr: 0.05, base_batch: 16}
     CHECK(cut.code == 2);
     CHECK_THAT(cut.out, Catch::Contains(want));
   }
+  std::ofstream(run / "metrics.csv") << csv;
+  // A parameter count no run writes: named, never read past or replaced by the description's.
+  const std::string text0 = slurp(run / "summary.json");
+  for (const std::string v : {"-5", "2762.5", "1e308", "1e13"}) {
+    auto edited = nlohmann::json::parse(text0);
+    edited["param_count"] = nlohmann::json::parse(v);
+    std::ofstream(run / "summary.json") << edited.dump();
+    const auto bad = dtrain_cli("project " + run.string() + out);
+    INFO(v << "\n" << bad.out);
+    CHECK(bad.code == 2);
+    CHECK_THAT(bad.out, Catch::Contains("summary.json: 'param_count' is ") &&
+                            (Catch::Contains("expected a whole number from 0 to 1000000000000") ||
+                             Catch::Contains("dtrain writes an integer")));
+  }
+  std::ofstream(run / "summary.json") << text0;
 }
 
 TEST_CASE("a step estimated from FLOPs: compute at a share of the peak, the update at memory speed",

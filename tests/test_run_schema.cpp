@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -247,6 +248,20 @@ TEST_CASE("an older metrics.csv without the newer columns still reads, and damag
            {"1,0.1,0.5,0.5,0.5,0.5,1e308\n", "epoch_time_s '1e308' is no value"},
            {"1,-0.1,0.5,0.5,0.5,0.5,1\n", "lr '-0.1' is no value a run writes"}}) {
     put(d.path / "metrics.csv", cols + row);
+    CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":2: " + said));
+  }
+  // The columns beyond the seven the figures draw are read, and so checked, too.
+  for (const auto& [column, value, said] : std::vector<std::array<std::string, 3>>{
+           {"compute_s", "hello", "'hello' is not a number"},
+           {"compute_s", "-5", "compute_s '-5' is no value a run writes"},
+           {"samples", "-1", "samples '-1' is no value a run writes"},
+           {"samples_per_s", "-5", "samples_per_s '-5' is no value a run writes"}}) {
+    put(d.path / "metrics.csv", metrics_csv_header() + metrics_csv_row(sample_epoch(1)));
+    MetricsCsv edited = read_metrics_csv(d.path.string());
+    edited.rows[0][*edited.find(column)] = value;
+    std::string text = metrics_csv_header();
+    for (size_t i = 0; i < edited.rows[0].size(); ++i) text += (i ? "," : "") + edited.rows[0][i];
+    put(d.path / "metrics.csv", text + "\n");
     CHECK_THROWS_WITH(load_metrics(d.path.string()), Catch::Contains(":2: " + said));
   }
   // What a run can write: a diverged loss, a time not measured, a negative noise estimate

@@ -450,9 +450,10 @@ Sweep plan_sweep(const RunOptions& opt) {
     for (const auto& r : s.runs)
       if (r.config.gpus != mpi::size())
         throw UserError(fmt::format(
-            "gpus={} but the launcher started {} processes; dtrain runs one replica per "
-            "process, so set gpus={} or start {} processes",
-            r.config.gpus, mpi::size(), mpi::size(), r.config.gpus));
+            "{}: gpus={} but the launcher started {} process{}; dtrain runs one replica per "
+            "process, so set gpus={} or start {} process{}",
+            opt.config, r.config.gpus, mpi::size(), mpi::size() == 1 ? "" : "es", mpi::size(),
+            r.config.gpus, r.config.gpus == 1 ? "" : "es"));
   return s;
 }
 

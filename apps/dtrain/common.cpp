@@ -80,8 +80,13 @@ namespace {
 // line names first.
 [[noreturn]] void rethrow_naming_config(const std::string& config_path, const UserError& e) {
   const std::string what = e.what();
-  if (what.rfind("data.", 0) == 0 || what.rfind("data:", 0) == 0 || what.rfind("train:", 0) == 0)
-    throw UserError(fmt::format("{}: {}", config_path, what));
+  // A message about the config's keys (not one naming a data file of its own): said of the file.
+  for (const char* section : {"data", "train", "model", "optimizer", "precision", "replicas"}) {
+    const std::string s = section;
+    if (what.rfind(s, 0) == 0 && what.size() > s.size() &&
+        (what[s.size()] == '.' || what[s.size()] == ':' || what[s.size()] == ' '))
+      throw UserError(fmt::format("{}: {}", config_path, what));
+  }
   throw;  // called inside the handler: the exception as it was
 }
 

@@ -336,9 +336,10 @@ int64_t read_shard_header(std::istream& in, const std::string& path) {
                                 "and the file has {}",
                                 path, count, want, size));
   if (size > want)
-    throw UserError(fmt::format("{}: {} bytes follow the {} tokens its header claims (a shard is "
-                                "1024 + 2 x count = {} bytes)",
-                                path, size - want, count, want));
+    throw UserError(fmt::format(
+        "{}: {} byte{} follow{} the {} tokens its header claims (a shard "
+        "is 1024 + 2 x count = {} bytes)",
+        path, size - want, size - want == 1 ? "" : "s", size - want == 1 ? "s" : "", count, want));
   in.seekg(kShardHeaderBytes);
   return count;
 }

@@ -198,9 +198,10 @@ std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
 }
 
 namespace {
-int64_t param_count_of(const nlohmann::json& j) {
-  if (j.contains("param_count") && j["param_count"].is_number_integer())
-    return std::max<int64_t>(0, j["param_count"].get<int64_t>());
+int64_t param_count_of(const nlohmann::json& j, const std::string& path) {
+  // 0 where the run failed before its model was built; then the description, if any.
+  const int64_t given = int_in(j, "param_count", 0, int64_t{1000000000000}, 0, path);
+  if (given > 0) return given;
   if (!j.contains("model") || !j["model"].is_string()) return 0;
   // Older folders: the model description ends "(N parameters)". Read by hand (a regex on a
   // hostile string of digits recurses once per digit).
@@ -411,7 +412,7 @@ RunRecord load_run(const std::string& dir) {
     r.target_loss = j.value(k::target_loss, 0.0);
     r.epochs_completed = static_cast<int>(int_in(j, k::epochs_completed, 0, 100000, 0, path));
     r.steps_per_epoch = int_in(j, k::steps_per_epoch, 0, int64_t{1} << 50, 0, path);
-    r.param_count = param_count_of(j);
+    r.param_count = param_count_of(j, path);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: unexpected content: {}", path, json_error_text(e.what())));
   }
@@ -1134,7 +1135,8 @@ std::vector<EpochRow> load_metrics(const std::string& dir) {
                                                "test_loss", "test_acc", "epoch_time_s"};
   csv.require(names);
   std::vector<EpochRow> rows;
-  for (const EpochMetrics& m : read_epochs(csv, names))
+  // Every column the file has is read, and so checked: a value no run writes is named.
+  for (const EpochMetrics& m : read_epochs(csv, {}))
     rows.push_back({m.epoch, m.lr, m.train_loss, m.train_acc, m.test_loss, m.test_acc,
                     m.epoch_time_s});
   return rows;

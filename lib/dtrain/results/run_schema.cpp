@@ -185,6 +185,8 @@ void set_value(T& to, double v) {
 // diverged). The noise scale's estimates and the ranks may be negative.
 std::string implausible(const MetricsColumn& c, double v) {
   const std::string_view name = c.name, unit = c.unit;
+  // Not finite (nan, inf): a diverged run's losses, columns not measured, and older folders'
+  // way of saying either.
   if (std::isnan(v) || name.rfind("noise_", 0) == 0) return "";  // estimates: any sign
   if (name == "train_acc" || name == "test_acc")
     return v >= 0 && v <= 1 ? "" : "a fraction from 0 to 1";
