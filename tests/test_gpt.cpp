@@ -494,6 +494,20 @@ TEST_CASE("dataset tokens: a folder's train shards, then its val shards, in name
   d.train_limit = 3;
   CHECK(load_data(d, 1).train.size() == 3);
   CHECK(peek_data_shape(d).train_size == 3);
+  // Limits keep the first windows, the same as without them.
+  d.test_limit = 1;
+  const DataSplit full = load_data(
+      [&] {
+        DataConfig all = d;
+        all.train_limit = all.test_limit = 0;
+        return all;
+      }(),
+      1);
+  const DataSplit kept = load_data(d, 1);
+  REQUIRE(kept.train.size() == 3);
+  REQUIRE(kept.test.size() == 1);
+  CHECK(std::equal(kept.train.x.begin(), kept.train.x.end(), full.train.x.begin()));
+  CHECK(std::equal(kept.test.x.begin(), kept.test.x.end(), full.test.x.begin()));
 }
 
 TEST_CASE("dataset tokens: one shard is split as bytes are, its tail for validation",
@@ -515,6 +529,25 @@ TEST_CASE("dataset tokens: one shard is split as bytes are, its tail for validat
   CHECK(s.test.x[10] == 90.f);
   CHECK(s.train.classes == 300);
   CHECK(peek_data_shape(d).train_size == 7);
+  // One file split by data.validation: a test limit reads its test windows from token 80 on.
+  d.train_limit = 2;
+  d.test_limit = 1;
+  const DataSplit few = load_data(d, 1);
+  REQUIRE(few.train.size() == 2);
+  REQUIRE(few.test.size() == 1);
+  CHECK(few.train.x[21] == 20.f);
+  CHECK(few.test.x[0] == 80.f);
+  CHECK(few.test.x[10] == 90.f);
+  // They read the tokens of the windows they keep, no more: a token the vocabulary refuses
+  // between them (index 50) is never read.
+  std::vector<uint16_t> odd = counting(0, 100);
+  odd[50] = 999;
+  test::put(dir.path / "odd.bin", shard(odd));
+  d.path = (dir.path / "odd.bin").string();
+  CHECK(load_data(d, 1).test.x[0] == 80.f);
+  d.train_limit = d.test_limit = 0;
+  CHECK_THROWS_WITH(load_data(d, 1), Catch::Contains("token 999 at index 50 is not below"));
+  d.path = (dir.path / "tiny.bin").string();
   // The largest token the vocabulary holds is read; one more is refused (below).
   test::put(dir.path / "edge.bin", shard(counting(280, 20)));
   d.path = (dir.path / "edge.bin").string();

@@ -454,13 +454,17 @@ int64_t shard_tokens(const std::string& path) {
   return read_shard_header(in, path);
 }
 
-void read_shard(const std::string& path, int64_t vocab, std::vector<uint16_t>& out) {
+int64_t read_shard(const std::string& path, int64_t vocab, std::vector<uint16_t>& out, int64_t skip,
+                   int64_t take) {
   std::ifstream in = open_shard(path);
   const int64_t count = read_shard_header(in, path);  // the file holds them all
-  out.reserve(out.size() + static_cast<size_t>(count));
+  skip = std::clamp<int64_t>(skip, 0, count);
+  const int64_t end = skip + std::min(take, count - skip);
+  out.reserve(out.size() + static_cast<size_t>(end - skip));
+  in.seekg(kShardHeaderBytes + 2 * skip);
   unsigned char buf[1 << 16];
-  for (int64_t at = 0; at < count;) {
-    const int64_t n = std::min<int64_t>(count - at, sizeof buf / 2);
+  for (int64_t at = skip; at < end;) {
+    const int64_t n = std::min<int64_t>(end - at, sizeof buf / 2);
     if (!in.read(reinterpret_cast<char*>(buf), 2 * n))
       throw UserError(fmt::format("{}: cut short after {} of {} tokens while read", path, at,
                                   count));
@@ -473,7 +477,25 @@ void read_shard(const std::string& path, int64_t vocab, std::vector<uint16_t>& o
       out.push_back(t);
     }
   }
+  return end - skip;
 }
+
+namespace {
+// Tokens [skip, skip + take) of the stream `files` make, in order, appended to `out`.
+void read_stream(const std::vector<std::string>& files, int64_t skip, int64_t take, int64_t vocab,
+                 std::vector<uint16_t>& out) {
+  for (const auto& f : files) {
+    if (take <= 0) return;
+    const int64_t count = shard_tokens(f);
+    if (skip >= count) {
+      skip -= count;
+      continue;
+    }
+    take -= read_shard(f, vocab, out, skip, take);
+    skip = 0;
+  }
+}
+}  // namespace
 
 TokenShards token_shards(const std::string& path) {
   std::error_code ec;
@@ -493,15 +515,25 @@ TokenShards token_shards(const std::string& path) {
 void load_tokens(const DataConfig& cfg, DataSplit& s) {
   const TokenShards sh = token_shards(cfg.path);
   const CorpusSplit sp = token_split(cfg, sh);
-  check_stream_fits(cfg, sp, 2.0, "tokens");
+  // The windows a limit keeps are the first ones: only their tokens are read.
+  const auto needed = [&](int64_t n, int64_t limit) {
+    return limit > 0 ? std::min(n, limit * cfg.block_size + 1) : n;
+  };
+  const CorpusSplit read{needed(sp.train, cfg.train_limit), needed(sp.test, cfg.test_limit)};
+  check_stream_fits(cfg, read, 2.0, "tokens");
+  // The test tokens follow the training ones in the stream (one file split by
+  // data.validation), or are the val shards' own.
   std::vector<uint16_t> all;
-  all.reserve(static_cast<size_t>(sp.train + sp.test));
-  for (const auto* list : {&sh.train, &sh.test})
-    for (const auto& f : *list) read_shard(f, cfg.vocab_size, all);
-  if (static_cast<int64_t>(all.size()) != sp.train + sp.test)
+  all.reserve(static_cast<size_t>(read.train + read.test));
+  read_stream(sh.train, 0, read.train, cfg.vocab_size, all);
+  if (sh.folder)
+    read_stream(sh.test, 0, read.test, cfg.vocab_size, all);
+  else
+    read_stream(sh.train, sp.train, read.test, cfg.vocab_size, all);
+  if (static_cast<int64_t>(all.size()) != read.train + read.test)
     throw UserError(fmt::format("data.path: the shards of '{}' changed while read", cfg.path));
-  s.train = windows(all, 0, sp.train, cfg.block_size, cfg.train_limit, cfg.vocab_size);
-  s.test = windows(all, sp.train, sp.test, cfg.block_size, cfg.test_limit, cfg.vocab_size);
+  s.train = windows(all, 0, read.train, cfg.block_size, cfg.train_limit, cfg.vocab_size);
+  s.test = windows(all, read.train, read.test, cfg.block_size, cfg.test_limit, cfg.vocab_size);
 }
 
 DataShape peek_tokens(const DataConfig& cfg) {

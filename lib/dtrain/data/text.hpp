@@ -60,9 +60,11 @@ inline constexpr int64_t kMaxShardTokens = int64_t{1} << 31;
 // else is read). Throws UserError naming the file for a header cut short, another magic or
 // version, no tokens, or a size other than 1024 + 2 x count bytes.
 int64_t shard_tokens(const std::string& path);
-// Appends the shard's tokens to `out` (checked as shard_tokens does, before anything is
-// allocated); a token not below `vocab` is refused, naming its value and index.
-void read_shard(const std::string& path, int64_t vocab, std::vector<uint16_t>& out);
+// Appends the shard's tokens [skip, skip + take) (at most to its end) to `out`, checked as
+// shard_tokens does before anything is allocated; a token not below `vocab` is refused, naming
+// its value and index. Returns the tokens appended.
+int64_t read_shard(const std::string& path, int64_t vocab, std::vector<uint16_t>& out,
+                   int64_t skip = 0, int64_t take = INT64_MAX);
 
 // The shards data.path names: one file (folder false: split by data.validation) or a
 // folder's train and val shards (hidden names skipped, sub-folders not read), sorted by name.
