@@ -439,6 +439,15 @@ TEST_CASE("doctor: a model key the model type does not read", "[doctor]") {
   CHECK_FALSE(fires("ignored-model-key", c));
   c.model.type = ModelType::lenet5;
   CHECK(fires("ignored-model-key", c));
+  // BatchNorm's mode on a model without BatchNorm (an MLP, a GPT); a ResNet reads it.
+  c.model = ModelConfig{};
+  c.model.batchnorm = BatchNormMode::sync;
+  CHECK_THAT(message_of("ignored-model-key", c),
+             Catch::StartsWith("model.batchnorm is set, but model.type mlp does not read it"));
+  c.model.type = ModelType::resnet;
+  c.model.depth = 8;
+  c.data.synthetic.shape = {1, 8, 8};
+  CHECK_FALSE(fires("ignored-model-key", c));
 }
 
 TEST_CASE("doctor: sparse labels, named with their counts", "[doctor]") {

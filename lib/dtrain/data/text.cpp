@@ -163,7 +163,8 @@ std::vector<std::string> corpus_files(const std::string& path,
   else if (fs::is_directory(st))
     files = folder_files(path, exclude, used);
   else
-    throw UserError(fmt::format("data.path: '{}' is neither a file nor a folder", path));
+    throw UserError(fmt::format("data.path: '{}' is {}, neither a file nor a folder",
+                                printable(path, true), not_regular_file(path)));
   if (files.empty())
     throw UserError(fmt::format("data.path: '{}' holds no files to read as bytes{}", path,
                                 exclude.empty() ? "" : " that data.exclude leaves in"));
@@ -506,7 +507,8 @@ TokenShards token_shards(const std::string& path) {
                                 path, absent(path)));
   if (fs::is_directory(st)) return folder_shards(path);
   if (!fs::is_regular_file(st))
-    throw UserError(fmt::format("data.path: '{}' is neither a file nor a folder", path));
+    throw UserError(fmt::format("data.path: '{}' is {}, neither a file nor a folder",
+                                printable(path, true), not_regular_file(path)));
   TokenShards sh;
   sh.train.push_back(path);
   return sh;

@@ -296,13 +296,17 @@ void check_model_keys(Context& c) {
     if (m.widths != d.widths) ignored.emplace_back("model.widths");
     if (m.stem != d.stem) ignored.emplace_back("model.stem");
   }
+  // A model without BatchNorm (the shape engine finds none) has no statistics to keep local
+  // or synchronise.
+  if (c.bn_positions == 0 && m.batchnorm != d.batchnorm) ignored.emplace_back("model.batchnorm");
   if (ignored.empty()) return;
   c.add("ignored-model-key",
         fmt::format("{} {} set, but model.type {} does not read {}, so the run trains without "
                     "{}; fix: the model.type that reads {} (hidden: mlp; layers: layers; "
                     "depth, widths, stem: resnet; n_layer, n_head, n_embd: gpt; dropout: mlp, cnn "
                     "or gpt, or dropout layers in model.layers; activation: the image "
-                    "presets, or activation layers in model.layers), or remove {}",
+                    "presets, or activation layers in model.layers; batchnorm: a model with "
+                    "BatchNorm, such as resnet), or remove {}",
                     fmt::join(ignored, ", "), ignored.size() == 1 ? "is" : "are", type,
                     ignored.size() == 1 ? "it" : "them", ignored.size() == 1 ? "it" : "them",
                     ignored.size() == 1 ? "it" : "them", ignored.size() == 1 ? "it" : "them"));
