@@ -104,6 +104,26 @@ TEST_CASE("explain: with warmup to a scaled LR the equivalent keeps the baseline
   CHECK(rs[1].change.find("LR rule and LR") != std::string::npos);
 }
 
+TEST_CASE("explain: the equivalent run's LRs are the baseline's, floor and warmup included",
+          "[explain]") {
+  for (const WarmupFrom from : {WarmupFrom::lr, WarmupFrom::zero}) {
+    for (const double warmup : {0.0, 1.0}) {
+      Config base = base_config();  // 32 of base_batch 128: the rule scales lr by a quarter
+      base.optimizer.schedule = Schedule::cosine;
+      base.optimizer.min_lr = 0.01;
+      base.optimizer.warmup_epochs = warmup;
+      base.optimizer.warmup_from = from;
+      Config user = user_config();
+      user.optimizer = base.optimizer;
+      const Config eq = apply(base, plan_explain(base, user, explain_settings())[1]);
+      INFO(to_string(from) << " warmup " << warmup);
+      for (const double pos : {0.0, 0.5, 1.0, 2.5, 4.0})
+        CHECK(lr_at(eq.optimizer, eq.train.epochs, eq.global_batch(), pos) ==
+              Approx(lr_at(base.optimizer, base.train.epochs, base.global_batch(), pos)));
+    }
+  }
+}
+
 TEST_CASE("explain: --order is respected and unknown names are refused", "[explain]") {
   const auto order = parse_explain_order("reduction,global_batch");
   CHECK(order == std::vector<std::string>{"reduction", "global_batch", "lr_rule", "warmup",

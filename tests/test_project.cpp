@@ -387,7 +387,7 @@ TEST_CASE("dtrain project estimates a config's step for a GPU it names, marked a
   CHECK(j["rows"][1]["steps_per_epoch"] == 2);
   // A GPU count whose global batch outgrows the 256 samples: no epoch there, and the table
   // says why (a run would be refused).
-  const auto wide = dtrain_cli("project " + cfg + " --gpu h100-sxm --gpus 1,4,16 --out " + out);
+  const auto wide = dtrain_cli("project " + cfg + " --gpu h100-sxm --gpus 1,32,4,16 --out " + out);
   INFO(wide.out);
   REQUIRE(wide.code == 0);
   CHECK_THAT(wide.out, Catch::Contains("Epoch n/a: from 16 GPUs on, the global batch (32 x N) is "

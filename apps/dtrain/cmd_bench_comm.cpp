@@ -155,6 +155,7 @@ int run_bench_comm(const BenchCommOptions& opt) {
                     "warmup iterations",
                     opt.iters, opt.warmup));
   const bool multi = mpi::initialized();
+  if (multi) mpi::set_planning_timeout(opt.timeout_s, "bench-comm --timeout", "");
   if (multi && opt.replicas != 0 && opt.replicas != mpi::size())
     throw UserError(fmt::format(
         "--replicas {}: under mpirun or srun each of the {} processes is one replica; drop "

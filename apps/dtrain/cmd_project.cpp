@@ -350,14 +350,15 @@ std::string to_markdown(const std::vector<ProjectionRow>& rows, const Projection
                      r.gpus, r.step_s * 1e3, fmt_or_na(r.epoch_s, "{:.4g}"), r.speedup,
                      100 * r.efficiency, r.exchange_s * 1e3, r.exchange.exposed_s * 1e3,
                      100 * r.exposed_share, to_string(r.bound));
-  const auto none = std::find_if(rows.begin(), rows.end(),
-                                 [](const ProjectionRow& r) { return r.steps_per_epoch == 0; });
-  if (in.samples_per_epoch > 0 && none != rows.end())
+  int none = 0;  // the fewest GPUs whose epoch has no step, whatever the order of --gpus
+  for (const auto& r : rows)
+    if (r.steps_per_epoch == 0 && (none == 0 || r.gpus < none)) none = r.gpus;
+  if (in.samples_per_epoch > 0 && none > 0)
     s += fmt::format(
         "\nEpoch n/a: from {} GPUs on, the global batch ({} x N) is larger than the {} "
         "training samples; with data.drop_remainder no step is left, and `dtrain run` refuses "
         "such a run.\n",
-        none->gpus, in.global_batch, in.samples_per_epoch);
+        none, in.global_batch, in.samples_per_epoch);
   return s;
 }
 

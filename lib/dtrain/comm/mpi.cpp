@@ -121,6 +121,9 @@ std::vector<int> g_local_ranks;    // per rank, as the launcher numbered them on
 std::atomic<bool> g_waiting{false};  // inside MpiComm::wait_all
 // A wait before training gave up on a silent rank: the job ends at once (it will not come).
 std::atomic<bool> g_planning_gave_up{false};
+// What sets the waits' timeout, for the messages, and what the waits before it are before.
+std::string g_timeout_key = "train.collective_timeout_s";
+std::string g_planning_before = " before training";
 // Per rank: whether the all-reduce in progress still waits for its data. Atomics, so that a
 // watchdog thread can name the missing ranks while the main thread is held inside MPI.
 std::unique_ptr<std::atomic<char>[]> g_pending;
@@ -327,9 +330,10 @@ class MpiComm final : public Communicator {
       }
       const double waited = std::chrono::duration<double>(now - start).count();
       if (waited > timeout_s_)
-        give_up(fmt::format("{}: {} for {:.0f} s in the {} (hung, gone, or cut off from "
-                            "this rank; train.collective_timeout_s)",
-                            who(g_rank), pending_peers(), waited, what));
+        give_up(
+            fmt::format("{}: {} for {:.0f} s in the {} (hung, gone, or cut off from "
+                        "this rank; {})",
+                        who(g_rank), pending_peers(), waited, what, g_timeout_key));
       // Spin briefly for latency, then yield the core: ranks may share few cores.
       if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -480,10 +484,9 @@ void wait_planning(MPI_Request& req, const char* what) {
     if (waited > g_planning_timeout_s) {
       g_planning_gave_up = true;
       throw Aborted(
-          fmt::format("{}: waited {:.0f} s for the other ranks in the {} before "
-                      "training (one hung, gone, or cut off; "
-                      "train.collective_timeout_s)",
-                      who(g_rank), waited, what));
+          fmt::format("{}: waited {:.0f} s for the other ranks in the {}{} (one hung, gone, "
+                      "or cut off; {})",
+                      who(g_rank), waited, what, g_planning_before, g_timeout_key));
     }
     // Planning waits on other ranks' file work: yield the core after a short spin.
     if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -491,7 +494,9 @@ void wait_planning(MPI_Request& req, const char* what) {
 }
 }  // namespace
 
-void set_planning_timeout(double seconds) {
+void set_planning_timeout(double seconds, const std::string& key, const std::string& before) {
+  g_timeout_key = key;
+  g_planning_before = before;
   if (seconds > 0) g_planning_timeout_s = seconds;
 }
 
@@ -579,7 +584,7 @@ std::string placement() {
 std::unique_ptr<Communicator> world(double) {
   DTRAIN_THROW_SYSTEM("MPI is not built in");
 }
-void set_planning_timeout(double) {}
+void set_planning_timeout(double, const std::string&, const std::string&) {}
 void broadcast(std::string&, int) {}
 std::string first_refusal(const std::string& mine) {
   return mine;

@@ -58,8 +58,11 @@ int size();
 std::unique_ptr<Communicator> world(double timeout_s);
 
 // The collectives below wait at most this long for the other ranks (train.collective_timeout_s;
-// its default until a command sets it), then throw Aborted naming the wait.
-void set_planning_timeout(double seconds);
+// its default until a command sets it), then throw Aborted naming the wait and `key`, the
+// setting to change; `before` ends the wait's name (" before training"). MpiComm's timeout
+// messages name `key` too.
+void set_planning_timeout(double seconds, const std::string& key = "train.collective_timeout_s",
+                          const std::string& before = " before training");
 
 // Rank `root` (0 unless given) sends `text` to all ranks (for decisions only rank 0 can take,
 // e.g. about files).

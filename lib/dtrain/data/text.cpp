@@ -15,6 +15,7 @@
 #include "dtrain/base/error.hpp"
 #include "dtrain/base/files.hpp"
 #include "dtrain/base/log.hpp"
+#include "dtrain/base/stop.hpp"
 
 namespace dtrain {
 
@@ -107,6 +108,8 @@ void read_file(const std::string& path, uintmax_t size, std::vector<uint8_t>& ou
   char buf[1 << 16];
   uintmax_t left = size;
   while (in && left > 0) {
+    // A large corpus takes seconds: Ctrl-C or SIGTERM stops it between reads.
+    if (stop_requested()) throw Interrupted("interrupted by the user");
     in.read(buf, static_cast<std::streamsize>(std::min<uintmax_t>(sizeof buf, left)));
     out.insert(out.end(), buf, buf + in.gcount());
     left -= static_cast<uintmax_t>(in.gcount());
@@ -134,12 +137,14 @@ Dataset windows(const std::vector<Token>& all, int64_t lo, int64_t n, int64_t bl
   if (limit > 0) count = std::min(count, limit);
   d.shape = {block + 1};
   d.classes = static_cast<int>(vocab);
-  d.x.resize(static_cast<size_t>(count * (block + 1)));
+  // Reserved, then filled window by window: gigabytes of windows are seconds of first touches,
+  // which a stop (checked every 65536 windows) need not wait for.
+  d.x.reserve(static_cast<size_t>(count * (block + 1)));
   d.y.resize(static_cast<size_t>(count));
   for (int64_t w = 0; w < count; ++w) {
+    if (w % 65536 == 0 && stop_requested()) throw Interrupted("interrupted by the user");
     const Token* src = all.data() + lo + w * block;
-    float* dst = d.x.data() + w * (block + 1);
-    for (int64_t i = 0; i <= block; ++i) dst[i] = static_cast<float>(src[i]);
+    for (int64_t i = 0; i <= block; ++i) d.x.push_back(static_cast<float>(src[i]));
     d.y[static_cast<size_t>(w)] = src[block];  // the window's last target, for summaries
   }
   return d;
@@ -465,6 +470,7 @@ int64_t read_shard(const std::string& path, int64_t vocab, std::vector<uint16_t>
   in.seekg(kShardHeaderBytes + 2 * skip);
   unsigned char buf[1 << 16];
   for (int64_t at = skip; at < end;) {
+    if (stop_requested()) throw Interrupted("interrupted by the user");
     const int64_t n = std::min<int64_t>(end - at, sizeof buf / 2);
     if (!in.read(reinterpret_cast<char*>(buf), 2 * n))
       throw UserError(fmt::format("{}: cut short after {} of {} tokens while read", path, at,

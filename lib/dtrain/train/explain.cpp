@@ -18,7 +18,7 @@ namespace {
 const std::vector<std::pair<std::string, std::vector<std::string>>>& setting_keys() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> s = {
       {"global_batch", {"train.per_replica_batch"}},
-      {"lr_rule", {"optimizer.lr_scaling", "optimizer.lr"}},
+      {"lr_rule", {"optimizer.lr_scaling", "optimizer.lr", "optimizer.min_lr"}},
       {"warmup", {"optimizer.warmup_epochs", "optimizer.warmup_from"}},
       {"batchnorm", {"model.batchnorm"}},
       {"reduction", {"train.reduction"}},
@@ -36,6 +36,7 @@ Values values_of(const Config& c) {
       {"train.per_replica_batch", fmt::format("{}", c.train.per_replica_batch)},
       {"optimizer.lr_scaling", to_string(c.optimizer.lr_scaling)},
       {"optimizer.lr", fmt::format("{}", c.optimizer.lr)},
+      {"optimizer.min_lr", fmt::format("{}", c.optimizer.min_lr)},
       {"optimizer.warmup_epochs", fmt::format("{}", c.optimizer.warmup_epochs)},
       {"optimizer.warmup_from", to_string(c.optimizer.warmup_from)},
       {"model.batchnorm", to_string(c.model.batchnorm)},
@@ -91,12 +92,14 @@ Values equivalent_values(const Config& base, int n) {
   v["train.reduction"] = "mean";
   v["model.batchnorm"] = "sync";
   const double peak = scaled_lr(base.optimizer, base.global_batch());
-  // Warmup from lr to the scaled rate, which `none` cannot express: then the baseline's own
-  // rule (same global batch, same rates) is the exact equivalent. From zero, or flat, it can.
-  if (!warmup_ramps(base.optimizer, base.global_batch()) ||
-      base.optimizer.warmup_from == WarmupFrom::zero) {
+  // A warmup that ramps (from lr to the scaled rate, or from zero): the baseline's own rule
+  // (same global batch, same rates) is the exact equivalent. Without one, `none` at the peak,
+  // with the cosine floor scaled as the rule scales it.
+  if (!warmup_ramps(base.optimizer, base.global_batch())) {
     v["optimizer.lr_scaling"] = "none";
     v["optimizer.lr"] = fmt::format("{}", peak);
+    if (base.optimizer.lr > 0)
+      v["optimizer.min_lr"] = fmt::format("{}", base.optimizer.min_lr * (peak / base.optimizer.lr));
   }
   return v;
 }

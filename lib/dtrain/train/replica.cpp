@@ -355,7 +355,8 @@ void Replica::run() {
     // threshold, is agreed as well (a rank that alone stopped would leave the others waiting in
     // the next collective).
     const bool done = cfg_.train.stop_at_target && reached_everywhere();
-    if (!diverged && !done && epoch + 1 < cfg_.train.epochs) checkpoint(epoch + 1, 0, nullptr);
+    if (!diverged && !done && epoch + 1 < cfg_.train.epochs)
+      checkpoint_scored(epoch, seconds_since(t_eval), tr.saved_s);
     trace_window_.after_epoch(comm_, trace_, global_step_, run_.observer);
     if (diverged || done) break;
   }
@@ -425,15 +426,17 @@ Replica::EpochTotals Replica::train_epoch(int epoch) {
       report_devices(epoch);  // the samples so far, where a long epoch has checkpoints
     }
   }
+  // The epoch's one wait for the device (besides the clock's anchors): its steps end inside
+  // its time.
+  if (queue_) queue_->synchronize();
   // The epoch's steps are kept before it is scored: scoring a large test set can take longer
   // than training, and a stop or a kill there then loses no step (a resume scores the epoch
-  // again). The epoch's own checkpoint after the scoring is then this one: skipped.
+  // again; see checkpoint_scored).
   t.total = elapsed();
   const auto t_saved = Clock::now();
   checkpoint(epoch, steps_, &out);
   out.saved_s = seconds_since(t_saved);
-  // The epoch's one wait for the device (besides the clock's anchors); then one exchange turns
-  // local per-step stats into global ones.
+  // One exchange turns local per-step stats into global ones.
   stats_.finish_epoch(comm_);
   t.total = elapsed();
   close_epoch(out);
@@ -833,6 +836,14 @@ void Replica::checkpoint(int epoch, int64_t next_step, const EpochTotals* partia
       collect_checkpoint(state(), {epoch, next_step, global_step_}, partial ? &part : nullptr,
                          keep ? &run_.result : nullptr);
   if (c) run_.observer->on_checkpoint(*c);
+}
+
+void Replica::checkpoint_scored(int epoch, double scoring_s, double saved_s) {
+  double again = scoring_s > saved_s ? 1 : 0;
+  if (replicas_ > 1) comm_.allreduce(&again, 1, ReduceOp::sum);  // host only
+  if (again == 0) return;
+  last_checkpoint_ = -1;  // the global step of the checkpoint before the scoring: written again
+  checkpoint(epoch + 1, 0, nullptr);
 }
 
 void Replica::restore(const Checkpoint& c) {

@@ -172,6 +172,10 @@ class Replica {
   // Checkpoints (collective: every rank calls them at the same step). `partial`: the epoch in
   // progress, of which `next_step` steps are done.
   void checkpoint(int epoch, int64_t next_step, const EpochTotals* partial);
+  // After an epoch's scoring: the checkpoint taken before it is written again past it, where
+  // the scoring took longer than that write (a resume then need not score the epoch again);
+  // where scoring is the cheaper, a resume redoes it and a write is saved. Ranks agree.
+  void checkpoint_scored(int epoch, double scoring_s, double saved_s);
   void restore(const Checkpoint& c);
   // The first steps of the epoch a resumed run continues in: their sums and times.
   void resume_epoch(EpochTotals& out);

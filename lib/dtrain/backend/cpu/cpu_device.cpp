@@ -1280,10 +1280,10 @@ void set_blas_threads(int n) {
 std::string address_space_shortfall() {
   rlimit lim{};
   if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return "";
-  // The pages mapped now (the libraries, CUDA's included, and the threads started so far),
-  // each OpenBLAS thread's buffer (BUFFER_SIZE, 128 MiB on x86-64; the calling thread's is
-  // taken at its first product, a worker's when it starts: counted again where it is mapped
-  // already, as it may not be yet), and room for dtrain itself.
+  // The pages mapped now: the libraries, CUDA's included, and the threads started so far with
+  // their OpenBLAS buffers (BUFFER_SIZE, 128 MiB on x86-64), which each worker takes as it
+  // starts, before main(). Beside them: the calling thread's buffer (taken at its first
+  // product), one for a worker that may not have run yet, and room for dtrain itself.
   long pages = 0;
   if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
     if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
@@ -1291,17 +1291,15 @@ std::string address_space_shortfall() {
   }
   constexpr double kMiB = 1024.0 * 1024;
   const double mapped = static_cast<double>(pages) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  const int threads = std::max(1, openblas_get_num_threads());
-  const double need = mapped + threads * 128 * kMiB + 256 * kMiB;
+  const int buffers = openblas_get_num_threads() > 1 ? 2 : 1;
+  const double need = mapped + buffers * 128 * kMiB + 256 * kMiB;
   const auto limit = static_cast<double>(lim.rlim_cur);
   if (limit >= need) return "";
   return fmt::format(
       "the address-space limit (ulimit -v) is {:.0f} MiB, and dtrain needs at least {:.0f} MiB "
-      "to start here: its libraries map {:.0f} MiB, OpenBLAS takes 128 MiB for each of its {} "
-      "thread{}, and 256 MiB are the least left for work; raise the limit (ulimit -v "
-      "unlimited){}",
-      limit / kMiB, need / kMiB, mapped / kMiB, threads, threads == 1 ? "" : "s",
-      threads == 1 ? "" : ", or give OPENBLAS_NUM_THREADS=1");
+      "to start here: its libraries and threads map {:.0f} MiB, OpenBLAS takes 128 MiB a "
+      "thread, and 256 MiB are the least left for work; raise the limit (ulimit -v unlimited)",
+      limit / kMiB, need / kMiB, mapped / kMiB);
 }
 
 std::string blas_description() {
