@@ -39,6 +39,52 @@ std::string write_config(const fs::path& dir, int epochs) {
   return p.string();
 }
 
+// Starts `cmd` under sh in the background; its pid.
+pid_t start_shell(const std::string& cmd) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// The pid of the launched rank `rank` whose command line holds `marker` (not mpirun's), or -1.
+pid_t rank_process(const std::string& marker, int rank) {
+  const std::string env = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0';
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto cmdline = slurp(e.path() / "cmdline");
+    if (cmdline.find(marker) == std::string::npos || cmdline.find("mpirun") != std::string::npos)
+      continue;
+    if (slurp(e.path() / "environ").find(env) != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+// Waits up to a minute for `pid` to end (killed after that); the seconds since `t0` and its
+// wait status. `done` says whether it ended by itself.
+struct Ended {
+  bool done = false;
+  double secs = 0;
+  int wstatus = 0;
+};
+Ended wait_for_end(pid_t pid, std::chrono::steady_clock::time_point t0) {
+  Ended e;
+  pid_t got = 0;
+  while ((got = waitpid(pid, &e.wstatus, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  e.secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  e.done = got == pid;
+  if (!e.done) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &e.wstatus, 0);
+  }
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("mpirun -np 2 and -np 4 reproduce the in-process runs bit for bit", "[mpi]") {
@@ -365,44 +411,22 @@ TEST_CASE("a killed rank makes the others exit within 30 seconds", "[mpi]") {
   const std::string cmd = mpirun(4) + dtrain::test::dtrain_binary() + " run " + cfg +
                           " gpus=4 --tag k --results " + (d.path / "res").string() + " > " +
                           log.string() + " 2>&1";
-  const pid_t pid = fork();
+  const pid_t pid = start_shell(cmd);
   REQUIRE(pid >= 0);
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   // Wait until training is under way, then find rank 1 by its environment and kill it.
   const fs::path status = d.path / "res" / "mp" / "k-g4" / "metrics.csv";
   for (int i = 0; i < 600 && slurp(status).find("\n1,") == std::string::npos; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  pid_t victim = -1;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const auto cmdline = slurp(e.path() / "cmdline");
-    if (cmdline.find(cfg) == std::string::npos || cmdline.find("mpirun") != std::string::npos)
-      continue;
-    const auto env = slurp(e.path() / "environ");
-    if (env.find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos)
-      victim = std::stoi(name);
-  }
+  const pid_t victim = rank_process(cfg, 1);
   REQUIRE(victim > 0);
   const auto t0 = std::chrono::steady_clock::now();
   kill(victim, SIGKILL);
-  int wstatus = 0;
-  pid_t done = 0;
-  while ((done = waitpid(pid, &wstatus, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (done == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &wstatus, 0);
-  }
+  const Ended end = wait_for_end(pid, t0);
+  const int wstatus = end.wstatus;
   const auto out = slurp(log);
   INFO(out);
-  CHECK(done == pid);
-  CHECK(secs < 30);
+  CHECK(end.done);
+  CHECK(end.secs < 30);
   CHECK(!(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0));
   CHECK_THAT(out, Catch::Contains("process rank 1"));
   CHECK(slurp(d.path / "res" / "mp" / "k-g4" / "status") == "failed\n");
@@ -421,47 +445,25 @@ TEST_CASE("bench-comm under mpirun: a rank that stops answering ends the job at 
   const std::string cmd = mpirun(2) + dtrain::test::dtrain_binary() +
                           " bench-comm --sizes 4K:1M --iters 1000000 --timeout 3 --out " + out +
                           " > " + log.string() + " 2>&1";
-  const pid_t pid = fork();
+  const pid_t pid = start_shell(cmd);
   REQUIRE(pid >= 0);
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   pid_t victim = -1;
   for (int i = 0; i < 200 && victim < 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (const auto& e : fs::directory_iterator("/proc")) {
-      const std::string name = e.path().filename().string();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      const auto cmdline = slurp(e.path() / "cmdline");
-      if (cmdline.find(out) == std::string::npos || cmdline.find("mpirun") != std::string::npos)
-        continue;
-      if (slurp(e.path() / "environ").find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') !=
-          std::string::npos)
-        victim = std::stoi(name);
-    }
+    victim = rank_process(out, 1);
   }
   REQUIRE(victim > 0);
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  const auto t0 = std::chrono::steady_clock::now();
   kill(victim, SIGSTOP);
-  int wstatus = 0;
-  pid_t done = 0;
-  while ((done = waitpid(pid, &wstatus, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Ended end = wait_for_end(pid, std::chrono::steady_clock::now());
   // Stopped, it could outlive the job; where it is gone, its pid may be another's by now.
   if (slurp(fs::path("/proc") / std::to_string(victim) / "cmdline").find(out) != std::string::npos)
     kill(victim, SIGKILL);
-  if (done == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &wstatus, 0);
-  }
+  const int wstatus = end.wstatus;
   const auto said = slurp(log);
   INFO(said);
-  CHECK(done == pid);
-  CHECK(secs < 25);  // the timeout, then the launcher's teardown; 300 s without --timeout
+  CHECK(end.done);
+  CHECK(end.secs < 25);  // the timeout, then the launcher's teardown; 300 s without --timeout
   CHECK(!(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0));
   CHECK_THAT(said, Catch::Contains("rank 1") && Catch::Contains("bench-comm --timeout"));
   CHECK_FALSE(fs::exists(out + ".json"));

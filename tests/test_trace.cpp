@@ -149,7 +149,9 @@ TEST_CASE("a 4-replica run's trace.json nests every span in its step, ranks alig
     CHECK(count(s, "optimizer") == 4);
     CHECK(count(s, "bucket") >= 8);  // the 2 KB buckets: several a step
     CHECK(count(s, "evaluation") == 1);  // after step 8, the first epoch's last
-    CHECK(count(s, "checkpoint") == 1);
+    // Before the scoring, and again after it where the scoring took longer than the write.
+    CHECK(count(s, "checkpoint") >= 1);
+    CHECK(count(s, "checkpoint") <= 2);
   }
   // Off: no file; shared weights: every rank updates its own part of them after the exchange.
   REQUIRE(dtrain_cli("run " + cfg + " gpus=2 --quiet --tag off --results " + res).code == 0);
