@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIG = os.path.join(ROOT, "configs", "bytes-gpt.yaml")
 # configs/bytes-gpt.yaml's recipe, which torch_gpt.py's defaults repeat: AdamW lr 1e-3 (no
 # scaling: base batch = batch), betas 0.9/0.95, eps 1e-8, weight decay 0.1 on 2-D weights only,
-# 0.5 warmup epochs (flat at lr_scaling none), cosine to 0, gradient clip 1.0, seed 1.
+# 0.5 warmup epochs (flat at the base batch), cosine to 0, gradient clip 1.0, seed 1.
 RECIPE = ("AdamW lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on embeddings and dense "
           "weights only, 0.5 warmup epochs then cosine to 0 (dtrain's schedule, per step), "
           "gradient clipped to norm 1.0, dropout 0, seed 1")

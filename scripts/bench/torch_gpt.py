@@ -27,7 +27,8 @@ The recipe, as dtrain runs configs/bytes-gpt.yaml: AdamW (betas 0.9/0.95, eps 1e
 0.1 on the 2-D weights only: embeddings and dense weights, not biases or LayerNorms), the
 gradient clipped to a global norm of 1.0, the learning rate per step at epoch position
 epoch + step/steps by dtrain's rule (lib/dtrain/nn/schedule.cpp: during the warmup epochs a ramp
-from the base to the scaled peak, which with lr_scaling none is flat; then a cosine from the peak
+from the base to the scaled peak, which at the base batch (the benchmarks run the batch they give
+as optimizer.base_batch) is flat; then a cosine from the peak
 to --min-lr over the remaining epochs).
 
 On a GPU (--device cuda) the windows live on the device and are gathered there; --precision
@@ -162,7 +163,7 @@ class GPT(nn.Module):
 # ---- the recipe ----
 
 def lr_at(args, epoch_pos):
-    """dtrain's lr_at with lr_scaling none (peak = base lr): flat during the warmup, then the
+    """dtrain's lr_at at the base batch (peak = base lr): flat during the warmup, then the
     cosine from the peak to min_lr."""
     peak, w = args.lr, args.warmup
     if w > 0 and epoch_pos < w:
