@@ -144,7 +144,7 @@ Dataset windows(const std::vector<Token>& all, int64_t lo, int64_t n, int64_t bl
   for (int64_t w = 0; w < count; ++w) {
     if (w % 65536 == 0 && stop_requested()) throw Interrupted("interrupted by the user");
     const Token* src = all.data() + lo + w * block;
-    for (int64_t i = 0; i <= block; ++i) d.x.push_back(static_cast<float>(src[i]));
+    d.x.insert(d.x.end(), src, src + block + 1);  // each token converted to float
     d.y[static_cast<size_t>(w)] = src[block];  // the window's last target, for summaries
   }
   return d;
@@ -493,10 +493,12 @@ void read_stream(const std::vector<std::string>& files, int64_t skip, int64_t ta
                  std::vector<uint16_t>& out) {
   for (const auto& f : files) {
     if (take <= 0) return;
-    const int64_t count = shard_tokens(f);
-    if (skip >= count) {
-      skip -= count;
-      continue;
+    if (skip > 0) {  // only then is a shard's count needed before it is read
+      const int64_t count = shard_tokens(f);
+      if (skip >= count) {
+        skip -= count;
+        continue;
+      }
     }
     take -= read_shard(f, vocab, out, skip, take);
     skip = 0;
