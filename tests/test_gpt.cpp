@@ -319,6 +319,14 @@ TEST_CASE("dataset bytes: data.exclude leaves files out, data.sha256 pins the st
                              "data.exclude"));
   d.exclude.push_back("sub/pipe");
   CHECK(load_data(d, 1).sha256 == s.sha256);
+  // Given as data.path itself, for bytes and for tokens: named for what it is too.
+  DataConfig pipe = d;
+  pipe.path = (dir.path / "sub" / "pipe").string();
+  for (const DatasetKind kind : {DatasetKind::bytes, DatasetKind::tokens}) {
+    pipe.dataset = kind;
+    CHECK_THAT(test::error_of([&] { load_data(pipe, 1); }),
+               Catch::Contains("/sub/pipe' is a FIFO, neither a file nor a folder"));
+  }
   fs::remove(dir.path / "sub" / "pipe");
   d.exclude = {"*"};
   // A pattern that leaves nothing out (a typo, most likely) is named; the others are not.
